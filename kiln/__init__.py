@@ -1,0 +1,23 @@
+"""kiln: a compiler for PyTorch programs written in Python.
+
+``kiln.compile(fn)`` captures the bytecode of ``fn`` into FX graphs guarded by checks on its
+inputs, compiles them with a backend, and reuses them while the guards hold::
+
+    import kiln, torch
+
+    @kiln.compile
+    def f(x, y):
+        return torch.relu(x) @ y
+
+Public API: ``compile``, ``reset``, ``config``, ``Unsupported``, ``backends``, ``testing``,
+``set_logs``.
+"""
+from . import backends, testing
+from .api import CompiledFunction, CompiledMethod, CompiledModule, compile, reset
+from .config import config
+from .errors import Unsupported
+from .logs import set_logs
+
+__all__ = ["compile", "reset", "config", "Unsupported", "backends", "testing", "set_logs",
+           "CompiledFunction", "CompiledMethod", "CompiledModule"]
+__version__ = "0.1.0"

@@ -1,0 +1,315 @@
+"""``kiln.compile`` and the call path.
+
+Entries live in one cache per Python function object, shared by every ``kiln.compile`` of that
+function (so the same function compiled with two backends keeps both, told apart by the
+BACKEND_MATCH check), and cleared by ``kiln.reset()``. The hot path::
+
+    for entry in cache.entries:           # most recently hit first
+        if entry.key is key:              # BACKEND_MATCH
+            result = entry.fn(*args, **kwargs)   # generated: guards, graph, outputs
+            if result is not MISS:
+                return result
+    return self._miss(args, kwargs)
+"""
+from __future__ import annotations
+
+import functools
+import types
+import warnings
+import weakref
+from typing import Any, Callable
+
+import torch
+
+from . import logs
+from .backends.registry import lookup_backend
+from .capture.codegen import MISS
+from .capture.frame import Entry, capture, eager_entry
+from .config import config
+from .errors import Unsupported
+
+_MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
+class FunctionCache:
+    """All compiled entries of one Python function."""
+
+    __slots__ = ("entries", "limit_warned", "__weakref__")
+
+    def __init__(self) -> None:
+        self.entries: list[Entry] = []
+        self.limit_warned = False
+
+    def promote(self, entry: Entry) -> None:
+        self.entries.remove(entry)
+        self.entries.insert(0, entry)
+
+    def clear(self) -> None:
+        self.entries.clear()
+        self.limit_warned = False
+
+
+_caches: "weakref.WeakKeyDictionary[Callable, FunctionCache]" = weakref.WeakKeyDictionary()
+
+
+def cache_for(fn: Callable) -> FunctionCache:
+    c = _caches.get(fn)
+    if c is None:
+        c = _caches[fn] = FunctionCache()
+    return c
+
+
+def reset() -> None:
+    """Drop every compiled entry of every function (the next call captures again)."""
+    for c in list(_caches.values()):
+        c.clear()
+
+
+class CompileKey:
+    """What an entry was compiled for. Interned, so BACKEND_MATCH is an identity test."""
+
+    _interned: dict = {}
+
+    def __init__(self, backend, backend_name, fullgraph, mode, options):
+        self.backend = backend
+        self.backend_name = backend_name
+        self.fullgraph = fullgraph
+        self.mode = mode
+        self.options = options
+
+    @classmethod
+    def get(cls, backend, backend_name, fullgraph, mode, options) -> "CompileKey":
+        opts = tuple(sorted((options or {}).items(), key=lambda kv: kv[0]))
+        try:
+            k = (id(backend), backend_name, fullgraph, mode, opts)
+            hash(k)
+        except TypeError:
+            return cls(backend, backend_name, fullgraph, mode, options)
+        hit = cls._interned.get(k)
+        if hit is None or hit.backend is not backend:
+            hit = cls._interned[k] = cls(backend, backend_name, fullgraph, mode, options)
+        return hit
+
+    def __repr__(self):
+        extra = "".join([", fullgraph=True" if self.fullgraph else "",
+                         f", mode={self.mode!r}" if self.mode else "",
+                         f", options={self.options!r}" if self.options else ""])
+        return f"{self.backend_name!r}{extra}"
+
+
+class CompiledFunction:
+    """A function compiled by kiln. Call it like the original."""
+
+    def __init__(self, fn: types.FunctionType, key: CompileKey, dynamic):
+        self._fn = fn
+        self._key = key
+        self._cache = cache_for(fn)
+        self.dynamic = dynamic
+        functools.update_wrapper(self, fn)
+
+    @property
+    def original(self) -> Callable:
+        return self._fn
+
+    @property
+    def entries(self) -> list[Entry]:
+        """This function's entries compiled for this backend and options."""
+        return [e for e in self._cache.entries if e.key is self._key]
+
+    def __call__(self, *args, **kwargs):
+        key = self._key
+        entries = self._cache.entries
+        for entry in entries:
+            if entry.key is key:
+                result = entry.fn(*args, **kwargs)
+                if result is not MISS:
+                    if entry is not entries[0]:
+                        self._cache.promote(entry)
+                    return result
+        return self._miss(args, kwargs)
+
+    def _miss(self, args: tuple, kwargs: dict):
+        fn, key, cache = self._fn, self._key, self._cache
+        mine = [e for e in cache.entries if e.key is key]
+        others = [e for e in cache.entries if e.key is not key]
+        reason = None
+        if mine:
+            reason = mine[0].failure_reason(args, kwargs) or "guards passed on re-check (a guard with side effects?)"
+        elif others:
+            reason = (f"BACKEND_MATCH failed: entries exist for backend {others[0].key!r}, "
+                      f"called with {key!r}")
+        if len(cache.entries) >= config.recompile_limit:
+            if not cache.limit_warned:
+                cache.limit_warned = True
+                warnings.warn(
+                    f"kiln: {fn.__qualname__} reached config.recompile_limit="
+                    f"{config.recompile_limit} entries; it now runs eagerly for new inputs. "
+                    f"Last failing guard: {reason}. Raise kiln.config.recompile_limit or make the "
+                    "inputs more uniform.", RuntimeWarning, stacklevel=3)
+            return fn(*args, **kwargs)
+        if reason is not None and logs.enabled.recompiles:
+            logs.log("recompiles", f"Recompiling {fn.__qualname__} "
+                     f"({fn.__code__.co_filename}:{fn.__code__.co_firstlineno}): {reason}")
+        try:
+            entry = capture(fn, args, kwargs, key=key, backend=key.backend, backend_name=key.backend_name)
+        except Unsupported as e:
+            if key.fullgraph:
+                raise
+            if logs.enabled.graph_breaks:
+                logs.log("graph_breaks", f"{fn.__qualname__} runs eagerly: {e}")
+            entry = eager_entry(fn, e, key, key.backend_name)
+        cache.entries.insert(0, entry)
+        result = entry.fn(*args, **kwargs)
+        if result is MISS:  # the guards do not hold for the arguments they were built from
+            return fn(*args, **kwargs)
+        return result
+
+    def __get__(self, obj, objtype=None):
+        if obj is None:
+            return self
+        return CompiledMethod(self, obj)
+
+    def __repr__(self):
+        return f"<kiln.CompiledFunction {self._fn.__qualname__} backend={self._key!r}>"
+
+
+class CompiledMethod:
+    """A CompiledFunction bound to ``self`` (``kiln.compile(obj.method)``)."""
+
+    __slots__ = ("_compiled", "_self")
+
+    def __init__(self, compiled: CompiledFunction, obj: Any):
+        self._compiled = compiled
+        self._self = obj
+
+    def __call__(self, *args, **kwargs):
+        return self._compiled(self._self, *args, **kwargs)
+
+    @property
+    def entries(self):
+        return self._compiled.entries
+
+    @property
+    def original(self):
+        return types.MethodType(self._compiled.original, self._self)
+
+    def __repr__(self):
+        return f"<kiln.CompiledMethod {self._compiled._fn.__qualname__} of {type(self._self).__name__}>"
+
+
+_module_callers: "weakref.WeakKeyDictionary[type, Callable]" = weakref.WeakKeyDictionary()
+
+
+def _module_caller(cls: type) -> Callable:
+    """One tiny function per module class, so all instances of a class share its entries and
+    module hooks are honoured (calling the module goes through the NO_HOOKS guard)."""
+    fn = _module_callers.get(cls)
+    if fn is None:
+        def call_module(module, *args, **kwargs):
+            return module(*args, **kwargs)
+        call_module.__qualname__ = f"{cls.__qualname__}.__call__"
+        fn = _module_callers[cls] = call_module
+    return fn
+
+
+class CompiledModule(torch.nn.Module):
+    """The module returned by ``kiln.compile(module)``: forward is compiled; parameters,
+    buffers, submodules and the state_dict are the original module's (same keys)."""
+
+    def __init__(self, module: torch.nn.Module, compiled: CompiledFunction):
+        super().__init__()
+        self._orig_mod = module
+        object.__setattr__(self, "_kiln_compiled", compiled)
+
+    def __call__(self, *args, **kwargs):
+        return self._kiln_compiled(self._modules["_orig_mod"], *args, **kwargs)
+
+    def forward(self, *args, **kwargs):
+        return self._kiln_compiled(self._orig_mod, *args, **kwargs)
+
+    def __getattr__(self, name):
+        if name == "_orig_mod":
+            return self._modules["_orig_mod"]
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self._modules["_orig_mod"], name)
+
+    # The original module's view of its state: no "_orig_mod." prefix.
+    def state_dict(self, *args, **kwargs):
+        return self._orig_mod.state_dict(*args, **kwargs)
+
+    def load_state_dict(self, *args, **kwargs):
+        return self._orig_mod.load_state_dict(*args, **kwargs)
+
+    def named_parameters(self, *args, **kwargs):
+        return self._orig_mod.named_parameters(*args, **kwargs)
+
+    def named_buffers(self, *args, **kwargs):
+        return self._orig_mod.named_buffers(*args, **kwargs)
+
+    def named_modules(self, *args, **kwargs):
+        return self._orig_mod.named_modules(*args, **kwargs)
+
+    def named_children(self):
+        return self._orig_mod.named_children()
+
+    @property
+    def entries(self):
+        return self._kiln_compiled.entries
+
+    def __repr__(self):
+        return f"kiln.CompiledModule({self._orig_mod!r})"
+
+
+def compile(fn=None, *, backend="eager", mode=None, fullgraph=False, dynamic=None, options=None):
+    """Compile a function, a bound method or an nn.Module.
+
+    ``kiln.compile(fn)``, ``@kiln.compile`` and ``@kiln.compile(backend=...)`` all work.
+
+    Args:
+        backend: a registered backend name (``"eager"``) or a callable
+            ``(gm: torch.fx.GraphModule, example_inputs) -> callable``.
+        mode: ``None``/``"default"``, ``"reduce-overhead"``, ``"max-autotune"`` (recorded in
+            the compile key; backends that use it read ``key.mode``).
+        fullgraph: raise ``kiln.Unsupported`` instead of running a frame eagerly when
+            something cannot be captured.
+        dynamic: ``None`` (default), ``True`` or ``False``: the dynamic-shape policy. Shapes
+            are specialized today: every new shape compiles a new entry.
+        options: a dict of backend options (part of the compile key).
+
+    Returns a ``CompiledFunction`` (or ``CompiledModule`` for an nn.Module) that returns what
+    eager would, and runs eagerly where it cannot compile.
+    """
+    if mode not in _MODES:
+        raise ValueError(f"kiln.compile: unknown mode {mode!r}; use one of {_MODES}")
+    if dynamic not in (None, True, False):
+        raise ValueError(f"kiln.compile: dynamic must be None, True or False, not {dynamic!r}")
+    if options is not None and not isinstance(options, dict):
+        raise TypeError(f"kiln.compile: options must be a dict, not {type(options).__name__}")
+    if not isinstance(fullgraph, bool):
+        raise TypeError(f"kiln.compile: fullgraph must be a bool, not {type(fullgraph).__name__}")
+    backend_fn, backend_name = lookup_backend(backend)
+    key = CompileKey.get(backend_fn, backend_name, fullgraph, mode, options)
+
+    def wrap(target):
+        if isinstance(target, (CompiledFunction, CompiledMethod, CompiledModule)):
+            raise TypeError("kiln.compile: this object is already compiled by kiln; "
+                            "compile the original (`.original`) instead")
+        if isinstance(target, torch.nn.Module):
+            return CompiledModule(target, CompiledFunction(_module_caller(type(target)), key, dynamic))
+        if isinstance(target, types.MethodType) and isinstance(target.__func__, types.FunctionType):
+            return CompiledMethod(CompiledFunction(target.__func__, key, dynamic), target.__self__)
+        if isinstance(target, types.FunctionType):
+            return CompiledFunction(target, key, dynamic)
+        if isinstance(target, (types.BuiltinFunctionType, types.BuiltinMethodType)):
+            raise TypeError(f"kiln.compile: {target!r} is a builtin; kiln compiles Python functions, "
+                            "methods and nn.Modules")
+        if callable(target) and isinstance(getattr(type(target), "__call__", None), types.FunctionType):
+            return CompiledMethod(CompiledFunction(type(target).__call__, key, dynamic), target)
+        raise TypeError(f"kiln.compile expects a Python function, a bound method or an nn.Module, "
+                        f"got {type(target).__name__} ({target!r:.60})")
+
+    if fn is None:
+        return wrap
+    return wrap(fn)

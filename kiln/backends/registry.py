@@ -1,0 +1,43 @@
+"""Backend registry: names -> backend callables."""
+from __future__ import annotations
+
+from typing import Callable
+
+_BACKENDS: dict[str, Callable] = {}
+
+
+def register_backend(name: str, fn: Callable | None = None):
+    """Register ``fn`` under ``name`` (usable as a decorator)."""
+    if not isinstance(name, str) or not name:
+        raise TypeError("register_backend(name, fn): name must be a non-empty string")
+
+    def deco(f):
+        if not callable(f):
+            raise TypeError(f"backend {name!r} must be callable (gm, example_inputs) -> callable")
+        _BACKENDS[name] = f
+        return f
+    return deco(fn) if fn is not None else deco
+
+
+def lookup_backend(backend: str | Callable) -> tuple[Callable, str]:
+    """(backend callable, display name) for a name or a callable."""
+    if isinstance(backend, str):
+        _load_builtins()
+        fn = _BACKENDS.get(backend)
+        if fn is None:
+            raise ValueError(f"unknown kiln backend {backend!r}; available: {', '.join(list_backends())}. "
+                             "A backend can also be any callable (gm, example_inputs) -> callable.")
+        return fn, backend
+    if callable(backend):
+        return backend, getattr(backend, "__name__", None) or type(backend).__name__
+    raise TypeError(f"backend must be a backend name or a callable (gm, example_inputs) -> callable, "
+                    f"not {type(backend).__name__}")
+
+
+def list_backends() -> list[str]:
+    _load_builtins()
+    return sorted(_BACKENDS)
+
+
+def _load_builtins() -> None:
+    from . import eager  # noqa: F401  (registers itself)

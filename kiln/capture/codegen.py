@@ -1,0 +1,210 @@
+"""Generated code of a compiled entry.
+
+From one capture's guards, graph and reconstruction expressions we generate Python source
+for a function with the user's own signature (so Python does argument binding)::
+
+    def __kiln_entry(x, y, scale=___d0):
+        try:
+            if not (___gs.check() and type(scale) is ___t1 and scale == 2):
+                return ___MISS
+            ___t0 = x; ___t1 = y
+            if not ___tg.check(___t0, ___t1):
+                return ___MISS
+        except Exception:
+            return ___MISS
+        ___out = ___graph(___t0, ___t1)
+        return (___out[0], 2)
+
+A guard that raises (a missing key, a changed structure) counts as failed. Tensor reads are
+shared between the tensor check and the graph call. The same guards also generate a plain
+``check`` (for ``kiln.explain`` and tests) and per-guard evaluators for failure reasons.
+"""
+from __future__ import annotations
+
+import math
+import types
+from typing import Any
+
+from .. import _torch
+from .guards import Guard, GuardKind
+from .sources import RenderContext, Source
+
+MISS = type("KilnMiss", (), {"__repr__": lambda self: "<kiln MISS>", "__slots__": ()})()
+
+
+class EntryCodegen:
+    def __init__(self) -> None:
+        self.ctx = RenderContext()
+        self.output_nodes: list = []
+        self._output_index: dict = {}
+
+    # -- expression helpers used by Value.reconstruct -------------------------------------------
+    def bind(self, obj: Any, hint: str = "k") -> str:
+        return self.ctx.bind(obj, hint)
+
+    def source_expr(self, source: Source) -> str:
+        return source.render(self.ctx)
+
+    def constant_expr(self, v: Any) -> str:
+        if v is None or isinstance(v, (bool, int, str)) and type(v) in (bool, int, str):
+            return repr(v)
+        if type(v) is float and math.isfinite(v):
+            return repr(v)
+        if type(v) is tuple:
+            inner = ", ".join(self.constant_expr(x) for x in v)
+            return f"({inner}{',' if len(v) == 1 else ''})"
+        return self.bind(v, "c")
+
+    def key_expr(self, k: Any) -> str:
+        return self.constant_expr(k)
+
+    def graph_output(self, node) -> str:
+        i = self._output_index.get(node)
+        if i is None:
+            i = self._output_index[node] = len(self.output_nodes)
+            self.output_nodes.append(node)
+        return f"___out[{i}]"
+
+
+def signature_text(code: types.CodeType, defaults: tuple | None, kwdefaults: dict | None,
+                   ctx: RenderContext) -> tuple[str, str]:
+    """(parameter list, call arguments forwarding them) for a code object's signature."""
+    from .bytecode_utils import CO_VARARGS, CO_VARKEYWORDS
+
+    names = code.co_varnames
+    nargs, nposonly, nkwonly = code.co_argcount, code.co_posonlyargcount, code.co_kwonlyargcount
+    defaults = defaults or ()
+    kwdefaults = kwdefaults or {}
+    params, fwd = [], []
+    first_default = nargs - len(defaults)
+    for i in range(nargs):
+        p = names[i]
+        if i >= first_default:
+            params.append(f"{p}={ctx.bind(defaults[i - first_default], 'd')}")
+        else:
+            params.append(p)
+        fwd.append(p)
+        if nposonly and i == nposonly - 1:
+            params.append("/")
+    i = nargs + nkwonly
+    star = names[i] if code.co_flags & CO_VARARGS else None
+    if star:
+        params.append(f"*{star}")
+        fwd.append(f"*{star}")
+        i += 1
+    elif nkwonly:
+        params.append("*")
+    for p in names[nargs:nargs + nkwonly]:
+        params.append(f"{p}={ctx.bind(kwdefaults[p], 'd')}" if p in kwdefaults else p)
+        fwd.append(f"{p}={p}")
+    if code.co_flags & CO_VARKEYWORDS:
+        kw = names[i]
+        params.append(f"**{kw}")
+        fwd.append(f"**{kw}")
+    return ", ".join(params), ", ".join(fwd)
+
+
+class GuardProgram:
+    """The guards of an entry, compiled: check code, and failure explanation."""
+
+    def __init__(self, guards: list[Guard], tensor_sources: list[Source], tensor_guards,
+                 global_state, ctx: RenderContext, params: str):
+        self.guards = guards
+        self.tensor_sources = tensor_sources
+        self.tensor_guards = tensor_guards
+        self.global_state = global_state
+        self.ctx = ctx
+        self.params = params
+        self.ctx.namespace["___gs"] = global_state
+        self.ctx.namespace["___tg"] = tensor_guards
+        self.ctx.namespace["___MISS"] = MISS
+        self.python_guards = [g for g in guards if g.kind not in (
+            GuardKind.TENSOR_MATCH, GuardKind.GLOBAL_STATE, GuardKind.BACKEND_MATCH)]
+        self.exprs = [g.render(ctx) for g in self.python_guards]
+        self.tensor_exprs = [s.render(ctx) for s in tensor_sources]
+
+    def prelude(self, indent: str = "    ") -> list[str]:
+        """Lines that return ___MISS when a guard fails; leave tensors in ___t0.. locals."""
+        lines = [f"{indent}try:"]
+        conds = ["___gs.check()", *self.exprs]
+        lines.append(f"{indent}    if not ({' and '.join(conds)}):")
+        lines.append(f"{indent}        return ___MISS")
+        if self.tensor_exprs:
+            for i, e in enumerate(self.tensor_exprs):
+                lines.append(f"{indent}    ___t{i} = {e}")
+            names = ", ".join(f"___t{i}" for i in range(len(self.tensor_exprs)))
+            lines.append(f"{indent}    if not ___tg.check({names}):")
+            lines.append(f"{indent}        return ___MISS")
+        lines.append(f"{indent}except Exception:")
+        lines.append(f"{indent}    return ___MISS")
+        return lines
+
+    def make_check(self, name: str):
+        body = [f"def {name}({self.params}):", *self.prelude(), "    return True"]
+        fn = compile_function("\n".join(body), name, self.ctx.namespace)
+
+        def check(*args, **kwargs):
+            return fn(*args, **kwargs) is True
+        check.__kiln_source__ = fn.__kiln_source__
+        return check
+
+    def failure(self, args: tuple, kwargs: dict) -> str | None:
+        """Which guard fails for these arguments, and the value it saw (None: all hold)."""
+        if not self.global_state.check():
+            now = _torch.global_state_description()
+            g = next(g for g in self.guards if g.kind is GuardKind.GLOBAL_STATE)
+            diff = {k: (v, now[k]) for k, v in g.expected.items() if now.get(k) != v}
+            parts = ", ".join(f"{k}: expected {a}, got {b}" for k, (a, b) in diff.items())
+            return f"GLOBAL_STATE changed ({parts or 'torch-level state'})"
+        for guard, expr in zip(self.python_guards, self.exprs):
+            ok, seen = self._evaluate(expr, guard.source, args, kwargs)
+            if not ok:
+                return f"{guard.describe().split(None, 1)[0]} failed: {guard.describe().split(None, 1)[1]}" + (
+                    f" (saw {seen})" if seen is not None else "")
+        if self.tensor_exprs:
+            tensors = []
+            for e in self.tensor_exprs:
+                fn = compile_function(f"def ___eval({self.params}):\n    return {e}", "___eval",
+                                      self.ctx.namespace)
+                try:
+                    tensors.append(fn(*args, **kwargs))
+                except Exception as ex:
+                    return f"TENSOR_MATCH failed: cannot read {e} ({type(ex).__name__}: {ex})"
+            names = [s.describe() for s in self.tensor_sources]
+            why = _torch.tensor_guard_failure(self.tensor_guards, tensors, names)
+            if why is not None:
+                return f"TENSOR_MATCH failed: {why}"
+        return None
+
+    def _evaluate(self, expr: str, source, args, kwargs) -> tuple[bool, str | None]:
+        fn = compile_function(f"def ___eval({self.params}):\n    return bool({expr})", "___eval",
+                              self.ctx.namespace)
+        try:
+            ok = fn(*args, **kwargs)
+        except Exception as ex:
+            return False, f"{type(ex).__name__}: {ex}"
+        seen = None
+        if not ok and source is not None:
+            getter = compile_function(f"def ___eval({self.params}):\n    return {source.render(self.ctx)}",
+                                      "___eval", self.ctx.namespace)
+            try:
+                v = getter(*args, **kwargs)
+                r = repr(v)
+                seen = f"{type(v).__name__} {r if len(r) < 80 else r[:77] + '...'}"
+            except Exception as ex:
+                seen = f"{type(ex).__name__}: {ex}"
+        return bool(ok), seen
+
+
+def compile_function(src: str, name: str, namespace: dict):
+    filename = f"<kiln generated {name}>"
+    code = compile(src, filename, "exec")
+    ns = dict(namespace)
+    exec(code, ns)
+    fn = ns[name]
+    fn.__kiln_source__ = src
+    # make tracebacks through generated code readable
+    import linecache
+
+    linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
+    return fn

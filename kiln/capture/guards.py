@@ -1,0 +1,213 @@
+"""Guards: every fact about the outside world that a compiled entry relies on.
+
+A guard is data, ``Guard(kind, source, expected)``. The same data
+
+* renders into the one generated check function of an entry (see ``codegen``),
+* prints readably (``KILN_LOGS=guards``, ``kiln.explain``),
+* explains a failure: which guard, and the value it saw (``KILN_LOGS=recompiles``).
+
+Tensor facts (type, dtype, device, requires_grad, sizes, strides, dispatch keys, and that no
+two tensor inputs are the same object) are checked together by one C-level ``TensorGuards``
+call over all tensor inputs; global state (grad mode, default dtype, deterministic mode,
+TF32 flags, thread count) by one ``GlobalStateGuard``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import Any
+
+import torch
+
+from .sources import RenderContext, Source
+
+
+class GuardKind(enum.Enum):
+    TYPE_MATCH = "TYPE_MATCH"          # type(x) is T
+    ID_MATCH = "ID_MATCH"              # x is obj (functions, modules, classes, globals read)
+    EQUALS_MATCH = "EQUALS_MATCH"      # type(x) is T and x == v (Python constants)
+    LENGTH_MATCH = "LENGTH_MATCH"      # len of a list/tuple's storage
+    DICT_KEYS = "DICT_KEYS"            # the keys of a dict, in order
+    HASATTR = "HASATTR"                # hasattr(x, name) is expected
+    GLOBAL_ABSENT = "GLOBAL_ABSENT"    # a builtin is not shadowed by a module global
+    NO_HOOKS = "NO_HOOKS"              # an nn.Module has no hooks registered
+    ALIAS_MATCH = "ALIAS_MATCH"        # two sources are the same object (x is y)
+    TENSOR_MATCH = "TENSOR_MATCH"      # dtype/device/shape/stride/requires_grad/type
+    GLOBAL_STATE = "GLOBAL_STATE"      # grad mode, default dtype, deterministic mode, ...
+    BACKEND_MATCH = "BACKEND_MATCH"    # the entry was compiled for the caller's backend
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Guard:
+    kind: GuardKind
+    source: Source | None
+    expected: Any = None
+
+    def key(self) -> tuple:
+        exp = self.expected
+        if self.kind in (GuardKind.ID_MATCH, GuardKind.TYPE_MATCH):
+            exp = id(exp)
+        elif self.kind is GuardKind.ALIAS_MATCH:
+            exp = exp  # a Source, hashable
+        elif self.kind in (GuardKind.TENSOR_MATCH, GuardKind.GLOBAL_STATE, GuardKind.NO_HOOKS):
+            exp = None
+        elif self.kind is GuardKind.GLOBAL_ABSENT:
+            exp = (id(exp[0]), exp[1])
+        elif self.kind is GuardKind.LENGTH_MATCH or self.kind is GuardKind.HASATTR:
+            exp = tuple(exp)
+        elif self.kind is GuardKind.EQUALS_MATCH:
+            exp = (type(exp), _hashable(exp))
+        elif self.kind is GuardKind.DICT_KEYS:
+            exp = tuple(_hashable(k) for k in exp)
+        return (self.kind, self.source, exp)
+
+    # -- rendering ---------------------------------------------------------------------
+    def render(self, ctx: RenderContext) -> str:
+        """A Python boolean expression; raises nothing for the expected objects."""
+        k = self.kind
+        e = self.source.render(ctx) if self.source is not None else None
+        if k is GuardKind.TYPE_MATCH:
+            return f"type({e}) is {ctx.bind(self.expected, 't')}"
+        if k is GuardKind.ID_MATCH:
+            return f"{e} is {ctx.bind(self.expected, 'o')}"
+        if k is GuardKind.EQUALS_MATCH:
+            v = self.expected
+            if v is None or isinstance(v, bool):
+                return f"{e} is {v!r}"
+            lit = repr(v) if type(v) in (int, str) else ctx.bind(v, "c")
+            return f"type({e}) is {ctx.bind(type(v), 't')} and {e} == {lit}"
+        if k is GuardKind.LENGTH_MATCH:
+            n, how = self.expected
+            fn = ctx.bind({"list": list.__len__, "tuple": tuple.__len__,
+                           "dict": dict.__len__}.get(how, len), "len")
+            return f"{fn}({e}) == {n}"
+        if k is GuardKind.DICT_KEYS:
+            return f"{ctx.bind(_dict_keys_list, 'keys')}({e}) == {ctx.bind(list(self.expected), 'c')}"
+        if k is GuardKind.HASATTR:
+            name, present = self.expected
+            return f"{'' if present else 'not '}hasattr({e}, {name!r})"
+        if k is GuardKind.GLOBAL_ABSENT:
+            gdict, name = self.expected
+            return f"{name!r} not in {ctx.bind(gdict, 'G')}"
+        if k is GuardKind.NO_HOOKS:
+            if self.source is None:
+                return f"{ctx.bind(_no_global_module_hooks, 'nohooks')}()"
+            return f"{ctx.bind(_module_has_no_hooks, 'nohooks')}({e})"
+        if k is GuardKind.ALIAS_MATCH:
+            return f"{e} is {self.expected.render(ctx)}"
+        raise AssertionError(f"{k} is rendered by its own mechanism")
+
+    def describe(self) -> str:
+        k = self.kind
+        src = self.source.describe() if self.source is not None else ""
+        exp = self.expected
+        if k is GuardKind.TYPE_MATCH:
+            return f"{k.value:14} type({src}) is {_qualname(exp)}"
+        if k is GuardKind.ID_MATCH:
+            return f"{k.value:14} {src} is {_short_repr(exp)}"
+        if k is GuardKind.EQUALS_MATCH:
+            return f"{k.value:14} {src} == {exp!r}"
+        if k is GuardKind.LENGTH_MATCH:
+            return f"{k.value:14} len({src}) == {exp[0]}"
+        if k is GuardKind.DICT_KEYS:
+            return f"{k.value:14} keys({src}) == {list(exp)!r}"
+        if k is GuardKind.HASATTR:
+            return f"{k.value:14} hasattr({src}, {exp[0]!r}) is {exp[1]}"
+        if k is GuardKind.GLOBAL_ABSENT:
+            return f"{k.value:14} {exp[1]!r} is not a module global (builtin {exp[1]} is used)"
+        if k is GuardKind.NO_HOOKS:
+            if self.source is None:
+                return f"{k.value:14} no global nn.Module hooks are registered"
+            return f"{k.value:14} {src} has no forward/backward hooks"
+        if k is GuardKind.ALIAS_MATCH:
+            return f"{k.value:14} {src} is {exp.describe()}"
+        if k is GuardKind.TENSOR_MATCH:
+            return f"{k.value:14} {src}: {describe_tensor(exp)}"
+        if k is GuardKind.GLOBAL_STATE:
+            return f"{k.value:14} {', '.join(f'{a}={b}' for a, b in exp.items())}"
+        if k is GuardKind.BACKEND_MATCH:
+            return f"{k.value:14} backend is {exp}"
+        return f"{k.value} {src} {exp!r}"
+
+    def __repr__(self) -> str:
+        return f"Guard({self.describe()})"
+
+
+def _dict_keys_list(d: dict) -> list:
+    return list(dict.keys(d))
+
+
+def _module_has_no_hooks(m: torch.nn.Module) -> bool:
+    return not (m._forward_hooks or m._forward_pre_hooks or m._backward_hooks
+                or m._backward_pre_hooks)
+
+
+def _no_global_module_hooks() -> bool:
+    from .. import _torch
+
+    return not any(_torch.global_module_hooks())
+
+
+def _hashable(v: Any) -> Any:
+    try:
+        hash(v)
+        return v
+    except TypeError:
+        return ("unhashable", id(v))
+
+
+def _qualname(t: Any) -> str:
+    return f"{getattr(t, '__module__', '?')}.{getattr(t, '__qualname__', t)}"
+
+
+def _short_repr(v: Any) -> str:
+    if isinstance(v, type) or callable(v) and hasattr(v, "__qualname__"):
+        return f"<{type(v).__name__} {_qualname(v)}>"
+    r = repr(v)
+    return r if len(r) < 60 else r[:57] + "..."
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorMeta:
+    """What TENSOR_MATCH checks, kept for printing and for explaining failures."""
+    type: type
+    dtype: torch.dtype
+    device: torch.device
+    size: tuple
+    stride: tuple
+    requires_grad: bool
+
+    @staticmethod
+    def of(t: torch.Tensor) -> "TensorMeta":
+        return TensorMeta(type(t), t.dtype, t.device, tuple(t.size()), tuple(t.stride()),
+                          t.requires_grad)
+
+
+def describe_tensor(m: TensorMeta) -> str:
+    kind = "" if m.type is torch.Tensor else f"{m.type.__name__} "
+    return (f"{kind}{str(m.dtype).replace('torch.', '')}{list(m.size)} stride={list(m.stride)} "
+            f"{m.device} requires_grad={m.requires_grad}")
+
+
+class GuardSet:
+    """Guards of one capture, deduplicated, in the order they were installed (a base is
+    always installed before anything read through it, so evaluation order is safe)."""
+
+    def __init__(self) -> None:
+        self._guards: dict[tuple, Guard] = {}
+
+    def add(self, guard: Guard) -> None:
+        self._guards.setdefault(guard.key(), guard)
+
+    def remove_source(self, source: Source) -> None:
+        for k in [k for k, g in self._guards.items() if g.source == source]:
+            del self._guards[k]
+
+    def __iter__(self):
+        return iter(self._guards.values())
+
+    def __len__(self) -> int:
+        return len(self._guards)
+
+    def describe(self) -> str:
+        return "\n".join(g.describe() for g in self)

@@ -1,0 +1,269 @@
+"""The state of one capture: the FX graph being built, fake tensors, graph inputs, guards
+and side effects."""
+from __future__ import annotations
+
+import re
+import sys
+import types
+from typing import Any
+
+import torch
+import torch.fx
+
+from .. import _torch
+from ..config import config
+from ..errors import Unsupported
+from .guards import Guard, GuardKind, GuardSet, TensorMeta
+from .side_effects import SideEffects
+from .sources import GlobalSource, Source
+from .values.base import ConstantValue, Value
+from .values.builder import STATE_READERS, Builder, is_trusted_module
+from .values.containers import ListValue, NamedTupleValue, TupleValue
+from .values.tensor import TensorValue
+
+
+class TensorInput:
+    """A tensor read from the outside world: one graph placeholder and one TENSOR_MATCH."""
+
+    def __init__(self, source: Source, value: TensorValue, static: bool, meta: TensorMeta,
+                 real: torch.Tensor):
+        self.source = source
+        self.real = real  # only during capture: dropped once the entry is built
+        self.value = value
+        self.static = static  # a parameter or buffer of an nn.Module (cudagraphs needs this)
+        self.meta = meta
+
+
+class OutputGraph:
+    def __init__(self, fn_name: str):
+        self.graph = torch.fx.Graph()
+        self.fake_mode = _torch.new_fake_mode()
+        self.guards = GuardSet()
+        self.side_effects = SideEffects()
+        self.builder = Builder(self)
+        self.tensor_inputs: list[TensorInput] = []
+        self.fn_name = fn_name
+        self.instructions = 0
+        self._names: set[str] = set()
+        self._grad_enabled_at_start = torch.is_grad_enabled()
+        self.global_state = _torch.global_state_snapshot()
+        self.guards.add(Guard(GuardKind.GLOBAL_STATE, None, _torch.global_state_description()))
+        self.module_hooks_guarded = False
+
+    # -- bookkeeping ---------------------------------------------------------------------------
+    def count_instruction(self) -> None:
+        self.instructions += 1
+        if self.instructions > config.max_instructions:
+            raise Unsupported(f"capture ran more than config.max_instructions={config.max_instructions} "
+                              "instructions (an unbounded loop?)")
+
+    def is_trusted_module(self, mod: types.ModuleType) -> bool:
+        return is_trusted_module(mod)
+
+    def is_trusted_globals(self, g: dict) -> bool:
+        mod = sys.modules.get(g.get("__name__", ""))
+        return mod is not None and mod.__dict__ is g and is_trusted_module(mod)
+
+    def guards_enabled_for(self, source: Source) -> bool:
+        return True
+
+    def evaluate_source(self, source: Source) -> Any:
+        raise Unsupported(f"reading {source.describe()} outside of its guard")
+
+    def restore_grad_mode(self) -> None:
+        torch._C._set_grad_enabled(self._grad_enabled_at_start)
+
+    # -- graph inputs -----------------------------------------------------------------------------
+    def add_tensor_input(self, t: torch.Tensor, source: Source, static: bool) -> TensorValue:
+        if _torch.is_fake(t):
+            raise Unsupported("a fake tensor as input")
+        if t.is_sparse or t.layout != torch.strided:
+            raise Unsupported(f"a tensor with layout {t.layout}")
+        if type(t) not in (torch.Tensor, torch.nn.Parameter):
+            raise Unsupported(f"a tensor subclass {type(t).__name__} as input")
+        fake = _torch.fake_from_real(self.fake_mode, t)
+        name = self._unique_name(_placeholder_name(source))
+        with self.graph.inserting_before(self._first_non_placeholder()):
+            node = self.graph.placeholder(name)
+        node.meta["example_value"] = fake
+        node.meta["kiln_source"] = source
+        node.meta["kiln_static"] = static
+        value = TensorValue(node, fake, source, type(t))
+        meta = TensorMeta.of(t)
+        self.tensor_inputs.append(TensorInput(source, value, static, meta, t))
+        self.guards.add(Guard(GuardKind.TENSOR_MATCH, source, meta))
+        return value
+
+    def _first_non_placeholder(self):
+        for n in self.graph.nodes:
+            if n.op != "placeholder":
+                return n
+        return None
+
+    def _unique_name(self, base: str) -> str:
+        name, i = base, 1
+        while name in self._names:
+            name = f"{base}_{i}"
+            i += 1
+        self._names.add(name)
+        return name
+
+    def guard_module_has_no_hooks(self, module_value) -> None:
+        if module_value.source is not None:
+            self.guards.add(Guard(GuardKind.NO_HOOKS, module_value.source))
+        elif _torch.module_hooks_empty(module_value.value) is False:
+            raise Unsupported("calling an nn.Module with hooks that cannot be guarded")
+        if not _torch.module_hooks_empty(module_value.value):
+            raise Unsupported(f"nn.Module {type(module_value.value).__name__} has hooks registered")
+        if any(_torch.global_module_hooks()):
+            raise Unsupported("global nn.Module hooks are registered")
+        if not self.module_hooks_guarded:
+            self.module_hooks_guarded = True
+            self.guards.add(Guard(GuardKind.NO_HOOKS, None))
+
+    # -- graph nodes -------------------------------------------------------------------------------
+    def call_torch_function(self, tx, fn, args: list[Value], kwargs: dict[str, Value]) -> Value:
+        if fn in STATE_READERS:
+            # global state kiln guards (GLOBAL_STATE) or constant under eager execution
+            return ConstantValue(fn(*[a.as_constant() for a in args]))
+        return self.call_op("call_function", fn, tuple(args), kwargs)
+
+    def set_grad_enabled(self, mode: bool) -> None:
+        self.graph.call_function(torch._C._set_grad_enabled, (mode,))
+        torch._C._set_grad_enabled(mode)
+
+    def call_op(self, kind: str, target, args: tuple, kwargs: dict, inplace_of: TensorValue | None = None,
+                expect_tensor: bool = True) -> Value:
+        fx_args = tuple(_to_fx(a) for a in args)
+        fx_kwargs = {k: _to_fx(v) for k, v in kwargs.items()}
+        fake_args = tuple(_to_fake(a) for a in args)
+        fake_kwargs = {k: _to_fake(v) for k, v in kwargs.items()}
+        try:
+            with self.fake_mode:
+                if kind == "call_method":
+                    result = getattr(fake_args[0], target)(*fake_args[1:], **fake_kwargs)
+                else:
+                    result = target(*fake_args, **fake_kwargs)
+        except _torch.DATA_DEPENDENT_ERRORS as e:
+            raise Unsupported(f"{_op_name(kind, target)} needs tensor data ({type(e).__name__})")
+        except Unsupported:
+            raise
+        except NotImplementedError as e:
+            raise Unsupported(f"{_op_name(kind, target)} has no fake-tensor implementation ({e})")
+        except Exception as e:
+            from .interpreter import UserException
+
+            raise UserException(e)
+        # An op that returns one of its tensor arguments (in-place ops, x.contiguous() on a
+        # contiguous x) returns the same value: identity is preserved as in eager.
+        for a in args:
+            if isinstance(a, TensorValue) and result is a.fake:
+                node = self.graph.create_node(kind, target, fx_args, fx_kwargs)
+                node.meta["example_value"] = result
+                return a
+        if not _contains_tensor(result):
+            return _wrap_nontensor(result, _op_name(kind, target))
+        node = self.graph.create_node(kind, target, fx_args, fx_kwargs)
+        return self._wrap_result(node, result)
+
+    def _wrap_result(self, node, result) -> Value:
+        node.meta["example_value"] = result
+        if isinstance(result, torch.Tensor):
+            return TensorValue(node, result)
+        if isinstance(result, (tuple, list)):
+            items = []
+            for i, r in enumerate(result):
+                if isinstance(r, torch.Tensor) or isinstance(r, (tuple, list)) and _contains_tensor(r):
+                    child = self.graph.call_function(_getitem, (node, i))
+                    items.append(self._wrap_result(child, r))
+                else:
+                    items.append(_wrap_nontensor(r, "result"))
+            if isinstance(result, list):
+                return ListValue(items)
+            if type(result) is not tuple:
+                return NamedTupleValue(items, None, type(result))
+            return TupleValue(items)
+        raise Unsupported(f"an operator returned {type(result).__name__}")
+
+    # -- finishing -------------------------------------------------------------------------------
+    def remove_unused(self) -> None:
+        """Drop getitem nodes nobody reads and placeholders nobody uses (their guards stay)."""
+        for node in reversed(list(self.graph.nodes)):
+            if node.op == "call_function" and node.target is _getitem and not node.users:
+                self.graph.erase_node(node)
+        for inp in list(self.tensor_inputs):
+            node = inp.value.node
+            if node.graph is self.graph and not node.users and node.op == "placeholder":
+                self.graph.erase_node(node)
+                inp.value.node = None
+
+    def graph_inputs(self) -> list[TensorInput]:
+        return [i for i in self.tensor_inputs if i.value.node is not None]
+
+
+import operator as _operator  # noqa: E402
+
+_getitem = _operator.getitem
+
+
+def _placeholder_name(source: Source) -> str:
+    s = re.sub(r"[^0-9a-zA-Z]+", "_", source.describe()).strip("_").lower()
+    if not s or s[0].isdigit():
+        s = "in_" + s
+    return s[:60]
+
+
+def _op_name(kind, target) -> str:
+    if kind == "call_method":
+        return f"Tensor.{target}"
+    return getattr(target, "__qualname__", None) or getattr(target, "__name__", None) or str(target)
+
+
+def _contains_tensor(x) -> bool:
+    if isinstance(x, torch.Tensor):
+        return True
+    if isinstance(x, (tuple, list)):
+        return any(_contains_tensor(i) for i in x)
+    if isinstance(x, dict):
+        return any(_contains_tensor(i) for i in x.values())
+    return False
+
+
+def _wrap_nontensor(v, what: str) -> Value:
+    from .values.builder import wrap_pure_result
+
+    try:
+        return wrap_pure_result(v)
+    except Unsupported:
+        raise Unsupported(f"{what} returned a {type(v).__name__}, which cannot be captured")
+
+
+def _to_fx(v: Value):
+    from .values.base import NullValue
+    from .values.containers import DictValue, SetValue
+
+    if isinstance(v, TensorValue):
+        return v.node
+    if isinstance(v, (TupleValue, ListValue)):
+        items = [_to_fx(i) for i in v.items]
+        return items if isinstance(v, ListValue) else tuple(items)
+    if isinstance(v, DictValue):
+        return {k: _to_fx(x) for k, x in v.items.items()}
+    if isinstance(v, NullValue):
+        raise Unsupported("NULL passed to an operator")
+    if v.is_constant() and not isinstance(v, SetValue):
+        return v.as_constant()
+    raise Unsupported(f"{v.describe()} passed to a tensor operator")
+
+
+def _to_fake(v: Value):
+    from .values.containers import DictValue
+
+    if isinstance(v, TensorValue):
+        return v.fake
+    if isinstance(v, (TupleValue, ListValue)):
+        items = [_to_fake(i) for i in v.items]
+        return items if isinstance(v, ListValue) else tuple(items)
+    if isinstance(v, DictValue):
+        return {k: _to_fake(x) for k, x in v.items.items()}
+    return v.as_constant()

@@ -1,0 +1,75 @@
+"""Side effects on objects that existed before the call.
+
+During capture, mutations of pre-existing lists and dicts, attribute stores on pre-existing
+objects and writes to pre-existing closure cells are applied to their symbolic values (so the
+rest of the capture sees them) and recorded here. After the graph has run, the transformed
+code writes the final state back, so the objects end exactly as eager would leave them.
+Containers and objects created inside the frame need nothing: they are rebuilt if returned.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .values.base import Value
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .codegen import EntryCodegen
+
+
+class SideEffects:
+    def __init__(self) -> None:
+        self.containers: list[Value] = []          # ListValue / DictValue with a source
+        self.attrs: dict[tuple[int, str], tuple[Value, str, Value]] = {}
+        self.cells: dict[int, tuple[object, str, Value]] = {}
+
+    def mutated(self, container: Value) -> None:
+        if container.source is not None and all(c is not container for c in self.containers):
+            self.containers.append(container)
+
+    def store_attr(self, obj: Value, name: str, value: Value) -> None:
+        self.attrs[(id(obj), name)] = (obj, name, value)
+
+    def attr_value(self, obj: Value, name: str) -> Value | None:
+        hit = self.attrs.get((id(obj), name))
+        return hit[2] if hit is not None else None
+
+    def store_cell(self, cell, name: str, value: Value) -> None:
+        self.cells[id(cell)] = (cell, name, value)
+
+    def cell_value(self, cell) -> Value | None:
+        hit = self.cells.get(id(cell))
+        return hit[2] if hit is not None else None
+
+    def __bool__(self) -> bool:
+        return bool(self.containers or self.attrs or self.cells)
+
+    def describe(self) -> list[str]:
+        out = [f"mutate {c.source.describe()}" for c in self.containers]
+        out += [f"set {o.source.describe()}.{n}" for o, n, _ in self.attrs.values()]
+        out += [f"set closure cell {n}" for _, n, _ in self.cells.values()]
+        return out
+
+    def codegen(self, cg: "EntryCodegen") -> list[str]:
+        """Statements that write the final state back (after the graph has run)."""
+        from .values.containers import DictValue, ListValue
+
+        lines = []
+        for c in self.containers:
+            target = cg.source_expr(c.source)
+            if isinstance(c, ListValue):
+                items = ", ".join(i.reconstruct(cg) for i in c.items)
+                lines.append(f"{cg.bind(list.__setitem__)}({target}, slice(None), [{items}])")
+            elif isinstance(c, DictValue):
+                body = ", ".join(f"{cg.key_expr(k)}: {v.reconstruct(cg)}" for k, v in c.items.items())
+                lines.append(f"{cg.bind(_dict_replace)}({target}, {{{body}}})")
+        for obj, name, value in self.attrs.values():
+            lines.append(f"{cg.bind(setattr)}({cg.source_expr(obj.source)}, {name!r}, {value.reconstruct(cg)})")
+        for cell, _name, value in self.cells.values():
+            lines.append(f"{cg.bind(cell)}.cell_contents = {value.reconstruct(cg)}")
+        return lines
+
+
+def _dict_replace(d: dict, new: dict) -> None:
+    # Bypass subclass overrides: the captured program already ran them symbolically.
+    dict.clear(d)
+    dict.update(d, new)

@@ -1,0 +1,170 @@
+"""Sources: where a value captured from the outside world came from.
+
+A source renders to a Python expression that, evaluated in a guard function with the user's
+own signature, yields the same object again for a later call. Objects that cannot be named
+by an expression over the arguments (the function's globals dict, its closure cells) are
+bound into the generated code's namespace by ``RenderContext.bind``.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+
+class RenderContext:
+    """Collects the objects a rendered expression refers to (names ``___k0``, ``___k1``...)."""
+
+    def __init__(self) -> None:
+        self.namespace: dict[str, Any] = {}
+        self._by_id: dict[int, str] = {}
+
+    def bind(self, obj: Any, hint: str = "k") -> str:
+        name = self._by_id.get(id(obj))
+        if name is None:
+            name = f"___{hint}{len(self.namespace)}"
+            self.namespace[name] = obj
+            self._by_id[id(obj)] = name
+        return name
+
+
+class Source:
+    def render(self, ctx: RenderContext) -> str:
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        """Readable name used in logs and explain output: ``L['x'].weight``."""
+        raise NotImplementedError
+
+    def __str__(self) -> str:
+        return self.describe()
+
+
+@dataclasses.dataclass(frozen=True)
+class LocalSource(Source):
+    """An argument of the compiled function."""
+    name: str
+
+    def render(self, ctx):
+        return self.name
+
+    def describe(self):
+        return f"L[{self.name!r}]"
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class GlobalSource(Source):
+    """``globals_dict[name]`` of the function that read it (top-level or inlined)."""
+    globals_dict: dict
+    name: str
+
+    def __eq__(self, other):
+        return (isinstance(other, GlobalSource) and other.globals_dict is self.globals_dict
+                and other.name == self.name)
+
+    def __hash__(self):
+        return hash((id(self.globals_dict), self.name))
+
+    def render(self, ctx):
+        return f"{ctx.bind(self.globals_dict, 'G')}[{self.name!r}]"
+
+    def describe(self):
+        mod = self.globals_dict.get("__name__", "?")
+        return f"G[{self.name!r}]" if mod == "__main__" else f"G({mod})[{self.name!r}]"
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class CellSource(Source):
+    """The contents of a closure cell that existed before the call."""
+    cell: Any
+    name: str
+
+    def __eq__(self, other):
+        return isinstance(other, CellSource) and other.cell is self.cell
+
+    def __hash__(self):
+        return hash(id(self.cell))
+
+    def render(self, ctx):
+        return f"{ctx.bind(self.cell, 'cell')}.cell_contents"
+
+    def describe(self):
+        return f"Closure[{self.name!r}]"
+
+
+@dataclasses.dataclass(frozen=True)
+class AttrSource(Source):
+    base: Source
+    name: str
+
+    def render(self, ctx):
+        b = self.base.render(ctx)
+        if self.name.isidentifier() and not self.name.startswith("__"):
+            return f"{b}.{self.name}"
+        return f"getattr({b}, {self.name!r})"
+
+    def describe(self):
+        return f"{self.base.describe()}.{self.name}"
+
+
+# How an item is read. Reads of list/dict *storage* go through the base class so that a
+# subclass overriding __getitem__ is not called by the guard (seed 002, list subclasses).
+ITEM_INDEX = "index"        # base[key] on an exact tuple/list/dict
+ITEM_LIST = "list"          # list.__getitem__(base, key)
+ITEM_DICT = "dict"          # dict.__getitem__(base, key)
+ITEM_TUPLE = "tuple"        # tuple.__getitem__(base, key)
+
+
+@dataclasses.dataclass(frozen=True)
+class ItemSource(Source):
+    base: Source
+    key: Any
+    how: str = ITEM_INDEX
+
+    def render(self, ctx):
+        b = self.base.render(ctx)
+        if self.how == ITEM_INDEX:
+            return f"{b}[{self.key!r}]"
+        getter = {ITEM_LIST: list.__getitem__, ITEM_DICT: dict.__getitem__,
+                  ITEM_TUPLE: tuple.__getitem__}[self.how]
+        return f"{ctx.bind(getter, self.how + '_getitem')}({b}, {self.key!r})"
+
+    def describe(self):
+        return f"{self.base.describe()}[{self.key!r}]"
+
+
+@dataclasses.dataclass(frozen=True)
+class TypeSource(Source):
+    """``type(base)``: a class attribute reached through an instance."""
+    base: Source
+
+    def render(self, ctx):
+        return f"type({self.base.render(ctx)})"
+
+    def describe(self):
+        return f"type({self.base.describe()})"
+
+
+def is_argument_rooted(source: Source | None) -> bool:
+    """True when the source is read from the call's arguments (not a global or a cell)."""
+    while isinstance(source, (AttrSource, ItemSource, TypeSource)):
+        source = source.base
+    return isinstance(source, LocalSource)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class ConstSource(Source):
+    """An object bound into the generated code by identity (used for objects reached through
+    already-guarded paths, e.g. a function's ``__defaults__``)."""
+    obj: Any
+
+    def __eq__(self, other):
+        return isinstance(other, ConstSource) and other.obj is self.obj
+
+    def __hash__(self):
+        return hash(id(self.obj))
+
+    def render(self, ctx):
+        return ctx.bind(self.obj, "k")
+
+    def describe(self):
+        return f"<{type(self.obj).__name__} {getattr(self.obj, '__qualname__', '')}>"

@@ -1,0 +1,146 @@
+"""The symbolic value protocol and the simplest values (constants, NULL).
+
+Every Python object the interpreter handles is a ``Value``. A value that came from the outside
+world carries its ``source``; guards on that source were installed when it was wrapped
+(``builder.wrap``). Operations a value cannot model raise ``Unsupported``: the frame then runs
+eagerly (or the user sees the error under ``fullgraph=True``), never a wrong answer.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ...errors import Unsupported
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..interpreter import FrameInterpreter
+    from ..sources import Source
+
+
+class Value:
+    source: "Source | None" = None
+
+    # -- identity and type -------------------------------------------------------------
+    def python_type(self) -> type:
+        raise Unsupported(f"type of {self.describe()} is unknown at capture time")
+
+    def is_constant(self) -> bool:
+        return False
+
+    def as_constant(self) -> Any:
+        raise Unsupported(f"{self.describe()} is not a Python constant")
+
+    def real_object(self) -> Any:
+        """The real object behind a value that stands for an existing object, else None."""
+        return None
+
+    def describe(self) -> str:
+        return type(self).__name__
+
+    def __repr__(self) -> str:
+        return self.describe()
+
+    # -- operations ----------------------------------------------------------------------
+    def getattr(self, tx: "FrameInterpreter", name: str) -> "Value":
+        raise Unsupported(f"attribute {name!r} of {self.describe()}")
+
+    def setattr(self, tx: "FrameInterpreter", name: str, value: "Value") -> None:
+        raise Unsupported(f"setting attribute {name!r} on {self.describe()}")
+
+    def call(self, tx: "FrameInterpreter", args: list["Value"], kwargs: dict[str, "Value"]) -> "Value":
+        raise Unsupported(f"calling {self.describe()}")
+
+    def call_method(self, tx, name: str, args: list["Value"], kwargs: dict[str, "Value"]) -> "Value":
+        return self.getattr(tx, name).call(tx, args, kwargs)
+
+    def unpack(self, tx) -> list["Value"]:
+        """The items of an iterable of known length."""
+        raise Unsupported(f"iterating over {self.describe()}")
+
+    def truthy(self, tx) -> bool:
+        raise Unsupported(f"truth value of {self.describe()}")
+
+    def has_len(self) -> bool:
+        return False
+
+    # -- output ----------------------------------------------------------------------------
+    def reconstruct(self, cg) -> str:
+        """A Python expression that rebuilds this value after the graph has run."""
+        if self.source is not None:
+            return cg.source_expr(self.source)
+        raise Unsupported(f"returning {self.describe()} from a compiled function")
+
+
+# Python values that are immutable and can be folded at capture time.
+CONSTANT_TYPES = (int, float, bool, str, bytes, complex, type(None), type(Ellipsis),
+                  type(NotImplemented), torch.dtype, torch.device, torch.Size, range, slice,
+                  frozenset, torch.layout, torch.memory_format)
+
+
+def is_constant_object(v: Any) -> bool:
+    if isinstance(v, tuple) and not isinstance(v, torch.Size):
+        return type(v) is tuple and all(is_constant_object(x) for x in v)
+    if isinstance(v, slice):
+        return all(is_constant_object(x) for x in (v.start, v.stop, v.step))
+    return type(v) in CONSTANT_TYPES
+
+
+class ConstantValue(Value):
+    def __init__(self, value: Any, source=None):
+        self.value = value
+        self.source = source
+
+    def python_type(self):
+        return type(self.value)
+
+    def is_constant(self):
+        return True
+
+    def as_constant(self):
+        return self.value
+
+    def real_object(self):
+        return self.value
+
+    def describe(self):
+        return f"Constant({self.value!r})"
+
+    def truthy(self, tx):
+        return bool(self.value)
+
+    def has_len(self):
+        return hasattr(self.value, "__len__")
+
+    def unpack(self, tx):
+        try:
+            items = list(self.value)
+        except TypeError:
+            raise Unsupported(f"iterating over {self.value!r}")
+        return [ConstantValue(v) for v in items]
+
+    def getattr(self, tx, name):
+        from .builder import wrap_pure_result
+
+        try:
+            attr = getattr(self.value, name)
+        except AttributeError as e:
+            raise tx.user_exception(e)
+        if callable(attr):
+            from .functions import PureMethodValue
+
+            return PureMethodValue(attr, f"{type(self.value).__name__}.{name}")
+        return wrap_pure_result(attr)
+
+    def reconstruct(self, cg):
+        return cg.constant_expr(self.value)
+
+
+class NullValue(Value):
+    """The NULL that PUSH_NULL / LOAD_GLOBAL / LOAD_ATTR push below a callable."""
+
+    def describe(self):
+        return "NULL"
+
+
+NULL = NullValue()

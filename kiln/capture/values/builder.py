@@ -1,0 +1,229 @@
+"""``wrap``: turn a real object read from a source into a Value, installing the guards that
+the value's use relies on. This is where the soundness rule is enforced for inputs."""
+from __future__ import annotations
+
+import collections
+import functools
+import sys
+import types
+from typing import Any
+
+import torch
+
+from ...errors import Unsupported
+from ..guards import Guard, GuardKind
+from ..sources import ITEM_DICT, ITEM_INDEX, ITEM_LIST, ITEM_TUPLE, ItemSource, AttrSource
+from .base import CONSTANT_TYPES, ConstantValue, Value, is_constant_object
+from .builtins import BuiltinValue
+from .containers import DictValue, ListValue, NamedTupleValue, SetValue, TupleValue
+from .functions import BoundMethodValue, PartialValue, TorchOpValue, UserFunctionValue
+from .objects import ClassValue, NNModuleValue, ObjectValue, PythonModuleValue
+
+# Python functions whose module makes them tensor operators (one graph node each).
+TORCH_OP_MODULES = frozenset({"torch.nn.functional", "torch.functional", "torch._tensor",
+                              "torch.nn.init", "torch._refs", "torch._decomp"})
+# torch._C submodules whose builtins are operators.
+TORCH_OP_C_MODULES = frozenset({"torch._C._nn", "torch._C._fft", "torch._C._linalg",
+                                "torch._C._special", "torch._C._nested", "torch._C._sparse"})
+
+
+def _state_readers() -> dict:
+    """torch functions that read state which kiln guards (GLOBAL_STATE) or that are constant
+    in eager execution: folded at capture time."""
+    out = {torch.is_grad_enabled: None, torch.get_default_dtype: None,
+           torch.are_deterministic_algorithms_enabled: None,
+           torch.is_deterministic_algorithms_warn_only_enabled: None}
+    for mod, name in (("torch.jit", "is_scripting"), ("torch.jit", "is_tracing"),
+                      ("torch.compiler", "is_compiling"), ("torch.compiler", "is_dynamo_compiling"),
+                      ("torch._utils", "is_compiling"), ("torch._C", "_get_tracing_state"),
+                      ("torch._jit_internal", "is_scripting")):
+        fn = getattr(sys.modules.get(mod), name, None)
+        if fn is not None:
+            out[fn] = None
+    return out
+
+
+STATE_READERS = _state_readers()
+
+
+def is_torch_op(fn: Any) -> bool:
+    if isinstance(fn, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+        return True
+    if isinstance(fn, types.BuiltinFunctionType):
+        owner = getattr(fn, "__self__", None)
+        if owner is None:
+            return getattr(fn, "__module__", None) == "torch"
+        return isinstance(owner, types.ModuleType) and owner.__name__ in TORCH_OP_C_MODULES
+    if isinstance(fn, (types.MethodDescriptorType, types.WrapperDescriptorType)):
+        return getattr(fn, "__objclass__", None) in (torch._C.TensorBase, torch.Tensor)
+    if isinstance(fn, types.FunctionType):
+        mod = getattr(fn, "__module__", None)
+        if mod in TORCH_OP_MODULES:
+            return True
+        # functions of torch.nn.functional built by boolean_dispatch live in _jit_internal
+        return mod == "torch._jit_internal" and fn.__name__ == "fn" and hasattr(fn, "__wrapped__")
+    return False
+
+
+def is_trusted_module(mod: types.ModuleType) -> bool:
+    """torch and the standard library: their attributes are assumed not to be re-bound, the
+    same assumption torch.compile makes, so reading them installs no guard."""
+    name = getattr(mod, "__name__", "") or ""
+    top = name.split(".", 1)[0]
+    return top == "torch" or top in sys.stdlib_module_names
+
+
+def wrap_pure_result(v: Any) -> Value:
+    """A value computed at capture time from constants (no source, no guards needed)."""
+    if type(v) is tuple:
+        return TupleValue([wrap_pure_result(x) for x in v])
+    if type(v) is list:
+        return ListValue([wrap_pure_result(x) for x in v])
+    if type(v) is dict:
+        return DictValue({k: wrap_pure_result(x) for k, x in v.items()})
+    if type(v) in (set, frozenset):
+        return SetValue(v, type(v))
+    if is_constant_object(v) or isinstance(v, (torch.finfo, torch.iinfo)):
+        return ConstantValue(v)
+    if isinstance(v, type):
+        return ClassValue(v)
+    if isinstance(v, tuple) and hasattr(type(v), "_fields"):
+        return NamedTupleValue([wrap_pure_result(x) for x in v], None, type(v))
+    if isinstance(v, (types.BuiltinFunctionType, types.FunctionType)):
+        return wrap_callable(v, None)
+    raise Unsupported(f"a capture-time result of type {type(v).__name__}")
+
+
+def wrap_callable(fn, source) -> Value:
+    if fn in STATE_READERS:
+        return BuiltinValue(fn, source)
+    if fn is torch.is_tensor:
+        return BuiltinValue(fn, source)
+    if is_torch_op(fn):
+        return TorchOpValue(fn, source)
+    if isinstance(fn, types.FunctionType):
+        return UserFunctionValue(fn, source)
+    return BuiltinValue(fn, source)
+
+
+class Builder:
+    """Wraps objects for one capture; remembers what it wrapped (by source and by identity)
+    so that one object read twice is one value (mutations and aliasing stay consistent)."""
+
+    def __init__(self, output):
+        self.output = output
+        self.by_source: dict = {}
+        self.by_id: dict[int, tuple[Any, Value]] = {}
+
+    def guard(self, kind: GuardKind, source, expected=None) -> None:
+        if source is not None and self.output.guards_enabled_for(source):
+            self.output.guards.add(Guard(kind, source, expected))
+
+    def wrap(self, obj: Any, source, static: bool = False) -> Value:
+        if source is not None:
+            hit = self.by_source.get(source)
+            if hit is not None:
+                return hit
+            if not _is_immutable_scalar(obj):
+                prior = self.by_id.get(id(obj))
+                if prior is not None and prior[0] is obj and prior[1].source is not None:
+                    # The same object reached two ways: guard that it stays the same object.
+                    self.guard(GuardKind.ALIAS_MATCH, source, prior[1].source)
+                    self.by_source[source] = prior[1]
+                    return prior[1]
+        v = self._wrap(obj, source, static)
+        if source is not None:
+            self.by_source[source] = v
+            if not _is_immutable_scalar(obj):
+                self.by_id[id(obj)] = (obj, v)
+        return v
+
+    def _wrap(self, obj, source, static):
+        g = self.guard
+        t = type(obj)
+        if isinstance(obj, torch.Tensor):
+            if source is None:
+                raise Unsupported("a tensor that is not reachable from the arguments, globals "
+                                  "or closures (cannot be a graph input)")
+            return self.output.add_tensor_input(obj, source, static)
+        if t in (bool, type(None)) or t in (int, float, str, bytes, complex, torch.Size, range):
+            g(GuardKind.EQUALS_MATCH, source, obj)
+            return ConstantValue(obj, source)
+        if t in (torch.dtype, torch.layout, torch.memory_format) or obj is Ellipsis:
+            g(GuardKind.ID_MATCH, source, obj)
+            return ConstantValue(obj, source)
+        if t is torch.device:
+            g(GuardKind.EQUALS_MATCH, source, obj)
+            return ConstantValue(obj, source)
+        if t is slice:
+            g(GuardKind.EQUALS_MATCH, source, obj)
+            return ConstantValue(obj, source)
+        if isinstance(obj, torch.nn.Module):
+            g(GuardKind.TYPE_MATCH, source, t)
+            return NNModuleValue(obj, source)
+        if isinstance(obj, tuple):
+            g(GuardKind.TYPE_MATCH, source, t)
+            g(GuardKind.LENGTH_MATCH, source, (len(obj), "tuple"))
+            how = ITEM_INDEX if t is tuple or hasattr(t, "_fields") else ITEM_TUPLE
+            items = [self.wrap(x, ItemSource(source, i, how) if source else None)
+                     for i, x in enumerate(tuple.__iter__(obj))]
+            if hasattr(t, "_fields") or getattr(t, "n_fields", None) is not None:
+                return NamedTupleValue(items, source, t)
+            return TupleValue(items, source, t)
+        if isinstance(obj, list):
+            g(GuardKind.TYPE_MATCH, source, t)
+            g(GuardKind.LENGTH_MATCH, source, (len(obj), "list"))
+            how = ITEM_INDEX if t is list else ITEM_LIST
+            items = [self.wrap(x, ItemSource(source, i, how) if source else None)
+                     for i, x in enumerate(list.__iter__(obj))]
+            return ListValue(items, source, t)
+        if isinstance(obj, dict):
+            keys = list(dict.keys(obj))
+            if not all(is_constant_object(k) for k in keys):
+                raise Unsupported("a dict whose keys are not Python constants")
+            g(GuardKind.TYPE_MATCH, source, t)
+            g(GuardKind.DICT_KEYS, source, keys)
+            how = ITEM_INDEX if t in (dict, collections.OrderedDict) else ITEM_DICT
+            return DictValue({k: self.wrap(dict.__getitem__(obj, k),
+                                           ItemSource(source, k, how) if source else None)
+                              for k in keys}, source, t)
+        if t in (set, frozenset):
+            if not all(is_constant_object(k) for k in obj):
+                raise Unsupported("a set of values that are not Python constants")
+            g(GuardKind.EQUALS_MATCH, source, obj)
+            return SetValue(obj, t, source)
+        if isinstance(obj, types.ModuleType):
+            g(GuardKind.ID_MATCH, source, obj)
+            return PythonModuleValue(obj, source)
+        if isinstance(obj, type):
+            g(GuardKind.ID_MATCH, source, obj)
+            return ClassValue(obj, source)
+        if isinstance(obj, (types.FunctionType, types.BuiltinFunctionType, types.MethodDescriptorType,
+                            types.WrapperDescriptorType, torch._ops.OpOverload,
+                            torch._ops.OpOverloadPacket)):
+            g(GuardKind.ID_MATCH, source, obj)
+            return wrap_callable(obj, source)
+        if isinstance(obj, types.MethodType):
+            return BoundMethodValue(
+                self.wrap(obj.__func__, AttrSource(source, "__func__") if source else None),
+                self.wrap(obj.__self__, AttrSource(source, "__self__") if source else None))
+        if t is functools.partial:
+            g(GuardKind.TYPE_MATCH, source, t)
+            func = self.wrap(obj.func, AttrSource(source, "func") if source else None)
+            args = [self.wrap(a, ItemSource(AttrSource(source, "args"), i) if source else None)
+                    for i, a in enumerate(obj.args)]
+            kw = {k: self.wrap(v, ItemSource(AttrSource(source, "keywords"), k) if source else None)
+                  for k, v in obj.keywords.items()}
+            g(GuardKind.LENGTH_MATCH, AttrSource(source, "args") if source else None, (len(obj.args), "tuple"))
+            g(GuardKind.DICT_KEYS, AttrSource(source, "keywords") if source else None, list(obj.keywords))
+            return PartialValue(func, args, kw, source)
+        if isinstance(obj, (torch.finfo, torch.iinfo)):
+            return ConstantValue(obj, source)
+        if source is None:
+            raise Unsupported(f"an object of type {t.__name__} that cannot be guarded")
+        g(GuardKind.TYPE_MATCH, source, t)
+        return ObjectValue(obj, source)
+
+
+def _is_immutable_scalar(obj) -> bool:
+    return type(obj) in CONSTANT_TYPES and type(obj) is not torch.Size or obj is None

@@ -1,0 +1,430 @@
+"""Python builtins, ``operator``, ``math`` and ``functools`` called during capture.
+
+Pure functions of constants are evaluated at capture time. Those that take symbolic values
+(``len``, ``isinstance``, ``getattr``, ``sum``, ``zip``, ...) are modelled here. Anything else
+raises Unsupported: never a guess.
+"""
+from __future__ import annotations
+
+import builtins
+import collections
+import functools
+import math
+import operator
+import types
+from typing import Any, Callable
+
+import torch
+
+from ...errors import Unsupported
+from .base import ConstantValue, Value, is_constant_object
+from .containers import (DictValue, IteratorValue, ListValue, NamedTupleValue, SetValue,
+                         TupleValue)
+from .functions import PartialValue
+from .objects import ClassValue, GradModeValue, SuperValue
+
+_HANDLERS: dict[Any, Callable] = {}
+
+
+def handles(*fns):
+    def deco(h):
+        for f in fns:
+            _HANDLERS[f] = h
+        return h
+    return deco
+
+
+# Pure functions of constants: evaluated at capture time when every argument is a constant.
+PURE_FUNCTIONS = frozenset([
+    abs, all, any, bin, bool, callable, chr, complex, divmod, float, format, hash, hex, int,
+    len, max, min, oct, ord, pow, repr, round, sorted, str, sum, isinstance, issubclass,
+    tuple, frozenset, range, slice, reversed, enumerate, zip, list, set, dict, type,
+    *[getattr(math, n) for n in dir(math) if callable(getattr(math, n)) and not n.startswith("_")],
+    *[getattr(operator, n) for n in dir(operator) if callable(getattr(operator, n))
+      and not n.startswith("_") and n not in ("attrgetter", "itemgetter", "methodcaller")],
+])
+
+
+class BuiltinValue(Value):
+    """A builtin function (``len``, ``math.sqrt``, ``operator.add``...)."""
+
+    def __init__(self, fn, source=None):
+        self.fn = fn
+        self.source = source
+
+    def python_type(self):
+        return type(self.fn)
+
+    def real_object(self):
+        return self.fn
+
+    def is_constant(self):
+        return True
+
+    def as_constant(self):
+        return self.fn
+
+    def describe(self):
+        return f"Builtin({getattr(self.fn, '__name__', self.fn)})"
+
+    def truthy(self, tx):
+        return True
+
+    def call(self, tx, args, kwargs):
+        return call_builtin(tx, self.fn, args, kwargs)
+
+    def reconstruct(self, cg):
+        return cg.bind(self.fn)
+
+
+def call_builtin(tx, fn, args: list[Value], kwargs: dict[str, Value]) -> Value:
+    from .builder import wrap_pure_result
+
+    handler = _HANDLERS.get(fn)
+    if handler is not None:
+        result = handler(tx, fn, args, kwargs)
+        if result is not NotImplemented:
+            return result
+    op = tx.operator_handler(fn)
+    if op is not None:
+        return op(args, kwargs)
+    if fn in PURE_FUNCTIONS and all(a.is_constant() for a in args) and all(
+            v.is_constant() for v in kwargs.values()):
+        try:
+            res = fn(*[a.as_constant() for a in args], **{k: v.as_constant() for k, v in kwargs.items()})
+        except Exception as e:
+            raise tx.user_exception(e)
+        return wrap_pure_result(res)
+    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", repr(fn))
+    raise Unsupported(f"call to builtin {getattr(fn, '__module__', None) or 'builtins'}.{name}"
+                      + ("" if fn not in PURE_FUNCTIONS else " with non-constant arguments"))
+
+
+@handles(print)
+def _print(tx, fn, args, kwargs):
+    raise Unsupported("print() (a side effect on stdout)")
+
+
+@handles(len)
+def _len(tx, fn, args, kwargs):
+    (v,) = args
+    from .tensor import TensorValue
+
+    if isinstance(v, TensorValue):
+        if v.fake.dim() == 0:
+            raise tx.user_exception(TypeError("len() of a 0-d tensor"))
+        return ConstantValue(v.fake.shape[0])
+    if v.is_constant() and not isinstance(v, (ListValue, TupleValue)):
+        return ConstantValue(len(v.as_constant()))
+    return tx.call_method(v, "__len__", [], {})
+
+
+@handles(isinstance)
+def _isinstance(tx, fn, args, kwargs):
+    obj, classes = args
+    cls = _classes(classes)
+    return ConstantValue(issubclass(obj.python_type(), cls))
+
+
+@handles(issubclass)
+def _issubclass(tx, fn, args, kwargs):
+    a, classes = args
+    return ConstantValue(issubclass(a.as_constant(), _classes(classes)))
+
+
+def _classes(v: Value):
+    if isinstance(v, TupleValue):
+        return tuple(_classes(x) for x in v.items)
+    c = v.as_constant()
+    if not isinstance(c, (type, tuple, types.UnionType)):
+        raise Unsupported(f"isinstance() with {v.describe()}")
+    return c
+
+
+@handles(getattr)
+def _getattr(tx, fn, args, kwargs):
+    obj, name = args[0], args[1].as_constant()
+    if len(args) == 3:
+        try:
+            return tx.getattr(obj, name)
+        except tx.UserException as e:
+            if isinstance(e.exc, AttributeError):
+                return args[2]
+            raise
+    return tx.getattr(obj, name)
+
+
+@handles(hasattr)
+def _hasattr(tx, fn, args, kwargs):
+    obj, name = args[0], args[1].as_constant()
+    return ConstantValue(tx.hasattr(obj, name))
+
+
+@handles(setattr)
+def _setattr(tx, fn, args, kwargs):
+    obj, name, value = args
+    tx.setattr(obj, name.as_constant(), value)
+    return ConstantValue(None)
+
+
+@handles(type)
+def _type(tx, fn, args, kwargs):
+    if len(args) != 1:
+        raise Unsupported("type() with 3 arguments (creating a class)")
+    src = None
+    from ..sources import TypeSource
+
+    if args[0].source is not None:
+        src = TypeSource(args[0].source)
+    return ClassValue(args[0].python_type(), src)
+
+
+@handles(callable)
+def _callable(tx, fn, args, kwargs):
+    v = args[0]
+    if v.is_constant():
+        return ConstantValue(callable(v.as_constant()))
+    from .functions import (BoundMethodValue, MethodValue, PartialValue, TorchOpValue,
+                            UserFunctionValue)
+    from .objects import NNModuleValue, ObjectValue
+
+    if isinstance(v, (UserFunctionValue, BoundMethodValue, MethodValue, PartialValue,
+                      TorchOpValue, BuiltinValue, NNModuleValue, ClassValue)):
+        return ConstantValue(True)
+    if isinstance(v, ObjectValue):
+        return ConstantValue(callable(v.value))
+    return ConstantValue(False)
+
+
+@handles(iter)
+def _iter(tx, fn, args, kwargs):
+    if len(args) != 1:
+        raise Unsupported("iter() with a sentinel")
+    return tx.get_iter(args[0])
+
+
+@handles(next)
+def _next(tx, fn, args, kwargs):
+    it = args[0]
+    if not isinstance(it, IteratorValue):
+        return tx.call_method(it, "__next__", [], {})
+    v = it.next(tx)
+    if v is None:
+        if len(args) > 1:
+            return args[1]
+        raise tx.user_exception(StopIteration())
+    return v
+
+
+@handles(sum)
+def _sum(tx, fn, args, kwargs):
+    items = tx.unpack_iterable(args[0])
+    start = args[1] if len(args) > 1 else kwargs.get("start", ConstantValue(0))
+    acc = start
+    for item in items:
+        acc = tx.binary(operator.add, acc, item)
+    return acc
+
+
+@handles(min, max)
+def _minmax(tx, fn, args, kwargs):
+    items = tx.unpack_iterable(args[0]) if len(args) == 1 else list(args)
+    key = kwargs.get("key")
+    default = kwargs.get("default")
+    if not items:
+        if default is not None:
+            return default
+        raise tx.user_exception(ValueError(f"{fn.__name__}() arg is an empty sequence"))
+    if key is not None and not (key.is_constant() and key.as_constant() is None):
+        keys = [tx.call(key, [i], {}).as_constant() for i in items]
+    else:
+        if not all(i.is_constant() for i in items):
+            raise Unsupported(f"{fn.__name__}() of values that are not Python constants")
+        keys = [i.as_constant() for i in items]
+    best = fn(range(len(items)), key=lambda j: keys[j])
+    return items[best]
+
+
+@handles(abs)
+def _abs(tx, fn, args, kwargs):
+    if args[0].is_constant():
+        return NotImplemented
+    return tx.call_method(args[0], "__abs__", [], {})
+
+
+@handles(any, all)
+def _anyall(tx, fn, args, kwargs):
+    vals = [tx.truthy(v) for v in tx.unpack_iterable(args[0])]
+    return ConstantValue(fn(vals))
+
+
+@handles(enumerate)
+def _enumerate(tx, fn, args, kwargs):
+    start = (args[1] if len(args) > 1 else kwargs.get("start", ConstantValue(0))).as_constant()
+    items = tx.unpack_iterable(args[0])
+    return IteratorValue([TupleValue([ConstantValue(i + start), v]) for i, v in enumerate(items)])
+
+
+@handles(zip)
+def _zip(tx, fn, args, kwargs):
+    strict = kwargs.get("strict", ConstantValue(False)).as_constant()
+    seqs = [tx.unpack_iterable(a) for a in args]
+    if strict and len({len(s) for s in seqs}) > 1:
+        raise tx.user_exception(ValueError("zip() arguments have different lengths"))
+    return IteratorValue([TupleValue(list(t)) for t in zip(*seqs)])
+
+
+@handles(map)
+def _map(tx, fn, args, kwargs):
+    f, seqs = args[0], [tx.unpack_iterable(a) for a in args[1:]]
+    return IteratorValue([tx.call(f, list(t), {}) for t in zip(*seqs)])
+
+
+@handles(filter)
+def _filter(tx, fn, args, kwargs):
+    f, items = args[0], tx.unpack_iterable(args[1])
+    if f.is_constant() and f.as_constant() is None:
+        return IteratorValue([i for i in items if tx.truthy(i)])
+    return IteratorValue([i for i in items if tx.truthy(tx.call(f, [i], {}))])
+
+
+@handles(reversed)
+def _reversed(tx, fn, args, kwargs):
+    return IteratorValue(list(reversed(tx.unpack_iterable(args[0]))))
+
+
+@handles(sorted)
+def _sorted(tx, fn, args, kwargs):
+    lst = ListValue(tx.unpack_iterable(args[0]))
+    lst.base_method(tx, "sort", [], kwargs)
+    lst.mutated = False
+    return lst
+
+
+@handles(functools.reduce)
+def _reduce(tx, fn, args, kwargs):
+    f, items = args[0], tx.unpack_iterable(args[1])
+    if len(args) > 2:
+        acc = args[2]
+    else:
+        if not items:
+            raise tx.user_exception(TypeError("reduce() of empty iterable with no initial value"))
+        acc, items = items[0], items[1:]
+    for item in items:
+        acc = tx.call(f, [acc, item], {})
+    return acc
+
+
+@handles(super)
+def _super(tx, fn, args, kwargs):
+    if args:
+        cls, obj = args[0].as_constant(), args[1]
+    else:
+        cls, obj = tx.zero_arg_super()
+    return SuperValue(cls, obj)
+
+
+@handles(id)
+def _id(tx, fn, args, kwargs):
+    raise Unsupported("id() of a value (object identity is not stable across calls)")
+
+
+# -- classes -------------------------------------------------------------------------------
+
+def construct_class(tx, cls_value: ClassValue, args: list[Value], kwargs: dict[str, Value]) -> Value:
+    from .builder import wrap_pure_result
+
+    cls = cls_value.value
+    if cls in (list, tuple) or (isinstance(cls, type) and issubclass(cls, (list, tuple))
+                                and not _is_namedtuple(cls) and _plain_init(cls)):
+        items = tx.unpack_iterable(args[0]) if args else []
+        base = list if issubclass(cls, list) else tuple
+        return (ListValue if base is list else TupleValue)(items, None, cls)
+    if _is_namedtuple(cls):
+        return _make_namedtuple(tx, cls, args, kwargs)
+    if cls in (dict, collections.OrderedDict) or (isinstance(cls, type) and issubclass(cls, dict)
+                                                  and _plain_init(cls) and cls is not collections.defaultdict):
+        d = DictValue({}, None, cls)
+        if args or kwargs:
+            d.base_method(tx, "update", args, kwargs)
+        d.mutated = False
+        return d
+    if cls in (set, frozenset):
+        items = tx.unpack_iterable(args[0]) if args else []
+        return SetValue({i.as_constant() for i in items}, cls)
+    if cls in (enumerate, zip, map, filter, reversed, super, type, range, slice, bool, int,
+               float, str, complex) and cls in _HANDLERS:
+        return call_builtin(tx, cls, args, kwargs)
+    if cls in (bool, int, float, str, complex, range, slice, bytes, torch.Size, torch.device):
+        if all(a.is_constant() for a in args) and all(v.is_constant() for v in kwargs.values()):
+            try:
+                return wrap_pure_result(cls(*[a.as_constant() for a in args],
+                                            **{k: v.as_constant() for k, v in kwargs.items()}))
+            except Exception as e:
+                raise tx.user_exception(e)
+        if cls is bool and len(args) == 1:
+            return ConstantValue(tx.truthy(args[0]))
+        if cls is torch.Size and len(args) == 1:
+            return wrap_pure_result(torch.Size([i.as_constant() for i in tx.unpack_iterable(args[0])]))
+        raise Unsupported(f"{cls.__name__}() of a value that is not a Python constant")
+    if cls in (torch.no_grad, torch.enable_grad):
+        return GradModeValue(cls is torch.enable_grad, cls)
+    if cls is torch.set_grad_enabled:
+        mode = args[0].as_constant() if args else kwargs["mode"].as_constant()
+        v = GradModeValue(bool(mode), cls)
+        # set_grad_enabled acts on construction; as a context manager it restores on exit.
+        v.prev = torch.is_grad_enabled()
+        tx.output.set_grad_enabled(bool(mode))
+        v.call_method = _set_grad_enabled_method(v)
+        return v
+    if cls is functools.partial:
+        return PartialValue(args[0], list(args[1:]), dict(kwargs))
+    if cls in (torch.finfo, torch.iinfo):
+        return wrap_pure_result(cls(*[a.as_constant() for a in args]))
+    if cls is object and not args:
+        raise Unsupported("object() sentinel creation")
+    raise Unsupported(f"creating an instance of {cls.__module__}.{cls.__qualname__} "
+                      "inside a compiled function")
+
+
+def _set_grad_enabled_method(v: GradModeValue):
+    def call_method(tx, name, args, kwargs):
+        if name == "__enter__":
+            return ConstantValue(None)
+        if name == "__exit__":
+            tx.output.set_grad_enabled(v.prev)
+            return ConstantValue(None)
+        raise Unsupported(f"set_grad_enabled.{name}")
+    return call_method
+
+
+def _is_namedtuple(cls) -> bool:
+    return isinstance(cls, type) and issubclass(cls, tuple) and hasattr(cls, "_fields")
+
+
+def _plain_init(cls) -> bool:
+    """A container subclass whose construction is the base class's (no user __init__/__new__)."""
+    for klass in cls.__mro__:
+        if klass in (list, tuple, dict, collections.OrderedDict, object):
+            return True
+        if "__init__" in klass.__dict__ or "__new__" in klass.__dict__:
+            return False
+    return True
+
+
+def _make_namedtuple(tx, cls, args, kwargs):
+    fields = cls._fields
+    values: dict[str, Value] = {}
+    for f, a in zip(fields, args):
+        values[f] = a
+    values.update(kwargs)
+    defaults = getattr(cls, "_field_defaults", {})
+    items = []
+    for f in fields:
+        if f in values:
+            items.append(values[f])
+        elif f in defaults:
+            items.append(tx.wrap(defaults[f], None))
+        else:
+            raise tx.user_exception(TypeError(f"{cls.__name__}() missing argument {f!r}"))
+    return NamedTupleValue(items, None, cls)

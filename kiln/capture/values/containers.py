@@ -1,0 +1,519 @@
+"""Tuples, lists, dicts, sets, iterators, and user subclasses of list and dict.
+
+Mutable containers that existed before the call (they have a source) record that they were
+mutated; the transformed code writes their final contents back after the graph has run
+(``side_effects``). A user subclass keeps its class: methods the subclass overrides are
+inlined; everything else acts on the underlying storage, as ``list.__getitem__`` would.
+"""
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+from ...errors import Unsupported
+from .base import ConstantValue, Value
+
+
+def _user_override(cls: type, base: type, name: str):
+    """The function a user subclass defines for ``name`` before reaching ``base``, or None."""
+    for klass in cls.__mro__:
+        if klass is base:
+            return None
+        if name in klass.__dict__:
+            return klass.__dict__[name]
+    return None
+
+
+class BaseSequenceValue(Value):
+    base_type: type = tuple
+
+    def __init__(self, items: list[Value], source=None, cls: type | None = None):
+        self.items = list(items)
+        self.source = source
+        self.cls = cls or self.base_type
+
+    def python_type(self):
+        return self.cls
+
+    def is_constant(self):
+        return self.cls in (tuple, list) and all(i.is_constant() for i in self.items)
+
+    def as_constant(self):
+        vals = [i.as_constant() for i in self.items]
+        return self.cls(vals) if self.cls in (tuple, list) else super().as_constant()
+
+    def describe(self):
+        return f"{self.cls.__name__}[{', '.join(i.describe() for i in self.items)}]"
+
+    def unpack(self, tx):
+        return list(self.items)
+
+    def truthy(self, tx):
+        return len(self.items) > 0
+
+    def has_len(self):
+        return True
+
+    def override(self, name: str):
+        if self.cls is self.base_type:
+            return None
+        return _user_override(self.cls, self.base_type, name)
+
+    def getitem(self, tx, index: Value) -> Value:
+        idx = index.as_constant()
+        if isinstance(idx, slice):
+            return type(self)(self.items[idx], None, self.base_type)
+        try:
+            return self.items[operator.index(idx)]
+        except IndexError as e:
+            raise tx.user_exception(e)
+
+    def getattr(self, tx, name):
+        from .functions import MethodValue
+
+        fn = self.override(name)
+        if fn is not None:
+            return tx.bind_user_attribute(self, fn, name)
+        if hasattr(self.base_type, name):
+            return MethodValue(self, name)
+        if self.source is not None and self.cls is not self.base_type:
+            return tx.wrap_attribute(self, name)
+        raise Unsupported(f"attribute {name!r} of {self.cls.__name__}")
+
+    def call_method(self, tx, name, args, kwargs):
+        fn = self.override(name)
+        if fn is not None:
+            return tx.bind_user_attribute(self, fn, name).call(tx, args, kwargs)
+        return self.base_method(tx, name, args, kwargs)
+
+    def base_method(self, tx, name, args, kwargs):
+        if name == "__getitem__" and len(args) == 1:
+            return self.getitem(tx, args[0])
+        if name == "__len__":
+            return ConstantValue(len(self.items))
+        if name == "__contains__":
+            return ConstantValue(tx.contains(self.items, args[0]))
+        if name == "index" and not kwargs:
+            for i, item in enumerate(self.items):
+                if tx.values_equal(item, args[0]):
+                    return ConstantValue(i)
+            raise tx.user_exception(ValueError(f"{args[0].describe()} is not in {self.cls.__name__}"))
+        if name == "count" and not kwargs:
+            return ConstantValue(sum(1 for i in self.items if tx.values_equal(i, args[0])))
+        if name == "__iter__":
+            return IteratorValue(list(self.items))
+        raise Unsupported(f"{self.cls.__name__}.{name}()")
+
+    def reconstruct(self, cg):
+        inner = [i.reconstruct(cg) for i in self.items]
+        if self.base_type is tuple:
+            body = "(" + ", ".join(inner) + ("," if len(inner) == 1 else "") + ")"
+        else:
+            body = "[" + ", ".join(inner) + "]"
+        if self.cls is self.base_type:
+            return body
+        return f"{cg.bind(self.cls)}({body})"
+
+
+class TupleValue(BaseSequenceValue):
+    base_type = tuple
+
+    def real_object(self):
+        return None
+
+
+class NamedTupleValue(TupleValue):
+    """A namedtuple (collections / typing) or a torch.return_types structseq."""
+
+    def getattr(self, tx, name):
+        fields = getattr(self.cls, "_fields", None) or _structseq_fields(self.cls)
+        if fields and name in fields:
+            return self.items[fields.index(name)]
+        return super().getattr(tx, name)
+
+    def reconstruct(self, cg):
+        inner = ", ".join(i.reconstruct(cg) for i in self.items)
+        if hasattr(self.cls, "_make"):
+            return f"{cg.bind(self.cls)}._make(({inner},))"
+        return f"{cg.bind(self.cls)}(({inner},))"
+
+
+def _structseq_fields(cls) -> list[str] | None:
+    n = getattr(cls, "n_fields", None)
+    if n is None:
+        return None
+    return [f for f in dir(cls) if isinstance(getattr(cls, f, None), property) or
+            type(getattr(cls, f, None)).__name__ == "member_descriptor"][:n] or None
+
+
+class ListValue(BaseSequenceValue):
+    base_type = list
+
+    def __init__(self, items, source=None, cls=None):
+        super().__init__(items, source, cls)
+        self.mutated = False
+
+    def _mutate(self, tx):
+        tx.output.side_effects.mutated(self)
+        self.mutated = True
+
+    def base_method(self, tx, name, args, kwargs):
+        c = [a.as_constant for a in args]  # noqa: F841  (clarity in error paths)
+        if name == "append" and len(args) == 1:
+            self._mutate(tx)
+            self.items.append(args[0])
+            return ConstantValue(None)
+        if name == "extend" and len(args) == 1:
+            self._mutate(tx)
+            self.items.extend(tx.unpack_iterable(args[0]))
+            return ConstantValue(None)
+        if name == "insert" and len(args) == 2:
+            self._mutate(tx)
+            self.items.insert(args[0].as_constant(), args[1])
+            return ConstantValue(None)
+        if name == "pop":
+            self._mutate(tx)
+            idx = args[0].as_constant() if args else -1
+            try:
+                return self.items.pop(idx)
+            except IndexError as e:
+                raise tx.user_exception(e)
+        if name == "remove" and len(args) == 1:
+            for i, item in enumerate(self.items):
+                if tx.values_equal(item, args[0]):
+                    self._mutate(tx)
+                    del self.items[i]
+                    return ConstantValue(None)
+            raise tx.user_exception(ValueError("list.remove(x): x not in list"))
+        if name == "clear":
+            self._mutate(tx)
+            self.items.clear()
+            return ConstantValue(None)
+        if name == "reverse":
+            self._mutate(tx)
+            self.items.reverse()
+            return ConstantValue(None)
+        if name == "copy":
+            return ListValue(list(self.items))
+        if name == "sort":
+            key = kwargs.get("key")
+            reverse = kwargs.get("reverse", ConstantValue(False)).as_constant()
+            if key is not None and not (key.is_constant() and key.as_constant() is None):
+                keys = [tx.call(key, [i], {}).as_constant() for i in self.items]
+            else:
+                keys = [i.as_constant() for i in self.items]
+            order = sorted(range(len(self.items)), key=lambda j: keys[j], reverse=reverse)
+            self._mutate(tx)
+            self.items[:] = [self.items[j] for j in order]
+            return ConstantValue(None)
+        if name == "__setitem__" and len(args) == 2:
+            idx = args[0].as_constant()
+            self._mutate(tx)
+            if isinstance(idx, slice):
+                self.items[idx] = tx.unpack_iterable(args[1])
+            else:
+                self.items[idx] = args[1]
+            return ConstantValue(None)
+        if name == "__delitem__" and len(args) == 1:
+            self._mutate(tx)
+            del self.items[args[0].as_constant()]
+            return ConstantValue(None)
+        if name == "__iter__":
+            return IteratorValue(self, live=True)
+        return super().base_method(tx, name, args, kwargs)
+
+
+class DictValue(Value):
+    """A dict with keys known at capture time (Python constants or objects by identity)."""
+
+    def __init__(self, items: dict, source=None, cls: type = dict, key_values: dict | None = None):
+        self.items = dict(items)      # key (hashable Python object) -> Value
+        self.source = source
+        self.cls = cls
+        self.mutated = False
+
+    def python_type(self):
+        return self.cls
+
+    def describe(self):
+        return f"{self.cls.__name__}{{{', '.join(f'{k!r}: {v.describe()}' for k, v in self.items.items())}}}"
+
+    def override(self, name):
+        if self.cls is dict:
+            return None
+        import collections
+
+        base = collections.OrderedDict if issubclass(self.cls, collections.OrderedDict) else dict
+        return _user_override(self.cls, base, name)
+
+    def unpack(self, tx):
+        return [ConstantValue(k) if _is_const_key(k) else tx.key_value(k) for k in self.items]
+
+    def truthy(self, tx):
+        return len(self.items) > 0
+
+    def has_len(self):
+        return True
+
+    def _mutate(self, tx):
+        tx.output.side_effects.mutated(self)
+        self.mutated = True
+
+    def getattr(self, tx, name):
+        from .functions import MethodValue
+
+        fn = self.override(name)
+        if fn is not None:
+            return tx.bind_user_attribute(self, fn, name)
+        if hasattr(dict, name) or hasattr(self.cls, name) and not name.startswith("_"):
+            return MethodValue(self, name)
+        if self.source is not None and self.cls is not dict:
+            return tx.wrap_attribute(self, name)
+        raise Unsupported(f"attribute {name!r} of {self.cls.__name__}")
+
+    def call_method(self, tx, name, args, kwargs):
+        fn = self.override(name)
+        if fn is not None:
+            return tx.bind_user_attribute(self, fn, name).call(tx, args, kwargs)
+        return self.base_method(tx, name, args, kwargs)
+
+    def key_of(self, tx, v: Value):
+        return tx.dict_key(v)
+
+    def base_method(self, tx, name, args, kwargs):
+        items = self.items
+        if name == "__getitem__" and len(args) == 1:
+            k = self.key_of(tx, args[0])
+            if k not in items:
+                missing = _user_override(self.cls, dict, "__missing__") if self.cls is not dict else None
+                if missing is not None:
+                    return tx.bind_user_attribute(self, missing, "__missing__").call(tx, args, {})
+                raise tx.user_exception(KeyError(k))
+            return items[k]
+        if name == "get":
+            k = self.key_of(tx, args[0])
+            return items.get(k, args[1] if len(args) > 1 else ConstantValue(None))
+        if name == "__contains__":
+            return ConstantValue(self.key_of(tx, args[0]) in items)
+        if name == "__len__":
+            return ConstantValue(len(items))
+        if name == "keys":
+            return DictViewValue(self, "keys")
+        if name == "values":
+            return DictViewValue(self, "values")
+        if name == "items":
+            return DictViewValue(self, "items")
+        if name == "__iter__":
+            return IteratorValue(self.unpack(tx))
+        if name == "copy":
+            return DictValue(items, None, dict if self.cls is dict else self.cls)
+        if name in ("__setitem__",) and len(args) == 2:
+            self._mutate(tx)
+            items[self.key_of(tx, args[0])] = args[1]
+            return ConstantValue(None)
+        if name == "__delitem__":
+            self._mutate(tx)
+            k = self.key_of(tx, args[0])
+            if k not in items:
+                raise tx.user_exception(KeyError(k))
+            del items[k]
+            return ConstantValue(None)
+        if name == "setdefault":
+            k = self.key_of(tx, args[0])
+            if k not in items:
+                self._mutate(tx)
+                items[k] = args[1] if len(args) > 1 else ConstantValue(None)
+            return items[k]
+        if name == "pop":
+            k = self.key_of(tx, args[0])
+            if k in items:
+                self._mutate(tx)
+                return items.pop(k)
+            if len(args) > 1:
+                return args[1]
+            raise tx.user_exception(KeyError(k))
+        if name == "popitem":
+            if not items:
+                raise tx.user_exception(KeyError("popitem(): dictionary is empty"))
+            self._mutate(tx)
+            k, v = items.popitem()
+            return TupleValue([ConstantValue(k), v])
+        if name == "update":
+            self._mutate(tx)
+            if args:
+                other = args[0]
+                if isinstance(other, DictValue):
+                    items.update(other.items)
+                else:
+                    for pair in tx.unpack_iterable(other):
+                        k, v = tx.unpack_iterable(pair)
+                        items[self.key_of(tx, k)] = v
+            for k, v in kwargs.items():
+                items[k] = v
+            return ConstantValue(None)
+        if name == "clear":
+            self._mutate(tx)
+            items.clear()
+            return ConstantValue(None)
+        if name == "move_to_end":
+            self._mutate(tx)
+            k = self.key_of(tx, args[0])
+            last = (args[1] if len(args) > 1 else kwargs.get("last", ConstantValue(True))).as_constant()
+            v = items.pop(k)
+            if last:
+                items[k] = v
+            else:
+                self.items = {k: v, **items}
+            return ConstantValue(None)
+        raise Unsupported(f"{self.cls.__name__}.{name}()")
+
+    def reconstruct(self, cg):
+        body = "{" + ", ".join(f"{cg.key_expr(k)}: {v.reconstruct(cg)}" for k, v in self.items.items()) + "}"
+        if self.cls is dict:
+            return body
+        return f"{cg.bind(self.cls)}({body})"
+
+
+def _is_const_key(k) -> bool:
+    from .base import is_constant_object
+
+    return is_constant_object(k)
+
+
+class DictViewValue(Value):
+    def __init__(self, d: DictValue, kind: str):
+        self.d = d
+        self.kind = kind
+
+    def python_type(self):
+        return type(getattr({}, self.kind)())
+
+    def unpack(self, tx):
+        keys = self.d.unpack(tx)
+        if self.kind == "keys":
+            return keys
+        vals = list(self.d.items.values())
+        if self.kind == "values":
+            return vals
+        return [TupleValue([k, v]) for k, v in zip(keys, vals)]
+
+    def truthy(self, tx):
+        return bool(self.d.items)
+
+    def has_len(self):
+        return True
+
+    def call_method(self, tx, name, args, kwargs):
+        if name == "__len__":
+            return ConstantValue(len(self.d.items))
+        if name == "__contains__" and self.kind == "keys":
+            return ConstantValue(tx.dict_key(args[0]) in self.d.items)
+        if name == "__iter__":
+            return IteratorValue(self.unpack(tx))
+        if name == "__contains__":
+            return ConstantValue(tx.contains(self.unpack(tx), args[0]))
+        raise Unsupported(f"dict_{self.kind}.{name}()")
+
+    def getattr(self, tx, name):
+        from .functions import MethodValue
+
+        return MethodValue(self, name)
+
+    def reconstruct(self, cg):
+        raise Unsupported("returning a dict view from a compiled function")
+
+
+class SetValue(Value):
+    """A set of Python constants (set algebra on capture-time values)."""
+
+    def __init__(self, items: set, cls: type = set, source=None):
+        self.items = set(items)
+        self.cls = cls
+        self.source = source
+
+    def python_type(self):
+        return self.cls
+
+    def is_constant(self):
+        return True
+
+    def as_constant(self):
+        return self.cls(self.items)
+
+    def unpack(self, tx):
+        return [ConstantValue(v) for v in self.items]
+
+    def truthy(self, tx):
+        return bool(self.items)
+
+    def has_len(self):
+        return True
+
+    def getattr(self, tx, name):
+        from .functions import MethodValue
+
+        return MethodValue(self, name)
+
+    def call_method(self, tx, name, args, kwargs):
+        if self.source is not None and name in ("add", "discard", "remove", "pop", "update", "clear"):
+            raise Unsupported(f"mutating a set that existed before the call ({name})")
+        cargs = [a.as_constant() if not isinstance(a, (ListValue, TupleValue, DictViewValue))
+                 else [x.as_constant() for x in tx.unpack_iterable(a)] for a in args]
+        try:
+            result = getattr(self.items, name)(*cargs)
+        except (KeyError, TypeError, ValueError) as e:
+            raise tx.user_exception(e)
+        from .builder import wrap_pure_result
+
+        if isinstance(result, (set, frozenset)):
+            return SetValue(result, type(result))
+        return wrap_pure_result(result)
+
+    def reconstruct(self, cg):
+        return cg.constant_expr(self.cls(self.items))
+
+
+class IteratorValue(Value):
+    """An iterator over a known list of values (or live over a ListValue)."""
+
+    def __init__(self, items, live: bool = False):
+        self.seq = items
+        self.live = live
+        self.pos = 0
+
+    def python_type(self):
+        return type(iter([]))
+
+    def _items(self):
+        return self.seq.items if self.live else self.seq
+
+    def next(self, tx) -> Value | None:
+        items = self._items()
+        if self.pos >= len(items):
+            return None
+        v = items[self.pos]
+        self.pos += 1
+        return v
+
+    def unpack(self, tx):
+        items = self._items()[self.pos:]
+        self.pos = len(self._items())
+        return list(items)
+
+    def truthy(self, tx):
+        return True
+
+    def getattr(self, tx, name):
+        from .functions import MethodValue
+
+        return MethodValue(self, name)
+
+    def call_method(self, tx, name, args, kwargs):
+        if name == "__next__":
+            v = self.next(tx)
+            if v is None:
+                raise tx.user_exception(StopIteration())
+            return v
+        if name == "__iter__":
+            return self
+        raise Unsupported(f"iterator.{name}()")

@@ -1,0 +1,313 @@
+"""Callables: user functions (inlined), nested functions and cells, bound methods, partials,
+methods of values, pure methods of constants, and torch operators (graph nodes)."""
+from __future__ import annotations
+
+import types
+from typing import Any
+
+from ...errors import Unsupported
+from .base import ConstantValue, Value
+
+
+class UserFunctionValue(Value):
+    """A real Python function; calls are inlined into the capture."""
+
+    def __init__(self, fn: types.FunctionType, source=None):
+        self.fn = fn
+        self.source = source
+
+    def python_type(self):
+        return types.FunctionType
+
+    def real_object(self):
+        return self.fn
+
+    def describe(self):
+        return f"Function({self.fn.__qualname__})"
+
+    def call(self, tx, args, kwargs):
+        return tx.inline_function(self, args, kwargs)
+
+    def getattr(self, tx, name):
+        if name in ("__name__", "__qualname__", "__module__", "__doc__"):
+            return ConstantValue(getattr(self.fn, name))
+        if name == "__code__":
+            return ConstantValue(self.fn.__code__)
+        if self.source is not None:
+            return tx.wrap_attribute(self, name)
+        raise Unsupported(f"attribute {name!r} of function {self.fn.__qualname__}")
+
+    def truthy(self, tx):
+        return True
+
+    # What the interpreter needs to inline it.
+    def code(self):
+        return self.fn.__code__
+
+    def globals(self):
+        return self.fn.__globals__
+
+    def name(self):
+        return self.fn.__qualname__
+
+    def defaults(self, tx) -> list[Value]:
+        d = self.fn.__defaults__ or ()
+        return [tx.wrap_function_part(self, "__defaults__", i, v) for i, v in enumerate(d)]
+
+    def kwdefaults(self, tx) -> dict[str, Value]:
+        d = self.fn.__kwdefaults__ or {}
+        return {k: tx.wrap_function_part(self, "__kwdefaults__", k, v) for k, v in d.items()}
+
+    def closure_cells(self, tx) -> list["CellValue"]:
+        return [ExistingCellValue(c, name) for c, name in
+                zip(self.fn.__closure__ or (), self.fn.__code__.co_freevars)]
+
+
+class NestedFunctionValue(UserFunctionValue):
+    """A function created by MAKE_FUNCTION during capture (a closure, lambda, comprehension)."""
+
+    def __init__(self, code: types.CodeType, fn_globals: dict, qualname: str,
+                 defaults: list[Value] | None, kwdefaults: dict[str, Value] | None,
+                 closure: list["CellValue"] | None):
+        self.code_obj = code
+        self.fn_globals = fn_globals
+        self.qualname = qualname
+        self.defaults_v = defaults or []
+        self.kwdefaults_v = kwdefaults or {}
+        self.closure = closure or []
+        self.source = None
+
+    def real_object(self):
+        return None
+
+    def describe(self):
+        return f"NestedFunction({self.qualname})"
+
+    def getattr(self, tx, name):
+        if name in ("__name__", "__qualname__"):
+            return ConstantValue(self.qualname.rsplit(".", 1)[-1] if name == "__name__" else self.qualname)
+        raise Unsupported(f"attribute {name!r} of nested function {self.qualname}")
+
+    def code(self):
+        return self.code_obj
+
+    def globals(self):
+        return self.fn_globals
+
+    def name(self):
+        return self.qualname
+
+    def defaults(self, tx):
+        return list(self.defaults_v)
+
+    def kwdefaults(self, tx):
+        return dict(self.kwdefaults_v)
+
+    def closure_cells(self, tx):
+        return list(self.closure)
+
+    def reconstruct(self, cg):
+        raise Unsupported("returning a function created inside a compiled function")
+
+
+class CellValue(Value):
+    """A closure cell: ``get``/``set`` its contents."""
+
+    def get(self, tx) -> Value:
+        raise NotImplementedError
+
+    def set(self, tx, value: Value) -> None:
+        raise NotImplementedError
+
+
+class NewCellValue(CellValue):
+    """A cell created by this frame (MAKE_CELL): its contents are tracked symbolically."""
+
+    def __init__(self, name: str, contents: Value | None = None):
+        self.name = name
+        self.contents = contents
+
+    def get(self, tx):
+        if self.contents is None:
+            raise tx.user_exception(NameError(
+                f"free variable {self.name!r} referenced before assignment in enclosing scope"))
+        return self.contents
+
+    def set(self, tx, value):
+        self.contents = value
+
+
+class ExistingCellValue(CellValue):
+    """A cell of a real function's closure: reads are guarded, writes replayed afterwards."""
+
+    def __init__(self, cell, name: str):
+        self.cell = cell
+        self.name = name
+        self.written: Value | None = None
+
+    def get(self, tx):
+        if self.written is not None:
+            return self.written
+        written = tx.output.side_effects.cell_value(self.cell)
+        if written is not None:
+            return written
+        from ..sources import CellSource
+
+        try:
+            contents = self.cell.cell_contents
+        except ValueError:
+            raise tx.user_exception(NameError(f"free variable {self.name!r} referenced before assignment"))
+        return tx.wrap(contents, CellSource(self.cell, self.name))
+
+    def set(self, tx, value):
+        tx.output.side_effects.store_cell(self.cell, self.name, value)
+
+
+class BoundMethodValue(Value):
+    def __init__(self, func: Value, self_value: Value):
+        self.func = func
+        self.self_value = self_value
+
+    def python_type(self):
+        return types.MethodType
+
+    def describe(self):
+        return f"BoundMethod({self.func.describe()} of {self.self_value.describe()})"
+
+    def call(self, tx, args, kwargs):
+        return self.func.call(tx, [self.self_value, *args], kwargs)
+
+    def getattr(self, tx, name):
+        if name == "__self__":
+            return self.self_value
+        if name == "__func__":
+            return self.func
+        return self.func.getattr(tx, name)
+
+    def truthy(self, tx):
+        return True
+
+
+class MethodValue(Value):
+    """``obj.name`` where obj is a symbolic value that implements the method itself."""
+
+    def __init__(self, obj: Value, name: str):
+        self.obj = obj
+        self.name = name
+
+    def python_type(self):
+        return types.BuiltinMethodType
+
+    def describe(self):
+        return f"Method({self.obj.describe()}.{self.name})"
+
+    def call(self, tx, args, kwargs):
+        return self.obj.call_method(tx, self.name, args, kwargs)
+
+    def truthy(self, tx):
+        return True
+
+
+class PureMethodValue(Value):
+    """A method of an immutable constant (``"a,b".split``, ``(3).bit_length``)."""
+
+    def __init__(self, method, label: str):
+        self.method = method
+        self.label = label
+
+    def describe(self):
+        return f"PureMethod({self.label})"
+
+    def call(self, tx, args, kwargs):
+        from .builder import wrap_pure_result
+
+        try:
+            cargs = [a.as_constant() for a in args]
+            ckw = {k: v.as_constant() for k, v in kwargs.items()}
+        except Unsupported:
+            raise Unsupported(f"{self.label}() with non-constant arguments")
+        try:
+            return wrap_pure_result(self.method(*cargs, **ckw))
+        except Exception as e:  # the user's own error, raised as eager would
+            raise tx.user_exception(e)
+
+    def truthy(self, tx):
+        return True
+
+
+class PartialValue(Value):
+    def __init__(self, func: Value, args: list[Value], kwargs: dict[str, Value], source=None):
+        self.func = func
+        self.args = args
+        self.kwargs = kwargs
+        self.source = source
+
+    def python_type(self):
+        import functools
+
+        return functools.partial
+
+    def describe(self):
+        return f"partial({self.func.describe()})"
+
+    def call(self, tx, args, kwargs):
+        return self.func.call(tx, [*self.args, *args], {**self.kwargs, **kwargs})
+
+    def getattr(self, tx, name):
+        from .containers import DictValue, TupleValue
+
+        if name == "func":
+            return self.func
+        if name == "args":
+            return TupleValue(self.args)
+        if name == "keywords":
+            return DictValue(self.kwargs)
+        raise Unsupported(f"attribute {name!r} of functools.partial")
+
+    def truthy(self, tx):
+        return True
+
+    def reconstruct(self, cg):
+        if self.source is not None:
+            return cg.source_expr(self.source)
+        import functools
+
+        args = ", ".join([self.func.reconstruct(cg), *(a.reconstruct(cg) for a in self.args),
+                          *(f"{k}={v.reconstruct(cg)}" for k, v in self.kwargs.items())])
+        return f"{cg.bind(functools.partial)}({args})"
+
+
+class TorchOpValue(Value):
+    """A torch callable that becomes one graph node (torch.*, F.*, torch.Tensor.*, aten ops)."""
+
+    def __init__(self, fn, source=None):
+        self.fn = fn
+        self.source = source
+
+    def python_type(self):
+        return type(self.fn)
+
+    def real_object(self):
+        return self.fn
+
+    def describe(self):
+        return f"TorchOp({getattr(self.fn, '__qualname__', None) or getattr(self.fn, '__name__', self.fn)})"
+
+    def call(self, tx, args, kwargs):
+        return tx.output.call_torch_function(tx, self.fn, args, kwargs)
+
+    def getattr(self, tx, name):
+        from .builder import wrap_pure_result
+
+        if name in ("__name__", "__qualname__", "__module__"):
+            return wrap_pure_result(getattr(self.fn, name, None))
+        attr = getattr(self.fn, name, None)
+        if attr is not None and callable(attr) and hasattr(self.fn, "overloads"):  # OpOverloadPacket
+            return TorchOpValue(attr)
+        raise Unsupported(f"attribute {name!r} of {self.describe()}")
+
+    def truthy(self, tx):
+        return True
+
+    def reconstruct(self, cg):
+        return cg.bind(self.fn)

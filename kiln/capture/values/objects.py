@@ -1,0 +1,315 @@
+"""Objects that exist before the call: user objects, nn.Modules, Python modules, classes,
+``super()``, and grad-mode context managers.
+
+Attributes are resolved statically (instance dict, then the class's MRO, as Python does), and
+each value read is wrapped with a source so that guards protect it.
+"""
+from __future__ import annotations
+
+import inspect
+import types
+from typing import Any
+
+import torch
+
+from ...errors import Unsupported
+from ..sources import AttrSource, ItemSource, TypeSource
+from .base import ConstantValue, Value
+from .functions import BoundMethodValue, MethodValue, UserFunctionValue
+
+_MISSING = object()
+
+
+def static_lookup(cls: type, name: str) -> Any:
+    for klass in cls.__mro__:
+        if name in klass.__dict__:
+            return klass.__dict__[name]
+    return _MISSING
+
+
+class ObjectValue(Value):
+    """An existing Python object read through a source."""
+
+    def __init__(self, obj: Any, source=None):
+        self.value = obj
+        self.source = source
+
+    def python_type(self):
+        return type(self.value)
+
+    def real_object(self):
+        return self.value
+
+    def describe(self):
+        return f"{type(self.value).__name__}" + (f"({self.source.describe()})" if self.source else "")
+
+    def truthy(self, tx):
+        cls = type(self.value)
+        if static_lookup(cls, "__bool__") is _MISSING and static_lookup(cls, "__len__") is _MISSING:
+            return True
+        if static_lookup(cls, "__bool__") is not _MISSING:
+            return self.call_method(tx, "__bool__", [], {}).as_constant()
+        return self.call_method(tx, "__len__", [], {}).as_constant() > 0
+
+    def has_len(self):
+        return static_lookup(type(self.value), "__len__") is not _MISSING
+
+    def instance_dict(self) -> dict | None:
+        try:
+            return object.__getattribute__(self.value, "__dict__")
+        except AttributeError:
+            return None
+
+    def _require_source(self, name):
+        if self.source is None:
+            raise Unsupported(f"attribute {name!r} of an object that cannot be guarded")
+
+    def getattr(self, tx, name):
+        pending = tx.output.side_effects.attr_value(self, name)
+        if pending is not None:
+            return pending
+        obj = self.value
+        cls = type(obj)
+        cls_attr = static_lookup(cls, name)
+        if isinstance(cls_attr, property):
+            if cls_attr.fget is None:
+                raise tx.user_exception(AttributeError(name))
+            return tx.call(UserFunctionValue(cls_attr.fget), [self], {})
+        d = self.instance_dict()
+        if d is not None and name in d and not _is_data_descriptor(cls_attr):
+            self._require_source(name)
+            return tx.wrap(d[name], AttrSource(self.source, name))
+        if cls_attr is not _MISSING:
+            return self._class_attribute(tx, name, cls_attr)
+        getattr_fn = static_lookup(cls, "__getattr__")
+        if isinstance(getattr_fn, types.FunctionType):
+            return tx.call(UserFunctionValue(getattr_fn), [self, ConstantValue(name)], {})
+        if name == "__class__":
+            return tx.wrap(cls, TypeSource(self.source) if self.source else None)
+        if name == "__dict__" and d is not None:
+            self._require_source(name)
+            return tx.wrap(d, AttrSource(self.source, "__dict__"))
+        raise tx.user_exception(AttributeError(f"'{cls.__name__}' object has no attribute '{name}'"))
+
+    def _class_attribute(self, tx, name, cls_attr):
+        if isinstance(cls_attr, types.FunctionType):
+            return BoundMethodValue(UserFunctionValue(cls_attr), self)
+        if isinstance(cls_attr, staticmethod):
+            return tx.wrap(cls_attr.__func__, None)
+        if isinstance(cls_attr, classmethod):
+            return BoundMethodValue(tx.wrap(cls_attr.__func__, None),
+                                    ClassValue(type(self.value), TypeSource(self.source) if self.source else None))
+        if _is_data_descriptor(cls_attr) or hasattr(cls_attr, "__get__") and not isinstance(
+                cls_attr, (types.BuiltinFunctionType, type)):
+            if isinstance(cls_attr, (types.WrapperDescriptorType, types.MethodDescriptorType,
+                                     types.MethodWrapperType)):
+                return MethodValue(self, name)
+            self._require_source(name)
+            return tx.wrap(getattr(self.value, name), AttrSource(self.source, name))
+        # A plain class attribute: guard it where the instance reads it.
+        if self.source is None:
+            return tx.wrap(cls_attr, None)
+        return tx.wrap(cls_attr, AttrSource(self.source, name))
+
+    def call_method(self, tx, name, args, kwargs):
+        cls_attr = static_lookup(type(self.value), name)
+        if isinstance(cls_attr, types.FunctionType):
+            return tx.call(UserFunctionValue(cls_attr), [self, *args], kwargs)
+        if name in ("__eq__", "__ne__") and cls_attr in (object.__eq__, object.__ne__, _MISSING):
+            other = args[0].real_object()
+            same = other is self.value
+            return ConstantValue(same if name == "__eq__" else not same)
+        return self.getattr(tx, name).call(tx, args, kwargs)
+
+    def call(self, tx, args, kwargs):
+        call_fn = static_lookup(type(self.value), "__call__")
+        if isinstance(call_fn, types.FunctionType):
+            return tx.call(UserFunctionValue(call_fn), [self, *args], kwargs)
+        raise Unsupported(f"calling {self.describe()}")
+
+    def unpack(self, tx):
+        it = static_lookup(type(self.value), "__iter__")
+        if isinstance(it, types.FunctionType):
+            return tx.unpack_iterable(tx.call(UserFunctionValue(it), [self], {}))
+        raise Unsupported(f"iterating over {self.describe()}")
+
+    def setattr(self, tx, name, value):
+        if self.source is None:
+            raise Unsupported(f"setting attribute {name!r} on an object without a source")
+        cls_attr = static_lookup(type(self.value), name)
+        if isinstance(cls_attr, property) or _is_data_descriptor(cls_attr):
+            raise Unsupported(f"setting {name!r} through a descriptor")
+        tx.output.side_effects.store_attr(self, name, value)
+
+
+def _is_data_descriptor(attr) -> bool:
+    return attr is not _MISSING and hasattr(type(attr), "__set__")
+
+
+class NNModuleValue(ObjectValue):
+    """An nn.Module instance. Parameters and buffers become graph inputs (tagged static), so
+    one compiled body serves every instance of the same layer class."""
+
+    def describe(self):
+        return f"Module({type(self.value).__name__}" + (f" {self.source.describe()})" if self.source else ")")
+
+    def getattr(self, tx, name):
+        m = self.value
+        d = m.__dict__
+        if name in d:
+            self._require_source(name)
+            return tx.wrap(d[name], AttrSource(self.source, name))
+        for store in ("_parameters", "_buffers", "_modules"):
+            table = d.get(store)
+            if table is not None and name in table:
+                self._require_source(name)
+                return tx.wrap(table[name], ItemSource(AttrSource(self.source, store), name),
+                               static=store != "_modules")
+        return super().getattr(tx, name)
+
+    def setattr(self, tx, name, value):
+        raise Unsupported(f"setting attribute {name!r} on an nn.Module inside a compiled function")
+
+    def call(self, tx, args, kwargs):
+        tx.output.guard_module_has_no_hooks(self)
+        forward = static_lookup(type(self.value), "forward")
+        if not isinstance(forward, types.FunctionType):
+            raise Unsupported(f"{type(self.value).__name__}.forward is not a Python function")
+        return tx.call(UserFunctionValue(forward), [self, *args], kwargs)
+
+    def unpack(self, tx):
+        return super().unpack(tx)
+
+    def truthy(self, tx):
+        return super().truthy(tx)
+
+
+class PythonModuleValue(ObjectValue):
+    """A Python module (``torch``, ``math``, a user module)."""
+
+    def describe(self):
+        return f"PyModule({self.value.__name__})"
+
+    def getattr(self, tx, name):
+        try:
+            attr = getattr(self.value, name)
+        except AttributeError as e:
+            raise tx.user_exception(e)
+        if tx.output.is_trusted_module(self.value):
+            return tx.wrap(attr, None)
+        self._require_source(name)
+        return tx.wrap(attr, AttrSource(self.source, name))
+
+    def truthy(self, tx):
+        return True
+
+
+class ClassValue(ObjectValue):
+    """A class. Calling it constructs builtin containers, namedtuples, torch constants and
+    grad-mode context managers; instances of user classes are a later issue."""
+
+    def describe(self):
+        return f"Class({self.value.__qualname__})"
+
+    def is_constant(self):
+        return True
+
+    def as_constant(self):
+        return self.value
+
+    def truthy(self, tx):
+        return True
+
+    def getattr(self, tx, name):
+        cls = self.value
+        attr = static_lookup(cls, name)
+        if attr is _MISSING:
+            mattr = static_lookup(type(cls), name)
+            if mattr is not _MISSING and name in ("__name__", "__qualname__", "__module__", "__mro__"):
+                return tx.wrap(getattr(cls, name), None)
+            try:
+                real = getattr(cls, name)
+            except AttributeError as e:
+                raise tx.user_exception(e)
+            return tx.wrap(real, AttrSource(self.source, name) if self.source else None)
+        if isinstance(attr, staticmethod):
+            return tx.wrap(attr.__func__, None)
+        if isinstance(attr, classmethod):
+            return BoundMethodValue(tx.wrap(attr.__func__, None), self)
+        if isinstance(attr, types.FunctionType):
+            return UserFunctionValue(attr)
+        if name in ("__name__", "__qualname__", "__module__", "__doc__"):
+            return ConstantValue(getattr(cls, name))
+        return tx.wrap(getattr(cls, name), AttrSource(self.source, name) if self.source else None)
+
+    def call(self, tx, args, kwargs):
+        from .builtins import construct_class
+
+        return construct_class(tx, self, args, kwargs)
+
+    def reconstruct(self, cg):
+        if self.source is not None:
+            return cg.source_expr(self.source)
+        return cg.bind(self.value)
+
+
+class SuperValue(Value):
+    def __init__(self, start_cls: type, obj: Value):
+        self.start_cls = start_cls
+        self.obj = obj
+
+    def describe(self):
+        return f"super({self.start_cls.__name__})"
+
+    def getattr(self, tx, name):
+        mro = self.obj.python_type().__mro__
+        i = mro.index(self.start_cls)
+        for klass in mro[i + 1:]:
+            if name in klass.__dict__:
+                attr = klass.__dict__[name]
+                if isinstance(attr, types.FunctionType):
+                    return BoundMethodValue(UserFunctionValue(attr), self.obj)
+                if isinstance(attr, classmethod):
+                    return BoundMethodValue(UserFunctionValue(attr.__func__),
+                                            ClassValue(self.obj.python_type()))
+                if isinstance(attr, staticmethod):
+                    return tx.wrap(attr.__func__, None)
+                if attr in (object.__init__, torch.nn.Module.__init__) and name == "__init__":
+                    raise Unsupported("super().__init__() inside a compiled function")
+                raise Unsupported(f"super().{name} resolving to {type(attr).__name__}")
+        raise tx.user_exception(AttributeError(f"'super' object has no attribute '{name}'"))
+
+
+class GradModeValue(Value):
+    """``torch.no_grad()`` / ``torch.enable_grad()`` / ``torch.set_grad_enabled(b)``.
+
+    Entering records ``torch._C._set_grad_enabled`` in the graph (so the graph itself runs
+    under the right mode) and switches the capture's own grad mode so fake tensors get the
+    right ``requires_grad``; exiting restores the previous mode in both."""
+
+    def __init__(self, enabled: bool, cls: type):
+        self.enabled = enabled
+        self.cls = cls
+        self.prev: bool | None = None
+
+    def python_type(self):
+        return self.cls
+
+    def describe(self):
+        return f"{self.cls.__name__}(grad={self.enabled})"
+
+    def getattr(self, tx, name):
+        return MethodValue(self, name)
+
+    def call_method(self, tx, name, args, kwargs):
+        if name == "__enter__":
+            self.prev = torch.is_grad_enabled()
+            tx.output.set_grad_enabled(self.enabled)
+            return ConstantValue(None)
+        if name == "__exit__":
+            tx.output.set_grad_enabled(self.prev)
+            return ConstantValue(None)
+        raise Unsupported(f"{self.cls.__name__}.{name}")
+
+    def call(self, tx, args, kwargs):
+        raise Unsupported(f"{self.cls.__name__} used as a decorator inside a compiled function")

@@ -1,0 +1,133 @@
+"""Tensors: an FX node plus the fake tensor that carries its metadata."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ...errors import Unsupported
+from .base import ConstantValue, Value
+
+# Tensor methods whose result is metadata, computed from the fake tensor at capture time.
+# Sound because TENSOR_MATCH guards dtype, device, sizes, strides and requires_grad.
+METADATA_METHODS = frozenset({
+    "size", "dim", "ndimension", "numel", "nelement", "stride", "is_contiguous",
+    "is_floating_point", "is_complex", "is_signed", "element_size", "storage_offset",
+    "get_device", "__len__", "is_inference",
+})
+METADATA_ATTRS = frozenset({
+    "shape", "dtype", "device", "ndim", "requires_grad", "is_cuda", "is_cpu", "is_sparse",
+    "is_quantized", "is_meta", "layout", "is_mkldnn", "is_nested", "itemsize", "is_leaf",
+})
+# Attributes that are tensors computed from the tensor (become graph nodes).
+TENSOR_ATTRS = frozenset({"T", "mT", "H", "mH", "real", "imag"})
+# Methods that need real data or leave the graph: not capturable as one graph.
+DATA_DEPENDENT_METHODS = frozenset({
+    "item", "tolist", "numpy", "__bool__", "__int__", "__float__", "__index__", "data_ptr",
+    "untyped_storage", "storage", "__array__", "backward", "register_hook", "retain_grad",
+    "__reduce_ex__", "__deepcopy__", "__setstate__",
+})
+
+
+class TensorValue(Value):
+    def __init__(self, node, fake: torch.Tensor, source=None, cls: type = torch.Tensor):
+        self.node = node
+        self.fake = fake
+        self.source = source
+        self.cls = cls
+
+    def python_type(self):
+        return self.cls
+
+    def describe(self):
+        src = f" from {self.source.describe()}" if self.source is not None else ""
+        return f"Tensor({self.node.name}{src})"
+
+    def truthy(self, tx):
+        raise Unsupported("truth value of a tensor (a branch on tensor data) needs its values")
+
+    def has_len(self):
+        return True
+
+    def unpack(self, tx):
+        if self.fake.dim() == 0:
+            raise Unsupported("iteration over a 0-d tensor")
+        n = self.fake.shape[0]
+        return [tx.output.call_op("call_function", _getitem, (self, i), {}) for i in range(n)]
+
+    def getattr(self, tx, name):
+        if name in METADATA_ATTRS:
+            v = getattr(self.fake, name)
+            if name == "requires_grad" or name == "is_leaf":
+                v = bool(v)
+            from .builder import wrap_pure_result
+
+            return wrap_pure_result(v)
+        if name in TENSOR_ATTRS:
+            return tx.output.call_op("call_function", getattr, (self, name), {})
+        if name == "grad":
+            raise Unsupported("reading tensor.grad inside a compiled function")
+        if name == "data":
+            return tx.output.call_op("call_method", "detach", (self,), {})
+        if name in DATA_DEPENDENT_METHODS:
+            raise Unsupported(f"Tensor.{name}() needs the tensor's data")
+        attr = getattr(torch.Tensor, name, None)
+        if attr is None:
+            raise Unsupported(f"unknown tensor attribute {name!r}")
+        if callable(attr):
+            from .functions import MethodValue
+
+            return MethodValue(self, name)
+        raise Unsupported(f"tensor attribute {name!r}")
+
+    def call_method(self, tx, name, args, kwargs):
+        if name in DATA_DEPENDENT_METHODS:
+            raise Unsupported(f"Tensor.{name}() needs the tensor's data")
+        if name in METADATA_METHODS:
+            from .builder import wrap_pure_result
+
+            cargs = [a.as_constant() for a in args]
+            ckw = {k: v.as_constant() for k, v in kwargs.items()}
+            return wrap_pure_result(getattr(self.fake, name)(*cargs, **ckw))
+        if name == "__getitem__":
+            return tx.output.call_op("call_function", _getitem, (self, *args), {})
+        if name == "__setitem__":
+            tx.output.call_op("call_function", _setitem, (self, *args), {}, expect_tensor=False)
+            return ConstantValue(None)
+        if name == "type" and not args and not kwargs:
+            return ConstantValue(self.fake.type().replace("Fake", ""))
+        if name == "requires_grad_" or name == "retain_grad":
+            raise Unsupported(f"Tensor.{name}() changes autograd state of a graph value")
+        return tx.output.call_op("call_method", name, (self, *args), kwargs, inplace_of=self
+                                 if _is_inplace_name(name) else None)
+
+
+def _is_inplace_name(name: str) -> bool:
+    return name.endswith("_") and not name.endswith("__")
+
+
+def _getitem(obj, index):
+    return obj[index]
+
+
+def _setitem(obj, index, value):
+    obj[index] = value
+
+
+# FX prints these as operator.getitem / operator.setitem; use the real operator functions so
+# printed graphs read naturally and backends recognise them.
+import operator as _operator  # noqa: E402
+
+_getitem = _operator.getitem  # noqa: F811
+_setitem = _operator.setitem  # noqa: F811
+
+
+def _reconstruct(self, cg) -> str:
+    # An input tensor is returned as the very object that was passed in (identity as in
+    # eager); a computed one is an output of the graph.
+    if self.source is not None:
+        return cg.source_expr(self.source)
+    return cg.graph_output(self.node)
+
+
+TensorValue.reconstruct = _reconstruct

@@ -1,0 +1,64 @@
+"""kiln's configuration: one typed object, KILN_* environment overrides, and ``patch``.
+
+    kiln.config.recompile_limit = 4
+    with kiln.config.patch(recompile_limit=1): ...
+
+Every field can be set from the environment as ``KILN_<FIELD>`` (upper case) at import.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+from typing import Any, Iterator
+
+
+@dataclasses.dataclass
+class Config:
+    # Entries one function may hold before kiln stops compiling it and runs it eagerly.
+    recompile_limit: int = 8
+    # Inline the bodies of user functions called from compiled code (the only mode today).
+    max_inline_depth: int = 64
+    # Maximum bytecode instructions one capture may execute (guards against runaway loops).
+    max_instructions: int = 1_000_000
+    # Python int arguments always become guarded constants (dynamic ints come with issue 4).
+    specialize_int: bool = True
+
+    def patch(self, **changes: Any) -> contextlib.AbstractContextManager:
+        """Temporarily change fields: ``with kiln.config.patch(recompile_limit=1): ...``."""
+        return _patch(self, changes)
+
+
+@contextlib.contextmanager
+def _patch(cfg: Config, changes: dict) -> Iterator[None]:
+    unknown = set(changes) - {f.name for f in dataclasses.fields(cfg)}
+    if unknown:
+        raise ValueError(f"kiln.config has no field(s) {sorted(unknown)}; "
+                         f"known: {[f.name for f in dataclasses.fields(cfg)]}")
+    old = {k: getattr(cfg, k) for k in changes}
+    for k, v in changes.items():
+        setattr(cfg, k, v)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            setattr(cfg, k, v)
+
+
+def _from_env(cfg: Config) -> Config:
+    for f in dataclasses.fields(cfg):
+        raw = os.environ.get(f"KILN_{f.name.upper()}")
+        if raw is None:
+            continue
+        default = getattr(cfg, f.name)
+        if isinstance(default, bool):
+            value: Any = raw.strip().lower() in ("1", "true", "yes", "on")
+        elif isinstance(default, int):
+            value = int(raw)
+        else:
+            value = raw
+        setattr(cfg, f.name, value)
+    return cfg
+
+
+config = _from_env(Config())

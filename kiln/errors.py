@@ -1,0 +1,39 @@
+"""User-facing exceptions."""
+from __future__ import annotations
+
+
+class KilnError(Exception):
+    """Base class of kiln's own errors."""
+
+
+class Unsupported(KilnError):
+    """A construct kiln cannot capture into a graph.
+
+    Raised to the user under ``fullgraph=True``; otherwise the frame runs eagerly and the
+    reason is logged (``KILN_LOGS=graph_breaks``). ``construct`` names what was met,
+    ``filename``/``lineno`` where.
+    """
+
+    def __init__(self, construct: str, filename: str | None = None, lineno: int | None = None,
+                 source_line: str | None = None):
+        self.construct = construct
+        self.filename = filename
+        self.lineno = lineno
+        self.source_line = source_line
+        super().__init__(self._message())
+
+    def _message(self) -> str:
+        where = f" at {self.filename}:{self.lineno}" if self.filename else ""
+        line = f"\n    {self.source_line.strip()}" if self.source_line else ""
+        return f"{self.construct}{where}{line}"
+
+    def located(self, filename: str, lineno: int | None, source_line: str | None) -> "Unsupported":
+        """Attach the innermost user location, once (the first one set is the most precise)."""
+        if self.filename is None:
+            self.filename, self.lineno, self.source_line = filename, lineno, source_line
+            self.args = (self._message(),)
+        return self
+
+
+class RecompileLimitExceeded(KilnError):
+    """Internal marker: a function reached ``config.recompile_limit`` entries."""
