@@ -131,8 +131,8 @@ class GuardProgram:
         lines.append(f"{indent}        return ___MISS")
         if self.tensor_exprs:
             for i, e in enumerate(self.tensor_exprs):
-                lines.append(f"{indent}    ___t{i} = {e}")
-            names = ", ".join(f"___t{i}" for i in range(len(self.tensor_exprs)))
+                lines.append(f"{indent}    ___in{i} = {e}")
+            names = ", ".join(f"___in{i}" for i in range(len(self.tensor_exprs)))
             lines.append(f"{indent}    if not ___tg.check({names}):")
             lines.append(f"{indent}        return ___MISS")
         lines.append(f"{indent}except Exception:")

@@ -112,7 +112,7 @@ def _finish(fn, output: OutputGraph, result, key, backend, backend_name) -> Entr
     index_of = {id(inp): i for i, inp in enumerate(output.tensor_inputs)}
     if compiled is not None:
         cg.ctx.namespace["___graph"] = compiled
-        call_args = ", ".join(f"___t{index_of[id(inp)]}" for inp in inputs)
+        call_args = ", ".join(f"___in{index_of[id(inp)]}" for inp in inputs)
         lines.append(f"    ___out = ___graph({call_args})")
     lines += [f"    {line}" for line in effects]
     lines.append(f"    return {ret}")

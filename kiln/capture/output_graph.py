@@ -83,8 +83,12 @@ class OutputGraph:
             raise Unsupported(f"a tensor subclass {type(t).__name__} as input")
         fake = _torch.fake_from_real(self.fake_mode, t)
         name = self._unique_name(_placeholder_name(source))
-        with self.graph.inserting_before(self._first_non_placeholder()):
+        anchor = self._first_non_placeholder()
+        if anchor is None:
             node = self.graph.placeholder(name)
+        else:
+            with self.graph.inserting_before(anchor):
+                node = self.graph.placeholder(name)
         node.meta["example_value"] = fake
         node.meta["kiln_source"] = source
         node.meta["kiln_static"] = static

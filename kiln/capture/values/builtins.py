@@ -24,6 +24,7 @@ from .functions import PartialValue
 from .objects import ClassValue, GradModeValue, SuperValue
 
 _HANDLERS: dict[Any, Callable] = {}
+_CONTAINER_BASES = (list, dict, tuple, collections.OrderedDict)
 
 
 def handles(*fns):
@@ -80,6 +81,11 @@ class BuiltinValue(Value):
 def call_builtin(tx, fn, args: list[Value], kwargs: dict[str, Value]) -> Value:
     from .builder import wrap_pure_result
 
+    owner = getattr(fn, "__objclass__", None)
+    if owner in _CONTAINER_BASES and args and hasattr(args[0], "base_method"):
+        # list.__getitem__(self, i), dict.update(self, ...): act on the storage, bypassing
+        # the subclass overrides (what the base-class call does in eager).
+        return args[0].base_method(tx, fn.__name__, list(args[1:]), kwargs)
     handler = _HANDLERS.get(fn)
     if handler is not None:
         result = handler(tx, fn, args, kwargs)

@@ -208,6 +208,13 @@ class MethodValue(Value):
         return True
 
 
+class BaseMethodValue(MethodValue):
+    """``super().append`` on a list/dict subclass: the base class's method on the storage."""
+
+    def call(self, tx, args, kwargs):
+        return self.obj.base_method(tx, self.name, args, kwargs)
+
+
 class PureMethodValue(Value):
     """A method of an immutable constant (``"a,b".split``, ``(3).bit_length``)."""
 

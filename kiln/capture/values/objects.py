@@ -274,6 +274,10 @@ class SuperValue(Value):
                                             ClassValue(self.obj.python_type()))
                 if isinstance(attr, staticmethod):
                     return tx.wrap(attr.__func__, None)
+                if klass in (list, dict, tuple) and hasattr(self.obj, "base_method"):
+                    from .functions import BaseMethodValue
+
+                    return BaseMethodValue(self.obj, name)
                 if attr in (object.__init__, torch.nn.Module.__init__) and name == "__init__":
                     raise Unsupported("super().__init__() inside a compiled function")
                 raise Unsupported(f"super().{name} resolving to {type(attr).__name__}")
