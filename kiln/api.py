@@ -296,6 +296,8 @@ def compile(fn=None, *, backend="eager", mode=None, fullgraph=False, dynamic=Non
         if isinstance(target, (CompiledFunction, CompiledMethod, CompiledModule)):
             raise TypeError("kiln.compile: this object is already compiled by kiln; "
                             "compile the original (`.original`) instead")
+        if isinstance(target, functools.partial):
+            return functools.partial(wrap(target.func), *target.args, **target.keywords)
         if isinstance(target, torch.nn.Module):
             return CompiledModule(target, CompiledFunction(_module_caller(type(target)), key, dynamic))
         if isinstance(target, types.MethodType) and isinstance(target.__func__, types.FunctionType):

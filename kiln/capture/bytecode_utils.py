@@ -45,6 +45,10 @@ _RENAME = {
 }
 _DROP = {"PRECALL", "CACHE", "EXTENDED_ARG"}
 
+# SEND on an exhausted sub-iterator: 3.11 replaces the receiver with the return value;
+# 3.12 keeps the receiver and pushes the value (END_SEND at the target pops the receiver).
+SEND_KEEPS_RECEIVER = PY312
+
 # CALL_INTRINSIC_1 operands (3.12)
 INTRINSIC_PRINT = 1
 INTRINSIC_IMPORT_STAR = 2

@@ -37,6 +37,9 @@ class EntryCodegen:
         self.ctx = RenderContext()
         self.output_nodes: list = []
         self._output_index: dict = {}
+        self.statements: list[str] = []   # run before the return (objects built once)
+        self._stashed: dict[int, str] = {}
+        self._building: set[int] = set()
 
     # -- expression helpers used by Value.reconstruct -------------------------------------------
     def bind(self, obj: Any, hint: str = "k") -> str:
@@ -56,7 +59,29 @@ class EntryCodegen:
         return self.bind(v, "c")
 
     def key_expr(self, k: Any) -> str:
+        from .values.base import Value
+
+        if isinstance(k, Value):
+            return k.reconstruct(self)
         return self.constant_expr(k)
+
+    def stash(self, value, build) -> str:
+        """Build an object created in the frame once, into a local, so that identity is kept
+        when it is returned or stored in several places."""
+        name = self._stashed.get(id(value))
+        if name is not None:
+            return name
+        if id(value) in self._building:
+            from ..errors import Unsupported
+
+            raise Unsupported("returning an object that contains itself")
+        self._building.add(id(value))
+        expr = build()
+        self._building.discard(id(value))
+        name = f"___obj{len(self._stashed)}"
+        self._stashed[id(value)] = name
+        self.statements.append(f"{name} = {expr}")
+        return name
 
     def graph_output(self, node) -> str:
         i = self._output_index.get(node)

@@ -90,7 +90,7 @@ def capture(fn: types.FunctionType, args: tuple, kwargs: dict, *, key, backend: 
 def _finish(fn, output: OutputGraph, result, key, backend, backend_name) -> Entry:
     cg = EntryCodegen()
     ret = result.reconstruct(cg)
-    effects = output.side_effects.codegen(cg)
+    effects = output.side_effects.codegen(cg)  # may stash more objects: statements come first
     graph = output.graph
     graph.output(tuple(cg.output_nodes))
     output.remove_unused()
@@ -114,6 +114,7 @@ def _finish(fn, output: OutputGraph, result, key, backend, backend_name) -> Entr
         cg.ctx.namespace["___graph"] = compiled
         call_args = ", ".join(f"___in{index_of[id(inp)]}" for inp in inputs)
         lines.append(f"    ___out = ___graph({call_args})")
+    lines += [f"    {line}" for line in cg.statements]
     lines += [f"    {line}" for line in effects]
     lines.append(f"    return {ret}")
     src = "\n".join(lines)

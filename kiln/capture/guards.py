@@ -161,6 +161,10 @@ def _qualname(t: Any) -> str:
 
 
 def _short_repr(v: Any) -> str:
+    import types as _types
+
+    if isinstance(v, _types.ModuleType):
+        return f"<module {v.__name__}>"
     if isinstance(v, type) or callable(v) and hasattr(v, "__qualname__"):
         return f"<{type(v).__name__} {_qualname(v)}>"
     r = repr(v)

@@ -228,10 +228,10 @@ class FrameInterpreter:
             it = v.call_method(self, "__iter__", [], {})
             return it if isinstance(it, IteratorValue) else self.get_iter(it)
         if isinstance(v, ObjectValue) and not isinstance(v, ClassValue):
-            fn = static_lookup(type(v.value), "__iter__")
+            fn = static_lookup(v.python_type(), "__iter__")
             if isinstance(fn, types.FunctionType):
                 return self.get_iter(self.call(UserFunctionValue(fn), [v], {}))
-            nxt = static_lookup(type(v.value), "__next__")
+            nxt = static_lookup(v.python_type(), "__next__")
             if isinstance(nxt, types.FunctionType):
                 raise Unsupported(f"iterating over a user iterator object {v.describe()}")
         return IteratorValue(v.unpack(self))
@@ -261,6 +261,8 @@ class FrameInterpreter:
         raise Unsupported(f"equality of {a.describe()} and {b.describe()}")
 
     def dict_key(self, v: Value):
+        if isinstance(v, TensorValue):
+            return v  # tensors hash by identity, and values preserve tensor identity
         if v.is_constant():
             return v.as_constant()
         r = v.real_object()
@@ -273,6 +275,8 @@ class FrameInterpreter:
         raise Unsupported(f"a dict key that is not a Python constant ({v.describe()})")
 
     def key_value(self, k) -> Value:
+        if isinstance(k, Value):
+            return k
         return self.wrap(k, None)
 
     def zero_arg_super(self) -> tuple[type, Value]:
@@ -366,7 +370,9 @@ class FrameInterpreter:
         if op in _COMPARE_DUNDER:
             return self.compare(op, a, b)
         if isinstance(a, SetValue) and isinstance(b, SetValue):
-            return SetValue(base_op(a.items, b.items))
+            keys = base_op(set(a.items), set(b.items))
+            known = {**b.items, **a.items}
+            return SetValue({k: known[k] for k in keys}, a.cls)
         raise Unsupported(f"operator {getattr(op, '__name__', op)} on {a.describe()} and {b.describe()}")
 
     def _user_binary(self, op, base_op, a, b):
@@ -376,14 +382,14 @@ class FrameInterpreter:
         else:
             fwd, rev = f"__{name}__", f"__r{name}__"
         if op in _INPLACE_TO_BINARY and isinstance(a, ObjectValue):
-            ifn = static_lookup(type(a.value), f"__i{name}__")
+            ifn = static_lookup(a.python_type(), f"__i{name}__")
             if isinstance(ifn, types.FunctionType):
                 r = self.call(UserFunctionValue(ifn), [a, b], {})
                 if not (r.is_constant() and r.as_constant() is NotImplemented):
                     return r
         for x, y, meth in ((a, b, fwd), (b, a, rev)):
             if isinstance(x, ObjectValue) and not isinstance(x, ClassValue):
-                fn = static_lookup(type(x.value), meth)
+                fn = static_lookup(x.python_type(), meth)
                 if isinstance(fn, types.FunctionType):
                     r = self.call(UserFunctionValue(fn), [x, y], {})
                     if not (r.is_constant() and r.as_constant() is NotImplemented):
@@ -424,7 +430,7 @@ class FrameInterpreter:
             except Exception as e:
                 raise self.user_exception(e)
         if isinstance(v, ObjectValue):
-            fn = static_lookup(type(v.value), _UNARY[op])
+            fn = static_lookup(v.python_type(), _UNARY[op])
             if isinstance(fn, types.FunctionType):
                 return self.call(UserFunctionValue(fn), [v], {})
         raise Unsupported(f"unary {op.__name__} on {v.describe()}")
@@ -458,7 +464,7 @@ class FrameInterpreter:
             except TypeError as e:
                 raise self.user_exception(e)
         if isinstance(container, ObjectValue):
-            fn = static_lookup(type(container.value), "__contains__")
+            fn = static_lookup(container.python_type(), "__contains__")
             if isinstance(fn, types.FunctionType):
                 return self.truthy(self.call(UserFunctionValue(fn), [container, x], {}))
             return self.contains(self.unpack_iterable(container), x)
@@ -518,6 +524,29 @@ class FrameInterpreter:
             raise Unsupported("yield outside a generator being materialized")
         self.generator_items.append(self.pop())
         self.push(ConstantValue(None))  # the value sent in by next()
+
+    def GET_YIELD_FROM_ITER(self, ins):
+        self.push(self.get_iter(self.pop()))
+
+    def SEND(self, ins):
+        self.pop()  # the value sent in: always None when a generator is materialized
+        receiver = self.stack[-1]
+        if not isinstance(receiver, IteratorValue):
+            raise Unsupported(f"yield from {receiver.describe()}")
+        item = receiver.next(self)
+        if item is None:
+            if bu.SEND_KEEPS_RECEIVER:
+                self.push(ConstantValue(None))
+            else:
+                self.stack[-1] = ConstantValue(None)
+            self.jump(ins)
+        else:
+            self.push(item)
+
+    def END_SEND(self, ins):
+        value = self.pop()
+        self.pop()
+        self.push(value)
 
     def LOAD_FAST(self, ins):
         v = self.locals.get(ins.arg)
@@ -628,7 +657,10 @@ class FrameInterpreter:
         obj.setattr(self, ins.arg, value)
 
     def DELETE_ATTR(self, ins):
-        raise Unsupported(f"del of attribute {ins.arg!r}")
+        obj = self.pop()
+        if not hasattr(obj, "delattr"):
+            raise Unsupported(f"del of attribute {ins.arg!r} on {obj.describe()}")
+        obj.delattr(self, ins.arg)
 
     # calls
     def KW_NAMES(self, ins):
@@ -688,7 +720,7 @@ class FrameInterpreter:
 
     def BUILD_SET(self, ins):
         items = self.popn(ins.arg)
-        self.push(SetValue({self.dict_key(i) for i in items}))
+        self.push(SetValue({self.dict_key(i): i for i in items}))
 
     def BUILD_MAP(self, ins):
         flat = self.popn(2 * ins.arg)
@@ -714,7 +746,7 @@ class FrameInterpreter:
 
     def SET_ADD(self, ins):
         v = self.pop()
-        self.stack[-ins.arg].items.add(self.dict_key(v))
+        self.stack[-ins.arg].items.setdefault(self.dict_key(v), v)
 
     def MAP_ADD(self, ins):
         value = self.pop()
@@ -727,7 +759,8 @@ class FrameInterpreter:
 
     def SET_UPDATE(self, ins):
         v = self.pop()
-        self.stack[-ins.arg].items.update(self.dict_key(i) for i in self.unpack_iterable(v))
+        for i in self.unpack_iterable(v):
+            self.stack[-ins.arg].items.setdefault(self.dict_key(i), i)
 
     def DICT_UPDATE(self, ins):
         v = self.pop()

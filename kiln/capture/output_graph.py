@@ -98,6 +98,12 @@ class OutputGraph:
         self.guards.add(Guard(GuardKind.TENSOR_MATCH, source, meta))
         return value
 
+    def real_tensor(self, value: TensorValue) -> torch.Tensor:
+        for inp in self.tensor_inputs:
+            if inp.value is value:
+                return inp.real
+        raise Unsupported("reading a property of a tensor that is not an input")
+
     def _first_non_placeholder(self):
         for n in self.graph.nodes:
             if n.op != "placeholder":
@@ -166,6 +172,9 @@ class OutputGraph:
                 node.meta["example_value"] = result
                 return a
         if not _contains_tensor(result):
+            if _mutates(kind, target):
+                node = self.graph.create_node(kind, target, fx_args, fx_kwargs)
+                node.meta["example_value"] = result
             return _wrap_nontensor(result, _op_name(kind, target))
         node = self.graph.create_node(kind, target, fx_args, fx_kwargs)
         return self._wrap_result(node, result)
@@ -215,6 +224,14 @@ def _placeholder_name(source: Source) -> str:
     if not s or s[0].isdigit():
         s = "in_" + s
     return s[:60]
+
+
+def _mutates(kind, target) -> bool:
+    """An op run for its effect on its arguments (x[i] = v, x.add_(1), torch._foreach_mul_)."""
+    if target is _operator.setitem:
+        return True
+    name = target if kind == "call_method" else getattr(target, "__name__", "")
+    return isinstance(name, str) and name.endswith("_") and not name.endswith("__")
 
 
 def _op_name(kind, target) -> str:

@@ -82,7 +82,7 @@ def wrap_pure_result(v: Any) -> Value:
     if type(v) is dict:
         return DictValue({k: wrap_pure_result(x) for k, x in v.items()})
     if type(v) in (set, frozenset):
-        return SetValue(v, type(v))
+        return SetValue({k: wrap_pure_result(k) for k in v}, type(v))
     if is_constant_object(v) or isinstance(v, (torch.finfo, torch.iinfo)):
         return ConstantValue(v)
     if isinstance(v, type):
@@ -177,21 +177,25 @@ class Builder:
             items = [self.wrap(x, ItemSource(source, i, how) if source else None)
                      for i, x in enumerate(list.__iter__(obj))]
             return ListValue(items, source, t)
-        if isinstance(obj, dict):
+        if isinstance(obj, dict) and t is not collections.defaultdict or t is collections.defaultdict:
             keys = list(dict.keys(obj))
             if not all(is_constant_object(k) for k in keys):
                 raise Unsupported("a dict whose keys are not Python constants")
             g(GuardKind.TYPE_MATCH, source, t)
             g(GuardKind.DICT_KEYS, source, keys)
             how = ITEM_INDEX if t in (dict, collections.OrderedDict) else ITEM_DICT
-            return DictValue({k: self.wrap(dict.__getitem__(obj, k),
-                                           ItemSource(source, k, how) if source else None)
-                              for k in keys}, source, t)
+            d = DictValue({k: self.wrap(dict.__getitem__(obj, k),
+                                        ItemSource(source, k, how) if source else None)
+                           for k in keys}, source, t)
+            if isinstance(obj, collections.defaultdict):
+                d.default_factory = self.wrap(obj.default_factory,
+                                              AttrSource(source, "default_factory") if source else None)
+            return d
         if t in (set, frozenset):
             if not all(is_constant_object(k) for k in obj):
                 raise Unsupported("a set of values that are not Python constants")
             g(GuardKind.EQUALS_MATCH, source, obj)
-            return SetValue(obj, t, source)
+            return SetValue({k: ConstantValue(k) for k in obj}, t, source)
         if isinstance(obj, types.ModuleType):
             g(GuardKind.ID_MATCH, source, obj)
             return PythonModuleValue(obj, source)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import builtins
 import collections
 import functools
+import itertools
 import math
 import operator
 import types
@@ -21,7 +22,9 @@ from .base import ConstantValue, Value, is_constant_object
 from .containers import (DictValue, IteratorValue, ListValue, NamedTupleValue, SetValue,
                          TupleValue)
 from .functions import PartialValue
-from .objects import ClassValue, GradModeValue, SuperValue
+from .functions import UserFunctionValue
+from .objects import (ClassValue, GradModeValue, NewObjectValue, SuperValue,
+                      can_create_symbolically, static_lookup)
 
 _HANDLERS: dict[Any, Callable] = {}
 _CONTAINER_BASES = (list, dict, tuple, collections.OrderedDict)
@@ -81,6 +84,9 @@ class BuiltinValue(Value):
 def call_builtin(tx, fn, args: list[Value], kwargs: dict[str, Value]) -> Value:
     from .builder import wrap_pure_result
 
+    if not _HANDLERS.get("__state_readers_registered__"):
+        _HANDLERS["__state_readers_registered__"] = True
+        _register_state_readers()
     owner = getattr(fn, "__objclass__", None)
     if owner in _CONTAINER_BASES and args and hasattr(args[0], "base_method"):
         # list.__getitem__(self, i), dict.update(self, ...): act on the storage, bypassing
@@ -104,6 +110,56 @@ def call_builtin(tx, fn, args: list[Value], kwargs: dict[str, Value]) -> Value:
     name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", repr(fn))
     raise Unsupported(f"call to builtin {getattr(fn, '__module__', None) or 'builtins'}.{name}"
                       + ("" if fn not in PURE_FUNCTIONS else " with non-constant arguments"))
+
+
+def _state_reader(tx, fn, args, kwargs):
+    # guarded by GLOBAL_STATE, or constant in eager execution
+    return wrap_pure_result_lazy(fn(*[a.as_constant() for a in args]))
+
+
+def wrap_pure_result_lazy(v):
+    from .builder import wrap_pure_result
+
+    return wrap_pure_result(v)
+
+
+def _register_state_readers():
+    from .builder import STATE_READERS
+
+    for f in STATE_READERS:
+        _HANDLERS[f] = _state_reader
+
+
+@handles(torch.is_tensor)
+def _is_tensor(tx, fn, args, kwargs):
+    return ConstantValue(issubclass(args[0].python_type(), torch.Tensor))
+
+
+@handles(delattr)
+def _delattr(tx, fn, args, kwargs):
+    obj, name = args
+    if not hasattr(obj, "delattr"):
+        raise Unsupported(f"delattr on {obj.describe()}")
+    obj.delattr(tx, name.as_constant())
+    return ConstantValue(None)
+
+
+@handles(itertools.islice)
+def _islice(tx, fn, args, kwargs):
+    items = tx.unpack_iterable(args[0])
+    bounds = [a.as_constant() for a in args[1:]]
+    return IteratorValue(items[slice(*bounds)])
+
+
+@handles(tuple.__new__)
+def _tuple_new(tx, fn, args, kwargs):
+    cls = args[0].as_constant()
+    items = tx.unpack_iterable(args[1]) if len(args) > 1 else []
+    if _is_namedtuple(cls):
+        return NamedTupleValue(items, None, cls)
+    if cls is tuple:
+        return TupleValue(items)
+    raise Unsupported(f"tuple.__new__ of {cls.__name__}")
 
 
 @handles(print)
@@ -358,8 +414,7 @@ def construct_class(tx, cls_value: ClassValue, args: list[Value], kwargs: dict[s
     if cls in (set, frozenset):
         items = tx.unpack_iterable(args[0]) if args else []
         return SetValue({i.as_constant() for i in items}, cls)
-    if cls in (enumerate, zip, map, filter, reversed, super, type, range, slice, bool, int,
-               float, str, complex) and cls in _HANDLERS:
+    if cls in _HANDLERS:
         return call_builtin(tx, cls, args, kwargs)
     if cls in (bool, int, float, str, complex, range, slice, bytes, torch.Size, torch.device):
         if all(a.is_constant() for a in args) and all(v.is_constant() for v in kwargs.values()):
@@ -383,6 +438,23 @@ def construct_class(tx, cls_value: ClassValue, args: list[Value], kwargs: dict[s
         tx.output.set_grad_enabled(bool(mode))
         v.call_method = _set_grad_enabled_method(v)
         return v
+    if cls is collections.defaultdict:
+        d = DictValue({}, None, cls)
+        d.default_factory = args[0] if args and not (args[0].is_constant() and args[0].as_constant() is None) else None
+        if len(args) > 1 or kwargs:
+            d.base_method(tx, "update", list(args[1:]), kwargs)
+        d.mutated = False
+        return d
+    if can_create_symbolically(cls):
+        obj = NewObjectValue(cls)
+        init = static_lookup(cls, "__init__")
+        if isinstance(init, types.FunctionType):
+            result = tx.call(UserFunctionValue(init), [obj, *args], kwargs)
+            if not (result.is_constant() and result.as_constant() is None):
+                raise tx.user_exception(TypeError("__init__() should return None"))
+        elif args or kwargs:
+            raise tx.user_exception(TypeError(f"{cls.__name__}() takes no arguments"))
+        return obj
     if cls is functools.partial:
         return PartialValue(args[0], list(args[1:]), dict(kwargs))
     if cls in (torch.finfo, torch.iinfo):

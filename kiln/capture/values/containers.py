@@ -7,6 +7,7 @@ inlined; everything else acts on the underlying storage, as ``list.__getitem__``
 """
 from __future__ import annotations
 
+import collections
 import operator
 from typing import Any
 
@@ -105,6 +106,13 @@ class BaseSequenceValue(Value):
         raise Unsupported(f"{self.cls.__name__}.{name}()")
 
     def reconstruct(self, cg):
+        if self.source is not None and self.base_type is list:
+            return cg.source_expr(self.source)
+        if self.base_type is list:
+            return cg.stash(self, lambda: self._build(cg))
+        return self._build(cg)
+
+    def _build(self, cg):
         inner = [i.reconstruct(cg) for i in self.items]
         if self.base_type is tuple:
             body = "(" + ", ".join(inner) + ("," if len(inner) == 1 else "") + ")"
@@ -129,6 +137,19 @@ class NamedTupleValue(TupleValue):
         fields = getattr(self.cls, "_fields", None) or _structseq_fields(self.cls)
         if fields and name in fields:
             return self.items[fields.index(name)]
+        attr = None
+        for klass in self.cls.__mro__:
+            if klass is tuple:
+                break
+            if name in klass.__dict__:
+                attr = klass.__dict__[name]
+                break
+        if attr is not None:
+            if isinstance(attr, (staticmethod, classmethod, property)) or callable(attr):
+                return tx.bind_user_attribute(self, attr, name)
+            from .builder import wrap_pure_result
+
+            return wrap_pure_result(attr)
         return super().getattr(tx, name)
 
     def reconstruct(self, cg):
@@ -139,11 +160,9 @@ class NamedTupleValue(TupleValue):
 
 
 def _structseq_fields(cls) -> list[str] | None:
-    n = getattr(cls, "n_fields", None)
-    if n is None:
-        return None
-    return [f for f in dir(cls) if isinstance(getattr(cls, f, None), property) or
-            type(getattr(cls, f, None)).__name__ == "member_descriptor"][:n] or None
+    # torch.return_types.* are structseqs: __match_args__ lists the fields in order
+    names = getattr(cls, "__match_args__", None)
+    return list(names) if names else None
 
 
 class ListValue(BaseSequenceValue):
@@ -231,6 +250,7 @@ class DictValue(Value):
         self.source = source
         self.cls = cls
         self.mutated = False
+        self.default_factory: Value | None = None   # collections.defaultdict
 
     def python_type(self):
         return self.cls
@@ -241,13 +261,12 @@ class DictValue(Value):
     def override(self, name):
         if self.cls is dict:
             return None
-        import collections
-
         base = collections.OrderedDict if issubclass(self.cls, collections.OrderedDict) else dict
         return _user_override(self.cls, base, name)
 
     def unpack(self, tx):
-        return [ConstantValue(k) if _is_const_key(k) else tx.key_value(k) for k in self.items]
+        return [tx.key_value(k) if isinstance(k, Value) or not _is_const_key(k) else ConstantValue(k)
+                for k in self.items]
 
     def truthy(self, tx):
         return len(self.items) > 0
@@ -284,6 +303,10 @@ class DictValue(Value):
         items = self.items
         if name == "__getitem__" and len(args) == 1:
             k = self.key_of(tx, args[0])
+            if k not in items and self.default_factory is not None:
+                self._mutate(tx)
+                items[k] = tx.call(self.default_factory, [], {})
+                return items[k]
             if k not in items:
                 missing = _user_override(self.cls, dict, "__missing__") if self.cls is not dict else None
                 if missing is not None:
@@ -368,9 +391,17 @@ class DictValue(Value):
         raise Unsupported(f"{self.cls.__name__}.{name}()")
 
     def reconstruct(self, cg):
+        if self.source is not None:
+            return cg.source_expr(self.source)
+        return cg.stash(self, lambda: self._build(cg))
+
+    def _build(self, cg):
         body = "{" + ", ".join(f"{cg.key_expr(k)}: {v.reconstruct(cg)}" for k, v in self.items.items()) + "}"
         if self.cls is dict:
             return body
+        if self.cls is collections.defaultdict:
+            factory = self.default_factory.reconstruct(cg) if self.default_factory is not None else "None"
+            return f"{cg.bind(collections.defaultdict)}({factory}, {body})"
         return f"{cg.bind(self.cls)}({body})"
 
 
@@ -424,10 +455,11 @@ class DictViewValue(Value):
 
 
 class SetValue(Value):
-    """A set of Python constants (set algebra on capture-time values)."""
+    """A set of hashable capture-time values (constants, or existing objects by identity)."""
 
-    def __init__(self, items: set, cls: type = set, source=None):
-        self.items = set(items)
+    def __init__(self, items, cls: type = set, source=None):
+        # key (the hashable Python object) -> the Value it came from
+        self.items: dict = items if isinstance(items, dict) else {k: ConstantValue(k) for k in items}
         self.cls = cls
         self.source = source
 
@@ -435,13 +467,13 @@ class SetValue(Value):
         return self.cls
 
     def is_constant(self):
-        return True
+        return all(v.is_constant() for v in self.items.values())
 
     def as_constant(self):
         return self.cls(self.items)
 
     def unpack(self, tx):
-        return [ConstantValue(v) for v in self.items]
+        return list(self.items.values())
 
     def truthy(self, tx):
         return bool(self.items)
@@ -455,22 +487,54 @@ class SetValue(Value):
         return MethodValue(self, name)
 
     def call_method(self, tx, name, args, kwargs):
-        if self.source is not None and name in ("add", "discard", "remove", "pop", "update", "clear"):
+        mutating = name in ("add", "discard", "remove", "pop", "update", "clear",
+                            "difference_update", "intersection_update", "symmetric_difference_update")
+        if mutating and self.source is not None:
             raise Unsupported(f"mutating a set that existed before the call ({name})")
-        cargs = [a.as_constant() if not isinstance(a, (ListValue, TupleValue, DictViewValue))
-                 else [x.as_constant() for x in tx.unpack_iterable(a)] for a in args]
+        if name == "__contains__":
+            return ConstantValue(tx.dict_key(args[0]) in self.items)
+        if name == "__len__":
+            return ConstantValue(len(self.items))
+        if name == "__iter__":
+            return IteratorValue(self.unpack(tx))
+        if name == "add":
+            self.items.setdefault(tx.dict_key(args[0]), args[0])
+            return ConstantValue(None)
+        if name in ("discard", "remove"):
+            k = tx.dict_key(args[0])
+            if k not in self.items and name == "remove":
+                raise tx.user_exception(KeyError(k))
+            self.items.pop(k, None)
+            return ConstantValue(None)
+        others = [{tx.dict_key(v): v for v in tx.unpack_iterable(a)} for a in args]
+        known = dict(self.items)
+        for o in others:
+            known.update(o)
         try:
-            result = getattr(self.items, name)(*cargs)
+            result = getattr(set(self.items), name)(*[set(o) for o in others])
         except (KeyError, TypeError, ValueError) as e:
             raise tx.user_exception(e)
+        if name.endswith("_update") or name in ("update", "clear", "pop"):
+            self.items = {k: known[k] for k in (result if name == "pop" else self._after(name, others))}
+            return ConstantValue(None)
+        if isinstance(result, (set, frozenset)):
+            return SetValue({k: known[k] for k in result}, self.cls)
         from .builder import wrap_pure_result
 
-        if isinstance(result, (set, frozenset)):
-            return SetValue(result, type(result))
         return wrap_pure_result(result)
 
+    def _after(self, name, others):
+        s = set(self.items)
+        getattr(s, name)(*[set(o) for o in others])
+        return s
+
     def reconstruct(self, cg):
-        return cg.constant_expr(self.cls(self.items))
+        if self.source is not None:
+            return cg.source_expr(self.source)
+        inner = ", ".join(v.reconstruct(cg) for v in self.items.values())
+        if self.cls is frozenset:
+            return f"frozenset(({inner},))" if inner else "frozenset()"
+        return cg.stash(self, lambda: f"{{{inner}}}" if inner else "set()")
 
 
 class IteratorValue(Value):

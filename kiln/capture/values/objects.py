@@ -44,7 +44,7 @@ class ObjectValue(Value):
         return f"{type(self.value).__name__}" + (f"({self.source.describe()})" if self.source else "")
 
     def truthy(self, tx):
-        cls = type(self.value)
+        cls = self.python_type()
         if static_lookup(cls, "__bool__") is _MISSING and static_lookup(cls, "__len__") is _MISSING:
             return True
         if static_lookup(cls, "__bool__") is not _MISSING:
@@ -98,7 +98,7 @@ class ObjectValue(Value):
             return tx.wrap(cls_attr.__func__, None)
         if isinstance(cls_attr, classmethod):
             return BoundMethodValue(tx.wrap(cls_attr.__func__, None),
-                                    ClassValue(type(self.value), TypeSource(self.source) if self.source else None))
+                                    ClassValue(self.python_type(), TypeSource(self.source) if self.source else None))
         if _is_data_descriptor(cls_attr) or hasattr(cls_attr, "__get__") and not isinstance(
                 cls_attr, (types.BuiltinFunctionType, type)):
             if isinstance(cls_attr, (types.WrapperDescriptorType, types.MethodDescriptorType,
@@ -146,6 +146,92 @@ def _is_data_descriptor(attr) -> bool:
     return attr is not _MISSING and hasattr(type(attr), "__set__")
 
 
+class NewObjectValue(ObjectValue):
+    """An instance of a plain user class created during capture (``Point(x, y)``): its
+    attributes are symbolic; it is rebuilt with ``cls.__new__`` + ``__dict__`` if it escapes."""
+
+    def __init__(self, cls: type):
+        self.cls = cls
+        self.attrs: dict[str, Value] = {}
+        self.value = None
+        self.source = None
+
+    def python_type(self):
+        return self.cls
+
+    def real_object(self):
+        return None
+
+    def describe(self):
+        return f"new {self.cls.__name__}"
+
+    def instance_dict(self):
+        return None
+
+    def getattr(self, tx, name):
+        cls_attr = static_lookup(self.cls, name)
+        if isinstance(cls_attr, property):
+            return tx.call(UserFunctionValue(cls_attr.fget), [self], {})
+        if name in self.attrs:
+            return self.attrs[name]
+        if cls_attr is not _MISSING:
+            return self._class_attribute(tx, name, cls_attr)
+        getattr_fn = static_lookup(self.cls, "__getattr__")
+        if isinstance(getattr_fn, types.FunctionType):
+            return tx.call(UserFunctionValue(getattr_fn), [self, ConstantValue(name)], {})
+        if name == "__class__":
+            return ClassValue(self.cls)
+        raise tx.user_exception(AttributeError(f"'{self.cls.__name__}' object has no attribute '{name}'"))
+
+    def _class_attribute(self, tx, name, cls_attr):
+        if isinstance(cls_attr, (types.FunctionType, staticmethod, classmethod)):
+            return super()._class_attribute(tx, name, cls_attr)
+        if _is_data_descriptor(cls_attr):
+            raise Unsupported(f"descriptor {name!r} on a new {self.cls.__name__}")
+        return tx.wrap(cls_attr, None)
+
+    def setattr(self, tx, name, value):
+        cls_attr = static_lookup(self.cls, name)
+        if isinstance(cls_attr, property) or _is_data_descriptor(cls_attr):
+            raise Unsupported(f"setting {name!r} through a descriptor on a new {self.cls.__name__}")
+        setattr_fn = static_lookup(self.cls, "__setattr__")
+        if setattr_fn is not object.__setattr__:
+            raise Unsupported(f"{self.cls.__name__} overrides __setattr__")
+        self.attrs[name] = value
+
+    def delattr(self, tx, name):
+        if name not in self.attrs:
+            raise tx.user_exception(AttributeError(name))
+        del self.attrs[name]
+
+    def reconstruct(self, cg):
+        def build():
+            body = ", ".join(f"{n!r}: {v.reconstruct(cg)}" for n, v in self.attrs.items())
+            return f"{cg.bind(_new_object)}({cg.bind(self.cls)}, {{{body}}})"
+        return cg.stash(self, build)
+
+
+def _new_object(cls, attrs):
+    obj = cls.__new__(cls)
+    obj.__dict__.update(attrs)
+    return obj
+
+
+def can_create_symbolically(cls) -> bool:
+    """A plain Python class: no metaclass, no custom __new__, no slots, not a builtin."""
+    if type(cls) is not type or cls.__module__ == "builtins":
+        return False
+    if issubclass(cls, (torch.nn.Module, torch.Tensor, BaseException)):
+        return False
+    for klass in cls.__mro__[:-1]:
+        if "__slots__" in klass.__dict__ or "__new__" in klass.__dict__:
+            return False
+        if klass.__module__ == "builtins":
+            return False
+    init = static_lookup(cls, "__init__")
+    return isinstance(init, types.FunctionType) or init is object.__init__
+
+
 class NNModuleValue(ObjectValue):
     """An nn.Module instance. Parameters and buffers become graph inputs (tagged static), so
     one compiled body serves every instance of the same layer class."""
@@ -154,6 +240,9 @@ class NNModuleValue(ObjectValue):
         return f"Module({type(self.value).__name__}" + (f" {self.source.describe()})" if self.source else ")")
 
     def getattr(self, tx, name):
+        pending = tx.output.side_effects.attr_value(self, name)
+        if pending is not None:
+            return pending
         m = self.value
         d = m.__dict__
         if name in d:
@@ -168,7 +257,13 @@ class NNModuleValue(ObjectValue):
         return super().getattr(tx, name)
 
     def setattr(self, tx, name, value):
-        raise Unsupported(f"setting attribute {name!r} on an nn.Module inside a compiled function")
+        m = self.value
+        if name in m._parameters or isinstance(value, NNModuleValue) or name in m._modules:
+            raise Unsupported(f"assigning {name!r} (a parameter or submodule) inside a compiled function")
+        if self.source is None:
+            raise Unsupported(f"setting {name!r} on a module without a source")
+        # buffers and plain attributes: written back with setattr after the graph runs
+        tx.output.side_effects.store_attr(self, name, value)
 
     def call(self, tx, args, kwargs):
         tx.output.guard_module_has_no_hooks(self)

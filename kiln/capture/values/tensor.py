@@ -17,7 +17,7 @@ METADATA_METHODS = frozenset({
 })
 METADATA_ATTRS = frozenset({
     "shape", "dtype", "device", "ndim", "requires_grad", "is_cuda", "is_cpu", "is_sparse",
-    "is_quantized", "is_meta", "layout", "is_mkldnn", "is_nested", "itemsize", "is_leaf",
+    "is_quantized", "is_meta", "layout", "is_mkldnn", "is_nested", "itemsize",
 })
 # Attributes that are tensors computed from the tensor (become graph nodes).
 TENSOR_ATTRS = frozenset({"T", "mT", "H", "mH", "real", "imag"})
@@ -53,7 +53,7 @@ class TensorValue(Value):
         if self.fake.dim() == 0:
             raise Unsupported("iteration over a 0-d tensor")
         n = self.fake.shape[0]
-        return [tx.output.call_op("call_function", _getitem, (self, i), {}) for i in range(n)]
+        return [tx.output.call_op("call_function", _getitem, (self, ConstantValue(i)), {}) for i in range(n)]
 
     def getattr(self, tx, name):
         if name in METADATA_ATTRS:
@@ -64,7 +64,9 @@ class TensorValue(Value):
 
             return wrap_pure_result(v)
         if name in TENSOR_ATTRS:
-            return tx.output.call_op("call_function", getattr, (self, name), {})
+            return tx.output.call_op("call_function", getattr, (self, ConstantValue(name)), {})
+        if name in ("is_leaf", "grad_fn"):
+            return self._leafness(tx, name)
         if name == "grad":
             raise Unsupported("reading tensor.grad inside a compiled function")
         if name == "data":
@@ -79,6 +81,23 @@ class TensorValue(Value):
 
             return MethodValue(self, name)
         raise Unsupported(f"tensor attribute {name!r}")
+
+    def _leafness(self, tx, name):
+        # TENSOR_MATCH does not cover leafness: an input's is_leaf gets its own guard.
+        if self.source is not None:
+            from ..sources import AttrSource
+
+            from ..guards import GuardKind
+
+            leaf = bool(tx.output.real_tensor(self).is_leaf)
+            tx.output.builder.guard(GuardKind.EQUALS_MATCH, AttrSource(self.source, "is_leaf"), leaf)
+        else:
+            leaf = bool(self.fake.is_leaf)
+        if name == "is_leaf":
+            return ConstantValue(leaf)
+        if leaf:
+            return ConstantValue(None)
+        raise Unsupported("grad_fn of a non-leaf tensor")
 
     def call_method(self, tx, name, args, kwargs):
         if name in DATA_DEPENDENT_METHODS:
