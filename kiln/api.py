@@ -34,11 +34,12 @@ _MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-c
 class FunctionCache:
     """All compiled entries of one Python function."""
 
-    __slots__ = ("entries", "limit_warned", "__weakref__")
+    __slots__ = ("entries", "limit_warned", "recompile_reasons", "__weakref__")
 
     def __init__(self) -> None:
         self.entries: list[Entry] = []
         self.limit_warned = False
+        self.recompile_reasons: list[str] = []   # why each capture after the first happened
 
     def promote(self, entry: Entry) -> None:
         self.entries.remove(entry)
@@ -47,6 +48,7 @@ class FunctionCache:
     def clear(self) -> None:
         self.entries.clear()
         self.limit_warned = False
+        self.recompile_reasons.clear()
 
 
 _caches: "weakref.WeakKeyDictionary[Callable, FunctionCache]" = weakref.WeakKeyDictionary()
@@ -116,6 +118,11 @@ class CompiledFunction:
         """This function's entries compiled for this backend and options."""
         return [e for e in self._cache.entries if e.key is self._key]
 
+    @property
+    def recompile_reasons(self) -> list[str]:
+        """The failing guard behind each recompile of this function (all backends)."""
+        return list(self._cache.recompile_reasons)
+
     def __call__(self, *args, **kwargs):
         key = self._key
         entries = self._cache.entries
@@ -147,6 +154,8 @@ class CompiledFunction:
                     f"Last failing guard: {reason}. Raise kiln.config.recompile_limit or make the "
                     "inputs more uniform.", RuntimeWarning, stacklevel=3)
             return fn(*args, **kwargs)
+        if reason is not None:
+            cache.recompile_reasons.append(reason)
         if reason is not None and logs.enabled.recompiles:
             logs.log("recompiles", f"Recompiling {fn.__qualname__} "
                      f"({fn.__code__.co_filename}:{fn.__code__.co_firstlineno}): {reason}")
@@ -188,6 +197,10 @@ class CompiledMethod:
     @property
     def entries(self):
         return self._compiled.entries
+
+    @property
+    def recompile_reasons(self):
+        return self._compiled.recompile_reasons
 
     @property
     def original(self):
@@ -254,9 +267,23 @@ class CompiledModule(torch.nn.Module):
     def named_children(self):
         return self._orig_mod.named_children()
 
+    # Container protocol of the original (Sequential, ModuleList, ...).
+    def __getitem__(self, idx):
+        return self._orig_mod[idx]
+
+    def __len__(self):
+        return len(self._orig_mod)
+
+    def __iter__(self):
+        return iter(self._orig_mod)
+
     @property
     def entries(self):
         return self._kiln_compiled.entries
+
+    @property
+    def recompile_reasons(self):
+        return self._kiln_compiled.recompile_reasons
 
     def __repr__(self):
         return f"kiln.CompiledModule({self._orig_mod!r})"

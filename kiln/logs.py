@@ -16,7 +16,6 @@ TOPICS = ("graph", "guards", "recompiles", "graph_breaks", "aot", "cache", "cuda
           "package", "dynamic")
 
 enabled = types.SimpleNamespace(**{t: False for t in TOPICS})
-_stream = sys.stderr
 
 
 def set_logs(spec: str | list[str] | None) -> None:
@@ -41,7 +40,7 @@ def set_logs(spec: str | list[str] | None) -> None:
 
 def log(topic: str, message: str) -> None:
     """Print one message under ``topic`` (callers test ``enabled.<topic>`` first)."""
-    print(f"[kiln:{topic}] {message}", file=_stream, flush=True)
+    print(f"[kiln:{topic}] {message}", file=sys.stderr, flush=True)
 
 
 set_logs(os.environ.get("KILN_LOGS", ""))

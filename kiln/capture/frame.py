@@ -18,6 +18,7 @@ from .guards import Guard, GuardKind
 from .interpreter import FrameInterpreter
 from .output_graph import OutputGraph
 from .sources import LocalSource, RenderContext
+from .values.base import LazyArgument
 from .values.functions import ExistingCellValue
 
 
@@ -67,9 +68,13 @@ def capture(fn: types.FunctionType, args: tuple, kwargs: dict, *, key, backend: 
         kind = "generator" if bu.is_generator_code(code) else "coroutine / async function"
         raise Unsupported(f"{kind} {fn.__qualname__} (runs eagerly)", code.co_filename, code.co_firstlineno)
     output = OutputGraph(fn.__qualname__)
+    # The generated entry has fn's signature and defaults: guard that they stay fn's.
+    output.guards.add(Guard(GuardKind.FUNCTION_MATCH, None,
+                            (fn, fn.__code__, fn.__defaults__, fn.__kwdefaults__)))
     try:
         bound = bind_call(fn, args, kwargs)
-        f_locals = {name: output.builder.wrap(v, LocalSource(name)) for name, v in bound.items()}
+        # Arguments are wrapped (and guarded) when the code first reads them.
+        f_locals = {name: LazyArgument(v, LocalSource(name)) for name, v in bound.items()}
         cells = {name: ExistingCellValue(c, name)
                  for name, c in zip(code.co_freevars, fn.__closure__ or ())}
         tx = FrameInterpreter(output, code, fn.__globals__, f_locals, cells, name=fn.__qualname__)

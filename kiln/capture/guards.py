@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import math
 from typing import Any
 
 import torch
@@ -35,6 +36,7 @@ class GuardKind(enum.Enum):
     TENSOR_MATCH = "TENSOR_MATCH"      # dtype/device/shape/stride/requires_grad/type
     GLOBAL_STATE = "GLOBAL_STATE"      # grad mode, default dtype, deterministic mode, ...
     BACKEND_MATCH = "BACKEND_MATCH"    # the entry was compiled for the caller's backend
+    FUNCTION_MATCH = "FUNCTION_MATCH"  # the compiled function's code, defaults, kwdefaults
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -56,9 +58,12 @@ class Guard:
         elif self.kind is GuardKind.LENGTH_MATCH or self.kind is GuardKind.HASATTR:
             exp = tuple(exp)
         elif self.kind is GuardKind.EQUALS_MATCH:
-            exp = (type(exp), _hashable(exp))
+            exp = (type(exp), _hashable(exp) if not (type(exp) is float and (exp != exp or exp == 0.0))
+                   else repr(exp))
+        elif self.kind is GuardKind.FUNCTION_MATCH:
+            exp = tuple(id(x) for x in exp)
         elif self.kind is GuardKind.DICT_KEYS:
-            exp = tuple(_hashable(k) for k in exp)
+            exp = tuple((type(k), _hashable(k)) for k in exp)
         return (self.kind, self.source, exp)
 
     # -- rendering ---------------------------------------------------------------------
@@ -74,15 +79,20 @@ class Guard:
             v = self.expected
             if v is None or isinstance(v, bool):
                 return f"{e} is {v!r}"
+            t = ctx.bind(type(v), 't')
+            if type(v) is float and (v != v or v == 0.0):
+                return f"type({e}) is {t} and {ctx.bind(_float_same, 'feq')}({e}, {ctx.bind(v, 'c')})"
+            if type(v) in (set, frozenset):
+                return f"type({e}) is {t} and {ctx.bind(_typed_set, 'tset')}({e}) == {ctx.bind(_typed_set(v), 'c')}"
             lit = repr(v) if type(v) in (int, str) else ctx.bind(v, "c")
-            return f"type({e}) is {ctx.bind(type(v), 't')} and {e} == {lit}"
+            return f"type({e}) is {t} and {e} == {lit}"
         if k is GuardKind.LENGTH_MATCH:
             n, how = self.expected
             fn = ctx.bind({"list": list.__len__, "tuple": tuple.__len__,
                            "dict": dict.__len__}.get(how, len), "len")
             return f"{fn}({e}) == {n}"
         if k is GuardKind.DICT_KEYS:
-            return f"{ctx.bind(_dict_keys_list, 'keys')}({e}) == {ctx.bind(list(self.expected), 'c')}"
+            return f"{ctx.bind(_dict_keys_list, 'keys')}({e}) == {ctx.bind(typed_keys(self.expected), 'c')}"
         if k is GuardKind.HASATTR:
             name, present = self.expected
             return f"{'' if present else 'not '}hasattr({e}, {name!r})"
@@ -95,6 +105,10 @@ class Guard:
             return f"{ctx.bind(_module_has_no_hooks, 'nohooks')}({e})"
         if k is GuardKind.ALIAS_MATCH:
             return f"{e} is {self.expected.render(ctx)}"
+        if k is GuardKind.FUNCTION_MATCH:
+            fn, code, d, kwd = self.expected
+            return (f"{ctx.bind(_function_unchanged, 'fnok')}({ctx.bind(fn, 'fn')}, {ctx.bind(code, 'code')}, "
+                    f"{ctx.bind(d, 'd')}, {ctx.bind(kwd, 'd')})")
         raise AssertionError(f"{k} is rendered by its own mechanism")
 
     def describe(self) -> str:
@@ -123,6 +137,8 @@ class Guard:
             return f"{k.value:14} {src} is {exp.describe()}"
         if k is GuardKind.TENSOR_MATCH:
             return f"{k.value:14} {src}: {describe_tensor(exp)}"
+        if k is GuardKind.FUNCTION_MATCH:
+            return f"{k.value:14} {exp[0].__qualname__} keeps its __code__, __defaults__ and __kwdefaults__"
         if k is GuardKind.GLOBAL_STATE:
             return f"{k.value:14} {', '.join(f'{a}={b}' for a, b in exp.items())}"
         if k is GuardKind.BACKEND_MATCH:
@@ -134,7 +150,27 @@ class Guard:
 
 
 def _dict_keys_list(d: dict) -> list:
-    return list(dict.keys(d))
+    # (type, key): True == 1 == 1.0, but a dict keyed by True is not one keyed by 1
+    return [(k.__class__, k) for k in dict.keys(d)]
+
+
+def typed_keys(keys) -> list:
+    return [(k.__class__, k) for k in keys]
+
+
+def _float_same(a, b: float) -> bool:
+    # == alone confuses -0.0 with 0.0 and never matches nan
+    if b != b:
+        return a != a
+    return a == b and (b != 0.0 or math.copysign(1.0, a) == math.copysign(1.0, b))
+
+
+def _typed_set(s) -> frozenset:
+    return frozenset((k.__class__, k) for k in s)
+
+
+def _function_unchanged(fn, code, defaults, kwdefaults) -> bool:
+    return fn.__code__ is code and fn.__defaults__ is defaults and fn.__kwdefaults__ is kwdefaults
 
 
 def _module_has_no_hooks(m: torch.nn.Module) -> bool:

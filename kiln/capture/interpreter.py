@@ -19,7 +19,7 @@ from ..config import config
 from ..errors import Unsupported
 from . import bytecode_utils as bu
 from .sources import AttrSource, ItemSource, LocalSource
-from .values.base import NULL, ConstantValue, NullValue, Value
+from .values.base import NULL, ConstantValue, LazyArgument, NullValue, Value
 from .values.builtins import BuiltinValue, call_builtin
 from .values.containers import (BaseSequenceValue, DictValue, DictViewValue, IteratorValue,
                                 ListValue, SetValue, TupleValue)
@@ -286,6 +286,8 @@ class FrameInterpreter:
         cls = cell.get(self).as_constant()
         first = self.code.co_varnames[0]
         obj = self.locals.get(first)
+        if isinstance(obj, LazyArgument):
+            obj = self.locals[first] = obj.realize(self)
         if obj is None and first in self.cells:
             obj = self.cells[first].get(self)
         return cls, obj
@@ -502,7 +504,8 @@ class FrameInterpreter:
         name = bu.cell_name(ins.arg)
         if name in self.cells and not isinstance(self.cells[name], NewCellValue):
             return
-        self.cells[name] = NewCellValue(name, self.locals.pop(name, None))
+        v = self.locals.pop(name, None)
+        self.cells[name] = NewCellValue(name, v.realize(self) if isinstance(v, LazyArgument) else v)
 
     def LOAD_CONST(self, ins):
         self.push(_wrap_const(ins.arg))
@@ -553,10 +556,13 @@ class FrameInterpreter:
         if v is None:
             raise self.user_exception(UnboundLocalError(
                 f"local variable {ins.arg!r} referenced before assignment"))
+        if isinstance(v, LazyArgument):
+            v = self.locals[ins.arg] = v.realize(self)
         self.push(v)
 
     def LOAD_FAST_AND_CLEAR(self, ins):
-        self.push(self.locals.pop(ins.arg, UNBOUND))
+        v = self.locals.pop(ins.arg, UNBOUND)
+        self.push(v.realize(self) if isinstance(v, LazyArgument) else v)
 
     def STORE_FAST(self, ins):
         v = self.pop()

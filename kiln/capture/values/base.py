@@ -136,6 +136,22 @@ class ConstantValue(Value):
         return cg.constant_expr(self.value)
 
 
+class LazyArgument(Value):
+    """An argument of the compiled function not read yet. It is wrapped, and its guards
+    installed, when the code first loads it: an argument the function never reads (or only
+    passes through) adds no guard."""
+
+    def __init__(self, obj, source):
+        self.obj = obj
+        self.source = source
+
+    def realize(self, tx) -> Value:
+        return tx.wrap(self.obj, self.source)
+
+    def describe(self):
+        return f"Lazy({self.source.describe()})"
+
+
 class NullValue(Value):
     """The NULL that PUSH_NULL / LOAD_GLOBAL / LOAD_ATTR push below a callable."""
 

@@ -1,0 +1,267 @@
+"""kiln.compile's entry points, the eager fallback, fullgraph errors and misuse."""
+import functools
+import re
+import warnings
+
+import pytest
+import torch
+
+import kiln
+from kiln.testing import CompileCounter, assert_same
+
+
+def _f(x, y):
+    return torch.sin(x) + y
+
+
+def test_function_decorator_forms():
+    cnt = CompileCounter()
+
+    @kiln.compile
+    def a(x):
+        return x * 2
+
+    @kiln.compile(backend=cnt)
+    def b(x):
+        return x * 3
+
+    x = torch.randn(3)
+    assert_same(a(x), x * 2)
+    assert_same(b(x), x * 3)
+    assert cnt.frame_count == 1
+    assert isinstance(a, kiln.CompiledFunction) and a.__name__ == "a"
+
+
+def test_bound_method_and_callable_object():
+    class Scaler:
+        def __init__(self, k):
+            self.k = k
+
+        def apply(self, x):
+            return x * self.k
+
+        def __call__(self, x):
+            return x + self.k
+
+    cnt = CompileCounter()
+    s = Scaler(3.0)
+    x = torch.randn(4)
+    assert_same(kiln.compile(s.apply, backend=cnt)(x), s.apply(x))
+    assert_same(kiln.compile(s, backend=cnt)(x), s(x))
+    assert cnt.frame_count == 2
+
+
+def test_compiled_module_shares_state():
+    m = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    cnt = CompileCounter()
+    cm = kiln.compile(m, backend=cnt)
+    assert isinstance(cm, torch.nn.Module)
+    assert list(cm.state_dict()) == list(m.state_dict())
+    assert all(p is q for p, q in zip(cm.parameters(), m.parameters()))
+    x = torch.randn(3, 4)
+    assert_same(cm(x), m(x))
+    with torch.no_grad():  # an in-place update of a parameter is seen without recompiling
+        m[0].weight.add_(1.0)
+    assert_same(cm(x), m(x))
+    sd = {k: torch.randn_like(v) for k, v in m.state_dict().items()}
+    cm.load_state_dict(sd)
+    assert torch.equal(m[0].weight, sd["0.weight"])
+    assert_same(cm(x), m(x))
+    assert cnt.frame_count == 1
+    assert cm[0] is m[0] and cm.training == m.training
+
+
+def test_module_training_step_gradients_match_eager():
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    ref = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    ref.load_state_dict(m.state_dict())
+    cm = kiln.compile(m)
+    x = torch.randn(5, 4)
+    cm(x).sum().backward()
+    ref(x).sum().backward()
+    for p, q in zip(m.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad)
+
+
+def test_compile_partial():
+    cnt = CompileCounter()
+    p = kiln.compile(functools.partial(_f, y=torch.ones(3)), backend=cnt)
+    x = torch.randn(3)
+    assert_same(p(x), _f(x, torch.ones(3)))
+    assert cnt.frame_count == 1
+
+
+def test_reset_drops_entries():
+    cnt = CompileCounter()
+    cf = kiln.compile(_f, backend=cnt)
+    x = torch.randn(3)
+    cf(x, x.clone())
+    cf(x, x.clone())
+    assert cnt.frame_count == 1
+    kiln.reset()
+    assert cf.entries == []
+    cf(x, x.clone())
+    assert cnt.frame_count == 2
+
+
+@pytest.mark.parametrize("bad, exc, pattern", [
+    (3, TypeError, "expects a Python function"),
+    ("f", TypeError, "expects a Python function"),
+    (len, TypeError, "builtin"),
+])
+def test_misuse_raises_clear_errors(bad, exc, pattern):
+    with pytest.raises(exc, match=pattern):
+        kiln.compile(bad)
+
+
+def test_bad_options():
+    with pytest.raises(ValueError, match="unknown kiln backend 'nope'.*available: .*eager"):
+        kiln.compile(_f, backend="nope")
+    with pytest.raises(TypeError, match="backend must be"):
+        kiln.compile(_f, backend=3)
+    with pytest.raises(ValueError, match="unknown mode"):
+        kiln.compile(_f, mode="fast")
+    with pytest.raises(ValueError, match="dynamic must be"):
+        kiln.compile(_f, dynamic="yes")
+    with pytest.raises(TypeError, match="options must be a dict"):
+        kiln.compile(_f, options=[1])
+    with pytest.raises(TypeError, match="already compiled"):
+        kiln.compile(kiln.compile(_f))
+
+
+def test_backend_returning_non_callable_is_reported():
+    cf = kiln.compile(_f, backend=lambda gm, ex: 3)
+    with pytest.raises(TypeError, match="not a callable"):
+        cf(torch.randn(2), torch.randn(2))
+
+
+def test_user_type_error_is_the_users():
+    cf = kiln.compile(_f)
+    with pytest.raises(TypeError):
+        cf(torch.randn(2))
+
+
+def _prints(x):
+    y = x + 1
+    print("hello")
+    return y * 2
+
+
+def test_unsupported_runs_eagerly_with_reason_logged(capsys):
+    cnt = CompileCounter()
+    cf = kiln.compile(_prints, backend=cnt)
+    kiln.set_logs("graph_breaks")
+    x = torch.randn(3)
+    assert_same(cf(x), _prints(x))
+    err = capsys.readouterr().err
+    assert "runs eagerly" in err and "print()" in err and "test_api.py" in err
+    assert cnt.frame_count == 0
+    (entry,) = cf.entries
+    assert entry.is_eager and "print" in str(entry.eager_reason)
+    # the eager entry is reused for the next call: no second capture attempt
+    y = torch.randn(3)
+    assert_same(cf(y), _prints(y))
+    assert len(cf.entries) == 1
+
+
+def test_fullgraph_raises_unsupported_with_location():
+    cf = kiln.compile(_prints, fullgraph=True)
+    with pytest.raises(kiln.Unsupported) as info:
+        cf(torch.randn(3))
+    e = info.value
+    assert "print()" in str(e)
+    assert e.filename.endswith("test_api.py") and e.lineno == _prints.__code__.co_firstlineno + 2
+    assert 'print("hello")' in str(e)
+
+
+def _data_dependent(x):
+    if x.sum() > 0:
+        return x + 1
+    return x - 1
+
+
+def test_tensor_dependent_branch_falls_back_to_eager():
+    cf = kiln.compile(_data_dependent)
+    for _ in range(3):
+        x = torch.randn(4)
+        assert_same(cf(x), _data_dependent(x))
+    with pytest.raises(kiln.Unsupported, match="truth value of a tensor"):
+        kiln.compile(_data_dependent, fullgraph=True)(torch.randn(4))
+
+
+def _item(x):
+    return x * x.sum().item()
+
+
+def test_item_falls_back_to_eager():
+    x = torch.randn(4)
+    assert_same(kiln.compile(_item)(x), _item(x))
+    with pytest.raises(kiln.Unsupported, match=r"item\(\)"):
+        kiln.compile(_item, fullgraph=True)(x)
+
+
+def _gen(x):
+    yield x + 1
+
+
+async def _coro(x):
+    return x + 1
+
+
+def test_generators_and_coroutines_run_eagerly():
+    x = torch.randn(2)
+    out = list(kiln.compile(_gen)(x))
+    assert_same(out, [x + 1])
+    with pytest.raises(kiln.Unsupported, match="generator"):
+        kiln.compile(_gen, fullgraph=True)(x)
+    with pytest.raises(kiln.Unsupported, match="coroutine"):
+        kiln.compile(_coro, fullgraph=True)(x)
+    import asyncio
+
+    assert_same(asyncio.run(kiln.compile(_coro)(x)), x + 1)
+
+
+def test_mutation_of_input_list_and_dict_is_replayed():
+    def f(xs, d, x):
+        xs.append(x * 2)
+        d["y"] = x + 1
+        del d["drop"]
+        return len(xs)
+
+    cnt = CompileCounter()
+    cf = kiln.compile(f, backend=cnt, fullgraph=True)
+    x = torch.randn(3)
+    xs, d = [x], {"drop": 1, "keep": 2}
+    xs2, d2 = [x], {"drop": 1, "keep": 2}
+    assert cf(xs, d, x) == f(xs2, d2, x)
+    assert_same(xs, xs2)
+    assert_same(d, d2)
+    assert cnt.frame_count == 1
+
+
+def test_returned_object_identity_is_kept():
+    def f(x):
+        lst = [x + 1]
+        return lst, lst, x
+
+    out = kiln.compile(f, fullgraph=True)(x := torch.randn(2))
+    assert out[0] is out[1] and out[2] is x
+
+
+def test_in_place_op_on_input_returns_the_input():
+    def f(x):
+        y = x.add_(1)
+        return y, y is x
+
+    x = torch.zeros(3)
+    y, same = kiln.compile(f, fullgraph=True)(x)
+    assert y is x and same is True and torch.equal(x, torch.ones(3))
+
+
+def test_no_recapture_on_warm_calls():
+    cnt = CompileCounter()
+    cf = kiln.compile(_f, backend=cnt)
+    for _ in range(20):
+        cf(torch.randn(3), torch.randn(3))
+    assert cnt.frame_count == 1 and len(cf.entries) == 1
