@@ -34,27 +34,33 @@ def small_module():
     return torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 16))
 
 
-def time_per_call(fn, args, device: str, calls: int, repeats: int) -> float:
-    """Median microseconds per call."""
-    for _ in range(max(50, calls // 10)):
+def _batch_us(fn, args, device: str, calls: int) -> float:
+    if device == "cuda":
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(calls):
+            fn(*args)
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) * 1e3 / calls
+    t = time.perf_counter()
+    for _ in range(calls):
         fn(*args)
-    samples = []
+    return (time.perf_counter() - t) * 1e6 / calls
+
+
+def time_interleaved(fns: dict, args, device: str, calls: int, repeats: int) -> dict:
+    """Median microseconds per call of each variant. Batches of the variants alternate, so a
+    slow phase of the machine (clock, other load) touches all of them alike."""
+    for fn in fns.values():
+        for _ in range(max(50, calls // 10)):
+            fn(*args)
+    samples: dict = {k: [] for k in fns}
     for _ in range(repeats):
-        if device == "cuda":
-            torch.cuda.synchronize()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(calls):
-                fn(*args)
-            end.record()
-            end.synchronize()
-            samples.append(start.elapsed_time(end) * 1e3 / calls)
-        else:
-            t = time.perf_counter()
-            for _ in range(calls):
-                fn(*args)
-            samples.append((time.perf_counter() - t) * 1e6 / calls)
-    return statistics.median(samples)
+        for k, fn in fns.items():
+            samples[k].append(_batch_us(fn, args, device, calls))
+    return {k: statistics.median(v) for k, v in samples.items()}
 
 
 def cases(device: str):
@@ -70,16 +76,15 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--calls", type=int, default=2000)
-    p.add_argument("--repeats", type=int, default=15)
+    p.add_argument("--repeats", type=int, default=25)
     p.add_argument("--json", metavar="PATH")
     a = p.parse_args(argv)
     rows = []
     for name, fn, args in cases(a.device):
         peer = torch.compile(fn, backend="eager")
         mine = kiln.compile(fn, backend="eager")
-        eager_us = time_per_call(fn, args, a.device, a.calls, a.repeats)
-        torch_us = time_per_call(peer, args, a.device, a.calls, a.repeats)
-        kiln_us = time_per_call(mine, args, a.device, a.calls, a.repeats)
+        t = time_interleaved({"eager": fn, "torch": peer, "kiln": mine}, args, a.device, a.calls, a.repeats)
+        eager_us, torch_us, kiln_us = t["eager"], t["torch"], t["kiln"]
         rows.append({"case": name, "eager_us": eager_us, "torch_compile_us": torch_us, "kiln_us": kiln_us,
                      "torch_added_us": torch_us - eager_us, "kiln_added_us": kiln_us - eager_us})
     print(f"per-call overhead on {a.device} (torch {torch.__version__}, Python {sys.version.split()[0]}); "
