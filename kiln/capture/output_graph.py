@@ -118,6 +118,23 @@ class OutputGraph:
         self._names.add(name)
         return name
 
+    def guard_class_attribute(self, cls: type, name: str, attr) -> None:
+        """A method/property/forward found on a class through a type-guarded object: guard
+        that the class still resolves the name to it (classes of torch and the standard
+        library are trusted, like their modules)."""
+        mod = sys.modules.get(getattr(cls, "__module__", ""))
+        if mod is not None and is_trusted_module(mod):
+            return
+        from .sources import AttrSource, ConstSource, ItemSource
+
+        for owner in cls.__mro__:
+            if name in owner.__dict__:
+                # the raw class-dict entry (a classmethod's bound method is new on each lookup)
+                raw = owner.__dict__[name]
+                self.guards.add(Guard(GuardKind.ID_MATCH,
+                                      ItemSource(AttrSource(ConstSource(owner), "__dict__"), name), raw))
+                return
+
     def guard_module_has_no_hooks(self, module_value) -> None:
         if module_value.source is not None:
             self.guards.add(Guard(GuardKind.NO_HOOKS, module_value.source))

@@ -98,7 +98,7 @@ class AttrSource(Source):
 
     def render(self, ctx):
         b = self.base.render(ctx)
-        if self.name.isidentifier() and not self.name.startswith("__"):
+        if self.name.isidentifier() and (not self.name.startswith("__") or self.name.endswith("__")):
             return f"{b}.{self.name}"
         return f"getattr({b}, {self.name!r})"
 

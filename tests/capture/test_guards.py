@@ -1181,3 +1181,25 @@ def test_unread_arguments_install_no_guards():
     assert cnt.frame_count == 1
     kinds = {g.kind.value for g in cf.entries[0].guards}
     assert "LENGTH_MATCH" not in kinds and "EQUALS_MATCH" not in kinds
+
+
+def test_monkeypatched_method_of_user_class_recompiles():
+    class Net(torch.nn.Module):
+        def forward(self, x):
+            return self.helper(x)
+
+        def helper(self, x):
+            return x + 1
+
+    def helper2(self, x):
+        return x * 3
+
+    cnt = CompileCounter()
+    net = Net()
+    cf = kiln.compile(net, backend=cnt)
+    x = torch.randn(3)
+    assert_same(cf(x), x + 1)
+    Net.helper = helper2
+    assert_same(cf(x), x * 3)
+    assert cnt.frame_count == 2
+    assert cf.recompile_reasons[-1].startswith("ID_MATCH failed") and "helper" in cf.recompile_reasons[-1]

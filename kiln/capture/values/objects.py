@@ -74,6 +74,7 @@ class ObjectValue(Value):
         if isinstance(cls_attr, property):
             if cls_attr.fget is None:
                 raise tx.user_exception(AttributeError(name))
+            tx.output.guard_class_attribute(cls, name, cls_attr)
             return tx.call(UserFunctionValue(cls_attr.fget), [self], {})
         d = self.instance_dict()
         if d is not None and name in d and not _is_data_descriptor(cls_attr):
@@ -92,6 +93,7 @@ class ObjectValue(Value):
         raise tx.user_exception(AttributeError(f"'{cls.__name__}' object has no attribute '{name}'"))
 
     def _class_attribute(self, tx, name, cls_attr):
+        tx.output.guard_class_attribute(self.python_type(), name, cls_attr)
         if isinstance(cls_attr, types.FunctionType):
             return BoundMethodValue(UserFunctionValue(cls_attr), self)
         if isinstance(cls_attr, staticmethod):
@@ -112,8 +114,9 @@ class ObjectValue(Value):
         return tx.wrap(cls_attr, AttrSource(self.source, name))
 
     def call_method(self, tx, name, args, kwargs):
-        cls_attr = static_lookup(type(self.value), name)
+        cls_attr = static_lookup(self.python_type(), name)
         if isinstance(cls_attr, types.FunctionType):
+            tx.output.guard_class_attribute(self.python_type(), name, cls_attr)
             return tx.call(UserFunctionValue(cls_attr), [self, *args], kwargs)
         if name in ("__eq__", "__ne__") and cls_attr in (object.__eq__, object.__ne__, _MISSING):
             other = args[0].real_object()
@@ -122,8 +125,9 @@ class ObjectValue(Value):
         return self.getattr(tx, name).call(tx, args, kwargs)
 
     def call(self, tx, args, kwargs):
-        call_fn = static_lookup(type(self.value), "__call__")
+        call_fn = static_lookup(self.python_type(), "__call__")
         if isinstance(call_fn, types.FunctionType):
+            tx.output.guard_class_attribute(self.python_type(), "__call__", call_fn)
             return tx.call(UserFunctionValue(call_fn), [self, *args], kwargs)
         raise Unsupported(f"calling {self.describe()}")
 
@@ -270,6 +274,7 @@ class NNModuleValue(ObjectValue):
         forward = static_lookup(type(self.value), "forward")
         if not isinstance(forward, types.FunctionType):
             raise Unsupported(f"{type(self.value).__name__}.forward is not a Python function")
+        tx.output.guard_class_attribute(type(self.value), "forward", forward)
         return tx.call(UserFunctionValue(forward), [self, *args], kwargs)
 
     def unpack(self, tx):

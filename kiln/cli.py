@@ -1,0 +1,45 @@
+"""The ``kiln`` command.
+
+    kiln info        versions of kiln, torch, bytecode and Python; CUDA; registered backends
+    kiln backends    the registered backend names
+"""
+from __future__ import annotations
+
+import argparse
+import platform
+import sys
+
+
+def _info() -> int:
+    import bytecode
+    import torch
+
+    import kiln
+    from kiln.backends import list_backends
+
+    print(f"kiln      {kiln.__version__}")
+    print(f"python    {platform.python_version()} ({sys.executable})")
+    print(f"torch     {torch.__version__}  cuda available: {torch.cuda.is_available()}")
+    print(f"bytecode  {bytecode.__version__}")
+    print(f"backends  {', '.join(list_backends())}")
+    return 0
+
+
+def _backends() -> int:
+    from kiln.backends import list_backends
+
+    print("\n".join(list_backends()))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="kiln", description="kiln: a compiler for PyTorch programs")
+    sub = p.add_subparsers(dest="command", required=True)
+    sub.add_parser("info", help="versions and environment")
+    sub.add_parser("backends", help="registered backends")
+    args = p.parse_args(argv)
+    return {"info": _info, "backends": _backends}[args.command]()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
