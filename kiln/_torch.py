@@ -6,7 +6,6 @@ aot_autograd or torch's precompile APIs: those are the peer that kiln is measure
 """
 from __future__ import annotations
 
-import contextlib
 from typing import Any
 
 import torch
@@ -16,7 +15,6 @@ from torch._subclasses.fake_tensor import (  # noqa: F401  (re-exported)
     DynamicOutputShapeException,
     FakeTensor,
     FakeTensorMode,
-    UnsupportedFakeTensorException,
 )
 
 # C-level checks. TensorGuards compares, for several tensors at once, the Python type, dispatch
@@ -80,12 +78,6 @@ def new_fake_mode() -> FakeTensorMode:
 
 def fake_from_real(mode: FakeTensorMode, t: torch.Tensor) -> torch.Tensor:
     return mode.from_tensor(t, static_shapes=True)
-
-
-@contextlib.contextmanager
-def enable_fake(mode: FakeTensorMode):
-    with mode:
-        yield
 
 
 def is_fake(t: Any) -> bool:

@@ -13,7 +13,7 @@ import torch
 from .. import _torch, logs
 from ..errors import Unsupported
 from . import bytecode_utils as bu
-from .codegen import MISS, EntryCodegen, GuardProgram, compile_function, signature_text
+from .codegen import EntryCodegen, GuardProgram, compile_function, signature_text
 from .guards import Guard, GuardKind
 from .interpreter import FrameInterpreter
 from .output_graph import OutputGraph
@@ -151,7 +151,6 @@ def eager_entry(fn, exc: Unsupported, key, backend_name: str) -> Entry:
 
 def _program(fn, output: OutputGraph, guards: list[Guard], ctx: RenderContext):
     params, fwd = signature_text(fn.__code__, fn.__defaults__, fn.__kwdefaults__, ctx)
-    tensors = [inp.value for inp in output.tensor_inputs]
     tg = _torch.make_tensor_guards([_real_input(inp) for inp in output.tensor_inputs])
     program = GuardProgram(guards, [inp.source for inp in output.tensor_inputs], tg,
                            output.global_state, ctx, params)

@@ -15,7 +15,7 @@ from ..config import config
 from ..errors import Unsupported
 from .guards import Guard, GuardKind, GuardSet, TensorMeta
 from .side_effects import SideEffects
-from .sources import GlobalSource, Source
+from .sources import Source
 from .values.base import ConstantValue, Value
 from .values.builder import STATE_READERS, Builder, is_trusted_module
 from .values.containers import ListValue, NamedTupleValue, TupleValue
@@ -277,31 +277,28 @@ def _wrap_nontensor(v, what: str) -> Value:
 
 
 def _to_fx(v: Value):
+    """The FX argument for a value: nodes for tensors, containers rebuilt, constants as is."""
+    return _map_leaves(v, lambda t: t.node)
+
+
+def _to_fake(v: Value):
+    """The argument for running an operator on fake tensors."""
+    return _map_leaves(v, lambda t: t.fake)
+
+
+def _map_leaves(v: Value, tensor_leaf):
     from .values.base import NullValue
     from .values.containers import DictValue, SetValue
 
     if isinstance(v, TensorValue):
-        return v.node
+        return tensor_leaf(v)
     if isinstance(v, (TupleValue, ListValue)):
-        items = [_to_fx(i) for i in v.items]
+        items = [_map_leaves(i, tensor_leaf) for i in v.items]
         return items if isinstance(v, ListValue) else tuple(items)
     if isinstance(v, DictValue):
-        return {k: _to_fx(x) for k, x in v.items.items()}
+        return {k: _map_leaves(x, tensor_leaf) for k, x in v.items.items()}
     if isinstance(v, NullValue):
         raise Unsupported("NULL passed to an operator")
     if v.is_constant() and not isinstance(v, SetValue):
         return v.as_constant()
     raise Unsupported(f"{v.describe()} passed to a tensor operator")
-
-
-def _to_fake(v: Value):
-    from .values.containers import DictValue
-
-    if isinstance(v, TensorValue):
-        return v.fake
-    if isinstance(v, (TupleValue, ListValue)):
-        items = [_to_fake(i) for i in v.items]
-        return items if isinstance(v, ListValue) else tuple(items)
-    if isinstance(v, DictValue):
-        return {k: _to_fake(x) for k, x in v.items.items()}
-    return v.as_constant()

@@ -6,7 +6,6 @@ raises Unsupported: never a guess.
 """
 from __future__ import annotations
 
-import builtins
 import collections
 import functools
 import itertools
@@ -18,7 +17,7 @@ from typing import Any, Callable
 import torch
 
 from ...errors import Unsupported
-from .base import ConstantValue, Value, is_constant_object
+from .base import ConstantValue, Value
 from .containers import (DictValue, IteratorValue, ListValue, NamedTupleValue, SetValue,
                          TupleValue)
 from .functions import PartialValue

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import collections
 import operator
-from typing import Any
 
 from ...errors import Unsupported
 from .base import ConstantValue, Value
@@ -177,7 +176,6 @@ class ListValue(BaseSequenceValue):
         self.mutated = True
 
     def base_method(self, tx, name, args, kwargs):
-        c = [a.as_constant for a in args]  # noqa: F841  (clarity in error paths)
         if name == "append" and len(args) == 1:
             self._mutate(tx)
             self.items.append(args[0])

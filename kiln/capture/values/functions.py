@@ -3,7 +3,6 @@ methods of values, pure methods of constants, and torch operators (graph nodes).
 from __future__ import annotations
 
 import types
-from typing import Any
 
 from ...errors import Unsupported
 from .base import ConstantValue, Value

@@ -6,7 +6,6 @@ each value read is wrapped with a source so that guards protect it.
 """
 from __future__ import annotations
 
-import inspect
 import types
 from typing import Any
 
@@ -276,13 +275,6 @@ class NNModuleValue(ObjectValue):
             raise Unsupported(f"{type(self.value).__name__}.forward is not a Python function")
         tx.output.guard_class_attribute(type(self.value), "forward", forward)
         return tx.call(UserFunctionValue(forward), [self, *args], kwargs)
-
-    def unpack(self, tx):
-        return super().unpack(tx)
-
-    def truthy(self, tx):
-        return super().truthy(tx)
-
 
 class PythonModuleValue(ObjectValue):
     """A Python module (``torch``, ``math``, a user module)."""

@@ -1,7 +1,7 @@
 """Tensors: an FX node plus the fake tensor that carries its metadata."""
 from __future__ import annotations
 
-from typing import Any
+import operator
 
 import torch
 
@@ -125,20 +125,9 @@ def _is_inplace_name(name: str) -> bool:
     return name.endswith("_") and not name.endswith("__")
 
 
-def _getitem(obj, index):
-    return obj[index]
-
-
-def _setitem(obj, index, value):
-    obj[index] = value
-
-
-# FX prints these as operator.getitem / operator.setitem; use the real operator functions so
-# printed graphs read naturally and backends recognise them.
-import operator as _operator  # noqa: E402
-
-_getitem = _operator.getitem  # noqa: F811
-_setitem = _operator.setitem  # noqa: F811
+# The real operator functions: graphs print as operator.getitem and backends recognise them.
+_getitem = operator.getitem
+_setitem = operator.setitem
 
 
 def _reconstruct(self, cg) -> str:

@@ -1,0 +1,453 @@
+"""Python semantics over symbolic values: operators, identity, equality, iteration, item
+access and argument binding. ``FrameInterpreter`` inherits these; value classes call them
+through the interpreter they are given (``tx``)."""
+from __future__ import annotations
+
+import operator
+import types
+from typing import Any, Callable
+
+import torch
+
+from ..errors import Unsupported
+from .sources import AttrSource, ItemSource
+from .values.base import ConstantValue, LazyArgument, NullValue, Value
+from .values.containers import (BaseSequenceValue, DictValue, DictViewValue, IteratorValue,
+                                ListValue, SetValue, TupleValue)
+from .values.functions import BoundMethodValue, NestedFunctionValue, UserFunctionValue
+from .values.objects import ClassValue, ObjectValue, static_lookup
+from .values.tensor import TensorValue
+from . import bytecode_utils as bu
+
+
+class UserException(Unsupported):
+    """The user's code raised ``exc`` during capture. Capture stops (the frame runs eagerly,
+    where the exception is raised, or caught, for real) unless a handler inside kiln catches
+    it (``getattr`` with a default, ``hasattr``, ``next`` with a default)."""
+
+    def __init__(self, exc: BaseException):
+        self.exc = exc
+        super().__init__(f"the function raised {type(exc).__name__}: {exc}")
+
+
+_BINARY = {
+    "ADD": operator.add, "AND": operator.and_, "FLOOR_DIVIDE": operator.floordiv,
+    "LSHIFT": operator.lshift, "MATRIX_MULTIPLY": operator.matmul, "MULTIPLY": operator.mul,
+    "REMAINDER": operator.mod, "OR": operator.or_, "POWER": operator.pow,
+    "RSHIFT": operator.rshift, "SUBTRACT": operator.sub, "TRUE_DIVIDE": operator.truediv,
+    "XOR": operator.xor,
+    "INPLACE_ADD": operator.iadd, "INPLACE_AND": operator.iand,
+    "INPLACE_FLOOR_DIVIDE": operator.ifloordiv, "INPLACE_LSHIFT": operator.ilshift,
+    "INPLACE_MATRIX_MULTIPLY": operator.imatmul, "INPLACE_MULTIPLY": operator.imul,
+    "INPLACE_REMAINDER": operator.imod, "INPLACE_OR": operator.ior, "INPLACE_POWER": operator.ipow,
+    "INPLACE_RSHIFT": operator.irshift, "INPLACE_SUBTRACT": operator.isub,
+    "INPLACE_TRUE_DIVIDE": operator.itruediv, "INPLACE_XOR": operator.ixor,
+}
+_COMPARE = {"LT": operator.lt, "LE": operator.le, "EQ": operator.eq, "NE": operator.ne,
+            "GT": operator.gt, "GE": operator.ge}
+# in-place operator -> its out-of-place twin and the dunder names Python tries
+_INPLACE_TO_BINARY = {
+    operator.iadd: operator.add, operator.iand: operator.and_, operator.ifloordiv: operator.floordiv,
+    operator.ilshift: operator.lshift, operator.imatmul: operator.matmul, operator.imul: operator.mul,
+    operator.imod: operator.mod, operator.ior: operator.or_, operator.ipow: operator.pow,
+    operator.irshift: operator.rshift, operator.isub: operator.sub,
+    operator.itruediv: operator.truediv, operator.ixor: operator.xor,
+}
+_DUNDER = {
+    operator.add: "add", operator.and_: "and", operator.floordiv: "floordiv",
+    operator.lshift: "lshift", operator.matmul: "matmul", operator.mul: "mul", operator.mod: "mod",
+    operator.or_: "or", operator.pow: "pow", operator.rshift: "rshift", operator.sub: "sub",
+    operator.truediv: "truediv", operator.xor: "xor",
+}
+_COMPARE_DUNDER = {operator.lt: ("__lt__", "__gt__"), operator.le: ("__le__", "__ge__"),
+                   operator.eq: ("__eq__", "__eq__"), operator.ne: ("__ne__", "__ne__"),
+                   operator.gt: ("__gt__", "__lt__"), operator.ge: ("__ge__", "__le__")}
+_UNARY = {operator.neg: "__neg__", operator.pos: "__pos__", operator.invert: "__invert__",
+          operator.abs: "__abs__"}
+
+
+class PythonSemantics:
+    """Mixin of FrameInterpreter: the meaning of Python operations on symbolic values."""
+
+    # -- values: helpers used by value classes ---------------------------------------------
+    def wrap(self, obj: Any, source, static: bool = False) -> Value:
+        return self.output.builder.wrap(obj, source, static)
+
+    def wrap_attribute(self, value: Value, name: str) -> Value:
+        if value.source is None:
+            raise Unsupported(f"attribute {name!r} of {value.describe()} without a source")
+        real = _real_of(self, value)
+        try:
+            attr = getattr(real, name)
+        except AttributeError as e:
+            raise self.user_exception(e)
+        return self.wrap(attr, AttrSource(value.source, name))
+
+    def wrap_function_part(self, fn_value: UserFunctionValue, attr: str, key, v) -> Value:
+        src = fn_value.source
+        if src is None:
+            # a function reached through a guarded class: its defaults are read through it
+            from .sources import ConstSource
+
+            return self.wrap(v, ItemSource(AttrSource(ConstSource(fn_value.fn), attr), key))
+        return self.wrap(v, ItemSource(AttrSource(src, attr), key))
+
+    def bind_user_attribute(self, self_value: Value, fn, name: str) -> Value:
+        if isinstance(fn, types.FunctionType):
+            return BoundMethodValue(UserFunctionValue(fn), self_value)
+        if isinstance(fn, staticmethod):
+            return self.wrap(fn.__func__, None)
+        if isinstance(fn, classmethod):
+            return BoundMethodValue(self.wrap(fn.__func__, None), ClassValue(self_value.python_type()))
+        if isinstance(fn, property):
+            return self.call(UserFunctionValue(fn.fget), [self_value], {})
+        raise Unsupported(f"attribute {name!r} of type {type(fn).__name__}")
+
+    def call(self, fn: Value, args: list[Value], kwargs: dict[str, Value]) -> Value:
+        return fn.call(self, args, kwargs)
+
+    def call_method(self, obj: Value, name: str, args: list[Value], kwargs: dict[str, Value]) -> Value:
+        return obj.call_method(self, name, args, kwargs)
+
+    def getattr(self, obj: Value, name: str) -> Value:
+        return obj.getattr(self, name)
+
+    def setattr(self, obj: Value, name: str, value: Value) -> None:
+        obj.setattr(self, name, value)
+
+    def hasattr(self, obj: Value, name: str) -> bool:
+        try:
+            obj.getattr(self, name)
+            return True
+        except UserException as e:
+            if not isinstance(e.exc, AttributeError):
+                raise
+            if obj.source is not None:
+                from .guards import GuardKind
+
+                self.output.builder.guard(GuardKind.HASATTR, obj.source, (name, False))
+            return False
+
+    def truthy(self, v: Value) -> bool:
+        return v.truthy(self)
+
+    def get_iter(self, v: Value) -> Value:
+        if isinstance(v, IteratorValue):
+            return v
+        if isinstance(v, (ListValue, DictValue, DictViewValue, TupleValue)):
+            it = v.call_method(self, "__iter__", [], {})
+            return it if isinstance(it, IteratorValue) else self.get_iter(it)
+        if isinstance(v, ObjectValue) and not isinstance(v, ClassValue):
+            fn = static_lookup(v.python_type(), "__iter__")
+            if isinstance(fn, types.FunctionType):
+                return self.get_iter(self.call(UserFunctionValue(fn), [v], {}))
+            nxt = static_lookup(v.python_type(), "__next__")
+            if isinstance(nxt, types.FunctionType):
+                raise Unsupported(f"iterating over a user iterator object {v.describe()}")
+        return IteratorValue(v.unpack(self))
+
+    def unpack_iterable(self, v: Value) -> list[Value]:
+        if isinstance(v, IteratorValue):
+            return v.unpack(self)
+        if isinstance(v, (BaseSequenceValue,)) and v.override("__iter__") is None:
+            return list(v.items)
+        return self.get_iter(v).unpack(self)
+
+    def contains(self, items: list[Value], x: Value) -> bool:
+        return any(self.values_equal(i, x) for i in items)
+
+    def values_equal(self, a: Value, b: Value) -> bool:
+        if a is b:
+            return True
+        if a.is_constant() and b.is_constant():
+            return a.as_constant() == b.as_constant()
+        ra, rb = a.real_object(), b.real_object()
+        if ra is not None and rb is not None and not isinstance(ra, torch.Tensor):
+            return ra == rb if type(ra).__eq__ is object.__eq__ else bool(ra == rb)
+        if isinstance(a, TensorValue) or isinstance(b, TensorValue):
+            raise Unsupported("comparing tensors by value (needs data)")
+        if (a.is_constant() and a.as_constant() is None) or (b.is_constant() and b.as_constant() is None):
+            return False
+        raise Unsupported(f"equality of {a.describe()} and {b.describe()}")
+
+    def dict_key(self, v: Value):
+        if isinstance(v, TensorValue):
+            return v  # tensors hash by identity, and values preserve tensor identity
+        if v.is_constant():
+            return v.as_constant()
+        r = v.real_object()
+        if r is not None and not isinstance(r, torch.Tensor):
+            try:
+                hash(r)
+                return r
+            except TypeError:
+                pass
+        raise Unsupported(f"a dict key that is not a Python constant ({v.describe()})")
+
+    def key_value(self, k) -> Value:
+        if isinstance(k, Value):
+            return k
+        return self.wrap(k, None)
+
+    def zero_arg_super(self) -> tuple[type, Value]:
+        cell = self.cells.get("__class__")
+        if cell is None or self.code.co_argcount == 0:
+            raise Unsupported("super() without arguments outside a method")
+        cls = cell.get(self).as_constant()
+        first = self.code.co_varnames[0]
+        obj = self.locals.get(first)
+        if isinstance(obj, LazyArgument):
+            obj = self.locals[first] = obj.realize(self)
+        if obj is None and first in self.cells:
+            obj = self.cells[first].get(self)
+        return cls, obj
+
+    # -- operators --------------------------------------------------------------------------
+    def operator_handler(self, fn) -> Callable | None:
+        if fn in _DUNDER or fn in _INPLACE_TO_BINARY or fn in _COMPARE_DUNDER:
+            return lambda args, kwargs: self.binary(fn, *args)
+        if fn in _UNARY:
+            return lambda args, kwargs: self.unary(fn, args[0])
+        if fn is operator.getitem:
+            return lambda args, kwargs: self.getitem(*args)
+        if fn is operator.setitem:
+            return lambda args, kwargs: (self.setitem(*args), ConstantValue(None))[1]
+        if fn is operator.not_:
+            return lambda args, kwargs: ConstantValue(not self.truthy(args[0]))
+        if fn is operator.truth:
+            return lambda args, kwargs: ConstantValue(self.truthy(args[0]))
+        if fn in (operator.is_, operator.is_not):
+            return lambda args, kwargs: ConstantValue(self.is_same(*args) == (fn is operator.is_))
+        if fn is operator.contains:
+            return lambda args, kwargs: ConstantValue(self.contains_op(args[1], args[0]))
+        if fn is operator.index:
+            return lambda args, kwargs: ConstantValue(operator.index(args[0].as_constant()))
+        return None
+
+    def binary(self, op, a: Value, b: Value) -> Value:
+        if isinstance(a, TensorValue) or isinstance(b, TensorValue):
+            if isinstance(a, ObjectValue) or isinstance(b, ObjectValue):
+                raise Unsupported("operator between a tensor and a user object")
+            return self.output.call_op("call_function", op, (a, b), {},
+                                       inplace_of=a if op in _INPLACE_TO_BINARY else None)
+        if a.is_constant() and b.is_constant() and not isinstance(a, (ListValue, DictValue)) \
+                and not isinstance(b, (ListValue, DictValue)):
+            try:
+                return _wrap_result(op(a.as_constant(), b.as_constant()))
+            except Exception as e:
+                raise self.user_exception(e)
+        base_op = _INPLACE_TO_BINARY.get(op, op)
+        if isinstance(a, ObjectValue) and not isinstance(a, ClassValue) or \
+                isinstance(b, ObjectValue) and not isinstance(b, ClassValue):
+            return self._user_binary(op, base_op, a, b)
+        if isinstance(a, ListValue) and op is operator.iadd:
+            a.base_method(self, "extend", [b], {})
+            return a
+        if isinstance(a, BaseSequenceValue) and isinstance(b, BaseSequenceValue) and base_op is operator.add:
+            if a.base_type is not b.base_type:
+                raise self.user_exception(TypeError("can only concatenate list/tuple to same type"))
+            return type(a)(a.items + b.items, None, a.base_type)
+        if isinstance(a, BaseSequenceValue) and base_op is operator.mul and b.is_constant():
+            n = b.as_constant()
+            if isinstance(a, ListValue) and op is operator.imul:
+                a._mutate(self)
+                a.items[:] = a.items * n
+                return a
+            return type(a)(a.items * n, None, a.base_type)
+        if isinstance(b, BaseSequenceValue) and base_op is operator.mul and a.is_constant():
+            return type(b)(b.items * a.as_constant(), None, b.base_type)
+        if isinstance(a, DictValue) and isinstance(b, DictValue) and base_op is operator.or_:
+            if op is operator.ior:
+                a.base_method(self, "update", [b], {})
+                return a
+            return DictValue({**a.items, **b.items})
+        if op in _COMPARE_DUNDER:
+            return self.compare(op, a, b)
+        if isinstance(a, SetValue) and isinstance(b, SetValue):
+            keys = base_op(set(a.items), set(b.items))
+            known = {**b.items, **a.items}
+            return SetValue({k: known[k] for k in keys}, a.cls)
+        raise Unsupported(f"operator {getattr(op, '__name__', op)} on {a.describe()} and {b.describe()}")
+
+    def _user_binary(self, op, base_op, a, b):
+        name = _DUNDER.get(base_op)
+        if op in _COMPARE_DUNDER:
+            fwd, rev = _COMPARE_DUNDER[op]
+        else:
+            fwd, rev = f"__{name}__", f"__r{name}__"
+        if op in _INPLACE_TO_BINARY and isinstance(a, ObjectValue):
+            ifn = static_lookup(a.python_type(), f"__i{name}__")
+            if isinstance(ifn, types.FunctionType):
+                r = self.call(UserFunctionValue(ifn), [a, b], {})
+                if not (r.is_constant() and r.as_constant() is NotImplemented):
+                    return r
+        for x, y, meth in ((a, b, fwd), (b, a, rev)):
+            if isinstance(x, ObjectValue) and not isinstance(x, ClassValue):
+                fn = static_lookup(x.python_type(), meth)
+                if isinstance(fn, types.FunctionType):
+                    r = self.call(UserFunctionValue(fn), [x, y], {})
+                    if not (r.is_constant() and r.as_constant() is NotImplemented):
+                        return r
+        if op in (operator.eq, operator.ne):
+            same = self.is_same(a, b)
+            return ConstantValue(same if op is operator.eq else not same)
+        raise Unsupported(f"operator {getattr(op, '__name__', op)} on {a.describe()} and {b.describe()}")
+
+    def compare(self, op, a: Value, b: Value) -> Value:
+        if isinstance(a, TensorValue) or isinstance(b, TensorValue):
+            other = b if isinstance(a, TensorValue) else a
+            if other.is_constant() and other.as_constant() is None and op in (operator.eq, operator.ne):
+                return ConstantValue(op is operator.ne)
+            return self.binary(op, a, b)
+        if isinstance(a, (BaseSequenceValue,)) and isinstance(b, BaseSequenceValue) and op in (operator.eq, operator.ne):
+            eq = a.base_type is b.base_type and len(a.items) == len(b.items) and all(
+                self.values_equal(x, y) for x, y in zip(a.items, b.items))
+            return ConstantValue(eq if op is operator.eq else not eq)
+        if a.is_constant() and b.is_constant():
+            try:
+                return _wrap_result(op(a.as_constant(), b.as_constant()))
+            except Exception as e:
+                raise self.user_exception(e)
+        if op in (operator.eq, operator.ne):
+            if isinstance(a, ObjectValue) or isinstance(b, ObjectValue):
+                return self._user_binary(op, op, a, b)
+            eq = self.values_equal(a, b)
+            return ConstantValue(eq if op is operator.eq else not eq)
+        raise Unsupported(f"comparison {op.__name__} of {a.describe()} and {b.describe()}")
+
+    def unary(self, op, v: Value) -> Value:
+        if isinstance(v, TensorValue):
+            return self.output.call_op("call_function", op, (v,), {})
+        if v.is_constant():
+            try:
+                return _wrap_result(op(v.as_constant()))
+            except Exception as e:
+                raise self.user_exception(e)
+        if isinstance(v, ObjectValue):
+            fn = static_lookup(v.python_type(), _UNARY[op])
+            if isinstance(fn, types.FunctionType):
+                return self.call(UserFunctionValue(fn), [v], {})
+        raise Unsupported(f"unary {op.__name__} on {v.describe()}")
+
+    def is_same(self, a: Value, b: Value) -> bool:
+        if a is b:
+            return True
+        if isinstance(a, NullValue) or isinstance(b, NullValue):
+            return False
+        ac, bc = a.is_constant(), b.is_constant()
+        if ac and bc and not isinstance(a, (BaseSequenceValue, SetValue)) and not isinstance(b, (BaseSequenceValue, SetValue)):
+            return a.as_constant() is b.as_constant()
+        ra, rb = a.real_object(), b.real_object()
+        if ra is not None and rb is not None:
+            return ra is rb
+        if (ac and a.as_constant() is None) or (bc and b.as_constant() is None):
+            return False
+        if isinstance(a, (TensorValue, BaseSequenceValue, DictValue, NestedFunctionValue)) or \
+                isinstance(b, (TensorValue, BaseSequenceValue, DictValue, NestedFunctionValue)):
+            return False  # distinct symbolic objects (in-place ops return their receiver's value)
+        raise Unsupported(f"identity of {a.describe()} and {b.describe()}")
+
+    def contains_op(self, container: Value, x: Value) -> bool:
+        if isinstance(container, ConstantValue):
+            if not x.is_constant():
+                if isinstance(x, TensorValue):
+                    raise Unsupported("`in` test of a tensor (compares values)")
+                return False
+            try:
+                return x.as_constant() in container.as_constant()
+            except TypeError as e:
+                raise self.user_exception(e)
+        if isinstance(container, ObjectValue):
+            fn = static_lookup(container.python_type(), "__contains__")
+            if isinstance(fn, types.FunctionType):
+                return self.truthy(self.call(UserFunctionValue(fn), [container, x], {}))
+            return self.contains(self.unpack_iterable(container), x)
+        if isinstance(container, TensorValue):
+            raise Unsupported("`in` test on a tensor (needs data)")
+        return self.truthy(container.call_method(self, "__contains__", [x], {}))
+
+    def getitem(self, obj: Value, index: Value) -> Value:
+        if isinstance(obj, TensorValue):
+            return obj.call_method(self, "__getitem__", [index], {})
+        if isinstance(obj, (BaseSequenceValue, DictValue)):
+            return obj.call_method(self, "__getitem__", [index], {})
+        if isinstance(obj, ConstantValue):
+            try:
+                return _wrap_result(obj.as_constant()[index.as_constant()])
+            except Exception as e:
+                raise self.user_exception(e)
+        if isinstance(obj, ClassValue):
+            cg = static_lookup(obj.value, "__class_getitem__")
+            if cg is not None:
+                return _wrap_result(obj.value[index.as_constant()])
+        return obj.call_method(self, "__getitem__", [index], {})
+
+    def setitem(self, obj: Value, index: Value, value: Value) -> None:
+        obj.call_method(self, "__setitem__", [index, value], {})
+
+
+def _wrap_result(v) -> Value:
+    from .values.builder import wrap_pure_result
+
+    return wrap_pure_result(v)
+
+
+def _real_of(tx, value: Value):
+    r = value.real_object()
+    if r is not None:
+        return r
+    raise Unsupported(f"no real object for {value.describe()}")
+
+
+def bind_arguments(tx, code: types.CodeType, name: str, args: list[Value], kwargs: dict[str, Value],
+                   defaults: list[Value], kwdefaults: dict[str, Value]) -> dict[str, Value]:
+    """Python's argument binding, over symbolic values."""
+    nargs = code.co_argcount
+    nposonly = code.co_posonlyargcount
+    nkwonly = code.co_kwonlyargcount
+    names = code.co_varnames
+    pos_names = names[:nargs]
+    kwonly_names = names[nargs:nargs + nkwonly]
+    i = nargs + nkwonly
+    varargs_name = names[i] if code.co_flags & bu.CO_VARARGS else None
+    if varargs_name:
+        i += 1
+    varkw_name = names[i] if code.co_flags & bu.CO_VARKEYWORDS else None
+
+    def err(msg):
+        return tx.user_exception(TypeError(f"{name}() {msg}"))
+
+    bound: dict[str, Value] = {}
+    for pname, v in zip(pos_names, args):
+        bound[pname] = v
+    extra = args[nargs:]
+    if extra and varargs_name is None:
+        raise err(f"takes {nargs} positional arguments but {len(args)} were given")
+    if varargs_name:
+        bound[varargs_name] = TupleValue(list(extra))
+    varkw: dict[str, Value] = {}
+    for k, v in kwargs.items():
+        if k in pos_names[nposonly:] or k in kwonly_names:
+            if k in bound:
+                raise err(f"got multiple values for argument {k!r}")
+            bound[k] = v
+        elif varkw_name is not None:
+            varkw[k] = v
+        else:
+            raise err(f"got an unexpected keyword argument {k!r}")
+    first_default = nargs - len(defaults)
+    for j, pname in enumerate(pos_names):
+        if pname not in bound:
+            if j >= first_default:
+                bound[pname] = defaults[j - first_default]
+            else:
+                raise err(f"missing required positional argument {pname!r}")
+    for pname in kwonly_names:
+        if pname not in bound:
+            if pname in kwdefaults:
+                bound[pname] = kwdefaults[pname]
+            else:
+                raise err(f"missing required keyword-only argument {pname!r}")
+    if varkw_name is not None:
+        bound[varkw_name] = DictValue(varkw)
+    return bound
