@@ -99,6 +99,39 @@ class CompileKey:
         return f"{self.backend_name!r}{extra}"
 
 
+class _CompiledFactory:
+    """Compiles, for one compile key, the functions a graph break hands control to: the
+    continuations (resume functions) and a callee whose body broke while being inlined."""
+
+    def __init__(self, key: "CompileKey", dynamic):
+        self.key = key
+        self.dynamic = dynamic
+
+    def __call__(self, fn: types.FunctionType) -> "CompiledFunction":
+        per_key = _compiled_functions.setdefault(fn, {})
+        cf = per_key.get(self.key)
+        if cf is None:
+            cf = per_key[self.key] = CompiledFunction(fn, self.key, self.dynamic)
+        return cf
+
+    def callee(self, obj):
+        if isinstance(obj, (CompiledFunction, CompiledMethod, CompiledModule)):
+            return obj
+        if isinstance(obj, types.FunctionType):
+            return self(obj)
+        if isinstance(obj, types.MethodType) and isinstance(obj.__func__, types.FunctionType):
+            return CompiledMethod(self(obj.__func__), obj.__self__)
+        if isinstance(obj, torch.nn.Module):
+            # the module's own hooks were checked (NO_HOOKS) where the call was captured
+            forward = type(obj).forward
+            if isinstance(forward, types.FunctionType):
+                return CompiledMethod(self(forward), obj)
+        return obj
+
+
+_compiled_functions: "weakref.WeakKeyDictionary[Callable, dict]" = weakref.WeakKeyDictionary()
+
+
 class CompiledFunction:
     """A function compiled by kiln. Call it like the original."""
 
@@ -107,6 +140,7 @@ class CompiledFunction:
         self._key = key
         self._cache = cache_for(fn)
         self.dynamic = dynamic
+        self._factory = None if key.fullgraph else _CompiledFactory(key, dynamic)
         functools.update_wrapper(self, fn)
 
     @property
@@ -160,7 +194,8 @@ class CompiledFunction:
             logs.log("recompiles", f"Recompiling {fn.__qualname__} "
                      f"({fn.__code__.co_filename}:{fn.__code__.co_firstlineno}): {reason}")
         try:
-            entry = capture(fn, args, kwargs, key=key, backend=key.backend, backend_name=key.backend_name)
+            entry = capture(fn, args, kwargs, key=key, backend=key.backend, backend_name=key.backend_name,
+                            compiled_factory=self._factory)
         except Unsupported as e:
             if key.fullgraph:
                 raise

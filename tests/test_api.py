@@ -148,21 +148,21 @@ def _prints(x):
     return y * 2
 
 
-def test_unsupported_runs_eagerly_with_reason_logged(capsys):
+def test_print_breaks_the_graph_and_both_sides_compile(capsys):
     cnt = CompileCounter()
     cf = kiln.compile(_prints, backend=cnt)
     kiln.set_logs("graph_breaks")
     x = torch.randn(3)
     assert_same(cf(x), _prints(x))
     err = capsys.readouterr().err
-    assert "runs eagerly" in err and "print()" in err and "test_api.py" in err
-    assert cnt.frame_count == 0
+    assert "graph break in _prints" in err and "print()" in err and "test_api.py" in err
+    assert cnt.frame_count == 2          # x + 1 before the print, y * 2 after it
     (entry,) = cf.entries
-    assert entry.is_eager and "print" in str(entry.eager_reason)
-    # the eager entry is reused for the next call: no second capture attempt
+    assert "print" in str(entry.graph_break) and not entry.is_eager
     y = torch.randn(3)
-    assert_same(cf(y), _prints(y))
-    assert len(cf.entries) == 1
+    assert_same(cf(y), _prints(y))       # warm: no capture on either side of the break
+    assert cnt.frame_count == 2
+    assert "hello" in capsys.readouterr().out
 
 
 def test_fullgraph_raises_unsupported_with_location():

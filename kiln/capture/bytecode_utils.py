@@ -65,6 +65,7 @@ class Instr:
     target: int | None  # instruction index a jump goes to
     lineno: int | None
     index: int
+    raw: Any = None     # the bytecode.Instr it was decoded from
 
 
 _cache: dict = {}
@@ -75,9 +76,20 @@ def decode(code) -> list[Instr]:
     hit = _cache.get(code)
     if hit is not None:
         return hit
+    out = decode_items(code, list(bytecode.Bytecode.from_code(code)))
+    _cache[code] = out
+    return out
+
+
+def decode_with_raw(code, items: list) -> list[Instr]:
+    """Decode a given list of abstract items (so that ``Instr.raw`` points into it)."""
+    return decode_items(code, items)
+
+
+def decode_items(code, items: list) -> list[Instr]:
     raw = []
     label_at: dict[Label, int] = {}
-    for item in bytecode.Bytecode.from_code(code):
+    for item in items:
         if isinstance(item, Label):
             label_at[item] = len(raw)
         elif isinstance(item, bytecode.Instr):
@@ -99,7 +111,7 @@ def decode(code) -> list[Instr]:
         if name == "FOR_ITER" and target is not None and target < len(raw) and raw[target].name == "END_FOR":
             target += 1  # 3.12: exhaustion skips END_FOR
         lineno = ins.location.lineno if ins.location is not None else None
-        out.append(Instr(name, arg, target, lineno, i))
+        out.append(Instr(name, arg, target, lineno, i, ins))
     # carry line numbers forward for instructions without one
     last = code.co_firstlineno
     for ins in out:
@@ -107,8 +119,21 @@ def decode(code) -> list[Instr]:
             ins.lineno = last
         else:
             last = ins.lineno
-    _cache[code] = out
     return out
+
+
+def forward_jump_name(name: str) -> str:
+    """The opname of a conditional jump retargeted forward (3.11 has direction variants)."""
+    if PY312:
+        return name
+    return name.replace("_BACKWARD_", "_FORWARD_") if "_BACKWARD_" in name else name
+
+
+def call_instructions(argc: int, lineno: int) -> list:
+    """Instructions that call ``callable(*argc args)`` laid out as [NULL, callable, args]."""
+    if PY312:
+        return [bytecode.Instr("CALL", argc, lineno=lineno)]
+    return [bytecode.Instr("PRECALL", argc, lineno=lineno), bytecode.Instr("CALL", argc, lineno=lineno)]
 
 
 def cell_name(arg) -> str:

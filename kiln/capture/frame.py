@@ -15,7 +15,8 @@ from ..errors import Unsupported
 from . import bytecode_utils as bu
 from .codegen import EntryCodegen, GuardProgram, compile_function, signature_text
 from .guards import Guard, GuardKind
-from .interpreter import FrameInterpreter
+from . import resume
+from .interpreter import BreakHere, FrameInterpreter, GraphBreakRequest
 from .output_graph import OutputGraph
 from .sources import LocalSource, RenderContext
 from .values.base import LazyArgument
@@ -36,6 +37,8 @@ class Entry:
     source: str                    # the generated code of `fn`
     eager_reason: Unsupported | None = None   # set when this entry runs the frame eagerly
     capture_seconds: float = 0.0
+    graph_break: Unsupported | None = None    # set when the frame breaks: why, and where
+    resumes: tuple = ()                       # the continuations' CompiledFunctions
 
     @property
     def is_eager(self) -> bool:
@@ -59,37 +62,53 @@ def bind_call(fn: types.FunctionType, args: tuple, kwargs: dict) -> dict[str, An
 
 
 def capture(fn: types.FunctionType, args: tuple, kwargs: dict, *, key, backend: Callable,
-            backend_name: str) -> Entry:
-    """Capture ``fn`` for these arguments. Raises Unsupported if the frame cannot be captured
-    (the partial guards gathered so far are attached as ``exc.guards``)."""
+            backend_name: str, compiled_factory: Callable | None = None, max_breaks_retries: int = 8) -> Entry:
+    """Capture ``fn`` for these arguments. At an instruction that cannot be captured, the
+    capture restarts and stops before it, producing an entry that ends in a graph break
+    (``compiled_factory(function)`` makes the continuations' CompiledFunctions). Raises
+    Unsupported if the frame cannot be captured at all (the partial guards gathered so far
+    are attached as ``exc.guards``)."""
     t0 = time.perf_counter()
     code = fn.__code__
     if bu.is_generator_code(code) or bu.is_async_code(code):
         kind = "generator" if bu.is_generator_code(code) else "coroutine / async function"
         raise Unsupported(f"{kind} {fn.__qualname__} (runs eagerly)", code.co_filename, code.co_firstlineno)
-    output = OutputGraph(fn.__qualname__)
-    # The generated entry has fn's signature and defaults: guard that they stay fn's.
-    output.guards.add(Guard(GuardKind.FUNCTION_MATCH, None,
-                            (fn, fn.__code__, fn.__defaults__, fn.__kwdefaults__)))
-    try:
-        bound = bind_call(fn, args, kwargs)
-        # Arguments are wrapped (and guarded) when the code first reads them.
-        f_locals = {name: LazyArgument(v, LocalSource(name)) for name, v in bound.items()}
-        cells = {name: ExistingCellValue(c, name)
-                 for name, c in zip(code.co_freevars, fn.__closure__ or ())}
-        tx = FrameInterpreter(output, code, fn.__globals__, f_locals, cells, name=fn.__qualname__)
-        result = tx.run()
-        entry = _finish(fn, output, result, key, backend, backend_name)
-    except Unsupported as e:
-        e.guards = list(output.guards)
-        e.output = output
-        raise
-    finally:
-        output.restore_grad_mode()
-    for inp in output.tensor_inputs:
-        inp.real = None  # do not keep the caller's tensors alive
-    entry.capture_seconds = time.perf_counter() - t0
-    return entry
+    break_at = None
+    reason = None
+    for _ in range(max_breaks_retries):
+        output = OutputGraph(fn.__qualname__)
+        # The generated entry has fn's signature and defaults: guard that they stay fn's.
+        output.guards.add(Guard(GuardKind.FUNCTION_MATCH, None,
+                                (fn, fn.__code__, fn.__defaults__, fn.__kwdefaults__)))
+        try:
+            bound = bind_call(fn, args, kwargs)
+            # Arguments are wrapped (and guarded) when the code first reads them.
+            f_locals = {name: LazyArgument(v, LocalSource(name)) for name, v in bound.items()}
+            cells = {name: ExistingCellValue(c, name)
+                     for name, c in zip(code.co_freevars, fn.__closure__ or ())}
+            tx = FrameInterpreter(output, code, fn.__globals__, f_locals, cells, name=fn.__qualname__)
+            tx.can_break = compiled_factory is not None
+            tx.break_at = break_at
+            try:
+                result = tx.run()
+                entry = _finish(fn, output, result, key, backend, backend_name)
+            except GraphBreakRequest as req:
+                break_at, reason = (req.ip, req.count), req.reason
+                continue
+            except BreakHere as here:
+                entry = _finish_break(fn, output, here.tx, here.ip, reason, key, backend, backend_name,
+                                      compiled_factory)
+        except Unsupported as e:
+            e.guards = list(output.guards)
+            e.output = output
+            raise
+        finally:
+            output.restore_grad_mode()
+            for inp in output.tensor_inputs:
+                inp.real = None  # do not keep the caller's tensors alive
+        entry.capture_seconds = time.perf_counter() - t0
+        return entry
+    raise reason or Unsupported("graph break could not be located")
 
 
 def _finish(fn, output: OutputGraph, result, key, backend, backend_name) -> Entry:
@@ -163,3 +182,146 @@ def _real_input(inp) -> torch.Tensor:
 
 def _ident(name: str) -> str:
     return "".join(c if c.isalnum() else "_" for c in name)
+
+
+def _finish_break(fn, output: OutputGraph, tx, ip: int, reason: Unsupported, key, backend,
+                  backend_name: str, compiled_factory: Callable) -> Entry:
+    """The entry of a frame that breaks before instruction ``ip``: graph, side effects, the
+    live stack and locals rebuilt, then the break function (see ``resume``)."""
+    from .values.base import NullValue
+    from .values.containers import IteratorValue
+    from .values.functions import MethodValue
+    from .values.objects import GradModeValue
+
+    code = tx.code
+    if code.co_cellvars:
+        raise Unsupported(f"graph break in {fn.__qualname__}, which creates closures over its "
+                          f"locals ({', '.join(code.co_cellvars)})").located(*tx.location())
+    layout, stack_values = [], []
+    for v in tx.stack:
+        if isinstance(v, NullValue):
+            layout.append(resume.NULL)
+        else:
+            layout.append(resume.ITER if isinstance(v, IteratorValue) else resume.VALUE)
+            stack_values.append(v)
+    # a continuation's ___stack parameters are dead once its prologue has pushed them
+    local_names = [n for n in tx.locals if not n.startswith(("___stack", "___kiln_stack"))]
+    try:
+        plan = resume.plan_break(tx.instructions, ip, layout, local_names)
+    except Unsupported as e:
+        raise Unsupported(f"{reason} (and no graph break is possible there: {e})").located(*tx.location())
+
+    # grad mode: the graph ends in the mode outside the with-blocks still open on the stack;
+    # the entry re-enters them before handing their __exit__ over.
+    open_blocks = [v.obj for v in tx.stack if isinstance(v, MethodValue) and v.name == "__exit__"
+                   and isinstance(v.obj, GradModeValue)]
+    import torch
+
+    target = open_blocks[0].prev if open_blocks else torch.is_grad_enabled()
+    if target != torch.is_grad_enabled():
+        output.set_grad_enabled(target)
+
+    callee_slot = _callee_slot(tx.instructions[ip], tx.stack) if getattr(reason, "inside_callee", False) else None
+    cg = EntryCodegen()
+    call_args = []
+    for k, v in enumerate(tx.stack):
+        if isinstance(v, NullValue):
+            continue
+        if isinstance(v, IteratorValue):
+            expr = v.reconstruct_remaining(cg)
+        else:
+            expr = v.reconstruct(cg)
+        if k == callee_slot:
+            expr = f"{cg.bind(compiled_factory.callee, 'callee')}({expr})"
+        call_args.append(expr)
+    for name in local_names:
+        call_args.append(tx.locals[name].reconstruct(cg))
+    effects = output.side_effects.codegen(cg)
+    graph = output.graph
+    graph.output(tuple(cg.output_nodes))
+    output.remove_unused()
+    has_ops = any(n.op not in ("placeholder", "output") for n in graph.nodes)
+    gm = torch.fx.GraphModule(torch.nn.Module(), graph, class_name=f"Kiln_{_ident(fn.__qualname__)}")
+    inputs = output.graph_inputs()
+    compiled = None
+    if has_ops:
+        gm.meta["kiln_static_inputs"] = [i for i, inp in enumerate(inputs) if inp.static]
+        if logs.enabled.graph:
+            logs.log("graph", f"graph of {fn.__qualname__} (up to a graph break):\n"
+                     f"{gm.print_readable(print_output=False)}")
+        compiled = backend(gm, [_real_input(inp) for inp in inputs])
+        if not callable(compiled):
+            raise TypeError(f"backend {backend_name!r} returned {type(compiled).__name__}, not a callable")
+    break_fn, resumes = _break_function(fn, code, plan, key, compiled_factory)
+    guards = list(output.guards)
+    program, params, fwd = _program(fn, output, guards, cg.ctx)
+    lines = [f"def __kiln_entry({params}):", *program.prelude()]
+    index_of = {id(inp): i for i, inp in enumerate(output.tensor_inputs)}
+    if compiled is not None:
+        cg.ctx.namespace["___graph"] = compiled
+        lines.append(f"    ___out = ___graph({', '.join(f'___in{index_of[id(inp)]}' for inp in inputs)})")
+    lines += [f"    {line}" for line in cg.statements]
+    lines += [f"    {line}" for line in effects]
+    cg.ctx.namespace["___break"] = break_fn
+    lines.append(f"    return ___break({', '.join(call_args)})")
+    src = "\n".join(lines)
+    entry_fn = compile_function(src, "__kiln_entry", cg.ctx.namespace)
+    if logs.enabled.graph_breaks:
+        logs.log("graph_breaks", f"graph break in {fn.__qualname__}: {reason}")
+    if logs.enabled.guards:
+        logs.log("guards", f"guards of {fn.__qualname__}:\n" + "\n".join("  " + g.describe() for g in guards))
+    entry = Entry(key, backend_name, entry_fn, program.make_check("__kiln_check"), guards, program,
+                  gm if has_ops else None, compiled, src)
+    entry.graph_break = reason
+    entry.resumes = tuple(resumes)
+    return entry
+
+
+def _callee_slot(ins, stack) -> int | None:
+    """The stack slot of the callable when the break is at a call (the callee then runs as
+    its own compiled function)."""
+    from .values.base import NullValue
+
+    if ins.opname == "CALL":
+        first = len(stack) - ins.arg - 2
+        if first < 0:
+            return None
+        return first + 1 if isinstance(stack[first], NullValue) else first
+    if ins.opname == "CALL_FUNCTION_EX":
+        return len(stack) - 2 - (ins.arg & 1)
+    return None
+
+
+_break_functions: dict = {}
+_continuation_code: dict = {}
+
+
+def _break_function(fn, code, plan: "resume.BreakPlan", key, compiled_factory):
+    """The break function for this break point and compile key (cached), and the
+    continuations it calls."""
+    closure = fn.__closure__
+    cache_key = (code, plan, id(closure), key)
+    hit = _break_functions.get(cache_key)
+    if hit is not None and hit[2] is closure:
+        return hit[0], hit[1]
+    base = _ident(code.co_name)
+    conts, resumes = [], []
+    for exit in plan.exits:
+        ck = (code, exit)
+        cont_code = _continuation_code.get(ck)
+        if cont_code is None:
+            line = plan_line(code, exit)
+            cont_code = _continuation_code[ck] = resume.build_continuation(
+                code, None, exit, f"__kiln_resume_{base}_line{line}")
+        cont_fn = types.FunctionType(cont_code, fn.__globals__, cont_code.co_name, None, closure)
+        compiled = compiled_factory(cont_fn)
+        resumes.append(compiled)
+        conts.append(resume.make_continue(compiled, exit.layout))
+    bcode = resume.build_break_function(code, plan, conts, f"__kiln_break_{base}")
+    break_fn = types.FunctionType(bcode, fn.__globals__, bcode.co_name, None, closure)
+    _break_functions[cache_key] = (break_fn, resumes, closure)
+    return break_fn, resumes
+
+
+def plan_line(code, exit) -> int:
+    return bu.decode(code)[exit.decoded_index].lineno or code.co_firstlineno

@@ -25,6 +25,21 @@ from .values.tensor import TensorValue
 from .semantics import _BINARY, _COMPARE, PythonSemantics, UserException, bind_arguments
 
 
+class GraphBreakRequest(Exception):
+    """Raised out of a capture: instruction ``ip`` of the top frame (its ``count``-th
+    execution) cannot be captured. The capture restarts and stops cleanly before it."""
+
+    def __init__(self, ip: int, count: int, reason: Unsupported):
+        self.ip, self.count, self.reason = ip, count, reason
+
+
+class BreakHere(Exception):
+    """The restarted capture reached the break point: the frame state is intact."""
+
+    def __init__(self, tx: "FrameInterpreter", ip: int):
+        self.tx, self.ip = tx, ip
+
+
 class _Return(Exception):
     def __init__(self, value: Value):
         self.value = value
@@ -60,6 +75,9 @@ class FrameInterpreter(PythonSemantics):
         self.kw_names: tuple = ()
         self.generator_items: list[Value] | None = [] if bu.is_generator_code(code) else None
         self.trusted_globals = output.is_trusted_globals(f_globals)
+        self.break_at: tuple[int, int] | None = None   # (ip, execution count), top frame only
+        self.exec_counts: dict[int, int] = {}
+        self.can_break = parent is None
 
     # -- driving --------------------------------------------------------------------------
     def run(self) -> Value:
@@ -68,17 +86,27 @@ class FrameInterpreter(PythonSemantics):
             while True:
                 ins = instrs[self.ip]
                 self.current = ins
+                if self.can_break:
+                    count = self.exec_counts[self.ip] = self.exec_counts.get(self.ip, 0) + 1
+                    if self.break_at == (self.ip, count):
+                        raise BreakHere(self, self.ip)
                 self.ip += 1
                 self.output.count_instruction()
                 handler = getattr(self, ins.opname, None)
                 if handler is None:
                     raise Unsupported(f"bytecode {ins.opname}")
-                handler(ins)
+                try:
+                    handler(ins)
+                except Unsupported as e:
+                    if self.can_break and self.generator_items is None:
+                        e.located(*self.location())
+                        raise GraphBreakRequest(ins.index, self.exec_counts[ins.index], e)
+                    raise
         except _Return as r:
             return r.value
         except Unsupported as e:
             raise e.located(*self.location())
-        except (RecursionError, MemoryError):
+        except (RecursionError, MemoryError, GraphBreakRequest, BreakHere):
             raise
         except Exception as e:  # a bug in kiln must not become a wrong answer: run eagerly
             raise Unsupported(f"internal error while capturing ({type(e).__name__}: {e})"
@@ -121,7 +149,13 @@ class FrameInterpreter(PythonSemantics):
             cells[name] = cell
         child = FrameInterpreter(self.output, code, fn.globals(), f_locals, cells, parent=self,
                                  name=fn.name())
-        result = child.run()
+        try:
+            result = child.run()
+        except Unsupported as e:
+            # the callee's body cannot be captured: a break at this call lets the callee
+            # run as its own compiled function
+            e.inside_callee = True
+            raise
         if child.generator_items is not None:
             return IteratorValue(child.generator_items)
         return result

@@ -570,6 +570,14 @@ class IteratorValue(Value):
 
         return MethodValue(self, name)
 
+    def reconstruct_remaining(self, cg) -> str:
+        """The items not consumed yet, as a tuple (a continuation iterates over it)."""
+        items = [i.reconstruct(cg) for i in self._items()[self.pos:]]
+        return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
+
+    def reconstruct(self, cg):
+        return f"iter({self.reconstruct_remaining(cg)})"
+
     def call_method(self, tx, name, args, kwargs):
         if name == "__next__":
             v = self.next(tx)

@@ -39,6 +39,11 @@ class UserFunctionValue(Value):
     def truthy(self, tx):
         return True
 
+    def reconstruct(self, cg):
+        if self.source is not None:
+            return cg.source_expr(self.source)
+        return cg.bind(self.fn, "fn")
+
     # What the interpreter needs to inline it.
     def code(self):
         return self.fn.__code__
@@ -176,6 +181,9 @@ class BoundMethodValue(Value):
     def call(self, tx, args, kwargs):
         return self.func.call(tx, [self.self_value, *args], kwargs)
 
+    def reconstruct(self, cg):
+        return f"{cg.bind(types.MethodType)}({self.func.reconstruct(cg)}, {self.self_value.reconstruct(cg)})"
+
     def getattr(self, tx, name):
         if name == "__self__":
             return self.self_value
@@ -205,6 +213,11 @@ class MethodValue(Value):
 
     def truthy(self, tx):
         return True
+
+    def reconstruct(self, cg):
+        if self.name == "__exit__" and hasattr(self.obj, "reconstruct_entered"):
+            return self.obj.reconstruct_entered(cg)
+        return f"getattr({self.obj.reconstruct(cg)}, {self.name!r})"
 
 
 class BaseMethodValue(MethodValue):
@@ -239,6 +252,9 @@ class PureMethodValue(Value):
 
     def truthy(self, tx):
         return True
+
+    def reconstruct(self, cg):
+        return cg.bind(self.method, "m")
 
 
 class PartialValue(Value):

@@ -409,3 +409,15 @@ class GradModeValue(Value):
 
     def call(self, tx, args, kwargs):
         raise Unsupported(f"{self.cls.__name__} used as a decorator inside a compiled function")
+
+    def reconstruct_entered(self, cg) -> str:
+        """A new context manager of the same kind, entered; evaluates to its __exit__ (a
+        with-block open across a graph break is re-entered before the continuation)."""
+        ctx = f"{cg.bind(self.cls)}({self.enabled!r})" if self.cls is torch.set_grad_enabled \
+            else f"{cg.bind(self.cls)}()"
+        return f"{cg.bind(_enter_context)}({ctx})"
+
+
+def _enter_context(ctx):
+    ctx.__enter__()
+    return ctx.__exit__

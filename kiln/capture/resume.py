@@ -1,0 +1,268 @@
+"""Graph breaks: the break function and the resume functions (continuations).
+
+At a graph break before instruction *i* of a frame, the compiled entry runs the graph
+captured so far, writes side effects back, rebuilds the live stack and locals, and calls the
+**break function**: a copy of the frame's code (made with the ``bytecode`` library) whose
+prologue pushes the stack back and jumps to *i*. Instruction *i* (and the rest of its
+expression, until no NULL is left on the stack) runs natively, inside the original code's
+try/with regions, so exceptions are handled exactly as in eager. Then an epilogue, placed
+outside every try region, packs the stack and the live locals and calls the **continuation**:
+the original code resumed at that point, compiled lazily as its own ``CompiledFunction``
+(its own guards and entries). A conditional jump at *i* has two continuations, one per
+successor. Nothing already executed is executed again.
+"""
+from __future__ import annotations
+
+import dataclasses
+import types
+from typing import Callable
+
+import bytecode
+from bytecode import Bytecode, Instr, Label, TryBegin, TryEnd
+
+from ..errors import Unsupported
+from . import bytecode_utils as bu
+
+NULL, VALUE, ITER = "null", "value", "iter"
+
+# Instructions that cannot start a break: their successor is not a plain fall-through, or
+# they belong to machinery that must stay whole (generators, with-entry, loops' FOR_ITER,
+# which on 3.12 skips the instruction after its target).
+_NOT_BREAKABLE = {"FOR_ITER", "SEND", "YIELD_VALUE", "RETURN_VALUE", "RETURN_CONST",
+                  "RETURN_GENERATOR", "RAISE_VARARGS", "RERAISE", "BEFORE_WITH", "END_FOR",
+                  "END_SEND", "GET_YIELD_FROM_ITER", "MAKE_CELL", "COPY_FREE_VARS", "RESUME",
+                  "LOAD_CLOSURE", "KW_NAMES", "PUSH_EXC_INFO", "POP_EXCEPT", "CHECK_EXC_MATCH",
+                  "WITH_EXCEPT_START", "LOAD_FAST_AND_CLEAR", "JUMP"}
+_COND_JUMPS = {"POP_JUMP_IF_FALSE", "POP_JUMP_IF_TRUE", "POP_JUMP_IF_NONE", "POP_JUMP_IF_NOT_NONE",
+               "JUMP_IF_FALSE_OR_POP", "JUMP_IF_TRUE_OR_POP"}
+_PUSHES_NULL = {"PUSH_NULL"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Exit:
+    """Where native execution stops and a continuation takes over."""
+    kind: str                    # "fallthrough" or "jump"
+    decoded_index: int           # the instruction the continuation resumes at
+    layout: tuple[str, ...]      # kinds of the stack slots handed over (no NULLs)
+    local_names: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class BreakPlan:
+    index: int                   # decoded index of the break instruction
+    start_index: int             # decoded index the break function jumps to (KW_NAMES prefix)
+    layout: tuple[str, ...]      # stack kinds before the instruction
+    local_names: tuple[str, ...]
+    exits: tuple[Exit, ...]      # empty when the native part returns
+
+
+def _effect(ins: bu.Instr) -> tuple[int, int, bool]:
+    """(items popped, items pushed, whether the lowest pushed item may be NULL)."""
+    op, arg = ins.opname, ins.arg
+    if op == "CALL":
+        return arg + 2, 1, False
+    if op == "CALL_FUNCTION_EX":
+        return 3 + (arg & 1), 1, False
+    if op == "LOAD_GLOBAL":
+        return 0, 1 + int(arg[0]), bool(arg[0])
+    if op == "LOAD_ATTR":
+        return 1, 1 + int(arg[0]), bool(arg[0])
+    if op == "LOAD_SUPER_ATTR":
+        return 3, 1 + int(arg[0]), bool(arg[0])
+    if op in _PUSHES_NULL:
+        return 0, 1, True
+    if op in ("KW_NAMES", "NOP", "RESUME"):
+        return 0, 0, False
+    raw = ins.raw
+    pre, post = raw.pre_and_post_stack_effect()
+    return -pre, post, False
+
+
+def plan_break(instrs: list[bu.Instr], index: int, layout: list[str], local_names: list[str]) -> BreakPlan:
+    """Decide how far native execution runs from ``index`` and what each exit hands over."""
+    first = instrs[index]
+    if first.opname in _NOT_BREAKABLE:
+        raise Unsupported(f"cannot resume after {first.opname}")
+    start = index - 1 if index > 0 and instrs[index - 1].opname == "KW_NAMES" else index
+    depth = len(layout)
+    nulls = {k for k, s in enumerate(layout) if s == NULL}
+    lowest = depth
+    names = list(local_names)
+    exits: list[Exit] = []
+
+    def after_layout(d: int) -> tuple[str, ...]:
+        return tuple(layout[k] if k < lowest and k < len(layout) else VALUE for k in range(d))
+
+    k = index
+    while True:
+        ins = instrs[k]
+        if k > index and not nulls:
+            exits.append(Exit("fallthrough", k, after_layout(depth), tuple(names)))
+            break
+        if k > index and (ins.target is not None or ins.opname in _NOT_BREAKABLE):
+            raise Unsupported(f"the expression around a graph break continues with {ins.opname}")
+        if ins.opname in ("RETURN_VALUE", "RETURN_CONST"):
+            break  # the native part returns the frame's result
+        pops, pushes, null = _effect(ins)
+        low = depth - pops
+        if low < 0:
+            raise Unsupported("stack underflow while planning a graph break")
+        lowest = min(lowest, low)
+        nulls = {p for p in nulls if p < low}
+        if k == index and ins.opname in _COND_JUMPS:
+            keep = 1 if ins.opname.startswith("JUMP_IF_") else 0
+            jump_depth = low + keep
+            if nulls:
+                raise Unsupported("a branch on a tensor inside an unfinished call expression")
+            exits.append(Exit("jump", ins.target, after_layout(jump_depth), tuple(names)))
+            depth = low
+            if k + 1 >= len(instrs):
+                break
+            k += 1
+            continue
+        if null:
+            nulls.add(low)
+        depth = low + pushes
+        if ins.opname == "STORE_FAST" and ins.arg not in names:
+            names.append(ins.arg)
+        elif ins.opname == "DELETE_FAST" and ins.arg in names:
+            names.remove(ins.arg)
+        k += 1
+        if k >= len(instrs):
+            raise Unsupported("graph break at the end of the code")
+    return BreakPlan(index, start, tuple(layout), tuple(local_names), tuple(exits))
+
+
+# -- code generation --------------------------------------------------------------------------
+
+def _param_names(layout, local_names) -> list[str]:
+    return [f"___stack{k}" for k, s in enumerate(layout) if s != NULL] + list(local_names)
+
+
+def _new_bytecode(code: types.CodeType, items: list, params: list[str], name: str) -> types.CodeType:
+    bc = Bytecode(items)
+    bc.name = name
+    bc.filename = code.co_filename
+    bc.first_lineno = code.co_firstlineno
+    bc.argcount = len(params)
+    bc.posonlyargcount = 0
+    bc.kwonlyargcount = 0
+    bc.argnames = list(params)
+    bc.cellvars = list(code.co_cellvars)
+    bc.freevars = list(code.co_freevars)
+    flags = code.co_flags & ~(bu.CO_VARARGS | bu.CO_VARKEYWORDS | bu.CO_GENERATOR |
+                              bu.CO_COROUTINE | bu.CO_ASYNC_GENERATOR | bu.CO_ITERABLE_COROUTINE)
+    bc.flags = flags
+    if hasattr(bc, "qualname"):
+        bc.qualname = name
+    return bc.to_code()
+
+
+def _prologue(code, layout, push_nulls: bool, target: Label, lineno: int) -> list:
+    out = []
+    if code.co_freevars:
+        out.append(Instr("COPY_FREE_VARS", len(code.co_freevars), lineno=lineno))
+    out.append(Instr("RESUME", 0, lineno=lineno))
+    for k, kind in enumerate(layout):
+        if kind == NULL:
+            if not push_nulls:
+                raise AssertionError("continuations receive no NULLs")
+            out.append(Instr("PUSH_NULL", lineno=lineno))
+        else:
+            out.append(Instr("LOAD_FAST", f"___stack{k}", lineno=lineno))
+            if kind == ITER:
+                out.append(Instr("GET_ITER", lineno=lineno))
+    out.append(Instr("JUMP_FORWARD", target, lineno=lineno))
+    return out
+
+
+def _original_items(code) -> list:
+    """The abstract items of ``code``, with the prologue of the original stripped (its
+    COPY_FREE_VARS/MAKE_CELL/RESUME are unreachable in the copy but harmless)."""
+    return list(Bytecode.from_code(code))
+
+
+def _raw_positions(code, items: list) -> dict[int, int]:
+    """id(raw Instr) -> position in ``items``."""
+    return {id(it): p for p, it in enumerate(items)}
+
+
+def build_continuation(code: types.CodeType, instrs: list[bu.Instr], exit: Exit, name: str) -> types.CodeType:
+    items = _original_items(code)
+    decoded = bu.decode_with_raw(code, items)
+    entry_label = Label()
+    target = decoded[exit.decoded_index]
+    pos = _start_position(items, decoded, exit.decoded_index)
+    lineno = target.lineno or code.co_firstlineno
+    items.insert(pos, entry_label)
+    params = _param_names(exit.layout, exit.local_names)
+    prologue = _prologue(code, exit.layout, False, entry_label, lineno)
+    return _new_bytecode(code, prologue + items, params, name)
+
+
+def build_break_function(code: types.CodeType, plan: BreakPlan, continue_fns: list[Callable], name: str) -> types.CodeType:
+    items = _original_items(code)
+    decoded = bu.decode_with_raw(code, items)
+    start_raw = decoded[plan.start_index].raw
+    pos_of = _raw_positions(code, items)
+    lineno = decoded[plan.index].lineno or code.co_firstlineno
+    epilogues = []
+    for exit, cont in zip(plan.exits, continue_fns):
+        label = Label()
+        epilogues += [label, *_epilogue(exit, cont, lineno)]
+        if exit.kind == "jump":
+            raw = decoded[plan.index].raw  # a fresh copy: retarget it in place
+            raw.set(bu.forward_jump_name(raw.name), label)
+        else:
+            last = decoded[exit.decoded_index - 1].raw
+            p = pos_of[id(last)]
+            items.insert(p + 1, Instr("JUMP_FORWARD", label, lineno=lineno))
+            pos_of = _raw_positions(code, items)
+    start_label = Label()
+    items.insert(_position_of(items, start_raw), start_label)
+    params = _param_names(plan.layout, plan.local_names)
+    prologue = _prologue(code, plan.layout, True, start_label, lineno)
+    return _new_bytecode(code, prologue + items + epilogues, params, name)
+
+
+def _start_position(items, decoded, index: int) -> int:
+    return _position_of(items, decoded[index].raw)
+
+
+def _position_of(items, raw) -> int:
+    """Where execution of ``raw`` starts: before a 3.11 PRECALL that prefixes it."""
+    p = next(i for i, it in enumerate(items) if it is raw)
+    while p > 0 and isinstance(items[p - 1], Instr) and items[p - 1].name == "PRECALL":
+        p -= 1
+    return p
+
+
+def _epilogue(exit: Exit, cont: Callable, lineno: int) -> list:
+    out = [Instr("BUILD_TUPLE", len(exit.layout), lineno=lineno),
+           Instr("STORE_FAST", "___kiln_stack", lineno=lineno),
+           Instr("PUSH_NULL", lineno=lineno),
+           Instr("LOAD_CONST", cont, lineno=lineno),
+           Instr("LOAD_FAST", "___kiln_stack", lineno=lineno)]
+    for n in exit.local_names:
+        out.append(Instr("LOAD_FAST", n, lineno=lineno))
+    out.append(Instr("BUILD_TUPLE", len(exit.local_names), lineno=lineno))
+    out += bu.call_instructions(2, lineno)
+    out.append(Instr("RETURN_VALUE", lineno=lineno))
+    return out
+
+
+def make_continue(resume: Callable, layout: tuple[str, ...]) -> Callable:
+    """The function an epilogue calls: iterators are handed over as the tuple of their
+    remaining items (the continuation's prologue turns them back into iterators)."""
+    iter_slots = [k for k, s in enumerate(layout) if s == ITER]
+    if not iter_slots:
+        def ___kiln_continue(stack, local_values):
+            return resume(*stack, *local_values)
+    else:
+        def ___kiln_continue(stack, local_values):
+            stack = list(stack)
+            for k in iter_slots:
+                stack[k] = tuple(stack[k])
+            return resume(*stack, *local_values)
+    ___kiln_continue.__kiln_resume__ = resume
+    return ___kiln_continue
