@@ -196,6 +196,11 @@ class CompiledFunction:
         try:
             entry = capture(fn, args, kwargs, key=key, backend=key.backend, backend_name=key.backend_name,
                             compiled_factory=self._factory)
+        except RecursionError:
+            e = Unsupported(f"capture of {fn.__qualname__} recursed too deeply")
+            if key.fullgraph:
+                raise e
+            entry = eager_entry(fn, e, key, key.backend_name)
         except Unsupported as e:
             if key.fullgraph:
                 raise

@@ -220,6 +220,7 @@ def _finish_break(fn, output: OutputGraph, tx, ip: int, reason: Unsupported, key
     target = open_blocks[0].prev if open_blocks else torch.is_grad_enabled()
     if target != torch.is_grad_enabled():
         output.set_grad_enabled(target)
+    output.close_autocast_for_break()
 
     callee_slot = _callee_slot(tx.instructions[ip], tx.stack) if getattr(reason, "inside_callee", False) else None
     cg = EntryCodegen()

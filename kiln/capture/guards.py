@@ -37,6 +37,7 @@ class GuardKind(enum.Enum):
     GLOBAL_STATE = "GLOBAL_STATE"      # grad mode, default dtype, deterministic mode, ...
     BACKEND_MATCH = "BACKEND_MATCH"    # the entry was compiled for the caller's backend
     FUNCTION_MATCH = "FUNCTION_MATCH"  # the compiled function's code, defaults, kwdefaults
+    AUTOCAST_STATE = "AUTOCAST_STATE"  # autocast enabled/dtype per device (captured inside autocast)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -51,7 +52,8 @@ class Guard:
             exp = id(exp)
         elif self.kind is GuardKind.ALIAS_MATCH:
             exp = exp  # a Source, hashable
-        elif self.kind in (GuardKind.TENSOR_MATCH, GuardKind.GLOBAL_STATE, GuardKind.NO_HOOKS):
+        elif self.kind in (GuardKind.TENSOR_MATCH, GuardKind.GLOBAL_STATE, GuardKind.NO_HOOKS,
+                           GuardKind.AUTOCAST_STATE):
             exp = None
         elif self.kind is GuardKind.GLOBAL_ABSENT:
             exp = (id(exp[0]), exp[1])
@@ -105,6 +107,8 @@ class Guard:
             return f"{ctx.bind(_module_has_no_hooks, 'nohooks')}({e})"
         if k is GuardKind.ALIAS_MATCH:
             return f"{e} is {self.expected.render(ctx)}"
+        if k is GuardKind.AUTOCAST_STATE:
+            return f"{ctx.bind(_autocast_state, 'autocast')}() == {ctx.bind(self.expected, 'c')}"
         if k is GuardKind.FUNCTION_MATCH:
             fn, code, d, kwd = self.expected
             return (f"{ctx.bind(_function_unchanged, 'fnok')}({ctx.bind(fn, 'fn')}, {ctx.bind(code, 'code')}, "
@@ -137,6 +141,8 @@ class Guard:
             return f"{k.value:14} {src} is {exp.describe()}"
         if k is GuardKind.TENSOR_MATCH:
             return f"{k.value:14} {src}: {describe_tensor(exp)}"
+        if k is GuardKind.AUTOCAST_STATE:
+            return f"{k.value:14} " + ", ".join(f"{d}: enabled={on} dtype={dt}" for d, (on, dt) in exp.items())
         if k is GuardKind.FUNCTION_MATCH:
             return f"{k.value:14} {exp[0].__qualname__} keeps its __code__, __defaults__ and __kwdefaults__"
         if k is GuardKind.GLOBAL_STATE:
@@ -167,6 +173,10 @@ def _float_same(a, b: float) -> bool:
 
 def _typed_set(s) -> frozenset:
     return frozenset((k.__class__, k) for k in s)
+
+
+def _autocast_state() -> dict:
+    return {d: (torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in ("cpu", "cuda")}
 
 
 def _function_unchanged(fn, code, defaults, kwdefaults) -> bool:

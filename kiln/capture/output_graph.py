@@ -49,6 +49,13 @@ class OutputGraph:
         self.global_state = _torch.global_state_snapshot()
         self.guards.add(Guard(GuardKind.GLOBAL_STATE, None, _torch.global_state_description()))
         self.module_hooks_guarded = False
+        self.autocast_stack: list = []
+        # autocast's dtype is not part of the tensor dispatch keys that TENSOR_MATCH checks:
+        # a capture that starts inside autocast also guards the autocast state
+        self.autocast_at_start = {d: (torch.is_autocast_enabled(d), torch.get_autocast_dtype(d))
+                                  for d in ("cpu", "cuda")}
+        if any(on for on, _ in self.autocast_at_start.values()):
+            self.guards.add(Guard(GuardKind.AUTOCAST_STATE, None, self.autocast_at_start))
 
     # -- bookkeeping ---------------------------------------------------------------------------
     def count_instruction(self) -> None:
@@ -71,6 +78,7 @@ class OutputGraph:
         raise Unsupported(f"reading {source.describe()} outside of its guard")
 
     def restore_grad_mode(self) -> None:
+        self.restore_autocast()
         torch._C._set_grad_enabled(self._grad_enabled_at_start)
 
     # -- graph inputs -----------------------------------------------------------------------------
@@ -154,6 +162,36 @@ class OutputGraph:
             # global state kiln guards (GLOBAL_STATE) or constant under eager execution
             return ConstantValue(fn(*[a.as_constant() for a in args]))
         return self.call_op("call_function", fn, tuple(args), kwargs)
+
+    def enter_autocast(self, ctx) -> None:
+        import torch.amp.autocast_mode as am
+
+        dev, dtype, enabled, cache = ctx.args
+        real = torch.autocast(dev, dtype=dtype, enabled=enabled, cache_enabled=cache)
+        real.__enter__()
+        ctx.real = real
+        self.autocast_stack.append(ctx)
+        ctx.node = self.graph.call_function(am._enter_autocast, (dev, dtype, enabled, cache))
+
+    def exit_autocast(self, ctx) -> None:
+        import torch.amp.autocast_mode as am
+
+        self.graph.call_function(am._exit_autocast, (ctx.node,))
+        self.autocast_stack.remove(ctx)
+        ctx.real.__exit__(None, None, None)
+
+    def close_autocast_for_break(self) -> None:
+        """At a graph break inside autocast blocks the graph exits them (innermost first);
+        the entry re-enters them before handing their __exit__ to the break function."""
+        import torch.amp.autocast_mode as am
+
+        for ctx in reversed(self.autocast_stack):
+            self.graph.call_function(am._exit_autocast, (ctx.node,))
+
+    def restore_autocast(self) -> None:
+        for ctx in reversed(self.autocast_stack):
+            ctx.real.__exit__(None, None, None)
+        self.autocast_stack.clear()
 
     def set_grad_enabled(self, mode: bool) -> None:
         self.graph.call_function(torch._C._set_grad_enabled, (mode,))

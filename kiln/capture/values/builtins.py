@@ -427,6 +427,18 @@ def construct_class(tx, cls_value: ClassValue, args: list[Value], kwargs: dict[s
         if cls is torch.Size and len(args) == 1:
             return wrap_pure_result(torch.Size([i.as_constant() for i in tx.unpack_iterable(args[0])]))
         raise Unsupported(f"{cls.__name__}() of a value that is not a Python constant")
+    if cls is torch.autocast or (isinstance(cls, type) and issubclass(cls, torch.autocast)
+                                 and cls.__init__ is torch.autocast.__init__):
+        from .objects import AutocastValue
+
+        names = ("device_type", "dtype", "enabled", "cache_enabled")
+        bound = dict(zip(names, args))
+        bound.update(kwargs)
+        vals = tuple(bound[n].as_constant() if n in bound else d
+                     for n, d in zip(names, (None, None, True, None)))
+        if vals[0] is None:
+            raise tx.user_exception(TypeError("autocast() missing device_type"))
+        return AutocastValue(cls, vals)
     if cls in (torch.no_grad, torch.enable_grad):
         return GradModeValue(cls is torch.enable_grad, cls)
     if cls is torch.set_grad_enabled:

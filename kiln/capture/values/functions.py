@@ -25,6 +25,9 @@ class UserFunctionValue(Value):
         return f"Function({self.fn.__qualname__})"
 
     def call(self, tx, args, kwargs):
+        if _is_stdlib_function(self.fn):
+            raise Unsupported(f"call to standard-library function "
+                              f"{self.fn.__module__}.{self.fn.__qualname__} (runs natively)")
         return tx.inline_function(self, args, kwargs)
 
     def getattr(self, tx, name):
@@ -67,6 +70,21 @@ class UserFunctionValue(Value):
                 zip(self.fn.__closure__ or (), self.fn.__code__.co_freevars)]
 
 
+# Standard-library modules whose Python functions kiln does inline (pure helpers that models
+# use in their forward). Others (logging, warnings, threading, ...) are called natively.
+_INLINED_STDLIB = frozenset({"functools", "operator", "collections", "itertools", "typing",
+                             "dataclasses", "enum", "copy", "abc", "math", "numbers", "contextlib",
+                             "_collections_abc", "types"})
+
+
+def _is_stdlib_function(fn) -> bool:
+    import sys
+
+    mod = getattr(fn, "__module__", None) or ""
+    top = mod.split(".", 1)[0]
+    return top in sys.stdlib_module_names and top not in _INLINED_STDLIB
+
+
 class NestedFunctionValue(UserFunctionValue):
     """A function created by MAKE_FUNCTION during capture (a closure, lambda, comprehension)."""
 
@@ -86,6 +104,9 @@ class NestedFunctionValue(UserFunctionValue):
 
     def describe(self):
         return f"NestedFunction({self.qualname})"
+
+    def call(self, tx, args, kwargs):
+        return tx.inline_function(self, args, kwargs)
 
     def getattr(self, tx, name):
         if name in ("__name__", "__qualname__"):

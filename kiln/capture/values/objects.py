@@ -418,6 +418,43 @@ class GradModeValue(Value):
         return f"{cg.bind(_enter_context)}({ctx})"
 
 
+class AutocastValue(Value):
+    """``torch.autocast(device_type, dtype=..., enabled=..., cache_enabled=...)``.
+
+    Entering records ``_enter_autocast`` in the graph (exiting, ``_exit_autocast``) and
+    enters autocast for real during capture, so fake tensors get autocast's dtypes."""
+
+    def __init__(self, cls: type, args: tuple):
+        self.cls = cls
+        self.args = args          # (device_type, dtype, enabled, cache_enabled)
+        self.node = None
+        self.real = None
+
+    def python_type(self):
+        return self.cls
+
+    def describe(self):
+        return f"autocast{self.args}"
+
+    def getattr(self, tx, name):
+        return MethodValue(self, name)
+
+    def call_method(self, tx, name, args, kwargs):
+        if name == "__enter__":
+            tx.output.enter_autocast(self)
+            return ConstantValue(None)
+        if name == "__exit__":
+            tx.output.exit_autocast(self)
+            return ConstantValue(None)
+        raise Unsupported(f"autocast.{name}")
+
+    def reconstruct_entered(self, cg) -> str:
+        dev, dtype, enabled, cache = self.args
+        ctx = (f"{cg.bind(torch.autocast)}({dev!r}, dtype={cg.bind(dtype) if dtype is not None else None}, "
+               f"enabled={enabled!r}, cache_enabled={cache!r})")
+        return f"{cg.bind(_enter_context)}({ctx})"
+
+
 def _enter_context(ctx):
     ctx.__enter__()
     return ctx.__exit__
