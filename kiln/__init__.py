@@ -9,15 +9,17 @@ inputs, compiles them with a backend, and reuses them while the guards hold::
     def f(x, y):
         return torch.relu(x) @ y
 
-Public API: ``compile``, ``reset``, ``config``, ``Unsupported``, ``backends``, ``testing``,
-``set_logs``.
+Public API: ``compile``, ``reset``, ``explain``, ``comptime``, ``config``, ``Unsupported``,
+``backends``, ``testing``, ``set_logs``.
 """
 from . import backends, testing
 from .api import CompiledFunction, CompiledMethod, CompiledModule, compile, reset
+from .capture.comptime import comptime
 from .config import config
 from .errors import Unsupported
+from .explain import explain
 from .logs import set_logs
 
-__all__ = ["compile", "reset", "config", "Unsupported", "backends", "testing", "set_logs",
-           "CompiledFunction", "CompiledMethod", "CompiledModule"]
+__all__ = ["compile", "reset", "explain", "comptime", "config", "Unsupported", "backends", "testing",
+           "set_logs", "CompiledFunction", "CompiledMethod", "CompiledModule"]
 __version__ = "0.1.0"

@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 import torch
 
+from . import explain as _explain
 from . import logs
 from .backends.registry import lookup_backend
 from .capture.codegen import MISS
@@ -208,6 +209,8 @@ class CompiledFunction:
                 logs.log("graph_breaks", f"{fn.__qualname__} runs eagerly: {e}")
             entry = eager_entry(fn, e, key, key.backend_name)
         cache.entries.insert(0, entry)
+        if _explain._recorder.stack:
+            _explain.record_entry(cache, entry)
         result = entry.fn(*args, **kwargs)
         if result is MISS:  # the guards do not hold for the arguments they were built from
             return fn(*args, **kwargs)

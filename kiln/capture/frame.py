@@ -100,12 +100,11 @@ def capture(fn: types.FunctionType, args: tuple, kwargs: dict, *, key, backend: 
                                       compiled_factory)
         except Unsupported as e:
             e.guards = list(output.guards)
-            e.output = output
+            e.output = output   # eager_entry builds its tensor check from it, then drops it
             raise
         finally:
             output.restore_grad_mode()
-            for inp in output.tensor_inputs:
-                inp.real = None  # do not keep the caller's tensors alive
+        _drop_real_inputs(output)
         entry.capture_seconds = time.perf_counter() - t0
         return entry
     raise reason or Unsupported("graph break could not be located")
@@ -150,6 +149,11 @@ def _finish(fn, output: OutputGraph, result, key, backend, backend_name) -> Entr
                  gm if has_ops else None, compiled, src)
 
 
+def _drop_real_inputs(output: OutputGraph) -> None:
+    for inp in output.tensor_inputs:
+        inp.real = None  # do not keep the caller's tensors alive
+
+
 def eager_entry(fn, exc: Unsupported, key, backend_name: str) -> Entry:
     """An entry that runs ``fn`` eagerly whenever the guards gathered before the failure hold
     (under them, capture would fail the same way)."""
@@ -161,6 +165,8 @@ def eager_entry(fn, exc: Unsupported, key, backend_name: str) -> Entry:
         guards = list(output.guards)
     program, params, fwd = _program(fn, output, guards, ctx)
     ctx.namespace["___fn"] = fn
+    _drop_real_inputs(output)
+    exc.output = None
     lines = [f"def __kiln_eager({params}):", *program.prelude(), f"    return ___fn({fwd})"]
     src = "\n".join(lines)
     entry_fn = compile_function(src, "__kiln_eager", ctx.namespace)

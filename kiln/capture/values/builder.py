@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from ...errors import Unsupported
+from ..comptime import Comptime, comptime_value
 from ..guards import Guard, GuardKind
 from ..sources import ITEM_DICT, ITEM_INDEX, ITEM_LIST, ITEM_TUPLE, ItemSource, AttrSource
 from .base import CONSTANT_TYPES, ConstantValue, Value, is_constant_object
@@ -141,6 +142,8 @@ class Builder:
     def _wrap(self, obj, source, static):
         g = self.guard
         t = type(obj)
+        if t is Comptime:
+            return comptime_value()
         if isinstance(obj, torch.Tensor):
             if source is None:
                 raise Unsupported("a tensor that is not reachable from the arguments, globals "

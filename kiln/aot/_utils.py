@@ -1,0 +1,359 @@
+"""Small helpers shared by the AOT stages: fake tensors, functional tensors, decompositions,
+FX graph utilities (sizes, liveness, extraction, readable text).
+
+Everything here is built from torch's public-ish building blocks (FakeTensorMode,
+FunctionalTensor, make_fx's decomposition tables, torch.fx). Nothing comes from torch's
+aot_autograd or its partitioners.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+import operator
+from typing import Any, Callable, Iterable
+
+import torch
+import torch.fx
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch._subclasses.functional_tensor import FunctionalTensor
+
+aten = torch.ops.aten
+
+
+# --------------------------------------------------------------------------------------------
+# Fake tensors
+# --------------------------------------------------------------------------------------------
+
+def new_fake_mode() -> FakeTensorMode:
+    """A fake mode for AOT tracing. Static shapes: no ShapeEnv (dynamic shapes come with the
+    frontend's symbolic sizes). Real tensors that the traced code closes over (constants) are
+    allowed and become graph constants."""
+    return FakeTensorMode(allow_non_fake_inputs=True)
+
+
+def fake_mode_of(inputs: Iterable[Any]) -> FakeTensorMode | None:
+    for t in inputs:
+        if isinstance(t, FakeTensor):
+            return t.fake_mode
+    return None
+
+
+def to_fake(mode: FakeTensorMode, t: Any) -> Any:
+    if not isinstance(t, torch.Tensor):
+        return t
+    if isinstance(t, FakeTensor):
+        if t.fake_mode is not mode:
+            raise ValueError("example inputs come from different FakeTensorModes")
+        return t
+    return mode.from_tensor(t, static_shapes=True)
+
+
+def fake_like(mode: FakeTensorMode, shape, stride, dtype, device, requires_grad=False) -> torch.Tensor:
+    with mode:
+        t = torch.empty_strided(tuple(shape), tuple(stride), dtype=dtype, device=device)
+    if requires_grad:
+        t.requires_grad_(True)
+    return t
+
+
+@contextlib.contextmanager
+def preserve_rng_state():
+    """Tracing must not consume random numbers: restore the CPU (and CUDA) generators after."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    with _disable_current_modes():
+        cpu = torch.random.get_rng_state().clone()
+        cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    try:
+        yield
+    finally:
+        with _disable_current_modes():
+            torch.random.set_rng_state(cpu)
+            if cuda is not None:
+                torch.cuda.set_rng_state_all(cuda)
+
+
+@contextlib.contextmanager
+def saved_tensor_hooks_deferred():
+    """Saved-tensor hooks are not traced into the graphs: they run at runtime around the
+    compiled autograd.Function (the backward's saved tensors are packed there)."""
+    setter = getattr(torch._C._autograd, "_saved_tensors_hooks_set_tracing", None)
+    if setter is None:  # pragma: no cover
+        yield
+        return
+    prior = setter(True)
+    try:
+        yield
+    finally:
+        setter(prior)
+
+
+# --------------------------------------------------------------------------------------------
+# Functional tensors (python functionalization: torch._subclasses.functional_tensor)
+# --------------------------------------------------------------------------------------------
+
+def exclude_functionalize_key():
+    """Functionalization runs as a Python mode; keep the C++ Functionalize key out of the way
+    above it (as every user of FunctionalTensorMode must)."""
+    return torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(torch._C.DispatchKey.Functionalize))
+
+
+def to_fun(t: Any) -> Any:
+    if isinstance(t, torch.Tensor) and not isinstance(t, FunctionalTensor):
+        return FunctionalTensor.to_functional(t)
+    return t
+
+
+def from_fun(t: Any) -> Any:
+    if not isinstance(t, FunctionalTensor):
+        return t
+    torch._sync(t)
+    return torch._from_functional_tensor(t.elem)
+
+
+def sync(t: Any) -> None:
+    if isinstance(t, FunctionalTensor):
+        torch._sync(t)
+
+
+# --------------------------------------------------------------------------------------------
+# Decompositions
+# --------------------------------------------------------------------------------------------
+
+def _keep_random_sdpa(decomp: Callable) -> Callable:
+    @functools.wraps(decomp)
+    def inner(*args, **kwargs):
+        dropout_p = args[3] if len(args) > 3 else kwargs.get("dropout_p", 0.0)
+        if dropout_p:
+            return NotImplemented  # keep the op: its RNG use must match eager's
+        return decomp(*args, **kwargs)
+    return inner
+
+
+@functools.lru_cache(None)
+def _default_decompositions() -> dict:
+    """torch's core ATen decomposition table, post-autograd part.
+
+    ``core_aten_decompositions()`` also lists CompositeImplicitAutograd ops (for export's
+    pre-dispatch tracing); those never reach a post-autograd trace and are dropped. Random ops
+    keep their own kernels: a decomposition (``bernoulli`` -> ``rand_like < p``) would draw
+    random numbers differently from eager, and the same seed must give the same dropout mask.
+    """
+    from torch._decomp import core_aten_decompositions
+
+    table = {}
+    for op, fn in core_aten_decompositions().items():
+        if isinstance(fn, functools.partial) and getattr(fn.func, "__name__", "") == "_special_op_to_decompose_cia":
+            continue
+        if isinstance(op, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in op.tags:
+            if "scaled_dot_product" in op.name():
+                table[op] = _keep_random_sdpa(fn)
+            continue
+        table[op] = fn
+    return table
+
+
+def default_decompositions() -> dict:
+    return dict(_default_decompositions())
+
+
+# --------------------------------------------------------------------------------------------
+# FX helpers
+# --------------------------------------------------------------------------------------------
+
+def is_random(node: torch.fx.Node) -> bool:
+    t = node.target
+    return node.op == "call_function" and isinstance(t, torch._ops.OpOverload) and \
+        torch.Tag.nondeterministic_seeded in t.tags
+
+
+def is_view(node: torch.fx.Node) -> bool:
+    t = node.target
+    return node.op == "call_function" and isinstance(t, torch._ops.OpOverload) and t.is_view
+
+
+def node_val(node: Any) -> Any:
+    if isinstance(node, torch.fx.Node):
+        return node.meta.get("val")
+    return node
+
+
+def tensor_nbytes(t: Any) -> int:
+    if isinstance(t, torch.Tensor):
+        return t.numel() * t.element_size()
+    if isinstance(t, (tuple, list)):
+        return sum(tensor_nbytes(x) for x in t)
+    return 0
+
+
+def node_nbytes(node: torch.fx.Node) -> int:
+    return tensor_nbytes(node.meta.get("val"))
+
+
+def storage_root(node: torch.fx.Node) -> torch.fx.Node:
+    """Follow view ops back to the node whose output owns the storage."""
+    while is_view(node) and node.args and isinstance(node.args[0], torch.fx.Node):
+        node = node.args[0]
+    return node
+
+
+def saved_bytes(nodes: Iterable[torch.fx.Node]) -> tuple[int, int]:
+    """(bytes held by the saved tensors, of which graph inputs): one count per storage."""
+    roots = {}
+    for n in nodes:
+        r = storage_root(n)
+        roots[r] = node_nbytes(r)
+    total = sum(roots.values())
+    inputs = sum(b for r, b in roots.items() if r.op == "placeholder")
+    return total, inputs
+
+
+def format_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    return f"{n} B"  # pragma: no cover
+
+
+def describe_val(v: Any) -> str:
+    if isinstance(v, torch.Tensor):
+        dt = str(v.dtype).replace("torch.", "")
+        shape = "x".join(str(s) for s in v.shape) or "scalar"
+        return f"{dt}[{shape}]"
+    if isinstance(v, (tuple, list)):
+        return "(" + ", ".join(describe_val(x) for x in v) + ")"
+    return type(v).__name__ if v is not None else "None"
+
+
+def graph_text(gm: torch.fx.GraphModule, title: str) -> str:
+    """Readable code of a graph, with the type of each placeholder."""
+    lines = [f"# {title}"]
+    for n in gm.graph.nodes:
+        if n.op == "placeholder":
+            tags = []
+            if n.meta.get("kiln_static"):
+                tags.append("parameter/buffer")
+            if n.meta.get("kiln_mutated"):
+                tags.append("mutated")
+            if n.meta.get("kiln_requires_grad"):
+                tags.append("requires_grad")
+            extra = f"  ({', '.join(tags)})" if tags else ""
+            lines.append(f"#   {n.name}: {describe_val(n.meta.get('val'))}{extra}")
+    code = gm.code.strip("\n")
+    lines.append(code)
+    return "\n".join(lines)
+
+
+def rename_placeholders(gm: torch.fx.GraphModule, names: list[str]) -> None:
+    phs = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    assert len(phs) == len(names), (len(phs), len(names))
+    taken = {n.name for n in gm.graph.nodes if n.op != "placeholder"}
+    for n, name in zip(phs, names):
+        assert name not in taken, name
+        n.target = name
+        n.name = name
+    gm.recompile()
+
+
+def remove_aliases(gm: torch.fx.GraphModule) -> None:
+    """``aten.alias``/``aten.detach`` are identities in a functional graph: drop them."""
+    for n in list(gm.graph.nodes):
+        if n.op == "call_function" and n.target in (aten.alias.default, aten.detach.default, aten.lift_fresh.default):
+            n.replace_all_uses_with(n.args[0])
+            gm.graph.erase_node(n)
+
+
+def dce(gm: torch.fx.GraphModule, keep: Callable[[torch.fx.Node], bool] = is_random) -> None:
+    """Dead code elimination that never drops random ops (eager draws their numbers)."""
+    for n in reversed(list(gm.graph.nodes)):
+        if n.op in ("placeholder", "output") or n.users or keep(n):
+            continue
+        gm.graph.erase_node(n)
+
+
+def output_node(graph: torch.fx.Graph) -> torch.fx.Node:
+    for n in reversed(graph.nodes):
+        if n.op == "output":
+            return n
+    raise ValueError("graph has no output node")
+
+
+def flat_outputs(graph: torch.fx.Graph) -> list:
+    out = output_node(graph).args[0]
+    if isinstance(out, (tuple, list)):
+        return list(out)
+    return [out]
+
+
+def extract_graph(joint: torch.fx.Graph, inputs: list[torch.fx.Node], outputs: list[Any],
+                  *, keep: Callable[[torch.fx.Node], bool] | None = None,
+                  input_names: list[str] | None = None) -> torch.fx.Graph:
+    """A new graph computing ``outputs`` from ``inputs`` (nodes of ``joint``), copying the nodes
+    needed in their original order. ``keep(node)`` forces nodes in (random ops that eager runs).
+    Reaching a placeholder that is not an input is an error."""
+    inputs_set = set(inputs)
+    needed: set = set()
+    stack = [o for o in outputs if isinstance(o, torch.fx.Node)]
+    if keep is not None:
+        stack += [n for n in joint.nodes if n.op == "call_function" and keep(n)]
+    while stack:
+        n = stack.pop()
+        if n in needed:
+            continue
+        needed.add(n)
+        if n in inputs_set:
+            continue
+        if n.op == "placeholder":
+            raise RuntimeError(f"partition: {n.name} is needed but is not an input of this graph")
+        stack.extend(n.all_input_nodes)
+    g = torch.fx.Graph()
+    env: dict = {}
+    for i, n in enumerate(inputs):
+        name = input_names[i] if input_names else n.name
+        p = g.placeholder(name)
+        p.meta = dict(n.meta)
+        env[n] = p
+    for n in joint.nodes:
+        if n in env or n not in needed or n.op == "output":
+            continue
+        if n.op == "placeholder":  # pragma: no cover (rejected above)
+            continue
+        new = g.node_copy(n, lambda a: env[a])
+        env[n] = new
+    g.output(tuple(env[o] if isinstance(o, torch.fx.Node) else o for o in outputs))
+    return g
+
+
+def propagate_fake(gm: torch.fx.GraphModule, fake_inputs: list, mode: FakeTensorMode) -> None:
+    """Run the graph on fake inputs and record each node's ``meta['val']`` (after edits)."""
+
+    class _Prop(torch.fx.Interpreter):
+        def run_node(self, n):
+            r = super().run_node(n)
+            n.meta["val"] = r
+            return r
+
+    with mode, torch.no_grad():
+        _Prop(gm).run(*fake_inputs)
+
+
+def meta_of_tensor(t: torch.Tensor) -> dict:
+    return {"shape": list(t.shape), "stride": list(t.stride()), "dtype": str(t.dtype).replace("torch.", ""),
+            "device": str(t.device), "requires_grad": bool(t.requires_grad)}
+
+
+def dtype_from_str(s: str) -> torch.dtype:
+    d = getattr(torch, s, None)
+    if not isinstance(d, torch.dtype):
+        raise ValueError(f"unknown dtype {s!r}")
+    return d
+
+
+def is_inf(x: float) -> bool:
+    return isinstance(x, float) and math.isinf(x)
+
+
+def getitem_target() -> Any:
+    return operator.getitem

@@ -1,0 +1,397 @@
+"""Stage 0: ``create_aot_state``: fake inputs, the context managers every stage runs under,
+the pre-capture wrappers, and the forward metadata (what is mutated, what aliases what, what
+requires grad).
+
+The ExitStack of an ``AOTState`` holds the fake mode, the python dispatcher, single-threaded
+autograd (the joint is traced through ``torch.autograd.grad``) and deferred saved-tensor hooks.
+It stays open across the stages and closes exactly once: ``state.close()``, or leave the
+``with`` block::
+
+    with kiln.aot.create_aot_state(fn, example_inputs) as state:
+        capture = kiln.aot.stage1_graph_capture(state)
+        compiled = kiln.aot.stage2_compile(state, capture)
+    compiled(*inputs)
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.fx
+import torch.utils._pytree as pytree
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
+from torch.multiprocessing.reductions import StorageWeakRef
+
+from ..errors import Unsupported
+from . import _utils as U
+
+
+@dataclass
+class InputInfo:
+    """What the function does to one (traced) input."""
+    index: int
+    requires_grad: bool            # on entry
+    is_leaf: bool
+    is_static: bool                # an nn.Module parameter or buffer
+    mutates_data: bool = False
+    mutates_metadata: bool = False
+    mutations_hidden_from_autograd: bool = False   # every mutation under no_grad / on a detached alias
+    new_requires_grad: bool = False                # the value after the function requires grad
+    new_size: tuple = ()
+    new_stride: tuple = ()
+    new_offset: int = 0            # relative to the storage offset on entry
+    source: str | None = None
+
+    @property
+    def mutated(self) -> bool:
+        return self.mutates_data or self.mutates_metadata
+
+    @property
+    def mutation_needs_grad(self) -> bool:
+        """The new value is differentiable: the copy_ back is recorded by autograd."""
+        return self.mutates_data and self.new_requires_grad and not self.mutations_hidden_from_autograd
+
+
+@dataclass
+class OutputInfo:
+    """One leaf of the function's output.
+
+    kind:
+      ``graph``           computed by the graph (a fresh tensor, or a view of an intermediate)
+      ``is_input``        the input ``base`` itself (returned as the same object)
+      ``alias_of_input``  a view of input ``base``: regenerated from it at runtime
+      ``same_as_output``  the same tensor as output ``base``
+      ``constant``        a non-tensor value (``value``), fixed at trace time
+    """
+    kind: str
+    base: int | None = None
+    requires_grad: bool = False
+    differentiable: bool = False   # gets a tangent in the backward
+    size: tuple = ()
+    stride: tuple = ()
+    rel_offset: int = 0
+    dtype: str | None = None
+    value: Any = None
+
+
+@dataclass
+class ViewAndMutationMeta:
+    inputs: list[InputInfo]
+    outputs: list[OutputInfo]
+    out_spec: Any                  # pytree TreeSpec of the function's output
+
+    @property
+    def mutated_data_indices(self) -> list[int]:
+        return [i.index for i in self.inputs if i.mutates_data]
+
+    @property
+    def metadata_only_mutated_indices(self) -> list[int]:
+        return [i.index for i in self.inputs if i.mutates_metadata and not i.mutates_data]
+
+    @property
+    def graph_output_indices(self) -> list[int]:
+        return [k for k, o in enumerate(self.outputs) if o.kind == "graph"]
+
+    @property
+    def num_fw_outputs(self) -> int:
+        """Outputs of the traced forward: new values of data-mutated inputs, then graph outputs."""
+        return len(self.mutated_data_indices) + len(self.graph_output_indices)
+
+    def fw_output_differentiable(self) -> list[bool]:
+        mask = [self.inputs[i].mutation_needs_grad for i in self.mutated_data_indices]
+        mask += [self.outputs[k].differentiable for k in self.graph_output_indices]
+        return mask
+
+    def fw_output_requires_grad(self) -> list[bool]:
+        mask = [self.inputs[i].new_requires_grad and not self.inputs[i].mutations_hidden_from_autograd
+                for i in self.mutated_data_indices]
+        mask += [self.outputs[k].requires_grad for k in self.graph_output_indices]
+        return mask
+
+    def as_text(self) -> str:
+        lines = ["inputs:"]
+        for i in self.inputs:
+            flags = []
+            if i.is_static:
+                flags.append("parameter/buffer")
+            if i.requires_grad:
+                flags.append("requires_grad")
+            if i.mutates_data:
+                flags.append("data mutated" + (" (under no_grad)" if i.mutations_hidden_from_autograd else ""))
+            if i.mutates_metadata:
+                flags.append("metadata mutated")
+            src = f" {i.source}" if i.source else ""
+            lines.append(f"  [{i.index}]{src}: {', '.join(flags) or '-'}")
+        lines.append("outputs:")
+        for k, o in enumerate(self.outputs):
+            what = o.kind if o.base is None else f"{o.kind} {o.base}"
+            if o.kind == "constant":
+                what = f"constant {o.value!r}"
+            rg = ", requires_grad" if o.requires_grad else ""
+            lines.append(f"  [{k}]: {what}{rg}")
+        return "\n".join(lines)
+
+
+class AOTState:
+    """Everything the stages share. A context manager; ``close()`` exits its ExitStack once."""
+
+    def __init__(self, *, fn, example_inputs, fake_mode, stack, static_input_indices,
+                 decompositions, sources):
+        self.fn = fn
+        self.example_inputs = list(example_inputs)
+        self.fake_mode: FakeTensorMode = fake_mode
+        self.shape_env = fake_mode.shape_env   # None: static shapes
+        self.stack: contextlib.ExitStack = stack
+        self.static_input_indices: list[int] = list(static_input_indices)
+        self.decompositions = decompositions
+        self.sources = sources
+        self.wrappers: list = []          # runtime wrappers, in pre-capture order
+        self.flat_fn: Callable | None = None
+        self.flat_args: list = []         # fake inputs of flat_fn (after the wrappers)
+        self.meta: ViewAndMutationMeta | None = None
+        self.grad_enabled = torch.is_grad_enabled()
+        self.needs_autograd = False
+        self.closed = False
+
+    # context manager -------------------------------------------------------------------------
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.stack.close()
+
+    def __enter__(self) -> "AOTState":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):  # an unclosed state must not leave a fake mode entered forever
+        try:
+            if not self.closed:
+                self.close()
+        except Exception:
+            pass
+
+    # inspection ------------------------------------------------------------------------------
+    @property
+    def input_info(self) -> list[InputInfo]:
+        return self.meta.inputs
+
+    @property
+    def output_info(self) -> list[OutputInfo]:
+        return self.meta.outputs
+
+    def as_text(self) -> str:
+        lines = [f"# AOTState: {len(self.example_inputs)} inputs, "
+                 f"{'training (joint forward+backward)' if self.needs_autograd else 'inference'}"]
+        lines.append("wrappers (pre-capture order): " + (", ".join(w.describe() for w in self.wrappers) or "none"))
+        lines.append(self.meta.as_text())
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return f"<kiln.aot.AOTState {'training' if self.needs_autograd else 'inference'}, " \
+               f"{len(self.flat_args)} traced inputs{', closed' if self.closed else ''}>"
+
+
+# ------------------------------------------------------------------------------------------------
+# Metadata collection
+# ------------------------------------------------------------------------------------------------
+
+def _flatten_outputs(out: Any) -> tuple[list, Any]:
+    return pytree.tree_flatten(out)
+
+
+def collect_metadata(flat_fn: Callable, fake_args: list, *, static: Sequence[bool],
+                     sources: Sequence[str | None] | None = None) -> ViewAndMutationMeta:
+    """Run ``flat_fn`` once, functionalized, on fake inputs and record what it does."""
+    prior_grad = torch.is_grad_enabled()
+    with U.preserve_rng_state(), U.exclude_functionalize_key(), \
+            FunctionalTensorMode(_allow_token_discovery=True):
+        f_args = [U.to_fun(a) for a in fake_args]
+        try:
+            out = flat_fn(*f_args)
+        except U_DATA_DEPENDENT as e:
+            raise Unsupported(f"AOT autograd: data-dependent operation ({type(e).__name__}: {e})") from e
+        finally:
+            torch._C._set_grad_enabled(prior_grad)
+        outs, spec = _flatten_outputs(out)
+
+        inputs: list[InputInfo] = []
+        for i, (a, fa) in enumerate(zip(fake_args, f_args)):
+            src = sources[i] if sources else None
+            if not isinstance(a, torch.Tensor):
+                inputs.append(InputInfo(i, False, True, False, source=src))
+                continue
+            U.sync(fa)
+            elem = fa.elem
+            if torch._functionalize_was_storage_changed(elem):
+                raise Unsupported(f"AOT autograd: input {i} has its storage replaced (set_()); "
+                                  "kiln cannot compile storage swaps of graph inputs")
+            if torch._functionalize_was_inductor_storage_resized(elem):
+                raise Unsupported(f"AOT autograd: input {i} has its storage resized")
+            mutates_data = bool(torch._functionalize_has_data_mutation(elem))
+            meta_changed = (tuple(fa.shape), tuple(fa.stride()), fa.storage_offset()) != \
+                (tuple(a.shape), tuple(a.stride()), a.storage_offset())
+            mutates_metadata = bool(torch._functionalize_has_metadata_mutation(elem)) and meta_changed
+            hidden = False
+            if mutates_data:
+                hidden = bool(torch._functionalize_are_all_mutations_hidden_from_autograd(elem)) or \
+                    bool(torch._functionalize_are_all_mutations_under_no_grad_or_inference_mode(elem))
+            inputs.append(InputInfo(
+                index=i, requires_grad=a.requires_grad, is_leaf=a.is_leaf, is_static=bool(static[i]),
+                mutates_data=mutates_data, mutates_metadata=mutates_metadata,
+                mutations_hidden_from_autograd=hidden,
+                new_requires_grad=bool(fa.requires_grad),
+                new_size=tuple(fa.shape), new_stride=tuple(fa.stride()),
+                new_offset=fa.storage_offset() - a.storage_offset(), source=src))
+            if mutates_metadata and a.requires_grad:
+                raise Unsupported(f"AOT autograd: metadata mutation (e.g. t_(), unsqueeze_()) of input {i}, "
+                                  "which requires grad, is not supported")
+
+        inp_storage = {}
+        for i, fa in enumerate(f_args):
+            if isinstance(fa, torch.Tensor):
+                inp_storage.setdefault(StorageWeakRef(fa.untyped_storage()), i)
+        inp_ids = {id(fa): i for i, fa in enumerate(f_args) if isinstance(fa, torch.Tensor)}
+
+        outputs: list[OutputInfo] = []
+        seen: dict[int, int] = {}
+        for k, o in enumerate(outs):
+            if not isinstance(o, torch.Tensor):
+                if isinstance(o, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+                    raise Unsupported("AOT autograd: symbolic scalar outputs are not supported")
+                outputs.append(OutputInfo("constant", value=o))
+                continue
+            if not isinstance(o, FunctionalTensor):
+                raise Unsupported(f"AOT autograd: output {k} is a tensor created outside the traced "
+                                  "function (a closed-over constant); return a copy instead")
+            rg = bool(o.requires_grad)
+            grad_fn = o.grad_fn
+            diff = rg and (o._base is None or grad_fn is not None)
+            dtype = str(o.dtype).replace("torch.", "")
+            if id(o) in seen:
+                outputs.append(OutputInfo("same_as_output", base=seen[id(o)], requires_grad=rg, dtype=dtype))
+                continue
+            seen[id(o)] = k
+            st = StorageWeakRef(o.untyped_storage())
+            if id(o) in inp_ids:
+                outputs.append(OutputInfo("is_input", base=inp_ids[id(o)], requires_grad=rg, dtype=dtype))
+            elif st in inp_storage:
+                b = inp_storage[st]
+                outputs.append(OutputInfo(
+                    "alias_of_input", base=b, requires_grad=rg, differentiable=diff,
+                    size=tuple(o.shape), stride=tuple(o.stride()),
+                    rel_offset=o.storage_offset() - fake_args[b].storage_offset(), dtype=dtype))
+                if o.dtype != fake_args[b].dtype:
+                    raise Unsupported(f"AOT autograd: output {k} is a view of input {b} with another dtype "
+                                      "(view(dtype)); not supported")
+            else:
+                outputs.append(OutputInfo("graph", requires_grad=rg, differentiable=diff,
+                                          size=tuple(o.shape), stride=tuple(o.stride()), dtype=dtype))
+        fm = U.fake_mode_of(fake_args)
+        if fm is not None:
+            fm.epoch += 1   # nothing traced here may be memoized into the real trace
+    return ViewAndMutationMeta(inputs, outputs, spec)
+
+
+U_DATA_DEPENDENT: tuple = ()
+try:
+    from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
+
+    U_DATA_DEPENDENT = (DataDependentOutputException, DynamicOutputShapeException)
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+
+    U_DATA_DEPENDENT += (GuardOnDataDependentSymNode,)
+except ImportError:  # pragma: no cover
+    pass
+
+
+# ------------------------------------------------------------------------------------------------
+# create_aot_state
+# ------------------------------------------------------------------------------------------------
+
+def _static_indices_from_graph(fn: Any, n: int) -> tuple[list[int], list[str | None]]:
+    if not isinstance(fn, torch.fx.GraphModule):
+        return [], [None] * n
+    phs = [p for p in fn.graph.nodes if p.op == "placeholder"]
+    static = [i for i, p in enumerate(phs) if p.meta.get("kiln_static")]
+    sources = [p.meta.get("kiln_source") or p.name for p in phs]
+    if len(sources) != n:
+        sources = (sources + [None] * n)[:n]
+    return static, sources
+
+
+def create_aot_state(fn: Callable, example_inputs: Sequence[Any], *,
+                     static_input_indices: Sequence[int] | None = None,
+                     decompositions: dict | None = None) -> AOTState:
+    """Prepare ``fn`` (a GraphModule or any function of flat tensor inputs) for AOT tracing.
+
+    ``example_inputs`` are real tensors (or fake tensors of one FakeTensorMode); their
+    ``requires_grad`` and the current grad mode decide between an inference and a training
+    (joint) capture. ``static_input_indices`` marks parameters/buffers (read from the
+    placeholders' ``kiln_static`` meta when ``fn`` is a GraphModule). ``decompositions``
+    defaults to torch's core ATen table (random ops kept whole).
+    """
+    from . import runtime as R
+
+    example_inputs = list(example_inputs)
+    g_static, sources = _static_indices_from_graph(fn, len(example_inputs))
+    if static_input_indices is None:
+        static_input_indices = g_static
+    static_input_indices = sorted(set(int(i) for i in static_input_indices))
+    if any(i < 0 or i >= len(example_inputs) for i in static_input_indices):
+        raise ValueError("static_input_indices out of range")
+
+    fake_mode = U.fake_mode_of(example_inputs) or U.new_fake_mode()
+    stack = contextlib.ExitStack()
+    try:
+        from torch._dispatch.python import enable_python_dispatcher
+
+        stack.enter_context(torch.autograd.set_multithreading_enabled(False))
+        stack.enter_context(U.saved_tensor_hooks_deferred())
+        stack.enter_context(fake_mode)
+        stack.enter_context(enable_python_dispatcher())
+        state = AOTState(fn=fn, example_inputs=example_inputs, fake_mode=fake_mode, stack=stack,
+                         static_input_indices=static_input_indices,
+                         decompositions=U.default_decompositions() if decompositions is None else dict(decompositions),
+                         sources=sources)
+        static = [i in set(static_input_indices) for i in range(len(example_inputs))]
+
+        # Pre-capture steps: each wrapper rewrites (flat_fn, args) and remembers how to undo it
+        # around the compiled function.
+        flat_fn: Callable = fn
+        args = list(example_inputs)
+        srcs = list(sources)
+        for wrapper_cls in (R.RNGStateWrapper, R.SpecializeNonTensorInputs, R.DedupInputs):
+            w = wrapper_cls.create(args, static=static)
+            if w is not None:
+                flat_fn, args, static, srcs = w.pre_capture(flat_fn, args, static, srcs)
+                state.wrappers.append(w)
+        fake_args = [U.to_fake(fake_mode, a) for a in args]
+
+        meta = collect_metadata(flat_fn, fake_args, static=static, sources=srcs)
+        w = R.SyntheticBases.create(args, meta=meta, static=static)
+        if w is not None:
+            flat_fn, args, static, srcs = w.pre_capture(flat_fn, args, static, srcs)
+            state.wrappers.append(w)
+            fake_args = [U.to_fake(fake_mode, a) for a in args]
+            meta = collect_metadata(flat_fn, fake_args, static=static, sources=srcs)
+        w = R.MutationsAndAliases(meta)
+        flat_fn, args, static, srcs = w.pre_capture(flat_fn, args, static, srcs)
+        state.wrappers.append(w)
+
+        state.flat_fn = flat_fn
+        state.flat_args = fake_args
+        state.meta = meta
+        state.static_mask = static
+        any_grad_input = any(isinstance(a, torch.Tensor) and a.requires_grad for a in fake_args)
+        state.needs_autograd = bool(state.grad_enabled and any_grad_input and (
+            any(meta.fw_output_requires_grad())))
+        return state
+    except BaseException:
+        stack.close()
+        raise
