@@ -75,6 +75,7 @@ class OutputInfo:
     stride: tuple = ()
     rel_offset: int = 0
     dtype: str | None = None
+    device: str | None = None
     value: Any = None
 
 
@@ -291,7 +292,8 @@ def collect_metadata(flat_fn: Callable, fake_args: list, *, static: Sequence[boo
                                       "(view(dtype)); not supported")
             else:
                 outputs.append(OutputInfo("graph", requires_grad=rg, differentiable=diff,
-                                          size=tuple(o.shape), stride=tuple(o.stride()), dtype=dtype))
+                                          size=tuple(o.shape), stride=tuple(o.stride()), dtype=dtype,
+                                          device=str(o.device)))
         fm = U.fake_mode_of(fake_args)
         if fm is not None:
             fm.epoch += 1   # nothing traced here may be memoized into the real trace

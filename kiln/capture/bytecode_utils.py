@@ -129,6 +129,11 @@ def forward_jump_name(name: str) -> str:
     return name.replace("_BACKWARD_", "_FORWARD_") if "_BACKWARD_" in name else name
 
 
+def load_attr_instr(name: str, lineno: int):
+    """A plain (non-method) attribute load."""
+    return bytecode.Instr("LOAD_ATTR", (False, name) if PY312 else name, lineno=lineno)
+
+
 def call_instructions(argc: int, lineno: int) -> list:
     """Instructions that call ``callable(*argc args)`` laid out as [NULL, callable, args]."""
     if PY312:

@@ -200,9 +200,6 @@ def _finish_break(fn, output: OutputGraph, tx, ip: int, reason: Unsupported, key
     from .values.objects import GradModeValue
 
     code = tx.code
-    if code.co_cellvars:
-        raise Unsupported(f"graph break in {fn.__qualname__}, which creates closures over its "
-                          f"locals ({', '.join(code.co_cellvars)})").located(*tx.location())
     layout, stack_values = [], []
     for v in tx.stack:
         if isinstance(v, NullValue):
@@ -212,6 +209,9 @@ def _finish_break(fn, output: OutputGraph, tx, ip: int, reason: Unsupported, key
             stack_values.append(v)
     # a continuation's ___stack parameters are dead once its prologue has pushed them
     local_names = [n for n in tx.locals if not n.startswith(("___stack", "___kiln_stack"))]
+    # the frame's own cells travel as cell objects (see resume._cells_as_locals)
+    cell_names = [resume.CELL_PREFIX + n for n in code.co_cellvars]
+    local_names += [n for n in cell_names if n not in local_names]
     try:
         plan = resume.plan_break(tx.instructions, ip, layout, local_names)
     except Unsupported as e:
@@ -242,7 +242,11 @@ def _finish_break(fn, output: OutputGraph, tx, ip: int, reason: Unsupported, key
             expr = f"{cg.bind(compiled_factory.callee, 'callee')}({expr})"
         call_args.append(expr)
     for name in local_names:
-        call_args.append(tx.locals[name].reconstruct(cg))
+        if name.startswith(resume.CELL_PREFIX) and name not in tx.locals:
+            cell = tx.cells.get(name[len(resume.CELL_PREFIX):])
+            call_args.append(cell.reconstruct(cg) if cell is not None else f"{cg.bind(types.CellType)}()")
+        else:
+            call_args.append(tx.locals[name].reconstruct(cg))
     effects = output.side_effects.codegen(cg)
     graph = output.graph
     graph.output(tuple(cg.output_nodes))

@@ -139,8 +139,38 @@ def _param_names(layout, local_names) -> list[str]:
     return [f"___stack{k}" for k, s in enumerate(layout) if s != NULL] + list(local_names)
 
 
+CELL_PREFIX = "___cell_"
+
+
+def _cells_as_locals(code: types.CodeType, items: list) -> list:
+    """Rewrite the frame's own cell variables into locals holding cell objects: a break
+    hands the real cells over, so closures created before the break keep sharing them."""
+    if not code.co_cellvars:
+        return items
+    out = []
+    for it in items:
+        if isinstance(it, Instr) and isinstance(it.arg, bytecode.CellVar):
+            name, local = it.arg.name, CELL_PREFIX + it.arg.name
+            loc = it.lineno
+            if it.name == "MAKE_CELL":
+                out.append(Instr("NOP", lineno=loc))
+            elif it.name == "LOAD_CLOSURE":
+                out.append(Instr("LOAD_FAST", local, lineno=loc))
+            elif it.name == "LOAD_DEREF":
+                out += [Instr("LOAD_FAST", local, lineno=loc), bu.load_attr_instr("cell_contents", loc)]
+            elif it.name == "STORE_DEREF":
+                out += [Instr("LOAD_FAST", local, lineno=loc), Instr("STORE_ATTR", "cell_contents", lineno=loc)]
+            elif it.name == "DELETE_DEREF":
+                out += [Instr("LOAD_FAST", local, lineno=loc), Instr("DELETE_ATTR", "cell_contents", lineno=loc)]
+            else:
+                raise Unsupported(f"{it.name} of cell {name!r} across a graph break")
+        else:
+            out.append(it)
+    return out
+
+
 def _new_bytecode(code: types.CodeType, items: list, params: list[str], name: str) -> types.CodeType:
-    bc = Bytecode(items)
+    bc = Bytecode(_cells_as_locals(code, items))
     bc.name = name
     bc.filename = code.co_filename
     bc.first_lineno = code.co_firstlineno
@@ -148,7 +178,7 @@ def _new_bytecode(code: types.CodeType, items: list, params: list[str], name: st
     bc.posonlyargcount = 0
     bc.kwonlyargcount = 0
     bc.argnames = list(params)
-    bc.cellvars = list(code.co_cellvars)
+    bc.cellvars = []  # they are locals holding the handed-over cells (_cells_as_locals)
     bc.freevars = list(code.co_freevars)
     flags = code.co_flags & ~(bu.CO_VARARGS | bu.CO_VARKEYWORDS | bu.CO_GENERATOR |
                               bu.CO_COROUTINE | bu.CO_ASYNC_GENERATOR | bu.CO_ITERABLE_COROUTINE)

@@ -33,8 +33,8 @@ class SideEffects:
         hit = self.attrs.get((id(obj), name))
         return hit[2] if hit is not None else None
 
-    def store_cell(self, cell, name: str, value: Value) -> None:
-        self.cells[id(cell)] = (cell, name, value)
+    def store_cell(self, cell, name: str, value: Value, cell_value: Value | None = None) -> None:
+        self.cells[id(cell)] = (cell_value, name, value)
 
     def cell_value(self, cell) -> Value | None:
         hit = self.cells.get(id(cell))
@@ -46,7 +46,7 @@ class SideEffects:
     def describe(self) -> list[str]:
         out = [f"mutate {c.source.describe()}" for c in self.containers]
         out += [f"set {o.source.describe()}.{n}" for o, n, _ in self.attrs.values()]
-        out += [f"set closure cell {n}" for _, n, _ in self.cells.values()]
+        out += [f"set closure cell {n}" for _, n, _ in self.cells.values()]  # noqa: E501
         return out
 
     def codegen(self, cg: "EntryCodegen") -> list[str]:
@@ -64,8 +64,8 @@ class SideEffects:
                 lines.append(f"{cg.bind(_dict_replace)}({target}, {{{body}}})")
         for obj, name, value in self.attrs.values():
             lines.append(f"{cg.bind(setattr)}({cg.source_expr(obj.source)}, {name!r}, {value.reconstruct(cg)})")
-        for cell, _name, value in self.cells.values():
-            lines.append(f"{cg.bind(cell)}.cell_contents = {value.reconstruct(cg)}")
+        for cell_value, _name, value in self.cells.values():
+            lines.append(f"{cell_value.reconstruct(cg)}.cell_contents = {value.reconstruct(cg)}")
         return lines
 
 

@@ -17,7 +17,8 @@ from ..sources import ITEM_DICT, ITEM_INDEX, ITEM_LIST, ITEM_TUPLE, ItemSource, 
 from .base import CONSTANT_TYPES, ConstantValue, Value, is_constant_object
 from .builtins import BuiltinValue
 from .containers import DictValue, ListValue, NamedTupleValue, SetValue, TupleValue
-from .functions import BoundMethodValue, PartialValue, TorchOpValue, UserFunctionValue
+from .functions import (BoundMethodValue, ExistingCellValue, PartialValue, TorchOpValue,
+                        UserFunctionValue)
 from .objects import ClassValue, NNModuleValue, ObjectValue, PythonModuleValue
 
 # Python functions whose module makes them tensor operators (one graph node each).
@@ -226,6 +227,9 @@ class Builder:
             return PartialValue(func, args, kw, source)
         if isinstance(obj, (torch.finfo, torch.iinfo)):
             return ConstantValue(obj, source)
+        if t is types.CellType:
+            g(GuardKind.TYPE_MATCH, source, t)
+            return ExistingCellValue(obj, getattr(source, "name", "cell"), source)
         if source is None:
             raise Unsupported(f"an object of type {t.__name__} that cannot be guarded")
         g(GuardKind.TYPE_MATCH, source, t)

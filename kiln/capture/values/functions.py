@@ -132,7 +132,24 @@ class NestedFunctionValue(UserFunctionValue):
         return list(self.closure)
 
     def reconstruct(self, cg):
-        raise Unsupported("returning a function created inside a compiled function")
+        def build():
+            defaults = "(" + "".join(d.reconstruct(cg) + ", " for d in self.defaults_v) + ")" \
+                if self.defaults_v else "None"
+            kwd = "{" + ", ".join(f"{k!r}: {v.reconstruct(cg)}" for k, v in self.kwdefaults_v.items()) + "}" \
+                if self.kwdefaults_v else "None"
+            closure = "(" + "".join(c.reconstruct(cg) + ", " for c in self.closure) + ")" \
+                if self.closure else "None"
+            return (f"{cg.bind(_make_function)}({cg.bind(self.code_obj, 'code')}, {cg.bind(self.fn_globals, 'G')}, "
+                    f"{self.qualname!r}, {defaults}, {kwd}, {closure})")
+        return cg.stash(self, build)
+
+
+def _make_function(code, fn_globals, qualname, defaults, kwdefaults, closure):
+    fn = types.FunctionType(code, fn_globals, code.co_name, defaults, closure)
+    fn.__qualname__ = qualname
+    if kwdefaults:
+        fn.__kwdefaults__ = kwdefaults
+    return fn
 
 
 class CellValue(Value):
@@ -161,31 +178,61 @@ class NewCellValue(CellValue):
     def set(self, tx, value):
         self.contents = value
 
+    def reconstruct(self, cg):
+        # one real cell, shared by every closure rebuilt over it and by a continuation
+        def build():
+            inner = self.contents.reconstruct(cg) if self.contents is not None else ""
+            return f"{cg.bind(types.CellType)}({inner})"
+        return cg.stash(self, build)
+
 
 class ExistingCellValue(CellValue):
-    """A cell of a real function's closure: reads are guarded, writes replayed afterwards."""
+    """A cell that existed before the call: reads are guarded, writes replayed afterwards.
 
-    def __init__(self, cell, name: str):
+    A closure cell of the compiled function is bound by identity; a cell handed to a resume
+    function as an argument (``source``) is read through that argument."""
+
+    def __init__(self, cell, name: str, source=None):
         self.cell = cell
         self.name = name
-        self.written: Value | None = None
+        self.source = source
+
+    def python_type(self):
+        return types.CellType
+
+    def describe(self):
+        return f"Cell({self.name})"
+
+    def contents_source(self):
+        from ..sources import AttrSource, CellSource
+
+        return AttrSource(self.source, "cell_contents") if self.source is not None else CellSource(self.cell, self.name)
 
     def get(self, tx):
-        if self.written is not None:
-            return self.written
         written = tx.output.side_effects.cell_value(self.cell)
         if written is not None:
             return written
-        from ..sources import CellSource
-
         try:
             contents = self.cell.cell_contents
         except ValueError:
             raise tx.user_exception(NameError(f"free variable {self.name!r} referenced before assignment"))
-        return tx.wrap(contents, CellSource(self.cell, self.name))
+        return tx.wrap(contents, self.contents_source())
 
     def set(self, tx, value):
-        tx.output.side_effects.store_cell(self.cell, self.name, value)
+        tx.output.side_effects.store_cell(self.cell, self.name, value, self)
+
+    def getattr(self, tx, name):
+        if name == "cell_contents":
+            return self.get(tx)
+        raise Unsupported(f"attribute {name!r} of a cell")
+
+    def setattr(self, tx, name, value):
+        if name != "cell_contents":
+            raise Unsupported(f"setting {name!r} on a cell")
+        self.set(tx, value)
+
+    def reconstruct(self, cg):
+        return cg.source_expr(self.source) if self.source is not None else cg.bind(self.cell, "cell")
 
 
 class BoundMethodValue(Value):

@@ -121,7 +121,13 @@ class ObjectValue(Value):
             other = args[0].real_object()
             same = other is self.value
             return ConstantValue(same if name == "__eq__" else not same)
-        return self.getattr(tx, name).call(tx, args, kwargs)
+        attr = self.getattr(tx, name)
+        if isinstance(attr, MethodValue) and attr.obj is self and attr.name == name:
+            # a method implemented in C (ContextVar.set, a C type's __bool__): this value
+            # cannot model it, and MethodValue.call would come straight back here
+            raise Unsupported(f"call to {type(self.value).__name__}.{name} (a method implemented "
+                              "in C, its effects unknown)")
+        return attr.call(tx, args, kwargs)
 
     def call(self, tx, args, kwargs):
         call_fn = static_lookup(self.python_type(), "__call__")

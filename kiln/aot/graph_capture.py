@@ -1,0 +1,221 @@
+"""Stage 1: ``stage1_graph_capture(state) -> AOTGraphCapture``.
+
+Traces the function prepared by ``create_aot_state`` with ``make_fx`` over fake tensors,
+functionalized (FunctionalTensorMode) and decomposed to core ATen:
+
+* inference (nothing requires grad, or grad mode is off): ``primals -> fw outputs``;
+* training: the joint graph ``(primals, tangents) -> (fw outputs, grads)``, traced by running
+  the function and then ``torch.autograd.grad`` on its differentiable outputs.
+
+The fw outputs are the new values of data-mutated inputs followed by the outputs the graph
+computes (see ``runtime.MutationsAndAliases``); the joint then returns one gradient per primal
+(``None`` where the primal needs none). ``capture.graph`` is an ordinary ``torch.fx.Graph``: edit
+it (``capture.graph_module.recompile()`` is done by stage 2) and hand the capture to stage 2.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx
+from torch._subclasses.functional_tensor import FunctionalTensorMode
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from ..errors import Unsupported
+from . import _utils as U
+from .state import AOTState, U_DATA_DEPENDENT
+
+
+@dataclass
+class AOTGraphCapture:
+    """The stage-1 graph and how to read it.
+
+    ``graph_module``'s placeholders are ``primals_1..N`` then (joint) ``tangents_1..M``; it
+    returns ``num_fw_outputs`` forward values, then (joint) one gradient per primal.
+    ``tangent_positions[j]`` is the forward output that ``tangents_{j+1}`` is the gradient of.
+    """
+    graph_module: torch.fx.GraphModule
+    kind: str                                   # "joint" | "inference"
+    num_primals: int
+    num_fw_outputs: int
+    tangent_positions: list[int] = field(default_factory=list)
+    fw_output_requires_grad: list[bool] = field(default_factory=list)
+    primal_requires_grad: list[bool] = field(default_factory=list)
+    example_inputs: list = field(default_factory=list)   # fake primals (+ tangents)
+    state: Any = None
+
+    @property
+    def graph(self) -> torch.fx.Graph:
+        return self.graph_module.graph
+
+    @property
+    def is_joint(self) -> bool:
+        return self.kind == "joint"
+
+    @property
+    def num_tangents(self) -> int:
+        return len(self.tangent_positions)
+
+    def saved_tensor_bytes(self, partition_fn: Any = "default") -> int:
+        """Bytes the backward would keep alive with this partitioner (0 for inference)."""
+        if not self.is_joint:
+            return 0
+        from .partition import partition_capture
+
+        return partition_capture(self, partition_fn).saved_bytes
+
+    def as_text(self) -> str:
+        title = ("joint forward+backward graph: (primals, tangents) -> "
+                 f"({self.num_fw_outputs} forward outputs, {self.num_primals} gradients)"
+                 if self.is_joint else
+                 f"inference graph: primals -> {self.num_fw_outputs} outputs")
+        lines = [U.graph_text(self.graph_module, title)]
+        if self.is_joint:
+            lines.append("# tangents_j is the gradient of forward output: "
+                         + ", ".join(f"tangents_{j + 1}->out[{k}]" for j, k in enumerate(self.tangent_positions)))
+            try:
+                from .partition import partition_capture
+
+                d = partition_capture(self, "default")
+                m = partition_capture(self, "min_cut")
+                lines.append(f"# saved for backward: default partitioner {U.format_bytes(d.saved_bytes)} "
+                             f"({len(d.saved)} tensors), min-cut {U.format_bytes(m.saved_bytes)} ({len(m.saved)} tensors)")
+            except Exception as e:  # an edited graph may not partition until stage 2 checks it
+                lines.append(f"# saved for backward: unavailable ({type(e).__name__}: {e})")
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return f"<kiln.aot.AOTGraphCapture {self.kind}, {self.num_primals} primals, " \
+               f"{self.num_tangents} tangents, {len(self.graph.nodes)} nodes>"
+
+
+def _mark_forward_nodes() -> None:
+    from torch.fx.experimental.proxy_tensor import get_proxy_mode
+
+    mode = get_proxy_mode()
+    if mode is None:  # pragma: no cover
+        return
+    for n in mode.tracer.graph.nodes:
+        n.meta.setdefault("kiln_phase", "forward")
+
+
+def stage1_graph_capture(state: AOTState) -> AOTGraphCapture:
+    if state.closed:
+        raise RuntimeError("stage1_graph_capture: the AOTState is closed")
+    meta = state.meta
+    fn = state.flat_fn
+    primals = list(state.flat_args)
+    n = len(primals)
+    nfw = meta.num_fw_outputs
+    mode = state.fake_mode
+    prior_grad = torch.is_grad_enabled()
+
+    if not state.needs_autograd:
+        def inference(*p):
+            with U.exclude_functionalize_key():
+                fp = [U.to_fun(x) for x in p]
+                try:
+                    with torch.no_grad():
+                        outs = fn(*fp)
+                finally:
+                    torch._C._set_grad_enabled(prior_grad)
+                return [U.from_fun(o) for o in outs]
+
+        gm = _trace(state, inference, primals)
+        names = [f"primals_{i + 1}" for i in range(n)]
+        example = primals
+        tangent_positions: list[int] = []
+        kind = "inference"
+    else:
+        diff = meta.fw_output_differentiable()
+        tangent_positions = [k for k, d in enumerate(diff) if d]
+        tangents = [_tangent_for(state, k) for k in tangent_positions]
+        grad_primals = [i for i, p in enumerate(primals) if isinstance(p, torch.Tensor) and p.requires_grad]
+
+        def joint(*pt):
+            p, t = pt[:n], pt[n:]
+            with U.exclude_functionalize_key():
+                fp = [U.to_fun(x) for x in p]
+                ft = [U.to_fun(x) for x in t]
+                try:
+                    torch._C._set_grad_enabled(True)
+                    outs = fn(*fp)
+                    _mark_forward_nodes()
+                    d_outs, d_tangents = [], []
+                    for j, k in enumerate(tangent_positions):
+                        o = outs[k]
+                        if isinstance(o, torch.Tensor) and o.requires_grad and o.grad_fn is not None:
+                            d_outs.append(o)
+                            d_tangents.append(ft[j])
+                    gin = [fp[i] for i in grad_primals]
+                    grads: list = [None] * len(gin)
+                    if d_outs and gin:
+                        grads = list(torch.autograd.grad(d_outs, gin, d_tangents, allow_unused=True))
+                finally:
+                    torch._C._set_grad_enabled(prior_grad)
+                full: list = [None] * n
+                for i, g in zip(grad_primals, grads):
+                    full[i] = g
+                return [U.from_fun(o) for o in outs] + [U.from_fun(g) if g is not None else None for g in full]
+
+        gm = _trace(state, joint, primals + tangents)
+        names = [f"primals_{i + 1}" for i in range(n)] + [f"tangents_{j + 1}" for j in range(len(tangents))]
+        example = primals + tangents
+        kind = "joint"
+        for node in gm.graph.nodes:
+            if node.op not in ("placeholder", "output"):
+                node.meta.setdefault("kiln_phase", "backward")
+
+    U.rename_placeholders(gm, names)
+    phs = [p for p in gm.graph.nodes if p.op == "placeholder"]
+    mutated = set(meta.mutated_data_indices) | set(meta.metadata_only_mutated_indices)
+    for i, p in enumerate(phs):
+        if i < n:
+            p.meta["kiln_primal"] = True
+            p.meta["kiln_static"] = bool(state.static_mask[i])
+            p.meta["kiln_mutated"] = i in mutated
+            p.meta["kiln_requires_grad"] = bool(isinstance(primals[i], torch.Tensor) and primals[i].requires_grad)
+            src = meta.inputs[i].source
+            if src:
+                p.meta["kiln_source"] = src
+        else:
+            p.meta["kiln_tangent"] = True
+            p.meta["kiln_phase"] = "backward"
+    U.remove_aliases(gm)
+    U.dce(gm)
+    gm.graph.lint()
+    gm.recompile()
+    return AOTGraphCapture(
+        graph_module=gm, kind=kind, num_primals=n, num_fw_outputs=nfw,
+        tangent_positions=tangent_positions,
+        fw_output_requires_grad=meta.fw_output_requires_grad(),
+        primal_requires_grad=[bool(isinstance(p, torch.Tensor) and p.requires_grad) for p in primals],
+        example_inputs=example, state=state)
+
+
+def _trace(state: AOTState, f, args) -> torch.fx.GraphModule:
+    try:
+        with U.preserve_rng_state(), FunctionalTensorMode(_allow_token_discovery=True):
+            gm = make_fx(f, decomposition_table=state.decompositions)(*args)
+    except U_DATA_DEPENDENT as e:
+        raise Unsupported(f"AOT autograd: data-dependent operation ({type(e).__name__}: {e})") from e
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and not isinstance(node.target, torch._ops.OpOverload) \
+                and node.target.__module__ != "_operator":
+            raise Unsupported(f"AOT autograd: the traced graph calls {node.target}, which is not an ATen op")
+    return gm
+
+
+def _tangent_for(state: AOTState, k: int) -> torch.Tensor:
+    """A contiguous fake tangent for forward output ``k`` (the runtime makes grads contiguous)."""
+    meta = state.meta
+    mutated = meta.mutated_data_indices
+    if k < len(mutated):
+        p = state.flat_args[mutated[k]]
+        shape, dtype, device = meta.inputs[mutated[k]].new_size, p.dtype, p.device
+    else:
+        o = meta.outputs[meta.graph_output_indices[k - len(mutated)]]
+        shape, dtype, device = o.size, U.dtype_from_str(o.dtype), torch.device(o.device)
+    with state.fake_mode:
+        return torch.empty(tuple(shape), dtype=dtype, device=device)

@@ -1,0 +1,303 @@
+"""Partitioners: the joint graph -> a forward graph and a backward graph.
+
+A partitioner follows torch's convention::
+
+    partition_fn(joint_module, joint_inputs, *, num_fwd_outputs) -> (fw_module, bw_module)
+
+``fw_module`` takes the primals and returns the ``num_fwd_outputs`` forward outputs followed by
+the values saved for the backward; ``bw_module`` takes the saved values then the tangents and
+returns one gradient per primal (``None`` where there is none). What the two disagree on is
+which values cross: that is the memory the backward keeps alive.
+
+* ``default_partition``: save every forward value the backward reads (views are saved as their
+  base and re-taken in the backward, which costs nothing).
+* ``min_cut_rematerialization_partition``: choose the cheapest set of values to save such that
+  everything else the backward needs can be recomputed from them with cheap ops (pointwise,
+  views, small reductions...), by a max-flow/min-cut over the forward graph (networkx).
+  Random ops and expensive ops (matmul, convolution...) are never recomputed.
+
+Placeholders carry ``meta['kiln_tangent']`` (tangents) and ``kiln_static``/``kiln_mutated``;
+nodes carry ``meta['kiln_phase']`` (``forward``/``backward``, from tracing).
+"""
+from __future__ import annotations
+
+import math
+import operator
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+import torch.fx
+
+from ..errors import Unsupported
+from . import _utils as U
+
+aten = torch.ops.aten
+
+
+@dataclass
+class Partition:
+    forward: torch.fx.GraphModule
+    backward: torch.fx.GraphModule
+    num_fw_outputs: int
+    saved: list[str]
+    saved_bytes: int            # bytes the saved tensors hold (one count per storage)
+    saved_input_bytes: int      # of which are graph inputs (parameters, inputs)
+
+    @property
+    def saved_activation_bytes(self) -> int:
+        return self.saved_bytes - self.saved_input_bytes
+
+
+def _is_tangent(n: torch.fx.Node) -> bool:
+    return n.op == "placeholder" and (n.meta.get("kiln_tangent") or n.name.startswith("tangents"))
+
+
+class _Joint:
+    """The joint graph, classified."""
+
+    def __init__(self, gm: torch.fx.GraphModule, num_fwd_outputs: int):
+        g = gm.graph
+        self.graph = g
+        phs = [n for n in g.nodes if n.op == "placeholder"]
+        self.tangents = [p for p in phs if _is_tangent(p)]
+        self.primals = [p for p in phs if not _is_tangent(p)]
+        outs = U.flat_outputs(g)
+        self.fw_outs = outs[:num_fwd_outputs]
+        self.grads = outs[num_fwd_outputs:]
+        if len(self.grads) != len(self.primals):
+            raise ValueError(f"partition: the joint graph returns {len(self.grads)} gradients for "
+                             f"{len(self.primals)} primals (num_fwd_outputs={num_fwd_outputs})")
+        tdep = set(self.tangents)
+        for n in g.nodes:
+            if n.op not in ("placeholder", "output") and any(a in tdep for a in n.all_input_nodes):
+                tdep.add(n)
+        fw_anc: set = set()
+        stack = [o for o in self.fw_outs if isinstance(o, torch.fx.Node)]
+        while stack:
+            n = stack.pop()
+            if n in fw_anc:
+                continue
+            fw_anc.add(n)
+            stack.extend(n.all_input_nodes)
+        if fw_anc & tdep:
+            bad = sorted(x.name for x in fw_anc & tdep)[:3]
+            raise Unsupported(f"partition: forward outputs depend on tangents ({', '.join(bad)})")
+        self.bw = set()
+        for n in g.nodes:
+            if n.op in ("placeholder", "output"):
+                continue
+            if n in tdep or (n.meta.get("kiln_phase") == "backward" and n not in fw_anc):
+                self.bw.add(n)
+        self.fw = {n for n in g.nodes if n.op != "output" and n not in self.bw and not _is_tangent(n)}
+
+    def required_bw(self) -> set:
+        """Backward nodes the gradients need."""
+        req: set = set()
+        stack = [o for o in self.grads if isinstance(o, torch.fx.Node)]
+        while stack:
+            n = stack.pop()
+            if n in req or n not in self.bw:
+                continue
+            req.add(n)
+            stack.extend(n.all_input_nodes)
+        return req
+
+    def order(self, nodes) -> list:
+        s = set(nodes)
+        return [n for n in self.graph.nodes if n in s]
+
+    def build(self, gm: torch.fx.GraphModule, saved: list) -> tuple[torch.fx.GraphModule, torch.fx.GraphModule]:
+        saved = self.order(saved)
+        fw_set = self.fw
+        fw_graph = U.extract_graph(self.graph, self.primals, list(self.fw_outs) + saved,
+                                   keep=lambda n: U.is_random(n) and n in fw_set)
+        bw_graph = U.extract_graph(self.graph, saved + self.tangents, list(self.grads))
+        fw = torch.fx.GraphModule(gm, fw_graph, class_name="KilnForward")
+        bw = torch.fx.GraphModule(gm, bw_graph, class_name="KilnBackward")
+        return fw, bw
+
+
+def _only_tensor_arg(n: torch.fx.Node) -> bool:
+    return len(n.all_input_nodes) == 1 and isinstance(n.args[0], torch.fx.Node)
+
+
+def _save_view_bases(j: _Joint, saved: set) -> set:
+    """Save a view's base instead of the view (same storage) and re-take the view in backward."""
+    out = set()
+    for s in saved:
+        while U.is_view(s) and _only_tensor_arg(s) and s.args[0] in j.fw:
+            s = s.args[0]
+        out.add(s)
+    return out
+
+
+def default_partition(joint_module: torch.fx.GraphModule, joint_inputs: Any = None, *,
+                      num_fwd_outputs: int) -> tuple[torch.fx.GraphModule, torch.fx.GraphModule]:
+    """Save every forward value the backward reads."""
+    j = _Joint(joint_module, num_fwd_outputs)
+    req = j.required_bw()
+    saved = set()
+    for n in req:
+        for a in n.all_input_nodes:
+            if a in j.fw and a.op != "get_attr":
+                saved.add(a)
+    for gr in j.grads:  # a gradient that is a forward value
+        if isinstance(gr, torch.fx.Node) and gr in j.fw and gr.op != "get_attr":
+            saved.add(gr)
+    return j.build(joint_module, list(_save_view_bases(j, saved)))
+
+
+# ---------------------------------------------------------------------------------------------
+# Min-cut rematerialization
+# ---------------------------------------------------------------------------------------------
+
+_CHEAP_OPS = {
+    "clone", "_to_copy", "full", "full_like", "zeros", "zeros_like", "ones", "ones_like", "empty",
+    "empty_like", "empty_strided", "scalar_tensor", "arange", "expand", "_unsafe_view", "lift_fresh_copy",
+    "new_zeros", "new_ones", "new_empty", "new_full", "where", "cat", "sum", "mean", "amax", "amin",
+    "var", "var_mean", "index", "gather", "copy", "alias", "squeeze", "unsqueeze", "permute", "t",
+    "view", "reshape", "slice", "select", "split", "split_with_sizes", "unbind", "as_strided",
+    "clamp", "clamp_min", "clamp_max", "threshold_backward", "gelu", "gelu_backward", "silu", "rsub",
+    "masked_fill", "fill", "argmax", "triu", "tril", "expand_copy", "permute_copy", "view_copy",
+}
+
+
+def _recompute_allowed(n: torch.fx.Node) -> bool:
+    if n.op != "call_function":
+        return True
+    t = n.target
+    if t is operator.getitem:
+        return True
+    if not isinstance(t, torch._ops.OpOverload):
+        return False
+    if U.is_random(n):
+        return False
+    if t.is_view or torch.Tag.pointwise in t.tags:
+        return True
+    return t._opname in _CHEAP_OPS
+
+
+def _is_reduction_to_small(n: torch.fx.Node) -> bool:
+    if n.op != "call_function" or U.is_view(n) or n.target is operator.getitem:
+        return False
+    ins = sum(U.node_nbytes(a) for a in n.all_input_nodes)
+    return U.node_nbytes(n) * 4 < ins
+
+
+def _banned(n: torch.fx.Node) -> bool:
+    """Never recompute this node in the backward."""
+    if n.op != "call_function":
+        return False
+    if n.target is operator.getitem or U.is_view(n):
+        return False
+    return not _recompute_allowed(n) or _is_reduction_to_small(n)
+
+
+def min_cut_rematerialization_partition(joint_module: torch.fx.GraphModule, joint_inputs: Any = None, *,
+                                        num_fwd_outputs: int) -> tuple[torch.fx.GraphModule, torch.fx.GraphModule]:
+    """Save the cheapest cut between the primals and the backward; recompute the rest."""
+    try:
+        import networkx as nx
+    except ImportError as e:  # pragma: no cover
+        raise RuntimeError("the min-cut partitioner needs networkx (pip install networkx)") from e
+
+    j = _Joint(joint_module, num_fwd_outputs)
+    req = j.required_bw()
+    # distance (in nodes) from each forward node to the backward, for tie-breaking
+    dist: dict = {n: 0 for n in req}
+    for n in reversed(list(j.graph.nodes)):
+        if n in j.fw:
+            ds = [dist[u] + 1 for u in n.users if u in dist]
+            if ds:
+                dist[n] = min(ds)
+
+    G = nx.DiGraph()
+    G.add_node("source")
+    G.add_node("sink")
+    for n in j.graph.nodes:
+        if n.op == "output":
+            continue
+        if n in req or _is_tangent(n):
+            G.add_edge(n.name + "_in", "sink")            # infinite
+            continue
+        if n not in j.fw:
+            continue
+        if n.op == "placeholder" or _banned(n):
+            G.add_edge("source", n.name + "_in")
+        val = n.meta.get("val")
+        if n.op == "get_attr":
+            w = math.inf                                    # constants are re-read, never saved
+        elif isinstance(val, (tuple, list)) or not isinstance(val, torch.Tensor):
+            w = math.inf                                    # save its getitems instead
+        elif U.is_view(n) and _only_tensor_arg(n):
+            w = math.inf                                    # save the base: same storage
+        elif n.op == "placeholder" and n.meta.get("kiln_mutated"):
+            w = 1e15                                        # copied into after the forward
+        elif n.op == "placeholder" and n.meta.get("kiln_static"):
+            w = 0.0                                         # parameters are alive anyway
+        else:
+            w = float(U.node_nbytes(n))
+        if not math.isinf(w):
+            w += 1e-3 * min(dist.get(n, 1000), 1000) + 1e-6   # prefer values near the backward
+            G.add_edge(n.name + "_in", n.name + "_out", capacity=w)
+        else:
+            G.add_edge(n.name + "_in", n.name + "_out")
+        for u in n.users:
+            if u.op != "output":
+                G.add_edge(n.name + "_out", u.name + "_in")
+    try:
+        _, (reach, _non) = nx.minimum_cut(G, "source", "sink")
+    except nx.NetworkXUnbounded as e:  # pragma: no cover (every path has a finite edge)
+        raise Unsupported(f"min-cut partitioner: no finite cut ({e}); use partition_fn='default'") from e
+    saved = set()
+    for n in j.fw:
+        if n.name + "_in" in reach and n.name + "_out" not in reach and G.has_node(n.name + "_out"):
+            saved.add(n)
+    return j.build(joint_module, list(saved))
+
+
+# ---------------------------------------------------------------------------------------------
+
+PARTITIONERS: dict[str, Callable] = {
+    "default": default_partition,
+    "min_cut": min_cut_rematerialization_partition,
+}
+
+
+def resolve_partition_fn(partition_fn: Any) -> Callable:
+    if partition_fn is None:
+        from . import config
+
+        partition_fn = config.partition_fn
+    if isinstance(partition_fn, str):
+        try:
+            return PARTITIONERS[partition_fn]
+        except KeyError:
+            raise ValueError(f"unknown partition_fn {partition_fn!r}; use one of {sorted(PARTITIONERS)} "
+                             "or a callable (joint_module, joint_inputs, *, num_fwd_outputs) -> (fw, bw)") from None
+    if callable(partition_fn):
+        return partition_fn
+    raise TypeError(f"partition_fn must be a name or a callable, not {type(partition_fn).__name__}")
+
+
+def partition_joint(gm: torch.fx.GraphModule, joint_inputs: Any, num_fw_outputs: int, num_tangents: int,
+                    partition_fn: Any = None) -> Partition:
+    fn = resolve_partition_fn(partition_fn)
+    fw, bw = fn(gm, joint_inputs, num_fwd_outputs=num_fw_outputs)
+    fw_outs = U.flat_outputs(fw.graph)
+    saved = fw_outs[num_fw_outputs:]
+    n_bw_in = sum(1 for n in bw.graph.nodes if n.op == "placeholder")
+    if n_bw_in != len(saved) + num_tangents:
+        raise ValueError(f"partition: the backward takes {n_bw_in} inputs, expected {len(saved)} saved "
+                         f"values + {num_tangents} tangents")
+    saved_nodes = [s for s in saved if isinstance(s, torch.fx.Node)]
+    total, inputs = U.saved_bytes(saved_nodes)
+    return Partition(fw, bw, num_fw_outputs, [s.name for s in saved_nodes], total, inputs)
+
+
+def partition_capture(capture, partition_fn: Any = None) -> Partition:
+    gm = capture.graph_module
+    n = capture.num_primals
+    ex = capture.example_inputs
+    return partition_joint(gm, (ex[:n], ex[n:]), capture.num_fw_outputs, capture.num_tangents, partition_fn)

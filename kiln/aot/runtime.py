@@ -1,0 +1,486 @@
+"""Runtime wrappers.
+
+Each wrapper has a pre-capture step, run by ``create_aot_state`` (it rewrites the function and
+its inputs before tracing: ``pre_capture(fn, args, static, sources) -> (fn, args, static,
+sources)``), and a post-compile step, run by stage 2 (it wraps the compiled callable so that it
+takes the original inputs and returns the original outputs: ``post_compile(compiled) ->
+callable``). Stage 2 applies the post-compile steps in reverse order. Wrappers carry only plain
+data, so an exported artifact rebuilds them (``to_dict``/``from_dict``).
+
+Pre-capture order: RNG state, non-tensor inputs, duplicate inputs, aliased inputs (synthetic
+bases), input mutations and output aliases.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.utils._pytree as pytree
+from torch.multiprocessing.reductions import StorageWeakRef
+
+from ..errors import Unsupported
+from . import _utils as U
+
+
+class RuntimeWrapper:
+    kind: str = ""
+
+    @classmethod
+    def create(cls, args: list, **kw) -> "RuntimeWrapper | None":
+        return cls()
+
+    def pre_capture(self, fn: Callable, args: list, static: list, sources: list):
+        return fn, args, static, sources
+
+    def post_compile(self, compiled: Callable) -> Callable:
+        return compiled
+
+    def describe(self) -> str:
+        return self.kind
+
+    def to_dict(self) -> dict:
+        return {}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "RuntimeWrapper":
+        return cls(**d)
+
+
+_WRAPPERS: dict[str, type] = {}
+
+
+def _register(cls):
+    _WRAPPERS[cls.kind] = cls
+    return cls
+
+
+def wrapper_to_dict(w: RuntimeWrapper) -> dict:
+    return {"kind": w.kind, "data": w.to_dict()}
+
+
+def wrapper_from_dict(d: dict) -> RuntimeWrapper:
+    return _WRAPPERS[d["kind"]].from_dict(d["data"])
+
+
+# ------------------------------------------------------------------------------------------------
+
+@_register
+class RNGStateWrapper(RuntimeWrapper):
+    """Random ops (dropout) stay in the forward graph as ATen random ops, in eager's order, and
+    draw from the global generator when the graph runs; partitioners never recompute them. The
+    pre-capture step makes tracing draw nothing: the generators are restored after every trace,
+    so the first compiled call under a seed gives eager's numbers. Post-compile: nothing to do
+    on CPU/CUDA without CUDA graphs (a philox offset wrapper goes here for those)."""
+    kind = "rng_state"
+
+    def pre_capture(self, fn, args, static, sources):
+        def traced_without_drawing(*a):
+            with U.preserve_rng_state():
+                return fn(*a)
+        traced_without_drawing.__wrapped__ = fn
+        return traced_without_drawing, args, static, sources
+
+    def describe(self):
+        return "rng_state"
+
+
+@_register
+class SpecializeNonTensorInputs(RuntimeWrapper):
+    """Non-tensor inputs (ints, floats, bools, None) are burned into the graph; the runtime
+    checks that they are unchanged."""
+    kind = "non_tensor_inputs"
+
+    def __init__(self, constants: dict, n: int):
+        self.constants = {int(k): v for k, v in constants.items()}
+        self.n = n
+
+    @classmethod
+    def create(cls, args, **kw):
+        consts = {}
+        for i, a in enumerate(args):
+            if isinstance(a, torch.Tensor):
+                continue
+            if a is None or isinstance(a, (bool, int, float, str)):
+                consts[i] = a
+            else:
+                raise Unsupported(f"AOT autograd: graph input {i} is a {type(a).__name__}; only tensors and "
+                                  "int/float/bool/str/None inputs are supported")
+        return cls(consts, len(args)) if consts else None
+
+    def pre_capture(self, fn, args, static, sources):
+        consts, n = self.constants, self.n
+        keep = [i for i in range(n) if i not in consts]
+
+        def with_constants(*tensors):
+            full = [None] * n
+            for i, t in zip(keep, tensors):
+                full[i] = t
+            for i, v in consts.items():
+                full[i] = v
+            return fn(*full)
+        return with_constants, [args[i] for i in keep], [static[i] for i in keep], [sources[i] for i in keep]
+
+    def post_compile(self, compiled):
+        consts, n = self.constants, self.n
+        keep = [i for i in range(n) if i not in consts]
+        items = list(consts.items())
+
+        def check_constants(*args):
+            for i, v in items:
+                a = args[i]
+                if type(a) is not type(v) or a != v:
+                    raise Unsupported(f"AOT autograd: non-tensor input {i} was {v!r} at compile time, "
+                                      f"now {a!r}; recompile")
+            return compiled(*[args[i] for i in keep])
+        return check_constants
+
+    def describe(self):
+        return f"non_tensor_inputs({sorted(self.constants)})"
+
+    def to_dict(self):
+        return {"constants": {str(k): v for k, v in self.constants.items()}, "n": self.n}
+
+
+@_register
+class DedupInputs(RuntimeWrapper):
+    """``f(x, x)``: the same tensor passed twice is traced as one input."""
+    kind = "dedup_inputs"
+
+    def __init__(self, first: list[int]):
+        self.first = [int(i) for i in first]     # position -> position of its first occurrence
+
+    @classmethod
+    def create(cls, args, **kw):
+        seen: dict[int, int] = {}
+        first = []
+        for i, a in enumerate(args):
+            if isinstance(a, torch.Tensor):
+                first.append(seen.setdefault(id(a), i))
+            else:
+                first.append(i)
+        return cls(first) if any(f != i for i, f in enumerate(first)) else None
+
+    def _keep(self):
+        return [i for i, f in enumerate(self.first) if f == i]
+
+    def pre_capture(self, fn, args, static, sources):
+        keep = self._keep()
+        pos = {i: k for k, i in enumerate(keep)}
+        first = self.first
+
+        def deduped(*unique):
+            return fn(*[unique[pos[first[i]]] for i in range(len(first))])
+        return deduped, [args[i] for i in keep], [static[i] for i in keep], [sources[i] for i in keep]
+
+    def post_compile(self, compiled):
+        keep = self._keep()
+        dups = [(i, f) for i, f in enumerate(self.first) if f != i]
+
+        def dedup(*args):
+            for i, f in dups:
+                if args[i] is not args[f]:
+                    raise Unsupported(f"AOT autograd: inputs {f} and {i} were the same tensor at compile "
+                                      "time and are not now; recompile")
+            return compiled(*[args[i] for i in keep])
+        return dedup
+
+    def describe(self):
+        return "dedup_inputs(" + ", ".join(f"{i}->{f}" for i, f in enumerate(self.first) if f != i) + ")"
+
+    def to_dict(self):
+        return {"first": self.first}
+
+
+def _storage_key(t: torch.Tensor):
+    return StorageWeakRef(t.untyped_storage())
+
+
+@_register
+class SyntheticBases(RuntimeWrapper):
+    """Inputs that share memory (views of one another) where one of them is mutated: the graph
+    takes their common base instead and re-creates each input as a view of it, so a mutation
+    through one is seen through the others (functionalization tracks it). The runtime finds the
+    base again (``t._base``, or the whole storage when nothing requires grad) and checks that
+    each input is still the same view of it."""
+    kind = "synthetic_bases"
+
+    def __init__(self, n: int, groups: list[dict]):
+        self.n = n
+        # each group: {"members": [i...], "strategy": "common_base"|"storage",
+        #              "views": [[size, stride, rel_offset], ...], "numel": int}
+        self.groups = groups
+
+    @classmethod
+    def create(cls, args, *, meta=None, static=None, **kw):
+        by_storage: dict = {}
+        for i, a in enumerate(args):
+            if isinstance(a, torch.Tensor):
+                by_storage.setdefault(_storage_key(a), []).append(i)
+        groups = []
+        for members in by_storage.values():
+            if len(members) < 2 or not any(meta.inputs[i].mutated for i in members):
+                continue
+            ts = [args[i] for i in members]
+            where = f"inputs {members} share memory and one is mutated"
+            if any(meta.inputs[i].mutates_metadata for i in members):
+                raise Unsupported(f"AOT autograd: {where} with a metadata mutation (t_(), as_strided_()...): "
+                                  "not supported")
+            if len({t.dtype for t in ts}) != 1 or len({t.device for t in ts}) != 1:
+                raise Unsupported(f"AOT autograd: {where}, with different dtypes/devices: not supported")
+            base, strategy = cls._find_base(ts)
+            if base is None:
+                raise Unsupported(f"AOT autograd: {where}; they have no common base tensor and some "
+                                  "require grad, so kiln cannot rebuild them as views of one base")
+            if any(t.requires_grad != base.requires_grad for t in ts):
+                raise Unsupported(f"AOT autograd: {where}, and some of them require grad while "
+                                  "others do not: not supported")
+            views = [[list(t.shape), list(t.stride()), t.storage_offset() - base.storage_offset()] for t in ts]
+            groups.append({"members": members, "strategy": strategy, "views": views,
+                           "numel": base.numel() if strategy == "storage" else None})
+        return cls(len(args), groups) if groups else None
+
+    @staticmethod
+    def _find_base(ts):
+        bases = [t._base if t._base is not None else t for t in ts]
+        if all(b is bases[0] for b in bases):
+            return bases[0], "common_base"
+        if any(t.requires_grad for t in ts):
+            return None, None
+        t0 = ts[0]
+        numel = t0.untyped_storage().nbytes() // t0.element_size()
+        with torch.no_grad():
+            return t0.as_strided((numel,), (1,), 0), "storage"
+
+    def _layout(self):
+        """New argument list: each group's base replaces its first member; other members go."""
+        drop = set()
+        at = {}
+        for g, grp in enumerate(self.groups):
+            at[grp["members"][0]] = g
+            drop.update(grp["members"][1:])
+        order = [i for i in range(self.n) if i not in drop]
+        return order, at
+
+    def pre_capture(self, fn, args, static, sources):
+        order, at = self._layout()
+        groups = self.groups
+        new_args, new_static, new_src = [], [], []
+        for i in order:
+            if i in at:
+                grp = groups[at[i]]
+                base, _ = self._find_base([args[m] for m in grp["members"]])
+                new_args.append(base)
+                new_static.append(all(static[m] for m in grp["members"]))
+                new_src.append("base of " + ", ".join(str(sources[m] or m) for m in grp["members"]))
+            else:
+                new_args.append(args[i])
+                new_static.append(static[i])
+                new_src.append(sources[i])
+        n = self.n
+
+        def from_bases(*new):
+            full = [None] * n
+            for k, i in enumerate(order):
+                if i in at:
+                    grp = groups[at[i]]
+                    base = new[k]
+                    for m, (size, stride, off) in zip(grp["members"], grp["views"]):
+                        full[m] = base.as_strided(size, stride, base.storage_offset() + off)
+                else:
+                    full[i] = new[k]
+            return fn(*full)
+        return from_bases, new_args, new_static, new_src
+
+    def post_compile(self, compiled):
+        order, at = self._layout()
+        groups = self.groups
+
+        def base_of(args, grp):
+            ts = [args[m] for m in grp["members"]]
+            if grp["strategy"] == "common_base":
+                b0 = ts[0]._base if ts[0]._base is not None else ts[0]
+                if not all((t._base if t._base is not None else t) is b0 for t in ts):
+                    b0 = None
+            else:
+                b0 = None
+                if not any(t.requires_grad for t in ts):
+                    key = ts[0].untyped_storage().data_ptr()
+                    if all(t.untyped_storage().data_ptr() == key for t in ts):
+                        with torch.no_grad():
+                            b0 = ts[0].as_strided((grp["numel"],), (1,), 0)
+            if b0 is not None:
+                for t, (size, stride, off) in zip(ts, grp["views"]):
+                    if list(t.shape) != size or list(t.stride()) != stride or \
+                            t.storage_offset() - b0.storage_offset() != off or \
+                            t.untyped_storage().data_ptr() != b0.untyped_storage().data_ptr():
+                        b0 = None
+                        break
+            if b0 is None:
+                raise Unsupported(f"AOT autograd: inputs {grp['members']} were views of one base at compile "
+                                  "time and are not the same views now; recompile")
+            return b0
+
+        def with_bases(*args):
+            new = []
+            for i in order:
+                if i in at:
+                    new.append(base_of(args, groups[at[i]]))
+                else:
+                    new.append(args[i])
+            return compiled(*new)
+        return with_bases
+
+    def describe(self):
+        return "synthetic_bases(" + "; ".join(f"{g['members']} {g['strategy']}" for g in self.groups) + ")"
+
+    def to_dict(self):
+        return {"n": self.n, "groups": self.groups}
+
+
+@_register
+class MutationsAndAliases(RuntimeWrapper):
+    """Input mutations and outputs that alias inputs.
+
+    Pre-capture: the traced function returns, in this order, the new value of every input
+    whose data it mutates, then its outputs that the graph computes; outputs that are inputs,
+    views of inputs, repeats of other outputs or constants are not graph outputs.
+    Post-compile: ``copy_`` each new value back into its input (under no_grad when every
+    mutation was hidden from autograd), replay metadata mutations with ``as_strided_``, then
+    regenerate the aliased outputs from the (updated) inputs and rebuild the output structure.
+    """
+    kind = "mutations_and_aliases"
+
+    def __init__(self, meta):
+        self.meta = meta
+
+    def pre_capture(self, fn, args, static, sources):
+        meta = self.meta
+        mutated = meta.mutated_data_indices
+        graph_outs = meta.graph_output_indices
+        clone_first = [i for i in mutated if meta.inputs[i].requires_grad]
+
+        def functional_outputs(*a):
+            a = list(a)
+            # autograd.grad() must see the inputs as they were before the mutation
+            for i in clone_first:
+                a[i] = a[i].clone()
+            out = fn(*a)
+            outs, _ = pytree.tree_flatten(out)
+            for t in a:
+                U.sync(t)
+            res = [a[i] for i in mutated] + [outs[k] for k in graph_outs]
+            for t in res:
+                U.sync(t)
+            return res
+        return functional_outputs, args, static, sources
+
+    def post_compile(self, compiled):
+        meta = self.meta
+        mutated = meta.mutated_data_indices
+        infos = meta.inputs
+        meta_only = meta.metadata_only_mutated_indices
+        n_mut = len(mutated)
+        outputs = meta.outputs
+        spec = meta.out_spec
+        simple_outputs = all(o.kind == "graph" for o in outputs)
+        # Mutated inputs that are not parameters/buffers must not share memory with another
+        # input: the graph was traced with them independent (a frontend guard should prevent
+        # it; this check turns a silent wrong answer into an error).
+        check_alias = [i for i in mutated + meta_only if not infos[i].is_static]
+        check_against = [i.index for i in infos if not i.is_static]
+        do_check = bool(check_alias) and len(check_against) > 1
+
+        def epilogue(*args):
+            if do_check:
+                ptrs = {}
+                for i in check_against:
+                    a = args[i]
+                    if isinstance(a, torch.Tensor):
+                        ptrs.setdefault(a.untyped_storage().data_ptr(), []).append(i)
+                for i in check_alias:
+                    if len(ptrs.get(args[i].untyped_storage().data_ptr(), ())) > 1:
+                        raise Unsupported(f"AOT autograd: input {i} is mutated and shares memory with another "
+                                          "input, which it did not at compile time; recompile")
+            outs = compiled(*args)
+            for j, i in enumerate(mutated):
+                inp, new, info = args[i], outs[j], infos[i]
+                if info.mutates_metadata:
+                    with torch.no_grad():
+                        inp.as_strided_(info.new_size, info.new_stride, inp.storage_offset() + info.new_offset)
+                if info.mutation_needs_grad:
+                    inp.copy_(new)
+                else:
+                    with torch.no_grad():
+                        inp.copy_(new)
+            for i in meta_only:
+                info = infos[i]
+                with torch.no_grad():
+                    args[i].as_strided_(info.new_size, info.new_stride, args[i].storage_offset() + info.new_offset)
+            if simple_outputs:
+                return pytree.tree_unflatten(list(outs[n_mut:]), spec)
+            res = []
+            g = n_mut
+            for o in outputs:
+                k = o.kind
+                if k == "graph":
+                    res.append(outs[g])
+                    g += 1
+                elif k == "is_input":
+                    res.append(args[o.base])
+                elif k == "alias_of_input":
+                    b = args[o.base]
+                    if not o.requires_grad:
+                        b = b.detach()
+                    res.append(b.as_strided(o.size, o.stride, b.storage_offset() + o.rel_offset))
+                elif k == "same_as_output":
+                    res.append(res[o.base])
+                else:
+                    res.append(o.value)
+            return pytree.tree_unflatten(res, spec)
+        return epilogue
+
+    def describe(self):
+        m = self.meta
+        parts = []
+        if m.mutated_data_indices:
+            parts.append(f"copy_ back {m.mutated_data_indices}")
+        if m.metadata_only_mutated_indices:
+            parts.append(f"as_strided_ {m.metadata_only_mutated_indices}")
+        al = [k for k, o in enumerate(m.outputs) if o.kind != "graph"]
+        if al:
+            parts.append(f"regenerate outputs {al}")
+        return "mutations_and_aliases(" + "; ".join(parts) + ")"
+
+    def to_dict(self):
+        from .state import InputInfo, OutputInfo  # noqa: F401
+        import dataclasses
+
+        m = self.meta
+        return {"inputs": [_plain(dataclasses.asdict(i)) for i in m.inputs],
+                "outputs": [_plain(dataclasses.asdict(o)) for o in m.outputs],
+                "out_spec": pytree.treespec_dumps(m.out_spec)}
+
+    @classmethod
+    def from_dict(cls, d):
+        from .state import InputInfo, OutputInfo, ViewAndMutationMeta
+
+        ins = [InputInfo(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in i.items()}) for i in d["inputs"]]
+        outs = [OutputInfo(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in o.items()}) for o in d["outputs"]]
+        return cls(ViewAndMutationMeta(ins, outs, pytree.treespec_loads(d["out_spec"])))
+
+
+def _plain(x: Any) -> Any:
+    if isinstance(x, tuple):
+        return [_plain(v) for v in x]
+    if isinstance(x, list):
+        return [_plain(v) for v in x]
+    if isinstance(x, dict):
+        return {k: _plain(v) for k, v in x.items()}
+    return x
+
+
+def apply_post_compile(wrappers: Sequence[RuntimeWrapper], compiled: Callable) -> Callable:
+    """Wrap ``compiled`` with each wrapper's post-compile step, last pre-capture step first."""
+    for w in reversed(list(wrappers)):
+        compiled = w.post_compile(compiled)
+    return compiled
