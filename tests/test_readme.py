@@ -15,3 +15,6 @@ def test_readme_python_blocks_run():
     # mlp was compiled first with the "eager" backend: the counter's first capture says so
     assert reasons[0].startswith("BACKEND_MATCH failed")
     assert reasons[-1] == "EQUALS_MATCH failed: L['scale'] == 0.5 (saw float 2.0)"
+    report = ns["report"]
+    assert report.graph_break_count == 2 and report.graph_count >= 2
+    assert "print" in report.break_reasons[0].reason
