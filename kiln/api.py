@@ -66,6 +66,9 @@ def reset() -> None:
     """Drop every compiled entry of every function (the next call captures again)."""
     for c in list(_caches.values()):
         c.clear()
+    from .capture.frame import clear_resume_caches
+
+    clear_resume_caches()
 
 
 class CompileKey:

@@ -52,7 +52,10 @@ class Entry:
 
 
 def bind_call(fn: types.FunctionType, args: tuple, kwargs: dict) -> dict[str, Any]:
-    sig = inspect.signature(fn)
+    # the code's own parameters: not those of __wrapped__ (functools.wraps) or of __signature__
+    plain = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+    plain.__kwdefaults__ = fn.__kwdefaults__
+    sig = inspect.signature(plain)
     try:
         bound = sig.bind(*args, **kwargs)
     except TypeError:
@@ -305,6 +308,12 @@ def _callee_slot(ins, stack) -> int | None:
 
 _break_functions: dict = {}
 _continuation_code: dict = {}
+
+
+def clear_resume_caches() -> None:
+    """Forget generated break functions and continuations (``kiln.reset``)."""
+    _break_functions.clear()
+    _continuation_code.clear()
 
 
 def _break_function(fn, code, plan: "resume.BreakPlan", key, compiled_factory):
