@@ -121,16 +121,6 @@ def sync(t: Any) -> None:
 # Decompositions
 # --------------------------------------------------------------------------------------------
 
-def _keep_random_sdpa(decomp: Callable) -> Callable:
-    @functools.wraps(decomp)
-    def inner(*args, **kwargs):
-        dropout_p = args[3] if len(args) > 3 else kwargs.get("dropout_p", 0.0)
-        if dropout_p:
-            return NotImplemented  # keep the op: its RNG use must match eager's
-        return decomp(*args, **kwargs)
-    return inner
-
-
 @functools.lru_cache(None)
 def _default_decompositions() -> dict:
     """torch's core ATen decomposition table, post-autograd part.
@@ -138,7 +128,9 @@ def _default_decompositions() -> dict:
     ``core_aten_decompositions()`` also lists CompositeImplicitAutograd ops (for export's
     pre-dispatch tracing); those never reach a post-autograd trace and are dropped. Random ops
     keep their own kernels: a decomposition (``bernoulli`` -> ``rand_like < p``) would draw
-    random numbers differently from eager, and the same seed must give the same dropout mask.
+    random numbers differently from eager, and the same seed must give the same dropout mask
+    (this also keeps CPU flash attention whole: its decomposition returns the attention weights
+    where its backward, which autograd takes from the undecomposed op, expects the logsumexp).
     """
     from torch._decomp import core_aten_decompositions
 
@@ -147,8 +139,6 @@ def _default_decompositions() -> dict:
         if isinstance(fn, functools.partial) and getattr(fn.func, "__name__", "") == "_special_op_to_decompose_cia":
             continue
         if isinstance(op, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in op.tags:
-            if "scaled_dot_product" in op.name():
-                table[op] = _keep_random_sdpa(fn)
             continue
         table[op] = fn
     return table

@@ -13,7 +13,6 @@ from typing import Any, Callable
 
 import torch
 import torch.fx
-from torch.autograd.function import once_differentiable
 
 from ..errors import Unsupported
 from . import _utils as U
@@ -130,8 +129,10 @@ def _make_training_core(fw: Callable, bw: Callable, parts: CompiledParts) -> Cal
             return fw_outs
 
         @staticmethod
-        @once_differentiable
         def backward(ctx, *grad_outs):
+            if torch.is_grad_enabled():   # create_graph=True: the backward graph is not differentiable
+                raise Unsupported("AOT autograd: double backward (create_graph=True) through a kiln-compiled "
+                                  "graph is not supported; compile with backend='eager' for it")
             saved = list(ctx.saved_tensors)
             if ctx.kiln_other is not None:
                 for i, s in ctx.kiln_other:

@@ -405,37 +405,34 @@ class MutationsAndAliases(RuntimeWrapper):
             for j, i in enumerate(mutated):
                 inp, new, info = args[i], outs[j], infos[i]
                 if info.mutates_metadata:
-                    with torch.no_grad():
-                        inp.as_strided_(info.new_size, info.new_stride, inp.storage_offset() + info.new_offset)
+                    _restride(inp, info)
                 if info.mutation_needs_grad:
                     inp.copy_(new)
                 else:
                     with torch.no_grad():
                         inp.copy_(new)
             for i in meta_only:
-                info = infos[i]
-                with torch.no_grad():
-                    args[i].as_strided_(info.new_size, info.new_stride, args[i].storage_offset() + info.new_offset)
+                _restride(args[i], infos[i])
             if simple_outputs:
                 return pytree.tree_unflatten(list(outs[n_mut:]), spec)
-            res = []
+            res: list = [None] * len(outputs)
             g = n_mut
-            for o in outputs:
-                k = o.kind
-                if k == "graph":
-                    res.append(outs[g])
+            for k, o in enumerate(outputs):
+                kind = o.kind
+                if kind == "graph":
+                    res[k] = outs[g]
                     g += 1
-                elif k == "is_input":
-                    res.append(args[o.base])
-                elif k == "alias_of_input":
-                    b = args[o.base]
-                    if not o.requires_grad:
-                        b = b.detach()
-                    res.append(b.as_strided(o.size, o.stride, b.storage_offset() + o.rel_offset))
-                elif k == "same_as_output":
-                    res.append(res[o.base])
-                else:
-                    res.append(o.value)
+                elif kind == "is_input":
+                    res[k] = args[o.base]
+                elif kind == "alias_of_input":
+                    res[k] = _regenerate_view(args[o.base], o)
+                elif kind == "constant":
+                    res[k] = o.value
+            for k, o in enumerate(outputs):
+                if o.kind == "alias_of_output":
+                    res[k] = _regenerate_view(res[o.base], o)
+                elif o.kind == "same_as_output":
+                    res[k] = res[o.base]
             return pytree.tree_unflatten(res, spec)
         return epilogue
 
@@ -467,6 +464,21 @@ class MutationsAndAliases(RuntimeWrapper):
         ins = [InputInfo(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in i.items()}) for i in d["inputs"]]
         outs = [OutputInfo(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in o.items()}) for o in d["outputs"]]
         return cls(ViewAndMutationMeta(ins, outs, pytree.treespec_loads(d["out_spec"])))
+
+
+def _regenerate_view(base: torch.Tensor, o) -> torch.Tensor:
+    if not o.requires_grad and base.requires_grad:
+        base = base.detach()
+    return base.as_strided(o.size, o.stride, base.storage_offset() + o.rel_offset)
+
+
+def _restride(t: torch.Tensor, info) -> None:
+    """Replay a metadata mutation (t_(), unsqueeze_()...) on the input. It changes no data, so
+    the version counter is put back: tensors the forward saved (views of the input) stay valid."""
+    v = t._version
+    with torch.no_grad():
+        t.as_strided_(info.new_size, info.new_stride, t.storage_offset() + info.new_offset)
+    torch._C._autograd._unsafe_set_version_counter((t,), (v,))
 
 
 def _plain(x: Any) -> Any:

@@ -64,6 +64,7 @@ class OutputInfo:
       ``graph``           computed by the graph (a fresh tensor, or a view of an intermediate)
       ``is_input``        the input ``base`` itself (returned as the same object)
       ``alias_of_input``  a view of input ``base``: regenerated from it at runtime
+      ``alias_of_output`` a view of output ``base``: regenerated from it at runtime
       ``same_as_output``  the same tensor as output ``base``
       ``constant``        a non-tensor value (``value``), fixed at trace time
     """
@@ -156,12 +157,15 @@ class AOTState:
         self.meta: ViewAndMutationMeta | None = None
         self.grad_enabled = torch.is_grad_enabled()
         self.needs_autograd = False
+        self.static_mask: list[bool] = []
         self.closed = False
+        self._open = [True]   # shared with the callables stage 2 builds
 
     # context manager -------------------------------------------------------------------------
     def close(self) -> None:
         if not self.closed:
             self.closed = True
+            self._open[0] = False
             self.stack.close()
 
     def __enter__(self) -> "AOTState":
@@ -294,6 +298,21 @@ def collect_metadata(flat_fn: Callable, fake_args: list, *, static: Sequence[boo
                 outputs.append(OutputInfo("graph", requires_grad=rg, differentiable=diff,
                                           size=tuple(o.shape), stride=tuple(o.stride()), dtype=dtype,
                                           device=str(o.device)))
+        # A view of another (non-view) output: regenerated from that output at runtime, so the
+        # two alias each other as in eager whatever the compiler does with the graph.
+        base_outputs: dict = {}
+        for k, (o, info) in enumerate(zip(outs, outputs)):
+            if info.kind == "graph" and o._base is None:
+                base_outputs.setdefault(StorageWeakRef(o.untyped_storage()), k)
+        for k, (o, info) in enumerate(zip(outs, outputs)):
+            if info.kind != "graph" or o._base is None:
+                continue
+            j = base_outputs.get(StorageWeakRef(o.untyped_storage()))
+            if j is None or j == k or outs[j].dtype != o.dtype:
+                continue
+            outputs[k] = OutputInfo("alias_of_output", base=j, requires_grad=info.requires_grad,
+                                    size=tuple(o.shape), stride=tuple(o.stride()),
+                                    rel_offset=o.storage_offset() - outs[j].storage_offset(), dtype=info.dtype)
         fm = U.fake_mode_of(fake_args)
         if fm is not None:
             fm.epoch += 1   # nothing traced here may be memoized into the real trace

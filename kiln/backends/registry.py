@@ -41,3 +41,4 @@ def list_backends() -> list[str]:
 
 def _load_builtins() -> None:
     from . import eager  # noqa: F401  (registers itself)
+    from . import aot  # noqa: F401  (registers "aot_eager")

@@ -1,0 +1,312 @@
+"""Stage 2, the alternative: ``stage2_export(state, capture) -> AOTArtifact``.
+
+The artifact holds the partitioned graphs and every piece of metadata the runtime needs (the
+runtime wrappers' data, which outputs get tangents, which primals get gradients...), as plain
+data: it round-trips through bytes and rebuilds, in any process, the same callable that
+``stage2_compile`` returns::
+
+    artifact = kiln.aot.stage2_export(state, capture)
+    blob = artifact.to_bytes()
+    fn = kiln.aot.AOTArtifact.from_bytes(blob).load()          # fw/bw_compiler optional
+
+Graphs are stored node by node (op, name, ATen target, arguments) as JSON next to their
+Python code (for reading), tensor constants with ``torch.save``; loading uses
+``torch.load(weights_only=True)``: no pickled code.
+"""
+from __future__ import annotations
+
+import io
+import json
+import math
+import operator
+from typing import Any, Callable
+
+import torch
+import torch.fx
+
+from ..errors import Unsupported
+from . import _utils as U
+from .compile import AOTCompiled, CompiledParts, assemble, build_parts
+from .runtime import wrapper_from_dict, wrapper_to_dict
+
+FORMAT = "kiln.aot.artifact"
+VERSION = 1
+
+_OPERATORS = {f"operator.{name}": getattr(operator, name) for name in (
+    "getitem", "add", "sub", "mul", "truediv", "floordiv", "mod", "neg", "pow", "eq", "ne", "lt", "le",
+    "gt", "ge", "and_", "or_", "not_")}
+_OPERATOR_NAMES = {v: k for k, v in _OPERATORS.items()}
+
+
+# ------------------------------------------------------------------------------------------------
+# Graph <-> plain data
+# ------------------------------------------------------------------------------------------------
+
+def _encode_target(t: Any) -> str:
+    if isinstance(t, torch._ops.OpOverload):
+        return f"torch.ops.{t.namespace}.{t._opname}.{t._overloadname}"
+    if t in _OPERATOR_NAMES:
+        return _OPERATOR_NAMES[t]
+    raise Unsupported(f"export: cannot serialize a call to {t!r} (only ATen ops and operator.*)")
+
+
+def _decode_target(s: str) -> Any:
+    if s in _OPERATORS:
+        return _OPERATORS[s]
+    parts = s.split(".")
+    if len(parts) != 5 or parts[:2] != ["torch", "ops"]:
+        raise ValueError(f"artifact: unknown call target {s!r}")
+    _, _, ns, op, overload = parts
+    return getattr(getattr(getattr(torch.ops, ns), op), overload)
+
+
+def _encode_arg(a: Any) -> Any:
+    if isinstance(a, torch.fx.Node):
+        return {"node": a.name}
+    if a is None or isinstance(a, (bool, int, str)):
+        return a
+    if isinstance(a, float):
+        if math.isinf(a) or math.isnan(a):
+            return {"float": repr(a)}
+        return a
+    if isinstance(a, (list, tuple)):
+        return {"list" if isinstance(a, list) else "tuple": [_encode_arg(x) for x in a]}
+    if isinstance(a, torch.dtype):
+        return {"dtype": str(a).replace("torch.", "")}
+    if isinstance(a, torch.device):
+        return {"device": str(a)}
+    if isinstance(a, torch.layout):
+        return {"layout": str(a).replace("torch.", "")}
+    if isinstance(a, torch.memory_format):
+        return {"memory_format": str(a).replace("torch.", "")}
+    if isinstance(a, complex):
+        return {"complex": [a.real, a.imag]}
+    if isinstance(a, dict):
+        return {"dict": [[k, _encode_arg(v)] for k, v in a.items()]}
+    raise Unsupported(f"export: cannot serialize argument {a!r} of type {type(a).__name__}")
+
+
+def _decode_arg(a: Any, env: dict) -> Any:
+    if not isinstance(a, dict):
+        return a
+    (k, v), = a.items()
+    if k == "node":
+        return env[v]
+    if k == "float":
+        return float(v)
+    if k == "list":
+        return [_decode_arg(x, env) for x in v]
+    if k == "tuple":
+        return tuple(_decode_arg(x, env) for x in v)
+    if k == "dtype":
+        return U.dtype_from_str(v)
+    if k == "device":
+        return torch.device(v)
+    if k == "layout":
+        return getattr(torch, v)
+    if k == "memory_format":
+        return getattr(torch, v)
+    if k == "complex":
+        return complex(*v)
+    if k == "dict":
+        return {kk: _decode_arg(vv, env) for kk, vv in v}
+    raise ValueError(f"artifact: unknown argument encoding {k!r}")
+
+
+def _val_meta(v: Any) -> Any:
+    if isinstance(v, torch.Tensor):
+        return U.meta_of_tensor(v)
+    return None
+
+
+def graph_to_data(gm: torch.fx.GraphModule) -> tuple[dict, dict]:
+    """(JSON-able description of ``gm``'s graph, its tensor constants)."""
+    nodes = []
+    constants = {}
+    for n in gm.graph.nodes:
+        d: dict = {"op": n.op, "name": n.name}
+        if n.op == "placeholder":
+            d["meta"] = _val_meta(n.meta.get("val"))
+            for k in ("kiln_static", "kiln_mutated", "kiln_requires_grad", "kiln_source", "kiln_tangent"):
+                if k in n.meta:
+                    d.setdefault("tags", {})[k] = n.meta[k]
+        elif n.op == "get_attr":
+            d["target"] = n.target
+            obj = gm
+            for part in n.target.split("."):
+                obj = getattr(obj, part)
+            if not isinstance(obj, torch.Tensor):
+                raise Unsupported(f"export: graph attribute {n.target} is a {type(obj).__name__}, not a tensor")
+            constants[n.target] = obj.detach().clone()
+        elif n.op == "call_function":
+            d["target"] = _encode_target(n.target)
+            d["args"] = _encode_arg(tuple(n.args))
+            d["kwargs"] = _encode_arg(dict(n.kwargs))
+            if "kiln_phase" in n.meta:
+                d["phase"] = n.meta["kiln_phase"]
+        elif n.op == "output":
+            d["args"] = _encode_arg(tuple(n.args))
+        else:
+            raise Unsupported(f"export: cannot serialize a {n.op} node ({n.name})")
+        nodes.append(d)
+    return {"nodes": nodes, "code": gm.code}, constants
+
+
+def graph_from_data(data: dict, constants: dict, fake_mode=None, class_name: str = "KilnGraph") -> torch.fx.GraphModule:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    fake_mode = fake_mode or FakeTensorMode()
+    g = torch.fx.Graph()
+    env: dict = {}
+    root = torch.nn.Module()
+    for d in data["nodes"]:
+        op = d["op"]
+        if op == "placeholder":
+            n = g.placeholder(d["name"])
+            m = d.get("meta")
+            if m is not None:
+                n.meta["val"] = U.fake_like(fake_mode, m["shape"], m["stride"], U.dtype_from_str(m["dtype"]),
+                                            torch.device(m["device"]), m.get("requires_grad", False))
+            n.meta.update(d.get("tags", {}))
+        elif op == "get_attr":
+            target = d["target"]
+            obj = root
+            *path, last = target.split(".")
+            for p in path:
+                if not hasattr(obj, p):
+                    obj.add_module(p, torch.nn.Module())
+                obj = getattr(obj, p)
+            obj.register_buffer(last, constants[target])
+            n = g.create_node("get_attr", target, name=d["name"])
+        elif op == "call_function":
+            n = g.create_node("call_function", _decode_target(d["target"]), _decode_arg(d["args"], env),
+                              _decode_arg(d["kwargs"], env), name=d["name"])
+            if "phase" in d:
+                n.meta["kiln_phase"] = d["phase"]
+        elif op == "output":
+            n = g.output(*_decode_arg(d["args"], env))
+        else:
+            raise ValueError(f"artifact: unknown node op {op!r}")
+        if n.name != d["name"] and op != "output":
+            raise ValueError(f"artifact: node name {d['name']!r} is taken")
+        env[d["name"]] = n
+    g.lint()
+    return torch.fx.GraphModule(root, g, class_name=class_name)
+
+
+# ------------------------------------------------------------------------------------------------
+# The artifact
+# ------------------------------------------------------------------------------------------------
+
+class AOTArtifact:
+    """Exported stage-2 result: graphs + metadata, serializable. ``load()`` builds the callable."""
+
+    def __init__(self, parts: CompiledParts):
+        self.parts = parts
+
+    @property
+    def kind(self) -> str:
+        return self.parts.kind
+
+    @property
+    def forward_graph(self) -> torch.fx.GraphModule:
+        return self.parts.forward
+
+    @property
+    def backward_graph(self) -> torch.fx.GraphModule | None:
+        return self.parts.backward
+
+    @property
+    def saved_tensor_bytes(self) -> int:
+        return self.parts.saved_bytes
+
+    # serialization -------------------------------------------------------------------------
+    def to_dict(self) -> tuple[dict, dict]:
+        p = self.parts
+        graphs, constants = {}, {}
+        for name, gm in (("forward", p.forward), ("backward", p.backward)):
+            if gm is None:
+                continue
+            graphs[name], constants[name] = graph_to_data(gm)
+        meta = {
+            "format": FORMAT, "version": VERSION, "torch": torch.__version__,
+            "kind": p.kind, "num_fw_outputs": p.num_fw_outputs,
+            "tangent_positions": list(p.tangent_positions),
+            "fw_output_requires_grad": list(p.fw_output_requires_grad),
+            "primal_requires_grad": list(p.primal_requires_grad),
+            "grad_enabled": p.grad_enabled,
+            "wrappers": [wrapper_to_dict(w) for w in p.wrappers],
+            "saved": list(p.saved), "saved_bytes": p.saved_bytes, "saved_input_bytes": p.saved_input_bytes,
+            "partitioner": p.partitioner,
+            "graphs": graphs,
+        }
+        return meta, constants
+
+    def to_bytes(self) -> bytes:
+        meta, constants = self.to_dict()
+        try:
+            text = json.dumps(meta)
+        except TypeError as e:
+            raise Unsupported(f"export: metadata is not serializable ({e}); e.g. a constant output of an "
+                              "unsupported type") from e
+        buf = io.BytesIO()
+        torch.save({"format": FORMAT, "version": VERSION, "meta": text, "constants": constants}, buf)
+        return buf.getvalue()
+
+    @classmethod
+    def from_bytes(cls, blob: bytes) -> "AOTArtifact":
+        obj = torch.load(io.BytesIO(blob), weights_only=True)
+        if not isinstance(obj, dict) or obj.get("format") != FORMAT:
+            raise ValueError("not a kiln AOT artifact")
+        if obj.get("version") != VERSION:
+            raise ValueError(f"kiln AOT artifact version {obj.get('version')} is not supported (this kiln reads {VERSION})")
+        meta = json.loads(obj["meta"])
+        return cls.from_dict(meta, obj["constants"])
+
+    @classmethod
+    def from_dict(cls, meta: dict, constants: dict) -> "AOTArtifact":
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        fake_mode = FakeTensorMode()
+        graphs = {name: graph_from_data(d, constants.get(name, {}), fake_mode,
+                                        class_name="Kiln" + name.capitalize())
+                  for name, d in meta["graphs"].items()}
+        parts = CompiledParts(
+            kind=meta["kind"], forward=graphs["forward"], backward=graphs.get("backward"),
+            num_fw_outputs=meta["num_fw_outputs"], tangent_positions=meta["tangent_positions"],
+            fw_output_requires_grad=meta["fw_output_requires_grad"],
+            primal_requires_grad=meta["primal_requires_grad"], grad_enabled=meta["grad_enabled"],
+            wrappers=[wrapper_from_dict(w) for w in meta["wrappers"]], saved=meta["saved"],
+            saved_bytes=meta["saved_bytes"], saved_input_bytes=meta["saved_input_bytes"],
+            partitioner=meta.get("partitioner", ""))
+        return cls(parts)
+
+    def save(self, path: str) -> None:
+        with open(path, "wb") as f:
+            f.write(self.to_bytes())
+
+    @classmethod
+    def load_file(cls, path: str) -> "AOTArtifact":
+        with open(path, "rb") as f:
+            return cls.from_bytes(f.read())
+
+    # rebuilding ------------------------------------------------------------------------------
+    def load(self, fw_compiler: Callable | None = None, bw_compiler: Callable | None = None,
+             inference_compiler: Callable | None = None) -> AOTCompiled:
+        """The callable (same as ``stage2_compile``'s with the same compilers)."""
+        return assemble(self.parts, fw_compiler, bw_compiler, inference_compiler)
+
+    def as_text(self) -> str:
+        return AOTCompiled(None, self.parts).as_text().replace("# kiln AOT", "# kiln AOT artifact:", 1)
+
+    def __repr__(self) -> str:
+        return f"<kiln.aot.AOTArtifact {self.kind}, {len(self.to_bytes())} bytes>"
+
+
+def stage2_export(state, capture, partition_fn: Any = None) -> AOTArtifact:
+    """Partition the capture and package graphs + metadata (nothing compiled)."""
+    parts = build_parts(state, capture, partition_fn)
+    for gm in (parts.forward, parts.backward):
+        if gm is not None:
+            graph_to_data(gm)   # fail here, not at to_bytes(), on what cannot be serialized
+    return AOTArtifact(parts)

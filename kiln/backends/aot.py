@@ -1,0 +1,42 @@
+"""AOT autograd backends: ``aot_backend(fw_compiler, bw_compiler=None, partition_fn=None)``
+builds a kiln backend that runs kiln's staged AOT autograd (``kiln.aot``) on each captured
+graph and compiles the forward and backward graphs with the given compilers; ``"aot_eager"``
+is that backend with both graphs run as FX.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch.fx
+
+from .registry import register_backend
+
+
+def aot_backend(fw_compiler: Callable | None = None, bw_compiler: Callable | None = None,
+                partition_fn: Any = None, inference_compiler: Callable | None = None,
+                decompositions: dict | None = None) -> Callable:
+    """A kiln backend ``(gm, example_inputs) -> callable`` running kiln's AOT autograd.
+
+    ``fw_compiler``/``bw_compiler``/``inference_compiler`` are ``(gm, example_inputs) ->
+    callable`` (torch's backend convention) and receive functional ATen graphs with fake example
+    inputs; ``bw_compiler`` and ``inference_compiler`` default to ``fw_compiler``, which defaults
+    to running the graph as FX. ``partition_fn``: ``"default"``, ``"min_cut"`` or a callable
+    (see ``kiln.aot.partition``); None means ``kiln.aot.config.partition_fn``.
+    """
+    from ..aot import create_aot_state, stage1_graph_capture, stage2_compile
+
+    def kiln_aot_backend(gm: torch.fx.GraphModule, example_inputs: list):
+        with create_aot_state(gm, example_inputs, decompositions=decompositions) as state:
+            capture = stage1_graph_capture(state)
+            compiled = stage2_compile(state, capture, fw_compiler=fw_compiler, bw_compiler=bw_compiler,
+                                      partition_fn=partition_fn, inference_compiler=inference_compiler)
+        return compiled
+
+    kiln_aot_backend.__name__ = "aot_backend"
+    kiln_aot_backend.fw_compiler = fw_compiler
+    kiln_aot_backend.bw_compiler = bw_compiler
+    kiln_aot_backend.partition_fn = partition_fn
+    return kiln_aot_backend
+
+
+aot_eager = register_backend("aot_eager", aot_backend())

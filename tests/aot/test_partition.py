@@ -1,0 +1,122 @@
+"""Default and min-cut partitioners: same gradients, less saved memory for the min-cut."""
+import pytest
+import torch
+import torch.nn as nn
+
+from kiln.aot import create_aot_state, stage1_graph_capture, stage2_compile
+from kiln.aot.partition import partition_capture
+from kiln.testing import assert_same
+
+from _aot_helpers import DT, rg, rn
+
+aten = torch.ops.aten
+
+
+def _capture(fn, args, **kw):
+    st = create_aot_state(fn, args, **kw)
+    return st, stage1_graph_capture(st)
+
+
+def _grads(compiled, args, grad_of):
+    for a in grad_of:
+        a.grad = None
+    out = compiled(*args)
+    out = out if isinstance(out, torch.Tensor) else out[0]
+    (out * torch.linspace(0, 1, out.numel(), dtype=out.dtype).view(out.shape)).sum().backward()
+    return [a.grad.clone() for a in grad_of]
+
+
+def test_min_cut_recomputes_a_pointwise_chain():
+    def f(x):
+        return ((x.sin() * 2).cos() + 1).exp().tanh()
+    x = rg(64, 64)
+    st, cap = _capture(f, [x])
+    with st:
+        d = partition_capture(cap, "default")
+        m = partition_capture(cap, "min_cut")
+        assert m.saved_bytes < d.saved_bytes
+        assert m.saved == ["primals_1"] and m.saved_activation_bytes == 0
+        compiled = [stage2_compile(st, cap, partition_fn=p) for p in ("default", "min_cut")]
+    results = [_grads(c, [x], [x]) for c in compiled]
+    x2 = x.detach().clone().requires_grad_(True)
+    ref = _grads(f, [x2], [x2])
+    assert_same(results[0], ref)
+    assert_same(results[1], ref)
+
+
+def test_min_cut_never_recomputes_matmul_or_random_ops():
+    def f(x, w1, w2):
+        h = torch.nn.functional.dropout((x @ w1).relu(), 0.3)
+        return (h @ w2).sin()
+    x, w1, w2 = rn(16, 32), rg(32, 32), rg(32, 8)
+    st, cap = _capture(f, [x, w1, w2])
+    with st:
+        d = partition_capture(cap, "default")
+        m = partition_capture(cap, "min_cut")
+    n_mm = lambda gm: sum(1 for n in gm.graph.nodes if n.target in (aten.mm.default, aten.addmm.default))
+    assert n_mm(m.backward) == n_mm(d.backward)
+    assert "native_dropout" not in m.backward.code
+    assert m.saved_bytes <= d.saved_bytes
+
+
+def test_min_cut_treats_parameters_as_free_and_mutated_inputs_as_unsaveable():
+    def f(x, buf, w):
+        buf.add_(1)
+        return (x * w).sin() * buf
+    x, buf, w = rg(8), rn(8), rg(8)
+    st, cap = _capture(f, [x, buf, w], static_input_indices=[1, 2])
+    with st:
+        m = partition_capture(cap, "min_cut")
+        assert "primals_2" not in m.saved          # the mutated buffer is copied into after forward
+        compiled = stage2_compile(st, cap, partition_fn="min_cut")
+    b0 = buf.clone()
+    out = compiled(x, buf, w)
+    out.sum().backward()
+    x2, w2, b2 = x.detach().clone().requires_grad_(True), w.detach().clone().requires_grad_(True), b0.clone()
+    f(x2, b2, w2).sum().backward()
+    assert_same(buf, b2)
+    assert_same((x.grad, w.grad), (x2.grad, w2.grad))
+
+
+@pytest.mark.parametrize("partition", ["default", "min_cut"])
+def test_transformer_block_partitions(partition):
+    block = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True).to(DT)
+    names = [n for n, _ in block.named_parameters()]
+    params = [p for _, p in block.named_parameters()]
+
+    def f(x, *ps):
+        return torch.func.functional_call(block, dict(zip(names, ps)), (x,))
+    x = rn(2, 8, 32)
+    st, cap = _capture(f, [x, *params], static_input_indices=list(range(1, len(params) + 1)))
+    with st:
+        p = partition_capture(cap, partition)
+        compiled = stage2_compile(st, cap, partition_fn=partition)
+    assert p.saved_bytes > 0
+    got = _grads(compiled, [x, *params], params)
+    ref = _grads(block, [x], params)
+    assert_same(got, ref)
+
+
+def test_min_cut_saves_less_than_default_on_a_transformer_block():
+    block = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True, activation="gelu").to(DT)
+    names = [n for n, _ in block.named_parameters()]
+    params = [p for _, p in block.named_parameters()]
+
+    def f(x, *ps):
+        return torch.func.functional_call(block, dict(zip(names, ps)), (x,))
+    st, cap = _capture(f, [rn(2, 8, 32), *params], static_input_indices=list(range(1, len(params) + 1)))
+    with st:
+        d = partition_capture(cap, "default")
+        m = partition_capture(cap, "min_cut")
+    assert m.saved_activation_bytes < d.saved_activation_bytes
+
+
+def test_partition_fn_returning_the_wrong_graphs_is_an_error():
+    def bad(joint, joint_inputs, *, num_fwd_outputs):
+        from kiln.aot import default_partition
+
+        fw, bw = default_partition(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs)
+        return fw, fw
+    st, cap = _capture(lambda x: x.sin(), [rg(3)])
+    with st, pytest.raises(ValueError, match="backward takes"):
+        stage2_compile(st, cap, partition_fn=bad)

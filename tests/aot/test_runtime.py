@@ -1,0 +1,249 @@
+"""Runtime wrappers and what is rejected: duplicate and aliased inputs, mutations, RNG,
+requires_grad of outputs, and kiln.Unsupported (never a wrong gradient)."""
+import pytest
+import torch
+
+import kiln
+from kiln.aot import create_aot_state, stage1_graph_capture, stage2_compile
+from kiln.testing import assert_same
+
+from _aot_helpers import DT, rg, rn
+
+
+def compile_fn(fn, args, **kw):
+    with create_aot_state(fn, args, **kw) as st:
+        return stage2_compile(st, stage1_graph_capture(st))
+
+
+def test_wrappers_are_recorded_in_pre_capture_order():
+    def f(x, y, n, b):
+        b.add_(n)
+        return x * y
+    x = rn(3)
+    b = rn(6)
+    with create_aot_state(f, [x, x, 2, b[1:4]]) as st:
+        kinds = [w.kind for w in st.wrappers]
+    assert kinds == ["rng_state", "non_tensor_inputs", "dedup_inputs", "mutations_and_aliases"]
+
+
+def test_duplicate_inputs_are_deduplicated_and_checked():
+    def f(x, y):
+        return x * y
+    x = rg(3)
+    compiled = compile_fn(f, [x, x])
+    assert compiled.forward_graph.code.count("primals_") >= 1
+    assert len([n for n in compiled.forward_graph.graph.nodes if n.op == "placeholder"]) == 1
+    out = compiled(x, x)
+    out.sum().backward()
+    assert_same(x.grad, 2 * x.detach())
+    with pytest.raises(kiln.Unsupported, match="same tensor"):
+        compiled(x, rg(3))
+
+
+def test_non_tensor_inputs_are_specialized_and_checked():
+    compiled = compile_fn(lambda x, n, s: x * n if s == "mul" else x + n, [rn(3), 3, "mul"])
+    x = rn(3)
+    assert_same(compiled(x, 3, "mul"), x * 3)
+    with pytest.raises(kiln.Unsupported, match="non-tensor input 1"):
+        compiled(x, 4, "mul")
+
+
+def test_synthetic_base_common_base():
+    def f(a, b):
+        b.mul_(2)
+        return a + 1
+    base = rn(6)
+    a, b = base[:4], base[2:]
+    with create_aot_state(f, [a, b]) as st:
+        assert [w.kind for w in st.wrappers][-2:] == ["synthetic_bases", "mutations_and_aliases"]
+        compiled = stage2_compile(st, stage1_graph_capture(st))
+    base2 = base.clone()
+    out = compiled(a, b)
+    ref_a, ref_b = base2[:4], base2[2:]
+    ref_b.mul_(2)
+    assert_same(out, ref_a + 1)
+    assert_same(base, base2)
+    other = rn(6)
+    with pytest.raises(kiln.Unsupported, match="views of one base"):
+        compiled(other[:4], rn(6)[2:])
+
+
+def test_synthetic_base_whole_storage():
+    t = rn(6)
+    a = t[:4]
+    b = torch.empty(0, dtype=DT).set_(t.untyped_storage(), 2, (4,), (1,))   # no common _base
+    assert b._base is None and a._base is t
+
+    def f(a, b):
+        b.add_(1)
+        return a * 1
+    compiled = compile_fn(f, [a, b])
+    t2 = t.clone()
+    out = compiled(a, b)
+    t2[2:6] += 1
+    assert_same(out, t2[:4])
+    assert_same(t, t2)
+
+
+def test_aliased_inputs_requiring_grad_without_common_base_are_rejected():
+    leaf = rg(6)
+    base = leaf * 1
+    a = base[:4]
+    b = base.detach()[2:]           # shares memory; another base; no grad
+
+    def f(a, b):
+        b.add_(1)
+        return a * 2
+    with pytest.raises(kiln.Unsupported, match="share memory"):
+        create_aot_state(f, [a, b])
+
+
+def test_mutated_input_aliasing_at_runtime_is_rejected():
+    def f(x, y):
+        x.add_(1)
+        return x * y
+    compiled = compile_fn(f, [rn(3), rn(3)])
+    base = rn(4)
+    with pytest.raises(kiln.Unsupported, match="shares memory"):
+        compiled(base[:3], base[1:])
+
+
+def test_storage_swap_is_rejected():
+    def f(x, y):
+        x.set_(y)
+        return x + 1
+    with pytest.raises(kiln.Unsupported, match="set_"):
+        create_aot_state(f, [rn(3), rn(3)])
+
+
+def test_metadata_mutation_of_input_requiring_grad_is_rejected():
+    def f(x):
+        x.t_()
+        return x * 2
+    with pytest.raises(kiln.Unsupported, match="metadata mutation"):
+        create_aot_state(f, [rg(2, 3) * 1])
+
+
+def test_data_dependent_ops_are_rejected():
+    with pytest.raises(kiln.Unsupported, match="data-dependent"):
+        create_aot_state(lambda x: x[x > 0], [rn(5)])
+
+
+def test_requires_grad_mismatch_at_runtime_is_rejected():
+    compiled = compile_fn(lambda x, w: x * w, [rn(3), rg(3)])
+    with pytest.raises(kiln.Unsupported, match="requires grad"):
+        compiled(rg(3), rg(3))
+    with torch.no_grad():
+        compiled(rg(3), rg(3))          # fine without grad mode
+    inf = compile_fn(lambda x: x * 2, [rn(3)])
+    with pytest.raises(kiln.Unsupported, match="requires grad"):
+        inf(rg(3))
+
+
+def test_double_backward_is_an_error_not_a_wrong_gradient():
+    compiled = compile_fn(lambda x: x.sin(), [rg(3)])
+    x = rg(3)
+    y = compiled(x)
+    with pytest.raises(kiln.Unsupported, match="double backward"):
+        torch.autograd.grad(y.sum(), [x], create_graph=True)
+    (g,) = torch.autograd.grad(compiled(x).sum(), [x])      # first order is fine
+    assert_same(g, x.detach().cos())
+
+
+def test_outputs_requires_grad_and_non_differentiable():
+    def f(x):
+        return x * 2, x.argmax(), (x > 0), x.detach(), x.sum().detach()
+    x = rg(4)
+    outs = compile_fn(f, [x])(x)
+    assert [o.requires_grad for o in outs] == [True, False, False, False, False]
+    assert outs[3].data_ptr() == x.data_ptr()            # detach aliases the input, as in eager
+
+
+def test_unused_outputs_and_noncontiguous_grads():
+    def f(x, w):
+        y = x @ w
+        return y, y.sin(), y.cos()
+    x, w = rn(3, 4), rg(4, 5)
+    compiled = compile_fn(f, [x, w])
+    a, b, c = compiled(x, w)
+    (b.t() * torch.arange(15, dtype=DT).view(5, 3)).sum().backward()      # a, c unused
+    w2 = w.detach().clone().requires_grad_(True)
+    _, b2, _ = f(x, w2)
+    (b2.t() * torch.arange(15, dtype=DT).view(5, 3)).sum().backward()
+    assert_same(w.grad, w2.grad)
+    w.grad = None
+    a, _, _ = compiled(x, w)
+    a.sum().backward()                    # expanded (stride 0) gradient
+    assert_same(w.grad, x.sum(0, keepdim=True).t().expand(4, 5))
+
+
+def test_compiling_draws_no_random_numbers_and_dropout_matches_eager():
+    def f(x, w):
+        return torch.nn.functional.dropout(x @ w, 0.5) * 2
+    x, w = rn(8, 8), rg(8, 8)
+    torch.manual_seed(7)
+    compiled = compile_fn(f, [x, w])
+    r1 = torch.rand(3)
+    torch.manual_seed(7)
+    r2 = torch.rand(3)
+    assert_same(r1, r2)
+    for p in ("default", "min_cut"):
+        with create_aot_state(f, [x, w]) as st:
+            compiled = stage2_compile(st, stage1_graph_capture(st), partition_fn=p)
+        bw = compiled.backward_graph.code
+        assert "dropout" not in bw and "bernoulli" not in bw and "rand" not in bw
+        torch.manual_seed(3)
+        out = compiled(x, w)
+        w2 = w.detach().clone().requires_grad_(True)
+        torch.manual_seed(3)
+        ref = f(x, w2)
+        assert_same(out, ref)
+        w.grad = None
+        out.sum().backward()
+        ref.sum().backward()
+        assert_same(w.grad, w2.grad)
+
+
+def test_unused_random_op_still_draws():
+    def f(x):
+        torch.rand(4)          # eager draws these numbers even though nothing uses them
+        return x + torch.rand(3)
+    x = rn(3)
+    compiled = compile_fn(f, [x])
+    torch.manual_seed(5)
+    a = compiled(x)
+    torch.manual_seed(5)
+    assert_same(a, f(x).to(a.dtype))
+
+
+def test_mutation_under_no_grad_of_a_parameter():
+    def f(x, w):
+        y = x + w
+        with torch.no_grad():
+            w.mul_(0.5)
+        return y
+    x = rn(3)
+    w = rg(3)
+    w_ref = w.detach().clone().requires_grad_(True)
+    compiled = compile_fn(f, [x, w])
+    out = compiled(x, w)
+    ref = f(x, w_ref)
+    assert_same(out, ref)
+    assert_same(w.detach(), w_ref.detach())
+    out.sum().backward()
+    ref.sum().backward()
+    assert_same(w.grad, w_ref.grad)
+
+
+def test_saved_tensor_hooks_run_at_runtime():
+    packed = []
+
+    def pack(t):
+        packed.append(t.shape)
+        return t
+
+    compiled = compile_fn(lambda x, w: (x * w).sin(), [rn(3), rg(3)])
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        y = compiled(rn(3), rg(3))
+    assert packed                       # the compiled Function's saved tensors went through the hook
+    y.sum().backward()
