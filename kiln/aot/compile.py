@@ -20,8 +20,30 @@ from .runtime import apply_post_compile
 
 
 def run_as_fx(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
-    """The default compiler: run the graph as it is (FX codegen'd Python)."""
-    return gm.forward
+    """The default compiler: run the graph as it is (FX codegen'd Python).
+
+    Returns a boxed callable (``_boxed_call = True``: it takes one list of arguments and empties
+    it), so that the backward frees each saved tensor after its last use instead of holding all
+    of them until it returns. Other compilers may return plain ``f(*args)`` callables."""
+    from torch.fx.graph import _BoxedCodeGen
+
+    g = torch.fx.Graph()
+    g.output(g.graph_copy(gm.graph, {}))
+    g.set_codegen(_BoxedCodeGen())
+    forward = torch.fx.GraphModule(gm, g, class_name=type(gm).__name__).forward
+
+    def boxed(args: list):
+        return forward(args)
+    boxed._boxed_call = True
+    boxed.graph_module = gm
+    return boxed
+
+
+def _caller(fn: Callable) -> Callable[[list], Any]:
+    """Call a compiled graph with a list of arguments, boxed (the list is consumed) or not."""
+    if getattr(fn, "_boxed_call", False):
+        return fn
+    return lambda args: fn(*args)
 
 
 @dataclass
@@ -106,6 +128,7 @@ def _requires_grad_check(parts: CompiledParts) -> Callable[[tuple], None]:
 
 
 def _make_training_core(fw: Callable, bw: Callable, parts: CompiledParts) -> Callable:
+    fw, bw = _caller(fw), _caller(bw)
     nfw = parts.num_fw_outputs
     tangent_positions = list(parts.tangent_positions)
     nondiff = [k for k, rg in enumerate(parts.fw_output_requires_grad) if not rg]
@@ -114,7 +137,7 @@ def _make_training_core(fw: Callable, bw: Callable, parts: CompiledParts) -> Cal
     class KilnAOTFunction(torch.autograd.Function):
         @staticmethod
         def forward(ctx, *primals):
-            outs = fw(*primals)
+            outs = fw(list(primals))
             saved = outs[nfw:]
             tensors = [s for s in saved if isinstance(s, torch.Tensor)]
             if len(tensors) == len(saved):
@@ -133,15 +156,15 @@ def _make_training_core(fw: Callable, bw: Callable, parts: CompiledParts) -> Cal
             if torch.is_grad_enabled():   # create_graph=True: the backward graph is not differentiable
                 raise Unsupported("AOT autograd: double backward (create_graph=True) through a kiln-compiled "
                                   "graph is not supported; compile with backend='eager' for it")
-            saved = list(ctx.saved_tensors)
+            args = list(ctx.saved_tensors)
+            ctx.maybe_clear_saved_tensors()     # the graph frees each after its last use
             if ctx.kiln_other is not None:
                 for i, s in ctx.kiln_other:
-                    saved.insert(i, s)
-            tangents = []
+                    args.insert(i, s)
             for k in tangent_positions:
                 g = grad_outs[k]
-                tangents.append(g if g.is_contiguous() else g.contiguous())
-            return tuple(bw(*saved, *tangents))
+                args.append(g if g.is_contiguous() else g.contiguous())
+            return tuple(bw(args))
 
     KilnAOTFunction.__name__ = "KilnAOTFunction"
     apply = KilnAOTFunction.apply
@@ -155,11 +178,12 @@ def _make_training_core(fw: Callable, bw: Callable, parts: CompiledParts) -> Cal
 
 def _make_inference_core(fw: Callable, parts: CompiledParts) -> Callable:
     check = _requires_grad_check(parts)
+    fw = _caller(fw)
 
     def inference_core(*args):
         check(args)
         with torch.no_grad():
-            return fw(*args)
+            return fw(list(args))
     return inference_core
 
 

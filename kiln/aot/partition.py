@@ -112,10 +112,49 @@ class _Joint:
         fw_set = self.fw
         fw_graph = U.extract_graph(self.graph, self.primals, list(self.fw_outs) + saved,
                                    keep=lambda n: U.is_random(n) and n in fw_set)
-        bw_graph = U.extract_graph(self.graph, saved + self.tangents, list(self.grads))
+        bw_graph = _recompute_at_first_use(U.extract_graph(self.graph, saved + self.tangents, list(self.grads)))
         fw = torch.fx.GraphModule(gm, fw_graph, class_name="KilnForward")
         bw = torch.fx.GraphModule(gm, bw_graph, class_name="KilnBackward")
         return fw, bw
+
+
+def _recompute_at_first_use(g: torch.fx.Graph) -> torch.fx.Graph:
+    """Order the backward as the gradient computation needs it: a node that does not depend on a
+    tangent (a recomputed forward value, a view of a saved value) runs just before its first
+    user, not at the top of the backward where it would stay alive until that use."""
+    phs = [n for n in g.nodes if n.op == "placeholder"]
+    tangent_dep = {p for p in phs if _is_tangent(p)}
+    for n in g.nodes:
+        if n.op != "placeholder" and any(a in tangent_dep for a in n.all_input_nodes):
+            tangent_dep.add(n)
+    order: list = []
+    done = set(phs)
+
+    def emit(root):
+        stack = [(root, False)]
+        while stack:
+            n, expanded = stack.pop()
+            if n in done:
+                continue
+            if expanded:
+                done.add(n)
+                order.append(n)
+                continue
+            stack.append((n, True))
+            for a in reversed(n.all_input_nodes):
+                if a not in done:
+                    stack.append((a, False))
+
+    for n in g.nodes:
+        if n.op == "output" or (n in tangent_dep and n.op != "placeholder") or U.is_random(n):
+            emit(n)
+    new = torch.fx.Graph()
+    env: dict = {}
+    for p in phs:
+        env[p] = new.node_copy(p, lambda a: env[a])
+    for n in order:
+        env[n] = new.node_copy(n, lambda a: env[a])
+    return new
 
 
 def _only_tensor_arg(n: torch.fx.Node) -> bool:
