@@ -188,7 +188,7 @@ def run(args) -> dict:
         results.append({"variant": name, "saved_activation_bytes": act, "saved_input_bytes": inp,
                         "kiln_saved_bytes_estimate": est, "peak_bytes": peak,
                         "step_ms": statistics.median(times) * 1e3, "max_grad_diff_vs_eager": diff})
-        del fn, model
+        fn = model = params = None   # free this variant's memory before the next
     return {"device": str(device), "torch": torch.__version__,
             "config": {k: getattr(args, k) for k in ("layers", "batch", "seq", "dim", "heads", "ffn", "dropout")},
             "peak_method": "torch.cuda.max_memory_allocated" if device.type == "cuda"

@@ -108,7 +108,6 @@ def stage1_graph_capture(state: AOTState) -> AOTGraphCapture:
     primals = list(state.flat_args)
     n = len(primals)
     nfw = meta.num_fw_outputs
-    mode = state.fake_mode
     prior_grad = torch.is_grad_enabled()
 
     if not state.needs_autograd:

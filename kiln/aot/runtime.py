@@ -449,7 +449,6 @@ class MutationsAndAliases(RuntimeWrapper):
         return "mutations_and_aliases(" + "; ".join(parts) + ")"
 
     def to_dict(self):
-        from .state import InputInfo, OutputInfo  # noqa: F401
         import dataclasses
 
         m = self.meta

@@ -5,7 +5,8 @@ requires grad).
 The ExitStack of an ``AOTState`` holds the fake mode, the python dispatcher, single-threaded
 autograd (the joint is traced through ``torch.autograd.grad``) and deferred saved-tensor hooks.
 It stays open across the stages and closes exactly once: ``state.close()``, or leave the
-``with`` block::
+``with`` block (a state must be closed: its fake mode stays entered until then; close states in
+the reverse order of their creation, as with any context manager)::
 
     with kiln.aot.create_aot_state(fn, example_inputs) as state:
         capture = kiln.aot.stage1_graph_capture(state)
@@ -15,14 +16,13 @@ It stays open across the stages and closes exactly once: ``state.close()``, or l
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import torch
 import torch.fx
 import torch.utils._pytree as pytree
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
 from torch.multiprocessing.reductions import StorageWeakRef
 
@@ -174,13 +174,6 @@ class AOTState:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def __del__(self):  # an unclosed state must not leave a fake mode entered forever
-        try:
-            if not self.closed:
-                self.close()
-        except Exception:
-            pass
-
     # inspection ------------------------------------------------------------------------------
     @property
     def input_info(self) -> list[InputInfo]:
@@ -195,6 +188,9 @@ class AOTState:
                  f"{'training (joint forward+backward)' if self.needs_autograd else 'inference'}"]
         lines.append("wrappers (pre-capture order): " + (", ".join(w.describe() for w in self.wrappers) or "none"))
         lines.append(self.meta.as_text())
+        if isinstance(self.fn, torch.fx.GraphModule):
+            lines.append("# the function (torch-level FX graph):")
+            lines.append(self.fn.code.strip("\n"))
         return "\n".join(lines)
 
     def __repr__(self) -> str:
@@ -298,21 +294,29 @@ def collect_metadata(flat_fn: Callable, fake_args: list, *, static: Sequence[boo
                 outputs.append(OutputInfo("graph", requires_grad=rg, differentiable=diff,
                                           size=tuple(o.shape), stride=tuple(o.stride()), dtype=dtype,
                                           device=str(o.device)))
-        # A view of another (non-view) output: regenerated from that output at runtime, so the
-        # two alias each other as in eager whatever the compiler does with the graph.
-        base_outputs: dict = {}
+        # Outputs that share memory with another output that is not a view (``y, y.view(-1)``,
+        # ``y, y.detach()``): regenerated from that output at runtime, so they alias it as in
+        # eager whatever the compiler does, and the graph never returns one tensor twice.
+        groups: dict = {}
         for k, (o, info) in enumerate(zip(outs, outputs)):
-            if info.kind == "graph" and o._base is None:
-                base_outputs.setdefault(StorageWeakRef(o.untyped_storage()), k)
-        for k, (o, info) in enumerate(zip(outs, outputs)):
-            if info.kind != "graph" or o._base is None:
+            if info.kind == "graph":
+                groups.setdefault(StorageWeakRef(o.untyped_storage()), []).append(k)
+        for ks in groups.values():
+            if len(ks) < 2:
                 continue
-            j = base_outputs.get(StorageWeakRef(o.untyped_storage()))
-            if j is None or j == k or outs[j].dtype != o.dtype:
-                continue
-            outputs[k] = OutputInfo("alias_of_output", base=j, requires_grad=info.requires_grad,
-                                    size=tuple(o.shape), stride=tuple(o.stride()),
-                                    rel_offset=o.storage_offset() - outs[j].storage_offset(), dtype=info.dtype)
+            roots = [k for k in ks if outs[k]._base is None]
+            if not roots:
+                continue        # views of an intermediate that is not returned: left as they are
+            grad_roots = [k for k in roots if outs[k].requires_grad]
+            j = (grad_roots or roots)[0]
+            for k in ks:
+                o = outs[k]
+                if k == j or o.dtype != outs[j].dtype:
+                    continue
+                outputs[k] = OutputInfo("alias_of_output", base=j, requires_grad=outputs[k].requires_grad,
+                                        size=tuple(o.shape), stride=tuple(o.stride()),
+                                        rel_offset=o.storage_offset() - outs[j].storage_offset(),
+                                        dtype=outputs[k].dtype)
         fm = U.fake_mode_of(fake_args)
         if fm is not None:
             fm.epoch += 1   # nothing traced here may be memoized into the real trace
@@ -360,6 +364,13 @@ def create_aot_state(fn: Callable, example_inputs: Sequence[Any], *,
     from . import runtime as R
 
     example_inputs = list(example_inputs)
+    for i, t in enumerate(example_inputs):
+        if isinstance(t, torch.Tensor) and type(t) not in (torch.Tensor, torch.nn.Parameter) \
+                and not isinstance(t, FakeTensor):
+            raise Unsupported(f"AOT autograd: input {i} is a tensor subclass ({type(t).__name__}); "
+                              "kiln's AOT autograd takes plain tensors")
+        if isinstance(t, torch.Tensor) and (t.is_sparse or t.layout != torch.strided):
+            raise Unsupported(f"AOT autograd: input {i} has layout {t.layout}; only strided tensors")
     g_static, sources = _static_indices_from_graph(fn, len(example_inputs))
     if static_input_indices is None:
         static_input_indices = g_static

@@ -132,7 +132,6 @@ def test_load_in_a_fresh_process(tmp_path):
                     "bufs": [t for t in pb if not t.requires_grad]}, d + "/result.pt")
     """)
     env = dict(os.environ)
-    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(kiln.__file__))))
     env["PYTHONPATH"] = os.path.dirname(os.path.abspath(kiln.__file__)) + "/.." + os.pathsep + env.get("PYTHONPATH", "")
     r = subprocess.run([sys.executable, "-c", script, str(tmp_path)], env=env, capture_output=True, text=True,
                        timeout=120)

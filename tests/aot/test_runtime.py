@@ -247,3 +247,33 @@ def test_saved_tensor_hooks_run_at_runtime():
         y = compiled(rn(3), rg(3))
     assert packed                       # the compiled Function's saved tensors went through the hook
     y.sum().backward()
+
+
+def test_tensor_subclass_inputs_are_rejected():
+    class MyT(torch.Tensor):
+        pass
+    t = rn(3).as_subclass(MyT)
+    with pytest.raises(kiln.Unsupported, match="subclass"):
+        create_aot_state(lambda x: x + 1, [t])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_dropout_and_batchnorm_match_eager():
+    import copy
+
+    m = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.BatchNorm1d(32), torch.nn.Dropout(0.5),
+                            torch.nn.GELU(), torch.nn.Linear(32, 4)).to("cuda", DT)
+    ref = copy.deepcopy(m)
+    cm = kiln.compile(m, backend="aot_eager", fullgraph=True)
+    for step in range(3):
+        x = torch.randn(8, 16, device="cuda", dtype=DT)
+        torch.manual_seed(step)
+        out = cm(x)
+        torch.manual_seed(step)
+        exp = ref(x)
+        assert_same(out, exp)
+        out.square().sum().backward()
+        exp.square().sum().backward()
+        for a, b in zip(m.parameters(), ref.parameters()):
+            assert_same(a.grad, b.grad)
+        assert_same(m.state_dict(), ref.state_dict())

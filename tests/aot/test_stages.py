@@ -165,7 +165,7 @@ def test_edit_the_backward_part():
         out = [n for n in g.nodes if n.op == "output"][0]
         with g.inserting_before(out):
             new_grad = g.call_function(aten.mul.Tensor, (tangent, 3.0))
-        fw_outs, grads = out.args[0][:cap.num_fw_outputs], out.args[0][cap.num_fw_outputs:]
+        fw_outs = out.args[0][:cap.num_fw_outputs]
         out.args = ([*fw_outs, new_grad],)
         g.eliminate_dead_code()
         compiled = stage2_compile(st, cap)

@@ -135,10 +135,12 @@ def test_outputs_that_view_inputs(backend):
 def test_outputs_that_alias_each_other(backend):
     def f(x, w):
         y = x * w
-        return y, y.view(-1), y[0], y
+        z = x + w
+        return y, y.view(-1), y[0], y, z.detach(), z
     out = check_training(f, lambda: (rg(2, 3), rg(2, 3)), backend=backend)
-    a, b, c, d = out(rg(2, 3), rg(2, 3))
+    a, b, c, d, e, g = out(rg(2, 3), rg(2, 3))
     assert d is a and b._base is a and c._base is a      # the same aliasing as eager
+    assert not e.requires_grad and g.requires_grad and e.data_ptr() == g.data_ptr()
 
 
 def test_duplicate_inputs(backend):
