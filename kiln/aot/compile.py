@@ -230,7 +230,7 @@ class AOTCompiled:
 
     def as_text(self) -> str:
         p = self.parts
-        lines = [f"# kiln AOT {p.kind} callable; runtime wrappers (outermost last): "
+        lines = [f"# kiln AOT {p.kind} callable; runtime wrappers (pre-capture order, the first is outermost): "
                  + ", ".join(w.describe() for w in p.wrappers)]
         if p.kind == "inference":
             lines.append(U.graph_text(p.forward, "inference graph"))

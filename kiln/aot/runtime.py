@@ -446,7 +446,7 @@ class MutationsAndAliases(RuntimeWrapper):
         al = [k for k, o in enumerate(m.outputs) if o.kind != "graph"]
         if al:
             parts.append(f"regenerate outputs {al}")
-        return "mutations_and_aliases(" + "; ".join(parts) + ")"
+        return "mutations_and_aliases(" + ("; ".join(parts) or "none") + ")"
 
     def to_dict(self):
         import dataclasses
