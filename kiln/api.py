@@ -69,6 +69,7 @@ def reset() -> None:
     from .capture.frame import clear_resume_caches
 
     clear_resume_caches()
+    _canonical_functions.clear()
 
 
 class CompileKey:
@@ -122,6 +123,12 @@ class _CompiledFactory:
         if isinstance(obj, (CompiledFunction, CompiledMethod, CompiledModule)):
             return obj
         if isinstance(obj, types.FunctionType):
+            if obj.__closure__ is None and not obj.__defaults__ and not obj.__kwdefaults__:
+                # code + globals determine it: nested functions made anew on every call
+                # (3.11 comprehensions, lambdas) share one cache through a canonical object
+                return self(_canonical_functions.setdefault((obj.__code__, id(obj.__globals__)), obj))
+            if obj.__code__.co_flags & 0x10:  # CO_NESTED: a closure made per call runs natively
+                return obj
             return self(obj)
         if isinstance(obj, types.MethodType) and isinstance(obj.__func__, types.FunctionType):
             return CompiledMethod(self(obj.__func__), obj.__self__)
@@ -134,6 +141,7 @@ class _CompiledFactory:
 
 
 _compiled_functions: "weakref.WeakKeyDictionary[Callable, dict]" = weakref.WeakKeyDictionary()
+_canonical_functions: dict = {}
 
 
 class CompiledFunction:

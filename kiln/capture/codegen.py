@@ -32,9 +32,19 @@ from .sources import RenderContext, Source
 MISS = type("KilnMiss", (), {"__repr__": lambda self: "<kiln MISS>", "__slots__": ()})()
 
 
+def alias_parameters(code: types.CodeType, ctx: RenderContext) -> None:
+    """Give parameters whose names are not identifiers (".0", "@py_assert1") the aliases the
+    generated code uses for them, before anything is rendered."""
+    for i, n in enumerate(code.co_varnames):
+        if not n.isidentifier():
+            ctx.local_alias.setdefault(n, f"___p{i}")
+
+
 class EntryCodegen:
-    def __init__(self) -> None:
+    def __init__(self, code: types.CodeType | None = None) -> None:
         self.ctx = RenderContext()
+        if code is not None:
+            alias_parameters(code, self.ctx)
         self.output_nodes: list = []
         self._output_index: dict = {}
         self.statements: list[str] = []   # run before the return (objects built once)
@@ -96,7 +106,8 @@ def signature_text(code: types.CodeType, defaults: tuple | None, kwdefaults: dic
     """(parameter list, call arguments forwarding them) for a code object's signature."""
     from .bytecode_utils import CO_VARARGS, CO_VARKEYWORDS
 
-    names = code.co_varnames
+    alias_parameters(code, ctx)
+    names = [ctx.local_alias.get(n, n) for n in code.co_varnames]
     nargs, nposonly, nkwonly = code.co_argcount, code.co_posonlyargcount, code.co_kwonlyargcount
     defaults = defaults or ()
     kwdefaults = kwdefaults or {}

@@ -204,6 +204,8 @@ def comptime_value():
             raise Unsupported(f"comptime.{name}")
 
         def call(self, tx, args, kwargs):
+            if tx.output.replaying and self.method != "graph_break":
+                return ConstantValue(None)  # it already ran in the first pass of this capture
             ctx = ComptimeContext(tx)
             if self.method is None:
                 call_at_capture(tx, args[0], [])

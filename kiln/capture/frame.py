@@ -13,7 +13,7 @@ import torch
 from .. import _torch, logs
 from ..errors import Unsupported
 from . import bytecode_utils as bu
-from .codegen import EntryCodegen, GuardProgram, compile_function, signature_text
+from .codegen import EntryCodegen, GuardProgram, alias_parameters, compile_function, signature_text
 from .guards import Guard, GuardKind
 from . import resume
 from .interpreter import BreakHere, FrameInterpreter, GraphBreakRequest
@@ -55,6 +55,13 @@ def bind_call(fn: types.FunctionType, args: tuple, kwargs: dict) -> dict[str, An
     # the code's own parameters: not those of __wrapped__ (functools.wraps) or of __signature__
     plain = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
     plain.__kwdefaults__ = fn.__kwdefaults__
+    code = fn.__code__
+    if not all(n.isidentifier() for n in code.co_varnames[:code.co_argcount]):
+        # parameters that are not identifiers (".0" of a 3.11 comprehension, pytest's
+        # "@py_assert" locals in a resume function): such functions are called positionally
+        if kwargs or len(args) != code.co_argcount:
+            raise TypeError(f"{fn.__qualname__}() takes {code.co_argcount} positional arguments")
+        return dict(zip(code.co_varnames, args))
     sig = inspect.signature(plain)
     try:
         bound = sig.bind(*args, **kwargs)
@@ -92,6 +99,7 @@ def capture(fn: types.FunctionType, args: tuple, kwargs: dict, *, key, backend: 
             tx = FrameInterpreter(output, code, fn.__globals__, f_locals, cells, name=fn.__qualname__)
             tx.can_break = compiled_factory is not None
             tx.break_at = break_at
+            output.replaying = break_at is not None
             try:
                 result = tx.run()
                 entry = _finish(fn, output, result, key, backend, backend_name)
@@ -114,13 +122,16 @@ def capture(fn: types.FunctionType, args: tuple, kwargs: dict, *, key, backend: 
 
 
 def _finish(fn, output: OutputGraph, result, key, backend, backend_name) -> Entry:
-    cg = EntryCodegen()
+    cg = EntryCodegen(fn.__code__)
     ret = result.reconstruct(cg)
-    effects = output.side_effects.codegen(cg)  # may stash more objects: statements come first
+    prepare, apply = output.side_effects.codegen(cg)  # may stash more objects: statements first
     graph = output.graph
     graph.output(tuple(cg.output_nodes))
     output.remove_unused()
     has_ops = any(n.op not in ("placeholder", "output") for n in graph.nodes)
+    net_grad = None
+    if has_ops and _mode_only(graph):   # no tensor work: no graph; the mode change inline
+        has_ops, net_grad = False, _net_grad_mode(graph, output._grad_enabled_at_start)
     gm = torch.fx.GraphModule(torch.nn.Module(), graph, class_name=f"Kiln_{_ident(fn.__qualname__)}")
     inputs = output.graph_inputs()
     compiled = None
@@ -140,9 +151,13 @@ def _finish(fn, output: OutputGraph, result, key, backend, backend_name) -> Entr
         cg.ctx.namespace["___graph"] = compiled
         call_args = ", ".join(f"___in{index_of[id(inp)]}" for inp in inputs)
         lines.append(f"    ___out = ___graph({call_args})")
-    lines += [f"    {line}" for line in cg.statements]
-    lines += [f"    {line}" for line in effects]
-    lines.append(f"    return {ret}")
+    if net_grad is not None:
+        lines.append(f"    {cg.bind(torch._C._set_grad_enabled)}({net_grad})")
+    # read everything (outputs, final states) before writing anything back
+    lines += [f"    {line}" for line in cg.statements + prepare]
+    lines.append(f"    ___result = {ret}")
+    lines += [f"    {line}" for line in apply]
+    lines.append("    return ___result")
     src = "\n".join(lines)
     entry_fn = compile_function(src, "__kiln_entry", cg.ctx.namespace)
     if logs.enabled.guards:
@@ -150,6 +165,24 @@ def _finish(fn, output: OutputGraph, result, key, backend, backend_name) -> Entr
             "  " + g.describe() for g in guards))
     return Entry(key, backend_name, entry_fn, program.make_check("__kiln_check"), guards, program,
                  gm if has_ops else None, compiled, src)
+
+
+def _mode_only(graph) -> bool:
+    """True when the graph's only work is grad-mode/autocast toggles (no tensor work)."""
+    import torch.amp.autocast_mode as am
+
+    toggles = (torch._C._set_grad_enabled, am._enter_autocast, am._exit_autocast)
+    work = [n for n in graph.nodes if n.op not in ("placeholder", "output")]
+    return bool(work) and all(n.op == "call_function" and n.target in toggles for n in work)
+
+
+def _net_grad_mode(graph, start: bool) -> bool | None:
+    """The grad mode a mode-only graph leaves behind, when it differs from ``start``."""
+    final = start
+    for n in graph.nodes:
+        if n.op == "call_function" and n.target is torch._C._set_grad_enabled:
+            final = bool(n.args[0])
+    return None if final == start else final
 
 
 def _drop_real_inputs(output: OutputGraph) -> None:
@@ -163,6 +196,7 @@ def eager_entry(fn, exc: Unsupported, key, backend_name: str) -> Entry:
     guards = [g for g in getattr(exc, "guards", [])]
     output = getattr(exc, "output", None)
     ctx = RenderContext()
+    alias_parameters(fn.__code__, ctx)
     if output is None:
         output = OutputGraph(fn.__qualname__)
         guards = list(output.guards)
@@ -178,6 +212,9 @@ def eager_entry(fn, exc: Unsupported, key, backend_name: str) -> Entry:
 
 
 def _program(fn, output: OutputGraph, guards: list[Guard], ctx: RenderContext):
+    # TensorGuards snapshots thread-local dispatch state: build it in the state the frame
+    # was called in, not inside an autocast/no_grad block the capture is still in.
+    output.restore_grad_mode()
     params, fwd = signature_text(fn.__code__, fn.__defaults__, fn.__kwdefaults__, ctx)
     tg = _torch.make_tensor_guards([_real_input(inp) for inp in output.tensor_inputs])
     program = GuardProgram(guards, [inp.source for inp in output.tensor_inputs], tg,
@@ -232,7 +269,7 @@ def _finish_break(fn, output: OutputGraph, tx, ip: int, reason: Unsupported, key
     output.close_autocast_for_break()
 
     callee_slot = _callee_slot(tx.instructions[ip], tx.stack) if getattr(reason, "inside_callee", False) else None
-    cg = EntryCodegen()
+    cg = EntryCodegen(fn.__code__)
     call_args = []
     for k, v in enumerate(tx.stack):
         if isinstance(v, NullValue):
@@ -250,11 +287,14 @@ def _finish_break(fn, output: OutputGraph, tx, ip: int, reason: Unsupported, key
             call_args.append(cell.reconstruct(cg) if cell is not None else f"{cg.bind(types.CellType)}()")
         else:
             call_args.append(tx.locals[name].reconstruct(cg))
-    effects = output.side_effects.codegen(cg)
+    prepare, apply = output.side_effects.codegen(cg)
     graph = output.graph
     graph.output(tuple(cg.output_nodes))
     output.remove_unused()
     has_ops = any(n.op not in ("placeholder", "output") for n in graph.nodes)
+    net_grad = None
+    if has_ops and _mode_only(graph):   # no tensor work: no graph; the mode change inline
+        has_ops, net_grad = False, _net_grad_mode(graph, output._grad_enabled_at_start)
     gm = torch.fx.GraphModule(torch.nn.Module(), graph, class_name=f"Kiln_{_ident(fn.__qualname__)}")
     inputs = output.graph_inputs()
     compiled = None
@@ -274,10 +314,17 @@ def _finish_break(fn, output: OutputGraph, tx, ip: int, reason: Unsupported, key
     if compiled is not None:
         cg.ctx.namespace["___graph"] = compiled
         lines.append(f"    ___out = ___graph({', '.join(f'___in{index_of[id(inp)]}' for inp in inputs)})")
-    lines += [f"    {line}" for line in cg.statements]
-    lines += [f"    {line}" for line in effects]
+    if net_grad is not None:
+        lines.append(f"    {cg.bind(torch._C._set_grad_enabled)}({net_grad})")
+    # read everything the break function gets before writing side effects back; the
+    # native instruction then sees the written state. Entering open with-blocks (part of the
+    # arguments) happens last, right before the call.
+    plain_args = [a for a in call_args]
+    lines += [f"    {line}" for line in cg.statements + prepare]
+    lines.append(f"    ___args = ({', '.join(plain_args)}{',' if len(plain_args) == 1 else ''})")
+    lines += [f"    {line}" for line in apply]
     cg.ctx.namespace["___break"] = break_fn
-    lines.append(f"    return ___break({', '.join(call_args)})")
+    lines.append("    return ___break(*___args)")
     src = "\n".join(lines)
     entry_fn = compile_function(src, "__kiln_entry", cg.ctx.namespace)
     if logs.enabled.graph_breaks:

@@ -124,14 +124,25 @@ class FrameInterpreter(PythonSemantics):
         self.stack.append(v)
 
     def pop(self) -> Value:
+        v = self.stack.pop()
+        return v.realize(self) if isinstance(v, LazyArgument) else v
+
+    def pop_raw(self) -> Value:
+        """Pop without realizing an unread argument (moves, not uses: STORE_FAST, POP_TOP)."""
         return self.stack.pop()
 
     def popn(self, n: int) -> list[Value]:
         if n == 0:
             return []
-        items = self.stack[-n:]
+        items = [v.realize(self) if isinstance(v, LazyArgument) else v for v in self.stack[-n:]]
         del self.stack[-n:]
         return items
+
+    def top(self) -> Value:
+        v = self.stack[-1]
+        if isinstance(v, LazyArgument):
+            v = self.stack[-1] = v.realize(self)
+        return v
 
     def jump(self, ins: bu.Instr) -> None:
         self.ip = ins.target
@@ -182,7 +193,7 @@ class FrameInterpreter(PythonSemantics):
         self.RETURN_VALUE(ins)
 
     def RETURN_VALUE(self, ins):
-        raise _Return(self.pop())
+        raise _Return(self.pop_raw())  # returning an unread argument returns it by source
 
     def RETURN_GENERATOR(self, ins):
         if self.generator_items is None:
@@ -200,7 +211,7 @@ class FrameInterpreter(PythonSemantics):
 
     def SEND(self, ins):
         self.pop()  # the value sent in: always None when a generator is materialized
-        receiver = self.stack[-1]
+        receiver = self.top()
         if not isinstance(receiver, IteratorValue):
             raise Unsupported(f"yield from {receiver.describe()}")
         item = receiver.next(self)
@@ -223,16 +234,14 @@ class FrameInterpreter(PythonSemantics):
         if v is None:
             raise self.user_exception(UnboundLocalError(
                 f"local variable {ins.arg!r} referenced before assignment"))
-        if isinstance(v, LazyArgument):
-            v = self.locals[ins.arg] = v.realize(self)
-        self.push(v)
+        self.push(v)  # an unread argument stays lazy until an instruction consumes it
 
     def LOAD_FAST_AND_CLEAR(self, ins):
         v = self.locals.pop(ins.arg, UNBOUND)
         self.push(v.realize(self) if isinstance(v, LazyArgument) else v)
 
     def STORE_FAST(self, ins):
-        v = self.pop()
+        v = self.pop_raw()
         if v is UNBOUND:
             self.locals.pop(ins.arg, None)
         else:
@@ -288,7 +297,7 @@ class FrameInterpreter(PythonSemantics):
         self.push(cell)
 
     def POP_TOP(self, ins):
-        self.pop()
+        self.pop_raw()
 
     def END_FOR(self, ins):
         self.pop()
@@ -325,8 +334,7 @@ class FrameInterpreter(PythonSemantics):
         self.push(attr)
 
     def STORE_ATTR(self, ins):
-        obj = self.pop()
-        value = self.pop()
+        value, obj = self.popn(2)
         obj.setattr(self, ins.arg, value)
 
     def DELETE_ATTR(self, ins):
@@ -341,9 +349,7 @@ class FrameInterpreter(PythonSemantics):
 
     def CALL(self, ins):
         argc = ins.arg
-        args = self.popn(argc)
-        second = self.pop()
-        first = self.pop()
+        first, second, *args = self.popn(argc + 2)
         if isinstance(first, NullValue):
             fn = second
         else:
@@ -502,53 +508,40 @@ class FrameInterpreter(PythonSemantics):
 
     # subscripts
     def BINARY_SUBSCR(self, ins):
-        index = self.pop()
-        obj = self.pop()
+        obj, index = self.popn(2)
         self.push(self.getitem(obj, index))
 
     def BINARY_SLICE(self, ins):
-        end = self.pop()
-        start = self.pop()
-        obj = self.pop()
+        obj, start, end = self.popn(3)
         self.push(self.getitem(obj, ConstantValue(slice(start.as_constant(), end.as_constant()))))
 
     def STORE_SUBSCR(self, ins):
-        index = self.pop()
-        obj = self.pop()
-        value = self.pop()
+        value, obj, index = self.popn(3)
         self.setitem(obj, index, value)
 
     def STORE_SLICE(self, ins):
-        end = self.pop()
-        start = self.pop()
-        obj = self.pop()
-        value = self.pop()
+        value, obj, start, end = self.popn(4)
         self.setitem(obj, ConstantValue(slice(start.as_constant(), end.as_constant())), value)
 
     def DELETE_SUBSCR(self, ins):
-        index = self.pop()
-        obj = self.pop()
+        obj, index = self.popn(2)
         obj.call_method(self, "__delitem__", [index], {})
 
     # operators
     def BINARY_OP(self, ins):
-        b = self.pop()
-        a = self.pop()
+        a, b = self.popn(2)
         self.push(self.binary(_BINARY[bu.binary_op_name(ins.arg)], a, b))
 
     def COMPARE_OP(self, ins):
-        b = self.pop()
-        a = self.pop()
+        a, b = self.popn(2)
         self.push(self.compare(_COMPARE[bu.compare_op_name(ins.arg)], a, b))
 
     def IS_OP(self, ins):
-        b = self.pop()
-        a = self.pop()
+        a, b = self.popn(2)
         self.push(ConstantValue(self.is_same(a, b) != bool(ins.arg)))
 
     def CONTAINS_OP(self, ins):
-        container = self.pop()
-        x = self.pop()
+        x, container = self.popn(2)
         self.push(ConstantValue(self.contains_op(container, x) != bool(ins.arg)))
 
     def UNARY_NEGATIVE(self, ins):
@@ -584,13 +577,13 @@ class FrameInterpreter(PythonSemantics):
             self.jump(ins)
 
     def JUMP_IF_FALSE_OR_POP(self, ins):
-        if not self.truthy(self.stack[-1]):
+        if not self.truthy(self.top()):
             self.jump(ins)
         else:
             self.pop()
 
     def JUMP_IF_TRUE_OR_POP(self, ins):
-        if self.truthy(self.stack[-1]):
+        if self.truthy(self.top()):
             self.jump(ins)
         else:
             self.pop()
@@ -599,7 +592,7 @@ class FrameInterpreter(PythonSemantics):
         self.push(self.get_iter(self.pop()))
 
     def FOR_ITER(self, ins):
-        it = self.stack[-1]
+        it = self.top()
         if not isinstance(it, IteratorValue):
             raise Unsupported(f"iteration over {it.describe()}")
         v = it.next(self)

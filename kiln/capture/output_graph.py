@@ -49,6 +49,7 @@ class OutputGraph:
         self.global_state = _torch.global_state_snapshot()
         self.guards.add(Guard(GuardKind.GLOBAL_STATE, None, _torch.global_state_description()))
         self.module_hooks_guarded = False
+        self.replaying = False   # a restarted capture, replaying up to a graph break
         self.autocast_stack: list = []
         # autocast's dtype is not part of the tensor dispatch keys that TENSOR_MATCH checks:
         # a capture that starts inside autocast also guards the autocast state

@@ -33,6 +33,8 @@ _NOT_BREAKABLE = {"FOR_ITER", "SEND", "YIELD_VALUE", "RETURN_VALUE", "RETURN_CON
                   "END_SEND", "GET_YIELD_FROM_ITER", "MAKE_CELL", "COPY_FREE_VARS", "RESUME",
                   "LOAD_CLOSURE", "KW_NAMES", "PUSH_EXC_INFO", "POP_EXCEPT", "CHECK_EXC_MATCH",
                   "WITH_EXCEPT_START", "LOAD_FAST_AND_CLEAR", "JUMP"}
+# fine to run natively in the rest of an expression after a break (just not to start one)
+_NATIVE_OK = {"KW_NAMES", "LOAD_CLOSURE"}
 _COND_JUMPS = {"POP_JUMP_IF_FALSE", "POP_JUMP_IF_TRUE", "POP_JUMP_IF_NONE", "POP_JUMP_IF_NOT_NONE",
                "JUMP_IF_FALSE_OR_POP", "JUMP_IF_TRUE_OR_POP"}
 _PUSHES_NULL = {"PUSH_NULL"}
@@ -99,7 +101,8 @@ def plan_break(instrs: list[bu.Instr], index: int, layout: list[str], local_name
         if k > index and not nulls:
             exits.append(Exit("fallthrough", k, after_layout(depth), tuple(names)))
             break
-        if k > index and (ins.target is not None or ins.opname in _NOT_BREAKABLE):
+        if k > index and (ins.target is not None or (ins.opname in _NOT_BREAKABLE
+                                                     and ins.opname not in _NATIVE_OK)):
             raise Unsupported(f"the expression around a graph break continues with {ins.opname}")
         if ins.opname in ("RETURN_VALUE", "RETURN_CONST"):
             break  # the native part returns the frame's result
@@ -185,7 +188,13 @@ def _new_bytecode(code: types.CodeType, items: list, params: list[str], name: st
     bc.flags = flags
     if hasattr(bc, "qualname"):
         bc.qualname = name
-    return bc.to_code()
+    # The prologue rebuilds the exact stack of the jump target, so the original exception
+    # table's stack depths stay right; flow analysis from the prologue would not reach the
+    # try blocks it jumps into and would leave them unset. The stack size covers handlers
+    # that analysis does not reach either.
+    computed = bc.compute_stacksize()
+    return bc.to_code(stacksize=max(computed, code.co_stacksize + len(params) + 8),
+                      compute_exception_stack_depths=False)
 
 
 def _prologue(code, layout, push_nulls: bool, target: Label, lineno: int) -> list:
@@ -207,9 +216,18 @@ def _prologue(code, layout, push_nulls: bool, target: Label, lineno: int) -> lis
 
 
 def _original_items(code) -> list:
-    """The abstract items of ``code``, with the prologue of the original stripped (its
-    COPY_FREE_VARS/MAKE_CELL/RESUME are unreachable in the copy but harmless)."""
-    return list(Bytecode.from_code(code))
+    """The abstract items of ``code`` (its own COPY_FREE_VARS/MAKE_CELL/RESUME become
+    unreachable in the copy, which is harmless), with each try block's stack depth taken
+    from the real exception table: the abstract form does not keep them, and flow analysis
+    from our prologue would not reach the blocks it jumps into."""
+    items = list(Bytecode.from_code(code))
+    entries = bytecode.ConcreteBytecode.from_code(code).exception_table
+    blocks = [it for it in items if isinstance(it, TryBegin)]
+    if len(blocks) != len(entries) or any(b.push_lasti != e.push_lasti for b, e in zip(blocks, entries)):
+        raise Unsupported("cannot map the code's exception table for a graph break")
+    for block, entry in zip(blocks, entries):
+        block.stack_depth = entry.stack_depth
+    return items
 
 
 def _raw_positions(code, items: list) -> dict[int, int]:

@@ -49,27 +49,52 @@ class SideEffects:
         out += [f"set closure cell {n}" for _, n, _ in self.cells.values()]  # noqa: E501
         return out
 
-    def codegen(self, cg: "EntryCodegen") -> list[str]:
-        """Statements that write the final state back (after the graph has run)."""
+    def codegen(self, cg: "EntryCodegen") -> tuple[list[str], list[str]]:
+        """(prepare, apply): statements that evaluate every final state into locals, and
+        statements that then write them back. All reads happen before any write, so a value
+        read through a container (``xs[2]``) is read before that container changes."""
         from .values.containers import DictValue, ListValue
 
-        lines = []
+        prepare, apply = [], []
+
+        def temp(expr: str) -> str:
+            name = f"___eff{len(prepare)}"
+            prepare.append(f"{name} = {expr}")
+            return name
+
+        from .values.containers import IteratorValue
+
         for c in self.containers:
-            target = cg.source_expr(c.source)
+            target = temp(cg.source_expr(c.source))
+            if isinstance(c, IteratorValue):   # a real iterator: consume what the capture did
+                apply.append(f"{cg.bind(_advance)}({target}, {c.pos})")
+                continue
             if isinstance(c, ListValue):
-                items = ", ".join(i.reconstruct(cg) for i in c.items)
-                lines.append(f"{cg.bind(list.__setitem__)}({target}, slice(None), [{items}])")
+                items = temp("[" + ", ".join(i.reconstruct(cg) for i in c.items) + "]")
+                apply.append(f"{cg.bind(list.__setitem__)}({target}, slice(None), {items})")
             elif isinstance(c, DictValue):
-                body = ", ".join(f"{cg.key_expr(k)}: {v.reconstruct(cg)}" for k, v in c.items.items())
-                lines.append(f"{cg.bind(_dict_replace)}({target}, {{{body}}})")
+                body = temp("{" + ", ".join(f"{cg.key_expr(k)}: {v.reconstruct(cg)}"
+                                            for k, v in c.items.items()) + "}")
+                apply.append(f"{cg.bind(_dict_replace)}({target}, {body})")
         for obj, name, value in self.attrs.values():
-            lines.append(f"{cg.bind(setattr)}({cg.source_expr(obj.source)}, {name!r}, {value.reconstruct(cg)})")
+            target, v = temp(cg.source_expr(obj.source)), temp(value.reconstruct(cg))
+            apply.append(f"{cg.bind(setattr)}({target}, {name!r}, {v})")
         for cell_value, _name, value in self.cells.values():
-            lines.append(f"{cell_value.reconstruct(cg)}.cell_contents = {value.reconstruct(cg)}")
-        return lines
+            target, v = temp(cell_value.reconstruct(cg)), temp(value.reconstruct(cg))
+            apply.append(f"{target}.cell_contents = {v}")
+        return prepare, apply
+
+
+def _advance(it, n: int) -> None:
+    for _ in range(n):
+        next(it)
 
 
 def _dict_replace(d: dict, new: dict) -> None:
-    # Bypass subclass overrides: the captured program already ran them symbolically.
-    dict.clear(d)
-    dict.update(d, new)
+    # Bypass user overrides (the captured program already ran them symbolically), but keep
+    # the storage class's own bookkeeping: OrderedDict keeps a linked list beside the dict.
+    import collections
+
+    base = collections.OrderedDict if isinstance(d, collections.OrderedDict) else dict
+    base.clear(d)
+    base.update(d, new)

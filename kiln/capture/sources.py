@@ -17,6 +17,8 @@ class RenderContext:
     def __init__(self) -> None:
         self.namespace: dict[str, Any] = {}
         self._by_id: dict[int, str] = {}
+        # parameter names that are not identifiers (pytest's "@py_assert1") -> aliases
+        self.local_alias: dict[str, str] = {}
 
     def bind(self, obj: Any, hint: str = "k") -> str:
         name = self._by_id.get(id(obj))
@@ -45,7 +47,7 @@ class LocalSource(Source):
     name: str
 
     def render(self, ctx):
-        return self.name
+        return ctx.local_alias.get(self.name, self.name)
 
     def describe(self):
         return f"L[{self.name!r}]"
@@ -168,3 +170,15 @@ class ConstSource(Source):
 
     def describe(self):
         return f"<{type(self.obj).__name__} {getattr(self.obj, '__qualname__', '')}>"
+
+
+@dataclasses.dataclass(frozen=True)
+class ReduceSource(Source):
+    """``base.__reduce__()``: how a list/tuple/range iterator names its sequence and position."""
+    base: Source
+
+    def render(self, ctx):
+        return f"{self.base.render(ctx)}.__reduce__()"
+
+    def describe(self):
+        return f"{self.base.describe()}.__reduce__()"

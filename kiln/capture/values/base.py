@@ -87,12 +87,24 @@ def is_constant_object(v: Any) -> bool:
 
 
 class ConstantValue(Value):
-    def __init__(self, value: Any, source=None):
-        self.value = value
+    """A Python constant. One read from an input carries ``on_use``: the guard on its value
+    (EQUALS_MATCH) is installed the first time the value is used; until then only its type is
+    guarded, so a number that is only passed along or type-tested does not specialize."""
+
+    def __init__(self, value: Any, source=None, on_use=None):
+        self._value = value
         self.source = source
+        self._on_use = on_use
+
+    @property
+    def value(self):
+        if self._on_use is not None:
+            on_use, self._on_use = self._on_use, None
+            on_use()
+        return self._value
 
     def python_type(self):
-        return type(self.value)
+        return type(self._value)
 
     def is_constant(self):
         return True
@@ -104,7 +116,7 @@ class ConstantValue(Value):
         return self.value
 
     def describe(self):
-        return f"Constant({self.value!r})"
+        return f"Constant({self._value!r})"
 
     def truthy(self, tx):
         return bool(self.value)
@@ -133,6 +145,8 @@ class ConstantValue(Value):
         return wrap_pure_result(attr)
 
     def reconstruct(self, cg):
+        if self._on_use is not None and self.source is not None:
+            return cg.source_expr(self.source)  # passed along unread: the caller's object
         return cg.constant_expr(self.value)
 
 

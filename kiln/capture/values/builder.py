@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import inspect
 import sys
 import types
 from typing import Any
@@ -13,10 +14,11 @@ import torch
 from ...errors import Unsupported
 from ..comptime import Comptime, comptime_value
 from ..guards import Guard, GuardKind
-from ..sources import ITEM_DICT, ITEM_INDEX, ITEM_LIST, ITEM_TUPLE, ItemSource, AttrSource
+from ..sources import (ITEM_DICT, ITEM_INDEX, ITEM_LIST, ITEM_TUPLE, AttrSource, ItemSource,
+                       ReduceSource)
 from .base import CONSTANT_TYPES, ConstantValue, Value, is_constant_object
 from .builtins import BuiltinValue
-from .containers import DictValue, ListValue, NamedTupleValue, SetValue, TupleValue
+from .containers import DictValue, IteratorValue, ListValue, NamedTupleValue, SetValue, TupleValue
 from .functions import (BoundMethodValue, ExistingCellValue, PartialValue, TorchOpValue,
                         UserFunctionValue)
 from .objects import ClassValue, NNModuleValue, ObjectValue, PythonModuleValue
@@ -31,17 +33,25 @@ TORCH_OP_C_MODULES = frozenset({"torch._C._nn", "torch._C._fft", "torch._C._lina
 
 def _state_readers() -> dict:
     """torch functions that read state which kiln guards (GLOBAL_STATE) or that are constant
-    in eager execution: folded at capture time."""
+    in eager execution: folded at capture time. The value is None when the function is called
+    at capture time, else the constant it folds to."""
     out = {torch.is_grad_enabled: None, torch.get_default_dtype: None,
            torch.are_deterministic_algorithms_enabled: None,
            torch.is_deterministic_algorithms_warn_only_enabled: None}
     for mod, name in (("torch.jit", "is_scripting"), ("torch.jit", "is_tracing"),
-                      ("torch.compiler", "is_compiling"), ("torch.compiler", "is_dynamo_compiling"),
-                      ("torch._utils", "is_compiling"), ("torch._C", "_get_tracing_state"),
-                      ("torch._jit_internal", "is_scripting")):
+                      ("torch.compiler", "is_dynamo_compiling"),
+                      ("torch._C", "_get_tracing_state"), ("torch._jit_internal", "is_scripting")):
         fn = getattr(sys.modules.get(mod), name, None)
         if fn is not None:
             out[fn] = None
+    # "is a graph being traced by a compiler": True during capture, as under torch.compile, so
+    # library code (transformers, torch.nn) takes the path it wrote for compilers (no context
+    # variables, no data-dependent shortcuts). What runs natively (an eager frame, the step at
+    # a graph break) sees False, as with torch.compile. is_dynamo_compiling stays False.
+    for mod, name in (("torch.compiler", "is_compiling"), ("torch._utils", "is_compiling")):
+        fn = getattr(sys.modules.get(mod), name, None)
+        if fn is not None:
+            out[fn] = True
     return out
 
 
@@ -75,6 +85,9 @@ def is_trusted_module(mod: types.ModuleType) -> bool:
     return top == "torch" or top in sys.stdlib_module_names
 
 
+_SEQUENCE_ITERATORS = (type(iter(())), type(iter([])), type(iter(range(0))))
+
+
 def wrap_pure_result(v: Any) -> Value:
     """A value computed at capture time from constants (no source, no guards needed)."""
     if type(v) is tuple:
@@ -87,6 +100,10 @@ def wrap_pure_result(v: Any) -> Value:
         return SetValue({k: wrap_pure_result(k) for k in v}, type(v))
     if is_constant_object(v) or isinstance(v, (torch.finfo, torch.iinfo)):
         return ConstantValue(v)
+    if type(v) in (inspect.Signature, inspect.Parameter, inspect._ParameterKind):
+        return ConstantValue(v)  # immutable (see functions.signature_of)
+    if type(v) is types.MappingProxyType:
+        return DictValue({k: wrap_pure_result(x) for k, x in v.items()})  # Signature.parameters
     if isinstance(v, type):
         return ClassValue(v)
     if isinstance(v, tuple) and hasattr(type(v), "_fields"):
@@ -151,8 +168,10 @@ class Builder:
                                   "or closures (cannot be a graph input)")
             return self.output.add_tensor_input(obj, source, static)
         if t in (bool, type(None)) or t in (int, float, str, bytes, complex, torch.Size, range):
-            g(GuardKind.EQUALS_MATCH, source, obj)
-            return ConstantValue(obj, source)
+            if source is None:
+                return ConstantValue(obj)
+            g(GuardKind.TYPE_MATCH, source, t)
+            return ConstantValue(obj, source, on_use=lambda: g(GuardKind.EQUALS_MATCH, source, obj))
         if t in (torch.dtype, torch.layout, torch.memory_format) or obj is Ellipsis:
             g(GuardKind.ID_MATCH, source, obj)
             return ConstantValue(obj, source)
@@ -191,6 +210,8 @@ class Builder:
             d = DictValue({k: self.wrap(dict.__getitem__(obj, k),
                                         ItemSource(source, k, how) if source else None)
                            for k in keys}, source, t)
+            if t not in (dict, collections.OrderedDict, collections.defaultdict):
+                d.instance_attrs = getattr(obj, "__dict__", None)
             if isinstance(obj, collections.defaultdict):
                 d.default_factory = self.wrap(obj.default_factory,
                                               AttrSource(source, "default_factory") if source else None)
@@ -227,6 +248,16 @@ class Builder:
             return PartialValue(func, args, kw, source)
         if isinstance(obj, (torch.finfo, torch.iinfo)):
             return ConstantValue(obj, source)
+        if t in _SEQUENCE_ITERATORS and source is not None:
+            # its sequence and position, as the iterator itself describes them
+            g(GuardKind.TYPE_MATCH, source, t)
+            _fn, (seq,), index = obj.__reduce__()
+            red = ReduceSource(source)
+            seq_value = self.wrap(seq, ItemSource(ItemSource(red, 1), 0))
+            self.guard(GuardKind.EQUALS_MATCH, ItemSource(red, 2), index)
+            items = seq_value.unpack(self.output) if not isinstance(seq_value, ConstantValue) \
+                else [ConstantValue(x) for x in seq_value.as_constant()]
+            return IteratorValue(list(items[index:]), real=obj, source=source)
         if t is types.CellType:
             g(GuardKind.TYPE_MATCH, source, t)
             return ExistingCellValue(obj, getattr(source, "name", "cell"), source)

@@ -112,7 +112,12 @@ def call_builtin(tx, fn, args: list[Value], kwargs: dict[str, Value]) -> Value:
 
 
 def _state_reader(tx, fn, args, kwargs):
-    # guarded by GLOBAL_STATE, or constant in eager execution
+    # guarded by GLOBAL_STATE, or constant in eager execution, or constant during capture
+    from .builder import STATE_READERS
+
+    folded = STATE_READERS.get(fn)
+    if folded is not None:
+        return ConstantValue(folded)
     return wrap_pure_result_lazy(fn(*[a.as_constant() for a in args]))
 
 
@@ -127,6 +132,12 @@ def _register_state_readers():
 
     for f in STATE_READERS:
         _HANDLERS[f] = _state_reader
+
+
+@handles(torch._C._set_grad_enabled)
+def _set_grad_enabled_fn(tx, fn, args, kwargs):
+    tx.output.set_grad_enabled(bool(args[0].as_constant()))
+    return ConstantValue(None)
 
 
 @handles(torch.is_tensor)
@@ -210,6 +221,10 @@ def _getattr(tx, fn, args, kwargs):
             return tx.getattr(obj, name)
         except tx.UserException as e:
             if isinstance(e.exc, AttributeError):
+                if obj.source is not None:  # the default is used while the attribute is absent
+                    from ..guards import GuardKind
+
+                    tx.output.builder.guard(GuardKind.HASATTR, obj.source, (name, False))
                 return args[2]
             raise
     return tx.getattr(obj, name)
@@ -456,6 +471,12 @@ def construct_class(tx, cls_value: ClassValue, args: list[Value], kwargs: dict[s
             d.base_method(tx, "update", list(args[1:]), kwargs)
         d.mutated = False
         return d
+    if cls is torch.nn.ModuleList and len(args) <= 1 and not kwargs:
+        from .objects import NewModuleListValue, NNModuleValue
+
+        items = tx.unpack_iterable(args[0]) if args else []
+        if all(isinstance(i, NNModuleValue) for i in items):
+            return NewModuleListValue(items)  # module_list[a:b] (ModuleList.__getitem__)
     if can_create_symbolically(cls):
         obj = NewObjectValue(cls)
         init = static_lookup(cls, "__init__")

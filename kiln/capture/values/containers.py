@@ -249,6 +249,9 @@ class DictValue(Value):
         self.cls = cls
         self.mutated = False
         self.default_factory: Value | None = None   # collections.defaultdict
+        # the real __dict__ of an existing instance of a dict subclass (read-only here:
+        # setting attributes on it is not modelled), else None
+        self.instance_attrs: dict | None = None
 
     def python_type(self):
         return self.cls
@@ -280,12 +283,21 @@ class DictValue(Value):
         from .functions import MethodValue
 
         fn = self.override(name)
-        if fn is not None:
+        if isinstance(fn, property):
             return tx.bind_user_attribute(self, fn, name)
-        if hasattr(dict, name) or hasattr(self.cls, name) and not name.startswith("_"):
+        if self.instance_attrs is not None and name in self.instance_attrs and self.source is not None:
+            # an attribute of an existing dict-subclass instance (a dataclass field of a
+            # ModelOutput): its __dict__ shadows the class, as in Python
+            from ..sources import AttrSource
+
+            return tx.wrap(self.instance_attrs[name], AttrSource(self.source, name))
+        if fn is not None and (callable(fn) or isinstance(fn, (staticmethod, classmethod))):
+            return tx.bind_user_attribute(self, fn, name)
+        if hasattr(dict, name) or hasattr(self.cls, name) and not name.startswith("_") \
+                and callable(getattr(self.cls, name)):
             return MethodValue(self, name)
         if self.source is not None and self.cls is not dict:
-            return tx.wrap_attribute(self, name)
+            raise Unsupported(f"attribute {name!r} of {self.cls.__name__} (not a method, not in its __dict__)")
         raise Unsupported(f"attribute {name!r} of {self.cls.__name__}")
 
     def call_method(self, tx, name, args, kwargs):
@@ -538,10 +550,12 @@ class SetValue(Value):
 class IteratorValue(Value):
     """An iterator over a known list of values (or live over a ListValue)."""
 
-    def __init__(self, items, live: bool = False):
+    def __init__(self, items, live: bool = False, real=None, source=None):
         self.seq = items
         self.live = live
         self.pos = 0
+        self.real = real        # a real iterator passed in: advanced afterwards (side effect)
+        self.source = source
 
     def python_type(self):
         return type(iter([]))
@@ -555,11 +569,15 @@ class IteratorValue(Value):
             return None
         v = items[self.pos]
         self.pos += 1
+        if self.real is not None:
+            tx.output.side_effects.mutated(self)
         return v
 
     def unpack(self, tx):
         items = self._items()[self.pos:]
         self.pos = len(self._items())
+        if self.real is not None and items:
+            tx.output.side_effects.mutated(self)
         return list(items)
 
     def truthy(self, tx):

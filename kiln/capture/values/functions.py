@@ -3,6 +3,7 @@ methods of values, pure methods of constants, and torch operators (graph nodes).
 from __future__ import annotations
 
 import types
+from inspect import signature as _inspect_signature
 
 from ...errors import Unsupported
 from .base import ConstantValue, Value
@@ -25,6 +26,8 @@ class UserFunctionValue(Value):
         return f"Function({self.fn.__qualname__})"
 
     def call(self, tx, args, kwargs):
+        if self.fn is _inspect_signature and len(args) == 1 and not kwargs:
+            return signature_of(tx, args[0])
         if _is_stdlib_function(self.fn):
             raise Unsupported(f"call to standard-library function "
                               f"{self.fn.__module__}.{self.fn.__qualname__} (runs natively)")
@@ -75,6 +78,25 @@ class UserFunctionValue(Value):
 _INLINED_STDLIB = frozenset({"functools", "operator", "collections", "itertools", "typing",
                              "dataclasses", "enum", "copy", "abc", "math", "numbers", "contextlib",
                              "_collections_abc", "types"})
+
+
+def signature_of(tx, v: Value) -> Value:
+    """``inspect.signature(f)`` of a function known at capture time, evaluated then. It relies
+    on what inlining the function relies on: its identity, guarded where it was read, and its
+    code; its defaults are guarded as values (as an inlined call reads them)."""
+    target, bound = v, False
+    if isinstance(v, BoundMethodValue):
+        target, bound = v.func, True
+    fn = getattr(target, "fn", None) if type(target) is UserFunctionValue else None
+    if fn is None or "__wrapped__" in fn.__dict__ or "__signature__" in fn.__dict__:
+        raise Unsupported(f"inspect.signature of {v.describe()} (runs natively)")
+    defaults = [*target.defaults(tx), *target.kwdefaults(tx).values()]  # guarded as read
+    if not all(d.is_constant() for d in defaults):
+        raise Unsupported(f"inspect.signature of {v.describe()}, whose defaults are not constants")
+    for d in defaults:
+        d.as_constant()  # the signature embeds their values: guard them (EQUALS_MATCH)
+    sig = _inspect_signature(types.MethodType(fn, object()) if bound else fn)
+    return ConstantValue(sig)
 
 
 def _is_stdlib_function(fn) -> bool:

@@ -263,6 +263,11 @@ class NNModuleValue(ObjectValue):
                 self._require_source(name)
                 return tx.wrap(table[name], ItemSource(AttrSource(self.source, store), name),
                                static=store != "_modules")
+        cls = type(m)
+        if static_lookup(cls, name) is _MISSING and static_lookup(cls, "__getattr__") is torch.nn.Module.__getattr__:
+            # what Module.__getattr__ does once the instance dict, parameters, buffers and
+            # submodules (all searched above) lack the name
+            raise tx.user_exception(AttributeError(f"'{cls.__name__}' object has no attribute '{name}'"))
         return super().getattr(tx, name)
 
     def setattr(self, tx, name, value):
@@ -282,6 +287,60 @@ class NNModuleValue(ObjectValue):
         tx.output.guard_class_attribute(type(self.value), "forward", forward)
         return tx.call(UserFunctionValue(forward), [self, *args], kwargs)
 
+
+class NewModuleListValue(Value):
+    """``nn.ModuleList(modules)`` built during capture from existing modules (what
+    ``module_list[a:b]`` returns): iterated, indexed, sliced and measured symbolically; it is
+    rebuilt as a new ModuleList over the same modules if it escapes."""
+
+    def __init__(self, items: list[Value]):
+        self.items = list(items)
+
+    def python_type(self):
+        return torch.nn.ModuleList
+
+    def describe(self):
+        return f"new ModuleList[{', '.join(i.describe() for i in self.items)}]"
+
+    def unpack(self, tx):
+        return list(self.items)
+
+    def has_len(self):
+        return True
+
+    def truthy(self, tx):
+        return len(self.items) > 0
+
+    def getattr(self, tx, name):
+        if name in ("__len__", "__iter__", "__getitem__"):
+            return MethodValue(self, name)
+        raise Unsupported(f"attribute {name!r} of a ModuleList created in the compiled function")
+
+    def call_method(self, tx, name, args, kwargs):
+        import operator
+
+        from .containers import IteratorValue
+
+        if name == "__len__" and not args and not kwargs:
+            return ConstantValue(len(self.items))
+        if name == "__iter__" and not args and not kwargs:
+            return IteratorValue(list(self.items))
+        if name == "__getitem__" and len(args) == 1 and not kwargs:
+            idx = args[0].as_constant()
+            if isinstance(idx, slice):
+                return NewModuleListValue(self.items[idx])
+            try:
+                return self.items[operator.index(idx)]
+            except IndexError:
+                raise tx.user_exception(IndexError(f"index {idx} is out of range"))
+        raise Unsupported(f"ModuleList.{name} on a ModuleList created in the compiled function")
+
+    def reconstruct(self, cg):
+        def build():
+            return f"{cg.bind(torch.nn.ModuleList)}([{', '.join(i.reconstruct(cg) for i in self.items)}])"
+        return cg.stash(self, build)
+
+
 class PythonModuleValue(ObjectValue):
     """A Python module (``torch``, ``math``, a user module)."""
 
@@ -300,6 +359,11 @@ class PythonModuleValue(ObjectValue):
 
     def truthy(self, tx):
         return True
+
+    def reconstruct(self, cg):
+        if self.source is not None:
+            return cg.source_expr(self.source)
+        return cg.bind(self.value)  # a module imported in the function (IMPORT_NAME): by identity
 
 
 class ClassValue(ObjectValue):

@@ -75,7 +75,17 @@ class TensorValue(Value):
             raise Unsupported(f"Tensor.{name}() needs the tensor's data")
         attr = getattr(torch.Tensor, name, None)
         if attr is None:
-            raise Unsupported(f"unknown tensor attribute {name!r}")
+            # not a Tensor attribute: an input may carry it in its __dict__ (read and guarded,
+            # absence included); a tensor computed in the graph has no instance attributes
+            if self.source is not None:
+                from ..sources import AttrSource
+
+                try:
+                    value = getattr(tx.output.real_tensor(self), name)
+                except AttributeError as e:
+                    raise tx.user_exception(e)
+                return tx.wrap(value, AttrSource(self.source, name))
+            raise tx.user_exception(AttributeError(f"'Tensor' object has no attribute '{name}'"))
         if callable(attr):
             from .functions import MethodValue
 

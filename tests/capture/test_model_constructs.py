@@ -1,0 +1,314 @@
+"""Constructs from real model code (Hugging Face transformers) that kiln got wrong or broke on.
+
+Each case compiles a small function with a counting backend, runs it on fresh inputs, compares
+with eager and asserts the number of graphs (and that a warm call compiles nothing new).
+"""
+from __future__ import annotations
+
+import collections
+import contextvars
+import dataclasses
+import functools
+import inspect
+
+import pytest
+import torch
+
+import kiln
+from kiln.testing import CompileCounter, assert_same
+
+
+def run_twice(fn, make_args, graphs, *, same_as=None):
+    """Compile ``fn``, call it twice on fresh arguments, compare each result with ``same_as``
+    (default: ``fn`` run eagerly); ``graphs`` graphs on the first call, none new after."""
+    counter = CompileCounter()
+    compiled = kiln.compile(fn, backend=counter)
+    reference = same_as or fn
+    first = None
+    for call in range(2):
+        args = make_args()
+        assert_same(compiled(*args), reference(*args), path=f"call{call}")
+        if call == 0:
+            first = counter.frame_count
+            assert first == graphs, f"expected {graphs} graph(s), got {first}"
+        else:
+            assert counter.frame_count == first, "a warm call compiled again"
+    return compiled
+
+
+def breaks_of(fn, *args):
+    ex = kiln.explain(fn)(*args)
+    return ex.graph_count, [b.reason for b in ex.break_reasons], [b.kind for b in ex.break_reasons]
+
+
+# -- a method implemented in C on an object (transformers' ContextVar.set) -------------------
+
+_var = contextvars.ContextVar("kiln_test_var", default=None)
+
+
+def set_context_var(x):
+    y = x * 2
+    _var.set(3)
+    return y + 1
+
+
+def test_c_method_of_an_object_breaks_the_graph_instead_of_recursing():
+    # was: "capture of set_context_var recursed too deeply", the whole frame eager
+    count, reasons, kinds = breaks_of(set_context_var, torch.randn(3))
+    assert count == 2 and kinds == ["graph break"] and "ContextVar.set" in reasons[0]
+    _var.set(None)
+    run_twice(set_context_var, lambda: (torch.randn(3),), graphs=2)
+    assert _var.get() == 3  # the call ran (natively)
+
+
+# -- a functools.wraps wrapper (transformers' @can_return_tuple, @capture_outputs) -----------
+
+def _passthrough(f):
+    @functools.wraps(f)
+    def wrapper(*args, **kwargs):
+        return f(*args, **kwargs)
+    return wrapper
+
+
+@_passthrough
+def wrapped(x, scale=2.0):
+    return x * scale
+
+
+def test_wrapper_is_bound_with_its_own_signature_not_the_wrapped_one():
+    # was: the arguments were bound to wrapped's (x, scale), the code reads (args, kwargs):
+    # NameError from the generated entry
+    run_twice(wrapped, lambda: (torch.randn(3),), graphs=1)
+    run_twice(lambda x: wrapped(x, scale=3.0), lambda: (torch.randn(3),), graphs=1)
+
+
+# -- torch.compiler.is_compiling() -------------------------------------------------------------
+
+class _CompileableVar:
+    """transformers' CompileableContextVar: a global under a compiler, a ContextVar else."""
+
+    def __init__(self):
+        self.var = contextvars.ContextVar("kiln_test_compileable", default=None)
+        self.value = None
+
+    def set(self, value):
+        if torch.compiler.is_compiling():
+            self.value = value
+            return None
+        return self.var.set(value)
+
+
+_compileable = _CompileableVar()
+
+
+def uses_compiler_path(x):
+    _compileable.set(x.shape[0])
+    return x + 1
+
+
+def branches_on_is_compiling(x):
+    if torch.compiler.is_compiling():
+        x = x + 1
+    return x
+
+
+def branches_on_is_dynamo_compiling(x):
+    if torch.compiler.is_dynamo_compiling():  # only TorchDynamo: stays False under kiln
+        x = x * 100
+    return x
+
+
+def test_is_compiling_is_true_during_capture_like_torch_compile():
+    # library code takes the path it wrote for compilers: no ContextVar, no graph break
+    count, reasons, _ = breaks_of(uses_compiler_path, torch.randn(3))
+    assert (count, reasons) == (1, [])
+    run_twice(uses_compiler_path, lambda: (torch.randn(3),), graphs=1)
+    assert _compileable.value == 3
+    # the same answer as torch.compile
+    dynamo = torch.compile(branches_on_is_compiling, backend="eager")
+    run_twice(branches_on_is_compiling, lambda: (torch.randn(3),), graphs=1, same_as=dynamo)
+    torch._dynamo.reset()
+    run_twice(branches_on_is_dynamo_compiling, lambda: (torch.randn(3),), graphs=0)  # returns x
+
+
+# -- attributes that a tensor does not have --------------------------------------------------
+
+def tensor_attrs(x):
+    y = x * 2
+    a = hasattr(y, "jax")            # transformers.utils.import_utils.is_jax_jitting
+    b = hasattr(x, "jax")
+    c = getattr(y, "scale", 3.0)
+    return y + a + b + c
+
+
+def test_missing_tensor_attribute_is_an_attribute_error():
+    # was: "unknown tensor attribute 'jax'", a graph break at each hasattr
+    run_twice(tensor_attrs, lambda: (torch.randn(3),), graphs=1)
+
+
+def test_tensor_instance_attribute_is_read_and_guarded():
+    f = kiln.compile(tensor_attrs)
+    plain, tagged = torch.randn(3), torch.randn(3)
+    tagged.jax = True
+    assert_same(f(plain), tensor_attrs(plain))
+    assert_same(f(tagged), tensor_attrs(tagged))   # hasattr(x, "jax") is now True: recompiles
+    assert_same(f(plain), tensor_attrs(plain))
+
+
+# -- getattr(obj, name, default) guards the absence --------------------------------------------
+
+class _Holder:
+    pass
+
+
+def getattr_default(x, holder):
+    return x * getattr(holder, "scale", 2.0) + getattr(x, "shift", 0.0)
+
+
+def test_getattr_default_guards_that_the_attribute_stays_absent():
+    # was: no guard, so the default stayed baked in after the attribute appeared (wrong answer)
+    f = kiln.compile(getattr_default)
+    holder, x = _Holder(), torch.randn(3)
+    assert_same(f(x, holder), getattr_default(x, holder))
+    holder.scale = 5.0
+    assert_same(f(x, holder), getattr_default(x, holder))
+    x.shift = 1.0
+    assert_same(f(x, holder), getattr_default(x, holder))
+
+
+# -- attributes of a dict-subclass dataclass (transformers' ModelOutput) -----------------------
+
+@dataclasses.dataclass
+class _Output(collections.OrderedDict):
+    hidden: torch.Tensor | None = None
+    extra: torch.Tensor | None = None
+
+    def __post_init__(self):
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if value is not None:
+                collections.OrderedDict.__setitem__(self, field.name, value)
+
+
+def read_output(out):
+    return out.hidden[:, 0] * 2 + out["hidden"].sum()
+
+
+def read_missing_field(out):
+    return out.extra
+
+
+def test_dict_subclass_fields_are_attributes_not_methods():
+    # was: out.hidden became "Method(...hidden)" (the dataclass default on the class), and
+    # indexing it broke the graph
+    assert breaks_of(read_output, _Output(hidden=torch.randn(2, 3))) == (1, [], [])
+    run_twice(read_output, lambda: (_Output(hidden=torch.randn(2, 3)),), graphs=1)
+    run_twice(read_missing_field, lambda: (_Output(hidden=torch.randn(2, 3)),), graphs=0)
+
+
+# -- hasattr on an nn.Module for an attribute it does not have ---------------------------------
+
+def module_hasattr(m, x):
+    if hasattr(m, "_loss_function"):    # transformers' PreTrainedModel.loss_function
+        x = x + 1
+    return m(x) * getattr(m, "_scale", 2.0)
+
+
+def test_missing_module_attribute_needs_no_break_and_is_guarded():
+    # was: Module.__getattr__ was inlined and its `raise AttributeError(...)` broke the graph
+    lin = torch.nn.Linear(3, 3)
+    count, reasons, _ = breaks_of(module_hasattr, lin, torch.randn(3))
+    assert (count, reasons) == (1, [])
+    run_twice(module_hasattr, lambda: (lin, torch.randn(3)), graphs=1)
+    f = kiln.compile(module_hasattr)
+    x = torch.randn(3)
+    lin._loss_function = None
+    lin._scale = 5.0
+    with torch.no_grad():
+        assert_same(f(lin, x), module_hasattr(lin, x))
+
+
+# -- a module imported inside the function, live across a graph break ------------------------
+
+def import_across_break(x):
+    import math
+
+    y = x * 2
+    print("", end="")  # a graph break while `math` is a local
+    return y + math.pi
+
+
+def test_imported_module_survives_a_graph_break():
+    # was: "returning PyModule(math) from a compiled function": the frame ran eagerly
+    count, reasons, kinds = breaks_of(import_across_break, torch.randn(3))
+    assert count == 2 and kinds == ["graph break"]
+    run_twice(import_across_break, lambda: (torch.randn(3),), graphs=2)
+
+
+# -- inspect.signature of a known function (transformers' apply_chunking_to_forward) ----------
+
+def _helper(a, *rest, scale=3):
+    return a
+
+
+class _Chunked(torch.nn.Module):
+    def chunk(self, x):
+        return x * 2
+
+    def forward(self, x):
+        n = len(inspect.signature(self.chunk).parameters)        # bound: self dropped
+        params = inspect.signature(_helper).parameters
+        var = sum(p.kind == p.VAR_POSITIONAL for p in params.values())
+        return self.chunk(x) + n + var + ("scale" in params) + params["scale"].default
+
+
+def test_inspect_signature_of_a_known_function_is_evaluated_at_capture():
+    # was: "call to standard-library function inspect.signature (runs natively)": a break
+    model = _Chunked()
+    assert breaks_of(model, torch.randn(3)) == (1, [], [])
+    run_twice(model, lambda: (torch.randn(3),), graphs=1)
+
+
+def test_inspect_signature_sees_changed_defaults():
+    model = _Chunked()
+    f = kiln.compile(model)
+    x = torch.randn(3)
+    assert_same(f(x), model(x))
+    old = _helper.__kwdefaults__
+    try:
+        _helper.__kwdefaults__ = {"scale": 10}
+        assert_same(f(x), model(x))
+    finally:
+        _helper.__kwdefaults__ = old
+
+
+# -- slicing an nn.ModuleList (Llama: self.layers[: config.num_hidden_layers]) -----------------
+
+class _Stack(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList([torch.nn.Linear(3, 3) for _ in range(4)])
+        self.used = 3
+
+    def forward(self, x):
+        for layer in self.layers[: self.used]:
+            x = layer(x)
+        tail = self.layers[1:]
+        x = x + len(tail) + tail[-1](x)
+        for layer in tail[::2]:
+            x = layer(x)
+        return x
+
+
+def sliced_layers(stack):
+    return stack.layers[1:3]
+
+
+def test_module_list_slice_needs_no_break():
+    # was: "creating an instance of torch.nn.modules.container.ModuleList": a break
+    stack = _Stack()
+    assert breaks_of(stack, torch.randn(2, 3)) == (1, [], [])
+    with torch.no_grad():
+        run_twice(stack, lambda: (torch.randn(2, 3),), graphs=1)
+    got = kiln.compile(sliced_layers)(stack)       # escapes: a new ModuleList, same modules
+    assert type(got) is torch.nn.ModuleList and list(got) == list(stack.layers[1:3])
