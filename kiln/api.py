@@ -70,6 +70,7 @@ def reset() -> None:
 
     clear_resume_caches()
     _canonical_functions.clear()
+    _callee_objects.clear()
 
 
 class CompileKey:
@@ -127,8 +128,13 @@ class _CompiledFactory:
                 # code + globals determine it: nested functions made anew on every call
                 # (3.11 comprehensions, lambdas) share one cache through a canonical object
                 return self(_canonical_functions.setdefault((obj.__code__, id(obj.__globals__)), obj))
-            if obj.__code__.co_flags & 0x10:  # CO_NESTED: a closure made per call runs natively
-                return obj
+            # a closure: compiled per function object. A code that keeps producing new ones (a
+            # closure made on every call) stops being compiled after recompile_limit of them.
+            seen = _callee_objects.setdefault(obj.__code__, weakref.WeakSet())
+            if obj not in seen:
+                if len(seen) >= config.recompile_limit:
+                    return obj
+                seen.add(obj)
             return self(obj)
         if isinstance(obj, types.MethodType) and isinstance(obj.__func__, types.FunctionType):
             return CompiledMethod(self(obj.__func__), obj.__self__)
@@ -142,6 +148,7 @@ class _CompiledFactory:
 
 _compiled_functions: "weakref.WeakKeyDictionary[Callable, dict]" = weakref.WeakKeyDictionary()
 _canonical_functions: dict = {}
+_callee_objects: dict = {}
 
 
 class CompiledFunction:
