@@ -66,6 +66,7 @@ class Instr:
     lineno: int | None
     index: int
     raw: Any = None     # the bytecode.Instr it was decoded from
+    handler: tuple | None = None   # (target index, stack depth, push lasti) of its try block
 
 
 _cache: dict = {}
@@ -76,9 +77,25 @@ def decode(code) -> list[Instr]:
     hit = _cache.get(code)
     if hit is not None:
         return hit
-    out = decode_items(code, list(bytecode.Bytecode.from_code(code)))
+    items = list(bytecode.Bytecode.from_code(code))
+    set_exception_depths(code, items)
+    out = decode_items(code, items)
     _cache[code] = out
     return out
+
+
+def set_exception_depths(code, items: list) -> bool:
+    """Give each TryBegin of ``items`` (abstract, from ``code``) the stack depth of its real
+    exception-table entry: the abstract form does not keep it. False if they do not pair up."""
+    from bytecode import TryBegin
+
+    entries = bytecode.ConcreteBytecode.from_code(code).exception_table
+    blocks = [it for it in items if isinstance(it, TryBegin)]
+    if len(blocks) != len(entries) or any(b.push_lasti != e.push_lasti for b, e in zip(blocks, entries)):
+        return False
+    for block, entry in zip(blocks, entries):
+        block.stack_depth = entry.stack_depth
+    return True
 
 
 def decode_with_raw(code, items: list) -> list[Instr]:
@@ -87,15 +104,24 @@ def decode_with_raw(code, items: list) -> list[Instr]:
 
 
 def decode_items(code, items: list) -> list[Instr]:
+    from bytecode import TryBegin, TryEnd
+
     raw = []
+    blocks = []   # the try block active at each raw instruction
     label_at: dict[Label, int] = {}
+    active = None
     for item in items:
         if isinstance(item, Label):
             label_at[item] = len(raw)
+        elif isinstance(item, TryBegin):
+            active = item
+        elif isinstance(item, TryEnd):
+            active = None
         elif isinstance(item, bytecode.Instr):
             if item.name in _DROP:
                 continue
             raw.append(item)
+            blocks.append(active)
     out: list[Instr] = []
     for i, ins in enumerate(raw):
         name = _RENAME.get(ins.name, ins.name)
@@ -111,7 +137,11 @@ def decode_items(code, items: list) -> list[Instr]:
         if name == "FOR_ITER" and target is not None and target < len(raw) and raw[target].name == "END_FOR":
             target += 1  # 3.12: exhaustion skips END_FOR
         lineno = ins.location.lineno if ins.location is not None else None
-        out.append(Instr(name, arg, target, lineno, i, ins))
+        block = blocks[i]
+        handler = None
+        if block is not None and isinstance(block.stack_depth, int) and block.target in label_at:
+            handler = (label_at[block.target], block.stack_depth, bool(block.push_lasti))
+        out.append(Instr(name, arg, target, lineno, i, ins, handler))
     # carry line numbers forward for instructions without one
     last = code.co_firstlineno
     for ins in out:

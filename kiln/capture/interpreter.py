@@ -25,6 +25,29 @@ from .values.tensor import TensorValue
 from .semantics import _BINARY, _COMPARE, PythonSemantics, UserException, bind_arguments
 
 
+class ExceptionValue(Value):
+    """An exception raised by the user's code during capture, caught by its own handler."""
+
+    def __init__(self, exc: BaseException):
+        self.exc = exc
+
+    def python_type(self):
+        return type(self.exc)
+
+    def describe(self):
+        return f"{type(self.exc).__name__}({self.exc})"
+
+    def truthy(self, tx):
+        return True
+
+    def getattr(self, tx, name):
+        from .values.builder import wrap_pure_result
+
+        if name == "args":
+            return wrap_pure_result(self.exc.args)
+        raise Unsupported(f"attribute {name!r} of an exception")
+
+
 class GraphBreakRequest(Exception):
     """Raised out of a capture: instruction ``ip`` of the top frame (its ``count``-th
     execution) cannot be captured. The capture restarts and stops cleanly before it."""
@@ -75,6 +98,7 @@ class FrameInterpreter(PythonSemantics):
         self.kw_names: tuple = ()
         self.generator_items: list[Value] | None = [] if bu.is_generator_code(code) else None
         self.trusted_globals = output.is_trusted_globals(f_globals)
+        self.handled_exc = None   # the exception of the except block being run (sys.exc_info)
         self.break_at: tuple[int, int] | None = None   # (ip, execution count), top frame only
         self.exec_counts: dict[int, int] = {}
         self.can_break = parent is None
@@ -97,6 +121,14 @@ class FrameInterpreter(PythonSemantics):
                     raise Unsupported(f"bytecode {ins.opname}")
                 try:
                     handler(ins)
+                except UserException as e:
+                    # the user's code raised: its own try block handles it, as in eager
+                    if ins.handler is not None and self.unwind_to_handler(ins, e):
+                        continue
+                    if self.can_break and self.generator_items is None:
+                        e.located(*self.location())
+                        raise GraphBreakRequest(ins.index, self.exec_counts[ins.index], e)
+                    raise
                 except Unsupported as e:
                     if self.can_break and self.generator_items is None:
                         e.located(*self.location())
@@ -111,6 +143,18 @@ class FrameInterpreter(PythonSemantics):
         except Exception as e:  # a bug in kiln must not become a wrong answer: run eagerly
             raise Unsupported(f"internal error while capturing ({type(e).__name__}: {e})"
                               ).located(*self.location()) from e
+
+    def unwind_to_handler(self, ins, e: UserException) -> bool:
+        """Continue in the except/finally block that covers ``ins`` (exception table)."""
+        target, depth, push_lasti = ins.handler
+        if depth > len(self.stack):
+            return False
+        del self.stack[depth:]
+        if push_lasti:
+            self.push(ConstantValue(ins.index))
+        self.push(ExceptionValue(e.exc))
+        self.ip = target
+        return True
 
     def location(self) -> tuple[str, int | None, str | None]:
         lineno = self.current.lineno if self.current is not None else self.code.co_firstlineno
@@ -615,10 +659,45 @@ class FrameInterpreter(PythonSemantics):
 
     def RAISE_VARARGS(self, ins):
         args = self.popn(ins.arg)
-        exc = args[0] if args else None
-        if isinstance(exc, ClassValue):
+        if not args:
+            if self.handled_exc is None:
+                raise Unsupported("bare raise outside an except block")
+            raise self.user_exception(self.handled_exc.exc)
+        exc = args[0]
+        if isinstance(exc, ClassValue) and issubclass(exc.value, BaseException):
             raise self.user_exception(exc.value())
-        raise Unsupported("raise statement")
+        if isinstance(exc, ExceptionValue):
+            raise self.user_exception(exc.exc)
+        raise Unsupported(f"raise of {exc.describe()}")
+
+    # exception handlers (entered by unwind_to_handler)
+    def PUSH_EXC_INFO(self, ins):
+        exc = self.pop()
+        self.push(self.handled_exc if self.handled_exc is not None else ConstantValue(None))
+        self.handled_exc = exc
+        self.push(exc)
+
+    def CHECK_EXC_MATCH(self, ins):
+        from .values.builtins import _classes
+
+        match = self.pop()
+        exc = self.stack[-1]
+        self.push(ConstantValue(issubclass(exc.python_type(), _classes(match))))
+
+    def POP_EXCEPT(self, ins):
+        prev = self.pop()
+        self.handled_exc = prev if isinstance(prev, ExceptionValue) else None
+
+    def RERAISE(self, ins):
+        exc = self.pop()
+        if not isinstance(exc, ExceptionValue):
+            raise Unsupported(f"re-raising {exc.describe()}")
+        raise self.user_exception(exc.exc)
+
+    def WITH_EXCEPT_START(self, ins):
+        exc = self.stack[-1]
+        exit_fn = self.stack[-4]
+        self.push(self.call(exit_fn, [ClassValue(type(exc.exc)), exc, ConstantValue(None)], {}))
 
     def IMPORT_NAME(self, ins):
         import sys

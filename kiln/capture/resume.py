@@ -221,12 +221,8 @@ def _original_items(code) -> list:
     from the real exception table: the abstract form does not keep them, and flow analysis
     from our prologue would not reach the blocks it jumps into."""
     items = list(Bytecode.from_code(code))
-    entries = bytecode.ConcreteBytecode.from_code(code).exception_table
-    blocks = [it for it in items if isinstance(it, TryBegin)]
-    if len(blocks) != len(entries) or any(b.push_lasti != e.push_lasti for b, e in zip(blocks, entries)):
+    if not bu.set_exception_depths(code, items):
         raise Unsupported("cannot map the code's exception table for a graph break")
-    for block, entry in zip(blocks, entries):
-        block.stack_depth = entry.stack_depth
     return items
 
 

@@ -30,12 +30,15 @@ RTOL, ATOL = 1e-5, 1e-5
 
 # What kiln produces today (torch.compile: one graph each, no break, except GPT-2 training,
 # which breaks at logger.warning_once in PreTrainedModel.loss_function: 2 graphs, 1 break).
-GRAPHS = {("gpt2", "inference"): 7, ("gpt2", "training"): 7,
+# The remaining breaks: creating a ModelOutput (a dataclass subclass of OrderedDict) inside
+# the forward, and GPT-2's logger.warning_once (torch.compile breaks there too). A break deep
+# in a call chain is counted once per enclosing frame.
+GRAPHS = {("gpt2", "inference"): 2, ("gpt2", "training"): 2,
+          ("bert", "inference"): 3, ("bert", "training"): 3,
+          ("llama", "inference"): 2, ("llama", "training"): 2}
+BREAKS = {("gpt2", "inference"): 7, ("gpt2", "training"): 8,
           ("bert", "inference"): 6, ("bert", "training"): 6,
           ("llama", "inference"): 7, ("llama", "training"): 7}
-BREAKS = {("gpt2", "inference"): 14, ("gpt2", "training"): 15,
-          ("bert", "inference"): 14, ("bert", "training"): 14,
-          ("llama", "inference"): 14, ("llama", "training"): 14}
 
 MODELS = ["gpt2", "bert", "llama"]
 

@@ -493,6 +493,11 @@ def construct_class(tx, cls_value: ClassValue, args: list[Value], kwargs: dict[s
         return wrap_pure_result(cls(*[a.as_constant() for a in args]))
     if cls is object and not args:
         raise Unsupported("object() sentinel creation")
+    if isinstance(cls, type) and issubclass(cls, BaseException) and cls.__module__ == "builtins" \
+            and all(a.is_constant() for a in args) and not kwargs:
+        from ..interpreter import ExceptionValue
+
+        return ExceptionValue(cls(*[a.as_constant() for a in args]))
     raise Unsupported(f"creating an instance of {cls.__module__}.{cls.__qualname__} "
                       "inside a compiled function")
 
