@@ -10,9 +10,9 @@ inputs, compiles them with a backend, and reuses them while the guards hold::
         return torch.relu(x) @ y
 
 Public API: ``compile``, ``reset``, ``explain``, ``comptime``, ``config``, ``Unsupported``,
-``backends``, ``testing``, ``set_logs``.
+``aot`` (staged AOT autograd), ``backends``, ``testing``, ``set_logs``.
 """
-from . import backends, testing
+from . import aot, backends, testing
 from .api import CompiledFunction, CompiledMethod, CompiledModule, compile, reset
 from .capture.comptime import comptime
 from .config import config
@@ -20,6 +20,6 @@ from .errors import Unsupported
 from .explain import explain
 from .logs import set_logs
 
-__all__ = ["compile", "reset", "explain", "comptime", "config", "Unsupported", "backends", "testing",
-           "set_logs", "CompiledFunction", "CompiledMethod", "CompiledModule"]
+__all__ = ["compile", "reset", "explain", "comptime", "config", "Unsupported", "aot", "backends",
+           "testing", "set_logs", "CompiledFunction", "CompiledMethod", "CompiledModule"]
 __version__ = "0.1.0"

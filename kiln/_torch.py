@@ -1,7 +1,7 @@
 """The one adapter over torch internals that kiln uses.
 
 Everything kiln takes from torch beyond its public API is imported here, so that a torch
-version difference is handled in one place. kiln never calls torch.compile, torch._dynamo,
+version difference is handled in one place. kiln never calls torch.compile, dynamo,
 aot_autograd or torch's precompile APIs: those are the peer that kiln is measured against.
 """
 from __future__ import annotations
