@@ -1104,7 +1104,10 @@ CASES = ids_unique([
     case(unbound_but_unused, A(R(4), False), 1),
     case(listcomp_item, A(R(4), [fixed(1.0), fixed(2.0)]), 1, id="break_inside_list_comprehension",
          marks=BAD_LOCAL_NAME_BUG),
-    case(listcomp_print, A([R(2), R(2)]), 1, id="helper_break_inside_list_comprehension", marks=BAD_LOCAL_NAME_BUG),
+    case(listcomp_print, A([R(2), R(2)]), 1, id="helper_break_inside_list_comprehension",
+         marks=pytest.mark.xfail(sys.version_info >= (3, 12), strict=True, reason=(
+             "known 3.12 gap: a break inside a comprehension inlined by PEP 709 makes the frame "
+             "run eagerly (correct, but no graph)"))),
     case(genexpr_item, A(R(4), [fixed(1.0), fixed(2.0)]), 1, id="break_inside_generator_expression",
          marks=BAD_LOCAL_NAME_BUG),
     case(recursive_breaks, A(R(4), 2), 3),

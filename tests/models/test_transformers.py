@@ -33,6 +33,10 @@ RTOL, ATOL = 1e-5, 1e-5
 # The remaining breaks: creating a ModelOutput (a dataclass subclass of OrderedDict) inside
 # the forward, and GPT-2's logger.warning_once (torch.compile breaks there too). A break deep
 # in a call chain is counted once per enclosing frame.
+# Counts are exact for the transformers version pyproject pins; on another version the model
+# code differs, so only correctness (and no recompile) is checked.
+COUNTED_VERSION = "5.23.0"
+EXACT = transformers.__version__ == COUNTED_VERSION
 GRAPHS = {("gpt2", "inference"): 2, ("gpt2", "training"): 2,
           ("bert", "inference"): 3, ("bert", "training"): 3,
           ("llama", "inference"): 2, ("llama", "training"): 2}
@@ -103,7 +107,7 @@ def test_inference_matches_eager(name):
             close(getattr(got, key), value, f"call{call} {key}")
         if call == 0:
             first = counter.frame_count
-            assert first == GRAPHS[name, "inference"], f"{name}: {first} graphs"
+            assert not EXACT or first == GRAPHS[name, "inference"], f"{name}: {first} graphs"
         else:
             assert counter.frame_count == first, "the second call recompiled"
 
@@ -132,7 +136,7 @@ def test_training_step_matches_eager(name):
         assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
         if call == 0:
             first = counter.frame_count
-            assert first == GRAPHS[name, "training"], f"{name}: {first} graphs"
+            assert not EXACT or first == GRAPHS[name, "training"], f"{name}: {first} graphs"
         else:
             assert counter.frame_count == first, "the second call recompiled"
 
@@ -140,6 +144,8 @@ def test_training_step_matches_eager(name):
 @pytest.mark.parametrize("mode", ["inference", "training"])
 @pytest.mark.parametrize("name", MODELS)
 def test_explain_counts(name, mode):
+    if not EXACT:
+        pytest.skip(f"graph and break counts are recorded for transformers {COUNTED_VERSION}")
     model = make_model(name)
     input_ids = fresh_ids()
     kwargs = {"return_dict": True}

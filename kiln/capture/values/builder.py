@@ -35,7 +35,8 @@ def _state_readers() -> dict:
     """torch functions that read state which kiln guards (GLOBAL_STATE) or that are constant
     in eager execution: folded at capture time. The value is None when the function is called
     at capture time, else the constant it folds to."""
-    out = {torch.is_grad_enabled: None, torch.get_default_dtype: None,
+    out = {torch.is_grad_enabled: None, torch.get_default_dtype: None, torch.is_autocast_enabled: None,
+           torch.get_autocast_dtype: None,
            torch.are_deterministic_algorithms_enabled: None,
            torch.is_deterministic_algorithms_warn_only_enabled: None}
     for mod, name in (("torch.jit", "is_scripting"), ("torch.jit", "is_tracing"),

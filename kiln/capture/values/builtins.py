@@ -131,7 +131,23 @@ def _register_state_readers():
     from .builder import STATE_READERS
 
     for f in STATE_READERS:
-        _HANDLERS[f] = _state_reader
+        _HANDLERS.setdefault(f, _state_reader)   # autocast readers keep their guarding handler
+
+
+def _autocast_reader(tx, fn, args, kwargs):
+    # read at capture time; the autocast state becomes a guard (AUTOCAST_STATE)
+    from ..guards import Guard, GuardKind, _autocast_state
+
+    tx.output.guards.add(Guard(GuardKind.AUTOCAST_STATE, None, _autocast_state()))
+    return wrap_pure_result_lazy(fn(*[a.as_constant() for a in args],
+                                    **{k: v.as_constant() for k, v in kwargs.items()}))
+
+
+for _fn in (torch.is_autocast_enabled, torch.get_autocast_dtype,
+            getattr(torch, "is_autocast_cpu_enabled", None), getattr(torch, "get_autocast_gpu_dtype", None),
+            getattr(torch, "get_autocast_cpu_dtype", None)):
+    if _fn is not None:
+        _HANDLERS[_fn] = _autocast_reader
 
 
 @handles(torch._C._set_grad_enabled)
