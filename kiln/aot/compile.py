@@ -187,7 +187,27 @@ def _make_inference_core(fw: Callable, parts: CompiledParts) -> Callable:
     return inference_core
 
 
-class AOTCompiled:
+class PartsView:
+    """Read-only views of a stage-2 result's parts (shared by AOTCompiled and AOTArtifact)."""
+
+    @property
+    def kind(self) -> str:
+        return self.parts.kind
+
+    @property
+    def forward_graph(self) -> torch.fx.GraphModule:
+        return self.parts.forward
+
+    @property
+    def backward_graph(self) -> torch.fx.GraphModule | None:
+        return self.parts.backward
+
+    @property
+    def saved_tensor_bytes(self) -> int:
+        return self.parts.saved_bytes
+
+
+class AOTCompiled(PartsView):
     """The callable stage 2 returns: call it like the original function.
 
     ``forward_graph``/``backward_graph`` are the compiled graphs (FX), ``saved_tensor_bytes``
@@ -208,21 +228,6 @@ class AOTCompiled:
                 return self._fn(*args)
         return self._fn(*args)
 
-    @property
-    def kind(self) -> str:
-        return self.parts.kind
-
-    @property
-    def forward_graph(self) -> torch.fx.GraphModule:
-        return self.parts.forward
-
-    @property
-    def backward_graph(self) -> torch.fx.GraphModule | None:
-        return self.parts.backward
-
-    @property
-    def saved_tensor_bytes(self) -> int:
-        return self.parts.saved_bytes
 
     @property
     def saved_tensors(self) -> list[str]:

@@ -26,6 +26,7 @@ import torch.fx
 
 from ..errors import Unsupported
 from . import _utils as U
+from .compile import PartsView
 from .compile import AOTCompiled, CompiledParts, assemble, build_parts
 from .runtime import wrapper_from_dict, wrapper_to_dict
 
@@ -198,27 +199,12 @@ def graph_from_data(data: dict, constants: dict, fake_mode=None, class_name: str
 # The artifact
 # ------------------------------------------------------------------------------------------------
 
-class AOTArtifact:
+class AOTArtifact(PartsView):
     """Exported stage-2 result: graphs + metadata, serializable. ``load()`` builds the callable."""
 
     def __init__(self, parts: CompiledParts):
         self.parts = parts
 
-    @property
-    def kind(self) -> str:
-        return self.parts.kind
-
-    @property
-    def forward_graph(self) -> torch.fx.GraphModule:
-        return self.parts.forward
-
-    @property
-    def backward_graph(self) -> torch.fx.GraphModule | None:
-        return self.parts.backward
-
-    @property
-    def saved_tensor_bytes(self) -> int:
-        return self.parts.saved_bytes
 
     # serialization -------------------------------------------------------------------------
     def to_dict(self) -> tuple[dict, dict]:

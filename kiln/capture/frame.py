@@ -125,34 +125,8 @@ def _finish(fn, output: OutputGraph, result, key, backend, backend_name) -> Entr
     cg = EntryCodegen(fn.__code__)
     ret = result.reconstruct(cg)
     prepare, apply = output.side_effects.codegen(cg)  # may stash more objects: statements first
-    graph = output.graph
-    graph.output(tuple(cg.output_nodes))
-    output.remove_unused()
-    has_ops = any(n.op not in ("placeholder", "output") for n in graph.nodes)
-    net_grad = None
-    if has_ops and _mode_only(graph):   # no tensor work: no graph; the mode change inline
-        has_ops, net_grad = False, _net_grad_mode(graph, output._grad_enabled_at_start)
-    gm = torch.fx.GraphModule(torch.nn.Module(), graph, class_name=f"Kiln_{_ident(fn.__qualname__)}")
-    inputs = output.graph_inputs()
-    compiled = None
-    if has_ops:
-        gm.meta["kiln_static_inputs"] = [i for i, inp in enumerate(inputs) if inp.static]
-        example = [_real_input(inp) for inp in inputs]
-        if logs.enabled.graph:
-            logs.log("graph", f"graph of {fn.__qualname__}:\n{gm.print_readable(print_output=False)}")
-        compiled = backend(gm, example)
-        if not callable(compiled):
-            raise TypeError(f"backend {backend_name!r} returned {type(compiled).__name__}, not a callable")
-    guards = list(output.guards)
-    program, params, fwd = _program(fn, output, guards, cg.ctx)
-    lines = [f"def __kiln_entry({params}):", *program.prelude()]
-    index_of = {id(inp): i for i, inp in enumerate(output.tensor_inputs)}
-    if compiled is not None:
-        cg.ctx.namespace["___graph"] = compiled
-        call_args = ", ".join(f"___in{index_of[id(inp)]}" for inp in inputs)
-        lines.append(f"    ___out = ___graph({call_args})")
-    if net_grad is not None:
-        lines.append(f"    {cg.bind(torch._C._set_grad_enabled)}({net_grad})")
+    gm, inputs, net_grad, compiled = _compile_graph(fn, output, cg, backend, backend_name, "")
+    guards, program, lines = _entry_head(fn, output, cg, inputs, net_grad, compiled)
     # read everything (outputs, final states) before writing anything back
     lines += [f"    {line}" for line in cg.statements + prepare]
     lines.append(f"    ___result = {ret}")
@@ -164,7 +138,46 @@ def _finish(fn, output: OutputGraph, result, key, backend, backend_name) -> Entr
         logs.log("guards", f"guards of {fn.__qualname__}:\n" + "\n".join(
             "  " + g.describe() for g in guards))
     return Entry(key, backend_name, entry_fn, program.make_check("__kiln_check"), guards, program,
-                 gm if has_ops else None, compiled, src)
+                 gm, compiled, src)
+
+
+def _compile_graph(fn, output: OutputGraph, cg: EntryCodegen, backend, backend_name: str, note: str):
+    """Close the graph (outputs collected by ``cg``), drop what it does not need, and compile it
+    with the backend. Returns (GraphModule or None, graph inputs, net grad-mode change to make
+    inline when the graph only toggled modes, compiled callable or None)."""
+    graph = output.graph
+    graph.output(tuple(cg.output_nodes))
+    output.remove_unused()
+    has_ops = any(n.op not in ("placeholder", "output") for n in graph.nodes)
+    net_grad = None
+    if has_ops and _mode_only(graph):   # no tensor work: no graph; the mode change inline
+        has_ops, net_grad = False, _net_grad_mode(graph, output._grad_enabled_at_start)
+    inputs = output.graph_inputs()
+    if not has_ops:
+        return None, inputs, net_grad, None
+    gm = torch.fx.GraphModule(torch.nn.Module(), graph, class_name=f"Kiln_{_ident(fn.__qualname__)}")
+    gm.meta["kiln_static_inputs"] = [i for i, inp in enumerate(inputs) if inp.static]
+    if logs.enabled.graph:
+        logs.log("graph", f"graph of {fn.__qualname__}{note}:\n{gm.print_readable(print_output=False)}")
+    compiled = backend(gm, [_real_input(inp) for inp in inputs])
+    if not callable(compiled):
+        raise TypeError(f"backend {backend_name!r} returned {type(compiled).__name__}, not a callable")
+    return gm, inputs, net_grad, compiled
+
+
+def _entry_head(fn, output: OutputGraph, cg: EntryCodegen, inputs, net_grad, compiled):
+    """(guards, guard program, first lines of the entry): the guard prelude, the graph call and
+    an inline grad-mode change."""
+    guards = list(output.guards)
+    program, params, _ = _program(fn, output, guards, cg.ctx)
+    lines = [f"def __kiln_entry({params}):", *program.prelude()]
+    index_of = {id(inp): i for i, inp in enumerate(output.tensor_inputs)}
+    if compiled is not None:
+        cg.ctx.namespace["___graph"] = compiled
+        lines.append(f"    ___out = ___graph({', '.join(f'___in{index_of[id(inp)]}' for inp in inputs)})")
+    if net_grad is not None:
+        lines.append(f"    {cg.bind(torch._C._set_grad_enabled)}({net_grad})")
+    return guards, program, lines
 
 
 def _mode_only(graph) -> bool:
@@ -288,40 +301,15 @@ def _finish_break(fn, output: OutputGraph, tx, ip: int, reason: Unsupported, key
         else:
             call_args.append(tx.locals[name].reconstruct(cg))
     prepare, apply = output.side_effects.codegen(cg)
-    graph = output.graph
-    graph.output(tuple(cg.output_nodes))
-    output.remove_unused()
-    has_ops = any(n.op not in ("placeholder", "output") for n in graph.nodes)
-    net_grad = None
-    if has_ops and _mode_only(graph):   # no tensor work: no graph; the mode change inline
-        has_ops, net_grad = False, _net_grad_mode(graph, output._grad_enabled_at_start)
-    gm = torch.fx.GraphModule(torch.nn.Module(), graph, class_name=f"Kiln_{_ident(fn.__qualname__)}")
-    inputs = output.graph_inputs()
-    compiled = None
-    if has_ops:
-        gm.meta["kiln_static_inputs"] = [i for i, inp in enumerate(inputs) if inp.static]
-        if logs.enabled.graph:
-            logs.log("graph", f"graph of {fn.__qualname__} (up to a graph break):\n"
-                     f"{gm.print_readable(print_output=False)}")
-        compiled = backend(gm, [_real_input(inp) for inp in inputs])
-        if not callable(compiled):
-            raise TypeError(f"backend {backend_name!r} returned {type(compiled).__name__}, not a callable")
+    gm, inputs, net_grad, compiled = _compile_graph(fn, output, cg, backend, backend_name,
+                                                    " (up to a graph break)")
     break_fn, resumes = _break_function(fn, code, plan, key, compiled_factory)
-    guards = list(output.guards)
-    program, params, fwd = _program(fn, output, guards, cg.ctx)
-    lines = [f"def __kiln_entry({params}):", *program.prelude()]
-    index_of = {id(inp): i for i, inp in enumerate(output.tensor_inputs)}
-    if compiled is not None:
-        cg.ctx.namespace["___graph"] = compiled
-        lines.append(f"    ___out = ___graph({', '.join(f'___in{index_of[id(inp)]}' for inp in inputs)})")
-    if net_grad is not None:
-        lines.append(f"    {cg.bind(torch._C._set_grad_enabled)}({net_grad})")
+    guards, program, lines = _entry_head(fn, output, cg, inputs, net_grad, compiled)
     # read everything the break function gets before writing side effects back; the
     # native instruction then sees the written state. Entering open with-blocks (part of the
     # arguments) happens last, right before the call.
-    plain_args = [a for a in call_args]
     lines += [f"    {line}" for line in cg.statements + prepare]
-    lines.append(f"    ___args = ({', '.join(plain_args)}{',' if len(plain_args) == 1 else ''})")
+    lines.append(f"    ___args = ({', '.join(call_args)}{',' if len(call_args) == 1 else ''})")
     lines += [f"    {line}" for line in apply]
     cg.ctx.namespace["___break"] = break_fn
     lines.append("    return ___break(*___args)")
@@ -332,7 +320,7 @@ def _finish_break(fn, output: OutputGraph, tx, ip: int, reason: Unsupported, key
     if logs.enabled.guards:
         logs.log("guards", f"guards of {fn.__qualname__}:\n" + "\n".join("  " + g.describe() for g in guards))
     entry = Entry(key, backend_name, entry_fn, program.make_check("__kiln_check"), guards, program,
-                  gm if has_ops else None, compiled, src)
+                  gm, compiled, src)
     entry.graph_break = reason
     entry.resumes = tuple(resumes)
     return entry
