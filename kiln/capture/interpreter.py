@@ -307,9 +307,7 @@ class FrameInterpreter(PythonSemantics):
         g = self.f_globals
         if name in g:
             src = GlobalSource(g, name)
-            if self.trusted_globals:
-                return self.wrap(g[name], None) if not isinstance(g[name], torch.Tensor) else self.wrap(g[name], src)
-            return self.wrap(g[name], src)
+            return self.wrap(g[name], src)  # trusted modules' globals: a source, but no guards
         if name in self.f_builtins:
             if not self.trusted_globals:
                 self.output.guards.add(_guard(GuardKind.GLOBAL_ABSENT, None, (g, name)))

@@ -15,7 +15,7 @@ from ..config import config
 from ..errors import Unsupported
 from .guards import Guard, GuardKind, GuardSet, TensorMeta
 from .side_effects import SideEffects
-from .sources import Source
+from .sources import GlobalSource, Source
 from .values.base import ConstantValue, Value
 from .values.builder import STATE_READERS, Builder, is_trusted_module
 from .values.containers import ListValue, NamedTupleValue, TupleValue
@@ -73,6 +73,13 @@ class OutputGraph:
         return mod is not None and mod.__dict__ is g and is_trusted_module(mod)
 
     def guards_enabled_for(self, source: Source) -> bool:
+        """No guards under the globals of torch and the standard library (their names are
+        assumed not to be re-bound, as torch.compile assumes)."""
+        root = source
+        while hasattr(root, "base"):
+            root = root.base
+        if isinstance(root, GlobalSource):
+            return not self.is_trusted_globals(root.globals_dict)
         return True
 
     def evaluate_source(self, source: Source) -> Any:

@@ -106,6 +106,10 @@ class PythonSemantics:
     def call(self, fn: Value, args: list[Value], kwargs: dict[str, Value]) -> Value:
         return fn.call(self, args, kwargs)
 
+    def call_function_value(self, fn, args: list[Value], kwargs: dict[str, Value] | None = None) -> Value:
+        """Inline a real Python function (a method found on a class) on symbolic arguments."""
+        return UserFunctionValue(fn).call(self, args, kwargs or {})
+
     def call_method(self, obj: Value, name: str, args: list[Value], kwargs: dict[str, Value]) -> Value:
         return obj.call_method(self, name, args, kwargs)
 

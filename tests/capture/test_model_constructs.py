@@ -312,3 +312,59 @@ def test_module_list_slice_needs_no_break():
         run_twice(stack, lambda: (torch.randn(2, 3),), graphs=1)
     got = kiln.compile(sliced_layers)(stack)       # escapes: a new ModuleList, same modules
     assert type(got) is torch.nn.ModuleList and list(got) == list(stack.layers[1:3])
+
+
+# -- instances of dict subclasses created inside (transformers' ModelOutput pattern) -------------
+
+import collections as _collections
+import dataclasses as _dataclasses
+
+
+class _MiniOutputBase(_collections.OrderedDict):
+    """A miniature ModelOutput: a dataclass over OrderedDict whose attributes and items mirror
+    each other through __setattr__/__setitem__ overrides and super() calls."""
+
+    def __post_init__(self):
+        for f in _dataclasses.fields(self):
+            v = self.__dict__.get(f.name)
+            if v is not None:
+                self[f.name] = v
+
+    def __setattr__(self, name, value):
+        names = {f.name for f in _dataclasses.fields(self)}
+        if name in names and value is not None:
+            super().__setitem__(name, value)
+        super().__setattr__(name, value)
+
+    def __setitem__(self, key, value):
+        super().__setitem__(key, value)
+        super().__setattr__(key, value)
+
+
+@_dataclasses.dataclass
+class _HiddenOutput(_MiniOutputBase):
+    hidden: torch.Tensor = None
+    extra: torch.Tensor = None
+    note: str = None
+
+
+def _make_output(x):
+    h = x * 2
+    out = _HiddenOutput(hidden=h, note="ok")
+    out["extra"] = h + 1
+    return out, out.hidden.sum() + out["extra"].sum(), list(out.keys())
+
+
+def test_dict_subclass_dataclass_created_inside_is_captured():
+    cnt = CompileCounter()
+    cf = kiln.compile(_make_output, backend=cnt, fullgraph=True)
+    for _ in range(2):
+        x = torch.randn(3)
+        got, total, keys = cf(x)
+        exp, etotal, ekeys = _make_output(x)
+        assert type(got) is _HiddenOutput and keys == ekeys == list(got.keys())
+        torch.testing.assert_close(total, etotal)
+        torch.testing.assert_close(got.hidden, exp.hidden)
+        torch.testing.assert_close(got["extra"], exp["extra"])
+        assert got.note == exp.note == "ok" and got.extra is got["extra"]
+    assert cnt.frame_count == 1

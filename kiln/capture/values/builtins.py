@@ -493,6 +493,14 @@ def construct_class(tx, cls_value: ClassValue, args: list[Value], kwargs: dict[s
         items = tx.unpack_iterable(args[0]) if args else []
         if all(isinstance(i, NNModuleValue) for i in items):
             return NewModuleListValue(items)  # module_list[a:b] (ModuleList.__getitem__)
+    if _dict_subclass_with_init(cls):
+        from .containers import NewDictObjectValue
+
+        obj = NewDictObjectValue(cls)
+        result = tx.call(UserFunctionValue(static_lookup(cls, "__init__")), [obj, *args], kwargs)
+        if not (result.is_constant() and result.as_constant() is None):
+            raise tx.user_exception(TypeError("__init__() should return None"))
+        return obj
     if can_create_symbolically(cls):
         obj = NewObjectValue(cls)
         init = static_lookup(cls, "__init__")
@@ -527,6 +535,20 @@ def _set_grad_enabled_method(v: GradModeValue):
             return ConstantValue(None)
         raise Unsupported(f"set_grad_enabled.{name}")
     return call_method
+
+
+def _dict_subclass_with_init(cls) -> bool:
+    """A dict/OrderedDict subclass with its own Python __init__ (no metaclass, __new__, slots)."""
+    if not (isinstance(cls, type) and type(cls) is type and issubclass(cls, dict)):
+        return False
+    if cls in (dict, collections.OrderedDict, collections.defaultdict) or issubclass(cls, collections.defaultdict):
+        return False
+    for klass in cls.__mro__:
+        if klass in (dict, collections.OrderedDict, object):
+            break
+        if "__slots__" in klass.__dict__ or "__new__" in klass.__dict__:
+            return False
+    return isinstance(static_lookup(cls, "__init__"), types.FunctionType)
 
 
 def _is_namedtuple(cls) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import operator
+import types
 
 from ...errors import Unsupported
 from .base import ConstantValue, Value
@@ -419,6 +420,79 @@ def _is_const_key(k) -> bool:
     from .base import is_constant_object
 
     return is_constant_object(k)
+
+
+class NewDictObjectValue(DictValue):
+    """An instance of a dict subclass created during capture whose class has its own
+    ``__init__``/``__setattr__`` (a dataclass such as transformers' ModelOutput): dict storage
+    plus instance attributes, both symbolic; rebuilt with ``cls.__new__`` if it escapes."""
+
+    def __init__(self, cls: type):
+        super().__init__({}, None, cls)
+        self.attrs: dict[str, Value] = {}
+
+    def describe(self):
+        return f"new {self.cls.__name__}"
+
+    def _storage_base(self):
+        return collections.OrderedDict if issubclass(self.cls, collections.OrderedDict) else dict
+
+    def getattr(self, tx, name):
+        from .objects import _MISSING, _is_data_descriptor, class_dict_source, static_lookup
+
+        cls_attr = static_lookup(self.cls, name)
+        if isinstance(cls_attr, property):
+            return tx.call_function_value(cls_attr.fget, [self])
+        if name in self.attrs and not _is_data_descriptor(cls_attr):
+            return self.attrs[name]
+        if name == "__dict__":
+            view = DictValue({})
+            view.items = self.attrs  # a live view of the instance attributes
+            return view
+        if name == "__class__":
+            from .objects import ClassValue
+
+            return ClassValue(self.cls)
+        if cls_attr is _MISSING:
+            raise tx.user_exception(AttributeError(f"'{self.cls.__name__}' object has no attribute '{name}'"))
+        if callable(cls_attr) or isinstance(cls_attr, (staticmethod, classmethod)):
+            return super().getattr(tx, name)
+        return tx.wrap(cls_attr, class_dict_source(self.cls, name))
+
+    def setattr(self, tx, name, value):
+        from .objects import static_lookup
+
+        override = static_lookup(self.cls, "__setattr__")
+        if isinstance(override, types.FunctionType):
+            tx.call_function_value(override, [self, ConstantValue(name), value])
+        else:
+            self.attrs[name] = value
+
+    def delattr(self, tx, name):
+        if name not in self.attrs:
+            raise tx.user_exception(AttributeError(name))
+        del self.attrs[name]
+
+    def base_method(self, tx, name, args, kwargs):
+        if name == "__object_setattr__":   # object.__setattr__(self, name, value) via super()
+            self.attrs[args[0].as_constant()] = args[1]
+            return ConstantValue(None)
+        return super().base_method(tx, name, args, kwargs)
+
+    def reconstruct(self, cg):
+        def build():
+            items = "{" + ", ".join(f"{cg.key_expr(k)}: {v.reconstruct(cg)}" for k, v in self.items.items()) + "}"
+            attrs = "{" + ", ".join(f"{k!r}: {v.reconstruct(cg)}" for k, v in self.attrs.items()) + "}"
+            return (f"{cg.bind(_new_dict_object)}({cg.bind(self.cls)}, {cg.bind(self._storage_base())}, "
+                    f"{items}, {attrs})")
+        return cg.stash(self, build)
+
+
+def _new_dict_object(cls, base, items, attrs):
+    obj = cls.__new__(cls)
+    base.update(obj, items)
+    obj.__dict__.update(attrs)
+    return obj
 
 
 class DictViewValue(Value):

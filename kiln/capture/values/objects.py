@@ -6,6 +6,7 @@ each value read is wrapped with a source so that guards protect it.
 """
 from __future__ import annotations
 
+import collections
 import types
 from typing import Any
 
@@ -197,7 +198,7 @@ class NewObjectValue(ObjectValue):
             return super()._class_attribute(tx, name, cls_attr)
         if _is_data_descriptor(cls_attr):
             raise Unsupported(f"descriptor {name!r} on a new {self.cls.__name__}")
-        return tx.wrap(cls_attr, None)
+        return tx.wrap(cls_attr, class_dict_source(self.cls, name))
 
     def setattr(self, tx, name, value):
         cls_attr = static_lookup(self.cls, name)
@@ -218,6 +219,16 @@ class NewObjectValue(ObjectValue):
             body = ", ".join(f"{n!r}: {v.reconstruct(cg)}" for n, v in self.attrs.items())
             return f"{cg.bind(_new_object)}({cg.bind(self.cls)}, {{{body}}})"
         return cg.stash(self, build)
+
+
+def class_dict_source(cls: type, name: str):
+    """Where ``cls.name`` lives: the defining class's own ``__dict__`` entry."""
+    from ..sources import ConstSource
+
+    for owner in cls.__mro__:
+        if name in owner.__dict__:
+            return ItemSource(AttrSource(ConstSource(owner), "__dict__"), name)
+    return None
 
 
 def _new_object(cls, attrs):
@@ -436,7 +447,11 @@ class SuperValue(Value):
                                             ClassValue(self.obj.python_type()))
                 if isinstance(attr, staticmethod):
                     return tx.wrap(attr.__func__, None)
-                if klass in (list, dict, tuple) and hasattr(self.obj, "base_method"):
+                if attr is object.__setattr__ and hasattr(self.obj, "attrs"):
+                    from .functions import BaseMethodValue
+
+                    return BaseMethodValue(self.obj, "__object_setattr__")
+                if klass in (list, dict, tuple, collections.OrderedDict) and hasattr(self.obj, "base_method"):
                     from .functions import BaseMethodValue
 
                     return BaseMethodValue(self.obj, name)
