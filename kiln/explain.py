@@ -93,14 +93,19 @@ def explain(fn: Callable) -> Callable[..., ExplainOutput]:
             out = compiled(*args, **kwargs)
         finally:
             _recorder.stack.remove(recorded)
-        reasons, guards = [], []
+        reasons, guards, seen = [], [], set()
         for cache, entry in recorded:
             guards += entry.guards
             exc = entry.graph_break or entry.eager_reason
             if exc is not None:
-                reasons.append(BreakReason(getattr(exc, "construct", str(exc)), exc.filename, exc.lineno,
-                                           exc.source_line,
-                                           "graph break" if entry.graph_break is not None else "frame runs eagerly"))
+                reason = BreakReason(getattr(exc, "construct", str(exc)), exc.filename, exc.lineno,
+                                     exc.source_line,
+                                     "graph break" if entry.graph_break is not None else "frame runs eagerly")
+                # a break deep in a call chain breaks each enclosing frame at its call: one break
+                key = (reason.reason, reason.filename, reason.lineno, reason.kind)
+                if key not in seen:
+                    seen.add(key)
+                    reasons.append(reason)
             if entry in cache.entries:  # explain leaves no entries behind
                 cache.entries.remove(entry)
         ops = [sum(1 for n in g.graph.nodes if n.op in ("call_function", "call_method", "call_module"))
