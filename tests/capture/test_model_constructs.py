@@ -368,3 +368,42 @@ def test_dict_subclass_dataclass_created_inside_is_captured():
         torch.testing.assert_close(got["extra"], exp["extra"])
         assert got.note == exp.note == "ok" and got.extra is got["extra"]
     assert cnt.frame_count == 1
+
+
+# -- context managers chosen at run time (transformers 5.17: `return nullcontext()`) -----------
+
+import contextlib as _contextlib
+
+
+def _maybe_no_grad(x, use):
+    ctx = torch.no_grad() if use else _contextlib.nullcontext()
+    with ctx:
+        y = x * 2
+        print("inside")          # a break inside the block, with the context in a local
+        z = y + 1
+    return z, torch.is_grad_enabled()
+
+
+def test_context_manager_in_a_local_across_a_break(capsys):
+    cnt = CompileCounter()
+    cf = kiln.compile(_maybe_no_grad, backend=cnt)
+    for use in (False, True, True):
+        x = torch.randn(3, requires_grad=True)
+        got, exp = cf(x, use), _maybe_no_grad(x, use)
+        torch.testing.assert_close(got[0], exp[0])
+        assert got[0].requires_grad == exp[0].requires_grad and got[1] == exp[1]
+    assert all(not e.is_eager and e.graph_break is not None for e in cf.entries)
+    assert cnt.frame_count == 4  # both sides of the break, for each kind of context
+
+
+def _nullcontext_value(x):
+    with _contextlib.nullcontext(5) as v:
+        return x * v
+
+
+def test_nullcontext_is_captured():
+    cnt = CompileCounter()
+    cf = kiln.compile(_nullcontext_value, backend=cnt, fullgraph=True)
+    x = torch.randn(2)
+    torch.testing.assert_close(cf(x), x * 5)
+    assert cnt.frame_count == 1

@@ -6,6 +6,7 @@ each value read is wrapped with a source so that guards protect it.
 """
 from __future__ import annotations
 
+import abc
 import collections
 import types
 from typing import Any
@@ -239,12 +240,13 @@ def _new_object(cls, attrs):
 
 def can_create_symbolically(cls) -> bool:
     """A plain Python class: no metaclass, no custom __new__, no slots, not a builtin."""
-    if type(cls) is not type or cls.__module__ == "builtins":
+    # ABCMeta only adds registration-based isinstance checks, which run on the real classes
+    if type(cls) not in (type, abc.ABCMeta) or cls.__module__ == "builtins":
         return False
     if issubclass(cls, (torch.nn.Module, torch.Tensor, BaseException)):
         return False
     for klass in cls.__mro__[:-1]:
-        if "__slots__" in klass.__dict__ or "__new__" in klass.__dict__:
+        if klass.__dict__.get("__slots__", ()) not in ((), []) or "__new__" in klass.__dict__:
             return False
         if klass.__module__ == "builtins":
             return False
@@ -495,11 +497,18 @@ class GradModeValue(Value):
     def call(self, tx, args, kwargs):
         raise Unsupported(f"{self.cls.__name__} used as a decorator inside a compiled function")
 
+    def reconstruct(self, cg):
+        # one new object of the same kind (shared with its re-entry at a break)
+        if self.cls is torch.set_grad_enabled:
+            raise Unsupported("a set_grad_enabled object held across a graph break (its "
+                              "constructor changes the grad mode)")
+        return cg.stash(self, lambda: f"{cg.bind(self.cls)}()")
+
     def reconstruct_entered(self, cg) -> str:
         """A new context manager of the same kind, entered; evaluates to its __exit__ (a
         with-block open across a graph break is re-entered before the continuation)."""
         ctx = f"{cg.bind(self.cls)}({self.enabled!r})" if self.cls is torch.set_grad_enabled \
-            else f"{cg.bind(self.cls)}()"
+            else self.reconstruct(cg)
         return f"{cg.bind(_enter_context)}({ctx})"
 
 
@@ -533,11 +542,14 @@ class AutocastValue(Value):
             return ConstantValue(None)
         raise Unsupported(f"autocast.{name}")
 
-    def reconstruct_entered(self, cg) -> str:
+    def reconstruct(self, cg):
         dev, dtype, enabled, cache = self.args
-        ctx = (f"{cg.bind(torch.autocast)}({dev!r}, dtype={cg.bind(dtype) if dtype is not None else None}, "
-               f"enabled={enabled!r}, cache_enabled={cache!r})")
-        return f"{cg.bind(_enter_context)}({ctx})"
+        return cg.stash(self, lambda: (
+            f"{cg.bind(torch.autocast)}({dev!r}, dtype={cg.bind(dtype) if dtype is not None else None}, "
+            f"enabled={enabled!r}, cache_enabled={cache!r})"))
+
+    def reconstruct_entered(self, cg) -> str:
+        return f"{cg.bind(_enter_context)}({self.reconstruct(cg)})"
 
 
 def _enter_context(ctx):
