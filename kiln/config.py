@@ -21,8 +21,6 @@ class Config:
     max_inline_depth: int = 64
     # Maximum bytecode instructions one capture may execute (guards against runaway loops).
     max_instructions: int = 1_000_000
-    # Python int arguments always become guarded constants (dynamic ints come with issue 4).
-    specialize_int: bool = True
 
     def patch(self, **changes: Any) -> contextlib.AbstractContextManager:
         """Temporarily change fields: ``with kiln.config.patch(recompile_limit=1): ...``."""

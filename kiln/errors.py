@@ -34,6 +34,3 @@ class Unsupported(KilnError):
             self.args = (self._message(),)
         return self
 
-
-class RecompileLimitExceeded(KilnError):
-    """Internal marker: a function reached ``config.recompile_limit`` entries."""

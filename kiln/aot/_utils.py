@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import math
-import operator
 from typing import Any, Callable, Iterable
 
 import torch
@@ -161,12 +159,6 @@ def is_random(node: torch.fx.Node) -> bool:
 def is_view(node: torch.fx.Node) -> bool:
     t = node.target
     return node.op == "call_function" and isinstance(t, torch._ops.OpOverload) and t.is_view
-
-
-def node_val(node: Any) -> Any:
-    if isinstance(node, torch.fx.Node):
-        return node.meta.get("val")
-    return node
 
 
 def tensor_nbytes(t: Any) -> int:
@@ -339,11 +331,3 @@ def dtype_from_str(s: str) -> torch.dtype:
     if not isinstance(d, torch.dtype):
         raise ValueError(f"unknown dtype {s!r}")
     return d
-
-
-def is_inf(x: float) -> bool:
-    return isinstance(x, float) and math.isinf(x)
-
-
-def getitem_target() -> Any:
-    return operator.getitem

@@ -367,7 +367,7 @@ def _break_function(fn, code, plan: "resume.BreakPlan", key, compiled_factory):
         if cont_code is None:
             line = plan_line(code, exit)
             cont_code = _continuation_code[ck] = resume.build_continuation(
-                code, None, exit, f"__kiln_resume_{base}_line{line}")
+                code, exit, f"__kiln_resume_{base}_line{line}")
         cont_fn = types.FunctionType(cont_code, fn.__globals__, cont_code.co_name, None, closure)
         compiled = compiled_factory(cont_fn)
         resumes.append(compiled)

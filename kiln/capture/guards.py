@@ -249,10 +249,6 @@ class GuardSet:
     def add(self, guard: Guard) -> None:
         self._guards.setdefault(guard.key(), guard)
 
-    def remove_source(self, source: Source) -> None:
-        for k in [k for k, g in self._guards.items() if g.source == source]:
-            del self._guards[k]
-
     def __iter__(self):
         return iter(self._guards.values())
 

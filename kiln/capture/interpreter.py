@@ -12,7 +12,6 @@ import linecache
 import operator
 import types
 
-import torch
 
 from ..config import config
 from ..errors import Unsupported

@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 import sys
 import types
-from typing import Any
 
 import torch
 import torch.fx
@@ -81,9 +80,6 @@ class OutputGraph:
         if isinstance(root, GlobalSource):
             return not self.is_trusted_globals(root.globals_dict)
         return True
-
-    def evaluate_source(self, source: Source) -> Any:
-        raise Unsupported(f"reading {source.describe()} outside of its guard")
 
     def restore_grad_mode(self) -> None:
         self.restore_autocast()

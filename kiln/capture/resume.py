@@ -18,7 +18,7 @@ import types
 from typing import Callable
 
 import bytecode
-from bytecode import Bytecode, Instr, Label, TryBegin, TryEnd
+from bytecode import Bytecode, Instr, Label
 
 from ..errors import Unsupported
 from . import bytecode_utils as bu
@@ -231,7 +231,7 @@ def _raw_positions(code, items: list) -> dict[int, int]:
     return {id(it): p for p, it in enumerate(items)}
 
 
-def build_continuation(code: types.CodeType, instrs: list[bu.Instr], exit: Exit, name: str) -> types.CodeType:
+def build_continuation(code: types.CodeType, exit: Exit, name: str) -> types.CodeType:
     items = _original_items(code)
     decoded = bu.decode_with_raw(code, items)
     entry_label = Label()

@@ -23,7 +23,7 @@ from .containers import (DictValue, IteratorValue, ListValue, NamedTupleValue, S
 from .functions import PartialValue
 from .functions import UserFunctionValue
 from .objects import (ClassValue, GradModeValue, NewObjectValue, SuperValue,
-                      can_create_symbolically, static_lookup)
+                      can_create_symbolically, static_lookup, user_layers_define)
 
 _HANDLERS: dict[Any, Callable] = {}
 _CONTAINER_BASES = (list, dict, tuple, collections.OrderedDict)
@@ -389,7 +389,6 @@ def _reversed(tx, fn, args, kwargs):
 def _sorted(tx, fn, args, kwargs):
     lst = ListValue(tx.unpack_iterable(args[0]))
     lst.base_method(tx, "sort", [], kwargs)
-    lst.mutated = False
     return lst
 
 
@@ -439,7 +438,6 @@ def construct_class(tx, cls_value: ClassValue, args: list[Value], kwargs: dict[s
         d = DictValue({}, None, cls)
         if args or kwargs:
             d.base_method(tx, "update", args, kwargs)
-        d.mutated = False
         return d
     if cls in (set, frozenset):
         items = tx.unpack_iterable(args[0]) if args else []
@@ -485,7 +483,6 @@ def construct_class(tx, cls_value: ClassValue, args: list[Value], kwargs: dict[s
         d.default_factory = args[0] if args and not (args[0].is_constant() and args[0].as_constant() is None) else None
         if len(args) > 1 or kwargs:
             d.base_method(tx, "update", list(args[1:]), kwargs)
-        d.mutated = False
         return d
     if cls is torch.nn.ModuleList and len(args) <= 1 and not kwargs:
         from .objects import NewModuleListValue, NNModuleValue
@@ -543,11 +540,8 @@ def _dict_subclass_with_init(cls) -> bool:
         return False
     if cls in (dict, collections.OrderedDict, collections.defaultdict) or issubclass(cls, collections.defaultdict):
         return False
-    for klass in cls.__mro__:
-        if klass in (dict, collections.OrderedDict, object):
-            break
-        if "__slots__" in klass.__dict__ or "__new__" in klass.__dict__:
-            return False
+    if user_layers_define(cls, ("__slots__", "__new__"), (dict, collections.OrderedDict, object)):
+        return False
     return isinstance(static_lookup(cls, "__init__"), types.FunctionType)
 
 
@@ -557,12 +551,8 @@ def _is_namedtuple(cls) -> bool:
 
 def _plain_init(cls) -> bool:
     """A container subclass whose construction is the base class's (no user __init__/__new__)."""
-    for klass in cls.__mro__:
-        if klass in (list, tuple, dict, collections.OrderedDict, object):
-            return True
-        if "__init__" in klass.__dict__ or "__new__" in klass.__dict__:
-            return False
-    return True
+    return not user_layers_define(cls, ("__init__", "__new__"),
+                                  (list, tuple, dict, collections.OrderedDict, object))
 
 
 def _make_namedtuple(tx, cls, args, kwargs):

@@ -170,11 +170,9 @@ class ListValue(BaseSequenceValue):
 
     def __init__(self, items, source=None, cls=None):
         super().__init__(items, source, cls)
-        self.mutated = False
 
     def _mutate(self, tx):
         tx.output.side_effects.mutated(self)
-        self.mutated = True
 
     def base_method(self, tx, name, args, kwargs):
         if name == "append" and len(args) == 1:
@@ -248,7 +246,6 @@ class DictValue(Value):
         self.items = dict(items)      # key (hashable Python object) -> Value
         self.source = source
         self.cls = cls
-        self.mutated = False
         self.default_factory: Value | None = None   # collections.defaultdict
         # the real __dict__ of an existing instance of a dict subclass (read-only here:
         # setting attributes on it is not modelled), else None
@@ -278,7 +275,6 @@ class DictValue(Value):
 
     def _mutate(self, tx):
         tx.output.side_effects.mutated(self)
-        self.mutated = True
 
     def getattr(self, tx, name):
         from .functions import MethodValue

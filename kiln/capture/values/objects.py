@@ -238,6 +238,18 @@ def _new_object(cls, attrs):
     return obj
 
 
+def user_layers_define(cls: type, names: tuple[str, ...], stop: tuple[type, ...] = (object,)) -> bool:
+    """Whether a class of ``cls``'s MRO before the first of ``stop`` defines one of ``names``
+    in its own ``__dict__`` (an empty ``__slots__`` adds no storage and does not count)."""
+    for klass in cls.__mro__:
+        if klass in stop:
+            return False
+        for name in names:
+            if name in klass.__dict__ and not (name == "__slots__" and klass.__dict__[name] in ((), [])):
+                return True
+    return False
+
+
 def can_create_symbolically(cls) -> bool:
     """A plain Python class: no metaclass, no custom __new__, no slots, not a builtin."""
     # ABCMeta only adds registration-based isinstance checks, which run on the real classes
@@ -245,11 +257,10 @@ def can_create_symbolically(cls) -> bool:
         return False
     if issubclass(cls, (torch.nn.Module, torch.Tensor, BaseException)):
         return False
-    for klass in cls.__mro__[:-1]:
-        if klass.__dict__.get("__slots__", ()) not in ((), []) or "__new__" in klass.__dict__:
-            return False
-        if klass.__module__ == "builtins":
-            return False
+    if any(klass.__module__ == "builtins" for klass in cls.__mro__[:-1]):
+        return False
+    if user_layers_define(cls, ("__slots__", "__new__")):
+        return False
     init = static_lookup(cls, "__init__")
     return isinstance(init, types.FunctionType) or init is object.__init__
 
