@@ -10,16 +10,19 @@ inputs, compiles them with a backend, and reuses them while the guards hold::
         return torch.relu(x) @ y
 
 Public API: ``compile``, ``reset``, ``explain``, ``comptime``, ``config``, ``Unsupported``,
-``aot`` (staged AOT autograd), ``backends``, ``testing``, ``set_logs``.
+``aot`` (staged AOT autograd), ``backends``, ``testing``, ``set_logs``, and for dynamic shapes
+``mark_dynamic``, ``mark_static``, ``ConstraintViolation``.
 """
 from . import aot, backends, testing
 from .api import CompiledFunction, CompiledMethod, CompiledModule, compile, reset
 from .capture.comptime import comptime
 from .config import config
-from .errors import Unsupported
+from .errors import ConstraintViolation, Unsupported
 from .explain import explain
 from .logs import set_logs
+from .shapes import mark_dynamic, mark_static
 
 __all__ = ["compile", "reset", "explain", "comptime", "config", "Unsupported", "aot", "backends",
-           "testing", "set_logs", "CompiledFunction", "CompiledMethod", "CompiledModule"]
+           "testing", "set_logs", "CompiledFunction", "CompiledMethod", "CompiledModule",
+           "mark_dynamic", "mark_static", "ConstraintViolation"]
 __version__ = "0.1.0"

@@ -63,12 +63,16 @@ def cache_for(fn: Callable) -> FunctionCache:
 
 
 def reset() -> None:
-    """Drop every compiled entry of every function (the next call captures again)."""
+    """Drop every compiled entry of every function (the next call captures again) and the
+    in-memory dynamic-shape profiles (those on disk stay: delete ``KILN_CACHE_DIR`` for that)."""
     for c in list(_caches.values()):
         c.clear()
     from .capture.frame import clear_resume_caches
 
     clear_resume_caches()
+    from .shapes.profile import clear_profiles
+
+    clear_profiles()
     _canonical_functions.clear()
     _callee_objects.clear()
 
@@ -78,30 +82,32 @@ class CompileKey:
 
     _interned: dict = {}
 
-    def __init__(self, backend, backend_name, fullgraph, mode, options):
+    def __init__(self, backend, backend_name, fullgraph, mode, options, dynamic=None):
         self.backend = backend
         self.backend_name = backend_name
         self.fullgraph = fullgraph
         self.mode = mode
         self.options = options
+        self.dynamic = dynamic
 
     @classmethod
-    def get(cls, backend, backend_name, fullgraph, mode, options) -> "CompileKey":
+    def get(cls, backend, backend_name, fullgraph, mode, options, dynamic=None) -> "CompileKey":
         opts = tuple(sorted((options or {}).items(), key=lambda kv: kv[0]))
         try:
-            k = (id(backend), backend_name, fullgraph, mode, opts)
+            k = (id(backend), backend_name, fullgraph, mode, opts, dynamic)
             hash(k)
         except TypeError:
-            return cls(backend, backend_name, fullgraph, mode, options)
+            return cls(backend, backend_name, fullgraph, mode, options, dynamic)
         hit = cls._interned.get(k)
         if hit is None or hit.backend is not backend:
-            hit = cls._interned[k] = cls(backend, backend_name, fullgraph, mode, options)
+            hit = cls._interned[k] = cls(backend, backend_name, fullgraph, mode, options, dynamic)
         return hit
 
     def __repr__(self):
         extra = "".join([", fullgraph=True" if self.fullgraph else "",
                          f", mode={self.mode!r}" if self.mode else "",
-                         f", options={self.options!r}" if self.options else ""])
+                         f", options={self.options!r}" if self.options else "",
+                         f", dynamic={self.dynamic}" if self.dynamic is not None else ""])
         return f"{self.backend_name!r}{extra}"
 
 
@@ -214,7 +220,7 @@ class CompiledFunction:
                      f"({fn.__code__.co_filename}:{fn.__code__.co_firstlineno}): {reason}")
         try:
             entry = capture(fn, args, kwargs, key=key, backend=key.backend, backend_name=key.backend_name,
-                            compiled_factory=self._factory)
+                            compiled_factory=self._factory, dynamic=self.dynamic)
         except RecursionError:
             e = Unsupported(f"capture of {fn.__qualname__} recursed too deeply")
             if key.fullgraph:
@@ -362,8 +368,15 @@ def compile(fn=None, *, backend="eager", mode=None, fullgraph=False, dynamic=Non
             the compile key; backends that use it read ``key.mode``).
         fullgraph: raise ``kiln.Unsupported`` instead of running a frame eagerly when
             something cannot be captured.
-        dynamic: ``None`` (default), ``True`` or ``False``: the dynamic-shape policy. Shapes
-            are specialized today: every new shape compiles a new entry.
+        dynamic: the dynamic-shape policy. ``None`` (default): static first; when a call
+            brings a new size for a dim (or a new value for an int argument), the recompile
+            makes exactly the dims that changed symbolic, and that one graph serves the later
+            sizes ("automatic dynamic"; the dims found are remembered under
+            ``KILN_CACHE_DIR`` for the next process). ``True``: every dim of every tensor
+            argument and every int argument symbolic from the first call (sizes 0 and 1 are
+            still specialized). ``False``: always static. ``kiln.mark_dynamic`` and
+            ``kiln.mark_static`` override the policy per tensor dim; parameters and buffers
+            stay static unless marked.
         options: a dict of backend options (part of the compile key).
 
     Returns a ``CompiledFunction`` (or ``CompiledModule`` for an nn.Module) that returns what
@@ -378,7 +391,7 @@ def compile(fn=None, *, backend="eager", mode=None, fullgraph=False, dynamic=Non
     if not isinstance(fullgraph, bool):
         raise TypeError(f"kiln.compile: fullgraph must be a bool, not {type(fullgraph).__name__}")
     backend_fn, backend_name = lookup_backend(backend)
-    key = CompileKey.get(backend_fn, backend_name, fullgraph, mode, options)
+    key = CompileKey.get(backend_fn, backend_name, fullgraph, mode, options, dynamic)
 
     def wrap(target):
         if isinstance(target, (CompiledFunction, CompiledMethod, CompiledModule)):

@@ -21,6 +21,12 @@ class Config:
     max_inline_depth: int = 64
     # Maximum bytecode instructions one capture may execute (guards against runaway loops).
     max_instructions: int = 1_000_000
+    # Where kiln keeps what outlives a process (the dynamic-shape profiles). KILN_CACHE_DIR.
+    cache_dir: str = os.path.join("~", ".cache", "kiln")
+    # dynamic=None: a dim (or int input) seen with a new value is recompiled symbolic.
+    automatic_dynamic_shapes: bool = True
+    # Python int inputs are always specialized (a new value recompiles), never symbolic.
+    specialize_int: bool = False
 
     def patch(self, **changes: Any) -> contextlib.AbstractContextManager:
         """Temporarily change fields: ``with kiln.config.patch(recompile_limit=1): ...``."""

@@ -34,3 +34,10 @@ class Unsupported(KilnError):
             self.args = (self._message(),)
         return self
 
+
+
+class ConstraintViolation(KilnError):
+    """A dim marked dynamic (``kiln.mark_dynamic``) that the program forces to a constant.
+
+    The message names the dim, the value it was specialized to, and the line that did it;
+    remove the mark, or make that line shape-generic."""

@@ -5,10 +5,14 @@ import kiln
 
 
 @pytest.fixture(autouse=True)
-def _fresh_kiln():
-    """Every test starts with no compiled entries, logs off and default config."""
+def _fresh_kiln(tmp_path, monkeypatch):
+    """Every test starts with no compiled entries, logs off, default config and its own
+    empty cache directory (dynamic-shape profiles)."""
     kiln.reset()
     kiln.set_logs(None)
+    cache = str(tmp_path / "kiln-cache")
+    monkeypatch.setattr(kiln.config, "cache_dir", cache)
+    monkeypatch.setenv("KILN_CACHE_DIR", cache)   # subprocesses the test starts
     torch.manual_seed(0)
     yield
     kiln.reset()

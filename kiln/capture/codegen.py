@@ -144,8 +144,9 @@ class GuardProgram:
     """The guards of an entry, compiled: check code, and failure explanation."""
 
     def __init__(self, guards: list[Guard], tensor_sources: list[Source], tensor_guards,
-                 global_state, ctx: RenderContext, params: str):
+                 global_state, ctx: RenderContext, params: str, shape=None):
         self.guards = guards
+        self.shape = shape   # shape_guards.ShapeGuards of a dynamic capture, else None
         self.tensor_sources = tensor_sources
         self.tensor_guards = tensor_guards
         self.global_state = global_state
@@ -155,9 +156,19 @@ class GuardProgram:
         self.ctx.namespace["___tg"] = tensor_guards
         self.ctx.namespace["___MISS"] = MISS
         self.python_guards = [g for g in guards if g.kind not in (
-            GuardKind.TENSOR_MATCH, GuardKind.GLOBAL_STATE, GuardKind.BACKEND_MATCH)]
+            GuardKind.TENSOR_MATCH, GuardKind.GLOBAL_STATE, GuardKind.BACKEND_MATCH, GuardKind.SHAPE_ENV)]
         self.exprs = [g.render(ctx) for g in self.python_guards]
         self.tensor_exprs = [s.render(ctx) for s in tensor_sources]
+        self.shape_binds, self.shape_conds = shape.code(self._render_shape_source) if shape else ([], [])
+
+    def _render_shape_source(self, source: Source) -> str:
+        # a size of a tensor input is read from the local the tensor check already holds
+        from .sources import TensorPropertySource
+
+        if isinstance(source, TensorPropertySource) and source.base in self.tensor_sources:
+            i = self.tensor_sources.index(source.base)
+            return f"___in{i}.{source.prop}({'' if source.idx is None else source.idx})"
+        return source.render(self.ctx)
 
     def prelude(self, indent: str = "    ") -> list[str]:
         """Lines that return ___MISS when a guard fails; leave tensors in ___t0.. locals."""
@@ -170,6 +181,10 @@ class GuardProgram:
                 lines.append(f"{indent}    ___in{i} = {e}")
             names = ", ".join(f"___in{i}" for i in range(len(self.tensor_exprs)))
             lines.append(f"{indent}    if not ___tg.check({names}):")
+            lines.append(f"{indent}        return ___MISS")
+        lines += [f"{indent}    {b}" for b in self.shape_binds]
+        if self.shape_conds:
+            lines.append(f"{indent}    if not ({' and '.join(self.shape_conds)}):")
             lines.append(f"{indent}        return ___MISS")
         lines.append(f"{indent}except Exception:")
         lines.append(f"{indent}    return ___MISS")
@@ -210,6 +225,26 @@ class GuardProgram:
             why = _torch.tensor_guard_failure(self.tensor_guards, tensors, names)
             if why is not None:
                 return f"TENSOR_MATCH failed: {why}"
+        if self.shape_conds:
+            return self._shape_failure(args, kwargs)
+        return None
+
+    def _shape_failure(self, args, kwargs) -> str | None:
+        """The first shape guard that fails, with the sizes it saw."""
+        reads = [f"    ___in{i} = {e}" for i, e in enumerate(self.tensor_exprs)]
+        binds = [f"    {b}" for b in self.shape_binds]
+        names = [b.split(" = ", 1)[0] for b in self.shape_binds]
+        body = "\n".join([f"def ___eval({self.params}):", *reads, *binds,
+                          f"    return [{', '.join(self.shape_conds)}], [{', '.join(names)}]"])
+        try:
+            ok, values = compile_function(body, "___eval", self.ctx.namespace)(*args, **kwargs)
+        except Exception as ex:
+            return f"SHAPE_ENV failed: cannot evaluate ({type(ex).__name__}: {ex})"
+        texts = self.shape.descriptions()
+        seen = ", ".join(f"{src.describe()} = {v}" for (_, src), v in zip(self.shape.bindings, values))
+        for holds, text in zip(ok, texts):
+            if not holds:
+                return f"SHAPE_ENV failed: {text} (saw {seen})"
         return None
 
     def _evaluate(self, expr: str, source, args, kwargs) -> tuple[bool, str | None]:

@@ -17,7 +17,10 @@ from .codegen import EntryCodegen, GuardProgram, alias_parameters, compile_funct
 from .guards import Guard, GuardKind
 from . import resume
 from .interpreter import BreakHere, FrameInterpreter, GraphBreakRequest
-from .output_graph import OutputGraph
+from . import shape_guards
+from .output_graph import OutputGraph, SymbolInput
+from ..errors import ConstraintViolation
+from ..shapes.policy import ShapePolicy
 from .sources import LocalSource, RenderContext
 from .values.base import LazyArgument
 from .values.functions import ExistingCellValue
@@ -43,6 +46,13 @@ class Entry:
     @property
     def is_eager(self) -> bool:
         return self.eager_reason is not None
+
+    @property
+    def symbols(self) -> dict[str, str]:
+        """The shape symbols of this entry: name -> where it is read (``s4821 ->
+        L['x'].size()[0]``); empty when every shape is static."""
+        shape = self.program.shape
+        return shape.symbol_names() if shape is not None else {}
 
     def failure_reason(self, args: tuple, kwargs: dict) -> str | None:
         return self.program.failure(args, kwargs)
@@ -72,7 +82,8 @@ def bind_call(fn: types.FunctionType, args: tuple, kwargs: dict) -> dict[str, An
 
 
 def capture(fn: types.FunctionType, args: tuple, kwargs: dict, *, key, backend: Callable,
-            backend_name: str, compiled_factory: Callable | None = None, max_breaks_retries: int = 8) -> Entry:
+            backend_name: str, compiled_factory: Callable | None = None, max_breaks_retries: int = 8,
+            dynamic: bool | None = None) -> Entry:
     """Capture ``fn`` for these arguments. At an instruction that cannot be captured, the
     capture restarts and stops before it, producing an entry that ends in a graph break
     (``compiled_factory(function)`` makes the continuations' CompiledFunctions). Raises
@@ -83,10 +94,21 @@ def capture(fn: types.FunctionType, args: tuple, kwargs: dict, *, key, backend: 
     if bu.is_generator_code(code) or bu.is_async_code(code):
         kind = "generator" if bu.is_generator_code(code) else "coroutine / async function"
         raise Unsupported(f"{kind} {fn.__qualname__} (runs eagerly)", code.co_filename, code.co_firstlineno)
+    policy = ShapePolicy(dynamic, code)
+    try:
+        return _capture(fn, args, kwargs, key, backend, backend_name, compiled_factory,
+                        max_breaks_retries, policy, t0)
+    finally:
+        policy.finish()   # dims found dynamic go to the profile, on disk too
+
+
+def _capture(fn, args, kwargs, key, backend, backend_name, compiled_factory, max_breaks_retries,
+             policy, t0) -> Entry:
+    code = fn.__code__
     break_at = None
     reason = None
     for _ in range(max_breaks_retries):
-        output = OutputGraph(fn.__qualname__)
+        output = OutputGraph(fn.__qualname__, policy)
         # The generated entry has fn's signature and defaults: guard that they stay fn's.
         output.guards.add(Guard(GuardKind.FUNCTION_MATCH, None,
                                 (fn, fn.__code__, fn.__defaults__, fn.__kwdefaults__)))
@@ -148,7 +170,8 @@ def _compile_graph(fn, output: OutputGraph, cg: EntryCodegen, backend, backend_n
     graph = output.graph
     graph.output(tuple(cg.output_nodes))
     output.remove_unused()
-    has_ops = any(n.op not in ("placeholder", "output") for n in graph.nodes)
+    # (a graph that only hands back a symbol input still runs: the entry reads its outputs)
+    has_ops = any(n.op not in ("placeholder", "output") for n in graph.nodes) or bool(cg.output_nodes)
     net_grad = None
     if has_ops and _mode_only(graph):   # no tensor work: no graph; the mode change inline
         has_ops, net_grad = False, _net_grad_mode(graph, output._grad_enabled_at_start)
@@ -156,10 +179,14 @@ def _compile_graph(fn, output: OutputGraph, cg: EntryCodegen, backend, backend_n
     if not has_ops:
         return None, inputs, net_grad, None
     gm = torch.fx.GraphModule(torch.nn.Module(), graph, class_name=f"Kiln_{_ident(fn.__qualname__)}")
-    gm.meta["kiln_static_inputs"] = [i for i, inp in enumerate(inputs) if inp.static]
+    gm.meta["kiln_static_inputs"] = [i for i, inp in enumerate(inputs) if getattr(inp, "static", False)]
     if logs.enabled.graph:
         logs.log("graph", f"graph of {fn.__qualname__}{note}:\n{gm.print_readable(print_output=False)}")
-    compiled = backend(gm, [_real_input(inp) for inp in inputs])
+    if _symbolic_arithmetic_only(graph):
+        # only Python int arithmetic on sizes (``n + 1`` of a dynamic int): nothing for a
+        # tensor compiler to do; the graph runs as it is
+        return gm, inputs, net_grad, gm
+    compiled = backend(gm, [_example_input(inp) for inp in inputs])
     if not callable(compiled):
         raise TypeError(f"backend {backend_name!r} returned {type(compiled).__name__}, not a callable")
     return gm, inputs, net_grad, compiled
@@ -168,16 +195,44 @@ def _compile_graph(fn, output: OutputGraph, cg: EntryCodegen, backend, backend_n
 def _entry_head(fn, output: OutputGraph, cg: EntryCodegen, inputs, net_grad, compiled):
     """(guards, guard program, first lines of the entry): the guard prelude, the graph call and
     an inline grad-mode change."""
+    output.shape_guards = shape = shape_guards.produce(output)  # after the backend: it may guard too
+    _check_marked_dynamic(output)
     guards = list(output.guards)
+    if shape is not None:
+        guards += [Guard(GuardKind.SHAPE_ENV, None, text) for text in shape.descriptions()]
     program, params, _ = _program(fn, output, guards, cg.ctx)
     lines = [f"def __kiln_entry({params}):", *program.prelude()]
     index_of = {id(inp): i for i, inp in enumerate(output.tensor_inputs)}
     if compiled is not None:
         cg.ctx.namespace["___graph"] = compiled
-        lines.append(f"    ___out = ___graph({', '.join(f'___in{index_of[id(inp)]}' for inp in inputs)})")
+        graph_args = [shape.arg_expr(inp.symbol) if isinstance(inp, SymbolInput) else f"___in{index_of[id(inp)]}"
+                      for inp in inputs]
+        lines.append(f"    ___out = ___graph({', '.join(graph_args)})")
     if net_grad is not None:
         lines.append(f"    {cg.bind(torch._C._set_grad_enabled)}({net_grad})")
     return guards, program, lines
+
+
+def _check_marked_dynamic(output: OutputGraph) -> None:
+    """A dim the user marked dynamic must still be symbolic at the end of the capture."""
+    env = output.shape_env
+    for inp in output.tensor_inputs:
+        for d in sorted(inp.marked_dynamic):
+            size = inp.value_fake.size(d)
+            if not _torch.is_symbolic(size):
+                continue      # 0 or 1: specialized by kiln's policy, not by the program
+            value = env.replace(size.node.expr)
+            if value.is_number:
+                where = shape_guards.specialization_site(output, size.node.expr)
+                raise ConstraintViolation(
+                    f"{inp.source.describe()}.size()[{d}] was marked dynamic (kiln.mark_dynamic) "
+                    f"but the program specialized it to {value} at {where}. Remove the "
+                    "mark_dynamic call, or make that code work for any size.")
+
+
+def _symbolic_arithmetic_only(graph) -> bool:
+    work = [n for n in graph.nodes if n.op not in ("placeholder", "output")]
+    return all(_torch.is_symbolic(n.meta.get("example_value")) for n in work)
 
 
 def _mode_only(graph) -> bool:
@@ -229,13 +284,22 @@ def _program(fn, output: OutputGraph, guards: list[Guard], ctx: RenderContext):
     # was called in, not inside an autocast/no_grad block the capture is still in.
     output.restore_grad_mode()
     params, fwd = signature_text(fn.__code__, fn.__defaults__, fn.__kwdefaults__, ctx)
-    tg = _torch.make_tensor_guards([_real_input(inp) for inp in output.tensor_inputs])
+    tg = _torch.make_tensor_guards([_real_input(inp) for inp in output.tensor_inputs],
+                                   shape_guards.tensor_guard_dims(output))
     program = GuardProgram(guards, [inp.source for inp in output.tensor_inputs], tg,
-                           output.global_state, ctx, params)
+                           output.global_state, ctx, params, output.shape_guards)
     return program, params, fwd
 
 
 def _real_input(inp) -> torch.Tensor:
+    return inp.real
+
+
+def _example_input(inp):
+    """What the backend gets as the example of a graph input: the real tensor, or for a
+    symbol the int it has in this call."""
+    if isinstance(inp, SymbolInput):
+        return inp.node.meta["example_value"].node.hint
     return inp.real
 
 

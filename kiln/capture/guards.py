@@ -38,6 +38,7 @@ class GuardKind(enum.Enum):
     BACKEND_MATCH = "BACKEND_MATCH"    # the entry was compiled for the caller's backend
     FUNCTION_MATCH = "FUNCTION_MATCH"  # the compiled function's code, defaults, kwdefaults
     AUTOCAST_STATE = "AUTOCAST_STATE"  # autocast enabled/dtype per device (captured inside autocast)
+    SHAPE_ENV = "SHAPE_ENV"            # a relation between symbolic sizes (dynamic shapes)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -149,6 +150,8 @@ class Guard:
             return f"{k.value:14} {', '.join(f'{a}={b}' for a, b in exp.items())}"
         if k is GuardKind.BACKEND_MATCH:
             return f"{k.value:14} backend is {exp}"
+        if k is GuardKind.SHAPE_ENV:
+            return f"{k.value:14} {exp}"
         return f"{k.value} {src} {exp!r}"
 
     def __repr__(self) -> str:
@@ -226,16 +229,25 @@ class TensorMeta:
     size: tuple
     stride: tuple
     requires_grad: bool
+    symbolic_size: tuple | None = None     # sizes as the graph sees them ("s4821"), if dynamic
+    symbolic_stride: tuple | None = None
 
     @staticmethod
-    def of(t: torch.Tensor) -> "TensorMeta":
+    def of(t: torch.Tensor, fake: torch.Tensor | None = None) -> "TensorMeta":
+        sym_size = sym_stride = None
+        if fake is not None:
+            sym_size = tuple(str(s) for s in fake.size())
+            sym_stride = tuple(str(s) for s in fake.stride())
         return TensorMeta(type(t), t.dtype, t.device, tuple(t.size()), tuple(t.stride()),
-                          t.requires_grad)
+                          t.requires_grad, sym_size, sym_stride)
 
 
 def describe_tensor(m: TensorMeta) -> str:
     kind = "" if m.type is torch.Tensor else f"{m.type.__name__} "
-    return (f"{kind}{str(m.dtype).replace('torch.', '')}{list(m.size)} stride={list(m.stride)} "
+    size = list(m.symbolic_size) if m.symbolic_size else list(m.size)
+    stride = list(m.symbolic_stride) if m.symbolic_stride else list(m.stride)
+    txt = ", ".join(str(x) for x in size)
+    return (f"{kind}{str(m.dtype).replace('torch.', '')}[{txt}] stride=[{', '.join(str(x) for x in stride)}] "
             f"{m.device} requires_grad={m.requires_grad}")
 
 

@@ -104,6 +104,13 @@ class FrameInterpreter(PythonSemantics):
 
     # -- driving --------------------------------------------------------------------------
     def run(self) -> Value:
+        self.output.tx_stack.append(self)
+        try:
+            return self._run()
+        finally:
+            self.output.tx_stack.pop()
+
+    def _run(self) -> Value:
         instrs = self.instructions
         try:
             while True:
@@ -456,9 +463,7 @@ class FrameInterpreter(PythonSemantics):
         self.push(ConstantValue("".join(p.as_constant() for p in parts)))
 
     def BUILD_SLICE(self, ins):
-        parts = [p.as_constant() if not isinstance(p, TensorValue) else _no_tensor_slice()
-                 for p in self.popn(ins.arg)]
-        self.push(ConstantValue(slice(*parts)))
+        self.push(_make_slice(self.popn(ins.arg)))
 
     def LIST_APPEND(self, ins):
         v = self.pop()
@@ -554,7 +559,7 @@ class FrameInterpreter(PythonSemantics):
 
     def BINARY_SLICE(self, ins):
         obj, start, end = self.popn(3)
-        self.push(self.getitem(obj, ConstantValue(slice(start.as_constant(), end.as_constant()))))
+        self.push(self.getitem(obj, _make_slice([start, end])))
 
     def STORE_SUBSCR(self, ins):
         value, obj, index = self.popn(3)
@@ -562,7 +567,7 @@ class FrameInterpreter(PythonSemantics):
 
     def STORE_SLICE(self, ins):
         value, obj, start, end = self.popn(4)
-        self.setitem(obj, ConstantValue(slice(start.as_constant(), end.as_constant())), value)
+        self.setitem(obj, _make_slice([start, end]), value)
 
     def DELETE_SUBSCR(self, ins):
         obj, index = self.popn(2)
@@ -721,8 +726,15 @@ def _guard(kind, source, expected):
     return Guard(kind, source, expected)
 
 
-def _no_tensor_slice():
-    raise Unsupported("slicing with a tensor bound (needs data)")
+def _make_slice(parts: list[Value]) -> Value:
+    """A slice of constants, or (a bound is a symbolic size) a symbolic slice."""
+    from .values.symbolic import SymNodeValue, SymSliceValue
+
+    if any(isinstance(p, TensorValue) for p in parts):
+        raise Unsupported("slicing with a tensor bound (needs data)")
+    if any(isinstance(p, SymNodeValue) for p in parts):
+        return SymSliceValue(list(parts))
+    return ConstantValue(slice(*[p.as_constant() for p in parts]))
 
 
 def _wrap_const(c) -> Value:

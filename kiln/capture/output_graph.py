@@ -25,18 +25,50 @@ class TensorInput:
     """A tensor read from the outside world: one graph placeholder and one TENSOR_MATCH."""
 
     def __init__(self, source: Source, value: TensorValue, static: bool, meta: TensorMeta,
-                 real: torch.Tensor):
+                 real: torch.Tensor, dims: list | None = None):
         self.source = source
         self.real = real  # only during capture: dropped once the entry is built
         self.value = value
+        self.value_fake = value.fake
         self.static = static  # a parameter or buffer of an nn.Module (cudagraphs needs this)
         self.meta = meta
+        self.dims = dims      # DimDynamic per dim, None when static
+        self.marked_dynamic = frozenset()
+
+    @property
+    def dynamic(self) -> bool:
+        return self.dims is not None
+
+
+class SymbolInput:
+    """A shape symbol the graph takes as an input (an int the entry reads from a size or
+    an int argument, and passes to the graph)."""
+
+    def __init__(self, symbol, node):
+        self.symbol = symbol
+        self.node = node
+
+
+class IntInput:
+    """A Python int read from the outside world and made symbolic."""
+
+    def __init__(self, source: Source, fake):
+        self.source = source
+        self.fake = fake
 
 
 class OutputGraph:
-    def __init__(self, fn_name: str):
+    def __init__(self, fn_name: str, policy=None):
         self.graph = torch.fx.Graph()
         self.fake_mode = _torch.new_fake_mode()
+        self.shape_env = self.fake_mode.shape_env
+        self.shape_env.location = self._location   # the user's line behind each shape guard
+        self.tx_stack: list = []                   # the frames being interpreted, innermost last
+        self.policy = policy                       # kiln.shapes.policy.ShapePolicy or None: static
+        self.symbol_nodes: dict = {}               # sympy.Symbol -> its placeholder
+        self.symbol_inputs: list[SymbolInput] = []
+        self.int_inputs: list[IntInput] = []
+        self.shape_guards = None                   # set once the capture is finished
         self.guards = GuardSet()
         self.side_effects = SideEffects()
         self.builder = Builder(self)
@@ -93,22 +125,58 @@ class OutputGraph:
             raise Unsupported(f"a tensor with layout {t.layout}")
         if type(t) not in (torch.Tensor, torch.nn.Parameter):
             raise Unsupported(f"a tensor subclass {type(t).__name__} as input")
-        fake = _torch.fake_from_real(self.fake_mode, t)
-        name = self._unique_name(_placeholder_name(source))
-        anchor = self._first_non_placeholder()
-        if anchor is None:
-            node = self.graph.placeholder(name)
-        else:
-            with self.graph.inserting_before(anchor):
-                node = self.graph.placeholder(name)
+        described = source.describe()
+        dims = self.policy.tensor_dims(described, t, static) if self.policy is not None else None
+        fake = _torch.fake_from_real(self.fake_mode, t, described, dims)
+        if dims is not None:
+            for size in fake.size():     # the symbols of its sizes come first among the inputs
+                if _torch.is_symbolic(size) and size.node.expr.is_Symbol:
+                    self.symbol_placeholder(size)
+        node = self._placeholder(_placeholder_name(source))
         node.meta["example_value"] = fake
         node.meta["kiln_source"] = source
         node.meta["kiln_static"] = static
         value = TensorValue(node, fake, source, type(t))
-        meta = TensorMeta.of(t)
-        self.tensor_inputs.append(TensorInput(source, value, static, meta, t))
+        meta = TensorMeta.of(t, fake if dims is not None else None)
+        inp = TensorInput(source, value, static, meta, t, dims)
+        if dims is not None:
+            from ..shapes.marks import marked_dynamic
+
+            inp.marked_dynamic = marked_dynamic(t)
+        self.tensor_inputs.append(inp)
         self.guards.add(Guard(GuardKind.TENSOR_MATCH, source, meta))
         return value
+
+    def add_int_input(self, value: int, source: Source):
+        """A symbolic int input: one symbol, one graph input (its type is guarded by the caller)."""
+        from .values.symbolic import SymNodeValue
+
+        fake = _torch.symbolic_int(self.fake_mode, value, source.describe())
+        node = self.symbol_placeholder(fake)
+        self.int_inputs.append(IntInput(source, fake))
+        return SymNodeValue(node, fake, source)
+
+    def symbol_placeholder(self, sym):
+        """The graph input of a symbol (a SymInt whose expression is one symbol)."""
+        symbol = sym.node.expr
+        node = self.symbol_nodes.get(symbol)
+        if node is None:
+            node = self.symbol_nodes[symbol] = self._placeholder(self._unique_name(symbol.name), unique=False)
+            node.meta["example_value"] = sym
+            node.meta["kiln_symbol"] = symbol
+            self.symbol_inputs.append(SymbolInput(symbol, node))
+        return node
+
+    def _placeholder(self, name: str, unique: bool = True):
+        name = self._unique_name(name) if unique else name
+        anchor = self._first_non_placeholder()
+        if anchor is None:
+            return self.graph.placeholder(name)
+        with self.graph.inserting_before(anchor):
+            return self.graph.placeholder(name)
+
+    def _location(self):
+        return self.tx_stack[-1].location() if self.tx_stack else None
 
     def real_tensor(self, value: TensorValue) -> torch.Tensor:
         for inp in self.tensor_inputs:
@@ -230,6 +298,10 @@ class OutputGraph:
                 node = self.graph.create_node(kind, target, fx_args, fx_kwargs)
                 node.meta["example_value"] = result
                 return a
+        if _torch.is_symbolic(result):
+            from .values.symbolic import wrap_sym
+
+            return wrap_sym(self, result, lambda: self.graph.create_node(kind, target, fx_args, fx_kwargs))
         if not _contains_tensor(result):
             if _mutates(kind, target):
                 node = self.graph.create_node(kind, target, fx_args, fx_kwargs)
@@ -268,9 +340,16 @@ class OutputGraph:
             if node.graph is self.graph and not node.users and node.op == "placeholder":
                 self.graph.erase_node(node)
                 inp.value.node = None
+        for sym in self.symbol_inputs:
+            if sym.node is not None and not sym.node.users:
+                self.graph.erase_node(sym.node)
+                sym.node = None
 
-    def graph_inputs(self) -> list[TensorInput]:
-        return [i for i in self.tensor_inputs if i.value.node is not None]
+    def graph_inputs(self) -> list:
+        """The inputs of the graph in placeholder order: TensorInputs and SymbolInputs."""
+        by_node = {inp.value.node: inp for inp in self.tensor_inputs if inp.value.node is not None}
+        by_node.update({s.node: s for s in self.symbol_inputs if s.node is not None})
+        return [by_node[n] for n in self.graph.nodes if n.op == "placeholder"]
 
 
 import operator as _operator  # noqa: E402
@@ -318,22 +397,38 @@ def _wrap_nontensor(v, what: str) -> Value:
         raise Unsupported(f"{what} returned a {type(v).__name__}, which cannot be captured")
 
 
+def _node_of(t: TensorValue):
+    return t.node
+
+
+def _fake_of(t: TensorValue):
+    return t.fake
+
+
 def _to_fx(v: Value):
-    """The FX argument for a value: nodes for tensors, containers rebuilt, constants as is."""
-    return _map_leaves(v, lambda t: t.node)
+    """The FX argument for a value: nodes for tensors and symbolic numbers, containers
+    rebuilt, constants as is."""
+    return _map_leaves(v, _node_of)
 
 
 def _to_fake(v: Value):
-    """The argument for running an operator on fake tensors."""
-    return _map_leaves(v, lambda t: t.fake)
+    """The argument for running an operator on fake tensors (symbolic numbers as SymInts)."""
+    return _map_leaves(v, _fake_of)
 
 
 def _map_leaves(v: Value, tensor_leaf):
     from .values.base import NullValue
     from .values.containers import DictValue, SetValue
+    from .values.symbolic import SymNodeValue, SymRangeValue, SymSliceValue
 
     if isinstance(v, TensorValue):
         return tensor_leaf(v)
+    if isinstance(v, SymNodeValue):
+        return v.node if tensor_leaf is _node_of else v.fake
+    if isinstance(v, SymSliceValue):
+        return slice(*[_map_leaves(p, tensor_leaf) for p in v.parts])
+    if isinstance(v, SymRangeValue):
+        return v.as_constant()
     if isinstance(v, (TupleValue, ListValue)):
         items = [_map_leaves(i, tensor_leaf) for i in v.items]
         return items if isinstance(v, ListValue) else tuple(items)

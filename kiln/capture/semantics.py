@@ -16,7 +16,11 @@ from .values.containers import (BaseSequenceValue, DictValue, DictViewValue, Ite
                                 ListValue, SetValue, TupleValue)
 from .values.functions import BoundMethodValue, NestedFunctionValue, UserFunctionValue
 from .values.objects import ClassValue, ObjectValue, static_lookup
+from .values.symbolic import (SymNodeValue, SymRangeValue, SymSliceValue, specialize, sym_binary,
+                              sym_unary)
 from .values.tensor import TensorValue
+
+_SYMBOLIC = (SymNodeValue, SymSliceValue, SymRangeValue)
 from . import bytecode_utils as bu
 
 
@@ -163,6 +167,8 @@ class PythonSemantics:
     def values_equal(self, a: Value, b: Value) -> bool:
         if a is b:
             return True
+        if isinstance(a, _SYMBOLIC) or isinstance(b, _SYMBOLIC):
+            return self.truthy(self.compare(operator.eq, a, b))
         if a.is_constant() and b.is_constant():
             return a.as_constant() == b.as_constant()
         ra, rb = a.real_object(), b.real_object()
@@ -177,6 +183,8 @@ class PythonSemantics:
     def dict_key(self, v: Value):
         if isinstance(v, TensorValue):
             return v  # tensors hash by identity, and values preserve tensor identity
+        if isinstance(v, _SYMBOLIC):
+            v = specialize(v)
         if v.is_constant():
             return v.as_constant()
         r = v.real_object()
@@ -225,7 +233,9 @@ class PythonSemantics:
         if fn is operator.contains:
             return lambda args, kwargs: ConstantValue(self.contains_op(args[1], args[0]))
         if fn is operator.index:
-            return lambda args, kwargs: ConstantValue(operator.index(args[0].as_constant()))
+            return lambda args, kwargs: (args[0] if isinstance(args[0], SymNodeValue)
+                                         and args[0].python_type() is int
+                                         else ConstantValue(operator.index(args[0].as_constant())))
         return None
 
     def binary(self, op, a: Value, b: Value) -> Value:
@@ -234,6 +244,9 @@ class PythonSemantics:
                 raise Unsupported("operator between a tensor and a user object")
             return self.output.call_op("call_function", op, (a, b), {},
                                        inplace_of=a if op in _INPLACE_TO_BINARY else None)
+        if isinstance(a, _SYMBOLIC) or isinstance(b, _SYMBOLIC):
+            r = sym_binary(self, op, a, b)
+            return r if r is not None else self.binary(op, specialize(a), specialize(b))
         if a.is_constant() and b.is_constant() and not isinstance(a, (ListValue, DictValue)) \
                 and not isinstance(b, (ListValue, DictValue)):
             try:
@@ -303,6 +316,9 @@ class PythonSemantics:
             if other.is_constant() and other.as_constant() is None and op in (operator.eq, operator.ne):
                 return ConstantValue(op is operator.ne)
             return self.binary(op, a, b)
+        if isinstance(a, _SYMBOLIC) or isinstance(b, _SYMBOLIC):
+            r = sym_binary(self, op, a, b)
+            return r if r is not None else self.compare(op, specialize(a), specialize(b))
         if isinstance(a, (BaseSequenceValue,)) and isinstance(b, BaseSequenceValue) and op in (operator.eq, operator.ne):
             eq = a.base_type is b.base_type and len(a.items) == len(b.items) and all(
                 self.values_equal(x, y) for x, y in zip(a.items, b.items))
@@ -322,6 +338,9 @@ class PythonSemantics:
     def unary(self, op, v: Value) -> Value:
         if isinstance(v, TensorValue):
             return self.output.call_op("call_function", op, (v,), {})
+        if isinstance(v, _SYMBOLIC):
+            r = sym_unary(self, op, v)
+            return r if r is not None else self.unary(op, specialize(v))
         if v.is_constant():
             try:
                 return _wrap_result(op(v.as_constant()))

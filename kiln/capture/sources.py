@@ -182,3 +182,23 @@ class ReduceSource(Source):
 
     def describe(self):
         return f"{self.base.describe()}.__reduce__()"
+
+
+SIZE, STRIDE, STORAGE_OFFSET = "size", "stride", "storage_offset"
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorPropertySource(Source):
+    """A size, stride or storage offset of a tensor input: where a shape symbol is read."""
+    base: Source
+    prop: str                   # SIZE | STRIDE | STORAGE_OFFSET
+    idx: int | None = None
+
+    def render(self, ctx):
+        b = self.base.render(ctx)
+        return f"{b}.{self.prop}({'' if self.idx is None else self.idx})"
+
+    def describe(self):
+        if self.prop == STORAGE_OFFSET:
+            return f"{self.base.describe()}.storage_offset()"
+        return f"{self.base.describe()}.{self.prop}()[{self.idx}]"

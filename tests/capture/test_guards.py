@@ -1036,7 +1036,8 @@ def test_recompile_limit_warns_once_and_falls_back_to_eager():
         return x * n + n
 
     cf, cnt = compiled(f)
-    with kiln.config.patch(recompile_limit=3):
+    # specialize_int: each new n recompiles (automatic dynamic would make n symbolic instead)
+    with kiln.config.patch(recompile_limit=3, specialize_int=True):
         for n in (1, 2, 3):
             with warnings.catch_warnings():
                 warnings.simplefilter("error")

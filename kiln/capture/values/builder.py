@@ -172,6 +172,8 @@ class Builder:
             if source is None:
                 return ConstantValue(obj)
             g(GuardKind.TYPE_MATCH, source, t)
+            if t is int and self._may_be_dynamic_int(source, obj):
+                return self.output.add_int_input(obj, source)
             return ConstantValue(obj, source, on_use=lambda: g(GuardKind.EQUALS_MATCH, source, obj))
         if t in (torch.dtype, torch.layout, torch.memory_format) or obj is Ellipsis:
             g(GuardKind.ID_MATCH, source, obj)
@@ -266,6 +268,17 @@ class Builder:
             raise Unsupported(f"an object of type {t.__name__} that cannot be guarded")
         g(GuardKind.TYPE_MATCH, source, t)
         return ObjectValue(obj, source)
+
+
+    def _may_be_dynamic_int(self, source, value: int) -> bool:
+        """An int input that the shape policy makes symbolic. Ints of torch and the standard
+        library, and attributes of nn.Modules (layer sizes, head counts), stay constants."""
+        policy = self.output.policy
+        if policy is None or not self.output.guards_enabled_for(source):
+            return False
+        if isinstance(source, AttrSource) and isinstance(self.by_source.get(source.base), NNModuleValue):
+            return False
+        return policy.int_is_dynamic(source.describe(), value)
 
 
 def _is_immutable_scalar(obj) -> bool:

@@ -22,10 +22,13 @@ from .containers import (DictValue, IteratorValue, ListValue, NamedTupleValue, S
                          TupleValue)
 from .functions import PartialValue
 from .functions import UserFunctionValue
+from .symbolic import (SymNodeValue, SymRangeValue, SymSliceValue, size_value, specialize,
+                       sym_call)
 from .objects import (ClassValue, GradModeValue, NewObjectValue, SuperValue,
                       can_create_symbolically, static_lookup, user_layers_define)
 
 _HANDLERS: dict[Any, Callable] = {}
+_SYMBOLIC = (SymNodeValue, SymRangeValue, SymSliceValue)
 _CONTAINER_BASES = (list, dict, tuple, collections.OrderedDict)
 
 
@@ -99,6 +102,12 @@ def call_builtin(tx, fn, args: list[Value], kwargs: dict[str, Value]) -> Value:
     op = tx.operator_handler(fn)
     if op is not None:
         return op(args, kwargs)
+    if fn in PURE_FUNCTIONS and (any(isinstance(a, _SYMBOLIC) for a in args)
+                                 or any(isinstance(v, _SYMBOLIC) for v in kwargs.values())):
+        # a function of Python numbers kiln does not model symbolically: decided for the
+        # current sizes, which the ShapeEnv then guards
+        args = [specialize(a) for a in args]
+        kwargs = {k: specialize(v) for k, v in kwargs.items()}
     if fn in PURE_FUNCTIONS and all(a.is_constant() for a in args) and all(
             v.is_constant() for v in kwargs.values()):
         try:
@@ -201,7 +210,9 @@ def _len(tx, fn, args, kwargs):
     if isinstance(v, TensorValue):
         if v.fake.dim() == 0:
             raise tx.user_exception(TypeError("len() of a 0-d tensor"))
-        return ConstantValue(v.fake.shape[0])
+        return v._metadata(tx, "__len__", (), v.fake.shape[0])
+    if isinstance(v, SymRangeValue):
+        return v.length(tx)
     if v.is_constant() and not isinstance(v, (ListValue, TupleValue)):
         return ConstantValue(len(v.as_constant()))
     return tx.call_method(v, "__len__", [], {})
@@ -330,6 +341,13 @@ def _minmax(tx, fn, args, kwargs):
     if key is not None and not (key.is_constant() and key.as_constant() is None):
         keys = [tx.call(key, [i], {}).as_constant() for i in items]
     else:
+        if any(isinstance(i, SymNodeValue) for i in items) and not kwargs:
+            # max(s0, 8) stays symbolic (torch.sym_max); it is not decided now
+            sym = torch.sym_max if fn is max else torch.sym_min
+            out = items[0]
+            for i in items[1:]:
+                out = sym_call(tx.output, sym, [out, i])
+            return out
         if not all(i.is_constant() for i in items):
             raise Unsupported(f"{fn.__name__}() of values that are not Python constants")
         keys = [i.as_constant() for i in items]
@@ -341,6 +359,8 @@ def _minmax(tx, fn, args, kwargs):
 def _abs(tx, fn, args, kwargs):
     if args[0].is_constant():
         return NotImplemented
+    if isinstance(args[0], SymNodeValue):
+        return tx.unary(abs, args[0])
     return tx.call_method(args[0], "__abs__", [], {})
 
 
@@ -445,6 +465,18 @@ def construct_class(tx, cls_value: ClassValue, args: list[Value], kwargs: dict[s
     if cls in _HANDLERS:
         return call_builtin(tx, cls, args, kwargs)
     if cls in (bool, int, float, str, complex, range, slice, bytes, torch.Size, torch.device):
+        symbolic = [a for a in args if isinstance(a, _SYMBOLIC)]
+        if symbolic and not kwargs:
+            if cls is int and len(args) == 1 and isinstance(args[0], SymNodeValue) \
+                    and args[0].python_type() is int:
+                return args[0]
+            if cls is range and all(isinstance(a, SymNodeValue) or a.is_constant() for a in args):
+                return SymRangeValue(list(args))
+            if cls is slice:
+                return SymSliceValue(list(args))
+            args = [specialize(a) for a in args]
+        if cls is torch.Size and len(args) == 1 and not args[0].is_constant():
+            return size_value(tx.unpack_iterable(args[0]))
         if all(a.is_constant() for a in args) and all(v.is_constant() for v in kwargs.values()):
             try:
                 return wrap_pure_result(cls(*[a.as_constant() for a in args],

@@ -1,12 +1,14 @@
 """Tensors: an FX node plus the fake tensor that carries its metadata."""
 from __future__ import annotations
 
+import functools
 import operator
 
 import torch
 
 from ...errors import Unsupported
 from .base import ConstantValue, Value
+from .containers import TupleValue
 
 # Tensor methods whose result is metadata, computed from the fake tensor at capture time.
 # Sound because TENSOR_MATCH guards dtype, device, sizes, strides and requires_grad.
@@ -52,7 +54,7 @@ class TensorValue(Value):
     def unpack(self, tx):
         if self.fake.dim() == 0:
             raise Unsupported("iteration over a 0-d tensor")
-        n = self.fake.shape[0]
+        n = int(self.fake.shape[0])   # a symbolic length specializes (guarded)
         return [tx.output.call_op("call_function", _getitem, (self, ConstantValue(i)), {}) for i in range(n)]
 
     def getattr(self, tx, name):
@@ -60,9 +62,7 @@ class TensorValue(Value):
             v = getattr(self.fake, name)
             if name == "requires_grad" or name == "is_leaf":
                 v = bool(v)
-            from .builder import wrap_pure_result
-
-            return wrap_pure_result(v)
+            return self._metadata(tx, "size" if name == "shape" else name, (), v)
         if name in TENSOR_ATTRS:
             return tx.output.call_op("call_function", getattr, (self, ConstantValue(name)), {})
         if name in ("is_leaf", "grad_fn"):
@@ -92,6 +92,25 @@ class TensorValue(Value):
             return MethodValue(self, name)
         raise Unsupported(f"tensor attribute {name!r}")
 
+    def _metadata(self, tx, name: str, cargs, result) -> Value:
+        """A size, stride, numel... of this tensor: constants, or (dynamic shapes) symbolic
+        numbers computed in the graph from the tensor (or taken from a symbol input)."""
+        from .builder import wrap_pure_result
+        from .symbolic import is_symbolic, size_value, wrap_sym
+
+        if isinstance(result, tuple):
+            if not any(is_symbolic(r) for r in result):
+                return wrap_pure_result(result)
+            method = "stride" if name == "stride" else "size"
+            items = [wrap_sym(tx.output, r, functools.partial(
+                tx.output.graph.call_method, method, (self.node, i))) for i, r in enumerate(result)]
+            return size_value(items) if method == "size" else TupleValue(items)
+        if not is_symbolic(result):
+            return wrap_pure_result(result)
+        if name == "__len__":
+            name, cargs = "size", (0,)
+        return wrap_sym(tx.output, result, lambda: tx.output.graph.call_method(name, (self.node, *cargs)))
+
     def _leafness(self, tx, name):
         # TENSOR_MATCH does not cover leafness: an input's is_leaf gets its own guard.
         if self.source is not None:
@@ -113,11 +132,9 @@ class TensorValue(Value):
         if name in DATA_DEPENDENT_METHODS:
             raise Unsupported(f"Tensor.{name}() needs the tensor's data")
         if name in METADATA_METHODS:
-            from .builder import wrap_pure_result
-
             cargs = [a.as_constant() for a in args]
             ckw = {k: v.as_constant() for k, v in kwargs.items()}
-            return wrap_pure_result(getattr(self.fake, name)(*cargs, **ckw))
+            return self._metadata(tx, name, cargs, getattr(self.fake, name)(*cargs, **ckw))
         if name == "__getitem__":
             return tx.output.call_op("call_function", _getitem, (self, *args), {})
         if name == "__setitem__":

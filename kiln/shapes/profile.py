@@ -1,0 +1,148 @@
+"""The dynamic-shape profile of a code object: what its inputs looked like, which dims and ints
+were found to vary, kept in memory and under ``KILN_CACHE_DIR`` so that the next process
+compiles those dims dynamic at once instead of recompiling once more to rediscover them.
+
+A profile is keyed by the code's identity (file, qualified name, first line, a hash of the
+bytecode): an edited function starts a new profile. Files are written atomically (a temporary
+file renamed over the old one), and one that cannot be read or parsed is ignored with a
+warning, never trusted.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import types
+import warnings
+
+from .. import logs
+from ..config import config
+
+FORMAT_VERSION = 1
+
+
+def code_identity(code: types.CodeType) -> dict:
+    h = hashlib.sha256()
+    h.update(code.co_code)
+    h.update(repr((code.co_names, code.co_varnames, code.co_freevars, code.co_cellvars)).encode())
+    h.update(repr([c for c in code.co_consts if isinstance(c, (int, float, str, bytes, bool, type(None)))]).encode())
+    return {"file": code.co_filename, "qualname": getattr(code, "co_qualname", code.co_name),
+            "firstlineno": code.co_firstlineno, "bytecode": h.hexdigest()[:32]}
+
+
+class FrameProfile:
+    """What kiln saw of one code object's inputs, by source name (``L['x']``)."""
+
+    def __init__(self, identity: dict, path: str | None):
+        self.identity = identity
+        self.path = path
+        self.tensor_sizes: dict[str, list[int]] = {}     # last sizes seen
+        self.dynamic_dims: dict[str, set[int]] = {}      # dims found to vary
+        self.int_values: dict[str, int] = {}
+        self.dynamic_ints: set[str] = set()
+        self.dirty = False
+
+    # -- observations ---------------------------------------------------------------------------
+    def observe_tensor(self, name: str, sizes: tuple) -> set[int]:
+        """Record ``sizes``; return the dims of ``name`` found dynamic so far (a dim whose size
+        differs from the one seen before becomes dynamic; a change of rank resets nothing)."""
+        sizes = [int(s) for s in sizes]
+        before = self.tensor_sizes.get(name)
+        dyn = self.dynamic_dims.setdefault(name, set())
+        if before is not None and len(before) == len(sizes):
+            changed = {i for i, (a, b) in enumerate(zip(before, sizes)) if a != b} - dyn
+            if changed:
+                dyn |= changed
+                self.dirty = True
+                if logs.enabled.dynamic:
+                    logs.log("dynamic", f"automatic dynamic: {name} dims {sorted(changed)} changed "
+                             f"({before} -> {sizes}) in {self.identity['qualname']}")
+        self.tensor_sizes[name] = sizes
+        return set(dyn)
+
+    def observe_int(self, name: str, value: int) -> bool:
+        before = self.int_values.get(name)
+        if before is not None and before != value and name not in self.dynamic_ints:
+            self.dynamic_ints.add(name)
+            self.dirty = True
+            if logs.enabled.dynamic:
+                logs.log("dynamic", f"automatic dynamic: int {name} changed ({before} -> {value}) "
+                         f"in {self.identity['qualname']}")
+        self.int_values[name] = value
+        return name in self.dynamic_ints
+
+    # -- disk -----------------------------------------------------------------------------------
+    def to_json(self) -> dict:
+        return {"version": FORMAT_VERSION, "code": self.identity,
+                "tensors": {k: {"dynamic": sorted(v), "sizes": self.tensor_sizes.get(k)}
+                            for k, v in sorted(self.dynamic_dims.items()) if v},
+                "ints": sorted(self.dynamic_ints)}
+
+    def load_json(self, data: dict) -> None:
+        if data.get("version") != FORMAT_VERSION or data.get("code") != self.identity:
+            raise ValueError("written for another code object or format")
+        tensors, ints = data["tensors"], data["ints"]
+        if not isinstance(tensors, dict) or not isinstance(ints, list):
+            raise ValueError("malformed")
+        for name, rec in tensors.items():
+            dims = rec["dynamic"]
+            if not all(isinstance(d, int) and d >= 0 for d in dims):
+                raise ValueError(f"bad dims for {name}")
+            self.dynamic_dims[str(name)] = set(dims)
+        self.dynamic_ints = {str(n) for n in ints}
+
+    def save(self) -> None:
+        if not self.dirty or self.path is None:
+            return
+        self.dirty = False
+        try:
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=os.path.dirname(self.path), prefix=".tmp-", suffix=".json")
+            with os.fdopen(fd, "w") as f:
+                json.dump(self.to_json(), f, indent=1)
+            os.replace(tmp, self.path)
+            if logs.enabled.dynamic:
+                logs.log("dynamic", f"wrote profile {self.path}")
+        except OSError as e:
+            warnings.warn(f"kiln: could not write the dynamic-shape profile {self.path} ({e}); "
+                          "the next process will rediscover the dynamic dims", RuntimeWarning)
+
+
+_profiles: dict[str, FrameProfile] = {}
+
+
+def profile_path(identity: dict) -> str:
+    digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:24]
+    return os.path.join(os.path.expanduser(config.cache_dir), "dynamic", f"{digest}.json")
+
+
+def profile_for(code: types.CodeType) -> FrameProfile:
+    """The profile of ``code``: in memory, else read from the cache directory, else new."""
+    identity = code_identity(code)
+    key = json.dumps(identity, sort_keys=True)
+    prof = _profiles.get(key)
+    if prof is not None:
+        return prof
+    path = profile_path(identity) if config.cache_dir else None
+    prof = _profiles[key] = FrameProfile(identity, path)
+    if path is not None and os.path.exists(path):
+        try:
+            with open(path) as f:
+                prof.load_json(json.load(f))
+            if logs.enabled.dynamic:
+                logs.log("dynamic", f"read profile {path} for {identity['qualname']}: "
+                         f"dynamic {dict((k, sorted(v)) for k, v in prof.dynamic_dims.items())}"
+                         f" ints {sorted(prof.dynamic_ints)}")
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            prof.dynamic_dims.clear()
+            prof.dynamic_ints.clear()
+            prof.dirty = True   # replaced by a good file at the next capture
+            warnings.warn(f"kiln: ignoring the unreadable dynamic-shape profile {path} "
+                          f"({type(e).__name__}: {e}); it will be rewritten", RuntimeWarning)
+    return prof
+
+
+def clear_profiles() -> None:
+    """Forget the in-memory profiles (``kiln.reset``); files on disk stay."""
+    _profiles.clear()
