@@ -288,6 +288,7 @@ def _module_caller(cls: type) -> Callable:
         def call_module(module, *args, **kwargs):
             return module(*args, **kwargs)
         call_module.__qualname__ = f"{cls.__qualname__}.__call__"
+        call_module.__module__ = cls.__module__   # (also names its dynamic-shape profile)
         fn = _module_callers[cls] = call_module
     return fn
 

@@ -94,7 +94,7 @@ def capture(fn: types.FunctionType, args: tuple, kwargs: dict, *, key, backend: 
     if bu.is_generator_code(code) or bu.is_async_code(code):
         kind = "generator" if bu.is_generator_code(code) else "coroutine / async function"
         raise Unsupported(f"{kind} {fn.__qualname__} (runs eagerly)", code.co_filename, code.co_firstlineno)
-    policy = ShapePolicy(dynamic, code)
+    policy = ShapePolicy(dynamic, fn)
     try:
         return _capture(fn, args, kwargs, key, backend, backend_name, compiled_factory,
                         max_breaks_retries, policy, t0)

@@ -21,9 +21,9 @@ DimDynamic = _torch.DimDynamic
 
 
 class ShapePolicy:
-    def __init__(self, dynamic: bool | None, code):
+    def __init__(self, dynamic: bool | None, fn):
         self.dynamic = dynamic
-        self.profile = profile_for(code) if dynamic is None and config.automatic_dynamic_shapes else None
+        self.profile = profile_for(fn) if dynamic is None and config.automatic_dynamic_shapes else None
 
     def tensor_dims(self, name: str, t: torch.Tensor, static_input: bool) -> list | None:
         """The DimDynamic of each dim of tensor input ``name``, or None when all are static."""

@@ -22,12 +22,15 @@ from ..config import config
 FORMAT_VERSION = 1
 
 
-def code_identity(code: types.CodeType) -> dict:
+def code_identity(code: types.CodeType, qualname: str | None = None, module: str | None = None) -> dict:
+    """File, qualified name, first line and a bytecode hash. ``qualname``/``module`` name the
+    function when one code serves several (kiln's per-module-class callers)."""
     h = hashlib.sha256()
     h.update(code.co_code)
     h.update(repr((code.co_names, code.co_varnames, code.co_freevars, code.co_cellvars)).encode())
     h.update(repr([c for c in code.co_consts if isinstance(c, (int, float, str, bytes, bool, type(None)))]).encode())
-    return {"file": code.co_filename, "qualname": getattr(code, "co_qualname", code.co_name),
+    return {"file": code.co_filename, "module": module or "",
+            "qualname": qualname or getattr(code, "co_qualname", code.co_name),
             "firstlineno": code.co_firstlineno, "bytecode": h.hexdigest()[:32]}
 
 
@@ -117,9 +120,9 @@ def profile_path(identity: dict) -> str:
     return os.path.join(os.path.expanduser(config.cache_dir), "dynamic", f"{digest}.json")
 
 
-def profile_for(code: types.CodeType) -> FrameProfile:
-    """The profile of ``code``: in memory, else read from the cache directory, else new."""
-    identity = code_identity(code)
+def profile_for(fn: types.FunctionType) -> FrameProfile:
+    """The profile of ``fn``'s code: in memory, else read from the cache directory, else new."""
+    identity = code_identity(fn.__code__, fn.__qualname__, getattr(fn, "__module__", None))
     key = json.dumps(identity, sort_keys=True)
     prof = _profiles.get(key)
     if prof is not None:

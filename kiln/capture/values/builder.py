@@ -168,6 +168,14 @@ class Builder:
                 raise Unsupported("a tensor that is not reachable from the arguments, globals "
                                   "or closures (cannot be a graph input)")
             return self.output.add_tensor_input(obj, source, static)
+        if t is torch.Size and source is not None:
+            # item by item, so that a size that varies can become symbolic like an int input
+            g(GuardKind.TYPE_MATCH, source, t)
+            g(GuardKind.LENGTH_MATCH, source, (len(obj), "tuple"))
+            from .symbolic import size_value
+
+            return size_value([self.wrap(v, ItemSource(source, i)) for i, v in enumerate(obj)],
+                              keep_items=True)
         if t in (bool, type(None)) or t in (int, float, str, bytes, complex, torch.Size, range):
             if source is None:
                 return ConstantValue(obj)

@@ -247,10 +247,11 @@ def _size_value_class():
 SizeValue = None  # set below, once containers can be imported
 
 
-def size_value(items: list[Value]) -> Value:
-    """A torch.Size of these items: a constant when none is symbolic."""
+def size_value(items: list[Value], keep_items: bool = False) -> Value:
+    """A torch.Size of these items: a constant when none is symbolic (unless ``keep_items``:
+    items read from an input keep their own sources and lazily installed guards)."""
     global SizeValue
-    if all(i.is_constant() for i in items):
+    if not keep_items and all(i.is_constant() for i in items):
         return ConstantValue(torch.Size([i.as_constant() for i in items]))
     if SizeValue is None:
         SizeValue = _size_value_class()
