@@ -195,6 +195,12 @@ def symbolic_int(mode: FakeTensorMode, value: int, source_name: str):
     return env.create_symintnode(sym, hint=value, source=src)
 
 
+def python_dispatcher():
+    from torch._dispatch.python import enable_python_dispatcher
+
+    return enable_python_dispatcher()
+
+
 def is_symbolic(v: Any) -> bool:
     return isinstance(v, (torch.SymInt, torch.SymBool, torch.SymFloat))
 

@@ -218,12 +218,12 @@ def _check_marked_dynamic(output: OutputGraph) -> None:
     env = output.shape_env
     for inp in output.tensor_inputs:
         for d in sorted(inp.marked_dynamic):
-            size = inp.value_fake.size(d)
-            if not _torch.is_symbolic(size):
+            symbol = inp.size_symbols[d] if inp.size_symbols else None
+            if symbol is None or not symbol.is_Symbol:
                 continue      # 0 or 1: specialized by kiln's policy, not by the program
-            value = env.replace(size.node.expr)
+            value = env.replace(symbol)
             if value.is_number:
-                where = shape_guards.specialization_site(output, size.node.expr)
+                where = shape_guards.specialization_site(output, symbol)
                 raise ConstraintViolation(
                     f"{inp.source.describe()}.size()[{d}] was marked dynamic (kiln.mark_dynamic) "
                     f"but the program specialized it to {value} at {where}. Remove the "

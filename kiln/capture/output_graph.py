@@ -34,6 +34,7 @@ class TensorInput:
         self.meta = meta
         self.dims = dims      # DimDynamic per dim, None when static
         self.marked_dynamic = frozenset()
+        self.size_symbols: list = []
 
     @property
     def dynamic(self) -> bool:
@@ -143,6 +144,8 @@ class OutputGraph:
             from ..shapes.marks import marked_dynamic
 
             inp.marked_dynamic = marked_dynamic(t)
+            # the symbols as created (a SymInt's expression later reads through replacements)
+            inp.size_symbols = [s.node.expr if _torch.is_symbolic(s) else None for s in fake.size()]
         self.tensor_inputs.append(inp)
         self.guards.add(Guard(GuardKind.TENSOR_MATCH, source, meta))
         return value
@@ -276,7 +279,9 @@ class OutputGraph:
         fake_args = tuple(_to_fake(a) for a in args)
         fake_kwargs = {k: _to_fake(v) for k, v in kwargs.items()}
         try:
-            with self.fake_mode:
+            # the python dispatcher lets decompositions and meta functions keep sizes symbolic
+            # (without it some ops read sizes as ints, specializing them)
+            with self.fake_mode, _torch.python_dispatcher():
                 if kind == "call_method":
                     result = getattr(fake_args[0], target)(*fake_args[1:], **fake_kwargs)
                 else:

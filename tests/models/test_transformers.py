@@ -194,3 +194,44 @@ def test_aot_eager_training_matches_eager_float64(name):
         assert (p.grad is None) == (q.grad is None), n
         if q.grad is not None:
             torch.testing.assert_close(p.grad, q.grad, msg=n)
+
+
+# ------------------------------------------------------------------------------ dynamic shapes
+SIZES = [(2, 8), (3, 9), (4, 13), (2, 21), (5, 5), (3, 30)]   # (batch, sequence)
+
+
+@pytest.mark.parametrize("mode", ["inference", "training"])
+@pytest.mark.parametrize("name", MODELS)
+def test_varying_batch_and_sequence_compile_at_most_twice(name, mode):
+    """Static first; the second call changes batch and sequence, so its recompile makes both
+    symbolic (automatic dynamic); every later size reuses that graph: at most two compiles."""
+    model = make_model(name).train(mode == "training")
+    eager_model = copy.deepcopy(model)
+    counter = CompileCounter()
+    compiled = kiln.compile(model, backend=counter)
+    after = []
+    for batch, seq in SIZES:
+        input_ids = torch.randint(0, VOCAB, (batch, seq))
+        if mode == "inference":
+            with torch.no_grad():
+                expected = model(input_ids, return_dict=True)
+                got = compiled(input_ids, return_dict=True)
+            for key, value in inference_outputs(name, expected).items():
+                close(getattr(got, key), value, f"{batch}x{seq} {key}")
+        else:
+            target = torch.randn(batch, seq, 32)
+            model.zero_grad(set_to_none=True)
+            eager_model.zero_grad(set_to_none=True)
+            expected = training_loss(name, eager_model, input_ids, target)
+            got = training_loss(name, compiled, input_ids, target)
+            close(got, expected, f"{batch}x{seq} loss")
+            expected.backward()
+            got.backward()
+            for (pname, p), pe in zip(model.named_parameters(), eager_model.parameters()):
+                if p.grad is not None or pe.grad is not None:
+                    close(p.grad, pe.grad, f"{batch}x{seq} grad of {pname}")
+        after.append(counter.frame_count)
+    first = after[0]
+    assert not EXACT or first == GRAPHS[name, mode]
+    assert after[1:] == [2 * first] * (len(SIZES) - 1), f"graphs after each call: {after}"
+    assert any("size mismatch" in r for r in compiled.recompile_reasons)
