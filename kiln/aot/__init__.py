@@ -9,17 +9,25 @@
 
 Every stage result has ``as_text()``. ``kiln.backends.aot_backend`` and the ``"aot_eager"``
 backend run these stages for ``kiln.compile``.
+
+Dynamic graphs (placeholders with symbolic example values, from a dynamic capture) are traced
+with their symbols: the graphs take the SymInts as inputs and serve every size, and the
+callable checks each call against the traced shapes (``symbolic.py``). The backend compiles per
+concrete shapes where that is not possible (``dynamic.py``). Dynamic graphs are not exported.
 """
 from . import config
 from .compile import AOTCompiled, run_as_fx, stage2_compile
+from .dynamic import PerShapeCompiled, compile_graph
 from .export import AOTArtifact, stage2_export
 from .graph_capture import AOTGraphCapture, stage1_graph_capture
 from .partition import Partition, default_partition, min_cut_rematerialization_partition
 from .state import AOTState, InputInfo, OutputInfo, ViewAndMutationMeta, create_aot_state
+from .symbolic import SymbolicUnsupported
 
 __all__ = [
     "create_aot_state", "stage1_graph_capture", "stage2_compile", "stage2_export",
     "AOTState", "AOTGraphCapture", "AOTCompiled", "AOTArtifact", "Partition",
     "InputInfo", "OutputInfo", "ViewAndMutationMeta",
     "default_partition", "min_cut_rematerialization_partition", "run_as_fx", "config",
+    "compile_graph", "PerShapeCompiled", "SymbolicUnsupported",
 ]

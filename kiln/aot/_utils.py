@@ -16,6 +16,8 @@ import torch.fx
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch._subclasses.functional_tensor import FunctionalTensor
 
+from .symbolic import nbytes_hint
+
 aten = torch.ops.aten
 
 
@@ -24,9 +26,9 @@ aten = torch.ops.aten
 # --------------------------------------------------------------------------------------------
 
 def new_fake_mode() -> FakeTensorMode:
-    """A fake mode for AOT tracing. Static shapes: no ShapeEnv (dynamic shapes come with the
-    frontend's symbolic sizes). Real tensors that the traced code closes over (constants) are
-    allowed and become graph constants."""
+    """A fake mode for AOT tracing of static graphs: no ShapeEnv (a dynamic graph is traced in
+    its capture's mode, see ``symbolic.py``). Real tensors that the traced code closes over
+    (constants) are allowed and become graph constants."""
     return FakeTensorMode(allow_non_fake_inputs=True)
 
 
@@ -162,8 +164,10 @@ def is_view(node: torch.fx.Node) -> bool:
 
 
 def tensor_nbytes(t: Any) -> int:
+    """Bytes of a tensor's elements; for symbolic sizes, at the traced sizes (a hint: byte
+    counts only rank partitions and are reported, they never decide what a graph computes)."""
     if isinstance(t, torch.Tensor):
-        return t.numel() * t.element_size()
+        return nbytes_hint(t)
     if isinstance(t, (tuple, list)):
         return sum(tensor_nbytes(x) for x in t)
     return 0
@@ -191,6 +195,15 @@ def saved_bytes(nodes: Iterable[torch.fx.Node]) -> tuple[int, int]:
     return total, inputs
 
 
+def count_saved(backward: torch.fx.GraphModule, saved: list[str]) -> str:
+    """``"3 tensors"``, or ``"3 tensors + 1 int"`` when symbolic sizes cross too."""
+    names = set(saved)
+    ints = sum(1 for n in backward.graph.nodes if n.op == "placeholder" and n.name in names
+               and isinstance(n.meta.get("val"), (torch.SymInt, torch.SymBool, int)))
+    text = f"{len(saved) - ints} tensors"
+    return text + (f" + {ints} int{'s' if ints > 1 else ''}" if ints else "")
+
+
 def format_bytes(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if abs(n) < 1024 or unit == "GiB":
@@ -200,6 +213,8 @@ def format_bytes(n: float) -> str:
 
 
 def describe_val(v: Any) -> str:
+    if isinstance(v, (torch.SymInt, torch.SymBool)):
+        return f"{type(v).__name__[3:].lower()} {v}"      # "int s6377"
     if isinstance(v, torch.Tensor):
         dt = str(v.dtype).replace("torch.", "")
         shape = "x".join(str(s) for s in v.shape) or "scalar"

@@ -63,6 +63,7 @@ class CompiledParts:
     saved_bytes: int = 0
     saved_input_bytes: int = 0
     partitioner: str = ""
+    symbolic: bool = False                      # traced with symbolic shapes (a dynamic graph)
 
 
 def _partitioner_name(partition_fn: Any) -> str:
@@ -98,7 +99,7 @@ def build_parts(state, capture, partition_fn: Any = None) -> CompiledParts:
     common = dict(num_fw_outputs=capture.num_fw_outputs, tangent_positions=list(capture.tangent_positions),
                   fw_output_requires_grad=list(capture.fw_output_requires_grad),
                   primal_requires_grad=list(capture.primal_requires_grad),
-                  grad_enabled=state.grad_enabled, wrappers=list(state.wrappers))
+                  grad_enabled=state.grad_enabled, wrappers=list(state.wrappers), symbolic=state.symbolic)
     if not capture.is_joint:
         fw = torch.fx.GraphModule(gm, gm.graph, class_name="KilnInference")
         return CompiledParts(kind="inference", forward=fw, backward=None, **common)
@@ -218,8 +219,19 @@ class AOTCompiled(PartsView):
         self._fn = fn
         self.parts = parts
         self._open = open_flag
+        # Dynamic graphs: ``input_check`` (symbolic.InputCheck) tells whether the arguments fit
+        # the traced shapes and the guards tracing added; when they do not, ``fallback(*args)``
+        # runs instead (the aot_backend compiles for those concrete shapes), or, with none,
+        # kiln.Unsupported is raised: never a result computed for other shapes.
+        self.input_check = None
+        self.fallback: Callable | None = None
 
     def __call__(self, *args):
+        check = self.input_check
+        if check is not None and not check.holds(args):
+            if self.fallback is not None:
+                return self.fallback(*args)
+            raise Unsupported(f"AOT autograd (dynamic graph): {check.explain(args)}; recompile")
         if self._open is not None and self._open[0]:
             # still inside the AOTState (its fake mode is entered): run on real tensors anyway
             from torch.utils._python_dispatch import _disable_current_modes
@@ -235,7 +247,7 @@ class AOTCompiled(PartsView):
 
     def as_text(self) -> str:
         p = self.parts
-        lines = [f"# kiln AOT {p.kind} callable; runtime wrappers (pre-capture order, the first is outermost): "
+        lines = [f"# kiln AOT {p.kind} callable{' (dynamic: symbolic shapes)' if p.symbolic else ''}; runtime wrappers (pre-capture order, the first is outermost): "
                  + ", ".join(w.describe() for w in p.wrappers)]
         if p.kind == "inference":
             lines.append(U.graph_text(p.forward, "inference graph"))
@@ -243,9 +255,11 @@ class AOTCompiled(PartsView):
             lines.append(U.graph_text(p.forward, f"forward graph: primals -> {p.num_fw_outputs} outputs + "
                                                  f"{len(p.saved)} saved"))
             lines.append(U.graph_text(p.backward, "backward graph: saved + tangents -> gradients"))
-            lines.append(f"# saved for backward ({p.partitioner or 'custom'} partitioner): {len(p.saved)} tensors, "
+            lines.append(f"# saved for backward ({p.partitioner or 'custom'} partitioner): {U.count_saved(p.backward, p.saved)}, "
                          f"{U.format_bytes(p.saved_bytes)} ({U.format_bytes(p.saved_bytes - p.saved_input_bytes)} "
                          f"activations, {U.format_bytes(p.saved_input_bytes)} inputs): {', '.join(p.saved)}")
+        if self.input_check is not None:
+            lines.append("# checked on every call: " + "; ".join(self.input_check.conditions))
         return "\n".join(lines)
 
     def __repr__(self) -> str:
@@ -274,4 +288,11 @@ def stage2_compile(state, capture, fw_compiler: Callable | None = None, bw_compi
     """Partition, compile and wrap. ``bw_compiler`` defaults to ``fw_compiler``;
     ``partition_fn`` to ``kiln.aot.config.partition_fn``."""
     parts = build_parts(state, capture, partition_fn)
-    return assemble(parts, fw_compiler, bw_compiler, inference_compiler, open_flag=state._open)
+    compiled = assemble(parts, fw_compiler, bw_compiler, inference_compiler, open_flag=state._open)
+    if state.symbolic:
+        # after the compilers, which may also have guarded on sizes
+        from . import symbolic as S
+
+        guards = S.new_guards(state.shape_env, state.guard_mark)
+        compiled.input_check = S.ShapeCode(state.input_fakes).input_check(guards)
+    return compiled

@@ -290,7 +290,14 @@ class AOTArtifact(PartsView):
 
 
 def stage2_export(state, capture, partition_fn: Any = None) -> AOTArtifact:
-    """Partition the capture and package graphs + metadata (nothing compiled)."""
+    """Partition the capture and package graphs + metadata (nothing compiled).
+
+    Dynamic (symbolic-shape) graphs are refused with kiln.Unsupported: an artifact stores
+    static shapes only (its fake example inputs, the runtime wrappers' sizes), and a loaded
+    artifact could not check the guards that tracing added to the capture's ShapeEnv."""
+    if state.symbolic:
+        raise Unsupported("export: dynamic graphs (symbolic shapes) cannot be exported yet; export a "
+                          "graph captured with static shapes")
     parts = build_parts(state, capture, partition_fn)
     for gm in (parts.forward, parts.backward):
         if gm is not None:

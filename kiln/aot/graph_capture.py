@@ -24,6 +24,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from ..errors import Unsupported
 from . import _utils as U
+from . import symbolic as S
 from .state import AOTState, U_DATA_DEPENDENT
 
 
@@ -80,7 +81,8 @@ class AOTGraphCapture:
                 d = partition_capture(self, "default")
                 m = partition_capture(self, "min_cut")
                 lines.append(f"# saved for backward: default partitioner {U.format_bytes(d.saved_bytes)} "
-                             f"({len(d.saved)} tensors), min-cut {U.format_bytes(m.saved_bytes)} ({len(m.saved)} tensors)")
+                             f"({U.count_saved(d.backward, d.saved)}), min-cut {U.format_bytes(m.saved_bytes)} "
+                             f"({U.count_saved(m.backward, m.saved)})")
             except Exception as e:  # an edited graph may not partition until stage 2 checks it
                 lines.append(f"# saved for backward: unavailable ({type(e).__name__}: {e})")
         return "\n".join(lines)
@@ -201,8 +203,10 @@ def _trace(state: AOTState, f, args) -> torch.fx.GraphModule:
         raise Unsupported(f"AOT autograd: data-dependent operation ({type(e).__name__}: {e})") from e
     for node in gm.graph.nodes:
         if node.op == "call_function" and not isinstance(node.target, torch._ops.OpOverload) \
-                and node.target.__module__ != "_operator":
+                and not S.is_sym_function(node.target):
             raise Unsupported(f"AOT autograd: the traced graph calls {node.target}, which is not an ATen op")
+        if state.symbolic:
+            S.refuse_unbacked(node.meta.get("val"), f"{node.name} ({node.target})")
     return gm
 
 

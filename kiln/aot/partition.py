@@ -18,6 +18,10 @@ which values cross: that is the memory the backward keeps alive.
 
 Placeholders carry ``meta['kiln_tangent']`` (tangents) and ``kiln_static``/``kiln_mutated``;
 nodes carry ``meta['kiln_phase']`` (``forward``/``backward``, from tracing).
+
+Dynamic graphs: a symbolic size the backward needs (a SymInt input, ``sym_size``, arithmetic
+on them) crosses as a Python int among the saved values, never as a tensor; byte counts use
+the traced sizes (hints).
 """
 from __future__ import annotations
 
@@ -31,6 +35,7 @@ import torch.fx
 
 from ..errors import Unsupported
 from . import _utils as U
+from . import symbolic as S
 
 aten = torch.ops.aten
 
@@ -267,6 +272,8 @@ def min_cut_rematerialization_partition(joint_module: torch.fx.GraphModule, join
         val = n.meta.get("val")
         if n.op == "get_attr":
             w = math.inf                                    # constants are re-read, never saved
+        elif S.is_sym(val):
+            w = 8.0                                         # a symbolic size: saved as an int
         elif isinstance(val, (tuple, list)) or not isinstance(val, torch.Tensor):
             w = math.inf                                    # save its getitems instead
         elif U.is_view(n) and _only_tensor_arg(n):

@@ -87,7 +87,7 @@ class RNGStateWrapper(RuntimeWrapper):
 @_register
 class SpecializeNonTensorInputs(RuntimeWrapper):
     """Non-tensor inputs (ints, floats, bools, None) are burned into the graph; the runtime
-    checks that they are unchanged."""
+    checks that they are unchanged. SymInt inputs of a dynamic graph stay graph inputs."""
     kind = "non_tensor_inputs"
 
     def __init__(self, constants: dict, n: int):
@@ -98,7 +98,7 @@ class SpecializeNonTensorInputs(RuntimeWrapper):
     def create(cls, args, **kw):
         consts = {}
         for i, a in enumerate(args):
-            if isinstance(a, torch.Tensor):
+            if isinstance(a, (torch.Tensor, torch.SymInt)):
                 continue
             if a is None or isinstance(a, (bool, int, float, str)):
                 consts[i] = a
@@ -350,8 +350,44 @@ class MutationsAndAliases(RuntimeWrapper):
     """
     kind = "mutations_and_aliases"
 
-    def __init__(self, meta):
+    def __init__(self, meta, fakes: list | None = None):
         self.meta = meta
+        # dynamic graphs: the traced inputs at this level, to read the symbols of the recorded
+        # sizes from the runtime arguments (plain data only when None)
+        self.fakes = fakes
+
+    def _runtime_shapes(self) -> Callable[[Sequence], dict] | None:
+        """For a dynamic graph, ``f(args) -> {("out", k) | ("in", i): value}``: the size, stride
+        and offset of each output view and metadata-mutated input, and the value of each
+        symbolic output, evaluated for the runtime arguments. None when all are static."""
+        from . import symbolic as S
+
+        if self.fakes is None:
+            return None
+        meta = self.meta
+        items: list = []    # (key, expressions, ndim or None for a scalar)
+        for k, o in enumerate(meta.outputs):
+            if o.kind in ("alias_of_input", "alias_of_output"):
+                items.append((("out", k), [*o.size, *o.stride, o.rel_offset], len(o.size)))
+            elif o.kind == "symbolic":
+                items.append((("out", k), [o.value], None))
+        for i in meta.mutated_data_indices + meta.metadata_only_mutated_indices:
+            info = meta.inputs[i]
+            if info.mutates_metadata:
+                items.append((("in", i), [*info.new_size, *info.new_stride, info.new_offset], len(info.new_size)))
+        if not any(S.has_symbols(e) for _, es, _ in items for e in es):
+            return None
+        values = S.ShapeCode(self.fakes).values([e for _, es, _ in items for e in es])
+        layout, pos = [], 0
+        for key, es, nd in items:
+            layout.append((key, pos, nd))
+            pos += len(es)
+
+        def shapes(args) -> dict:
+            v = values(args)
+            return {key: v[p] if nd is None else (v[p:p + nd], v[p + nd:p + 2 * nd], v[p + 2 * nd])
+                    for key, p, nd in layout}
+        return shapes
 
     def pre_capture(self, fn, args, static, sources):
         meta = self.meta
@@ -389,8 +425,13 @@ class MutationsAndAliases(RuntimeWrapper):
         check_alias = [i for i in mutated + meta_only if not infos[i].is_static]
         check_against = [i.index for i in infos if not i.is_static]
         do_check = bool(check_alias) and len(check_against) > 1
+        runtime_shapes = self._runtime_shapes()
+        if runtime_shapes is not None:
+            simple_outputs = False
 
         def epilogue(*args):
+            # symbolic sizes are bound from the arguments as they are on entry
+            geo = runtime_shapes(args) if runtime_shapes is not None else {}
             if do_check:
                 ptrs = {}
                 for i in check_against:
@@ -405,14 +446,14 @@ class MutationsAndAliases(RuntimeWrapper):
             for j, i in enumerate(mutated):
                 inp, new, info = args[i], outs[j], infos[i]
                 if info.mutates_metadata:
-                    _restride(inp, info)
+                    _restride(inp, info, geo.get(("in", i)))
                 if info.mutation_needs_grad:
                     inp.copy_(new)
                 else:
                     with torch.no_grad():
                         inp.copy_(new)
             for i in meta_only:
-                _restride(args[i], infos[i])
+                _restride(args[i], infos[i], geo.get(("in", i)))
             if simple_outputs:
                 return pytree.tree_unflatten(list(outs[n_mut:]), spec)
             res: list = [None] * len(outputs)
@@ -425,12 +466,14 @@ class MutationsAndAliases(RuntimeWrapper):
                 elif kind == "is_input":
                     res[k] = args[o.base]
                 elif kind == "alias_of_input":
-                    res[k] = _regenerate_view(args[o.base], o)
+                    res[k] = _regenerate_view(args[o.base], o, geo.get(("out", k)))
                 elif kind == "constant":
                     res[k] = o.value
+                elif kind == "symbolic":
+                    res[k] = geo[("out", k)]
             for k, o in enumerate(outputs):
                 if o.kind == "alias_of_output":
-                    res[k] = _regenerate_view(res[o.base], o)
+                    res[k] = _regenerate_view(res[o.base], o, geo.get(("out", k)))
                 elif o.kind == "same_as_output":
                     res[k] = res[o.base]
             return pytree.tree_unflatten(res, spec)
@@ -451,6 +494,9 @@ class MutationsAndAliases(RuntimeWrapper):
     def to_dict(self):
         import dataclasses
 
+        if self.fakes is not None:
+            raise Unsupported("export: a dynamic graph's metadata has symbolic sizes; dynamic graphs "
+                              "cannot be exported yet")
         m = self.meta
         return {"inputs": [_plain(dataclasses.asdict(i)) for i in m.inputs],
                 "outputs": [_plain(dataclasses.asdict(o)) for o in m.outputs],
@@ -465,18 +511,21 @@ class MutationsAndAliases(RuntimeWrapper):
         return cls(ViewAndMutationMeta(ins, outs, pytree.treespec_loads(d["out_spec"])))
 
 
-def _regenerate_view(base: torch.Tensor, o) -> torch.Tensor:
+def _regenerate_view(base: torch.Tensor, o, geometry: tuple | None = None) -> torch.Tensor:
+    """``geometry``: (size, stride, rel_offset) evaluated for this call (dynamic graphs)."""
+    size, stride, off = geometry if geometry is not None else (o.size, o.stride, o.rel_offset)
     if not o.requires_grad and base.requires_grad:
         base = base.detach()
-    return base.as_strided(o.size, o.stride, base.storage_offset() + o.rel_offset)
+    return base.as_strided(size, stride, base.storage_offset() + off)
 
 
-def _restride(t: torch.Tensor, info) -> None:
+def _restride(t: torch.Tensor, info, geometry: tuple | None = None) -> None:
     """Replay a metadata mutation (t_(), unsqueeze_()...) on the input. It changes no data, so
     the version counter is put back: tensors the forward saved (views of the input) stay valid."""
+    size, stride, off = geometry if geometry is not None else (info.new_size, info.new_stride, info.new_offset)
     v = t._version
     with torch.no_grad():
-        t.as_strided_(info.new_size, info.new_stride, t.storage_offset() + info.new_offset)
+        t.as_strided_(size, stride, t.storage_offset() + off)
     torch._C._autograd._unsafe_set_version_counter((t,), (v,))
 
 

@@ -28,6 +28,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 from ..errors import Unsupported
 from . import _utils as U
+from . import symbolic as S
 
 
 @dataclass
@@ -67,6 +68,8 @@ class OutputInfo:
       ``alias_of_output`` a view of output ``base``: regenerated from it at runtime
       ``same_as_output``  the same tensor as output ``base``
       ``constant``        a non-tensor value (``value``), fixed at trace time
+      ``symbolic``        an int/bool computed from the input sizes (``value`` is its SymInt or
+                          SymBool; evaluated from the runtime arguments, dynamic graphs only)
     """
     kind: str
     base: int | None = None
@@ -160,6 +163,11 @@ class AOTState:
         self.static_mask: list[bool] = []
         self.closed = False
         self._open = [True]   # shared with the callables stage 2 builds
+        # dynamic graphs: traced with symbolic fakes (the function's inputs, before the
+        # wrappers), and the ShapeEnv's guard count before tracing added any
+        self.symbolic = False
+        self.input_fakes: list = []
+        self.guard_mark = 0
 
     # context manager -------------------------------------------------------------------------
     def close(self) -> None:
@@ -185,7 +193,8 @@ class AOTState:
 
     def as_text(self) -> str:
         lines = [f"# AOTState: {len(self.example_inputs)} inputs, "
-                 f"{'training (joint forward+backward)' if self.needs_autograd else 'inference'}"]
+                 f"{'training (joint forward+backward)' if self.needs_autograd else 'inference'}"
+                 f"{', dynamic (symbolic shapes)' if self.symbolic else ''}"]
         lines.append("wrappers (pre-capture order): " + (", ".join(w.describe() for w in self.wrappers) or "none"))
         lines.append(self.meta.as_text())
         if isinstance(self.fn, torch.fx.GraphModule):
@@ -235,8 +244,9 @@ def collect_metadata(flat_fn: Callable, fake_args: list, *, static: Sequence[boo
             if torch._functionalize_was_inductor_storage_resized(elem):
                 raise Unsupported(f"AOT autograd: input {i} has its storage resized")
             mutates_data = bool(torch._functionalize_has_data_mutation(elem))
-            meta_changed = (tuple(fa.shape), tuple(fa.stride()), fa.storage_offset()) != \
-                (tuple(a.shape), tuple(a.stride()), a.storage_offset())
+            # compared without guarding: a symbolic size not provably unchanged counts as changed
+            meta_changed = not S.known_equal((*fa.shape, *fa.stride(), fa.storage_offset()),
+                                             (*a.shape, *a.stride(), a.storage_offset()))
             mutates_metadata = bool(torch._functionalize_has_metadata_mutation(elem)) and meta_changed
             hidden = False
             if mutates_data:
@@ -263,8 +273,15 @@ def collect_metadata(flat_fn: Callable, fake_args: list, *, static: Sequence[boo
         seen: dict[int, int] = {}
         for k, o in enumerate(outs):
             if not isinstance(o, torch.Tensor):
-                if isinstance(o, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-                    raise Unsupported("AOT autograd: symbolic scalar outputs are not supported")
+                S.refuse_unbacked(o, f"output {k}")
+                if isinstance(o, (torch.SymInt, torch.SymBool)) and S.has_symbols(o):
+                    # computed from the input sizes at runtime (ShapeCode), not by the graph
+                    outputs.append(OutputInfo("symbolic", value=o))
+                    continue
+                if isinstance(o, (torch.SymInt, torch.SymBool)):
+                    o = bool(o) if isinstance(o, torch.SymBool) else S.hint(o)   # a constant
+                elif isinstance(o, torch.SymFloat):
+                    raise S.SymbolicUnsupported("AOT autograd: symbolic float outputs are not supported")
                 outputs.append(OutputInfo("constant", value=o))
                 continue
             if not isinstance(o, FunctionalTensor):
@@ -352,7 +369,7 @@ def _static_indices_from_graph(fn: Any, n: int) -> tuple[list[int], list[str | N
 
 def create_aot_state(fn: Callable, example_inputs: Sequence[Any], *,
                      static_input_indices: Sequence[int] | None = None,
-                     decompositions: dict | None = None) -> AOTState:
+                     decompositions: dict | None = None, dynamic: bool | None = None) -> AOTState:
     """Prepare ``fn`` (a GraphModule or any function of flat tensor inputs) for AOT tracing.
 
     ``example_inputs`` are real tensors (or fake tensors of one FakeTensorMode); their
@@ -360,6 +377,12 @@ def create_aot_state(fn: Callable, example_inputs: Sequence[Any], *,
     (joint) capture. ``static_input_indices`` marks parameters/buffers (read from the
     placeholders' ``kiln_static`` meta when ``fn`` is a GraphModule). ``decompositions``
     defaults to torch's core ATen table (random ops kept whole).
+
+    Dynamic graphs: when ``fn``'s placeholders carry symbolic example values (fake tensors with
+    SymInt sizes, SymInt inputs) or the example inputs are symbolic, the stages trace with
+    those, in their FakeTensorMode and ShapeEnv, and the SymInt inputs stay graph inputs
+    (``state.symbolic``). ``dynamic=False`` traces the real example inputs with static shapes
+    instead (the per-shape fallback); ``dynamic=True`` requires symbolic inputs.
     """
     from . import runtime as R
 
@@ -378,11 +401,23 @@ def create_aot_state(fn: Callable, example_inputs: Sequence[Any], *,
     if any(i < 0 or i >= len(example_inputs) for i in static_input_indices):
         raise ValueError("static_input_indices out of range")
 
-    fake_mode = U.fake_mode_of(example_inputs) or U.new_fake_mode()
+    sym_vals = S.symbolic_inputs(fn, example_inputs) if dynamic is not False else None
+    if dynamic and sym_vals is None:
+        raise ValueError("create_aot_state(dynamic=True): no input is symbolic")
+    if sym_vals is not None:
+        fake_mode = S.fake_mode_for(sym_vals)
+        traced_inputs = S.prepare_inputs(fake_mode, sym_vals, example_inputs)
+    else:
+        fake_mode = U.fake_mode_of(example_inputs) or U.new_fake_mode()
+        traced_inputs = list(example_inputs)
     stack = contextlib.ExitStack()
     try:
         from torch._dispatch.python import enable_python_dispatcher
 
+        if sym_vals is not None and not fake_mode.allow_non_fake_inputs:
+            # the capture's mode: constants the graph holds (get_attr) are real tensors
+            fake_mode.allow_non_fake_inputs = True
+            stack.callback(setattr, fake_mode, "allow_non_fake_inputs", False)
         stack.enter_context(torch.autograd.set_multithreading_enabled(False))
         stack.enter_context(U.saved_tensor_hooks_deferred())
         stack.enter_context(fake_mode)
@@ -392,11 +427,15 @@ def create_aot_state(fn: Callable, example_inputs: Sequence[Any], *,
                          decompositions=U.default_decompositions() if decompositions is None else dict(decompositions),
                          sources=sources)
         static = [i in set(static_input_indices) for i in range(len(example_inputs))]
+        state.symbolic = sym_vals is not None
+        if state.symbolic:
+            state.input_fakes = list(traced_inputs)
+            state.guard_mark = len(fake_mode.shape_env.guards)
 
         # Pre-capture steps: each wrapper rewrites (flat_fn, args) and remembers how to undo it
-        # around the compiled function.
+        # around the compiled function. Dynamic graphs go through them with their fakes.
         flat_fn: Callable = fn
-        args = list(example_inputs)
+        args = list(traced_inputs)
         srcs = list(sources)
         for wrapper_cls in (R.RNGStateWrapper, R.SpecializeNonTensorInputs, R.DedupInputs):
             w = wrapper_cls.create(args, static=static)
@@ -407,12 +446,15 @@ def create_aot_state(fn: Callable, example_inputs: Sequence[Any], *,
 
         meta = collect_metadata(flat_fn, fake_args, static=static, sources=srcs)
         w = R.SyntheticBases.create(args, meta=meta, static=static)
+        if w is not None and state.symbolic:
+            raise S.SymbolicUnsupported("AOT autograd: inputs that share memory, one of them mutated, in a "
+                                        "dynamic graph (synthetic bases are static only)")
         if w is not None:
             flat_fn, args, static, srcs = w.pre_capture(flat_fn, args, static, srcs)
             state.wrappers.append(w)
             fake_args = [U.to_fake(fake_mode, a) for a in args]
             meta = collect_metadata(flat_fn, fake_args, static=static, sources=srcs)
-        w = R.MutationsAndAliases(meta)
+        w = R.MutationsAndAliases(meta, fakes=fake_args if state.symbolic else None)
         flat_fn, args, static, srcs = w.pre_capture(flat_fn, args, static, srcs)
         state.wrappers.append(w)
 

@@ -22,15 +22,17 @@ def aot_backend(fw_compiler: Callable | None = None, bw_compiler: Callable | Non
     inputs; ``bw_compiler`` and ``inference_compiler`` default to ``fw_compiler``, which defaults
     to running the graph as FX. ``partition_fn``: ``"default"``, ``"min_cut"`` or a callable
     (see ``kiln.aot.partition``); None means ``kiln.aot.config.partition_fn``.
+
+    A dynamic graph (symbolic placeholders) is traced once with its symbols; where that is not
+    possible, or a call does not fit the symbolic trace, it is compiled per concrete input
+    shapes (``kiln.aot.dynamic``).
     """
-    from ..aot import create_aot_state, stage1_graph_capture, stage2_compile
+    from ..aot.dynamic import compile_graph
 
     def kiln_aot_backend(gm: torch.fx.GraphModule, example_inputs: list):
-        with create_aot_state(gm, example_inputs, decompositions=decompositions) as state:
-            capture = stage1_graph_capture(state)
-            compiled = stage2_compile(state, capture, fw_compiler=fw_compiler, bw_compiler=bw_compiler,
-                                      partition_fn=partition_fn, inference_compiler=inference_compiler)
-        return compiled
+        return compile_graph(gm, list(example_inputs), decompositions=decompositions, fw_compiler=fw_compiler,
+                             bw_compiler=bw_compiler, partition_fn=partition_fn,
+                             inference_compiler=inference_compiler)
 
     kiln_aot_backend.__name__ = "aot_backend"
     kiln_aot_backend.fw_compiler = fw_compiler

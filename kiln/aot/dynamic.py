@@ -1,0 +1,119 @@
+"""Compiling one captured graph for the ``aot_backend``: symbolically when it is dynamic, and
+per concrete shapes where that is not possible.
+
+``compile_graph(gm, example_inputs, ...)`` runs the stages. For a dynamic graph (symbolic
+placeholders, see ``symbolic.py``) it traces once with the symbols; the callable checks each
+call's arguments against the traced shapes and the guards tracing added. The fallback is
+``PerShapeCompiled``, which traces the graph again with static shapes for the concrete
+arguments of a call and caches the result by their sizes, strides, int values and aliasing.
+It is used:
+
+* for every call, when the graph cannot be traced symbolically (``SymbolicUnsupported``, or an
+  error only the symbolic trace meets);
+* for a call whose arguments do not fit the symbolic trace (a guard tracing added fails).
+
+Either way a call is answered by graphs traced for shapes it fits, never by a wrong one.
+"""
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from typing import Any, Callable
+
+import torch
+import torch.fx
+
+from ..errors import Unsupported
+from .symbolic import SymbolicUnsupported, symbolic_inputs
+
+log = logging.getLogger("kiln.aot")
+
+# Per-shape compilations one dynamic graph keeps (least recently used goes first).
+PER_SHAPE_CACHE_SIZE = 16
+
+
+def _run_stages(gm, example_inputs, *, dynamic, decompositions, fw_compiler, bw_compiler,
+                partition_fn, inference_compiler):
+    from .graph_capture import stage1_graph_capture
+    from .compile import stage2_compile
+    from .state import create_aot_state
+
+    with create_aot_state(gm, example_inputs, decompositions=decompositions, dynamic=dynamic) as state:
+        capture = stage1_graph_capture(state)
+        return stage2_compile(state, capture, fw_compiler=fw_compiler, bw_compiler=bw_compiler,
+                              partition_fn=partition_fn, inference_compiler=inference_compiler)
+
+
+def _arg_key(a: Any) -> Any:
+    if isinstance(a, torch.Tensor):
+        return (tuple(a.shape), a.stride(), a.storage_offset(), a.dtype, a.device, a.requires_grad)
+    try:
+        hash(a)
+    except TypeError:
+        return (type(a), id(a))
+    return (type(a), a)
+
+
+def shape_key(args: tuple) -> tuple:
+    """What a static trace depends on: grad mode, each tensor's metadata, each non-tensor's
+    value, and which arguments are the same tensor or share memory."""
+    same: dict = {}
+    storage: dict = {}
+    alias = []
+    for i, a in enumerate(args):
+        if isinstance(a, torch.Tensor):
+            alias.append((same.setdefault(id(a), i), storage.setdefault(a.untyped_storage().data_ptr(), i)))
+    return (torch.is_grad_enabled(), tuple(_arg_key(a) for a in args), tuple(alias))
+
+
+class PerShapeCompiled:
+    """The graph compiled with static shapes for each distinct ``shape_key`` of its calls."""
+
+    def __init__(self, compile_static: Callable[[list], Callable], reason: str = ""):
+        self._compile = compile_static
+        self.reason = reason
+        self.cache: OrderedDict = OrderedDict()
+        self.compiles = 0
+
+    def __call__(self, *args):
+        key = shape_key(args)
+        fn = self.cache.get(key)
+        if fn is None:
+            fn = self._compile(list(args))
+            self.compiles += 1
+            self.cache[key] = fn
+            if len(self.cache) > PER_SHAPE_CACHE_SIZE:
+                self.cache.popitem(last=False)
+        else:
+            self.cache.move_to_end(key)
+        return fn(*args)
+
+    def __repr__(self) -> str:
+        return f"<kiln.aot.PerShapeCompiled {len(self.cache)} shapes compiled ({self.reason})>"
+
+
+def compile_graph(gm: torch.fx.GraphModule, example_inputs: list, *, decompositions: dict | None = None,
+                  fw_compiler: Callable | None = None, bw_compiler: Callable | None = None,
+                  partition_fn: Any = None, inference_compiler: Callable | None = None) -> Callable:
+    """The ``aot_backend``'s work for one graph: an ``AOTCompiled`` (symbolic for a dynamic
+    graph, with a per-shape fallback), or a ``PerShapeCompiled``."""
+    kw = dict(decompositions=decompositions, fw_compiler=fw_compiler, bw_compiler=bw_compiler,
+              partition_fn=partition_fn, inference_compiler=inference_compiler)
+    if symbolic_inputs(gm, example_inputs) is None:
+        return _run_stages(gm, example_inputs, dynamic=False, **kw)
+
+    def compile_static(args: list) -> Callable:
+        return _run_stages(gm, args, dynamic=False, **kw)
+
+    try:
+        compiled = _run_stages(gm, example_inputs, dynamic=True, **kw)
+    except SymbolicUnsupported as e:
+        log.info("kiln AOT: compiling per shape: %s", e)
+        return PerShapeCompiled(compile_static, str(e))
+    except Unsupported:
+        raise               # refused for a reason static shapes share (data-dependent op...)
+    except Exception as e:  # a failure only the symbolic trace meets (an op without symbolic support)
+        log.info("kiln AOT: symbolic trace failed (%s: %s); compiling per shape", type(e).__name__, e)
+        return PerShapeCompiled(compile_static, f"{type(e).__name__}: {e}")
+    compiled.fallback = PerShapeCompiled(compile_static, "arguments outside the symbolic trace")
+    return compiled
