@@ -234,6 +234,8 @@ class GuardProgram:
         reads = [f"    ___in{i} = {e}" for i, e in enumerate(self.tensor_exprs)]
         binds = [f"    {b}" for b in self.shape_binds]
         names = [b.split(" = ", 1)[0] for b in self.shape_binds]
+        # the values seen: each symbol's, and each checked source's (a specialized int input)
+        names += [self._render_shape_source(src) for src, _ in self.shape.checks]
         body = "\n".join([f"def ___eval({self.params}):", *reads, *binds,
                           f"    return [{', '.join(self.shape_conds)}], [{', '.join(names)}]"])
         try:
@@ -241,10 +243,14 @@ class GuardProgram:
         except Exception as ex:
             return f"SHAPE_ENV failed: cannot evaluate ({type(ex).__name__}: {ex})"
         texts = self.shape.descriptions()
-        seen = ", ".join(f"{src.describe()} = {v}" for (_, src), v in zip(self.shape.bindings, values))
+        nb = len(self.shape.bindings)
+        bound = [f"{src.describe()} = {v}" for (_, src), v in zip(self.shape.bindings, values)]
+        checked = [(src.describe(), v) for (src, _), v in zip(self.shape.checks, values[nb:])]
         for holds, text in zip(ok, texts):
             if not holds:
-                return f"SHAPE_ENV failed: {text} (saw {seen})"
+                # every symbol's value, and that of a checked source the condition names
+                seen = dict.fromkeys(bound + [f"{d} = {v}" for d, v in checked if d in text])
+                return f"SHAPE_ENV failed: {text} (saw {', '.join(seen)})"
         return None
 
     def _evaluate(self, expr: str, source, args, kwargs) -> tuple[bool, str | None]:

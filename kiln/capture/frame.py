@@ -197,7 +197,7 @@ def _entry_head(fn, output: OutputGraph, cg: EntryCodegen, inputs, net_grad, com
     an inline grad-mode change."""
     output.shape_guards = shape = shape_guards.produce(output)  # after the backend: it may guard too
     _check_marked_dynamic(output)
-    guards = list(output.guards)
+    guards = _with_final_tensor_metas(output, list(output.guards))
     if shape is not None:
         guards += [Guard(GuardKind.SHAPE_ENV, None, text) for text in shape.descriptions()]
     program, params, _ = _program(fn, output, guards, cg.ctx)
@@ -211,6 +211,17 @@ def _entry_head(fn, output: OutputGraph, cg: EntryCodegen, inputs, net_grad, com
     if net_grad is not None:
         lines.append(f"    {cg.bind(torch._C._set_grad_enabled)}({net_grad})")
     return guards, program, lines
+
+
+def _with_final_tensor_metas(output: OutputGraph, guards: list[Guard]) -> list[Guard]:
+    """TENSOR_MATCH texts of dynamic inputs as the capture ended: a dim the program
+    specialized prints as its value, not as the symbol it started as."""
+    from .guards import TensorMeta
+
+    final = {inp.source: TensorMeta.of(inp.real, inp.value_fake)
+             for inp in output.tensor_inputs if inp.dynamic and inp.real is not None}
+    return [Guard(g.kind, g.source, final[g.source]) if g.kind is GuardKind.TENSOR_MATCH
+            and g.source in final else g for g in guards]
 
 
 def _check_marked_dynamic(output: OutputGraph) -> None:

@@ -540,6 +540,10 @@ class FrameInterpreter(PythonSemantics):
         flags = ins.arg
         spec = self.pop().as_constant() if flags & 0x04 else ""
         v = self.pop()
+        from .values.symbolic import SymNodeValue, specialize
+
+        if isinstance(v, SymNodeValue):
+            v = specialize(v)   # the text needs the number: guarded by the ShapeEnv
         if not v.is_constant():
             raise Unsupported(f"formatting {v.describe()} into a string")
         c = v.as_constant()

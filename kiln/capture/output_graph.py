@@ -164,15 +164,21 @@ class OutputGraph:
         symbol = sym.node.expr
         node = self.symbol_nodes.get(symbol)
         if node is None:
-            node = self.symbol_nodes[symbol] = self._placeholder(self._unique_name(symbol.name), unique=False)
+            node = self.symbol_nodes[symbol] = self._placeholder(self._unique_name(symbol.name), unique=False,
+                                                                 before_inputs=True)
             node.meta["example_value"] = sym
             node.meta["kiln_symbol"] = symbol
             self.symbol_inputs.append(SymbolInput(symbol, node))
         return node
 
-    def _placeholder(self, name: str, unique: bool = True):
+    def _placeholder(self, name: str, unique: bool = True, before_inputs: bool = False):
+        """A new graph input, after the others; symbols (``before_inputs``) go first, after the
+        symbols already there."""
         name = self._unique_name(name) if unique else name
         anchor = self._first_non_placeholder()
+        if before_inputs:
+            anchor = next((n for n in self.graph.nodes if n.op != "placeholder"
+                           or "kiln_symbol" not in n.meta), None)
         if anchor is None:
             return self.graph.placeholder(name)
         with self.graph.inserting_before(anchor):

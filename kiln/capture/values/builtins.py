@@ -474,6 +474,8 @@ def construct_class(tx, cls_value: ClassValue, args: list[Value], kwargs: dict[s
                 return SymRangeValue(list(args))
             if cls is slice:
                 return SymSliceValue(list(args))
+            if cls is bool and len(args) == 1:
+                return ConstantValue(tx.truthy(args[0]))   # guards `!= 0`, not the value
             args = [specialize(a) for a in args]
         if cls is torch.Size and len(args) == 1 and not args[0].is_constant():
             return size_value(tx.unpack_iterable(args[0]))
