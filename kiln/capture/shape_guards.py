@@ -78,19 +78,6 @@ class ShapeGuards:
         """Symbol name -> the source it is read from (``s4821 -> L['x'].size()[0]``)."""
         return {s.name: src.describe() for s, src in self.bindings}
 
-    def first_failure(self, render: Callable[[Source], str], evaluate: Callable[[str], object]) -> str | None:
-        """The first condition that does not hold, with the values it saw."""
-        binds, conds = self.code(render)
-        for b in binds:
-            name, expr = b.split(" = ", 1)
-            evaluate(f"{name} = {expr}")
-        texts = self.descriptions()
-        values = ", ".join(f"{src.describe()}={evaluate(local_name(s))}" for s, src in self.bindings)
-        for cond, text in zip(conds, texts):
-            if not evaluate(cond):
-                return f"SHAPE_ENV failed: {text} (with {values})"
-        return None
-
 
 def produce(output) -> ShapeGuards | None:
     """The shape guards of a finished capture; None when nothing is symbolic."""

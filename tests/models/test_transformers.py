@@ -92,6 +92,22 @@ def training_loss(name: str, model, input_ids: torch.Tensor, target: torch.Tenso
     return model(input_ids, labels=input_ids, return_dict=True).loss
 
 
+def training_step_matches(name, model, eager_model, compiled, input_ids, target, what: str) -> None:
+    """One training step through ``compiled`` and through the eager copy: loss and every
+    parameter's grad agree (a parameter has a grad in both or in neither)."""
+    model.zero_grad(set_to_none=True)
+    eager_model.zero_grad(set_to_none=True)
+    expected = training_loss(name, eager_model, input_ids, target)
+    got = training_loss(name, compiled, input_ids, target)
+    close(got, expected, f"{what} loss")
+    expected.backward()
+    got.backward()
+    for (pname, p), pe in zip(model.named_parameters(), eager_model.parameters()):
+        assert (p.grad is None) == (pe.grad is None), f"{what} {pname}: grad presence differs"
+        if p.grad is not None:
+            close(p.grad, pe.grad, f"{what} grad of {pname}")
+
+
 @pytest.mark.parametrize("name", MODELS)
 def test_inference_matches_eager(name):
     model = make_model(name).eval()
@@ -123,17 +139,7 @@ def test_training_step_matches_eager(name):
     for call in range(2):
         input_ids = fresh_ids()
         target = torch.randn(BATCH, SEQ, 32)
-        model.zero_grad(set_to_none=True)
-        eager_model.zero_grad(set_to_none=True)
-        expected = training_loss(name, eager_model, input_ids, target)
-        got = training_loss(name, compiled, input_ids, target)
-        close(got, expected, f"call{call} loss")
-        expected.backward()
-        got.backward()
-        for (pname, p), pe in zip(model.named_parameters(), eager_model.parameters()):
-            assert (p.grad is None) == (pe.grad is None), f"call{call} {pname}: grad presence differs"
-            if p.grad is not None:
-                close(p.grad, pe.grad, f"call{call} grad of {pname}")
+        training_step_matches(name, model, eager_model, compiled, input_ids, target, f"call{call}")
         assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
         if call == 0:
             first = counter.frame_count
@@ -220,16 +226,7 @@ def test_varying_batch_and_sequence_compile_at_most_twice(name, mode):
                 close(getattr(got, key), value, f"{batch}x{seq} {key}")
         else:
             target = torch.randn(batch, seq, 32)
-            model.zero_grad(set_to_none=True)
-            eager_model.zero_grad(set_to_none=True)
-            expected = training_loss(name, eager_model, input_ids, target)
-            got = training_loss(name, compiled, input_ids, target)
-            close(got, expected, f"{batch}x{seq} loss")
-            expected.backward()
-            got.backward()
-            for (pname, p), pe in zip(model.named_parameters(), eager_model.parameters()):
-                if p.grad is not None or pe.grad is not None:
-                    close(p.grad, pe.grad, f"{batch}x{seq} grad of {pname}")
+            training_step_matches(name, model, eager_model, compiled, input_ids, target, f"{batch}x{seq}")
         after.append(counter.frame_count)
     first = after[0]
     assert not EXACT or first == GRAPHS[name, mode]
