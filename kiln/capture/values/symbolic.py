@@ -14,6 +14,7 @@ import torch
 
 from ...errors import Unsupported
 from .base import ConstantValue, Value
+from .containers import TupleValue
 
 _SYM_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool)
 _PLAIN_TYPE = {torch.SymInt: int, torch.SymFloat: float, torch.SymBool: bool}
@@ -197,62 +198,51 @@ def specialize(v: Value) -> Value:
     return v
 
 
-def _size_value_class():
-    from .containers import TupleValue
+class SizeValue(TupleValue):
+    """A ``torch.Size`` with symbolic entries (``x.shape`` of a dynamic tensor)."""
 
-    class SizeValue(TupleValue):
-        """A ``torch.Size`` with symbolic entries (``x.shape`` of a dynamic tensor)."""
+    def __init__(self, items, source=None, cls=None):
+        super().__init__(items, source, torch.Size)
 
-        def __init__(self, items, source=None, cls=None):
-            super().__init__(items, source, torch.Size)
+    def override(self, name):
+        return None
 
-        def override(self, name):
-            return None
+    def is_constant(self):
+        return all(i.is_constant() for i in self.items)
 
-        def is_constant(self):
-            return all(i.is_constant() for i in self.items)
+    def as_constant(self):
+        return torch.Size([i.as_constant() for i in self.items])
 
-        def as_constant(self):
-            return torch.Size([i.as_constant() for i in self.items])
+    def getitem(self, tx, index):
+        if isinstance(index, SymNodeValue):
+            index = index.specialize()
+        idx = index.as_constant()
+        if isinstance(idx, slice):
+            return SizeValue(self.items[idx])
+        try:
+            return self.items[operator.index(idx)]
+        except IndexError as e:
+            raise tx.user_exception(e)
 
-        def getitem(self, tx, index):
-            if isinstance(index, SymNodeValue):
-                index = index.specialize()
-            idx = index.as_constant()
-            if isinstance(idx, slice):
-                return SizeValue(self.items[idx])
-            try:
-                return self.items[operator.index(idx)]
-            except IndexError as e:
-                raise tx.user_exception(e)
+    def base_method(self, tx, name, args, kwargs):
+        if name == "numel" and not args and not kwargs:
+            out = ConstantValue(1)
+            for item in self.items:
+                out = tx.binary(operator.mul, out, item)
+            return out
+        return super().base_method(tx, name, args, kwargs)
 
-        def base_method(self, tx, name, args, kwargs):
-            if name == "numel" and not args and not kwargs:
-                out = ConstantValue(1)
-                for item in self.items:
-                    out = tx.binary(operator.mul, out, item)
-                return out
-            return super().base_method(tx, name, args, kwargs)
+    def getattr(self, tx, name):
+        if name == "numel":
+            from .functions import MethodValue
 
-        def getattr(self, tx, name):
-            if name == "numel":
-                from .functions import MethodValue
-
-                return MethodValue(self, name)
-            return super().getattr(tx, name)
-
-    return SizeValue
-
-
-SizeValue = None  # set below, once containers can be imported
+            return MethodValue(self, name)
+        return super().getattr(tx, name)
 
 
 def size_value(items: list[Value], keep_items: bool = False) -> Value:
     """A torch.Size of these items: a constant when none is symbolic (unless ``keep_items``:
     items read from an input keep their own sources and lazily installed guards)."""
-    global SizeValue
     if not keep_items and all(i.is_constant() for i in items):
         return ConstantValue(torch.Size([i.as_constant() for i in items]))
-    if SizeValue is None:
-        SizeValue = _size_value_class()
     return SizeValue(items)
