@@ -221,3 +221,114 @@ def global_module_hooks() -> tuple:
     return tuple(getattr(mm, n) for n in (
         "_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
         "_global_backward_pre_hooks") if hasattr(mm, n))
+
+
+# -- Inductor, as a kernel generator only ---------------------------------------------------------
+# kiln runs its own AOT stages and hands Inductor one ATen graph at a time: these are the pieces
+# of torch._inductor it uses. Imported lazily (importing Inductor takes seconds). Never the
+# dynamo-level ``compile_fx``.
+
+def inductor_config():
+    """``torch._inductor.config`` (``patch``, ``get_config_copy``, ``get_type``)."""
+    import torch._inductor.config as inductor_config_module
+
+    return inductor_config_module
+
+
+def inductor_compile_graph(gm: torch.fx.GraphModule, example_inputs: list, **kwargs) -> Any:
+    """Inductor's per-graph compiler (``compile_fx_inner``): one ATen FX graph returning a
+    tuple -> generated code, a callable taking one list of arguments (boxed, it empties the
+    list). kwargs: ``static_input_idxs``, ``is_inference``, ``is_backward``, ``graph_id``,
+    ``cudagraphs`` (a boxed bool), ``cpp_wrapper``."""
+    from torch._inductor.compile_fx import compile_fx_inner
+
+    return compile_fx_inner(gm, example_inputs, **kwargs)
+
+
+def inductor_wake_up_workers() -> None:
+    """Start Inductor's kernel-compiling worker processes now (GPU graphs compile their
+    Triton kernels in them), so that they are up by the time the first graph needs them."""
+    from torch._inductor.async_compile import AsyncCompile
+
+    AsyncCompile.wakeup()
+
+
+def inductor_boxed_bool(value: bool) -> Any:
+    from torch._inductor.utils import BoxedBool
+
+    return BoxedBool(value)
+
+
+def inductor_decompositions() -> dict:
+    """Inductor's decomposition table for the current Inductor config (it depends on
+    ``fallback_random``)."""
+    from torch._inductor.decomposition import select_decomp_table
+
+    return dict(select_decomp_table())
+
+
+def inductor_joint_graph_passes(gm: torch.fx.GraphModule, input_device=None) -> torch.fx.GraphModule:
+    """Inductor's passes over a joint (or inference) ATen graph before partitioning: pattern
+    rewrites (attention to SDPA, pointless views and conversions), constant folding."""
+    from torch._inductor.fx_passes.joint_graph import joint_graph_passes
+
+    if not inductor_config().use_joint_graph_passes:
+        return gm
+    return joint_graph_passes(gm, input_device)
+
+
+def inductor_view_to_reshape(gm: torch.fx.GraphModule) -> None:
+    """Every ``aten.view`` becomes ``aten.reshape`` (Inductor's own first step: its outputs may
+    have other strides than the trace said)."""
+    from torch._inductor.fx_passes.post_grad import view_to_reshape
+
+    view_to_reshape(gm)
+
+
+def inductor_mode_options(mode: str | None, dynamic: bool | None = None) -> dict:
+    """The Inductor config a torch.compile ``mode`` stands for."""
+    if not mode or mode == "default":
+        return {}
+    from torch._inductor import list_mode_options
+
+    return dict(list_mode_options(mode, dynamic))
+
+
+def static_fake_mode() -> FakeTensorMode:
+    """A fake mode for a graph with static shapes that still has a ShapeEnv (every size is an
+    int): Inductor's FX graph cache needs one to store and look up graphs."""
+    return FakeTensorMode(allow_non_fake_inputs=True, static_shapes=True,
+                          shape_env=ShapeEnv(allow_scalar_outputs=False, allow_dynamic_output_shape_ops=False))
+
+
+def backward_keeps_graph() -> bool:
+    """Inside a backward: whether autograd keeps the graph (``retain_graph=True``), so saved
+    tensors will be read again."""
+    return bool(torch._C._autograd._get_current_graph_task_keep_graph())
+
+
+class DonatedSavedTensors:
+    """What Inductor reads from ``TracingContext.fw_metadata`` when it compiles a backward: the
+    positions of saved tensors whose memory the backward may reuse (``bw_donated_idxs``)."""
+
+    def __init__(self, bw_donated_idxs: list[int]):
+        self.bw_donated_idxs = list(bw_donated_idxs)
+
+
+def inductor_compile_context(fake_mode: FakeTensorMode):
+    """What Inductor expects around a compile: a TracingContext over the fake mode of the
+    graph's example values (Inductor reads the ShapeEnv from it: guards it adds go there, and
+    its FX graph cache re-checks them), ``V.fake_mode`` and the python dispatcher. Yields the
+    TracingContext."""
+    import contextlib
+
+    from torch._guards import TracingContext, tracing
+    from torch._inductor.virtualized import V
+
+    @contextlib.contextmanager
+    def ctx():
+        tc = TracingContext(fake_mode)
+        # (the python dispatcher: decompositions keep sizes symbolic, as torch runs Inductor)
+        with tracing(tc), V.set_fake_mode(fake_mode), python_dispatcher():
+            yield tc
+    return ctx()

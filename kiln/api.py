@@ -25,9 +25,12 @@ from . import explain as _explain
 from . import logs
 from .backends.registry import lookup_backend
 from .capture.codegen import MISS
-from .capture.frame import Entry, capture, eager_entry
+from .capture.frame import ArgumentsDoNotBind, Entry, capture, eager_entry, eager_entry_for
 from .config import config
-from .errors import Unsupported
+from .errors import KilnError, Unsupported
+from .internal_errors import failed_before_effects, internal_error, is_users
+
+_FAILED = object()   # the generated code failed before any effect (see CompiledFunction._recover)
 
 _MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
@@ -75,12 +78,15 @@ def reset() -> None:
     clear_profiles()
     _canonical_functions.clear()
     _callee_objects.clear()
+    _stack_walkers.clear()
 
 
 class CompileKey:
     """What an entry was compiled for. Interned, so BACKEND_MATCH is an identity test."""
 
-    _interned: dict = {}
+    # weak: a key lives as long as an entry or a compiled function uses it (a backend object
+    # the user drops, with the graphs it may keep, is not kept here)
+    _interned: "weakref.WeakValueDictionary" = weakref.WeakValueDictionary()
 
     def __init__(self, backend, backend_name, fullgraph, mode, options, dynamic=None):
         self.backend = backend
@@ -120,7 +126,7 @@ class _CompiledFactory:
         self.dynamic = dynamic
 
     def __call__(self, fn: types.FunctionType) -> "CompiledFunction":
-        per_key = _compiled_functions.setdefault(fn, {})
+        per_key = _compiled_per_key(fn)
         cf = per_key.get(self.key)
         if cf is None:
             cf = per_key[self.key] = CompiledFunction(fn, self.key, self.dynamic)
@@ -130,6 +136,8 @@ class _CompiledFactory:
         if isinstance(obj, (CompiledFunction, CompiledMethod, CompiledModule)):
             return obj
         if isinstance(obj, types.FunctionType):
+            if walks_the_stack(obj.__code__):
+                return obj
             if obj.__closure__ is None and not obj.__defaults__ and not obj.__kwdefaults__:
                 # code + globals determine it: nested functions made anew on every call
                 # (3.11 comprehensions, lambdas) share one cache through a canonical object
@@ -143,16 +151,53 @@ class _CompiledFactory:
                 seen.add(obj)
             return self(obj)
         if isinstance(obj, types.MethodType) and isinstance(obj.__func__, types.FunctionType):
+            if walks_the_stack(obj.__func__.__code__):
+                return obj
             return CompiledMethod(self(obj.__func__), obj.__self__)
         if isinstance(obj, torch.nn.Module):
             # the module's own hooks were checked (NO_HOOKS) where the call was captured
             forward = type(obj).forward
-            if isinstance(forward, types.FunctionType):
+            if isinstance(forward, types.FunctionType) and not walks_the_stack(forward.__code__):
                 return CompiledMethod(self(forward), obj)
         return obj
 
 
-_compiled_functions: "weakref.WeakKeyDictionary[Callable, dict]" = weakref.WeakKeyDictionary()
+# Names that read the caller's frame: sys._getframe(1), inspect.stack(), warnings' stacklevel...
+_STACK_NAMES = frozenset({"_getframe", "_getframemodulename", "currentframe", "getouterframes",
+                          "extract_stack", "format_stack", "print_stack", "walk_stack", "f_back",
+                          "stacklevel"})
+_stack_walkers: dict = {}
+
+
+def walks_the_stack(code: types.CodeType) -> bool:
+    """Whether a function's code may look at its callers' frames. Such a callee of a graph
+    break runs as it is, not as its own compiled function: a compiled function is entered
+    through kiln's frames, so ``sys._getframe(1)`` would see those instead of the caller (the
+    module namedtuple() names, the line a warning with stacklevel=2 points at)."""
+    hit = _stack_walkers.get(code)
+    if hit is None:
+        names = set(code.co_names)
+        for c in code.co_consts:   # keyword names of calls (stacklevel=2) are constants
+            if type(c) is tuple and all(type(x) is str for x in c):
+                names.update(c)
+        hit = _stack_walkers[code] = bool(names & _STACK_NAMES) or {"inspect", "stack"} <= names
+    return hit
+
+
+_COMPILED_ATTR = "__kiln_compiled__"
+
+
+def _compiled_per_key(fn: types.FunctionType) -> dict:
+    """The CompiledFunctions of a continuation or callee ``fn``, per compile key. Kept in the
+    function's own ``__dict__``: a cycle the garbage collector frees with the function (a
+    global table weak in ``fn`` would still hold its values, and they hold ``fn``)."""
+    held = fn.__dict__.get(_COMPILED_ATTR)
+    if held is None or held[0] is not fn:   # (functools.wraps copies __dict__ to wrappers)
+        held = (fn, {})
+        fn.__dict__[_COMPILED_ATTR] = held
+    return held[1]
+
+
 _canonical_functions: dict = {}
 _callee_objects: dict = {}
 
@@ -187,8 +232,17 @@ class CompiledFunction:
         entries = self._cache.entries
         for entry in entries:
             if entry.key is key:
-                result = entry.fn(*args, **kwargs)
+                try:
+                    result = entry.fn(*args, **kwargs)
+                except Exception as e:
+                    # (free when nothing is raised) the generated code failed before any effect:
+                    # the call runs eagerly instead, out of this handler (see _recover)
+                    if not failed_before_effects(entry.fn.__code__, e):
+                        raise
+                    result, why = _FAILED, f"{type(e).__name__}: {e}"
                 if result is not MISS:
+                    if result is _FAILED:
+                        return self._recover(entry, why, args, kwargs)
                     if entry is not entries[0]:
                         self._cache.promote(entry)
                     return result
@@ -218,26 +272,85 @@ class CompiledFunction:
         if reason is not None and logs.enabled.recompiles:
             logs.log("recompiles", f"Recompiling {fn.__qualname__} "
                      f"({fn.__code__.co_filename}:{fn.__code__.co_firstlineno}): {reason}")
+        # Everything capture raises is kiln's (the frame then runs eagerly), except what the
+        # user's own code raised (their backend, a comptime callback), a ConstraintViolation
+        # (their mark_dynamic contradicted) and arguments that do not fit the signature.
         try:
             entry = capture(fn, args, kwargs, key=key, backend=key.backend, backend_name=key.backend_name,
                             compiled_factory=self._factory, dynamic=self.dynamic)
+        except ArgumentsDoNotBind:
+            return fn(*args, **kwargs)        # raises the user's TypeError, exactly as eager
         except RecursionError:
             e = Unsupported(f"capture of {fn.__qualname__} recursed too deeply")
             if key.fullgraph:
                 raise e
-            entry = eager_entry(fn, e, key, key.backend_name)
+            entry = self._eager_entry(e)
         except Unsupported as e:
             if key.fullgraph:
                 raise
-            if logs.enabled.graph_breaks:
-                logs.log("graph_breaks", f"{fn.__qualname__} runs eagerly: {e}")
-            entry = eager_entry(fn, e, key, key.backend_name)
+            entry = self._eager_entry(e)
+        except KilnError:
+            raise
+        except Exception as e:
+            if is_users(e):
+                raise
+            u = internal_error(e, f"compiling {fn.__qualname__}").located(
+                fn.__code__.co_filename, fn.__code__.co_firstlineno, None)
+            if key.fullgraph:
+                raise u from e
+            entry = self._eager_entry(u)
+        if entry is None:   # not even an eager entry could be built
+            return fn(*args, **kwargs)
         cache.entries.insert(0, entry)
         if _explain._recorder.stack:
             _explain.record_entry(cache, entry)
-        result = entry.fn(*args, **kwargs)
+        try:
+            result = entry.fn(*args, **kwargs)
+        except Exception as e:
+            if not failed_before_effects(entry.fn.__code__, e):
+                raise
+            result, why = _FAILED, f"{type(e).__name__}: {e}"
+        if result is _FAILED:
+            return self._recover(entry, why, args, kwargs)
         if result is MISS:  # the guards do not hold for the arguments they were built from
             return fn(*args, **kwargs)
+        return result
+
+    def _eager_entry(self, e: Unsupported) -> Entry | None:
+        """The entry that runs the frame eagerly (logged under graph_breaks)."""
+        fn = self._fn
+        if logs.enabled.graph_breaks:
+            logs.log("graph_breaks", f"{fn.__qualname__} runs eagerly: {e}")
+        try:
+            return eager_entry(fn, e, self._key, self._key.backend_name)
+        except Exception:
+            return None
+
+    def _recover(self, entry: Entry, why: str, args: tuple, kwargs: dict):
+        """``entry``'s generated code failed before any effect: run the call eagerly. If eager
+        raises, that was the user's error (raised as eager raises it; the entry stays). If it
+        succeeds, the failure was kiln's: from now on the entry's guards run the frame eagerly."""
+        fn = self._fn
+        result = fn(*args, **kwargs)
+        u = Unsupported(f"kiln internal error in the generated code of {fn.__qualname__} at run time "
+                        f"({why}); it runs eagerly from now on (please report this as a kiln bug)",
+                        fn.__code__.co_filename, fn.__code__.co_firstlineno)
+        u.internal = True
+        if logs.enabled.graph_breaks:
+            logs.log("graph_breaks", f"{fn.__qualname__} runs eagerly: {u}")
+        try:
+            eager = eager_entry_for(fn, entry.program, entry.guards, entry.key, entry.backend_name, u)
+        except Exception:
+            eager = None
+        entries = self._cache.entries
+        if entry in entries:
+            if eager is None:
+                entries.remove(entry)
+            else:
+                entries[entries.index(entry)] = eager
+                entry.replaced_by = eager
+                if _explain._recorder.stack:
+                    _explain.record_entry(self._cache, eager)
         return result
 
     def __get__(self, obj, objtype=None):
@@ -291,6 +404,55 @@ def _module_caller(cls: type) -> Callable:
         call_module.__module__ = cls.__module__   # (also names its dynamic-shape profile)
         fn = _module_callers[cls] = call_module
     return fn
+
+
+class EagerCallable:
+    """What ``kiln.compile`` returns for a callable that has no Python bytecode of its own to
+    capture (``len``, ``getattr``, ``torch.add``, a class, a C method): it calls the original
+    as it is. ``kiln.explain`` and ``KILN_LOGS=graph_breaks`` say why nothing is captured."""
+
+    def __init__(self, target: Callable):
+        self._target = target
+        self._logged = False
+        functools.update_wrapper(self, target, updated=())
+
+    @property
+    def reason(self) -> str:
+        t = self._target
+        if isinstance(t, type):
+            what = "a class"
+        elif isinstance(t, (types.BuiltinFunctionType, types.BuiltinMethodType)):
+            what = "a builtin function"
+        elif isinstance(t, (types.MethodWrapperType, types.WrapperDescriptorType,
+                            types.MethodDescriptorType, types.ClassMethodDescriptorType)):
+            what = "a method implemented in C"
+        else:
+            what = f"a {type(t).__name__} object whose __call__ is not Python code"
+        name = getattr(t, "__qualname__", None) or getattr(t, "__name__", None) or type(t).__name__
+        return f"{name} is {what}: there is no Python bytecode to capture, it runs as it is"
+
+    @property
+    def original(self) -> Callable:
+        return self._target
+
+    @property
+    def entries(self) -> list:
+        return []
+
+    @property
+    def recompile_reasons(self) -> list:
+        return []
+
+    def __call__(self, *args, **kwargs):
+        if _explain._recorder.stack:
+            _explain.record_uncompiled(self.reason)
+        if not self._logged and logs.enabled.graph_breaks:
+            self._logged = True
+            logs.log("graph_breaks", self.reason)
+        return self._target(*args, **kwargs)
+
+    def __repr__(self):
+        return f"<kiln.EagerCallable {self._target!r}>"
 
 
 class CompiledModule(torch.nn.Module):
@@ -381,7 +543,16 @@ def compile(fn=None, *, backend="eager", mode=None, fullgraph=False, dynamic=Non
         options: a dict of backend options (part of the compile key).
 
     Returns a ``CompiledFunction`` (or ``CompiledModule`` for an nn.Module) that returns what
-    eager would, and runs eagerly where it cannot compile.
+    eager would, and runs eagerly where it cannot compile. A callable with no Python bytecode
+    (a builtin such as ``len`` or ``torch.add``, a class, a C method) is accepted and runs as
+    it is (an ``EagerCallable``).
+
+    Errors: an error inside kiln while compiling (or in its generated code, before the call
+    has changed anything) never reaches the caller: the frame runs eagerly, with the reason
+    under ``KILN_LOGS=graph_breaks`` and in ``kiln.explain``; with ``fullgraph=True`` it
+    raises ``kiln.Unsupported`` chained to the original. An exception raised by a ``backend``
+    callable you pass (or by compilers given to ``kiln.backends.aot_backend``) is yours and
+    propagates unchanged, as does a backend's result that is not callable (TypeError).
     """
     if mode not in _MODES:
         raise ValueError(f"kiln.compile: unknown mode {mode!r}; use one of {_MODES}")
@@ -391,11 +562,11 @@ def compile(fn=None, *, backend="eager", mode=None, fullgraph=False, dynamic=Non
         raise TypeError(f"kiln.compile: options must be a dict, not {type(options).__name__}")
     if not isinstance(fullgraph, bool):
         raise TypeError(f"kiln.compile: fullgraph must be a bool, not {type(fullgraph).__name__}")
-    backend_fn, backend_name = lookup_backend(backend)
+    backend_fn, backend_name = lookup_backend(backend, mode=mode, options=options)
     key = CompileKey.get(backend_fn, backend_name, fullgraph, mode, options, dynamic)
 
     def wrap(target):
-        if isinstance(target, (CompiledFunction, CompiledMethod, CompiledModule)):
+        if isinstance(target, (CompiledFunction, CompiledMethod, CompiledModule, EagerCallable)):
             raise TypeError("kiln.compile: this object is already compiled by kiln; "
                             "compile the original (`.original`) instead")
         if isinstance(target, functools.partial):
@@ -406,11 +577,12 @@ def compile(fn=None, *, backend="eager", mode=None, fullgraph=False, dynamic=Non
             return CompiledMethod(CompiledFunction(target.__func__, key, dynamic), target.__self__)
         if isinstance(target, types.FunctionType):
             return CompiledFunction(target, key, dynamic)
-        if isinstance(target, (types.BuiltinFunctionType, types.BuiltinMethodType)):
-            raise TypeError(f"kiln.compile: {target!r} is a builtin; kiln compiles Python functions, "
-                            "methods and nn.Modules")
-        if callable(target) and isinstance(getattr(type(target), "__call__", None), types.FunctionType):
+        if not isinstance(target, type) and isinstance(getattr(type(target), "__call__", None),
+                                                       types.FunctionType):
             return CompiledMethod(CompiledFunction(type(target).__call__, key, dynamic), target)
+        if callable(target):
+            # a builtin, a class, a C function or method: no Python bytecode to capture
+            return EagerCallable(target)
         raise TypeError(f"kiln.compile expects a Python function, a bound method or an nn.Module, "
                         f"got {type(target).__name__} ({target!r:.60})")
 

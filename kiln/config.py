@@ -27,6 +27,8 @@ class Config:
     automatic_dynamic_shapes: bool = True
     # Python int inputs are always specialized (a new value recompiles), never symbolic.
     specialize_int: bool = False
+    # A backend compile (Inductor) that runs longer than 2 s says what it is doing on stderr.
+    progress: bool = True
 
     def patch(self, **changes: Any) -> contextlib.AbstractContextManager:
         """Temporarily change fields: ``with kiln.config.patch(recompile_limit=1): ...``."""

@@ -22,12 +22,13 @@ class BreakReason:
     filename: str | None
     lineno: int | None
     source_line: str | None
-    kind: str = "graph break"       # or "frame runs eagerly"
+    kind: str = "graph break"       # or "frame runs eagerly", "runs as it is"
 
     def __str__(self) -> str:
-        where = f"{self.filename}:{self.lineno}" if self.filename else "?"
+        if not self.filename:
+            return f"{self.kind}: {self.reason}"
         line = f"\n        {self.source_line.strip()}" if self.source_line else ""
-        return f"{self.kind}: {self.reason}\n      at {where}{line}"
+        return f"{self.kind}: {self.reason}\n      at {self.filename}:{self.lineno}{line}"
 
 
 @dataclasses.dataclass
@@ -70,6 +71,12 @@ def record_entry(cache, entry) -> None:
         rec.append((cache, entry))
 
 
+def record_uncompiled(reason: str) -> None:
+    """Called by ``kiln.compile`` of a callable without bytecode (``len``) when it runs."""
+    for rec in _recorder.stack:
+        rec.append((None, reason))
+
+
 def explain(fn: Callable) -> Callable[..., ExplainOutput]:
     """``kiln.explain(fn)(*args, **kwargs)`` runs the call once under kiln and returns an
     ``ExplainOutput`` (graphs, graph_count, graph_break_count, break_reasons, guards, out);
@@ -94,7 +101,17 @@ def explain(fn: Callable) -> Callable[..., ExplainOutput]:
         finally:
             _recorder.stack.remove(recorded)
         reasons, guards, seen = [], [], set()
+        replaced = [entry for cache, entry in recorded if getattr(entry, "replaced_by", None) is not None]
         for cache, entry in recorded:
+            if cache is None:       # a builtin, a class...: nothing to capture
+                if ("runs as it is", entry) not in seen:
+                    seen.add(("runs as it is", entry))
+                    reasons.append(BreakReason(entry, None, None, None, "runs as it is"))
+                continue
+            if entry.replaced_by is not None:   # its generated code failed: the eager entry counts
+                if entry in cache.entries:
+                    cache.entries.remove(entry)
+                continue
             guards += entry.guards
             exc = entry.graph_break or entry.eager_reason
             if exc is not None:
@@ -108,6 +125,8 @@ def explain(fn: Callable) -> Callable[..., ExplainOutput]:
                     reasons.append(reason)
             if entry in cache.entries:  # explain leaves no entries behind
                 cache.entries.remove(entry)
+        dropped = {id(e.graph_module) for e in replaced}
+        graphs[:] = [g for g in graphs if id(g) not in dropped]
         ops = [sum(1 for n in g.graph.nodes if n.op in ("call_function", "call_method", "call_module"))
                for g in graphs]
         return ExplainOutput(graphs, len(graphs), len(reasons), reasons, guards, ops, out)

@@ -1,5 +1,8 @@
 """Structured logs, switched on by ``KILN_LOGS=graph,guards,recompiles,...``.
 
+``perf``: per compiled graph, the seconds spent in capture, in the AOT stages (tracing and
+partitioning) and in the backend's compiler (Inductor), see ``log_compile_times``.
+
 Each topic is a module-level boolean so that a disabled topic costs one attribute test, and
 the message (often a whole graph) is only formatted when the topic is on::
 
@@ -13,7 +16,7 @@ import sys
 import types
 
 TOPICS = ("graph", "guards", "recompiles", "graph_breaks", "aot", "cache", "cudagraphs",
-          "package", "dynamic")
+          "package", "dynamic", "perf")
 
 enabled = types.SimpleNamespace(**{t: False for t in TOPICS})
 
@@ -41,6 +44,13 @@ def set_logs(spec: str | list[str] | None) -> None:
 def log(topic: str, message: str) -> None:
     """Print one message under ``topic`` (callers test ``enabled.<topic>`` first)."""
     print(f"[kiln:{topic}] {message}", file=sys.stderr, flush=True)
+
+
+def log_compile_times(name: str, seconds: dict) -> None:
+    """One ``perf`` line for a compiled graph: ``seconds`` maps a phase (``capture``,
+    ``aot``, ``inductor``...) to its duration, in the order the phases ran."""
+    parts = ", ".join(f"{phase} {secs:.3f} s" for phase, secs in seconds.items())
+    log("perf", f"{name}: {parts} (total {sum(seconds.values()):.3f} s)")
 
 
 set_logs(os.environ.get("KILN_LOGS", ""))

@@ -5,10 +5,18 @@
     # ... inspect or edit capture.graph ...
     compiled = stage2_compile(state, capture, fw_compiler=..., bw_compiler=..., partition_fn=...)
     # or: artifact = stage2_export(state, capture); artifact.to_bytes(); AOTArtifact.from_bytes(b).load()
-    state.close()
+
+No mode stays active between the stage calls: each stage enters what it traces under (the
+fake mode, the python dispatcher...) and exits it before returning, as JAX's
+``lowered.compile()`` chain does; ``with create_aot_state(...) as state:`` works too and only
+marks the state finished at its end (``state.close()``).
 
 Every stage result has ``as_text()``. ``kiln.backends.aot_backend`` and the ``"aot_eager"``
-backend run these stages for ``kiln.compile``.
+backend run these stages for ``kiln.compile``; a graph they fail on runs as captured
+(``dynamic.compile_graph``), and a call the compiled graphs do not fit runs ``state.fn``
+(``runtime.RunAsCaptured``). The compiled backward follows eager's autograd where it is
+observable: grad-mode changes inside the graph, ``.grad`` None for leaves backward() does not
+reach, views as eager made them, and version-counter checks (``versions.py``).
 
 Dynamic graphs (placeholders with symbolic example values, from a dynamic capture) are traced
 with their symbols: the graphs take the SymInts as inputs and serve every size, and the
@@ -19,6 +27,7 @@ from . import config
 from .compile import AOTCompiled, run_as_fx, stage2_compile
 from .dynamic import PerShapeCompiled, compile_graph
 from .export import AOTArtifact, stage2_export
+from .runtime import RunAsCaptured
 from .graph_capture import AOTGraphCapture, stage1_graph_capture
 from .partition import Partition, default_partition, min_cut_rematerialization_partition
 from .state import AOTState, InputInfo, OutputInfo, ViewAndMutationMeta, create_aot_state
@@ -29,5 +38,5 @@ __all__ = [
     "AOTState", "AOTGraphCapture", "AOTCompiled", "AOTArtifact", "Partition",
     "InputInfo", "OutputInfo", "ViewAndMutationMeta",
     "default_partition", "min_cut_rematerialization_partition", "run_as_fx", "config",
-    "compile_graph", "PerShapeCompiled", "SymbolicUnsupported",
+    "compile_graph", "PerShapeCompiled", "SymbolicUnsupported", "RunAsCaptured",
 ]

@@ -16,7 +16,10 @@ import torch.fx
 
 from ..errors import Unsupported
 from . import _utils as U
-from .runtime import apply_post_compile
+from . import function as F
+from . import partial as P
+from . import versions as V
+from .runtime import RunAsCaptured, apply_post_compile
 
 
 def run_as_fx(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
@@ -39,13 +42,6 @@ def run_as_fx(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
     return boxed
 
 
-def _caller(fn: Callable) -> Callable[[list], Any]:
-    """Call a compiled graph with a list of arguments, boxed (the list is consumed) or not."""
-    if getattr(fn, "_boxed_call", False):
-        return fn
-    return lambda args: fn(*args)
-
-
 @dataclass
 class CompiledParts:
     """The graphs and every piece of metadata needed to build the callable (what an exported
@@ -64,6 +60,17 @@ class CompiledParts:
     saved_input_bytes: int = 0
     partitioner: str = ""
     symbolic: bool = False                      # traced with symbolic shapes (a dynamic graph)
+    # per primal, the tangents (indices into tangent_positions) its gradient depends on: a
+    # backward call without those (backward() on another output) leaves the gradient None,
+    # as eager does; None: not computed (every gradient is returned as computed)
+    grad_dependencies: list[list[int]] | None = None
+    # version checks as eager's (see versions.py)
+    check_inputs: list[int] = field(default_factory=list)
+    check_outputs: list[int] = field(default_factory=list)
+    copy_saved: list[int] = field(default_factory=list)
+    watch: list = field(default_factory=list)
+    late_demand: list = field(default_factory=list)
+    saved_demand: list = field(default_factory=list)
 
 
 def _partitioner_name(partition_fn: Any) -> str:
@@ -78,7 +85,7 @@ def build_parts(state, capture, partition_fn: Any = None) -> CompiledParts:
     from .partition import partition_joint
 
     if state.closed:
-        raise RuntimeError("stage 2: the AOTState is closed; run the stages inside it")
+        raise RuntimeError("stage 2: the AOTState is closed; run the stages before closing it")
     if capture.state is not None and capture.state is not state:
         raise ValueError("stage 2: this capture comes from another AOTState")
     gm = capture.graph_module
@@ -105,86 +112,55 @@ def build_parts(state, capture, partition_fn: Any = None) -> CompiledParts:
         return CompiledParts(kind="inference", forward=fw, backward=None, **common)
     n = capture.num_primals
     ex = capture.example_inputs
+    deps = P.grad_dependencies(gm, capture.num_fw_outputs)
     p = partition_joint(gm, (ex[:n], ex[n:]), capture.num_fw_outputs, capture.num_tangents, partition_fn)
+    mutated = set(state.meta.mutated_data_indices) | set(state.meta.metadata_only_mutated_indices)
+    checks = V.version_checks(p.forward, p.backward, capture, mutated, len(state.meta.mutated_data_indices))
     return CompiledParts(kind="training", forward=p.forward, backward=p.backward, saved=p.saved,
                          saved_bytes=p.saved_bytes, saved_input_bytes=p.saved_input_bytes,
-                         partitioner=_partitioner_name(partition_fn), **common)
+                         partitioner=_partitioner_name(partition_fn), grad_dependencies=deps,
+                         **checks, **common)
 
 
 def _example_inputs(gm: torch.fx.GraphModule) -> list:
     return [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
 
 
-def _requires_grad_check(parts: CompiledParts) -> Callable[[tuple], None]:
-    allowed = list(parts.primal_requires_grad) if parts.grad_enabled else [False] * len(parts.primal_requires_grad)
-    why = "grad mode was off" if not parts.grad_enabled else "it did not require grad"
+def _grad_mode_check(parts: CompiledParts) -> Callable[[tuple], None]:
+    """The graphs were traced for one grad mode (the one the function was entered in) and one
+    ``requires_grad`` per input. A call that differs where it matters raises RunAsCaptured:
+    another grad mode when an input requires grad or the graph sets grad mode itself, or (grad
+    mode on) an input whose requires_grad differs: its gradient would be missing, or outputs
+    would require grad that eager's do not."""
+    entry = parts.grad_enabled
+    toggles = any(getattr(getattr(w, "meta", None), "grad_enabled_after", None) is not None
+                  for w in parts.wrappers)
+    traced_rg = list(parts.primal_requires_grad)
+    check_rg = entry or toggles
 
     def check(args):
-        if torch.is_grad_enabled():
-            for i, (a, ok) in enumerate(zip(args, allowed)):
-                if not ok and isinstance(a, torch.Tensor) and a.requires_grad:
-                    raise Unsupported(f"AOT autograd: input {i} requires grad but was compiled when {why}; "
-                                      "its gradient would be missing: recompile")
+        if torch.is_grad_enabled() is not entry:
+            if toggles or any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
+                raise RunAsCaptured(f"AOT autograd: compiled with grad mode {'on' if entry else 'off'}, "
+                                    "called with it the other way")
+        elif check_rg:
+            for i, (a, want) in enumerate(zip(args, traced_rg)):
+                if isinstance(a, torch.Tensor) and a.requires_grad is not want:
+                    raise RunAsCaptured(f"AOT autograd: input {i} {'requires' if a.requires_grad else 'does not require'} "
+                                        "grad, unlike at compile time")
     return check
 
 
-def _make_training_core(fw: Callable, bw: Callable, parts: CompiledParts) -> Callable:
-    fw, bw = _caller(fw), _caller(bw)
-    nfw = parts.num_fw_outputs
-    tangent_positions = list(parts.tangent_positions)
-    nondiff = [k for k, rg in enumerate(parts.fw_output_requires_grad) if not rg]
-    check = _requires_grad_check(parts)
-
-    class KilnAOTFunction(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, *primals):
-            outs = fw(list(primals))
-            saved = outs[nfw:]
-            tensors = [s for s in saved if isinstance(s, torch.Tensor)]
-            if len(tensors) == len(saved):
-                ctx.save_for_backward(*saved)
-                ctx.kiln_other = None
-            else:
-                ctx.save_for_backward(*tensors)
-                ctx.kiln_other = [(i, s) for i, s in enumerate(saved) if not isinstance(s, torch.Tensor)]
-            fw_outs = tuple(outs[:nfw])
-            if nondiff:
-                ctx.mark_non_differentiable(*[fw_outs[k] for k in nondiff if isinstance(fw_outs[k], torch.Tensor)])
-            return fw_outs
-
-        @staticmethod
-        def backward(ctx, *grad_outs):
-            if torch.is_grad_enabled():   # create_graph=True: the backward graph is not differentiable
-                raise Unsupported("AOT autograd: double backward (create_graph=True) through a kiln-compiled "
-                                  "graph is not supported; compile with backend='eager' for it")
-            args = list(ctx.saved_tensors)
-            ctx.maybe_clear_saved_tensors()     # the graph frees each after its last use
-            if ctx.kiln_other is not None:
-                for i, s in ctx.kiln_other:
-                    args.insert(i, s)
-            for k in tangent_positions:
-                g = grad_outs[k]
-                args.append(g if g.is_contiguous() else g.contiguous())
-            return tuple(bw(args))
-
-    KilnAOTFunction.__name__ = "KilnAOTFunction"
-    apply = KilnAOTFunction.apply
-
-    def training_core(*args):
-        check(args)
-        return apply(*args)
-    training_core.autograd_function = KilnAOTFunction
-    return training_core
-
-
 def _make_inference_core(fw: Callable, parts: CompiledParts) -> Callable:
-    check = _requires_grad_check(parts)
-    fw = _caller(fw)
+    check = _grad_mode_check(parts)
+    view_outs = F.view_outputs(fw, parts)
+    fw = F.caller(fw)
 
     def inference_core(*args):
         check(args)
         with torch.no_grad():
-            return fw(list(args))
+            outs = fw(list(args))
+            return F.detach_views(outs, view_outs) if view_outs else outs
     return inference_core
 
 
@@ -215,10 +191,12 @@ class AOTCompiled(PartsView):
     the memory the backward keeps alive per call, ``as_text()`` all of it readable.
     """
 
-    def __init__(self, fn: Callable, parts: CompiledParts, open_flag: list | None = None):
+    def __init__(self, fn: Callable, parts: CompiledParts, run_as_captured: Callable | None = None):
         self._fn = fn
         self.parts = parts
-        self._open = open_flag
+        # The function as it was given (the captured graph), for calls the compiled graphs do
+        # not fit (``RunAsCaptured``): it gives eager's answer. None for a loaded artifact.
+        self.run_as_captured = run_as_captured
         # Dynamic graphs: ``input_check`` (symbolic.InputCheck) tells whether the arguments fit
         # the traced shapes and the guards tracing added; when they do not, ``fallback(*args)``
         # runs instead (the aot_backend compiles for those concrete shapes), or, with none,
@@ -232,14 +210,16 @@ class AOTCompiled(PartsView):
             if self.fallback is not None:
                 return self.fallback(*args)
             raise Unsupported(f"AOT autograd (dynamic graph): {check.explain(args)}; recompile")
-        if self._open is not None and self._open[0]:
-            # still inside the AOTState (its fake mode is entered): run on real tensors anyway
-            from torch.utils._python_dispatch import _disable_current_modes
+        try:
+            return self._fn(*args)
+        except RunAsCaptured as e:      # raised before anything ran
+            if self.run_as_captured is None:
+                raise
+            from .. import logs
 
-            with _disable_current_modes():
-                return self._fn(*args)
-        return self._fn(*args)
-
+            if logs.enabled.aot:
+                logs.log("aot", f"running the graph as captured for this call: {e}")
+            return self.run_as_captured(*args)
 
     @property
     def saved_tensors(self) -> list[str]:
@@ -268,7 +248,7 @@ class AOTCompiled(PartsView):
 
 
 def assemble(parts: CompiledParts, fw_compiler: Callable | None = None, bw_compiler: Callable | None = None,
-             inference_compiler: Callable | None = None, open_flag: list | None = None) -> AOTCompiled:
+             inference_compiler: Callable | None = None, run_as_captured: Callable | None = None) -> AOTCompiled:
     """Compile the graphs of ``parts`` and build the callable (shared by stage2_compile and
     ``AOTArtifact.load``)."""
     fw_compiler = fw_compiler or run_as_fx
@@ -278,17 +258,20 @@ def assemble(parts: CompiledParts, fw_compiler: Callable | None = None, bw_compi
         core = _make_inference_core(fw, parts)
     else:
         fw = fw_compiler(parts.forward, _example_inputs(parts.forward))
-        bw = (bw_compiler or fw_compiler)(parts.backward, _example_inputs(parts.backward))
-        core = _make_training_core(fw, bw, parts)
-    return AOTCompiled(apply_post_compile(parts.wrappers, core), parts, open_flag)
+        bw_compiler = bw_compiler or fw_compiler
+        bw = bw_compiler(parts.backward, _example_inputs(parts.backward))
+        core = F.make_training_core(fw, bw, parts, lambda gm: bw_compiler(gm, _example_inputs(gm)),
+                                    _grad_mode_check(parts))
+    return AOTCompiled(apply_post_compile(parts.wrappers, core), parts, run_as_captured)
 
 
 def stage2_compile(state, capture, fw_compiler: Callable | None = None, bw_compiler: Callable | None = None,
                    partition_fn: Any = None, inference_compiler: Callable | None = None) -> AOTCompiled:
     """Partition, compile and wrap. ``bw_compiler`` defaults to ``fw_compiler``;
     ``partition_fn`` to ``kiln.aot.config.partition_fn``."""
-    parts = build_parts(state, capture, partition_fn)
-    compiled = assemble(parts, fw_compiler, bw_compiler, inference_compiler, open_flag=state._open)
+    with state.tracing():
+        parts = build_parts(state, capture, partition_fn)
+        compiled = assemble(parts, fw_compiler, bw_compiler, inference_compiler, run_as_captured=state.fn)
     if state.symbolic:
         # after the compilers, which may also have guarded on sizes
         from . import symbolic as S

@@ -13,6 +13,12 @@ It is used:
 * for a call whose arguments do not fit the symbolic trace (a guard tracing added fails).
 
 Either way a call is answered by graphs traced for shapes it fits, never by a wrong one.
+
+kiln's AOT stages failing on a graph that eager runs fine (an op tracing cannot handle, a
+tensor the backward needs changed in place, ...) is kiln's problem, not the user's: the graph
+then runs as captured (what the ``eager`` backend runs), with the reason logged under
+``KILN_LOGS=aot,graph_breaks``. Only ``fullgraph=True`` (``gm.meta["kiln_fullgraph"]``)
+turns the failure into ``kiln.Unsupported``.
 """
 from __future__ import annotations
 
@@ -38,10 +44,35 @@ def _run_stages(gm, example_inputs, *, dynamic, decompositions, fw_compiler, bw_
     from .compile import stage2_compile
     from .state import create_aot_state
 
-    with create_aot_state(gm, example_inputs, decompositions=decompositions, dynamic=dynamic) as state:
-        capture = stage1_graph_capture(state)
-        return stage2_compile(state, capture, fw_compiler=fw_compiler, bw_compiler=bw_compiler,
-                              partition_fn=partition_fn, inference_compiler=inference_compiler)
+    state = create_aot_state(gm, example_inputs, decompositions=decompositions, dynamic=dynamic)
+    capture = stage1_graph_capture(state)
+    return stage2_compile(state, capture, fw_compiler=fw_compiler, bw_compiler=bw_compiler,
+                          partition_fn=partition_fn, inference_compiler=inference_compiler)
+
+
+def as_captured(gm: torch.fx.GraphModule, error: BaseException) -> Callable:
+    """The fallback for a graph kiln's AOT stages failed on: the graph as captured (raises
+    kiln.Unsupported instead under fullgraph=True)."""
+    from .. import logs
+    from ..internal_errors import is_users
+
+    if is_users(error):
+        raise error     # the user's own compiler (passed to aot_backend) raised: theirs
+    reason = f"{type(error).__name__}: {error}"
+    if gm.meta.get("kiln_fullgraph"):
+        if isinstance(error, Unsupported):
+            raise error
+        raise Unsupported(f"AOT autograd failed on the graph: {reason}") from error
+    for topic in ("aot", "graph_breaks"):
+        if getattr(logs.enabled, topic):
+            logs.log(topic, f"AOT autograd failed on graph {type(gm).__name__}; it runs as captured: {reason}")
+    gm.meta["kiln_aot_fallback"] = reason
+    forward = gm.forward
+
+    def graph_as_captured(*args):      # (a function: backends may set attributes on it)
+        return forward(*args)
+    graph_as_captured.graph_module = gm
+    return graph_as_captured
 
 
 def _arg_key(a: Any) -> Any:
@@ -69,8 +100,10 @@ def shape_key(args: tuple) -> tuple:
 class PerShapeCompiled:
     """The graph compiled with static shapes for each distinct ``shape_key`` of its calls."""
 
-    def __init__(self, compile_static: Callable[[list], Callable], reason: str = ""):
+    def __init__(self, compile_static: Callable[[list], Callable], reason: str = "",
+                 on_failure: Callable[[BaseException], Callable] | None = None):
         self._compile = compile_static
+        self._on_failure = on_failure
         self.reason = reason
         self.cache: OrderedDict = OrderedDict()
         self.compiles = 0
@@ -79,7 +112,12 @@ class PerShapeCompiled:
         key = shape_key(args)
         fn = self.cache.get(key)
         if fn is None:
-            fn = self._compile(list(args))
+            try:
+                fn = self._compile(list(args))
+            except Exception as e:
+                if self._on_failure is None:
+                    raise
+                fn = self._on_failure(e)
             self.compiles += 1
             self.cache[key] = fn
             if len(self.cache) > PER_SHAPE_CACHE_SIZE:
@@ -96,24 +134,35 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list, *, decompositi
                   fw_compiler: Callable | None = None, bw_compiler: Callable | None = None,
                   partition_fn: Any = None, inference_compiler: Callable | None = None) -> Callable:
     """The ``aot_backend``'s work for one graph: an ``AOTCompiled`` (symbolic for a dynamic
-    graph, with a per-shape fallback), or a ``PerShapeCompiled``."""
-    kw = dict(decompositions=decompositions, fw_compiler=fw_compiler, bw_compiler=bw_compiler,
-              partition_fn=partition_fn, inference_compiler=inference_compiler)
+    graph, with a per-shape fallback), or a ``PerShapeCompiled``; the graph as captured when
+    the stages fail on it (see the module's docstring)."""
+    try:
+        return _compile_graph(gm, example_inputs, decompositions=decompositions, fw_compiler=fw_compiler,
+                              bw_compiler=bw_compiler, partition_fn=partition_fn,
+                              inference_compiler=inference_compiler)
+    except Exception as e:
+        return as_captured(gm, e)
+
+
+def _compile_graph(gm, example_inputs, **kw) -> Callable:
     if symbolic_inputs(gm, example_inputs) is None:
         return _run_stages(gm, example_inputs, dynamic=False, **kw)
 
     def compile_static(args: list) -> Callable:
         return _run_stages(gm, args, dynamic=False, **kw)
 
+    def on_failure(e: BaseException) -> Callable:
+        return as_captured(gm, e)
+
     try:
         compiled = _run_stages(gm, example_inputs, dynamic=True, **kw)
     except SymbolicUnsupported as e:
         log.info("kiln AOT: compiling per shape: %s", e)
-        return PerShapeCompiled(compile_static, str(e))
+        return PerShapeCompiled(compile_static, str(e), on_failure)
     except Unsupported:
         raise               # refused for a reason static shapes share (data-dependent op...)
     except Exception as e:  # a failure only the symbolic trace meets (an op without symbolic support)
         log.info("kiln AOT: symbolic trace failed (%s: %s); compiling per shape", type(e).__name__, e)
-        return PerShapeCompiled(compile_static, f"{type(e).__name__}: {e}")
-    compiled.fallback = PerShapeCompiled(compile_static, "arguments outside the symbolic trace")
+        return PerShapeCompiled(compile_static, f"{type(e).__name__}: {e}", on_failure)
+    compiled.fallback = PerShapeCompiled(compile_static, "arguments outside the symbolic trace", on_failure)
     return compiled

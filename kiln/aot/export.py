@@ -221,6 +221,9 @@ class AOTArtifact(PartsView):
             "fw_output_requires_grad": list(p.fw_output_requires_grad),
             "primal_requires_grad": list(p.primal_requires_grad),
             "grad_enabled": p.grad_enabled,
+            "grad_dependencies": p.grad_dependencies,
+            "check_inputs": p.check_inputs, "check_outputs": p.check_outputs, "copy_saved": p.copy_saved,
+            "watch": p.watch, "late_demand": p.late_demand, "saved_demand": p.saved_demand,
             "wrappers": [wrapper_to_dict(w) for w in p.wrappers],
             "saved": list(p.saved), "saved_bytes": p.saved_bytes, "saved_input_bytes": p.saved_input_bytes,
             "partitioner": p.partitioner,
@@ -264,7 +267,10 @@ class AOTArtifact(PartsView):
             primal_requires_grad=meta["primal_requires_grad"], grad_enabled=meta["grad_enabled"],
             wrappers=[wrapper_from_dict(w) for w in meta["wrappers"]], saved=meta["saved"],
             saved_bytes=meta["saved_bytes"], saved_input_bytes=meta["saved_input_bytes"],
-            partitioner=meta.get("partitioner", ""))
+            partitioner=meta.get("partitioner", ""), grad_dependencies=meta.get("grad_dependencies"),
+            check_inputs=meta.get("check_inputs", []), check_outputs=meta.get("check_outputs", []),
+            copy_saved=meta.get("copy_saved", []), watch=meta.get("watch", []),
+            late_demand=meta.get("late_demand", []), saved_demand=meta.get("saved_demand", []))
         return cls(parts)
 
     def save(self, path: str) -> None:
@@ -298,7 +304,8 @@ def stage2_export(state, capture, partition_fn: Any = None) -> AOTArtifact:
     if state.symbolic:
         raise Unsupported("export: dynamic graphs (symbolic shapes) cannot be exported yet; export a "
                           "graph captured with static shapes")
-    parts = build_parts(state, capture, partition_fn)
+    with state.tracing():
+        parts = build_parts(state, capture, partition_fn)
     for gm in (parts.forward, parts.backward):
         if gm is not None:
             graph_to_data(gm)   # fail here, not at to_bytes(), on what cannot be serialized

@@ -45,6 +45,11 @@ class AOTGraphCapture:
     primal_requires_grad: list[bool] = field(default_factory=list)
     example_inputs: list = field(default_factory=list)   # fake primals (+ tangents)
     state: Any = None
+    # (joint) the primals and forward outputs whose memory eager's autograd saves for the
+    # backward: eager checks their version counters at backward time (``saved_by_eager`` in
+    # the metadata)
+    eager_saved_inputs: list[int] = field(default_factory=list)
+    eager_saved_outputs: list[int] = field(default_factory=list)
 
     @property
     def graph(self) -> torch.fx.Graph:
@@ -105,12 +110,18 @@ def _mark_forward_nodes() -> None:
 def stage1_graph_capture(state: AOTState) -> AOTGraphCapture:
     if state.closed:
         raise RuntimeError("stage1_graph_capture: the AOTState is closed")
+    with state.tracing():
+        return _capture(state)
+
+
+def _capture(state: AOTState) -> AOTGraphCapture:
     meta = state.meta
     fn = state.flat_fn
     primals = list(state.flat_args)
     n = len(primals)
     nfw = meta.num_fw_outputs
     prior_grad = torch.is_grad_enabled()
+    entry_grad = state.grad_enabled
 
     if not state.needs_autograd:
         def inference(*p):
@@ -140,7 +151,9 @@ def stage1_graph_capture(state: AOTState) -> AOTGraphCapture:
                 fp = [U.to_fun(x) for x in p]
                 ft = [U.to_fun(x) for x in t]
                 try:
-                    torch._C._set_grad_enabled(True)
+                    # the function runs in its own entry mode: a graph that starts under no_grad
+                    # and turns grad mode on records autograd only from there
+                    torch._C._set_grad_enabled(entry_grad)
                     outs = fn(*fp)
                     _mark_forward_nodes()
                     d_outs, d_tangents = [], []
@@ -185,6 +198,10 @@ def stage1_graph_capture(state: AOTState) -> AOTGraphCapture:
             p.meta["kiln_phase"] = "backward"
     U.remove_aliases(gm)
     U.dce(gm)
+    saved_inputs, saved_outputs = [], []
+    if kind == "joint":
+        saved_inputs, saved_outputs = meta.eager_saved_inputs(), meta.eager_saved_fw_outputs()
+        mark_user_visible(gm, n, nfw, meta, saved_inputs, saved_outputs)
     gm.graph.lint()
     gm.recompile()
     return AOTGraphCapture(
@@ -192,7 +209,26 @@ def stage1_graph_capture(state: AOTState) -> AOTGraphCapture:
         tangent_positions=tangent_positions,
         fw_output_requires_grad=meta.fw_output_requires_grad(),
         primal_requires_grad=[bool(isinstance(p, torch.Tensor) and p.requires_grad) for p in primals],
-        example_inputs=example, state=state)
+        example_inputs=example, state=state, eager_saved_inputs=saved_inputs,
+        eager_saved_outputs=saved_outputs)
+
+
+def mark_user_visible(gm: torch.fx.GraphModule, n: int, nfw: int, meta, saved_inputs, saved_outputs) -> None:
+    """Mark the joint's primals and forward outputs the user sees (``kiln_user_visible``) and
+    whether eager saves their memory (``kiln_eager_saved``): a partitioner that saves one eager
+    does not would make backward() fail after the user changes it in place (the min-cut
+    partitioner never does; stage 2 copies such a value when a partitioner does)."""
+    mutated = set(meta.mutated_data_indices) | set(meta.metadata_only_mutated_indices)
+    phs = [p for p in gm.graph.nodes if p.op == "placeholder"][:n]
+    for i, p in enumerate(phs):
+        if i not in mutated:
+            p.meta["kiln_user_visible"] = True
+            p.meta["kiln_eager_saved"] = i in saved_inputs
+    n_mut = len(meta.mutated_data_indices)
+    for k, o in enumerate(U.flat_outputs(gm.graph)[:nfw]):
+        if k >= n_mut and isinstance(o, torch.fx.Node):
+            o.meta["kiln_user_visible"] = True
+            o.meta["kiln_eager_saved"] = o.meta.get("kiln_eager_saved", False) or k in saved_outputs
 
 
 def _trace(state: AOTState, f, args) -> torch.fx.GraphModule:
@@ -218,7 +254,7 @@ def _tangent_for(state: AOTState, k: int) -> torch.Tensor:
         p = state.flat_args[mutated[k]]
         shape, dtype, device = meta.inputs[mutated[k]].new_size, p.dtype, p.device
     else:
-        o = meta.outputs[meta.graph_output_indices[k - len(mutated)]]
+        o = meta.fw_output_info(k)
         shape, dtype, device = o.size, U.dtype_from_str(o.dtype), torch.device(o.device)
     with state.fake_mode:
         return torch.empty(tuple(shape), dtype=dtype, device=device)

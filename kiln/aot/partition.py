@@ -17,7 +17,10 @@ which values cross: that is the memory the backward keeps alive.
   Random ops and expensive ops (matmul, convolution...) are never recomputed.
 
 Placeholders carry ``meta['kiln_tangent']`` (tangents) and ``kiln_static``/``kiln_mutated``;
-nodes carry ``meta['kiln_phase']`` (``forward``/``backward``, from tracing).
+nodes carry ``meta['kiln_phase']`` (``forward``/``backward``, from tracing). Primals and
+forward outputs the user sees carry ``kiln_user_visible`` and ``kiln_eager_saved``: the
+min-cut partitioner avoids saving one eager does not save (the user may change it in place
+before backward(), which eager allows); stage 2 copies such a value if a partitioner does.
 
 Dynamic graphs: a symbolic size the backward needs (a SymInt input, ``sym_size``, arithmetic
 on them) crosses as a Python int among the saved values, never as a tensor; byte counts use
@@ -278,6 +281,8 @@ def min_cut_rematerialization_partition(joint_module: torch.fx.GraphModule, join
             w = math.inf                                    # save its getitems instead
         elif U.is_view(n) and _only_tensor_arg(n):
             w = math.inf                                    # save the base: same storage
+        elif n.meta.get("kiln_user_visible") and not n.meta.get("kiln_eager_saved"):
+            w = 1e15                # the user may change it before backward (stage 2 copies it if cut)
         elif n.op == "placeholder" and n.meta.get("kiln_mutated"):
             w = 1e15                                        # copied into after the forward
         elif n.op == "placeholder" and n.meta.get("kiln_static"):

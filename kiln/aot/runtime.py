@@ -22,6 +22,13 @@ from ..errors import Unsupported
 from . import _utils as U
 
 
+class RunAsCaptured(Unsupported):
+    """Raised by a runtime wrapper, before anything ran, for a call the compiled graphs do not
+    fit (an input aliasing or view kind they were not traced for, another grad mode...).
+    ``AOTCompiled`` then runs the function as it was given (the captured graph), which gives
+    eager's result; without one (a loaded artifact) the user sees this ``kiln.Unsupported``."""
+
+
 class RuntimeWrapper:
     kind: str = ""
 
@@ -129,8 +136,8 @@ class SpecializeNonTensorInputs(RuntimeWrapper):
             for i, v in items:
                 a = args[i]
                 if type(a) is not type(v) or a != v:
-                    raise Unsupported(f"AOT autograd: non-tensor input {i} was {v!r} at compile time, "
-                                      f"now {a!r}; recompile")
+                    raise RunAsCaptured(f"AOT autograd: non-tensor input {i} was {v!r} at compile time, "
+                                        f"now {a!r}; recompile")
             return compiled(*[args[i] for i in keep])
         return check_constants
 
@@ -179,8 +186,8 @@ class DedupInputs(RuntimeWrapper):
         def dedup(*args):
             for i, f in dups:
                 if args[i] is not args[f]:
-                    raise Unsupported(f"AOT autograd: inputs {f} and {i} were the same tensor at compile "
-                                      "time and are not now; recompile")
+                    raise RunAsCaptured(f"AOT autograd: inputs {f} and {i} were the same tensor at compile "
+                                        "time and are not now; recompile")
             return compiled(*[args[i] for i in keep])
         return dedup
 
@@ -297,6 +304,11 @@ class SyntheticBases(RuntimeWrapper):
 
         def base_of(args, grp):
             ts = [args[m] for m in grp["members"]]
+            if any(t._is_view() and _creation_meta_name(t) != "DEFAULT" for t in ts):
+                # eager refuses to use such a view once its base changed in place
+                # (unbind/split outputs, views taken under no_grad): its checks run as captured
+                raise RunAsCaptured(f"AOT autograd: inputs {grp['members']} share memory, one is written "
+                                    "to, and one is a view autograd restricts")
             if grp["strategy"] == "common_base":
                 b0 = ts[0]._base if ts[0]._base is not None else ts[0]
                 if not all((t._base if t._base is not None else t) is b0 for t in ts):
@@ -316,8 +328,8 @@ class SyntheticBases(RuntimeWrapper):
                         b0 = None
                         break
             if b0 is None:
-                raise Unsupported(f"AOT autograd: inputs {grp['members']} were views of one base at compile "
-                                  "time and are not the same views now; recompile")
+                raise RunAsCaptured(f"AOT autograd: inputs {grp['members']} were views of one base at compile "
+                                    "time and are not the same views now; recompile")
             return b0
 
         def with_bases(*args):
@@ -367,7 +379,7 @@ class MutationsAndAliases(RuntimeWrapper):
         meta = self.meta
         items: list = []    # (key, expressions, ndim or None for a scalar)
         for k, o in enumerate(meta.outputs):
-            if o.kind in ("alias_of_input", "alias_of_output"):
+            if o.kind in ("alias_of_input", "alias_of_output", "alias_of_intermediate"):
                 items.append((("out", k), [*o.size, *o.stride, o.rel_offset], len(o.size)))
             elif o.kind == "symbolic":
                 items.append((("out", k), [o.value], None))
@@ -394,6 +406,7 @@ class MutationsAndAliases(RuntimeWrapper):
         mutated = meta.mutated_data_indices
         graph_outs = meta.graph_output_indices
         clone_first = [i for i in mutated if meta.inputs[i].requires_grad]
+        base_of = [b.base for b in meta.intermediate_bases]
 
         def functional_outputs(*a):
             a = list(a)
@@ -404,7 +417,7 @@ class MutationsAndAliases(RuntimeWrapper):
             outs, _ = pytree.tree_flatten(out)
             for t in a:
                 U.sync(t)
-            res = [a[i] for i in mutated] + [outs[k] for k in graph_outs]
+            res = [a[i] for i in mutated] + [outs[k] for k in graph_outs] + [outs[k]._base for k in base_of]
             for t in res:
                 U.sync(t)
             return res
@@ -418,7 +431,16 @@ class MutationsAndAliases(RuntimeWrapper):
         n_mut = len(mutated)
         outputs = meta.outputs
         spec = meta.out_spec
-        simple_outputs = all(o.kind == "graph" for o in outputs)
+        simple_outputs = all(o.kind == "graph" and o.creation_meta in (None, "DEFAULT") for o in outputs)
+        n_graph = n_mut + len(meta.graph_output_indices)
+        grad_after = meta.grad_enabled_after
+        # A mutated input that is a view eager forbids writing to (taken under no_grad, one of
+        # several outputs of unbind/split...): eager raises at the write, after the ops before
+        # it ran; the graph as captured does exactly that.
+        check_views = [i for i in mutated + meta_only if infos[i].requires_grad or infos[i].mutation_needs_grad]
+        # mutated inputs whose memory eager saves: backward() checks their version after the
+        # copy-back (versions.py)
+        late_checks = [(j, i) for j, i in enumerate(mutated) if infos[i].saved_by_eager]
         # Mutated inputs that are not parameters/buffers must not share memory with another
         # input: the graph was traced with them independent (a frontend guard should prevent
         # it; this check turns a silent wrong answer into an error).
@@ -430,6 +452,11 @@ class MutationsAndAliases(RuntimeWrapper):
             simple_outputs = False
 
         def epilogue(*args):
+            for i in check_views:
+                a = args[i]
+                if a._is_view() and _creation_meta_name(a) != "DEFAULT":
+                    raise RunAsCaptured(f"AOT autograd: input {i} is a view made under no_grad or by a "
+                                        "multi-output op, and the graph writes to it")
             # symbolic sizes are bound from the arguments as they are on entry
             geo = runtime_shapes(args) if runtime_shapes is not None else {}
             if do_check:
@@ -440,20 +467,24 @@ class MutationsAndAliases(RuntimeWrapper):
                         ptrs.setdefault(a.untyped_storage().data_ptr(), []).append(i)
                 for i in check_alias:
                     if len(ptrs.get(args[i].untyped_storage().data_ptr(), ())) > 1:
-                        raise Unsupported(f"AOT autograd: input {i} is mutated and shares memory with another "
-                                          "input, which it did not at compile time; recompile")
+                        raise RunAsCaptured(f"AOT autograd: input {i} is mutated and shares memory with another "
+                                            "input, which it did not at compile time; recompile")
             outs = compiled(*args)
             for j, i in enumerate(mutated):
                 inp, new, info = args[i], outs[j], infos[i]
                 if info.mutates_metadata:
                     _restride(inp, info, geo.get(("in", i)))
-                if info.mutation_needs_grad:
+                # recorded by autograd when eager's write was (whatever mode the call is in now)
+                with torch.set_grad_enabled(info.mutation_needs_grad):
                     inp.copy_(new)
-                else:
-                    with torch.no_grad():
-                        inp.copy_(new)
             for i in meta_only:
                 _restride(args[i], infos[i], geo.get(("in", i)))
+            if late_checks:
+                from .versions import attach_late_checks
+
+                attach_late_checks(outs, [(j, args[i]) for j, i in late_checks])
+            if grad_after is not None:
+                torch._C._set_grad_enabled(grad_after)
             if simple_outputs:
                 return pytree.tree_unflatten(list(outs[n_mut:]), spec)
             res: list = [None] * len(outputs)
@@ -461,8 +492,10 @@ class MutationsAndAliases(RuntimeWrapper):
             for k, o in enumerate(outputs):
                 kind = o.kind
                 if kind == "graph":
-                    res[k] = outs[g]
+                    res[k] = _with_creation_meta(outs[g], o.creation_meta)
                     g += 1
+                elif kind == "alias_of_intermediate":
+                    res[k] = _regenerate_view(outs[n_graph + o.base], o, geo.get(("out", k)))
                 elif kind == "is_input":
                     res[k] = args[o.base]
                 elif kind == "alias_of_input":
@@ -489,6 +522,8 @@ class MutationsAndAliases(RuntimeWrapper):
         al = [k for k, o in enumerate(m.outputs) if o.kind != "graph"]
         if al:
             parts.append(f"regenerate outputs {al}")
+        if m.grad_enabled_after is not None:
+            parts.append(f"grad mode {'on' if m.grad_enabled_after else 'off'} after")
         return "mutations_and_aliases(" + ("; ".join(parts) or "none") + ")"
 
     def to_dict(self):
@@ -500,23 +535,60 @@ class MutationsAndAliases(RuntimeWrapper):
         m = self.meta
         return {"inputs": [_plain(dataclasses.asdict(i)) for i in m.inputs],
                 "outputs": [_plain(dataclasses.asdict(o)) for o in m.outputs],
+                "intermediate_bases": [_plain(dataclasses.asdict(o)) for o in m.intermediate_bases],
+                "grad_enabled_after": m.grad_enabled_after,
                 "out_spec": pytree.treespec_dumps(m.out_spec)}
 
     @classmethod
     def from_dict(cls, d):
         from .state import InputInfo, OutputInfo, ViewAndMutationMeta
 
-        ins = [InputInfo(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in i.items()}) for i in d["inputs"]]
-        outs = [OutputInfo(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in o.items()}) for o in d["outputs"]]
-        return cls(ViewAndMutationMeta(ins, outs, pytree.treespec_loads(d["out_spec"])))
+        def info(kind, x):
+            return kind(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in x.items()})
+        return cls(ViewAndMutationMeta([info(InputInfo, i) for i in d["inputs"]],
+                                       [info(OutputInfo, o) for o in d["outputs"]],
+                                       pytree.treespec_loads(d["out_spec"]),
+                                       [info(OutputInfo, o) for o in d.get("intermediate_bases", [])],
+                                       d.get("grad_enabled_after")))
 
 
 def _regenerate_view(base: torch.Tensor, o, geometry: tuple | None = None) -> torch.Tensor:
-    """``geometry``: (size, stride, rel_offset) evaluated for this call (dynamic graphs)."""
+    """Take output ``o`` again as a view of ``base``, as eager made it: differentiable unless
+    eager's was not, under no_grad when eager's was (autograd then refuses in-place writes
+    with grad mode on, as for eager's), flagged as one of several outputs (unbind, split...)
+    when eager's was. ``geometry``: (size, stride, rel_offset) evaluated for this call
+    (dynamic graphs)."""
     size, stride, off = geometry if geometry is not None else (o.size, o.stride, o.rel_offset)
-    if not o.requires_grad and base.requires_grad:
+    cm = o.creation_meta
+    if not o.requires_grad and (base.requires_grad or cm is None):
         base = base.detach()
-    return base.as_strided(size, stride, base.storage_offset() + off)
+        if cm is None and off == 0 and tuple(base.shape) == tuple(size) and base.stride() == tuple(stride):
+            return base             # ``x.detach()``: an alias that is not a view, as eager's
+    want = cm != "NO_GRAD_MODE"
+    prior = torch.is_grad_enabled()
+    if prior != want:
+        torch._C._set_grad_enabled(want)
+    try:
+        view = base.as_strided(size, stride, base.storage_offset() + off)
+    finally:
+        if prior != want:
+            torch._C._set_grad_enabled(prior)
+    return _with_creation_meta(view, cm)
+
+
+def _with_creation_meta(t: torch.Tensor, cm: str | None) -> torch.Tensor:
+    """Flag the view ``t`` as made by a multi-output op (or in a custom Function...) when
+    eager's was: autograd then refuses the in-place writes eager refuses."""
+    if cm is not None and cm not in ("DEFAULT", "NO_GRAD_MODE") and t._is_view():
+        torch._C._autograd._set_creation_meta(t, getattr(torch._C._autograd.CreationMeta, cm))
+    return t
+
+
+def _creation_meta_name(t: torch.Tensor) -> str:
+    try:
+        return torch._C._autograd._get_creation_meta(t).name
+    except RuntimeError:       # a view without autograd view metadata
+        return "DEFAULT"
 
 
 def _restride(t: torch.Tensor, info, geometry: tuple | None = None) -> None:

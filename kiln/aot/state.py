@@ -1,22 +1,23 @@
-"""Stage 0: ``create_aot_state``: fake inputs, the context managers every stage runs under,
-the pre-capture wrappers, and the forward metadata (what is mutated, what aliases what, what
-requires grad).
+"""Stage 0: ``create_aot_state``: fake inputs, the contexts every stage traces under, the
+pre-capture wrappers, and the forward metadata (what is mutated, what aliases what, what
+requires grad, the grad mode the function leaves behind).
 
-The ExitStack of an ``AOTState`` holds the fake mode, the python dispatcher, single-threaded
-autograd (the joint is traced through ``torch.autograd.grad``) and deferred saved-tensor hooks.
-It stays open across the stages and closes exactly once: ``state.close()``, or leave the
-``with`` block (a state must be closed: its fake mode stays entered until then; close states in
-the reverse order of their creation, as with any context manager)::
+No mode stays active between stage calls: each stage enters what it needs (the fake mode, the
+python dispatcher, single-threaded autograd for tracing the joint through
+``torch.autograd.grad``, deferred saved-tensor hooks, the grad mode the state was created in:
+``state.tracing()``) and exits it before it returns, like JAX's ``lowered.compile()`` chain. A
+state can be used as a plain value or as a context manager; ``close()`` (or leaving the
+``with`` block) only marks it finished, after which the stages refuse it::
 
-    with kiln.aot.create_aot_state(fn, example_inputs) as state:
-        capture = kiln.aot.stage1_graph_capture(state)
-        compiled = kiln.aot.stage2_compile(state, capture)
+    state = kiln.aot.create_aot_state(fn, example_inputs)
+    capture = kiln.aot.stage1_graph_capture(state)
+    compiled = kiln.aot.stage2_compile(state, capture)
     compiled(*inputs)
 """
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import torch
@@ -29,6 +30,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from ..errors import Unsupported
 from . import _utils as U
 from . import symbolic as S
+from . import versions as V
 
 
 @dataclass
@@ -46,6 +48,9 @@ class InputInfo:
     new_stride: tuple = ()
     new_offset: int = 0            # relative to the storage offset on entry
     source: str | None = None
+    # eager's autograd saves this memory for the backward of the live outputs: backward()
+    # after the user changes it in place raises "modified by an inplace operation"
+    saved_by_eager: bool = False
 
     @property
     def mutated(self) -> bool:
@@ -67,6 +72,10 @@ class OutputInfo:
       ``alias_of_input``  a view of input ``base``: regenerated from it at runtime
       ``alias_of_output`` a view of output ``base``: regenerated from it at runtime
       ``same_as_output``  the same tensor as output ``base``
+      ``alias_of_intermediate`` a view of an intermediate the function does not return: the
+                          graph returns that intermediate (``meta.intermediate_bases[base]``)
+                          and the view is regenerated from it at runtime, outside the
+                          autograd.Function, so it is an ordinary view as in eager
       ``constant``        a non-tensor value (``value``), fixed at trace time
       ``symbolic``        an int/bool computed from the input sizes (``value`` is its SymInt or
                           SymBool; evaluated from the runtime arguments, dynamic graphs only)
@@ -81,6 +90,10 @@ class OutputInfo:
     dtype: str | None = None
     device: str | None = None
     value: Any = None
+    # for a view: how eager made it (torch's CreationMeta name: DEFAULT, NO_GRAD_MODE,
+    # MULTI_OUTPUT_NODE...), which decides what autograd allows on it (in-place ops)
+    creation_meta: str | None = None
+    saved_by_eager: bool = False   # (graph outputs, intermediate bases) see InputInfo
 
 
 @dataclass
@@ -88,6 +101,13 @@ class ViewAndMutationMeta:
     inputs: list[InputInfo]
     outputs: list[OutputInfo]
     out_spec: Any                  # pytree TreeSpec of the function's output
+    # intermediates the graph also returns, as the bases of ``alias_of_intermediate`` outputs
+    # (kind ``intermediate_base``: size, stride, dtype, device, requires_grad; ``base`` is
+    # the first output that is a view of it)
+    intermediate_bases: list[OutputInfo] = field(default_factory=list)
+    # the grad mode the function leaves behind when it differs from the mode it was traced in
+    # (it calls torch._C._set_grad_enabled: a graph broken inside ``with torch.no_grad()``)
+    grad_enabled_after: bool | None = None
 
     @property
     def mutated_data_indices(self) -> list[int]:
@@ -103,18 +123,42 @@ class ViewAndMutationMeta:
 
     @property
     def num_fw_outputs(self) -> int:
-        """Outputs of the traced forward: new values of data-mutated inputs, then graph outputs."""
-        return len(self.mutated_data_indices) + len(self.graph_output_indices)
+        """Outputs of the traced forward: new values of data-mutated inputs, then graph outputs,
+        then intermediate bases."""
+        return len(self.mutated_data_indices) + len(self.graph_output_indices) + len(self.intermediate_bases)
+
+    def fw_output_info(self, k: int) -> OutputInfo | None:
+        """The OutputInfo of forward output ``k`` (None for a mutated input's new value)."""
+        n_mut = len(self.mutated_data_indices)
+        graph = self.graph_output_indices
+        if k < n_mut:
+            return None
+        if k < n_mut + len(graph):
+            return self.outputs[graph[k - n_mut]]
+        return self.intermediate_bases[k - n_mut - len(graph)]
+
+    def eager_saved_inputs(self) -> list[int]:
+        """Inputs whose memory eager's autograd keeps for the backward (not those the function
+        mutates: their copy-back is kiln's, and the saved value is the graph's)."""
+        return [i.index for i in self.inputs if i.saved_by_eager and not i.mutated]
+
+    def eager_saved_fw_outputs(self) -> list[int]:
+        """Forward outputs (graph outputs, intermediate bases) whose memory eager keeps."""
+        n_mut = len(self.mutated_data_indices)
+        infos = [self.outputs[k] for k in self.graph_output_indices] + list(self.intermediate_bases)
+        return [n_mut + j for j, o in enumerate(infos) if o.saved_by_eager]
 
     def fw_output_differentiable(self) -> list[bool]:
         mask = [self.inputs[i].mutation_needs_grad for i in self.mutated_data_indices]
         mask += [self.outputs[k].differentiable for k in self.graph_output_indices]
+        mask += [b.differentiable for b in self.intermediate_bases]
         return mask
 
     def fw_output_requires_grad(self) -> list[bool]:
         mask = [self.inputs[i].new_requires_grad and not self.inputs[i].mutations_hidden_from_autograd
                 for i in self.mutated_data_indices]
         mask += [self.outputs[k].requires_grad for k in self.graph_output_indices]
+        mask += [b.requires_grad for b in self.intermediate_bases]
         return mask
 
     def as_text(self) -> str:
@@ -137,20 +181,25 @@ class ViewAndMutationMeta:
             if o.kind == "constant":
                 what = f"constant {o.value!r}"
             rg = ", requires_grad" if o.requires_grad else ""
-            lines.append(f"  [{k}]: {what}{rg}")
+            cm = f", {o.creation_meta.lower().replace('_', ' ')} view" \
+                if o.creation_meta not in (None, "DEFAULT") else ""
+            lines.append(f"  [{k}]: {what}{rg}{cm}")
+        if self.intermediate_bases:
+            lines.append(f"intermediate bases returned by the graph: {len(self.intermediate_bases)}")
+        if self.grad_enabled_after is not None:
+            lines.append(f"leaves grad mode {'on' if self.grad_enabled_after else 'off'}")
         return "\n".join(lines)
 
 
 class AOTState:
-    """Everything the stages share. A context manager; ``close()`` exits its ExitStack once."""
+    """Everything the stages share. Usable as a context manager; ``close()`` marks it finished
+    (no mode is held between stages: ``tracing()`` is entered by each stage)."""
 
-    def __init__(self, *, fn, example_inputs, fake_mode, stack, static_input_indices,
-                 decompositions, sources):
+    def __init__(self, *, fn, example_inputs, fake_mode, static_input_indices, decompositions, sources):
         self.fn = fn
         self.example_inputs = list(example_inputs)
         self.fake_mode: FakeTensorMode = fake_mode
         self.shape_env = fake_mode.shape_env   # None: static shapes
-        self.stack: contextlib.ExitStack = stack
         self.static_input_indices: list[int] = list(static_input_indices)
         self.decompositions = decompositions
         self.sources = sources
@@ -158,23 +207,41 @@ class AOTState:
         self.flat_fn: Callable | None = None
         self.flat_args: list = []         # fake inputs of flat_fn (after the wrappers)
         self.meta: ViewAndMutationMeta | None = None
+        # the grad mode the function is entered in (kiln calls its backends in the mode at the
+        # start of the graph); every stage traces in it
         self.grad_enabled = torch.is_grad_enabled()
         self.needs_autograd = False
         self.static_mask: list[bool] = []
         self.closed = False
-        self._open = [True]   # shared with the callables stage 2 builds
         # dynamic graphs: traced with symbolic fakes (the function's inputs, before the
         # wrappers), and the ShapeEnv's guard count before tracing added any
         self.symbolic = False
         self.input_fakes: list = []
         self.guard_mark = 0
 
+    @contextlib.contextmanager
+    def tracing(self):
+        """The contexts a stage traces under, entered for the stage's duration only."""
+        from torch._dispatch.python import enable_python_dispatcher
+
+        if self.closed:
+            raise RuntimeError("kiln.aot: the AOTState is closed; run the stages before closing it")
+        fm = self.fake_mode
+        with contextlib.ExitStack() as stack:
+            if self.symbolic and not fm.allow_non_fake_inputs:
+                # the capture's mode: constants the graph holds (get_attr) are real tensors
+                fm.allow_non_fake_inputs = True
+                stack.callback(setattr, fm, "allow_non_fake_inputs", False)
+            stack.enter_context(torch.autograd.set_grad_enabled(self.grad_enabled))
+            stack.enter_context(torch.autograd.set_multithreading_enabled(False))
+            stack.enter_context(U.saved_tensor_hooks_deferred())
+            stack.enter_context(fm)
+            stack.enter_context(enable_python_dispatcher())
+            yield
+
     # context manager -------------------------------------------------------------------------
     def close(self) -> None:
-        if not self.closed:
-            self.closed = True
-            self._open[0] = False
-            self.stack.close()
+        self.closed = True
 
     def __enter__(self) -> "AOTState":
         return self
@@ -222,8 +289,13 @@ def collect_metadata(flat_fn: Callable, fake_args: list, *, static: Sequence[boo
     with U.preserve_rng_state(), U.exclude_functionalize_key(), \
             FunctionalTensorMode(_allow_token_discovery=True):
         f_args = [U.to_fun(a) for a in fake_args]
+        # an in-place op autograd records gives the input a new grad_fn; one through a detached
+        # alias (``x.detach().copy_(...)``) or under no_grad does not
+        grad_fn_before = [a.grad_fn if isinstance(a, torch.Tensor) else None for a in f_args]
         try:
-            out = flat_fn(*f_args)
+            with V.recording_saves() as saved_storages:
+                out = flat_fn(*f_args)
+            grad_after = torch.is_grad_enabled()
         except U_DATA_DEPENDENT as e:
             raise Unsupported(f"AOT autograd: data-dependent operation ({type(e).__name__}: {e})") from e
         finally:
@@ -251,7 +323,8 @@ def collect_metadata(flat_fn: Callable, fake_args: list, *, static: Sequence[boo
             hidden = False
             if mutates_data:
                 hidden = bool(torch._functionalize_are_all_mutations_hidden_from_autograd(elem)) or \
-                    bool(torch._functionalize_are_all_mutations_under_no_grad_or_inference_mode(elem))
+                    bool(torch._functionalize_are_all_mutations_under_no_grad_or_inference_mode(elem)) or \
+                    (a.requires_grad and fa.grad_fn is grad_fn_before[i])
             inputs.append(InputInfo(
                 index=i, requires_grad=a.requires_grad, is_leaf=a.is_leaf, is_static=bool(static[i]),
                 mutates_data=mutates_data, mutates_metadata=mutates_metadata,
@@ -296,21 +369,25 @@ def collect_metadata(flat_fn: Callable, fake_args: list, *, static: Sequence[boo
                 continue
             seen[id(o)] = k
             st = StorageWeakRef(o.untyped_storage())
+            cm = _creation_meta(o)
             if id(o) in inp_ids:
                 outputs.append(OutputInfo("is_input", base=inp_ids[id(o)], requires_grad=rg, dtype=dtype))
             elif st in inp_storage:
                 b = inp_storage[st]
+                if rg and o._base is None:
+                    raise Unsupported(_SEPARATE_HISTORY.format(k=k, what=f"input {b}"))
                 outputs.append(OutputInfo(
                     "alias_of_input", base=b, requires_grad=rg, differentiable=diff,
                     size=tuple(o.shape), stride=tuple(o.stride()),
-                    rel_offset=o.storage_offset() - fake_args[b].storage_offset(), dtype=dtype))
+                    rel_offset=o.storage_offset() - fake_args[b].storage_offset(), dtype=dtype,
+                    creation_meta=cm))
                 if o.dtype != fake_args[b].dtype:
                     raise Unsupported(f"AOT autograd: output {k} is a view of input {b} with another dtype "
                                       "(view(dtype)); not supported")
             else:
                 outputs.append(OutputInfo("graph", requires_grad=rg, differentiable=diff,
                                           size=tuple(o.shape), stride=tuple(o.stride()), dtype=dtype,
-                                          device=str(o.device)))
+                                          device=str(o.device), creation_meta=cm))
         # Outputs that share memory with another output that is not a view (``y, y.view(-1)``,
         # ``y, y.detach()``): regenerated from that output at runtime, so they alias it as in
         # eager whatever the compiler does, and the graph never returns one tensor twice.
@@ -323,8 +400,13 @@ def collect_metadata(flat_fn: Callable, fake_args: list, *, static: Sequence[boo
                 continue
             roots = [k for k in ks if outs[k]._base is None]
             if not roots:
-                continue        # views of an intermediate that is not returned: left as they are
+                continue        # views of an intermediate that is not returned (see below)
             grad_roots = [k for k in roots if outs[k].requires_grad]
+            if len(grad_roots) > 1:
+                raise Unsupported(_SEPARATE_HISTORY.format(k=grad_roots[1], what=f"output {grad_roots[0]}"))
+            returned = {id(outs[k]) for k in ks}
+            if not grad_roots and any(outs[k]._base is not None and id(outs[k]._base) not in returned for k in ks):
+                continue        # ``y.detach(), y.diagonal()`` of an intermediate ``y``: both re-taken from y
             j = (grad_roots or roots)[0]
             for k in ks:
                 o = outs[k]
@@ -333,11 +415,81 @@ def collect_metadata(flat_fn: Callable, fake_args: list, *, static: Sequence[boo
                 outputs[k] = OutputInfo("alias_of_output", base=j, requires_grad=outputs[k].requires_grad,
                                         size=tuple(o.shape), stride=tuple(o.stride()),
                                         rel_offset=o.storage_offset() - outs[j].storage_offset(),
-                                        dtype=outputs[k].dtype)
+                                        dtype=outputs[k].dtype, creation_meta=outputs[k].creation_meta)
+        intermediate_bases = _views_of_intermediates(outs, outputs)
+        saved = saved_storages()
+        for a, info in zip(f_args, inputs):
+            info.saved_by_eager = isinstance(a, torch.Tensor) and StorageWeakRef(a.untyped_storage()) in saved
+        for o, info in zip(outs, outputs):
+            if info.kind == "graph":
+                info.saved_by_eager = StorageWeakRef(o.untyped_storage()) in saved
+        for b in intermediate_bases:
+            b.saved_by_eager = StorageWeakRef(outs[b.base].untyped_storage()) in saved
         fm = U.fake_mode_of(fake_args)
         if fm is not None:
             fm.epoch += 1   # nothing traced here may be memoized into the real trace
-    return ViewAndMutationMeta(inputs, outputs, spec)
+    return ViewAndMutationMeta(inputs, outputs, spec, intermediate_bases,
+                               grad_after if grad_after != prior_grad else None)
+
+
+# ``t = x.detach(); t.copy_(w)``: ``t`` shares x's memory but has an autograd history of its
+# own; the runtime can re-take views of a tensor, not give its memory another history.
+_SEPARATE_HISTORY = ("AOT autograd: output {k} shares the memory of {what} without being a view of it, "
+                     "and has an autograd history of its own (an in-place write through .detach())")
+
+
+def _creation_meta(t: torch.Tensor) -> str | None:
+    """How autograd made the view ``t`` (None when ``t`` is not a view)."""
+    if not t._is_view():
+        return None
+    try:
+        return torch._C._autograd._get_creation_meta(t).name
+    except (RuntimeError, AttributeError):   # no autograd view metadata
+        return None
+
+
+def _views_of_intermediates(outs: list, outputs: list[OutputInfo]) -> list[OutputInfo]:
+    """Outputs that are views of an intermediate the function does not return become
+    ``alias_of_intermediate`` (in place in ``outputs``); returns the intermediates' infos.
+
+    Returned from inside the compiled autograd.Function, such a view would be a view created
+    in a custom Function (autograd refuses in-place ops on it, where eager allows them) or
+    would lose its no_grad / multi-output flags. The graph returns the base instead and the
+    runtime takes the view again, the way eager made it."""
+    bases: list[OutputInfo] = []
+    index: dict[int, int] = {}
+    keep = []                        # the base tensors: their ids stay valid
+    graph = [k for k, info in enumerate(outputs) if info.kind == "graph"]
+    views = [k for k in graph if outs[k]._base is not None and isinstance(outs[k]._base, FunctionalTensor)
+             and outs[k]._base.dtype == outs[k].dtype]       # (as_strided keeps the dtype)
+    base_in = {StorageWeakRef(outs[k]._base.untyped_storage()): outs[k]._base for k in views}
+
+    def base_of(o):
+        if o._base is not None:
+            return o._base
+        b = base_in.get(StorageWeakRef(o.untyped_storage()))
+        return b if b is not None and b is not o and b.dtype == o.dtype else None
+    # outputs in that memory that are not views (``base.detach()``) are taken from it too
+    others = [k for k in graph if outs[k]._base is None and base_of(outs[k]) is not None]
+    for k in others:
+        if outs[k].requires_grad:
+            raise Unsupported(_SEPARATE_HISTORY.format(k=k, what="an intermediate"))
+    for k in views + others:
+        o, info = outs[k], outputs[k]
+        base = base_of(o)
+        b = index.get(id(base))
+        if b is None:
+            b = index[id(base)] = len(bases)
+            keep.append(base)
+            brg = bool(base.requires_grad)
+            bases.append(OutputInfo("intermediate_base", base=k, requires_grad=brg, differentiable=brg,
+                                    size=tuple(base.shape), stride=tuple(base.stride()),
+                                    dtype=str(base.dtype).replace("torch.", ""), device=str(base.device)))
+        outputs[k] = OutputInfo("alias_of_intermediate", base=b, requires_grad=info.requires_grad,
+                                size=info.size, stride=info.stride,
+                                rel_offset=o.storage_offset() - base.storage_offset(), dtype=info.dtype,
+                                creation_meta=info.creation_meta)
+    return bases
 
 
 U_DATA_DEPENDENT: tuple = ()
@@ -394,6 +546,12 @@ def create_aot_state(fn: Callable, example_inputs: Sequence[Any], *,
                               "kiln's AOT autograd takes plain tensors")
         if isinstance(t, torch.Tensor) and (t.is_sparse or t.layout != torch.strided):
             raise Unsupported(f"AOT autograd: input {i} has layout {t.layout}; only strided tensors")
+    if isinstance(fn, torch.fx.GraphModule):
+        from .overlap import overlapping_write
+
+        why = overlapping_write(fn)
+        if why is not None:
+            raise Unsupported(f"AOT autograd: {why}; eager raises there, and a functional graph would not")
     g_static, sources = _static_indices_from_graph(fn, len(example_inputs))
     if static_input_indices is None:
         static_input_indices = g_static
@@ -410,27 +568,16 @@ def create_aot_state(fn: Callable, example_inputs: Sequence[Any], *,
     else:
         fake_mode = U.fake_mode_of(example_inputs) or U.new_fake_mode()
         traced_inputs = list(example_inputs)
-    stack = contextlib.ExitStack()
-    try:
-        from torch._dispatch.python import enable_python_dispatcher
-
-        if sym_vals is not None and not fake_mode.allow_non_fake_inputs:
-            # the capture's mode: constants the graph holds (get_attr) are real tensors
-            fake_mode.allow_non_fake_inputs = True
-            stack.callback(setattr, fake_mode, "allow_non_fake_inputs", False)
-        stack.enter_context(torch.autograd.set_multithreading_enabled(False))
-        stack.enter_context(U.saved_tensor_hooks_deferred())
-        stack.enter_context(fake_mode)
-        stack.enter_context(enable_python_dispatcher())
-        state = AOTState(fn=fn, example_inputs=example_inputs, fake_mode=fake_mode, stack=stack,
-                         static_input_indices=static_input_indices,
-                         decompositions=U.default_decompositions() if decompositions is None else dict(decompositions),
-                         sources=sources)
+    state = AOTState(fn=fn, example_inputs=example_inputs, fake_mode=fake_mode,
+                     static_input_indices=static_input_indices,
+                     decompositions=U.default_decompositions() if decompositions is None else dict(decompositions),
+                     sources=sources)
+    state.symbolic = sym_vals is not None
+    if state.symbolic:
+        state.input_fakes = list(traced_inputs)
+        state.guard_mark = len(fake_mode.shape_env.guards)
+    with state.tracing():
         static = [i in set(static_input_indices) for i in range(len(example_inputs))]
-        state.symbolic = sym_vals is not None
-        if state.symbolic:
-            state.input_fakes = list(traced_inputs)
-            state.guard_mark = len(fake_mode.shape_env.guards)
 
         # Pre-capture steps: each wrapper rewrites (flat_fn, args) and remembers how to undo it
         # around the compiled function. Dynamic graphs go through them with their fakes.
@@ -463,9 +610,7 @@ def create_aot_state(fn: Callable, example_inputs: Sequence[Any], *,
         state.meta = meta
         state.static_mask = static
         any_grad_input = any(isinstance(a, torch.Tensor) and a.requires_grad for a in fake_args)
-        state.needs_autograd = bool(state.grad_enabled and any_grad_input and (
-            any(meta.fw_output_requires_grad())))
-        return state
-    except BaseException:
-        stack.close()
-        raise
+        # The graph's own grad-mode changes are part of the metadata: an input may need a
+        # gradient through a region where the graph turns grad mode on.
+        state.needs_autograd = bool(any_grad_input and any(meta.fw_output_requires_grad()))
+    return state

@@ -28,6 +28,12 @@ def aot_backend(fw_compiler: Callable | None = None, bw_compiler: Callable | Non
     shapes (``kiln.aot.dynamic``).
     """
     from ..aot.dynamic import compile_graph
+    from ..internal_errors import is_kiln_backend, user_callable
+
+    # A compiler the user passes is the user's code: its exceptions propagate (not a fallback)
+    def users(c):
+        return c if c is None or is_kiln_backend(c) else user_callable(c)
+    fw_compiler, bw_compiler, inference_compiler = users(fw_compiler), users(bw_compiler), users(inference_compiler)
 
     def kiln_aot_backend(gm: torch.fx.GraphModule, example_inputs: list):
         return compile_graph(gm, list(example_inputs), decompositions=decompositions, fw_compiler=fw_compiler,
@@ -35,8 +41,8 @@ def aot_backend(fw_compiler: Callable | None = None, bw_compiler: Callable | Non
                              inference_compiler=inference_compiler)
 
     kiln_aot_backend.__name__ = "aot_backend"
-    kiln_aot_backend.fw_compiler = fw_compiler
-    kiln_aot_backend.bw_compiler = bw_compiler
+    kiln_aot_backend.fw_compiler = getattr(fw_compiler, "__wrapped__", fw_compiler)
+    kiln_aot_backend.bw_compiler = getattr(bw_compiler, "__wrapped__", bw_compiler)
     kiln_aot_backend.partition_fn = partition_fn
     return kiln_aot_backend
 

@@ -19,19 +19,32 @@ def register_backend(name: str, fn: Callable | None = None):
     return deco(fn) if fn is not None else deco
 
 
-def lookup_backend(backend: str | Callable) -> tuple[Callable, str]:
-    """(backend callable, display name) for a name or a callable."""
+def lookup_backend(backend: str | Callable, mode: str | None = None,
+                   options: dict | None = None) -> tuple[Callable, str]:
+    """(backend callable, display name) for a name or a callable.
+
+    A backend with a ``configure(mode, options)`` method (``"inductor"``) returns from it the
+    backend for that mode and those options, validating them; other backends get them only
+    through the compile key."""
     if isinstance(backend, str):
         _load_builtins()
         fn = _BACKENDS.get(backend)
         if fn is None:
             raise ValueError(f"unknown kiln backend {backend!r}; available: {', '.join(list_backends())}. "
                              "A backend can also be any callable (gm, example_inputs) -> callable.")
-        return fn, backend
+        return _configured(fn, mode, options), backend
     if callable(backend):
-        return backend, getattr(backend, "__name__", None) or type(backend).__name__
+        name = getattr(backend, "__name__", None) or type(backend).__name__
+        return _configured(backend, mode, options), name
     raise TypeError(f"backend must be a backend name or a callable (gm, example_inputs) -> callable, "
                     f"not {type(backend).__name__}")
+
+
+def _configured(fn: Callable, mode: str | None, options: dict | None) -> Callable:
+    configure = getattr(fn, "configure", None)
+    if callable(configure) and (mode not in (None, "default") or options):
+        return configure(mode=mode, options=options)
+    return fn
 
 
 def list_backends() -> list[str]:
@@ -42,3 +55,4 @@ def list_backends() -> list[str]:
 def _load_builtins() -> None:
     from . import eager  # noqa: F401  (registers itself)
     from . import aot  # noqa: F401  (registers "aot_eager")
+    from . import inductor  # noqa: F401  (registers "inductor"; Inductor itself loads on first use)

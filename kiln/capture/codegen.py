@@ -7,21 +7,29 @@ for a function with the user's own signature (so Python does argument binding)::
         try:
             if not (___gs.check() and type(scale) is ___t1 and scale == 2):
                 return ___MISS
-            ___t0 = x; ___t1 = y
-            if not ___tg.check(___t0, ___t1):
+            ___in0 = x; ___in1 = y
+            if not ___tg.check(___in0, ___in1):
                 return ___MISS
         except Exception:
             return ___MISS
-        ___out = ___graph(___t0, ___t1)
+        ___out = ___graph(___in0, ___in1)
         return (___out[0], 2)
 
-A guard that raises (a missing key, a changed structure) counts as failed. Tensor reads are
-shared between the tensor check and the graph call. The same guards also generate a plain
-``check`` (for ``kiln.explain`` and tests) and per-guard evaluators for failure reasons.
+(shown with the user's parameter names: the source itself spells them ``___p0``... so that
+no parameter can shadow a name the generated code uses; see ``alias_parameters``). A guard
+that raises counts as failed. Tensor reads are shared between the tensor check and the graph
+call. ``compile_function`` turns the source into a function that looks like the user's own
+to whatever it calls: the user's globals, names and line numbers, kiln's values bound in a
+closure. The same guards also generate a plain ``check`` (for ``kiln.explain`` and tests)
+and per-guard evaluators for failure reasons.
 """
 from __future__ import annotations
 
+import builtins
+import dis
+import importlib
 import math
+import re
 import types
 from typing import Any
 
@@ -33,11 +41,17 @@ MISS = type("KilnMiss", (), {"__repr__": lambda self: "<kiln MISS>", "__slots__"
 
 
 def alias_parameters(code: types.CodeType, ctx: RenderContext) -> None:
-    """Give parameters whose names are not identifiers (".0", "@py_assert1") the aliases the
-    generated code uses for them, before anything is rendered."""
-    for i, n in enumerate(code.co_varnames):
-        if not n.isidentifier():
-            ctx.local_alias.setdefault(n, f"___p{i}")
+    """Give every parameter the alias the generated code uses for it (``___p0``...), before
+    anything is rendered. The generated source never spells a user's parameter name, so a
+    parameter called ``type`` or ``len`` cannot shadow a builtin the guards call, and names
+    that are not identifiers (".0", "@py_assert1") need nothing special; ``compile_function``
+    gives the parameters their own names back in the code object."""
+    from .bytecode_utils import CO_VARARGS, CO_VARKEYWORDS
+
+    n = code.co_argcount + code.co_kwonlyargcount
+    n += bool(code.co_flags & CO_VARARGS) + bool(code.co_flags & CO_VARKEYWORDS)
+    for i, name in enumerate(code.co_varnames[:n]):
+        ctx.local_alias.setdefault(name, f"___p{i}")
 
 
 class EntryCodegen:
@@ -130,9 +144,9 @@ def signature_text(code: types.CodeType, defaults: tuple | None, kwdefaults: dic
         i += 1
     elif nkwonly:
         params.append("*")
-    for p in names[nargs:nargs + nkwonly]:
-        params.append(f"{p}={ctx.bind(kwdefaults[p], 'd')}" if p in kwdefaults else p)
-        fwd.append(f"{p}={p}")
+    for user, p in zip(code.co_varnames[nargs:nargs + nkwonly], names[nargs:nargs + nkwonly]):
+        params.append(f"{p}={ctx.bind(kwdefaults[user], 'd')}" if user in kwdefaults else p)
+        fwd.append(f"{user}={p}")
     if code.co_flags & CO_VARKEYWORDS:
         kw = names[i]
         params.append(f"**{kw}")
@@ -144,8 +158,9 @@ class GuardProgram:
     """The guards of an entry, compiled: check code, and failure explanation."""
 
     def __init__(self, guards: list[Guard], tensor_sources: list[Source], tensor_guards,
-                 global_state, ctx: RenderContext, params: str, shape=None):
+                 global_state, ctx: RenderContext, params: str, shape=None, fwd: str = ""):
         self.guards = guards
+        self.fwd = fwd       # the call arguments that forward the parameters (``x, *a, k=k``)
         self.shape = shape   # shape_guards.ShapeGuards of a dynamic capture, else None
         self.tensor_sources = tensor_sources
         self.tensor_guards = tensor_guards
@@ -190,9 +205,10 @@ class GuardProgram:
         lines.append(f"{indent}    return ___MISS")
         return lines
 
-    def make_check(self, name: str):
+    def make_check(self, name: str, like: types.CodeType | None = None, f_globals: dict | None = None):
         body = [f"def {name}({self.params}):", *self.prelude(), "    return True"]
-        fn = compile_function("\n".join(body), name, self.ctx.namespace)
+        fn = compile_function("\n".join(body), name, self.ctx.namespace, aliases=self.ctx.local_alias,
+                              like=like, f_globals=f_globals)
 
         def check(*args, **kwargs):
             return fn(*args, **kwargs) is True
@@ -215,8 +231,7 @@ class GuardProgram:
         if self.tensor_exprs:
             tensors = []
             for e in self.tensor_exprs:
-                fn = compile_function(f"def ___eval({self.params}):\n    return {e}", "___eval",
-                                      self.ctx.namespace)
+                fn = self._helper(f"def ___eval({self.params}):\n    return {e}")
                 try:
                     tensors.append(fn(*args, **kwargs))
                 except Exception as ex:
@@ -239,7 +254,7 @@ class GuardProgram:
         body = "\n".join([f"def ___eval({self.params}):", *reads, *binds,
                           f"    return [{', '.join(self.shape_conds)}], [{', '.join(names)}]"])
         try:
-            ok, values = compile_function(body, "___eval", self.ctx.namespace)(*args, **kwargs)
+            ok, values = self._helper(body)(*args, **kwargs)
         except Exception as ex:
             return f"SHAPE_ENV failed: cannot evaluate ({type(ex).__name__}: {ex})"
         texts = self.shape.descriptions()
@@ -253,17 +268,19 @@ class GuardProgram:
                 return f"SHAPE_ENV failed: {text} (saw {', '.join(seen)})"
         return None
 
+    def _helper(self, src: str):
+        """A function of the entry's signature evaluating guard expressions (for reasons)."""
+        return compile_function(src, "___eval", self.ctx.namespace, aliases=self.ctx.local_alias)
+
     def _evaluate(self, expr: str, source, args, kwargs) -> tuple[bool, str | None]:
-        fn = compile_function(f"def ___eval({self.params}):\n    return bool({expr})", "___eval",
-                              self.ctx.namespace)
+        fn = self._helper(f"def ___eval({self.params}):\n    return bool({expr})")
         try:
             ok = fn(*args, **kwargs)
         except Exception as ex:
             return False, f"{type(ex).__name__}: {ex}"
         seen = None
         if not ok and source is not None:
-            getter = compile_function(f"def ___eval({self.params}):\n    return {source.render(self.ctx)}",
-                                      "___eval", self.ctx.namespace)
+            getter = self._helper(f"def ___eval({self.params}):\n    return {source.render(self.ctx)}")
             try:
                 v = getter(*args, **kwargs)
                 r = repr(v)
@@ -273,15 +290,127 @@ class GuardProgram:
         return bool(ok), seen
 
 
-def compile_function(src: str, name: str, namespace: dict):
-    filename = f"<kiln generated {name}>"
-    code = compile(src, filename, "exec")
-    ns = dict(namespace)
-    exec(code, ns)
-    fn = ns[name]
-    fn.__kiln_source__ = src
-    # make tracebacks through generated code readable
-    import linecache
+_HELPER_MODULES = ("math", "operator", "torch")   # printed sympy expressions may name them
 
-    linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
+
+def compile_function(src: str, name: str, namespace: dict, *, aliases: dict[str, str] | None = None,
+                     like: types.CodeType | None = None, f_globals: dict | None = None,
+                     lines: dict[int, int] | None = None) -> types.FunctionType:
+    """Compile generated source that defines the function ``name``.
+
+    ``aliases`` (user parameter name -> the alias the source uses, see ``alias_parameters``):
+    the code object's parameters get the user's names back, so keyword arguments and
+    binding errors read as the user's function.
+
+    With ``like`` (the user's code object) the function is one the user's program runs
+    through: its globals are ``f_globals`` (the user function's own, so code that walks the
+    stack sees the user's module), and every other name it reads (kiln's values in
+    ``namespace``, builtins) is bound in a closure, never looked up in those globals. Its code
+    is named after ``like`` (co_name, co_qualname, co_filename, co_firstlineno) and its lines
+    are the user's: ``lines`` maps a line of ``src`` (1-based) to a line of the user's file,
+    every other line is the ``def`` line. Without ``like`` (kiln's helpers: guard failure
+    explanations) the source runs with ``namespace`` as its globals.
+
+    A name the source reads that is bound nowhere raises ``NameError`` here, at generation
+    time, instead of making the generated function fail when it runs."""
+    filename = f"<kiln generated {name}>"
+    if like is None:
+        code = compile(src, filename, "exec")
+        ns = dict(namespace)
+        ns.setdefault("__builtins__", builtins)
+        for n in _check_names(code, namespace, name):
+            if n not in ns and not hasattr(builtins, n):
+                ns[n] = importlib.import_module(n)
+        exec(code, ns)
+        fn = ns[name]
+        _rename_parameters(fn, aliases)
+        fn.__kiln_source__ = src
+        return fn
+    free = _check_names(compile(src, filename, "exec"), namespace, name)
+    values = [_resolve(n, namespace) for n in free]
+    body = "\n".join("    " + ln for ln in src.splitlines())
+    factory = f"def ___kiln_factory({', '.join(free)}):\n{body}\n    return {name}\n"
+    ns = {"__builtins__": builtins}
+    exec(compile(factory, filename, "exec"), ns)
+    made = ns["___kiln_factory"](*values)
+    _rename_parameters(made, aliases)
+    code = _as_users_code(made.__code__, like, {k + 1: v for k, v in (lines or {}).items()})
+    fn = types.FunctionType(code, f_globals if f_globals is not None else {"__builtins__": builtins},
+                            like.co_name, made.__defaults__, made.__closure__)
+    fn.__kwdefaults__ = made.__kwdefaults__
+    fn.__qualname__ = like.co_qualname
+    fn.__kiln_source__ = src
     return fn
+
+
+def readable_source(src: str, aliases: dict[str, str]) -> str:
+    """``src`` with the parameters' aliases spelled as the user's names (for display: the
+    compiled code uses the aliases, see ``alias_parameters``)."""
+    back = {alias: user for user, alias in aliases.items() if user.isidentifier()}
+    if not back:
+        return src
+    return re.sub(r"\b___p\d+\b", lambda m: back.get(m.group(0), m.group(0)), src)
+
+
+def _global_names(code: types.CodeType) -> list[str]:
+    """Names the code (and code nested in it) reads as globals, in first-use order (for the
+    module code of a ``def``: its default values too)."""
+    out: dict[str, None] = {}
+    for ins in dis.get_instructions(code):
+        if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME"):
+            out[ins.argval] = None
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType):
+            out.update(dict.fromkeys(_global_names(c)))
+    return list(out)
+
+
+def _check_names(module_code: types.CodeType, namespace: dict, name: str) -> list[str]:
+    """The free names of the generated module code defining ``name`` (checked bound)."""
+    names = [n for n in _global_names(module_code) if n != name]
+    for n in names:
+        if n not in namespace and not hasattr(builtins, n) and n not in _HELPER_MODULES:
+            raise NameError(f"generated code of {name} reads {n!r}, which it never binds")
+    return names
+
+
+def _resolve(n: str, namespace: dict):
+    if n in namespace:
+        return namespace[n]
+    if hasattr(builtins, n):
+        return getattr(builtins, n)
+    return importlib.import_module(n)
+
+
+def _rename_parameters(fn: types.FunctionType, aliases: dict[str, str] | None) -> None:
+    if not aliases:
+        return
+    back = {alias: user for user, alias in aliases.items()}
+    code = fn.__code__
+    names = tuple(back.get(n, n) for n in code.co_varnames)
+    if names != code.co_varnames:
+        if len(set(names)) != len(names):
+            raise NameError(f"a parameter of {code.co_name} has the name of a generated local")
+        fn.__code__ = code.replace(co_varnames=names)
+        if fn.__kwdefaults__:
+            fn.__kwdefaults__ = {back.get(k, k): v for k, v in fn.__kwdefaults__.items()}
+
+
+def _as_users_code(code: types.CodeType, like: types.CodeType, lines: dict[int, int]) -> types.CodeType:
+    """``code`` named after the user's ``like``, with its lines mapped to the user's (no
+    column positions: they would point into the generated source)."""
+    from bytecode import Bytecode, Instr
+    from bytecode.instr import InstrLocation
+
+    bc = Bytecode.from_code(code)
+    first = like.co_firstlineno
+    for ins in bc:
+        if isinstance(ins, Instr):
+            line = lines.get(ins.lineno, first) if ins.lineno is not None else first
+            ins.location = InstrLocation(line, line, None, None)
+    bc.name = like.co_name
+    if hasattr(bc, "qualname"):
+        bc.qualname = like.co_qualname
+    bc.filename = like.co_filename
+    bc.first_lineno = first
+    return bc.to_code()

@@ -118,16 +118,7 @@ class ComptimeContext:
 
     def get_local(self, name: str, *, stacklevel: int = 0) -> ComptimeVar:
         tx = self._frame(stacklevel)
-        if name in tx.locals:
-            v = tx.locals[name]
-            from .values.base import LazyArgument
-
-            if isinstance(v, LazyArgument):
-                v = tx.locals[name] = v.realize(tx)
-            return ComptimeVar(v)
-        if name in tx.cells:
-            return ComptimeVar(tx.cells[name].get(tx))
-        raise KeyError(f"no local {name!r} in {tx.name}")
+        return ComptimeVar(_local_value(tx, name))
 
     def graph(self):
         return self._tx.output.graph
@@ -137,7 +128,7 @@ class ComptimeContext:
 
     def print_locals(self, *, stacklevel: int = 0, file=None) -> None:
         tx = self._frame(stacklevel)
-        for name in list(tx.locals) + [c for c in tx.cells if c not in tx.locals]:
+        for name in _user_local_names(tx):
             try:
                 print(f"{name} = {self.get_local(name, stacklevel=stacklevel)!r}", file=file)
             except Exception as e:  # an unbound cell
@@ -158,25 +149,85 @@ class ComptimeContext:
         builtins.breakpoint()
 
 
+def _local_value(tx, name: str):
+    """The symbolic value of local ``name`` of a captured frame. In a continuation after a
+    graph break, a cell variable is a local holding the cell (``resume.CELL_PREFIX``)."""
+    from .resume import CELL_PREFIX
+    from .values.base import LazyArgument
+
+    if name in tx.locals and not name.startswith(CELL_PREFIX):
+        v = tx.locals[name]
+        if isinstance(v, LazyArgument):
+            v = tx.locals[name] = v.realize(tx)
+        return v
+    if name in tx.cells:
+        return tx.cells[name].get(tx)
+    held = CELL_PREFIX + name
+    if held in tx.locals:
+        cell = tx.locals[held]
+        if isinstance(cell, LazyArgument):
+            cell = tx.locals[held] = cell.realize(tx)
+        return cell.getattr(tx, "cell_contents")
+    raise KeyError(f"no local {name!r} in {tx.name}")
+
+
+def _user_local_names(tx) -> list[str]:
+    """The frame's locals as the user wrote them (no kiln temporaries of a continuation)."""
+    from .resume import CELL_PREFIX
+
+    names = []
+    for n in list(tx.locals) + list(tx.cells):
+        if n.startswith(CELL_PREFIX):
+            n = n[len(CELL_PREFIX):]
+        elif n.startswith("___"):
+            continue
+        if n not in names:
+            names.append(n)
+    return names
+
+
 def call_at_capture(tx, fn_value, args: list) -> None:
-    """Run a comptime function during capture."""
+    """Run a comptime function during capture. It is the user's code: what it raises
+    propagates to the caller of the compiled function (``internal_errors.call_user``)."""
+    from ..internal_errors import call_user
+
     fn = _real_function(tx, fn_value)
-    fn(ComptimeContext(tx), *args)
+    call_user(fn, ComptimeContext(tx), *args)
 
 
 def _real_function(tx, fn_value):
+    """The callback as a real function. A callback defined in the compiled function (a
+    closure over its locals) gets, for each free variable, the Python value when the capture
+    knows it as a constant (``n = 3``), else a ``ComptimeVar`` (a tensor, a symbolic value);
+    its default arguments likewise."""
     from .values.functions import NestedFunctionValue, NewCellValue, UserFunctionValue
 
     if isinstance(fn_value, NestedFunctionValue):
         cells = []
         for c in fn_value.closure:
             contents = c.contents if isinstance(c, NewCellValue) else c.get(tx)
-            cells.append(types.CellType(ComptimeVar(contents) if contents is not None else None))
-        return types.FunctionType(fn_value.code_obj, fn_value.fn_globals, fn_value.qualname,
-                                  None, tuple(cells) or None)
+            cells.append(types.CellType() if contents is None else types.CellType(_as_python(contents)))
+        fn = types.FunctionType(fn_value.code_obj, fn_value.fn_globals, fn_value.qualname.rsplit(".", 1)[-1],
+                                tuple(_as_python(d) for d in fn_value.defaults(tx)) or None,
+                                tuple(cells) or None)
+        fn.__kwdefaults__ = {k: _as_python(v) for k, v in fn_value.kwdefaults(tx).items()} or None
+        fn.__qualname__ = fn_value.qualname
+        return fn
     if isinstance(fn_value, UserFunctionValue):
         return fn_value.fn
     raise Unsupported(f"comptime() of {fn_value.describe()}")
+
+
+def _as_python(value):
+    try:
+        if value.is_constant():
+            return value.as_constant()
+    except Exception:
+        pass
+    real = getattr(value, "value", None)   # an object from outside the frame, by identity
+    if real is not None and getattr(value, "source", None) is not None:
+        return real
+    return ComptimeVar(value)
 
 
 def comptime_value():

@@ -6,14 +6,18 @@ import dataclasses
 import inspect
 import time
 import types
+import weakref
 from typing import Any, Callable
 
 import torch
 
 from .. import _torch, logs
 from ..errors import Unsupported
+from ..internal_errors import (EFFECTS_MARK, call_user, forget_frames, graph_has_effects,
+                               internal_error, is_kiln_backend, is_users, mark_users)
 from . import bytecode_utils as bu
-from .codegen import EntryCodegen, GuardProgram, alias_parameters, compile_function, signature_text
+from .codegen import (EntryCodegen, GuardProgram, alias_parameters, compile_function, readable_source,
+                      signature_text)
 from .guards import Guard, GuardKind
 from . import resume
 from .interpreter import BreakHere, FrameInterpreter, GraphBreakRequest
@@ -42,6 +46,7 @@ class Entry:
     capture_seconds: float = 0.0
     graph_break: Unsupported | None = None    # set when the frame breaks: why, and where
     resumes: tuple = ()                       # the continuations' CompiledFunctions
+    replaced_by: "Entry | None" = None        # its generated code failed: the eager entry now used
 
     @property
     def is_eager(self) -> bool:
@@ -61,6 +66,11 @@ class Entry:
         return "\n".join(g.describe() for g in self.guards)
 
 
+class ArgumentsDoNotBind(Exception):
+    """The call's arguments do not fit the function's signature. The caller runs the function
+    eagerly, which raises the user's own TypeError (eager's exact message)."""
+
+
 def bind_call(fn: types.FunctionType, args: tuple, kwargs: dict) -> dict[str, Any]:
     # the code's own parameters: not those of __wrapped__ (functools.wraps) or of __signature__
     plain = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
@@ -70,13 +80,13 @@ def bind_call(fn: types.FunctionType, args: tuple, kwargs: dict) -> dict[str, An
         # parameters that are not identifiers (".0" of a 3.11 comprehension, pytest's
         # "@py_assert" locals in a resume function): such functions are called positionally
         if kwargs or len(args) != code.co_argcount:
-            raise TypeError(f"{fn.__qualname__}() takes {code.co_argcount} positional arguments")
+            raise ArgumentsDoNotBind(f"{fn.__qualname__}() takes {code.co_argcount} positional arguments")
         return dict(zip(code.co_varnames, args))
     sig = inspect.signature(plain)
     try:
         bound = sig.bind(*args, **kwargs)
-    except TypeError:
-        raise  # the user's own TypeError, as eager would raise it
+    except TypeError as e:
+        raise ArgumentsDoNotBind(str(e)) from e
     bound.apply_defaults()
     return dict(bound.arguments)
 
@@ -109,9 +119,11 @@ def _capture(fn, args, kwargs, key, backend, backend_name, compiled_factory, max
     reason = None
     for _ in range(max_breaks_retries):
         output = OutputGraph(fn.__qualname__, policy)
+        output.fullgraph = bool(getattr(key, "fullgraph", False))   # backends may fall back unless set
+        output.capture_started = t0          # (KILN_LOGS=perf: seconds in capture per graph)
         # The generated entry has fn's signature and defaults: guard that they stay fn's.
         output.guards.add(Guard(GuardKind.FUNCTION_MATCH, None,
-                                (fn, fn.__code__, fn.__defaults__, fn.__kwdefaults__)))
+                                (weakref.ref(fn), fn.__code__, fn.__defaults__, fn.__kwdefaults__)))
         try:
             bound = bind_call(fn, args, kwargs)
             # Arguments are wrapped (and guarded) when the code first reads them.
@@ -127,6 +139,8 @@ def _capture(fn, args, kwargs, key, backend, backend_name, compiled_factory, max
                 entry = _finish(fn, output, result, key, backend, backend_name)
             except GraphBreakRequest as req:
                 break_at, reason = (req.ip, req.count), req.reason
+                # (torch's fake-tensor dispatch cache may keep this capture's ShapeEnv)
+                output.release()
                 continue
             except BreakHere as here:
                 entry = _finish_break(fn, output, here.tx, here.ip, reason, key, backend, backend_name,
@@ -135,6 +149,18 @@ def _capture(fn, args, kwargs, key, backend, backend_name, compiled_factory, max
             e.guards = list(output.guards)
             e.output = output   # eager_entry builds its tensor check from it, then drops it
             raise
+        except (ArgumentsDoNotBind, ConstraintViolation, RecursionError):
+            raise
+        except Exception as e:
+            if is_users(e):
+                raise
+            # kiln's own failure (generating code, building guards, a kiln backend): the
+            # frame runs eagerly under the guards gathered so far
+            u = internal_error(e, f"compiling {fn.__qualname__}").located(
+                code.co_filename, code.co_firstlineno, None)
+            u.guards = list(output.guards)
+            u.output = output
+            raise u from e
         finally:
             output.restore_grad_mode()
         _drop_real_inputs(output)
@@ -148,19 +174,33 @@ def _finish(fn, output: OutputGraph, result, key, backend, backend_name) -> Entr
     ret = result.reconstruct(cg)
     prepare, apply = output.side_effects.codegen(cg)  # may stash more objects: statements first
     gm, inputs, net_grad, compiled = _compile_graph(fn, output, cg, backend, backend_name, "")
-    guards, program, lines = _entry_head(fn, output, cg, inputs, net_grad, compiled)
+    guards, program, lines, marked = _entry_head(fn, output, cg, inputs, net_grad, compiled)
     # read everything (outputs, final states) before writing anything back
     lines += [f"    {line}" for line in cg.statements + prepare]
     lines.append(f"    ___result = {ret}")
+    if apply and not marked:
+        lines.append(f"    {EFFECTS_MARK} = True")
     lines += [f"    {line}" for line in apply]
     lines.append("    return ___result")
     src = "\n".join(lines)
-    entry_fn = compile_function(src, "__kiln_entry", cg.ctx.namespace)
+    entry_fn = _compile_entry(fn, src, cg.ctx)
     if logs.enabled.guards:
         logs.log("guards", f"guards of {fn.__qualname__}:\n" + "\n".join(
             "  " + g.describe() for g in guards))
-    return Entry(key, backend_name, entry_fn, program.make_check("__kiln_check"), guards, program,
-                 gm, compiled, src)
+    return Entry(key, backend_name, entry_fn, _make_check(fn, program), guards, program,
+                 gm, compiled, readable_source(src, cg.ctx.local_alias))
+
+
+def _compile_entry(fn, src: str, ctx: RenderContext, lines: dict[int, int] | None = None):
+    """The generated entry as the user's function: its globals, names and lines (see
+    ``codegen.compile_function``), so that code it calls and tracebacks through it see
+    the user's function, not kiln's."""
+    return compile_function(src, "__kiln_entry", ctx.namespace, aliases=ctx.local_alias,
+                            like=fn.__code__, f_globals=fn.__globals__, lines=lines)
+
+
+def _make_check(fn, program: GuardProgram):
+    return program.make_check("__kiln_check", like=fn.__code__, f_globals=fn.__globals__)
 
 
 def _compile_graph(fn, output: OutputGraph, cg: EntryCodegen, backend, backend_name: str, note: str):
@@ -173,22 +213,42 @@ def _compile_graph(fn, output: OutputGraph, cg: EntryCodegen, backend, backend_n
     # (a graph that only hands back a symbol input still runs: the entry reads its outputs)
     has_ops = any(n.op not in ("placeholder", "output") for n in graph.nodes) or bool(cg.output_nodes)
     net_grad = None
-    if has_ops and _mode_only(graph):   # no tensor work: no graph; the mode change inline
+    if has_ops and not cg.output_nodes and _mode_only(graph):
+        # no tensor work and nothing read back from the graph: no graph; the mode change inline
         has_ops, net_grad = False, _net_grad_mode(graph, output._grad_enabled_at_start)
     inputs = output.graph_inputs()
     if not has_ops:
         return None, inputs, net_grad, None
-    gm = torch.fx.GraphModule(torch.nn.Module(), graph, class_name=f"Kiln_{_ident(fn.__qualname__)}")
+    gm = torch.fx.GraphModule(output.graph_root(), graph, class_name=f"Kiln_{_ident(fn.__qualname__)}")
     gm.meta["kiln_static_inputs"] = [i for i, inp in enumerate(inputs) if getattr(inp, "static", False)]
+    gm.meta["kiln_fullgraph"] = getattr(output, "fullgraph", False)
     if logs.enabled.graph:
         logs.log("graph", f"graph of {fn.__qualname__}{note}:\n{gm.print_readable(print_output=False)}")
     if _symbolic_arithmetic_only(graph):
         # only Python int arithmetic on sizes (``n + 1`` of a dynamic int): nothing for a
         # tensor compiler to do; the graph runs as it is
         return gm, inputs, net_grad, gm
-    compiled = backend(gm, [_example_input(inp) for inp in inputs])
+    backend_started = time.perf_counter()
+    # Backends run in the state the graph starts in (grad mode, autocast), as torch.compile's
+    # do: the graph's own mode changes are in the graph.
+    output.restore_grad_mode()
+    examples = [_example_input(inp) for inp in inputs]
+    # A backend kiln provides fails as kiln (the frame then runs eagerly); one the user
+    # passed is the user's code: its exceptions, and a result that is not callable, are theirs.
+    kilns = is_kiln_backend(backend)
+    compiled = backend(gm, examples) if kilns else call_user(backend, gm, examples)
     if not callable(compiled):
-        raise TypeError(f"backend {backend_name!r} returned {type(compiled).__name__}, not a callable")
+        e = TypeError(f"backend {backend_name!r} returned {type(compiled).__name__}, not a callable "
+                      "(a backend is (gm, example_inputs) -> callable)")
+        if not kilns:
+            mark_users(e)
+        raise e
+    if logs.enabled.perf:
+        # a backend may report its phases (the inductor backend: aot, inductor)
+        phases = {"capture": backend_started - getattr(output, "capture_started", backend_started)}
+        phases.update(getattr(compiled, "kiln_compile_seconds", None)
+                      or {backend_name: time.perf_counter() - backend_started})
+        logs.log_compile_times(f"graph of {fn.__qualname__}{note}", phases)
     return gm, inputs, net_grad, compiled
 
 
@@ -203,14 +263,23 @@ def _entry_head(fn, output: OutputGraph, cg: EntryCodegen, inputs, net_grad, com
     program, params, _ = _program(fn, output, guards, cg.ctx)
     lines = [f"def __kiln_entry({params}):", *program.prelude()]
     index_of = {id(inp): i for i, inp in enumerate(output.tensor_inputs)}
+    # EFFECTS_MARK goes right before the first step with an effect outside the frame: a
+    # failure before it can be answered by running the frame eagerly (``internal_errors``)
+    marked = False
     if compiled is not None:
         cg.ctx.namespace["___graph"] = compiled
         graph_args = [shape.arg_expr(inp.symbol) if isinstance(inp, SymbolInput) else f"___in{index_of[id(inp)]}"
                       for inp in inputs]
+        if graph_has_effects(output.graph):
+            lines.append(f"    {EFFECTS_MARK} = True")
+            marked = True
         lines.append(f"    ___out = ___graph({', '.join(graph_args)})")
     if net_grad is not None:
+        if not marked:
+            lines.append(f"    {EFFECTS_MARK} = True")
+            marked = True
         lines.append(f"    {cg.bind(torch._C._set_grad_enabled)}({net_grad})")
-    return guards, program, lines
+    return guards, program, lines, marked
 
 
 def _with_final_tensor_metas(output: OutputGraph, guards: list[Guard]) -> list[Guard]:
@@ -265,29 +334,49 @@ def _net_grad_mode(graph, start: bool) -> bool | None:
 
 
 def _drop_real_inputs(output: OutputGraph) -> None:
-    for inp in output.tensor_inputs:
-        inp.real = None  # do not keep the caller's tensors alive
+    output.release()   # do not keep the caller's tensors (or anything else of the call) alive
 
 
 def eager_entry(fn, exc: Unsupported, key, backend_name: str) -> Entry:
     """An entry that runs ``fn`` eagerly whenever the guards gathered before the failure hold
     (under them, capture would fail the same way)."""
-    guards = [g for g in getattr(exc, "guards", [])]
+    guards = list(getattr(exc, "guards", None) or [])
     output = getattr(exc, "output", None)
-    ctx = RenderContext()
-    alias_parameters(fn.__code__, ctx)
+    exc.output = None
     if output is None:
         output = OutputGraph(fn.__qualname__)
         guards = list(output.guards)
-    program, params, fwd = _program(fn, output, guards, ctx)
-    ctx.namespace["___fn"] = fn
-    _drop_real_inputs(output)
-    exc.output = None
-    lines = [f"def __kiln_eager({params}):", *program.prelude(), f"    return ___fn({fwd})"]
+    try:
+        program = _program(fn, output, guards, _parameter_context(fn))[0]
+    except Exception:   # kiln cannot build these guards: an entry that always runs eagerly
+        guards = []
+        program = _program(fn, OutputGraph(fn.__qualname__), guards, _parameter_context(fn))[0]
+    finally:
+        _drop_real_inputs(output)
+    return eager_entry_for(fn, program, guards, key, backend_name, exc)
+
+
+def _parameter_context(fn) -> RenderContext:
+    ctx = RenderContext()
+    alias_parameters(fn.__code__, ctx)
+    return ctx
+
+
+def eager_entry_for(fn, program: GuardProgram, guards: list[Guard], key, backend_name: str,
+                    exc: Unsupported) -> Entry:
+    """An entry that runs ``fn`` eagerly whenever ``program``'s guards hold."""
+    ctx = program.ctx
+    ns = dict(ctx.namespace)
+    ns["___fn"] = weakref.ref(fn)   # (the function owns its entries: they must not keep it alive)
+    # what fn raises is the user's: the mark says so to the call path (internal_errors)
+    lines = [f"def __kiln_eager({program.params}):", *program.prelude(), f"    {EFFECTS_MARK} = True",
+             f"    return ___fn()({program.fwd})"]
     src = "\n".join(lines)
-    entry_fn = compile_function(src, "__kiln_eager", ctx.namespace)
-    return Entry(key, backend_name, entry_fn, program.make_check("__kiln_check"), guards, program,
-                 None, None, src, eager_reason=exc)
+    entry_fn = compile_function(src, "__kiln_eager", ns, aliases=ctx.local_alias, like=fn.__code__,
+                                f_globals=fn.__globals__)
+    forget_frames(exc)   # kept by the entry: without the capture's frames (and the call's tensors)
+    return Entry(key, backend_name, entry_fn, _make_check(fn, program), guards, program,
+                 None, None, readable_source(src, ctx.local_alias), eager_reason=exc)
 
 
 def _program(fn, output: OutputGraph, guards: list[Guard], ctx: RenderContext):
@@ -298,7 +387,7 @@ def _program(fn, output: OutputGraph, guards: list[Guard], ctx: RenderContext):
     tg = _torch.make_tensor_guards([_real_input(inp) for inp in output.tensor_inputs],
                                    shape_guards.tensor_guard_dims(output))
     program = GuardProgram(guards, [inp.source for inp in output.tensor_inputs], tg,
-                           output.global_state, ctx, params, output.shape_guards)
+                           output.global_state, ctx, params, output.shape_guards, fwd)
     return program, params, fwd
 
 
@@ -333,14 +422,10 @@ def _finish_break(fn, output: OutputGraph, tx, ip: int, reason: Unsupported, key
         if isinstance(v, NullValue):
             layout.append(resume.NULL)
         else:
-            layout.append(resume.ITER if isinstance(v, IteratorValue) else resume.VALUE)
+            layout.append(resume.slot_kind(v))
             stack_values.append(v)
-    # a continuation's ___stack parameters are dead once its prologue has pushed them
-    local_names = [n for n in tx.locals if not n.startswith(("___stack", "___kiln_stack"))]
-    # the frame's own cells travel as cell objects (see resume._cells_as_locals)
-    cell_names = [resume.CELL_PREFIX + n for n in code.co_cellvars]
-    local_names += [n for n in cell_names if n not in local_names]
     try:
+        local_names = resume.handover_locals(code, tx.locals)   # (first parameter first)
         plan = resume.plan_break(tx.instructions, ip, layout, local_names)
     except Unsupported as e:
         raise Unsupported(f"{reason} (and no graph break is possible there: {e})").located(*tx.location())
@@ -358,7 +443,13 @@ def _finish_break(fn, output: OutputGraph, tx, ip: int, reason: Unsupported, key
 
     callee_slot = _callee_slot(tx.instructions[ip], tx.stack) if getattr(reason, "inside_callee", False) else None
     cg = EntryCodegen(fn.__code__)
-    call_args = []
+    call_args = []   # the locals, then the stack (resume._param_names)
+    for name in local_names:
+        if name.startswith(resume.CELL_PREFIX) and name not in tx.locals:
+            cell = tx.cells.get(name[len(resume.CELL_PREFIX):])
+            call_args.append(cell.reconstruct(cg) if cell is not None else f"{cg.bind(types.CellType)}()")
+        else:
+            call_args.append(tx.locals[name].reconstruct(cg))
     for k, v in enumerate(tx.stack):
         if isinstance(v, NullValue):
             continue
@@ -369,36 +460,44 @@ def _finish_break(fn, output: OutputGraph, tx, ip: int, reason: Unsupported, key
         if k == callee_slot:
             expr = f"{cg.bind(compiled_factory.callee, 'callee')}({expr})"
         call_args.append(expr)
-    for name in local_names:
-        if name.startswith(resume.CELL_PREFIX) and name not in tx.locals:
-            cell = tx.cells.get(name[len(resume.CELL_PREFIX):])
-            call_args.append(cell.reconstruct(cg) if cell is not None else f"{cg.bind(types.CellType)}()")
-        else:
-            call_args.append(tx.locals[name].reconstruct(cg))
     prepare, apply = output.side_effects.codegen(cg)
     gm, inputs, net_grad, compiled = _compile_graph(fn, output, cg, backend, backend_name,
                                                     " (up to a graph break)")
     break_fn, resumes = _break_function(fn, code, plan, key, compiled_factory)
-    guards, program, lines = _entry_head(fn, output, cg, inputs, net_grad, compiled)
+    guards, program, lines, marked = _entry_head(fn, output, cg, inputs, net_grad, compiled)
     # read everything the break function gets before writing side effects back; the
     # native instruction then sees the written state. Entering open with-blocks (part of the
     # arguments) happens last, right before the call.
     lines += [f"    {line}" for line in cg.statements + prepare]
+    if not marked and _enters_contexts(cg):
+        lines.append(f"    {EFFECTS_MARK} = True")
+        marked = True
     lines.append(f"    ___args = ({', '.join(call_args)}{',' if len(call_args) == 1 else ''})")
+    if not marked:
+        lines.append(f"    {EFFECTS_MARK} = True")
     lines += [f"    {line}" for line in apply]
     cg.ctx.namespace["___break"] = break_fn
     lines.append("    return ___break(*___args)")
     src = "\n".join(lines)
-    entry_fn = compile_function(src, "__kiln_entry", cg.ctx.namespace)
+    # the call of the break function is at the user's line of the break
+    entry_fn = _compile_entry(fn, src, cg.ctx, {len(lines): tx.instructions[ip].lineno or code.co_firstlineno})
     if logs.enabled.graph_breaks:
         logs.log("graph_breaks", f"graph break in {fn.__qualname__}: {reason}")
     if logs.enabled.guards:
         logs.log("guards", f"guards of {fn.__qualname__}:\n" + "\n".join("  " + g.describe() for g in guards))
-    entry = Entry(key, backend_name, entry_fn, program.make_check("__kiln_check"), guards, program,
-                  gm, compiled, src)
+    entry = Entry(key, backend_name, entry_fn, _make_check(fn, program), guards, program,
+                  gm, compiled, readable_source(src, cg.ctx.local_alias))
+    forget_frames(reason)   # kept by the entry: without the capture's frames
     entry.graph_break = reason
     entry.resumes = tuple(resumes)
     return entry
+
+
+def _enters_contexts(cg: EntryCodegen) -> bool:
+    """Whether the break's arguments re-enter with-blocks (a change of global state)."""
+    from .values.objects import _enter_context
+
+    return any(v is _enter_context for v in cg.ctx.namespace.values())
 
 
 def _callee_slot(ins, stack) -> int | None:
@@ -416,7 +515,9 @@ def _callee_slot(ins, stack) -> int | None:
     return None
 
 
-_break_functions: dict = {}
+# fn -> {(code, plan, compile key): (break function, continuations)}: weak in fn, and the
+# values never reference fn, so a dropped function frees its closure (and its tensors)
+_break_functions: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 _continuation_code: dict = {}
 
 
@@ -424,33 +525,44 @@ def clear_resume_caches() -> None:
     """Forget generated break functions and continuations (``kiln.reset``)."""
     _break_functions.clear()
     _continuation_code.clear()
+    resume.forget_generated()
 
 
 def _break_function(fn, code, plan: "resume.BreakPlan", key, compiled_factory):
     """The break function for this break point and compile key (cached), and the
     continuations it calls."""
     closure = fn.__closure__
-    cache_key = (code, plan, id(closure), key)
-    hit = _break_functions.get(cache_key)
-    if hit is not None and hit[2] is closure:
-        return hit[0], hit[1]
+    cache_key = (code, plan, key)
+    per_fn = _break_functions.get(fn)
+    if per_fn is None:
+        per_fn = _break_functions[fn] = {}
+    hit = per_fn.get(cache_key)
+    if hit is not None:
+        return hit
+    # The code objects carry the user's names (code that walks the stack, and tracebacks, see
+    # the user's function); the continuations' function objects say where they resume (logs,
+    # explain, guards).
     base = _ident(code.co_name)
     conts, resumes = [], []
     for exit in plan.exits:
         ck = (code, exit)
+        name = f"__kiln_resume_{base}_line{plan_line(code, exit)}"
         cont_code = _continuation_code.get(ck)
         if cont_code is None:
-            line = plan_line(code, exit)
-            cont_code = _continuation_code[ck] = resume.build_continuation(
-                code, exit, f"__kiln_resume_{base}_line{line}")
-        cont_fn = types.FunctionType(cont_code, fn.__globals__, cont_code.co_name, None, closure)
+            cont_code = _continuation_code[ck] = _named_like(code, resume.build_continuation(code, exit, name))
+        cont_fn = types.FunctionType(cont_code, fn.__globals__, name, None, closure)
+        cont_fn.__qualname__ = name
         compiled = compiled_factory(cont_fn)
         resumes.append(compiled)
         conts.append(resume.make_continue(compiled, exit.layout))
-    bcode = resume.build_break_function(code, plan, conts, f"__kiln_break_{base}")
-    break_fn = types.FunctionType(bcode, fn.__globals__, bcode.co_name, None, closure)
-    _break_functions[cache_key] = (break_fn, resumes, closure)
+    bcode = _named_like(code, resume.build_break_function(code, plan, conts, f"__kiln_break_{base}"))
+    break_fn = types.FunctionType(bcode, fn.__globals__, code.co_name, None, closure)
+    per_fn[cache_key] = (break_fn, resumes)
     return break_fn, resumes
+
+
+def _named_like(user: types.CodeType, generated: types.CodeType) -> types.CodeType:
+    return generated.replace(co_name=user.co_name, co_qualname=user.co_qualname)
 
 
 def plan_line(code, exit) -> int:

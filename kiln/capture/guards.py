@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
+import weakref
 from typing import Any
 
 import torch
@@ -37,6 +38,7 @@ class GuardKind(enum.Enum):
     GLOBAL_STATE = "GLOBAL_STATE"      # grad mode, default dtype, deterministic mode, ...
     BACKEND_MATCH = "BACKEND_MATCH"    # the entry was compiled for the caller's backend
     FUNCTION_MATCH = "FUNCTION_MATCH"  # the compiled function's code, defaults, kwdefaults
+                                       # (expected: (weakref to it, code, defaults, kwdefaults))
     AUTOCAST_STATE = "AUTOCAST_STATE"  # autocast enabled/dtype per device (captured inside autocast)
     SHAPE_ENV = "SHAPE_ENV"            # a relation between symbolic sizes (dynamic shapes)
 
@@ -77,6 +79,9 @@ class Guard:
         if k is GuardKind.TYPE_MATCH:
             return f"type({e}) is {ctx.bind(self.expected, 't')}"
         if k is GuardKind.ID_MATCH:
+            ref = _weak_identity(self.source, self.expected)
+            if ref is not None:   # an object of the call: the entry must not keep it alive
+                return f"{e} is {ctx.bind(ref, 'wref')}()"
             return f"{e} is {ctx.bind(self.expected, 'o')}"
         if k is GuardKind.EQUALS_MATCH:
             v = self.expected
@@ -111,9 +116,10 @@ class Guard:
         if k is GuardKind.AUTOCAST_STATE:
             return f"{ctx.bind(_autocast_state, 'autocast')}() == {ctx.bind(self.expected, 'c')}"
         if k is GuardKind.FUNCTION_MATCH:
-            fn, code, d, kwd = self.expected
-            return (f"{ctx.bind(_function_unchanged, 'fnok')}({ctx.bind(fn, 'fn')}, {ctx.bind(code, 'code')}, "
-                    f"{ctx.bind(d, 'd')}, {ctx.bind(kwd, 'd')})")
+            # the function by weak reference: its entries (which it owns) must not keep it alive
+            fn_ref, code, d, kwd = self.expected
+            return (f"{ctx.bind(_function_unchanged, 'fnok')}({ctx.bind(fn_ref, 'fnref')}, "
+                    f"{ctx.bind(code, 'code')}, {ctx.bind(d, 'd')}, {ctx.bind(kwd, 'd')})")
         raise AssertionError(f"{k} is rendered by its own mechanism")
 
     def describe(self) -> str:
@@ -145,7 +151,9 @@ class Guard:
         if k is GuardKind.AUTOCAST_STATE:
             return f"{k.value:14} " + ", ".join(f"{d}: enabled={on} dtype={dt}" for d, (on, dt) in exp.items())
         if k is GuardKind.FUNCTION_MATCH:
-            return f"{k.value:14} {exp[0].__qualname__} keeps its __code__, __defaults__ and __kwdefaults__"
+            fn = exp[0]()
+            name = fn.__qualname__ if fn is not None else "<a freed function>"
+            return f"{k.value:14} {name} keeps its __code__, __defaults__ and __kwdefaults__"
         if k is GuardKind.GLOBAL_STATE:
             return f"{k.value:14} {', '.join(f'{a}={b}' for a, b in exp.items())}"
         if k is GuardKind.BACKEND_MATCH:
@@ -182,8 +190,25 @@ def _autocast_state() -> dict:
     return {d: (torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in ("cpu", "cuda")}
 
 
-def _function_unchanged(fn, code, defaults, kwdefaults) -> bool:
-    return fn.__code__ is code and fn.__defaults__ is defaults and fn.__kwdefaults__ is kwdefaults
+def _function_unchanged(fn_ref, code, defaults, kwdefaults) -> bool:
+    fn = fn_ref()
+    return (fn is not None and fn.__code__ is code and fn.__defaults__ is defaults
+            and fn.__kwdefaults__ is kwdefaults)
+
+
+def _weak_identity(source, obj):
+    """A weak reference for an identity check of an object reached from the call's arguments
+    (a function passed in, or held by an argument), None when the check may hold ``obj``:
+    what globals, closures and constants reach lives as long as they do anyway."""
+    import types as _types
+    from .sources import is_argument_rooted
+
+    if not is_argument_rooted(source) or isinstance(obj, (type, _types.ModuleType)):
+        return None
+    try:
+        return weakref.ref(obj)
+    except TypeError:   # not weakly referenceable (builtins, dtypes): kept
+        return None
 
 
 def _module_has_no_hooks(m: torch.nn.Module) -> bool:

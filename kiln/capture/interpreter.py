@@ -16,22 +16,30 @@ import types
 from ..config import config
 from ..errors import Unsupported
 from . import bytecode_utils as bu
-from .values.base import NULL, ConstantValue, LazyArgument, NullValue, Value
+from .values.base import NULL, ConstantValue, LazyArgument, NullValue, Value, is_constant_object
 from .values.containers import DictValue, IteratorValue, ListValue, SetValue, TupleValue
 from .values.functions import CellValue, NestedFunctionValue, NewCellValue, UserFunctionValue
-from .values.objects import ClassValue, PythonModuleValue, SuperValue
+from .values.objects import ClassValue, SuperValue
 from .values.tensor import TensorValue
 from .semantics import _BINARY, _COMPARE, PythonSemantics, UserException, bind_arguments
 
 
 class ExceptionValue(Value):
-    """An exception raised by the user's code during capture, caught by its own handler."""
+    """An exception object: raised by the user's code during capture (and caught by its own
+    handler), or read from the outside world (``source``: a continuation's handler gets the
+    exception it handles as an argument)."""
 
-    def __init__(self, exc: BaseException):
+    def __init__(self, exc: BaseException, source=None):
         self.exc = exc
+        self.source = source
+        # (capture time, instruction, execution count) where the top frame raised it
+        self.raised_at: tuple[int, int, int] | None = None
 
     def python_type(self):
         return type(self.exc)
+
+    def real_object(self):
+        return self.exc if self.source is not None else None
 
     def describe(self):
         return f"{type(self.exc).__name__}({self.exc})"
@@ -40,11 +48,55 @@ class ExceptionValue(Value):
         return True
 
     def getattr(self, tx, name):
+        from .sources import AttrSource
         from .values.builder import wrap_pure_result
 
         if name == "args":
+            if self.source is not None:
+                return tx.wrap(self.exc.args, AttrSource(self.source, "args"))
             return wrap_pure_result(self.exc.args)
         raise Unsupported(f"attribute {name!r} of an exception")
+
+    def reconstruct(self, cg):
+        if self.source is not None:
+            return cg.source_expr(self.source)
+        # an exception created during capture: a new one like it on every call (its type,
+        # arguments and chaining; a traceback it gets when raised)
+        exc = self.exc
+        if not all(is_constant_object(a) for a in exc.args):
+            raise Unsupported(f"handing over the exception {self.describe()} at a graph break")
+
+        def build():
+            chain = [ExceptionValue(c).reconstruct(cg) if c is not None else "None"
+                     for c in (exc.__cause__, exc.__context__)]
+            args = ", ".join(cg.constant_expr(a) for a in exc.args)
+            return (f"{cg.bind(_rebuild_exception)}({cg.bind(type(exc))}, ({args}{',' if len(exc.args) == 1 else ''}), "
+                    f"{chain[0]}, {chain[1]}, {exc.__suppress_context__!r})")
+        return cg.stash(self, build)
+
+
+def _rebuild_exception(cls, args, cause, context, suppress_context):
+    exc = cls(*args)
+    exc.__cause__ = cause
+    exc.__context__ = context
+    exc.__suppress_context__ = suppress_context
+    return exc
+
+
+class PrevExcValue(Value):
+    """What PUSH_EXC_INFO leaves under an except/finally handler: the exception handled
+    before it (``prev``, restored by POP_EXCEPT), and the one this handler handles. At a
+    graph break the slot is handed over as ``handled`` (see ``resume.PREV_EXC``)."""
+
+    def __init__(self, prev: Value, handled: Value):
+        self.prev = prev
+        self.handled = handled
+
+    def describe(self):
+        return f"PrevExc({self.prev.describe()})"
+
+    def reconstruct(self, cg):
+        return self.handled.reconstruct(cg)
 
 
 class GraphBreakRequest(Exception):
@@ -101,6 +153,7 @@ class FrameInterpreter(PythonSemantics):
         self.break_at: tuple[int, int] | None = None   # (ip, execution count), top frame only
         self.exec_counts: dict[int, int] = {}
         self.can_break = parent is None
+        self.f_locals_dict: DictValue | None = None   # what locals() returns, kept per frame
 
     # -- driving --------------------------------------------------------------------------
     def run(self) -> Value:
@@ -133,12 +186,12 @@ class FrameInterpreter(PythonSemantics):
                         continue
                     if self.can_break and self.generator_items is None:
                         e.located(*self.location())
-                        raise GraphBreakRequest(ins.index, self.exec_counts[ins.index], e)
+                        raise self._break_request(ins, e)
                     raise
                 except Unsupported as e:
                     if self.can_break and self.generator_items is None:
                         e.located(*self.location())
-                        raise GraphBreakRequest(ins.index, self.exec_counts[ins.index], e)
+                        raise self._break_request(ins, e)
                     raise
         except _Return as r:
             return r.value
@@ -147,8 +200,11 @@ class FrameInterpreter(PythonSemantics):
         except (RecursionError, MemoryError, GraphBreakRequest, BreakHere):
             raise
         except Exception as e:  # a bug in kiln must not become a wrong answer: run eagerly
-            raise Unsupported(f"internal error while capturing ({type(e).__name__}: {e})"
-                              ).located(*self.location()) from e
+            from ..internal_errors import internal_error, is_users
+
+            if is_users(e):
+                raise   # the user's own code run at capture time (a comptime callback)
+            raise internal_error(e, "capturing").located(*self.location()) from e
 
     def unwind_to_handler(self, ins, e: UserException) -> bool:
         """Continue in the except/finally block that covers ``ins`` (exception table)."""
@@ -158,9 +214,38 @@ class FrameInterpreter(PythonSemantics):
         del self.stack[depth:]
         if push_lasti:
             self.push(ConstantValue(ins.index))
-        self.push(ExceptionValue(e.exc))
+        exc = ExceptionValue(e.exc)
+        if self.can_break:
+            exc.raised_at = (self.output.instructions, ins.index, self.exec_counts.get(ins.index, 0))
+        self.push(exc)
         self.ip = target
         return True
+
+    def _break_request(self, ins, reason: Unsupported) -> "GraphBreakRequest":
+        """A graph break at ``ins``; or, while an exception this capture raised is still
+        live (being handled, or held), at the instruction that raised it: from there the
+        frame goes on natively, so the exception is the real one (its traceback, identity
+        and chaining), not a copy handed over to a continuation."""
+        live = [v.raised_at for v in self._live_values()
+                if isinstance(v, ExceptionValue) and v.raised_at is not None]
+        if live:
+            _, ip, count = min(live)
+            redirected = Unsupported(f"{reason.construct} (while handling an exception raised at "
+                                     f"line {self.instructions[ip].lineno}: the frame goes on "
+                                     "natively from there)")
+            redirected.located(reason.filename, reason.lineno, reason.source_line)
+            return GraphBreakRequest(ip, count, redirected)
+        return GraphBreakRequest(ins.index, self.exec_counts[ins.index], reason)
+
+    def _live_values(self):
+        if self.handled_exc is not None:
+            yield self.handled_exc
+        for v in [*self.stack, *self.locals.values()]:
+            if isinstance(v, PrevExcValue):
+                yield v.prev
+                yield v.handled
+            else:
+                yield v
 
     def location(self) -> tuple[str, int | None, str | None]:
         lineno = self.current.lineno if self.current is not None else self.code.co_firstlineno
@@ -188,6 +273,14 @@ class FrameInterpreter(PythonSemantics):
         del self.stack[-n:]
         return items
 
+    def peek(self, depth: int) -> Value:
+        """The value ``depth`` slots down (1: the top), realized in place (a continuation's
+        stack slots are unread arguments)."""
+        v = self.stack[-depth]
+        if isinstance(v, LazyArgument):
+            v = self.stack[-depth] = v.realize(self)
+        return v
+
     def top(self) -> Value:
         v = self.stack[-1]
         if isinstance(v, LazyArgument):
@@ -196,6 +289,54 @@ class FrameInterpreter(PythonSemantics):
 
     def jump(self, ins: bu.Instr) -> None:
         self.ip = ins.target
+
+    # -- locals() ---------------------------------------------------------------------------
+    def frame_locals(self) -> DictValue:
+        """``locals()``: the frame's locals dict, one per frame as in CPython (each call
+        writes the bound names into it and removes the unbound ones; other keys stay), in
+        the order of the user's code (for a continuation, the code it resumes): its
+        variables, its cells' contents, its free variables' contents. kiln's own
+        parameters and cell holders never appear."""
+        from . import resume
+
+        code = resume.original_code(self.code)
+        names = [*code.co_varnames, *(c for c in code.co_cellvars if c not in code.co_varnames),
+                 *code.co_freevars]
+        cells = set(code.co_cellvars) | set(code.co_freevars)
+        if self.f_locals_dict is None:
+            self.f_locals_dict = DictValue({})
+        items = self.f_locals_dict.items
+        for name in names:
+            value = self._cell_contents(name) if name in cells else self._bound_local(name)
+            if value is None:
+                items.pop(name, None)
+            else:
+                items[name] = value
+        return self.f_locals_dict
+
+    def _bound_local(self, name: str) -> Value | None:
+        v = self.locals.get(name)
+        if isinstance(v, LazyArgument):
+            v = self.locals[name] = v.realize(self)
+        return v
+
+    def _cell_contents(self, name: str) -> Value | None:
+        from . import resume
+
+        cell = self.cells.get(name)
+        if cell is None:
+            holder = self._bound_local(resume.CELL_PREFIX + name)   # a continuation's cell
+            if holder is None:
+                return None
+            if not isinstance(holder, CellValue):
+                raise Unsupported(f"locals() with the cell of {name!r} held as {holder.describe()}")
+            cell = holder
+        try:
+            return cell.get(self)
+        except UserException as e:
+            if isinstance(e.exc, NameError):
+                return None   # an empty cell: not in locals()
+            raise
 
     # -- inlining --------------------------------------------------------------------------
     def inline_function(self, fn: UserFunctionValue, args: list[Value], kwargs: dict[str, Value]) -> Value:
@@ -467,29 +608,29 @@ class FrameInterpreter(PythonSemantics):
 
     def LIST_APPEND(self, ins):
         v = self.pop()
-        self.stack[-ins.arg].base_method(self, "append", [v], {})
+        self.peek(ins.arg).base_method(self, "append", [v], {})
 
     def SET_ADD(self, ins):
         v = self.pop()
-        self.stack[-ins.arg].items.setdefault(self.dict_key(v), v)
+        self.peek(ins.arg).items.setdefault(self.dict_key(v), v)
 
     def MAP_ADD(self, ins):
         value = self.pop()
         key = self.pop()
-        self.stack[-ins.arg].items[self.dict_key(key)] = value
+        self.peek(ins.arg).items[self.dict_key(key)] = value
 
     def LIST_EXTEND(self, ins):
         v = self.pop()
-        self.stack[-ins.arg].items.extend(self.unpack_iterable(v))
+        self.peek(ins.arg).items.extend(self.unpack_iterable(v))
 
     def SET_UPDATE(self, ins):
         v = self.pop()
         for i in self.unpack_iterable(v):
-            self.stack[-ins.arg].items.setdefault(self.dict_key(i), i)
+            self.peek(ins.arg).items.setdefault(self.dict_key(i), i)
 
     def DICT_UPDATE(self, ins):
         v = self.pop()
-        target = self.stack[-ins.arg]
+        target = self.peek(ins.arg)
         if isinstance(v, DictValue):
             target.items.update(v.items)
         else:
@@ -497,7 +638,7 @@ class FrameInterpreter(PythonSemantics):
 
     def DICT_MERGE(self, ins):
         v = self.pop()
-        target = self.stack[-ins.arg]
+        target = self.peek(ins.arg)
         if not isinstance(v, DictValue):
             raise Unsupported(f"**{v.describe()} in a call")
         for k in v.items:
@@ -669,17 +810,41 @@ class FrameInterpreter(PythonSemantics):
             if self.handled_exc is None:
                 raise Unsupported("bare raise outside an except block")
             raise self.user_exception(self.handled_exc.exc)
-        exc = args[0]
-        if isinstance(exc, ClassValue) and issubclass(exc.value, BaseException):
-            raise self.user_exception(exc.value())
-        if isinstance(exc, ExceptionValue):
-            raise self.user_exception(exc.exc)
-        raise Unsupported(f"raise of {exc.describe()}")
+        exc = self._exception_instance(args[0])
+        if exc.source is not None:
+            raise Unsupported("raising an exception object that existed before the call")
+        if len(args) == 2:   # raise exc from cause
+            cause = args[1]
+            if cause.is_constant() and cause.as_constant() is None:
+                exc.exc.__cause__ = None
+            else:
+                cause = self._exception_instance(cause)
+                if cause.source is not None:
+                    raise Unsupported("raise ... from an exception that existed before the call")
+                exc.exc.__cause__ = cause.exc
+            exc.exc.__suppress_context__ = True
+        if self.handled_exc is not None and self.handled_exc.exc is not exc.exc:
+            # raised while handling another: chained to it, as in eager
+            if self.handled_exc.source is not None:
+                raise Unsupported("raising while handling an exception that existed before the call")
+            exc.exc.__context__ = self.handled_exc.exc
+        raise self.user_exception(exc.exc)
+
+    def _exception_instance(self, v: Value) -> "ExceptionValue":
+        if isinstance(v, ClassValue) and isinstance(v.value, type) and issubclass(v.value, BaseException):
+            try:
+                return ExceptionValue(v.value())   # raise ValueError: the class is instantiated
+            except Exception as e:
+                raise self.user_exception(e)
+        if isinstance(v, ExceptionValue):
+            return v
+        raise Unsupported(f"raise of {v.describe()}")
 
     # exception handlers (entered by unwind_to_handler)
     def PUSH_EXC_INFO(self, ins):
         exc = self.pop()
-        self.push(self.handled_exc if self.handled_exc is not None else ConstantValue(None))
+        prev = self.handled_exc if self.handled_exc is not None else ConstantValue(None)
+        self.push(PrevExcValue(prev, exc))
         self.handled_exc = exc
         self.push(exc)
 
@@ -687,11 +852,12 @@ class FrameInterpreter(PythonSemantics):
         from .values.builtins import _classes
 
         match = self.pop()
-        exc = self.stack[-1]
+        exc = self.peek(1)
         self.push(ConstantValue(issubclass(exc.python_type(), _classes(match))))
 
     def POP_EXCEPT(self, ins):
-        prev = self.pop()
+        slot = self.pop()
+        prev = slot.prev if isinstance(slot, PrevExcValue) else slot
         self.handled_exc = prev if isinstance(prev, ExceptionValue) else None
 
     def RERAISE(self, ins):
@@ -701,25 +867,21 @@ class FrameInterpreter(PythonSemantics):
         raise self.user_exception(exc.exc)
 
     def WITH_EXCEPT_START(self, ins):
-        exc = self.stack[-1]
-        exit_fn = self.stack[-4]
+        exc = self.peek(1)
+        exit_fn = self.peek(4)
         self.push(self.call(exit_fn, [ClassValue(type(exc.exc)), exc, ConstantValue(None)], {}))
 
     def IMPORT_NAME(self, ins):
-        import sys
+        from .imports import import_name
 
-        self.pop()
-        self.pop()
-        name = ins.arg
-        mod = sys.modules.get(name)
-        if mod is None:
-            raise Unsupported(f"import of a module not yet imported ({name})")
-        top = sys.modules[name.split(".")[0]]
-        self.push(PythonModuleValue(top if "." in name else mod, None))
+        fromlist = self.pop()
+        level = self.pop()
+        self.push(import_name(self, ins.arg, fromlist.as_constant(), level.as_constant()))
 
     def IMPORT_FROM(self, ins):
-        mod = self.stack[-1]
-        self.push(mod.getattr(self, ins.arg))
+        from .imports import import_from
+
+        self.push(import_from(self, self.top(), ins.arg))
 
 
 # -- helpers -------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ import torch.fx
 from .. import _torch
 from ..config import config
 from ..errors import Unsupported
+from .graph_constants import fx_argument
 from .guards import Guard, GuardKind, GuardSet, TensorMeta
 from .side_effects import SideEffects
 from .sources import GlobalSource, Source
@@ -83,6 +84,8 @@ class OutputGraph:
         self.module_hooks_guarded = False
         self.replaying = False   # a restarted capture, replaying up to a graph break
         self.autocast_stack: list = []
+        self.constant_attrs: dict[str, object] = {}   # get_attr name -> constant (to_fx)
+        self._constant_nodes: dict[str, torch.fx.Node] = {}
         # autocast's dtype is not part of the tensor dispatch keys that TENSOR_MATCH checks:
         # a capture that starts inside autocast also guards the autocast state
         self.autocast_at_start = {d: (torch.is_autocast_enabled(d), torch.get_autocast_dtype(d))
@@ -113,6 +116,19 @@ class OutputGraph:
         if isinstance(root, GlobalSource):
             return not self.is_trusted_globals(root.globals_dict)
         return True
+
+    def release(self) -> None:
+        """The capture is over: drop every reference to the outside world it gathered (the
+        objects it wrapped, their values, the frames, the recorded side effects), so an entry
+        that keeps the graph (its fake tensors reach this object through their ShapeEnv)
+        keeps none of the call's tensors alive. Guards hold what they need themselves."""
+        self.shape_env.location = None
+        self.builder.by_id.clear()
+        self.builder.by_source.clear()
+        self.tx_stack.clear()
+        self.side_effects = SideEffects()
+        for inp in self.tensor_inputs:
+            inp.real = None
 
     def restore_grad_mode(self) -> None:
         self.restore_autocast()
@@ -280,8 +296,8 @@ class OutputGraph:
 
     def call_op(self, kind: str, target, args: tuple, kwargs: dict, inplace_of: TensorValue | None = None,
                 expect_tensor: bool = True) -> Value:
-        fx_args = tuple(_to_fx(a) for a in args)
-        fx_kwargs = {k: _to_fx(v) for k, v in kwargs.items()}
+        fx_args = tuple(self.to_fx(a) for a in args)
+        fx_kwargs = {k: self.to_fx(v) for k, v in kwargs.items()}
         fake_args = tuple(_to_fake(a) for a in args)
         fake_kwargs = {k: _to_fake(v) for k, v in kwargs.items()}
         try:
@@ -321,6 +337,28 @@ class OutputGraph:
         node = self.graph.create_node(kind, target, fx_args, fx_kwargs)
         return self._wrap_result(node, result)
 
+    def to_fx(self, v: Value):
+        """The FX argument for a value (see ``_to_fx``), with every constant FX cannot print
+        exactly read from the graph module (``graph_constants``)."""
+        return fx_argument(_to_fx(v), self.constant_node)
+
+    def constant_node(self, obj) -> torch.fx.Node:
+        """A ``get_attr`` node reading ``obj`` from the graph module (one per object)."""
+        for name, held in self.constant_attrs.items():
+            if held is obj:
+                return self._constant_nodes[name]
+        name = f"_kiln_constant{len(self.constant_attrs)}"
+        self.constant_attrs[name] = obj
+        node = self._constant_nodes[name] = self.graph.get_attr(name)
+        return node
+
+    def graph_root(self) -> torch.nn.Module:
+        """The module a GraphModule of this graph is built from: it holds the constants."""
+        root = torch.nn.Module()
+        for name, obj in self.constant_attrs.items():
+            object.__setattr__(root, name, obj)
+        return root
+
     def _wrap_result(self, node, result) -> Value:
         node.meta["example_value"] = result
         if isinstance(result, torch.Tensor):
@@ -343,6 +381,13 @@ class OutputGraph:
     # -- finishing -------------------------------------------------------------------------------
     def remove_unused(self) -> None:
         """Drop getitem nodes nobody reads and placeholders nobody uses (their guards stay)."""
+        live = set(self.graph.nodes)
+        for node in live:
+            if any(a not in live for a in node.all_input_nodes):
+                # a value computed in a subgraph (a custom autograd.Function's forward, moved
+                # out of this graph) was used outside it: run the frame eagerly
+                raise Unsupported(f"{node.name} reads a value computed inside an "
+                                  "autograd.Function's forward")
         for node in reversed(list(self.graph.nodes)):
             if node.op == "call_function" and node.target is _getitem and not node.users:
                 self.graph.erase_node(node)

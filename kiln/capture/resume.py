@@ -14,6 +14,7 @@ successor. Nothing already executed is executed again.
 from __future__ import annotations
 
 import dataclasses
+import sys
 import types
 from typing import Callable
 
@@ -24,12 +25,17 @@ from ..errors import Unsupported
 from . import bytecode_utils as bu
 
 NULL, VALUE, ITER = "null", "value", "iter"
+# The slot PUSH_EXC_INFO leaves under an except/finally handler (the exception handled
+# before it). It is handed over as the exception the handler handles; the prologue re-enters
+# the handler with PUSH_EXC_INFO, so that ``raise``, ``sys.exc_info()`` and exception
+# chaining see it, and the epilogue restores the caller's before the continuation runs.
+PREV_EXC = "prev_exc"
 
 # Instructions that cannot start a break: their successor is not a plain fall-through, or
 # they belong to machinery that must stay whole (generators, with-entry, loops' FOR_ITER,
 # which on 3.12 skips the instruction after its target).
 _NOT_BREAKABLE = {"FOR_ITER", "SEND", "YIELD_VALUE", "RETURN_VALUE", "RETURN_CONST",
-                  "RETURN_GENERATOR", "RAISE_VARARGS", "RERAISE", "BEFORE_WITH", "END_FOR",
+                  "RETURN_GENERATOR", "RERAISE", "BEFORE_WITH", "END_FOR",
                   "END_SEND", "GET_YIELD_FROM_ITER", "MAKE_CELL", "COPY_FREE_VARS", "RESUME",
                   "LOAD_CLOSURE", "KW_NAMES", "PUSH_EXC_INFO", "POP_EXCEPT", "CHECK_EXC_MATCH",
                   "WITH_EXCEPT_START", "LOAD_FAST_AND_CLEAR", "JUMP"}
@@ -106,6 +112,10 @@ def plan_break(instrs: list[bu.Instr], index: int, layout: list[str], local_name
             raise Unsupported(f"the expression around a graph break continues with {ins.opname}")
         if ins.opname in ("RETURN_VALUE", "RETURN_CONST"):
             break  # the native part returns the frame's result
+        if ins.opname == "RAISE_VARARGS":
+            # the native part raises: the frame's own handlers (kept in the break function)
+            # take it, and the rest of the frame runs natively from there
+            break
         pops, pushes, null = _effect(ins)
         low = depth - pops
         if low < 0:
@@ -138,11 +148,75 @@ def plan_break(instrs: list[bu.Instr], index: int, layout: list[str], local_name
 
 # -- code generation --------------------------------------------------------------------------
 
+def slot_kind(value) -> str:
+    """How a stack slot of the interpreter is handed over (NULL, ITER, PREV_EXC, VALUE)."""
+    from .interpreter import PrevExcValue
+    from .values.base import NullValue
+    from .values.containers import IteratorValue
+
+    if isinstance(value, NullValue):
+        return NULL
+    if isinstance(value, IteratorValue):
+        return ITER
+    if isinstance(value, PrevExcValue):
+        return PREV_EXC
+    return VALUE
+
+
+_INTERNAL_PREFIXES = ("___stack", "___kiln_")
+
+
+def handover_locals(code: types.CodeType, bound) -> list[str]:
+    """The locals a break hands over, in order: the frame's bound locals (not the internal
+    ``___stack`` parameters, dead once a prologue pushed them) and its cells (as cell
+    objects, see ``_cells_as_locals``). The code's first parameter comes first: zero-argument
+    ``super()`` reads the frame's first local, so it must stay the first parameter of every
+    break function and continuation."""
+    names = [n for n in bound if not n.startswith(_INTERNAL_PREFIXES)]
+    names += [c for c in (CELL_PREFIX + n for n in code.co_cellvars) if c not in names]
+    first = code.co_varnames[0] if code.co_argcount else None
+    if "__class__" in code.co_freevars and first is not None:
+        if first not in names:
+            # deleted, or a cell (super() would read the cell object): only eager is exact
+            raise Unsupported(f"a graph break in a method using super() whose first argument "
+                              f"{first!r} is {'a closure cell' if first in code.co_cellvars else 'unbound'}")
+    if first in names:
+        names.remove(first)
+        names.insert(0, first)
+    return names
+
+
 def _param_names(layout, local_names) -> list[str]:
-    return [f"___stack{k}" for k, s in enumerate(layout) if s != NULL] + list(local_names)
+    """Parameters of a break function or continuation: the locals first (the frame's first
+    local stays first, for ``super()``), then the stack slots."""
+    return list(local_names) + [f"___stack{k}" for k, s in enumerate(layout) if s != NULL]
 
 
 CELL_PREFIX = "___cell_"
+
+# generated code object (its name blanked: it may be renamed after the user's function)
+# -> the user's code it was made from (what ``locals()`` lists)
+_ORIGINAL: dict[types.CodeType, types.CodeType] = {}
+
+
+def _unnamed(code: types.CodeType) -> types.CodeType:
+    return code.replace(co_name="<kiln>", co_qualname="<kiln>")
+
+
+def _register(generated: types.CodeType, code: types.CodeType) -> None:
+    _ORIGINAL[_unnamed(generated)] = original_code(code)
+
+
+def original_code(code: types.CodeType) -> types.CodeType:
+    """The user's code a break function or continuation was generated from (else ``code``)."""
+    if not _ORIGINAL:
+        return code
+    return _ORIGINAL.get(_unnamed(code), code)
+
+
+def forget_generated() -> None:
+    """Drop the record of generated code (``kiln.reset``)."""
+    _ORIGINAL.clear()
 
 
 def _cells_as_locals(code: types.CodeType, items: list) -> list:
@@ -190,11 +264,18 @@ def _new_bytecode(code: types.CodeType, items: list, params: list[str], name: st
         bc.qualname = name
     # The prologue rebuilds the exact stack of the jump target, so the original exception
     # table's stack depths stay right; flow analysis from the prologue would not reach the
-    # try blocks it jumps into and would leave them unset. The stack size covers handlers
-    # that analysis does not reach either.
-    computed = bc.compute_stacksize()
-    return bc.to_code(stacksize=max(computed, code.co_stacksize + len(params) + 8),
-                      compute_exception_stack_depths=False)
+    # try blocks it jumps into and would leave them unset. The stack size is a bound: the
+    # stack at an original instruction is the original's (at most co_stacksize, one more
+    # while the prologue re-enters a handler); an epilogue packs the stack and pushes at
+    # most the locals and four more. The library's analysis is only a cross-check: it goes
+    # wrong (a negative size) when a jump enters a try region in its middle, where it
+    # never saw the region's start.
+    bound = code.co_stacksize + len(params) + 8
+    try:
+        computed = bc.compute_stacksize()
+    except RuntimeError:
+        computed = 0
+    return bc.to_code(stacksize=max(computed, bound), compute_exception_stack_depths=False)
 
 
 def _prologue(code, layout, push_nulls: bool, target: Label, lineno: int) -> list:
@@ -211,6 +292,12 @@ def _prologue(code, layout, push_nulls: bool, target: Label, lineno: int) -> lis
             out.append(Instr("LOAD_FAST", f"___stack{k}", lineno=lineno))
             if kind == ITER:
                 out.append(Instr("GET_ITER", lineno=lineno))
+            elif kind == PREV_EXC:
+                # re-enter the handler: the slot becomes the exception handled before it
+                # (the caller's, or the enclosing handler's), the handled one is current
+                out += [Instr("PUSH_EXC_INFO", lineno=lineno), Instr("POP_TOP", lineno=lineno)]
+    # the stack parameters are dead now: locals() must not show them
+    out += [Instr("DELETE_FAST", f"___stack{k}", lineno=lineno) for k, kind in enumerate(layout) if kind != NULL]
     out.append(Instr("JUMP_FORWARD", target, lineno=lineno))
     return out
 
@@ -241,7 +328,9 @@ def build_continuation(code: types.CodeType, exit: Exit, name: str) -> types.Cod
     items.insert(pos, entry_label)
     params = _param_names(exit.layout, exit.local_names)
     prologue = _prologue(code, exit.layout, False, entry_label, lineno)
-    return _new_bytecode(code, prologue + items, params, name)
+    out = _new_bytecode(code, prologue + items, params, name)
+    _register(out, code)
+    return out
 
 
 def build_break_function(code: types.CodeType, plan: BreakPlan, continue_fns: list[Callable], name: str) -> types.CodeType:
@@ -266,7 +355,9 @@ def build_break_function(code: types.CodeType, plan: BreakPlan, continue_fns: li
     items.insert(_position_of(items, start_raw), start_label)
     params = _param_names(plan.layout, plan.local_names)
     prologue = _prologue(code, plan.layout, True, start_label, lineno)
-    return _new_bytecode(code, prologue + items + epilogues, params, name)
+    out = _new_bytecode(code, prologue + items + epilogues, params, name)
+    _register(out, code)
+    return out
 
 
 def _start_position(items, decoded, index: int) -> int:
@@ -283,30 +374,50 @@ def _position_of(items, raw) -> int:
 
 def _epilogue(exit: Exit, cont: Callable, lineno: int) -> list:
     out = [Instr("BUILD_TUPLE", len(exit.layout), lineno=lineno),
-           Instr("STORE_FAST", "___kiln_stack", lineno=lineno),
-           Instr("PUSH_NULL", lineno=lineno),
-           Instr("LOAD_CONST", cont, lineno=lineno),
-           Instr("LOAD_FAST", "___kiln_stack", lineno=lineno)]
+           Instr("STORE_FAST", "___kiln_stack", lineno=lineno)]
+    prev = [k for k, s in enumerate(exit.layout) if s == PREV_EXC]
+    if prev:
+        # the exception being handled (for the continuation), then the caller's restored
+        # (the outermost handler's slot holds it) before the continuation runs
+        out += [Instr("PUSH_NULL", lineno=lineno), Instr("LOAD_CONST", _handled_exception, lineno=lineno),
+                *bu.call_instructions(0, lineno), Instr("STORE_FAST", "___kiln_handled", lineno=lineno),
+                Instr("LOAD_FAST", "___kiln_stack", lineno=lineno), Instr("LOAD_CONST", prev[0], lineno=lineno),
+                Instr("BINARY_SUBSCR", lineno=lineno), Instr("POP_EXCEPT", lineno=lineno)]
+    out += [Instr("PUSH_NULL", lineno=lineno),
+            Instr("LOAD_CONST", cont, lineno=lineno),
+            Instr("LOAD_FAST", "___kiln_stack", lineno=lineno)]
     for n in exit.local_names:
         out.append(Instr("LOAD_FAST", n, lineno=lineno))
     out.append(Instr("BUILD_TUPLE", len(exit.local_names), lineno=lineno))
-    out += bu.call_instructions(2, lineno)
+    if prev:
+        out.append(Instr("LOAD_FAST", "___kiln_handled", lineno=lineno))
+    out += bu.call_instructions(3 if prev else 2, lineno)
     out.append(Instr("RETURN_VALUE", lineno=lineno))
     return out
 
 
+def _handled_exception():
+    return sys.exc_info()[1]
+
+
 def make_continue(resume: Callable, layout: tuple[str, ...]) -> Callable:
     """The function an epilogue calls: iterators are handed over as the tuple of their
-    remaining items (the continuation's prologue turns them back into iterators)."""
+    remaining items (the continuation's prologue turns them back into iterators), and each
+    handler's slot as the exception that handler handles (the next handler's slot holds it;
+    the innermost one is the exception being handled)."""
     iter_slots = [k for k, s in enumerate(layout) if s == ITER]
-    if not iter_slots:
+    prev_slots = [k for k, s in enumerate(layout) if s == PREV_EXC]
+    if not iter_slots and not prev_slots:
         def ___kiln_continue(stack, local_values):
-            return resume(*stack, *local_values)
+            return resume(*local_values, *stack)
     else:
-        def ___kiln_continue(stack, local_values):
+        def ___kiln_continue(stack, local_values, handled=None):
+            given = stack
             stack = list(stack)
             for k in iter_slots:
                 stack[k] = tuple(stack[k])
-            return resume(*stack, *local_values)
+            for i, k in enumerate(prev_slots):
+                stack[k] = given[prev_slots[i + 1]] if i + 1 < len(prev_slots) else handled
+            return resume(*local_values, *stack)
     ___kiln_continue.__kiln_resume__ = resume
     return ___kiln_continue

@@ -242,8 +242,12 @@ class PythonSemantics:
         if isinstance(a, TensorValue) or isinstance(b, TensorValue):
             if isinstance(a, ObjectValue) or isinstance(b, ObjectValue):
                 raise Unsupported("operator between a tensor and a user object")
-            return self.output.call_op("call_function", op, (a, b), {},
-                                       inplace_of=a if op in _INPLACE_TO_BINARY else None)
+            if op in _INPLACE_TO_BINARY:
+                inplace = self._tensor_inplace(op, a, b)
+                if inplace is not None:
+                    return inplace
+                op = _INPLACE_TO_BINARY[op]
+            return self.output.call_op("call_function", op, (a, b), {})
         if isinstance(a, _SYMBOLIC) or isinstance(b, _SYMBOLIC):
             r = sym_binary(self, op, a, b)
             return r if r is not None else self.binary(op, specialize(a), specialize(b))
@@ -265,14 +269,14 @@ class PythonSemantics:
                 raise self.user_exception(TypeError("can only concatenate list/tuple to same type"))
             return type(a)(a.items + b.items, None, a.base_type)
         if isinstance(a, BaseSequenceValue) and base_op is operator.mul and b.is_constant():
-            n = b.as_constant()
+            n = self._repeat_count(b)
             if isinstance(a, ListValue) and op is operator.imul:
                 a._mutate(self)
                 a.items[:] = a.items * n
                 return a
             return type(a)(a.items * n, None, a.base_type)
         if isinstance(b, BaseSequenceValue) and base_op is operator.mul and a.is_constant():
-            return type(b)(b.items * a.as_constant(), None, b.base_type)
+            return type(b)(b.items * self._repeat_count(a), None, b.base_type)
         if isinstance(a, DictValue) and isinstance(b, DictValue) and base_op is operator.or_:
             if op is operator.ior:
                 a.base_method(self, "update", [b], {})
@@ -285,6 +289,37 @@ class PythonSemantics:
             known = {**b.items, **a.items}
             return SetValue({k: known[k] for k in keys}, a.cls)
         raise Unsupported(f"operator {getattr(op, '__name__', op)} on {a.describe()} and {b.describe()}")
+
+    def _repeat_count(self, v: Value) -> int:
+        """``seq * v``: v must be an index (``[1] * 2.0`` raises TypeError, as in eager)."""
+        n = v.as_constant()
+        try:
+            return operator.index(n)
+        except TypeError:
+            raise self.user_exception(TypeError(
+                f"can't multiply sequence by non-int of type '{type(n).__name__}'"))
+
+    def _tensor_inplace(self, op, a: Value, b: Value) -> Value | None:
+        """``a op= b`` with a tensor on one side, as Python runs it: ``type(a).__iop__(a, b)``
+        when ``a``'s type defines it (a tensor: mutated in place, the same value comes back);
+        None when it does not (a number, a symbolic int, ``Tensor @=``), so that the caller
+        computes ``a op b`` and the name is rebound to a new value.
+
+        The graph records the dunder as a method call, never ``operator.iadd``: FX prints
+        that as the statement ``a += b``, which is not Python for a constant ``a`` and
+        rebinds the name of ``a`` for the rest of the graph's code."""
+        name = f"__i{_DUNDER[_INPLACE_TO_BINARY[op]]}__"
+        if isinstance(a, TensorValue) and callable(getattr(a.python_type(), name, None)):
+            return self.output.call_op("call_method", name, (a, b), {})
+        if isinstance(a, (ListValue, SetValue, DictValue)):
+            return self._container_inplace(op, a, b)
+        return None
+
+    def _container_inplace(self, op, a, b):
+        if isinstance(a, ListValue) and op is operator.iadd:
+            a.base_method(self, "extend", [b], {})   # list += tensor: extends by its rows
+            return a
+        raise Unsupported(f"operator {op.__name__} on {a.describe()} and {b.describe()}")
 
     def _user_binary(self, op, base_op, a, b):
         name = _DUNDER.get(base_op)

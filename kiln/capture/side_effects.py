@@ -26,8 +26,11 @@ class SideEffects:
         if container.source is not None and all(c is not container for c in self.containers):
             self.containers.append(container)
 
-    def store_attr(self, obj: Value, name: str, value: Value) -> None:
-        self.attrs[(id(obj), name)] = (obj, name, value)
+    def store_attr(self, obj: Value, name: str, value: Value, setter=setattr) -> None:
+        """``obj.name = value`` as ``setter`` (``object.__setattr__``, ``nn.Module.__setattr__``)
+        stores it: the class's own ``__setattr__`` already ran during capture, so the write
+        back calls only the storage step, never the user's hook a second time."""
+        self.attrs[(id(obj), name)] = (obj, name, value, setter)
 
     def attr_value(self, obj: Value, name: str) -> Value | None:
         hit = self.attrs.get((id(obj), name))
@@ -45,7 +48,7 @@ class SideEffects:
 
     def describe(self) -> list[str]:
         out = [f"mutate {c.source.describe()}" for c in self.containers]
-        out += [f"set {o.source.describe()}.{n}" for o, n, _ in self.attrs.values()]
+        out += [f"set {o.source.describe()}.{n}" for o, n, _, _ in self.attrs.values()]
         out += [f"set closure cell {n}" for _, n, _ in self.cells.values()]  # noqa: E501
         return out
 
@@ -76,9 +79,9 @@ class SideEffects:
                 body = temp("{" + ", ".join(f"{cg.key_expr(k)}: {v.reconstruct(cg)}"
                                             for k, v in c.items.items()) + "}")
                 apply.append(f"{cg.bind(_dict_replace)}({target}, {body})")
-        for obj, name, value in self.attrs.values():
+        for obj, name, value, setter in self.attrs.values():
             target, v = temp(cg.source_expr(obj.source)), temp(value.reconstruct(cg))
-            apply.append(f"{cg.bind(setattr)}({target}, {name!r}, {v})")
+            apply.append(f"{cg.bind(setter)}({target}, {name!r}, {v})")
         for cell_value, _name, value in self.cells.values():
             target, v = temp(cell_value.reconstruct(cg)), temp(value.reconstruct(cg))
             apply.append(f"{target}.cell_contents = {v}")

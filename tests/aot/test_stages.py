@@ -19,16 +19,25 @@ def _fake_mode_active():
     return any(isinstance(m, FakeTensorMode) for m in _get_current_dispatch_mode_stack())
 
 
-def test_state_is_a_context_manager_that_closes_once():
+def test_no_mode_stays_active_between_stages():
     x = rg(3)
-    state = create_aot_state(lambda x: x.sin(), [x])
-    assert _fake_mode_active() and not state.closed
+    state = create_aot_state(lambda x: x.sin(), [x])       # used without ``with``
+    assert not _fake_mode_active() and not state.closed
+    assert type(torch.randn(2)) is torch.Tensor
+    capture = stage1_graph_capture(state)
+    assert not _fake_mode_active()
+    compiled = stage2_compile(state, capture)
+    assert not _fake_mode_active()
+    out = compiled(x)
+    assert type(out) is torch.Tensor
+    assert_same(out, x.sin())
     state.close()
-    assert state.closed and not _fake_mode_active()
     state.close()          # idempotent
     with create_aot_state(lambda x: x.sin(), [x]) as st:
-        assert _fake_mode_active()
+        assert not _fake_mode_active()
+        compiled = stage2_compile(st, stage1_graph_capture(st))
     assert st.closed and not _fake_mode_active()
+    assert_same(compiled(x), x.sin())
 
 
 def test_state_closes_when_creation_fails():

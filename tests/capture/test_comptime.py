@@ -393,3 +393,86 @@ def test_as_fake_of_a_non_tensor_raises_at_capture():
     x = torch.randn(2)
     torch.testing.assert_close(cf(x, 3), x * 3)
     assert len(RECORD) == 1 and "not a tensor" in RECORD[0]
+
+
+# --------------------------------------------------------------------------- closures
+# A callback defined in the compiled function is a closure over its locals (their cells):
+# it runs at capture time with the values the capture knows.
+def callback_closes_over_cells(x):
+    scale = 3
+    y = x * scale
+    seen = []
+
+    def inner():                      # makes `y` a cell variable too
+        return y
+
+    def callback(ctx, tag="default"):
+        seen.append(scale)
+        RECORD.append((tag, scale * 2, seen, ctx.get_local("y").is_tensor(), type(y).__name__))
+    comptime(callback)
+    return inner() + len(seen)        # the callback's effect on `seen` is capture time only
+
+
+def test_callback_closing_over_cell_variables_runs_at_capture():
+    RECORD.clear()
+    cf, cnt = compiled(callback_closes_over_cells)
+    x = torch.randn(3)
+    torch.testing.assert_close(cf(x), callback_closes_over_cells(x))
+    assert RECORD == [("default", 6, [3], True, "ComptimeVar")]
+    assert cnt.frame_count == 1
+
+
+def callback_after_a_break(x):
+    y = x + 1
+
+    def inner():
+        return y
+    print("", end="")                 # the rest is a continuation: y travels as a cell
+    comptime(lambda ctx: RECORD.append(("after break", ctx.get_local("y").is_tensor())))
+    comptime(lambda ctx: ctx.print_locals())
+    return inner() * 2
+
+
+def test_callback_in_a_continuation_sees_cell_variables(capsys):
+    RECORD.clear()
+    cf, cnt = compiled(callback_after_a_break)
+    x = torch.randn(2)
+    torch.testing.assert_close(cf(x), (x + 1) * 2)
+    assert RECORD == [("after break", True)]
+    names = [ln.split(" = ", 1)[0] for ln in capsys.readouterr().out.strip().splitlines()]
+    assert set(names) == {"x", "y", "inner"}          # no kiln temporaries (___stack, ___cell_)
+    assert cnt.frame_count == 2
+
+
+def _inlined_callee(x):
+    z = x.cos()
+
+    def keep():
+        return z
+    comptime(lambda ctx: RECORD.append(("callee", ctx.get_local("z").is_tensor(),
+                                        ctx.get_local("x", stacklevel=1).is_tensor())))
+    return keep()
+
+
+def calls_callee_with_comptime(x):
+    return _inlined_callee(x) + 1
+
+
+def test_callback_in_an_inlined_callee_with_a_closure():
+    RECORD.clear()
+    cf, cnt = compiled(calls_callee_with_comptime)
+    x = torch.randn(2)
+    torch.testing.assert_close(cf(x), x.cos() + 1)
+    assert RECORD == [("callee", True, True)]
+    assert cnt.frame_count == 1
+
+
+def callback_raises(x):
+    comptime(lambda ctx: ctx.get_local("no_such_local"))
+    return x + 1
+
+
+def test_an_error_in_the_callback_is_the_users():
+    cf, _ = compiled(callback_raises)
+    with pytest.raises(KeyError, match="no_such_local"):
+        cf(torch.randn(2))

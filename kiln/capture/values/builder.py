@@ -275,6 +275,10 @@ class Builder:
         if source is None:
             raise Unsupported(f"an object of type {t.__name__} that cannot be guarded")
         g(GuardKind.TYPE_MATCH, source, t)
+        if isinstance(obj, BaseException):
+            from ..interpreter import ExceptionValue
+
+            return ExceptionValue(obj, source)   # a continuation's handled exception
         return ObjectValue(obj, source)
 
 

@@ -270,6 +270,41 @@ def _setattr(tx, fn, args, kwargs):
     return ConstantValue(None)
 
 
+@handles(locals)
+def _locals(tx, fn, args, kwargs):
+    if args or kwargs:
+        raise tx.user_exception(TypeError("locals() takes no arguments"))
+    return tx.frame_locals()
+
+
+@handles(vars)
+def _vars(tx, fn, args, kwargs):
+    if kwargs or len(args) > 1:
+        raise tx.user_exception(TypeError("vars expected at most 1 argument"))
+    if not args:
+        return tx.frame_locals()
+    try:
+        return tx.getattr(args[0], "__dict__")
+    except tx.UserException as e:
+        if isinstance(e.exc, AttributeError):
+            raise tx.user_exception(TypeError("vars() argument must have __dict__ attribute"))
+        raise
+
+
+@handles(dir)
+def _dir(tx, fn, args, kwargs):
+    if args or kwargs:
+        return NotImplemented   # dir(obj): a pure function of constants, or Unsupported
+    return ListValue([ConstantValue(k) for k in sorted(tx.frame_locals().items)])
+
+
+@handles(object.__getattribute__, object.__setattr__, object.__delattr__)
+def _object_attribute_slot(tx, fn, args, kwargs):
+    from .attributes import call_modelled
+
+    return call_modelled(tx, fn, args, kwargs)
+
+
 @handles(type)
 def _type(tx, fn, args, kwargs):
     if len(args) != 1:

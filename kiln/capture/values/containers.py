@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import collections
 import operator
-import types
 
 from ...errors import Unsupported
 from .base import ConstantValue, Value
@@ -434,6 +433,11 @@ class NewDictObjectValue(DictValue):
         return collections.OrderedDict if issubclass(self.cls, collections.OrderedDict) else dict
 
     def getattr(self, tx, name):
+        from .attributes import get_attribute
+
+        return get_attribute(tx, self, name, self.object_getattr)
+
+    def object_getattr(self, tx, name):
         from .objects import _MISSING, _is_data_descriptor, class_dict_source, static_lookup
 
         cls_attr = static_lookup(self.cls, name)
@@ -456,24 +460,35 @@ class NewDictObjectValue(DictValue):
         return tx.wrap(cls_attr, class_dict_source(self.cls, name))
 
     def setattr(self, tx, name, value):
-        from .objects import static_lookup
+        from .attributes import set_attribute
 
-        override = static_lookup(self.cls, "__setattr__")
-        if isinstance(override, types.FunctionType):
-            tx.call_function_value(override, [self, ConstantValue(name), value])
-        else:
-            self.attrs[name] = value
+        set_attribute(tx, self, name, value, self.object_setattr)
+
+    def object_setattr(self, tx, name, value):
+        from .attributes import descriptor_set
+        from .objects import _is_data_descriptor, static_lookup
+
+        cls_attr = static_lookup(self.cls, name)
+        if descriptor_set(tx, self, self.cls, name, cls_attr, value):
+            return
+        if _is_data_descriptor(cls_attr):
+            raise Unsupported(f"setting {name!r} through a descriptor on a new {self.cls.__name__}")
+        self.attrs[name] = value
 
     def delattr(self, tx, name):
+        from .attributes import del_attribute
+
+        del_attribute(tx, self, name, self.object_delattr)
+
+    def object_delattr(self, tx, name):
+        from .attributes import descriptor_delete
+        from .objects import static_lookup
+
+        if descriptor_delete(tx, self, self.cls, name, static_lookup(self.cls, name)):
+            return
         if name not in self.attrs:
             raise tx.user_exception(AttributeError(name))
         del self.attrs[name]
-
-    def base_method(self, tx, name, args, kwargs):
-        if name == "__object_setattr__":   # object.__setattr__(self, name, value) via super()
-            self.attrs[args[0].as_constant()] = args[1]
-            return ConstantValue(None)
-        return super().base_method(tx, name, args, kwargs)
 
     def reconstruct(self, cg):
         def build():

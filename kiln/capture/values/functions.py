@@ -5,8 +5,13 @@ from __future__ import annotations
 import types
 from inspect import signature as _inspect_signature
 
+import torch
+
 from ...errors import Unsupported
 from .base import ConstantValue, Value
+
+# torch.autograd.Function.apply: called on a user's Function, it is captured, not inlined
+_FUNCTION_APPLY = torch.autograd.Function.apply.__func__
 
 
 class UserFunctionValue(Value):
@@ -28,6 +33,14 @@ class UserFunctionValue(Value):
     def call(self, tx, args, kwargs):
         if self.fn is _inspect_signature and len(args) == 1 and not kwargs:
             return signature_of(tx, args[0])
+        if self.fn is _FUNCTION_APPLY and args:   # MyFn.apply(...): see autograd_function.py
+            from .autograd_function import call_apply
+
+            return call_apply(tx, args[0], args[1:], kwargs)
+        from .attributes import MODELLED, call_modelled
+
+        if self.fn in MODELLED:   # nn.Module.__setattr__(self, ...): the module store itself
+            return call_modelled(tx, self.fn, args, kwargs)
         if _is_stdlib_function(self.fn):
             raise Unsupported(f"call to standard-library function "
                               f"{self.fn.__module__}.{self.fn.__qualname__} (runs natively)")

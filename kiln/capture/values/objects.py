@@ -18,14 +18,9 @@ from ..sources import AttrSource, ItemSource, TypeSource
 from .base import ConstantValue, Value
 from .functions import BoundMethodValue, MethodValue, UserFunctionValue
 
-_MISSING = object()
-
-
-def static_lookup(cls: type, name: str) -> Any:
-    for klass in cls.__mro__:
-        if name in klass.__dict__:
-            return klass.__dict__[name]
-    return _MISSING
+from .attributes import (_MISSING, RawAttrSource, del_attribute, descriptor_delete,
+                         descriptor_set, generic_method, get_attribute, has_user_getattribute,
+                         set_attribute, static_lookup, storage_setter)
 
 
 class ObjectValue(Value):
@@ -66,6 +61,11 @@ class ObjectValue(Value):
             raise Unsupported(f"attribute {name!r} of an object that cannot be guarded")
 
     def getattr(self, tx, name):
+        return get_attribute(tx, self, name, self.object_getattr)
+
+    def object_getattr(self, tx, name):
+        """``object.__getattribute__(obj, name)``: a store made by this capture, data
+        descriptors, the instance dict, then class attributes."""
         pending = tx.output.side_effects.attr_value(self, name)
         if pending is not None:
             return pending
@@ -74,24 +74,26 @@ class ObjectValue(Value):
         cls_attr = static_lookup(cls, name)
         if isinstance(cls_attr, property):
             if cls_attr.fget is None:
-                raise tx.user_exception(AttributeError(name))
+                raise tx.user_exception(AttributeError(f"property {name!r} of {cls.__name__!r} object has no getter"))
             tx.output.guard_class_attribute(cls, name, cls_attr)
             return tx.call(UserFunctionValue(cls_attr.fget), [self], {})
         d = self.instance_dict()
         if d is not None and name in d and not _is_data_descriptor(cls_attr):
             self._require_source(name)
-            return tx.wrap(d[name], AttrSource(self.source, name))
+            return tx.wrap(d[name], self._attr_source(name))
         if cls_attr is not _MISSING:
             return self._class_attribute(tx, name, cls_attr)
-        getattr_fn = static_lookup(cls, "__getattr__")
-        if isinstance(getattr_fn, types.FunctionType):
-            return tx.call(UserFunctionValue(getattr_fn), [self, ConstantValue(name)], {})
-        if name == "__class__":
-            return tx.wrap(cls, TypeSource(self.source) if self.source else None)
         if name == "__dict__" and d is not None:
             self._require_source(name)
-            return tx.wrap(d, AttrSource(self.source, "__dict__"))
+            return tx.wrap(d, self._attr_source("__dict__"))
         raise tx.user_exception(AttributeError(f"'{cls.__name__}' object has no attribute '{name}'"))
+
+    def _attr_source(self, name):
+        """Where guards read what ``object.__getattribute__`` found: ``obj.name``, or past a
+        class's own ``__getattribute__``."""
+        if has_user_getattribute(self.python_type()):
+            return RawAttrSource(self.source, name)
+        return AttrSource(self.source, name)
 
     def _class_attribute(self, tx, name, cls_attr):
         tx.output.guard_class_attribute(self.python_type(), name, cls_attr)
@@ -108,11 +110,15 @@ class ObjectValue(Value):
                                      types.MethodWrapperType)):
                 return MethodValue(self, name)
             self._require_source(name)
-            return tx.wrap(getattr(self.value, name), AttrSource(self.source, name))
+            try:
+                value = object.__getattribute__(self.value, name)
+            except AttributeError as e:
+                raise tx.user_exception(e)
+            return tx.wrap(value, self._attr_source(name))
         # A plain class attribute: guard it where the instance reads it.
         if self.source is None:
             return tx.wrap(cls_attr, None)
-        return tx.wrap(cls_attr, AttrSource(self.source, name))
+        return tx.wrap(cls_attr, self._attr_source(name))
 
     def call_method(self, tx, name, args, kwargs):
         cls_attr = static_lookup(self.python_type(), name)
@@ -145,12 +151,29 @@ class ObjectValue(Value):
         raise Unsupported(f"iterating over {self.describe()}")
 
     def setattr(self, tx, name, value):
+        set_attribute(tx, self, name, value, self.object_setattr)
+
+    def object_setattr(self, tx, name, value):
+        """``object.__setattr__(obj, name, value)``: a data descriptor's setter, else a store
+        into the instance dict (or a ``__slots__`` member), replayed after the graph with
+        the C-level store (the class's own Python ``__setattr__`` already ran, inlined)."""
+        cls = type(self.value)
+        if descriptor_set(tx, self, cls, name, static_lookup(cls, name), value):
+            return
         if self.source is None:
             raise Unsupported(f"setting attribute {name!r} on an object without a source")
-        cls_attr = static_lookup(type(self.value), name)
-        if isinstance(cls_attr, property) or _is_data_descriptor(cls_attr):
-            raise Unsupported(f"setting {name!r} through a descriptor")
-        tx.output.side_effects.store_attr(self, name, value)
+        if self.instance_dict() is None and not isinstance(static_lookup(cls, name), types.MemberDescriptorType):
+            raise Unsupported(f"setting {name!r} on a {cls.__name__} without an instance dict")
+        tx.output.side_effects.store_attr(self, name, value, storage_setter(cls))
+
+    def delattr(self, tx, name):
+        del_attribute(tx, self, name, self.object_delattr)
+
+    def object_delattr(self, tx, name):
+        cls = type(self.value)
+        if descriptor_delete(tx, self, cls, name, static_lookup(cls, name)):
+            return
+        raise Unsupported(f"del of attribute {name!r} of an object that existed before the call")
 
 
 def _is_data_descriptor(attr) -> bool:
@@ -179,19 +202,25 @@ class NewObjectValue(ObjectValue):
     def instance_dict(self):
         return None
 
-    def getattr(self, tx, name):
+    def object_getattr(self, tx, name):
         cls_attr = static_lookup(self.cls, name)
         if isinstance(cls_attr, property):
+            if cls_attr.fget is None:
+                raise tx.user_exception(AttributeError(
+                    f"property {name!r} of {self.cls.__name__!r} object has no getter"))
             return tx.call(UserFunctionValue(cls_attr.fget), [self], {})
-        if name in self.attrs:
+        if name == "__class__":
+            return ClassValue(self.cls)
+        if name == "__dict__":
+            from .containers import DictValue
+
+            view = DictValue({})
+            view.items = self.attrs  # a live view of the instance attributes
+            return view
+        if name in self.attrs and not _is_data_descriptor(cls_attr):
             return self.attrs[name]
         if cls_attr is not _MISSING:
             return self._class_attribute(tx, name, cls_attr)
-        getattr_fn = static_lookup(self.cls, "__getattr__")
-        if isinstance(getattr_fn, types.FunctionType):
-            return tx.call(UserFunctionValue(getattr_fn), [self, ConstantValue(name)], {})
-        if name == "__class__":
-            return ClassValue(self.cls)
         raise tx.user_exception(AttributeError(f"'{self.cls.__name__}' object has no attribute '{name}'"))
 
     def _class_attribute(self, tx, name, cls_attr):
@@ -201,16 +230,17 @@ class NewObjectValue(ObjectValue):
             raise Unsupported(f"descriptor {name!r} on a new {self.cls.__name__}")
         return tx.wrap(cls_attr, class_dict_source(self.cls, name))
 
-    def setattr(self, tx, name, value):
+    def object_setattr(self, tx, name, value):
         cls_attr = static_lookup(self.cls, name)
-        if isinstance(cls_attr, property) or _is_data_descriptor(cls_attr):
+        if descriptor_set(tx, self, self.cls, name, cls_attr, value):
+            return
+        if _is_data_descriptor(cls_attr):
             raise Unsupported(f"setting {name!r} through a descriptor on a new {self.cls.__name__}")
-        setattr_fn = static_lookup(self.cls, "__setattr__")
-        if setattr_fn is not object.__setattr__:
-            raise Unsupported(f"{self.cls.__name__} overrides __setattr__")
         self.attrs[name] = value
 
-    def delattr(self, tx, name):
+    def object_delattr(self, tx, name):
+        if descriptor_delete(tx, self, self.cls, name, static_lookup(self.cls, name)):
+            return
         if name not in self.attrs:
             raise tx.user_exception(AttributeError(name))
         del self.attrs[name]
@@ -273,6 +303,10 @@ class NNModuleValue(ObjectValue):
         return f"Module({type(self.value).__name__}" + (f" {self.source.describe()})" if self.source else ")")
 
     def getattr(self, tx, name):
+        from .attributes import user_hook
+
+        if user_hook(tx, type(self.value), "__getattribute__", object.__getattribute__) is not None:
+            return get_attribute(tx, self, name, self.object_getattr)
         pending = tx.output.side_effects.attr_value(self, name)
         if pending is not None:
             return pending
@@ -295,13 +329,25 @@ class NNModuleValue(ObjectValue):
         return super().getattr(tx, name)
 
     def setattr(self, tx, name, value):
+        set_attribute(tx, self, name, value, self.module_setattr, torch.nn.Module.__setattr__)
+
+    def module_setattr(self, tx, name, value):
+        """``nn.Module.__setattr__``: buffers and plain attributes, written back with it after
+        the graph runs; parameters and submodules are not assigned inside a capture."""
         m = self.value
         if name in m._parameters or isinstance(value, NNModuleValue) or name in m._modules:
             raise Unsupported(f"assigning {name!r} (a parameter or submodule) inside a compiled function")
+        if descriptor_set(tx, self, type(m), name, static_lookup(type(m), name), value):
+            return
         if self.source is None:
             raise Unsupported(f"setting {name!r} on a module without a source")
-        # buffers and plain attributes: written back with setattr after the graph runs
-        tx.output.side_effects.store_attr(self, name, value)
+        tx.output.side_effects.store_attr(self, name, value, torch.nn.Module.__setattr__)
+
+    def delattr(self, tx, name):
+        del_attribute(tx, self, name, self.module_delattr, torch.nn.Module.__delattr__)
+
+    def module_delattr(self, tx, name):
+        raise Unsupported(f"del of module attribute {name!r} inside a compiled function")
 
     def call(self, tx, args, kwargs):
         tx.output.guard_module_has_no_hooks(self)
@@ -384,6 +430,14 @@ class PythonModuleValue(ObjectValue):
     def truthy(self, tx):
         return True
 
+    def setattr(self, tx, name, value):
+        # module globals are read by every function of the module (as globals, not through
+        # this value): the store runs natively, like STORE_GLOBAL
+        raise Unsupported(f"assignment to module attribute {self.value.__name__}.{name}")
+
+    def delattr(self, tx, name):
+        raise Unsupported(f"del of module attribute {self.value.__name__}.{name}")
+
     def reconstruct(self, cg):
         if self.source is not None:
             return cg.source_expr(self.source)
@@ -433,6 +487,14 @@ class ClassValue(ObjectValue):
 
         return construct_class(tx, self, args, kwargs)
 
+    def setattr(self, tx, name, value):
+        # a class attribute is read through the class and through each instance (and
+        # guarded as read): the store runs natively
+        raise Unsupported(f"assignment to class attribute {self.value.__qualname__}.{name}")
+
+    def delattr(self, tx, name):
+        raise Unsupported(f"del of class attribute {self.value.__qualname__}.{name}")
+
     def reconstruct(self, cg):
         if self.source is not None:
             return cg.source_expr(self.source)
@@ -460,10 +522,8 @@ class SuperValue(Value):
                                             ClassValue(self.obj.python_type()))
                 if isinstance(attr, staticmethod):
                     return tx.wrap(attr.__func__, None)
-                if attr is object.__setattr__ and hasattr(self.obj, "attrs"):
-                    from .functions import BaseMethodValue
-
-                    return BaseMethodValue(self.obj, "__object_setattr__")
+                if attr in (object.__setattr__, object.__getattribute__, object.__delattr__):
+                    return generic_method(self.obj, attr)
                 if klass in (list, dict, tuple, collections.OrderedDict) and hasattr(self.obj, "base_method"):
                     from .functions import BaseMethodValue
 

@@ -54,8 +54,11 @@ class TensorValue(Value):
     def unpack(self, tx):
         if self.fake.dim() == 0:
             raise Unsupported("iteration over a 0-d tensor")
-        n = int(self.fake.shape[0])   # a symbolic length specializes (guarded)
-        return [tx.output.call_op("call_function", _getitem, (self, ConstantValue(i)), {}) for i in range(n)]
+        int(self.fake.shape[0])   # a symbolic length specializes (guarded)
+        # Tensor.__iter__ is iter(self.unbind(0)): its rows are the outputs of one
+        # multi-output view op (autograd forbids changing them in place), not selects
+        rows = tx.output.call_op("call_method", "unbind", (self, ConstantValue(0)), {})
+        return list(rows.items)
 
     def getattr(self, tx, name):
         if name in METADATA_ATTRS:

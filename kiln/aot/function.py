@@ -1,0 +1,219 @@
+"""The autograd.Function nodes around a compiled forward and backward (the training callable).
+
+One forward call computes every output. Autograd sees one node per *component*: outputs whose
+gradients reach disjoint sets of inputs get separate nodes (``partial.components``), because
+eager's autograd runs and frees its nodes one by one: backward() through one output must not
+run, or free, what another output's backward needs. Most graphs are one component. (Within
+one, a backward() through some outputs runs the nodes of all the component's inputs, with no
+gradient: a non-leaf input whose own node saved tensors then cannot be backpropagated through
+a second time without retain_graph=True, where eager may allow it.)
+
+Each node's backward gets None for the outputs backward() did not go through
+(``set_materialize_grads(False)``): it passes zeros for them to the backward graph compiled
+for the given tangents only (``partial.without_tangents``), leaves ``.grad`` None where eager's
+autograd would not reach, and checks saved tensors as eager would (``versions.py``).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+import torch.fx
+
+from ..errors import Unsupported
+from . import _utils as U
+from . import partial as P
+from . import versions as V
+
+
+def caller(fn: Callable) -> Callable[[list], Any]:
+    """Call a compiled graph with a list of arguments, boxed (the list is consumed) or not."""
+    if getattr(fn, "_boxed_call", False):
+        return fn
+    return lambda args: fn(*args)
+
+
+def view_outputs(fw: Callable, parts) -> list[int]:
+    """Forward outputs that may come out as views of tensors internal to the graph (a
+    functional graph returns ``view(buffer)`` for a value eager changed through a view). Such
+    an output of the autograd.Function would be a view "created inside a custom Function" (or
+    under no_grad, for the inference graph) and autograd would refuse in-place writes to it
+    that eager allows: the runtime returns it detached from that base (same memory). Views
+    eager makes are re-taken outside (``alias_of_*`` outputs). For graphs run as FX, only the
+    outputs that are view ops; for other compilers, any."""
+    outs = U.flat_outputs(parts.forward.graph)[:parts.num_fw_outputs]
+    if getattr(fw, "graph_module", None) is None:
+        return list(range(len(outs)))
+    return [k for k, o in enumerate(outs) if isinstance(o, torch.fx.Node) and U.is_view(o)]
+
+
+def detach_views(outs, view_outs: list[int]):
+    for k in view_outs:
+        o = outs[k]
+        if isinstance(o, torch.Tensor) and o._base is not None:
+            if not isinstance(outs, list):
+                outs = list(outs)
+            outs[k] = o.detach()
+    return outs
+
+
+def _static_zeros(parts) -> dict | None:
+    """(shape, dtype, device) of each forward output that gets a tangent, when static."""
+    from .symbolic import has_symbols
+
+    outs = U.flat_outputs(parts.forward.graph)
+    metas = {}
+    for k in parts.tangent_positions:
+        v = outs[k].meta.get("val") if isinstance(outs[k], torch.fx.Node) else None
+        if not isinstance(v, torch.Tensor) or any(has_symbols(d) for d in v.shape):
+            return None
+        metas[k] = (tuple(int(d) for d in v.shape), v.dtype, v.device)
+    return metas
+
+
+class _Call:
+    """One call's forward results, computed by the first node's forward, read by the others."""
+    __slots__ = ("args", "result")
+
+    def __init__(self, args):
+        self.args = args
+        self.result = None
+
+
+def make_training_core(fw: Callable, bw: Callable, parts, compile_bw: Callable[[torch.fx.GraphModule], Callable],
+                       check: Callable[[tuple], None]) -> Callable:
+    view_outs = view_outputs(fw, parts)
+    fw, bw = caller(fw), caller(bw)
+    nfw = parts.num_fw_outputs
+    tangent_positions = list(parts.tangent_positions)
+    n_tangents = len(tangent_positions)
+    nondiff = {k for k, rg in enumerate(parts.fw_output_requires_grad) if not rg}
+    deps = [frozenset(d) for d in parts.grad_dependencies] if parts.grad_dependencies is not None else None
+    static_zeros = _static_zeros(parts)
+    check_inputs, check_outputs = list(parts.check_inputs), list(parts.check_outputs)
+    copy_saved = list(parts.copy_saved)
+    watch = [(pos, frozenset(need)) for pos, need in parts.watch]
+    late_demand = {j: frozenset(need) for j, need in parts.late_demand}
+    saved_demand = [[frozenset(u) for u in uses] for uses in parts.saved_demand]
+    n_checked = len(check_inputs) + len(check_outputs)
+    partial_bws: dict = {}       # given tangents -> the backward for those only
+
+    def backward_for(given: frozenset):
+        fn = partial_bws.get(given)
+        if fn is None:
+            gm = P.without_tangents(parts.backward, n_tangents, given)
+            fn = partial_bws[given] = caller(compile_bw(gm))
+        return fn
+
+    def run_forward(call: _Call):
+        args = call.args
+        outs = fw(list(args))
+        saved = outs[nfw:]
+        fw_outs = tuple(detach_views(outs[:nfw], view_outs) if view_outs else outs[:nfw])
+        if copy_saved:
+            saved = list(saved)
+            for j in copy_saved:
+                saved[j] = saved[j].clone()
+        tensors = [s for s in saved if isinstance(s, torch.Tensor)]
+        other = None if len(tensors) == len(saved) else \
+            [(i, s) for i, s in enumerate(saved) if not isinstance(s, torch.Tensor)]
+        # saved only so that backward() checks their version counters, as eager's does
+        tensors += [args[i] for i in check_inputs] + [fw_outs[k] for k in check_outputs]
+        sizes = None if static_zeros is not None else \
+            {k: (fw_outs[k].shape, fw_outs[k].dtype, fw_outs[k].device) for k in tangent_positions}
+        call.result = (fw_outs, tensors, other, sizes)
+
+    def zeros_for(ctx, k):
+        shape, dtype, device = (static_zeros or ctx.kiln_sizes)[k]
+        return torch.zeros(shape, dtype=dtype, device=device)
+
+    def node_class(tangents: list[int], outputs: list[int], primals: list[int]):
+        """The autograd.Function of one component: ``tangents`` (indices of tangents), the
+        forward ``outputs`` it returns, the ``primals`` it takes."""
+        mine = frozenset(tangents)
+        whole = len(mine) == n_tangents
+        position_of = {k: p for p, k in enumerate(outputs)}
+        my_tangents = [(j, tangent_positions[j]) for j in tangents]
+        out_nondiff = [k for k in outputs if k in nondiff]
+
+        class KilnAOTFunction(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, call, *primals_):
+                # None for the gradient of an output backward() did not go through
+                ctx.set_materialize_grads(False)
+                if call.result is None:
+                    run_forward(call)
+                fw_outs, tensors, other, sizes = call.result
+                ctx.kiln_other = other
+                ctx.kiln_sizes = sizes
+                ctx.save_for_backward(*tensors)
+                if watch:
+                    ctx.kiln_watch = V.record(tensors, watch)
+                mine_out = tuple(fw_outs[k] for k in outputs)
+                if out_nondiff:
+                    ctx.mark_non_differentiable(*[fw_outs[k] for k in out_nondiff
+                                                  if isinstance(fw_outs[k], torch.Tensor)])
+                return mine_out
+
+            @staticmethod
+            def backward(ctx, *grad_outs):
+                if torch.is_grad_enabled():   # create_graph=True: the backward graph is not differentiable
+                    raise Unsupported("AOT autograd: double backward (create_graph=True) through a kiln-compiled "
+                                      "graph is not supported; compile with backend='eager' for it")
+                given = set()
+                tangents_ = [None] * n_tangents
+                for j, k in my_tangents:
+                    g = grad_outs[position_of[k]]
+                    if g is not None:
+                        given.add(j)
+                        tangents_[j] = g if g.is_contiguous() else g.contiguous()
+                for j in range(n_tangents):
+                    if tangents_[j] is None:
+                        tangents_[j] = zeros_for(ctx, tangent_positions[j])
+                partial = None if whole and len(given) == n_tangents else frozenset(given)
+                V.run_late_checks(ctx, partial, late_demand)
+                args = V.unpack(ctx, partial, watch, saved_demand, mine)
+                ctx.maybe_clear_saved_tensors()     # the graph frees each after its last use
+                if n_checked:
+                    del args[len(args) - n_checked:]
+                if ctx.kiln_other is not None:
+                    for i, s in ctx.kiln_other:
+                        args.insert(i, s)
+                args += tangents_
+                del tangents_
+                grads = bw(args) if partial is None else backward_for(partial)(args)
+                if partial is not None and deps is not None:
+                    # eager's autograd never reaches a leaf from an output backward() skipped
+                    grads = [None if deps[i].isdisjoint(partial) else g for i, g in enumerate(grads)]
+                return (None, *[grads[i] for i in primals])
+
+        KilnAOTFunction.__name__ = "KilnAOTFunction"
+        KilnAOTFunction.kiln_aot = True      # (versions.attach_late_checks finds its nodes by it)
+        return KilnAOTFunction
+
+    groups = P.components(parts, U.flat_outputs(parts.forward.graph)[:nfw])
+    nodes = [node_class(t, o, p).apply for t, o, p in groups]
+    if len(groups) == 1:
+        apply, (_, _, primals) = nodes[0], groups[0]
+
+        def run_nodes(args):
+            return apply(_Call(args), *[args[i] for i in primals])
+    else:
+        def run_nodes(args):
+            call = _Call(args)
+            results: list = [None] * nfw
+            for apply, (_, outputs, primals) in zip(nodes, groups):
+                for k, o in zip(outputs, apply(call, *[args[i] for i in primals])):
+                    results[k] = o
+            return tuple(results)
+
+    entry_grad = parts.grad_enabled
+
+    def training_core(*args):
+        check(args)
+        if entry_grad:
+            return run_nodes(args)
+        with torch.enable_grad():     # entered under no_grad; the graph turns grad mode on
+            return run_nodes(args)
+    training_core.autograd_functions = nodes
+    return training_core

@@ -1,0 +1,136 @@
+"""backward() through some of a compiled graph's outputs only.
+
+Eager's autograd runs only the nodes on the way from the outputs backward() was called on: a
+leaf nothing reaches keeps ``.grad`` None, and what the other outputs' gradients would have
+needed is never computed. The compiled backward is one graph for every output. For a call
+where some tangents are missing (the autograd.Function gets None for them):
+
+* ``grad_dependencies``: which tangents each gradient is computed from; a gradient none of
+  whose tangents is given is None, as in eager;
+* ``without_tangents``: the backward graph for the given tangents only. A missing tangent is
+  passed as zeros, and the backward is linear in its tangents, so every value computed from
+  missing tangents only is zero; but computed, it can be NaN (zero times an infinite local
+  derivative, ``sqrt`` at 0) and poison a gradient eager computes cleanly. Where such a value
+  meets one computed from a given tangent, the graph uses ``zeros_like`` of it instead.
+"""
+from __future__ import annotations
+
+import torch
+import torch.fx
+
+from . import _utils as U
+
+aten = torch.ops.aten
+
+
+def tangent_sets(graph: torch.fx.Graph, tangents: list) -> dict:
+    """node -> the tangents (indices into ``tangents``) it is computed from."""
+    deps: dict = {t: frozenset((j,)) for j, t in enumerate(tangents)}
+    for n in graph.nodes:
+        if n not in deps:
+            deps[n] = frozenset().union(*[deps.get(a, frozenset()) for a in n.all_input_nodes])
+    return deps
+
+
+def grad_dependencies(joint: torch.fx.GraphModule, num_fw_outputs: int) -> list[list[int]]:
+    """For each gradient the joint graph returns, the tangents it is computed from (indices in
+    placeholder order)."""
+    tangents = [n for n in joint.graph.nodes if n.op == "placeholder" and n.meta.get("kiln_tangent")]
+    deps = tangent_sets(joint.graph, tangents)
+    grads = U.flat_outputs(joint.graph)[num_fw_outputs:]
+    return [sorted(deps.get(g, ())) if isinstance(g, torch.fx.Node) else [] for g in grads]
+
+
+def without_tangents(backward: torch.fx.GraphModule, num_tangents: int, given: frozenset) -> torch.fx.GraphModule:
+    """A copy of ``backward`` (saved values + tangents -> gradients) in which a value computed
+    from missing tangents only is replaced by ``zeros_like`` of it where a value computed from
+    a given tangent uses it, and gradients computed from missing tangents only are None."""
+    gm = torch.fx.GraphModule(backward, _copy(backward.graph), class_name=type(backward).__name__)
+    g = gm.graph
+    phs = [n for n in g.nodes if n.op == "placeholder"]
+    tangents = phs[len(phs) - num_tangents:]
+    deps = tangent_sets(g, tangents)
+
+    def dead(n) -> bool:
+        d = deps.get(n)
+        return bool(d) and d.isdisjoint(given)
+
+    zeros: dict = {}
+    for n in list(g.nodes):
+        if n.op == "output" or not deps.get(n) or dead(n):
+            continue
+        for a in n.all_input_nodes:
+            if dead(a):
+                z = zeros.get(a)
+                if z is None:
+                    with g.inserting_after(a):
+                        z = zeros[a] = g.call_function(aten.zeros_like.default, (a,))
+                    z.meta = dict(a.meta)
+                n.replace_input_with(a, z)
+    out = U.output_node(g)
+    flat = list(out.args[0])
+    out.args = (tuple(None if isinstance(v, torch.fx.Node) and dead(v) else v for v in flat),)
+    g.eliminate_dead_code()
+    g.lint()
+    gm.recompile()
+    return gm
+
+
+def _copy(graph: torch.fx.Graph) -> torch.fx.Graph:
+    new = torch.fx.Graph()
+    out = new.graph_copy(graph, {})
+    new.output(out)
+    return new
+
+
+def components(parts, fw_out_nodes: list) -> list[tuple[list[int], list[int], list[int]]]:
+    """The training callable's autograd nodes: ``(tangents, forward outputs, primals)`` each.
+
+    Tangents whose gradients reach a common primal are one node; so are forward outputs that
+    are one value. A primal goes to the node of the tangents its gradient comes from; a primal
+    no tangent reaches goes to none (eager's autograd has no edge to it either: an edge would
+    make backward() run, and free, the node that made it). Outputs without a tangent go to the
+    first node."""
+    deps = parts.grad_dependencies
+    n_t = len(parts.tangent_positions)
+    nfw = parts.num_fw_outputs
+    if deps is None:
+        return [(list(range(n_t)), list(range(nfw)), list(range(len(parts.primal_requires_grad))))]
+    parent = list(range(n_t))
+
+    def find(j):
+        while parent[j] != j:
+            parent[j] = parent[parent[j]]
+            j = parent[j]
+        return j
+
+    def union(a, b):
+        parent[find(a)] = find(b)
+
+    for d in deps:
+        for j in d[1:]:
+            union(d[0], j)
+    tangent_of = {k: j for j, k in enumerate(parts.tangent_positions)}
+    first: dict = {}
+    for k, node in enumerate(fw_out_nodes):
+        if k in tangent_of and isinstance(node, torch.fx.Node):
+            j = tangent_of[k]
+            if node in first:
+                union(first[node], j)
+            else:
+                first[node] = j
+    roots = sorted({find(j) for j in range(n_t)}, key=lambda r: min(j for j in range(n_t) if find(j) == r))
+    index = {r: c for c, r in enumerate(roots)}
+    groups = [([j for j in range(n_t) if find(j) == r], [], []) for r in roots] or [([], [], [])]
+    for k, node in enumerate(fw_out_nodes):
+        if k in tangent_of:
+            c = index[find(tangent_of[k])]
+        elif isinstance(node, torch.fx.Node) and node in first:
+            c = index[find(first[node])]
+        else:
+            c = 0
+        groups[c][1].append(k)
+    for i, d in enumerate(deps):
+        if d:
+            groups[index[find(d[0])]][2].append(i)
+    return groups

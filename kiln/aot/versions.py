@@ -1,0 +1,288 @@
+"""Eager's version-counter checks, for the one autograd.Function kiln compiles a graph into.
+
+Eager's autograd saves tensors per op and, at backward time, refuses a saved tensor that was
+changed in place since ("one of the variables needed for gradient computation has been
+modified by an inplace operation"), and only for the ops backward() actually goes through. A
+compiled graph saves what its partitioner chose, in one node for all its outputs. A user who
+changes an input or an output in place between the call and backward() must see eager's
+outcome:
+
+* what eager saves is recorded while the metadata is collected (``recording_saves``);
+* a primal or forward output whose memory eager saves (``InputInfo.saved_by_eager``) and that
+  the partition does not save as is is saved again, only to be checked (``check_inputs``,
+  ``check_outputs``); a mutated input eager saved is checked against its version after the
+  copy-back (``late``, attached by the runtime wrapper);
+* a saved value that aliases an input or output eager does not save is copied at forward time
+  (``copy_saved``): the user may change the original, eager allows it;
+* a user-visible saved value needed only for the gradients of some outputs (``watch``) is not
+  checked when backward() does not go through those outputs.
+"""
+from __future__ import annotations
+
+import contextlib
+import weakref
+
+import torch
+import torch.fx
+from torch.multiprocessing.reductions import StorageWeakRef
+
+from . import _utils as U
+
+
+def tangent_uses(graph: torch.fx.Graph, tangents: list, backward_phase_only: bool = False) -> dict:
+    """For each node that depends on no tangent: the tangent sets (indices into ``tangents``)
+    of the backward ops that consume it, directly or through other tangent-free nodes (one
+    set per op: what flows into the eager node that op comes from). ``backward_phase_only``
+    (the joint graph): only through backward-phase nodes, so that a primal counts for what
+    eager's formulas read from it, not for the forward values computed from it."""
+    deps: dict = {t: frozenset((j,)) for j, t in enumerate(tangents)}
+    nodes = list(graph.nodes)
+    for n in nodes:
+        if n not in deps:
+            deps[n] = frozenset().union(*[deps.get(a, frozenset()) for a in n.all_input_nodes])
+    uses: dict = {}
+    for n in reversed(nodes):
+        if deps[n]:
+            continue
+        u: set = set()
+        for user in n.users:
+            if user.op == "output":
+                continue
+            if deps[user]:
+                u.add(deps[user])
+            elif not backward_phase_only or user.meta.get("kiln_phase") == "backward":
+                u |= uses.get(user, frozenset())
+        uses[n] = frozenset(u)
+    return uses
+
+
+def version_checks(forward: torch.fx.GraphModule, backward: torch.fx.GraphModule, capture,
+                   mutated: set, n_mut: int) -> dict:
+    """The ``check_inputs``/``check_outputs``/``copy_saved``/``watch`` fields of
+    CompiledParts (see the module's docstring). ``watch``: ``[position among the tensors the
+    Function saves, tangents that need it]``."""
+    nfw = capture.num_fw_outputs
+    n_tangents = capture.num_tangents
+    everything = frozenset(range(n_tangents))
+    outs = U.flat_outputs(forward.graph)
+    saved = outs[nfw:]
+    primal_of = {ph: i for i, ph in enumerate(n for n in forward.graph.nodes if n.op == "placeholder")}
+    output_of: dict = {}
+    for k, o in enumerate(outs[:nfw]):
+        if k >= n_mut and isinstance(o, torch.fx.Node):
+            output_of.setdefault(o, k)
+    bw_phs = [n for n in backward.graph.nodes if n.op == "placeholder"]
+    bw_uses = tangent_uses(backward.graph, bw_phs[len(saved):])
+    bw_demand = {n: frozenset().union(*u) for n, u in bw_uses.items()}
+    # what eager's formulas read from each primal and forward output, per tangent
+    joint = capture.graph_module.graph
+    j_phs = [n for n in joint.nodes if n.op == "placeholder"]
+    j_outs = U.flat_outputs(joint)
+    j_uses = tangent_uses(joint, [p for p in j_phs if p.meta.get("kiln_tangent")], backward_phase_only=True)
+
+    def eager_need(node) -> frozenset:
+        """The tangents whose eager backward reads ``node`` (empty: unknown)."""
+        return frozenset().union(*j_uses.get(node, ())) if isinstance(node, torch.fx.Node) else frozenset()
+
+    eager_in, eager_out = set(capture.eager_saved_inputs), set(capture.eager_saved_outputs)
+    direct_in, direct_out, copy, watch, demand = set(), set(), [], [], []
+    position = 0                       # among the saved values that are tensors
+    for j, s in enumerate(saved):
+        is_tensor = isinstance(s, torch.fx.Node) and isinstance(s.meta.get("val"), torch.Tensor)
+        if not is_tensor:
+            continue
+        pos, position = position, position + 1
+        demand.append(sorted(sorted(u) for u in bw_uses.get(bw_phs[j], ())) if j < len(bw_phs)
+                      else [sorted(everything)])
+        root = s
+        while U.is_view(root) and len(root.all_input_nodes) == 1 and isinstance(root.args[0], torch.fx.Node):
+            root = root.args[0]
+        visible = None
+        if root in primal_of and primal_of[root] not in mutated:
+            visible, eager = ("in", primal_of[root]), primal_of[root] in eager_in
+        elif root in output_of:
+            visible, eager = ("out", output_of[root]), output_of[root] in eager_out
+        if visible is None:
+            continue                   # an intermediate: the user cannot change it
+        need = bw_demand.get(bw_phs[j], everything) if j < len(bw_phs) else everything
+        eager_needs = eager_need(j_phs[visible[1]] if visible[0] == "in" else j_outs[visible[1]])
+        if not eager or (eager_needs and not need <= eager_needs):
+            # eager does not keep it (for these gradients): the user may change it before
+            # backward(), eager allows it
+            copy.append(j)
+            continue
+        if s is root:
+            (direct_in if visible[0] == "in" else direct_out).add(visible[1])
+        if need != everything:
+            watch.append([pos, sorted(need)])
+
+    check_inputs = sorted(eager_in - direct_in)
+    check_outputs = sorted(eager_out - direct_out)
+    # the extra tensors follow the saved ones; what needs them, read from the joint graph
+    extras = [j_phs[i] for i in check_inputs] + [j_outs[k] for k in check_outputs]
+    for e, node in enumerate(extras):
+        need = eager_need(node) or everything   # (none: eager's node saved it but reads nothing)
+        demand.append([sorted(need)])
+        if need != everything:
+            watch.append([position + e, sorted(need)])
+    # mutated inputs: their new values are the first forward outputs
+    late = [[j, sorted(eager_need(j_outs[j]) or everything)] for j in range(n_mut)]
+    return {"check_inputs": check_inputs, "check_outputs": check_outputs, "copy_saved": copy,
+            "watch": watch, "late_demand": late, "saved_demand": demand}
+
+
+class _Saved:
+    """What the recording pack hook stores in place of a saved tensor: it lives exactly as
+    long as the autograd node that saved it (the nodes of dead values die with them)."""
+    __slots__ = ("storage", "__weakref__")
+
+    def __init__(self, storage):
+        self.storage = storage
+
+
+@contextlib.contextmanager
+def recording_saves():
+    """Record the tensors autograd saves while the function runs (eager's autograd formulas
+    run on the functional tensors: the same ops save the same tensors). Yields ``live() ->
+    set of StorageWeakRef``: the memory saved by nodes still alive, i.e. reachable from the
+    function's live values. Nothing here runs a backward (the hooks skip version checks)."""
+    tokens: list = []
+
+    def pack(t):
+        tok = _Saved(StorageWeakRef(t.untyped_storage()) if isinstance(t, torch.Tensor) else None)
+        tokens.append(weakref.ref(tok))
+        return tok
+
+    def unpack(tok):  # pragma: no cover (no backward runs while recording)
+        raise RuntimeError("kiln.aot: a recorded saved tensor was unpacked")
+
+    def live() -> set:
+        return {tok.storage for tok in (r() for r in tokens) if tok is not None and tok.storage is not None}
+
+    set_tracing = getattr(torch._C._autograd, "_saved_tensors_hooks_set_tracing", None)
+    prior = set_tracing(False) if set_tracing is not None else None
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+            yield live
+    finally:
+        if set_tracing is not None:
+            set_tracing(prior)
+
+
+# ------------------------------------------------------------------------------------------------
+# Runtime
+# ------------------------------------------------------------------------------------------------
+
+def record(tensors: list, watch: list) -> list:
+    """At forward time: (alias, version) of each watched saved tensor. The alias (``detach``)
+    shares the tensor's version counter and memory (which the saved tensor keeps alive anyway)
+    and outlives the Python object the user may drop."""
+    return [(tensors[pos].detach(), tensors[pos]._version) for pos, _ in watch]
+
+
+def relax(recorded: list, watch: list, given: set) -> list:
+    """Before unpacking in a backward that some outputs' gradients do not reach: a watched
+    tensor changed in place since the forward, but needed only for those outputs, gets its
+    saved version back for the unpack (eager never unpacks it). Returns what ``restore`` puts
+    back: (tensor, version now, position, version saved)."""
+    undo = []
+    for (t, version), (pos, need) in zip(recorded, watch):
+        if given.isdisjoint(need) and t._version != version:
+            undo.append((t, t._version, pos, version))
+            torch._C._autograd._unsafe_set_version_counter((t,), (version,))
+    return undo
+
+
+def restore(undo: list) -> None:
+    for t, version, _, _ in undo:
+        torch._C._autograd._unsafe_set_version_counter((t,), (version,))
+
+
+_SECOND_TIME = ("Trying to backward through the graph a second time (or directly access saved tensors after "
+                "they have already been freed). Saved intermediate values of the graph are freed when you call "
+                ".backward() or autograd.grad(). Specify retain_graph=True if you need to backward through the "
+                "graph a second time or if you need to access saved tensors after calling backward.")
+
+
+def _modified(t: torch.Tensor, version: int) -> RuntimeError:
+    return RuntimeError(
+        "one of the variables needed for gradient computation has been modified by an inplace "
+        f"operation: [{t.type()} {list(t.shape)}] is at version {t._version}; expected version "
+        f"{version} instead.")
+
+
+def unpack(ctx, given: set | None, watch: list, demand: list, everything: frozenset) -> list:
+    """The saved tensors for this backward call, with eager's checks.
+
+    Eager's autograd frees each node's saved tensors once backward() went through it, node by
+    node: a later backward() through outputs the first did not reach still works. The compiled
+    graph is one node: after a backward() through some of its outputs only, the saved tensors
+    are kept (``ctx.kiln_stash``, with their versions) for a later backward() through the
+    others, which raises eager's errors itself: a tensor changed in place since the forward, or
+    used by a backward op that an earlier backward() ran (its eager node is freed). ``demand``:
+    per saved tensor, the tangent sets of the ops that use it."""
+    now = everything if given is None else frozenset(given)
+    done = getattr(ctx, "kiln_done", None)
+    if done is None:                       # the first backward through this call
+        undo = relax(ctx.kiln_watch, watch, given) if given is not None and watch else ()
+        try:
+            saved = list(ctx.saved_tensors)  # raises if one was changed in place since
+        finally:
+            restore(undo)
+        ctx.kiln_done = now
+        if now != everything:
+            # detached: same memory and version counter, no grad_fn (a saved output's grad_fn is
+            # this node: a reference cycle through C++ the garbage collector cannot see)
+            stash = [(t.detach(), t._version) for t in saved]
+            for t, _, pos, version in undo:
+                stash[pos] = (stash[pos][0], version)    # stale: refused if a later call needs it
+            ctx.kiln_stash = stash
+        return saved
+    try:
+        saved = list(ctx.saved_tensors)      # still there: retain_graph=True
+    except RuntimeError:
+        stash = getattr(ctx, "kiln_stash", None)
+        if stash is None:
+            raise
+        saved = []
+        for pos, (t, version) in enumerate(stash):
+            uses = demand[pos] if pos < len(demand) else (everything,)
+            if all(now.isdisjoint(u) for u in uses):
+                saved.append(t)
+                continue
+            # the eager node that uses it ran in an earlier backward() and freed it
+            if any(not u.isdisjoint(done) and not u.isdisjoint(now) for u in uses):
+                raise RuntimeError(_SECOND_TIME) from None
+            if t._version != version:
+                raise _modified(t, version) from None
+            saved.append(t)
+    ctx.kiln_done = done | now
+    if ctx.kiln_done == everything:
+        ctx.kiln_stash = None
+    return saved
+
+
+def attach_late_checks(outputs, mutated: list) -> None:
+    """After the copy-back into mutated inputs whose memory eager saved (``mutated``: (index
+    among the mutated inputs, tensor)): their versions now, checked when the compiled
+    backward runs (found through the outputs' grad_fn: every node of the call)."""
+    checks = None
+    for o in outputs:
+        node = o.grad_fn if isinstance(o, torch.Tensor) else None
+        if node is not None and getattr(getattr(node, "_forward_cls", None), "kiln_aot", False) \
+                and getattr(node, "kiln_late_checks", None) is None:
+            if checks is None:
+                checks = [(j, t.detach(), t._version) for j, t in mutated]
+            node.kiln_late_checks = checks
+
+
+def run_late_checks(ctx, given: set | None, late_demand: dict) -> None:
+    """Raise eager's error when a mutated input whose memory eager saved changed since the
+    call, and backward() goes through an output whose gradient eager computes from it."""
+    for j, t, version in getattr(ctx, "kiln_late_checks", ()):
+        if t._version == version:
+            continue
+        need = late_demand.get(j)
+        if given is not None and need is not None and given.isdisjoint(need):
+            continue
+        raise _modified(t, version)

@@ -1,0 +1,437 @@
+"""The ``"inductor"`` backend: kiln's AOT stages, then Inductor as a kernel generator.
+
+One captured graph goes through:
+
+1. kiln's AOT stages (``kiln.aot``): the inference graph when nothing needs a gradient, else
+   the joint forward+backward graph, traced to ATen with Inductor's decomposition table;
+2. for training, Inductor's joint-graph passes (pattern rewrites such as attention to SDPA),
+   then kiln's min-cut partitioner;
+3. Inductor's per-graph compiler (``compile_fx_inner``, through ``kiln._torch``), once per
+   graph: the inference graph, or the forward and the backward;
+4. kiln's runtime wrappers (the autograd.Function, input mutations, output aliases) around the
+   generated code.
+
+Inductor runs with its CUDA graphs off (kiln owns CUDA graphs) and its FX graph cache on.
+``mode`` and ``options`` become Inductor config (``inductor_options.py``).
+
+Dynamic graphs are traced and compiled once with the capture's symbols, under a
+TracingContext over the capture's fake mode: the shape facts Inductor adds while compiling go
+to the capture's ShapeEnv, from which kiln builds the entry's shape guards after the backend
+returns (and which the AOT callable checks on every call), and a size Inductor specializes
+becomes a guard on that size.
+
+Ops Inductor has no kernel for are not failures: its generated code calls their ATen kernel. A
+graph Inductor fails to compile at all runs its ATen graph as FX instead, with a RuntimeWarning
+that names the graph and the error: slower, never a failed call and never silent.
+"""
+from __future__ import annotations
+
+import functools
+import itertools
+import time
+import warnings
+from typing import Any, Callable
+
+import torch
+import torch.fx
+
+from .. import _torch, logs
+from .inductor_options import inductor_config_patches
+from .progress import Progress
+from .registry import register_backend
+
+_graph_numbers = itertools.count(1)
+
+
+class InductorBackend:
+    """``backend="inductor"``. ``configure(mode, options)`` returns the backend for a mode and
+    Inductor options (one object per distinct pair, so that compile keys stay interned)."""
+
+    __name__ = "inductor"
+
+    def __init__(self, mode: str | None = None, options: dict | None = None):
+        self.mode = mode
+        self.options = dict(options or {})
+        self._patches: dict | None = None
+        self._configured: dict = {}
+
+    @property
+    def config_patches(self) -> dict:
+        """The Inductor config every compile of this backend runs under."""
+        if self._patches is None:
+            self._patches = inductor_config_patches(self.mode, self.options)
+        return self._patches
+
+    def configure(self, mode: str | None = None, options: dict | None = None) -> "InductorBackend":
+        if mode in (None, "default") and not options:
+            return self
+        try:
+            key: Any = (mode, tuple(sorted((options or {}).items())))
+            hash(key)
+        except TypeError:           # an unhashable option value: a backend of its own
+            key = None
+        backend = self._configured.get(key) if key is not None else None
+        if backend is None:
+            backend = InductorBackend(mode, options)
+            backend.config_patches   # validate now: a bad option fails at kiln.compile
+            if key is not None:
+                self._configured[key] = backend
+        return backend
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
+        return GraphCompile(self.config_patches, gm).run(list(example_inputs))
+
+    def __repr__(self) -> str:
+        extra = "".join([f", mode={self.mode!r}" if self.mode else "",
+                         f", options={self.options!r}" if self.options else ""])
+        return f"<kiln inductor backend{extra}>"
+
+
+# ------------------------------------------------------------------------------------------------
+# One captured graph
+# ------------------------------------------------------------------------------------------------
+
+class GraphCompile:
+    """Compiling one captured graph: the compilers and the partitioner kiln's AOT stages call,
+    and what they share (the graph's number, the forward's output strides for the backward,
+    the time spent in Inductor, progress on stderr)."""
+
+    def __init__(self, patches: dict, gm: torch.fx.GraphModule):
+        self.patches = patches
+        self.gm = gm
+        self.number = next(_graph_numbers)
+        name = type(gm).__name__
+        self.name = f"graph #{self.number} ({name[5:] if name.startswith('Kiln_') else name})"
+        self.inductor_seconds = 0.0
+        self.fallbacks: list[tuple[str, BaseException]] = []
+        self.progress = Progress(self.name)
+        self._in_run = False
+        # set by the forward compile, read by the backward compile that follows it
+        self._fw_output_strides: list | None = None
+        self._fw_num_outputs = 0
+
+    def run(self, example_inputs: list) -> Callable:
+        from ..aot.dynamic import compile_graph
+
+        start = time.perf_counter()
+        if any(isinstance(t, torch.Tensor) and t.device.type == "cuda" for t in example_inputs):
+            _torch.inductor_wake_up_workers()    # (while kiln traces, as torch.compile does)
+        self._in_run = True
+        try:
+            with self.progress, self.progress.phase("tracing (AOT)"):
+                with _torch.inductor_config().patch(self.patches):
+                    decompositions = decomposition_table()
+                compiled = compile_graph(self.gm, example_inputs, decompositions=decompositions,
+                                         fw_compiler=self.forward, bw_compiler=self.backward,
+                                         inference_compiler=self.inference, partition_fn=self._partitioner())
+        finally:
+            self._in_run = False
+        total = time.perf_counter() - start
+        compiled.kiln_compile_seconds = {"aot": total - self.inductor_seconds, "inductor": self.inductor_seconds}
+        compiled.kiln_inductor_fallbacks = self.fallbacks
+        return compiled
+
+    # -- the AOT stages' hooks -------------------------------------------------------------------
+    def _partitioner(self) -> Callable:
+        def partition(joint, joint_inputs, *, num_fwd_outputs):
+            return self.partition(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs)
+        partition.__name__ = "min_cut (after Inductor's joint-graph passes)"   # (AOT's as_text)
+        return partition
+
+    def partition(self, joint: torch.fx.GraphModule, joint_inputs: Any, *, num_fwd_outputs: int):
+        """Inductor's joint-graph passes, then kiln's min-cut partitioner."""
+        from ..aot.partition import min_cut_rematerialization_partition
+
+        flat = [*joint_inputs[0], *joint_inputs[1]]
+        with self.progress.phase("joint-graph passes (Inductor)"):
+            joint = self._joint_passes(joint, flat)
+        with self.progress.phase("partitioning"):
+            fw, bw = min_cut_rematerialization_partition(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs)
+        fw.meta["kiln_num_fw_outputs"] = num_fwd_outputs
+        bw.meta["kiln_num_saved"] = len(_outputs(fw)) - num_fwd_outputs
+        bw.meta["kiln_donated"] = donatable_saved_tensors(fw, bw, num_fwd_outputs)
+        return fw, bw
+
+    def inference(self, gm: torch.fx.GraphModule, example_inputs: list):
+        return self._compile(gm, example_inputs, "inference")
+
+    def forward(self, gm: torch.fx.GraphModule, example_inputs: list):
+        return self._compile(gm, example_inputs, "forward")
+
+    def backward(self, gm: torch.fx.GraphModule, example_inputs: list):
+        return self._compile(gm, example_inputs, "backward")
+
+    # -- internals -------------------------------------------------------------------------------
+    def _joint_passes(self, joint: torch.fx.GraphModule, flat_inputs: list) -> torch.fx.GraphModule:
+        from ..aot import _utils as U
+
+        mode = fake_mode_of(flat_inputs, joint)
+        candidate = copy_graph_module(joint)
+        try:
+            with _torch.inductor_config().patch(self.patches), _torch.inductor_compile_context(mode):
+                candidate = _torch.inductor_joint_graph_passes(candidate, device_of(flat_inputs))
+                U.propagate_fake(candidate, flat_inputs, mode)   # new nodes need their values
+        except Exception as e:      # the passes only optimize: partition the graph as traced
+            self._note_failure("joint-graph passes", e)
+            return joint
+        mark_phases_of_new_nodes(candidate)
+        return candidate
+
+    def _compile(self, gm: torch.fx.GraphModule, example_inputs: list, kind: str):
+        start = time.perf_counter()
+        which = {"inference": "1/1 (inference)", "forward": "1/2 (forward)", "backward": "2/2 (backward)"}[kind]
+        try:
+            with self.progress, self.progress.phase(f"Inductor, graph {which}"):
+                return self._inductor(gm, list(example_inputs), kind)
+        except Exception as e:
+            return self._fallback(gm, list(example_inputs), kind, e)
+        finally:
+            secs = time.perf_counter() - start
+            self.inductor_seconds += secs
+            if not self._in_run and logs.enabled.perf:   # a per-shape compile, on a later call
+                logs.log_compile_times(f"{self.name} {kind} graph, compiled for new input shapes",
+                                       {"inductor": secs})
+
+    def _inductor(self, gm: torch.fx.GraphModule, example_inputs: list, kind: str):
+        cfg = _torch.inductor_config()
+        mode = fake_mode_of(example_inputs, gm)
+        graph = copy_graph_module(gm)      # Inductor rewrites the graph it compiles
+        if kind == "forward":
+            self._fw_output_strides = None
+            self._fw_num_outputs = gm.meta.get("kiln_num_fw_outputs", len(_outputs(gm)))
+        with cfg.patch(self.patches), torch.no_grad(), torch._C._DisableAutocast():
+            if kind == "inference":      # (training graphs had them before partitioning)
+                with _torch.inductor_compile_context(mode):
+                    graph = _torch.inductor_joint_graph_passes(graph, device_of(example_inputs))
+            donated = gm.meta.get("kiln_donated", []) if kind == "backward" else []
+            if kind == "backward":
+                example_inputs = self._restride_saved(gm, example_inputs, mode)
+                # (the names say which inputs are donated: Inductor's FX graph cache keys on
+                # the graph's code, not on the donation)
+                mark_donated_placeholders(graph, donated)
+            if mode.shape_env is None:
+                # a static graph: compiled under a mode with a ShapeEnv, which Inductor's FX
+                # graph cache needs (Inductor recomputes the graph's fake values from these)
+                mode = _torch.static_fake_mode()
+                example_inputs = [mode.from_tensor(t, static_shapes=True) if isinstance(t, torch.Tensor) else t
+                                  for t in example_inputs]
+            mark_user_visible_outputs(graph, kind, cfg)
+            # Inductor's FX graph cache re-checks, on a hit, only the guards on the graph's SymInt
+            # inputs (dynamo lifts every size symbol to one); kiln's graphs read most sizes from
+            # tensors, so a hit would drop the shape facts of the first compile: not for them.
+            cache = {"fx_graph_cache": False} if _has_symbols(example_inputs) else {}
+            static = [] if kind == "backward" else [
+                i for i, p in enumerate(_placeholders(gm)) if p.meta.get("kiln_static")]
+            with _torch.inductor_compile_context(mode) as tracing, cfg.patch(cache):
+                if kind == "forward":
+                    tracing.output_strides = []
+                if donated:
+                    tracing.fw_metadata = _torch.DonatedSavedTensors(donated)
+                compiled = _torch.inductor_compile_graph(
+                    graph, example_inputs, static_input_idxs=static, is_inference=kind == "inference",
+                    is_backward=kind == "backward", graph_id=self.number,
+                    cudagraphs=_torch.inductor_boxed_bool(False), cpp_wrapper=bool(cfg.cpp_wrapper))
+                if kind == "forward":
+                    self._fw_output_strides = list(tracing.output_strides or [])
+        return copies_when_graph_kept(compiled, donated) if donated else compiled
+
+    def _restride_saved(self, bw: torch.fx.GraphModule, example_inputs: list, mode) -> list:
+        """The backward's saved inputs with the strides the compiled forward really returns them
+        with (Inductor may choose other layouts for values only the backward reads)."""
+        strides = self._fw_output_strides
+        if not strides:
+            return example_inputs
+        n_saved = bw.meta.get("kiln_num_saved", 0)
+        out = list(example_inputs)
+        for j in range(min(n_saved, len(out))):
+            k = self._fw_num_outputs + j
+            t = out[j]
+            if k >= len(strides) or strides[k] is None or not isinstance(t, torch.Tensor):
+                continue
+            if any(_torch.is_symbolic(v) for v in (*t.shape, *t.stride(), t.storage_offset())):
+                continue        # dynamic graphs: Inductor keeps the traced layouts
+            real = tuple(int(s) for s in strides[k])
+            if real != tuple(t.stride()):
+                with mode:
+                    out[j] = t.as_strided(t.shape, real, t.storage_offset())
+        return out
+
+    def _fallback(self, gm: torch.fx.GraphModule, example_inputs: list, kind: str, error: BaseException):
+        from ..aot.compile import run_as_fx
+
+        self._note_failure(f"the {kind} graph", error)
+        graph = copy_graph_module(gm)
+        if kind == "backward":
+            # saved values may come from an Inductor forward with other strides than traced
+            _torch.inductor_view_to_reshape(graph)
+        return run_as_fx(graph, example_inputs)
+
+    def _note_failure(self, what: str, error: BaseException) -> None:
+        self.fallbacks.append((what, error))
+        first = (str(error).strip().splitlines() or [""])[0][:300]
+        action = ("it runs as ATen ops (FX) instead" if what.startswith("the ")
+                  else "the graph is partitioned without them")
+        warnings.warn(f"kiln: Inductor failed on {what} of {self.name}: {type(error).__name__}: {first}; "
+                      f"{action}.{cpp_compiler_hint(error)}", RuntimeWarning, stacklevel=2)
+
+
+# ------------------------------------------------------------------------------------------------
+# Helpers
+# ------------------------------------------------------------------------------------------------
+
+def decomposition_table() -> dict:
+    """Inductor's decompositions for the current Inductor config, as kiln's AOT traces with
+    them: CompositeImplicitAutograd entries dropped (they never reach a post-autograd trace),
+    and with ``fallback_random`` random ops kept whole, so they draw eager's numbers."""
+    keep_random = _torch.inductor_config().fallback_random
+    table = {}
+    for op, fn in _torch.inductor_decompositions().items():
+        if isinstance(fn, functools.partial) and getattr(fn.func, "__name__", "") == "_special_op_to_decompose_cia":
+            continue
+        if keep_random and isinstance(op, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in op.tags:
+            continue
+        table[op] = fn
+    return table
+
+
+def donatable_saved_tensors(fw: torch.fx.GraphModule, bw: torch.fx.GraphModule, nfw: int) -> list[int]:
+    """Positions (among the backward's inputs) of the saved tensors whose memory the backward
+    may reuse for its own buffers: those sharing memory with no forward input, no output the
+    user sees and no gradient. The autograd.Function hands them to the backward and drops its
+    own references first (``retain_graph=True`` gets copies: ``copies_when_graph_kept``)."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    def val(n):
+        return n.meta.get("val") if isinstance(n, torch.fx.Node) else None
+
+    def storage(t):
+        return StorageWeakRef(t.untyped_storage()) if _torch.is_fake(t) else None
+
+    fw_outs = _outputs(fw)
+    kept = {storage(val(n)) for n in (*_placeholders(fw), *fw_outs[:nfw], *_outputs(bw))} - {None}
+    donated = []
+    for j, n in enumerate(fw_outs[nfw:]):
+        s = storage(val(n))
+        if s is not None and s not in kept:
+            donated.append(j)
+    return donated
+
+
+def mark_donated_placeholders(gm: torch.fx.GraphModule, donated: list[int]) -> None:
+    phs = _placeholders(gm)
+    taken = {n.name for n in gm.graph.nodes}
+    for j in donated:
+        name = f"{phs[j].name}_donated"
+        while name in taken:
+            name += "_"
+        taken.add(name)
+        phs[j].name = phs[j].target = name
+    gm.recompile()
+
+
+def copies_when_graph_kept(compiled: Callable, donated: list[int]) -> Callable:
+    """The backward, handed copies of its donated inputs when autograd keeps the graph
+    (``retain_graph=True``: the saved tensors are read again by a later backward)."""
+    def backward(args: list):
+        if _torch.backward_keeps_graph():
+            for j in donated:
+                if isinstance(args[j], torch.Tensor):
+                    args[j] = args[j].clone()
+        return compiled(args)
+    backward._boxed_call = True
+    return backward
+
+
+def mark_phases_of_new_nodes(joint: torch.fx.GraphModule) -> None:
+    """Nodes the joint-graph passes created have no ``kiln_phase``: one that reads a backward
+    value (or a tangent) is backward too, any other is forward. Without this, a rewritten
+    backward pattern (nll_loss's gradient becomes ``where(iota == target, ...)``) would look
+    like forward work to the partitioner, which would then save its large results."""
+    for n in joint.graph.nodes:
+        if n.op in ("placeholder", "output") or "kiln_phase" in n.meta:
+            continue
+        backward = any(a.meta.get("kiln_phase") == "backward" or a.meta.get("kiln_tangent")
+                       for a in n.all_input_nodes)
+        n.meta["kiln_phase"] = "backward" if backward else "forward"
+
+
+def mark_user_visible_outputs(gm: torch.fx.GraphModule, kind: str, cfg: Any) -> None:
+    """Tell Inductor which outputs the user sees: it keeps their traced strides (kiln's runtime
+    rebuilds output views from them); values saved for the backward may get any layout."""
+    out = _output_node(gm)
+    vals = out.args[0]
+    if kind == "backward":
+        n = len(vals) if cfg.bw_outputs_user_visible else 0
+    elif not cfg.keep_output_stride:
+        n = 0
+    elif kind == "forward":
+        n = gm.meta.get("kiln_num_fw_outputs", len(vals))
+    else:
+        n = len(vals)
+    out.meta["user_visible_output_idxs"] = [i for i in range(n) if isinstance(vals[i], torch.fx.Node)]
+
+
+def copy_graph_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """A GraphModule over a copy of ``gm``'s graph (nodes' meta shallow-copied), same attributes."""
+    g = torch.fx.Graph()
+    g.output(g.graph_copy(gm.graph, {}))
+    new = torch.fx.GraphModule(gm, g, class_name=type(gm).__name__)
+    new.meta.update(gm.meta)
+    return new
+
+
+def fake_mode_of(values: list, gm: torch.fx.GraphModule):
+    """The FakeTensorMode of a graph's example values (inputs first, then node values)."""
+    for v in values:
+        if _torch.is_fake(v):
+            return v.fake_mode
+    for n in gm.graph.nodes:
+        v = n.meta.get("val")
+        if _torch.is_fake(v):
+            return v.fake_mode
+    for v in values:
+        if _torch.is_symbolic(v):
+            return _torch.FakeTensorMode(allow_non_fake_inputs=True, shape_env=v.node.shape_env)
+    return _torch.FakeTensorMode(allow_non_fake_inputs=True)
+
+
+def _has_symbols(values: list) -> bool:
+    for v in values:
+        if _torch.is_symbolic(v):
+            return True
+        if isinstance(v, torch.Tensor) and any(
+                _torch.is_symbolic(x) for x in (*v.shape, *v.stride(), v.storage_offset())):
+            return True
+    return False
+
+
+def device_of(values: list):
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            return v.device
+    return None
+
+
+def cpp_compiler_hint(error: BaseException) -> str:
+    text = f"{type(error).__name__}: {error}".lower()
+    if any(w in text for w in ("cppcompileerror", "c++ compiler", "no such file or directory: 'g++'",
+                               "invalidcxxcompiler", "gcc", "clang")):
+        return (" Inductor needs a C++ compiler for CPU graphs: install one (Debian/Ubuntu: "
+                "`apt-get install g++`; macOS: `xcode-select --install`) or set CXX.")
+    return ""
+
+
+def _placeholders(gm: torch.fx.GraphModule) -> list:
+    return [n for n in gm.graph.nodes if n.op == "placeholder"]
+
+
+def _output_node(gm: torch.fx.GraphModule) -> torch.fx.Node:
+    return next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+
+
+def _outputs(gm: torch.fx.GraphModule) -> list:
+    vals = _output_node(gm).args[0]
+    return list(vals) if isinstance(vals, (tuple, list)) else [vals]
+
+
+inductor = register_backend("inductor", InductorBackend())

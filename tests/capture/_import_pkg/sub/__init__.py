@@ -1,0 +1,1 @@
+from .. import VALUE as PARENT_VALUE  # noqa: F401

@@ -1,0 +1,5 @@
+K = 5
+
+
+def twice(x):
+    return x * 2
