@@ -55,20 +55,27 @@ class FunctionCache:
         self.recompile_reasons.clear()
 
 
-_caches: "weakref.WeakKeyDictionary[Callable, FunctionCache]" = weakref.WeakKeyDictionary()
+_caches: "weakref.WeakSet[FunctionCache]" = weakref.WeakSet()   # for reset()
+_CACHE_ATTR = "__kiln_cache__"
 
 
 def cache_for(fn: Callable) -> FunctionCache:
-    c = _caches.get(fn)
-    if c is None:
-        c = _caches[fn] = FunctionCache()
-    return c
+    """The entries of ``fn``, kept in the function's own ``__dict__``: entries may hold ``fn``
+    (an eager entry calls it), and a global table weak in ``fn`` would then keep ``fn``, its
+    closure cells and whatever they hold alive for good; in ``fn.__dict__`` they form a cycle
+    that the garbage collector frees with the function."""
+    held = fn.__dict__.get(_CACHE_ATTR)
+    if held is None or held[0] is not fn:   # (functools.wraps copies __dict__ to wrappers)
+        held = (fn, FunctionCache())
+        fn.__dict__[_CACHE_ATTR] = held
+        _caches.add(held[1])
+    return held[1]
 
 
 def reset() -> None:
     """Drop every compiled entry of every function (the next call captures again) and the
     in-memory dynamic-shape profiles (those on disk stay: delete ``KILN_CACHE_DIR`` for that)."""
-    for c in list(_caches.values()):
+    for c in list(_caches):
         c.clear()
     from .capture.frame import clear_resume_caches
 

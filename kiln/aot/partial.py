@@ -11,7 +11,9 @@ where some tangents are missing (the autograd.Function gets None for them):
   passed as zeros, and the backward is linear in its tangents, so every value computed from
   missing tangents only is zero; but computed, it can be NaN (zero times an infinite local
   derivative, ``sqrt`` at 0) and poison a gradient eager computes cleanly. Where such a value
-  meets one computed from a given tangent, the graph uses ``zeros_like`` of it instead.
+  meets one computed from a given tangent, the graph uses zeros of its shape instead (an
+  ``aten.full``, which every backend lowers: this graph is made after the AOT trace, so the
+  backend's decompositions never see it).
 """
 from __future__ import annotations
 
@@ -63,9 +65,7 @@ def without_tangents(backward: torch.fx.GraphModule, num_tangents: int, given: f
             if dead(a):
                 z = zeros.get(a)
                 if z is None:
-                    with g.inserting_after(a):
-                        z = zeros[a] = g.call_function(aten.zeros_like.default, (a,))
-                    z.meta = dict(a.meta)
+                    z = zeros[a] = _zeros_of(g, a)
                 n.replace_input_with(a, z)
     out = U.output_node(g)
     flat = list(out.args[0])
@@ -74,6 +74,33 @@ def without_tangents(backward: torch.fx.GraphModule, num_tangents: int, given: f
     g.lint()
     gm.recompile()
     return gm
+
+
+def _zeros_of(g: torch.fx.Graph, a: torch.fx.Node) -> torch.fx.Node:
+    """A node for zeros with ``a``'s shape, dtype and device, inserted after ``a``."""
+    val = a.meta.get("val")
+    if not isinstance(val, torch.Tensor):
+        with g.inserting_after(a):
+            z = g.call_function(aten.zeros_like.default, (a,))   # (no value recorded to size it)
+        z.meta = dict(a.meta)
+        return z
+    last = a
+    sizes = []
+    for i, s in enumerate(val.shape):
+        if isinstance(s, torch.SymInt):
+            with g.inserting_after(last):
+                last = g.call_function(aten.sym_size.int, (a, i))
+            last.meta["val"] = s
+            sizes.append(last)
+        else:
+            sizes.append(int(s))
+    with g.inserting_after(last):
+        z = g.call_function(aten.full.default, (sizes, 0),
+                            {"dtype": val.dtype, "layout": torch.strided, "device": val.device,
+                             "pin_memory": False})
+    z.meta = {k: v for k, v in a.meta.items() if k != "val"}
+    z.meta["val"] = torch.empty_like(val, memory_format=torch.contiguous_format)
+    return z
 
 
 def _copy(graph: torch.fx.Graph) -> torch.fx.Graph:

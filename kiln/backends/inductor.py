@@ -29,6 +29,7 @@ from __future__ import annotations
 import functools
 import itertools
 import time
+import types
 import warnings
 from typing import Any, Callable
 
@@ -267,7 +268,7 @@ class GraphCompile:
         return run_as_fx(graph, example_inputs)
 
     def _note_failure(self, what: str, error: BaseException) -> None:
-        self.fallbacks.append((what, error))
+        self.fallbacks.append((what, _without_tracebacks(error)))
         first = (str(error).strip().splitlines() or [""])[0][:300]
         action = ("it runs as ATen ops (FX) instead" if what.startswith("the ")
                   else "the graph is partitioned without them")
@@ -278,6 +279,28 @@ class GraphCompile:
 # ------------------------------------------------------------------------------------------------
 # Helpers
 # ------------------------------------------------------------------------------------------------
+
+def _without_tracebacks(error: BaseException) -> BaseException:
+    """``error`` (and the exceptions it chains or wraps) with no traceback and no frame: a kept
+    traceback or frame keeps its locals, and those are the compile's tensors (the caller's first
+    inputs among them). Inductor's errors wrap the inner exception and keep a frame of their own
+    (``InductorError.first_useful_frame``)."""
+    seen = set()
+    todo = [error]
+    while todo:
+        e = todo.pop()
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        e.__traceback__ = None
+        todo += [c for c in (e.__cause__, e.__context__) if c is not None]
+        for name, value in list(getattr(e, "__dict__", {}).items()):
+            if isinstance(value, (types.FrameType, types.TracebackType)):
+                setattr(e, name, None)
+            elif isinstance(value, BaseException):
+                todo.append(value)
+    return error
+
 
 def decomposition_table() -> dict:
     """Inductor's decompositions for the current Inductor config, as kiln's AOT traces with

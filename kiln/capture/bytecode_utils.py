@@ -16,6 +16,8 @@ import dataclasses
 import sys
 from typing import Any
 
+import weakref
+
 import bytecode
 from bytecode import Label
 
@@ -65,7 +67,9 @@ class Instr:
     handler: tuple | None = None   # (target index, stack depth, push lasti) of its try block
 
 
-_cache: dict = {}
+# weak in the code object: generated code (continuations, break functions) is dropped with
+# the functions made from it, and must not keep what they held alive
+_cache: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 def decode(code) -> list[Instr]:

@@ -515,15 +515,22 @@ def _callee_slot(ins, stack) -> int | None:
     return None
 
 
-# fn -> {(code, plan, compile key): (break function, continuations)}: weak in fn, and the
-# values never reference fn, so a dropped function frees its closure (and its tensors)
-_break_functions: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+class _BreakTable:
+    """One function's {(code, plan, compile key): (break function, continuations)}."""
+    __slots__ = ("entries", "__weakref__")
+
+    def __init__(self) -> None:
+        self.entries: dict = {}
+
+
+_break_functions: "weakref.WeakSet[_BreakTable]" = weakref.WeakSet()   # for kiln.reset
 _continuation_code: dict = {}
 
 
 def clear_resume_caches() -> None:
     """Forget generated break functions and continuations (``kiln.reset``)."""
-    _break_functions.clear()
+    for table in list(_break_functions):
+        table.entries.clear()
     _continuation_code.clear()
     resume.forget_generated()
 
@@ -533,9 +540,14 @@ def _break_function(fn, code, plan: "resume.BreakPlan", key, compiled_factory):
     continuations it calls."""
     closure = fn.__closure__
     cache_key = (code, plan, key)
-    per_fn = _break_functions.get(fn)
-    if per_fn is None:
-        per_fn = _break_functions[fn] = {}
+    # kept in the function's own __dict__ (a cycle freed with it): a table weak in ``fn``
+    # would hold the break functions, whose closures and continuations hold ``fn``'s cells
+    held = fn.__dict__.get("__kiln_breaks__")
+    if held is None or held[0] is not fn:   # (functools.wraps copies __dict__ to wrappers)
+        held = (fn, _BreakTable())
+        fn.__dict__["__kiln_breaks__"] = held
+        _break_functions.add(held[1])
+    per_fn = held[1].entries
     hit = per_fn.get(cache_key)
     if hit is not None:
         return hit

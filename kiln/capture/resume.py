@@ -200,7 +200,11 @@ _ORIGINAL: dict[types.CodeType, types.CodeType] = {}
 
 
 def _unnamed(code: types.CodeType) -> types.CodeType:
-    return code.replace(co_name="<kiln>", co_qualname="<kiln>")
+    # also without the continuations a break function loads as constants: the key must not
+    # keep them (and the closures and tensors they hold) alive
+    consts = tuple(None if callable(c) and not isinstance(c, types.CodeType) else c
+                   for c in code.co_consts)
+    return code.replace(co_name="<kiln>", co_qualname="<kiln>", co_consts=consts)
 
 
 def _register(generated: types.CodeType, code: types.CodeType) -> None:

@@ -397,6 +397,63 @@ def test_inductor_failure_runs_the_graph_as_aten_with_a_warning(monkeypatch):
     close(g, g_e)
 
 
+def test_a_failed_compile_keeps_no_inputs_alive(monkeypatch):
+    """Inductor's errors keep a frame (``first_useful_frame``) whose locals are the compile's
+    tensors: the noted failure must not keep the caller's inputs alive through it."""
+    import gc
+    import sys
+    import weakref
+
+    from torch._inductor.exc import InductorError
+
+    def broken(gm, example_inputs, **kw):
+        try:
+            raise RuntimeError("simulated")
+        except RuntimeError as inner:
+            raise InductorError(inner, sys._getframe()) from inner
+
+    monkeypatch.setattr(_torch, "inductor_compile_graph", broken)
+
+    def f(x, w):
+        return (x @ w).relu().sum()
+
+    compiled = kiln.compile(f, backend="inductor")
+    x, w = torch.randn(3, 4), torch.randn(4, 2, requires_grad=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        compiled(x, w).backward()
+    refs = [weakref.ref(x), weakref.ref(w)]
+    del x, w
+    for _ in range(10):
+        if not gc.collect():
+            break
+    assert [r() for r in refs] == [None, None]
+
+
+def _sqrt_beside(x):
+    h = x * 3
+    return h * 2, h.sqrt()          # sqrt's derivative is infinite at 0
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_backward_through_one_output_compiles_with_inductor(dynamic):
+    """The backward for a call whose other outputs get no gradient is made after the AOT trace;
+    its zeros must still be ops Inductor lowers (it fell back to FX on ``zeros_like``)."""
+    counter = CountingInductor()
+    compiled = kiln.compile(_sqrt_beside, backend=counter, dynamic=dynamic)
+    for n in (3, 5) if dynamic else (3,):
+        x = torch.rand(n, dtype=torch.float64)
+        x[1] = 0.0
+        x_c, x_e = x.clone().requires_grad_(), x.clone().requires_grad_()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", RuntimeWarning)    # no fallback warning
+            compiled(x_c)[0].sum().backward()
+        _sqrt_beside(x_e)[0].sum().backward()
+        close(x_c.grad, x_e.grad)
+        assert torch.isfinite(x_c.grad).all()
+    assert_inductor_compiled(counter)
+
+
 def test_perf_log(capsys):
     def f(x):
         return x.tanh() * 3
