@@ -1,5 +1,7 @@
-"""Memory of a transformer block's training step (a stack of ``--layers`` blocks): kiln's AOT autograd with the default and the
-min-cut partitioner, beside eager and torch.compile(backend="aot_eager").
+"""Memory and time of a transformer block's training step (a stack of ``--layers`` blocks): kiln's
+``aot_eager`` (no decompositions, min-cut partitioner, as torch's) beside eager and
+torch.compile(backend="aot_eager"), and kiln's AOT autograd with torch's core ATen
+decompositions under the min-cut and the default partitioner (what they cost run as FX).
 
     python benchmarks/partition.py [--device cpu|cuda] [--json PATH] [--batch 8 --seq 256 ...]
 
@@ -29,7 +31,7 @@ import torch.nn.functional as F  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import kiln  # noqa: E402
-from kiln.backends.aot import aot_backend  # noqa: E402
+from kiln.backends.aot import aot_backend, aot_eager  # noqa: E402
 
 
 class Block(nn.Module):
@@ -134,12 +136,14 @@ def run(args) -> dict:
     variants = {
         "eager": lambda m: m,
         "torch.compile aot_eager": lambda m: torch.compile(m, backend="aot_eager"),
-        "kiln aot_eager (default)": lambda m: kiln.compile(m, backend=spy("default", aot_backend(partition_fn="default"))),
-        "kiln aot (min-cut)": lambda m: kiln.compile(m, backend=spy("min_cut", aot_backend(partition_fn="min_cut"))),
-        # the same without torch's core decompositions: the graphs keep eager's fused kernels
-        # (gelu_backward, native_layer_norm_backward...), which matters for unfused execution
-        "kiln aot (min-cut, no decomps)": lambda m: kiln.compile(
-            m, backend=spy("min_cut_nodecomp", aot_backend(partition_fn="min_cut", decompositions={}))),
+        # kiln's aot_eager, as torch's: no decompositions, the min-cut partitioner
+        "kiln aot_eager": lambda m: kiln.compile(m, backend=spy("aot_eager", aot_eager)),
+        # with torch's core ATen decompositions (what kiln's aot_eager did before): every op is
+        # decomposed into unfused ATen ops, slower and with more to save when run as FX
+        "kiln aot (min-cut, core decomps)": lambda m: kiln.compile(
+            m, backend=spy("min_cut_decomp", aot_backend(partition_fn="min_cut", decompositions=None))),
+        "kiln aot (default partitioner, core decomps)": lambda m: kiln.compile(
+            m, backend=spy("default_decomp", aot_backend(partition_fn="default", decompositions=None))),
     }
     results = []
     ref_grads = None
@@ -182,8 +186,8 @@ def run(args) -> dict:
             step(0)
             _sync(device)
             times.append(time.perf_counter() - t0)
-        key = {"kiln aot_eager (default)": "default", "kiln aot (min-cut)": "min_cut",
-               "kiln aot (min-cut, no decomps)": "min_cut_nodecomp"}.get(name)
+        key = {"kiln aot_eager": "aot_eager", "kiln aot (min-cut, core decomps)": "min_cut_decomp",
+               "kiln aot (default partitioner, core decomps)": "default_decomp"}.get(name)
         est = captured[key].saved_tensor_bytes if key in captured else None
         results.append({"variant": name, "saved_activation_bytes": act, "saved_input_bytes": inp,
                         "kiln_saved_bytes_estimate": est, "peak_bytes": peak,
@@ -206,9 +210,15 @@ def table(report: dict) -> str:
             f"batch {c['batch']}, "
             f"seq {c['seq']}, dim {c['dim']}, heads {c['heads']}, ffn {c['ffn']}, dropout {c['dropout']}\n"
             f"peak: {report['peak_method']}; MiB = 2**20 bytes\n")
-    cols = ["variant", "saved act MiB", "saved inputs MiB", "kiln est. MiB", "peak MiB", "step ms", "max |dgrad|"]
+    ref = next((r for r in report["results"] if r["variant"] == "torch.compile aot_eager"), None)
+
+    def ratio(r, k):
+        return "-" if not ref or not ref[k] or r[k] is None else f"{r[k] / ref[k]:.2f}x"
+    cols = ["variant", "saved act MiB", "saved inputs MiB", "kiln est. MiB", "peak MiB", "peak / torch",
+            "step ms", "step / torch", "max |dgrad|"]
     rows = [[r["variant"], mib(r["saved_activation_bytes"]), mib(r["saved_input_bytes"]),
-             mib(r["kiln_saved_bytes_estimate"]), mib(r["peak_bytes"]), f"{r['step_ms']:8.2f}",
+             mib(r["kiln_saved_bytes_estimate"]), mib(r["peak_bytes"]), ratio(r, "peak_bytes"),
+             f"{r['step_ms']:8.2f}", ratio(r, "step_ms"),
              f"{r['max_grad_diff_vs_eager']:.1e}"] for r in report["results"]]
     widths = [max(len(str(x)) for x in col) for col in zip(cols, *rows)]
     fmt = lambda row: "| " + " | ".join(str(v).strip().rjust(w) if i else str(v).ljust(w)

@@ -17,7 +17,7 @@ def _f(x, y):
 def test_function_decorator_forms():
     cnt = CompileCounter()
 
-    @kiln.compile
+    @kiln.compile(backend="eager")
     def a(x):
         return x * 2
 
@@ -76,7 +76,7 @@ def test_module_training_step_gradients_match_eager():
     m = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
     ref = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
     ref.load_state_dict(m.state_dict())
-    cm = kiln.compile(m)
+    cm = kiln.compile(m, backend="eager")
     x = torch.randn(5, 4)
     cm(x).sum().backward()
     ref(x).sum().backward()
@@ -111,7 +111,7 @@ def test_reset_drops_entries():
 ])
 def test_misuse_raises_clear_errors(bad, exc, pattern):
     with pytest.raises(exc, match=pattern):
-        kiln.compile(bad)
+        kiln.compile(bad, backend="eager")
 
 
 def test_bad_options():
@@ -120,13 +120,13 @@ def test_bad_options():
     with pytest.raises(TypeError, match="backend must be"):
         kiln.compile(_f, backend=3)
     with pytest.raises(ValueError, match="unknown mode"):
-        kiln.compile(_f, mode="fast")
+        kiln.compile(_f, mode="fast", backend="eager")
     with pytest.raises(ValueError, match="dynamic must be"):
-        kiln.compile(_f, dynamic="yes")
+        kiln.compile(_f, dynamic="yes", backend="eager")
     with pytest.raises(TypeError, match="options must be a dict"):
-        kiln.compile(_f, options=[1])
+        kiln.compile(_f, options=[1], backend="eager")
     with pytest.raises(TypeError, match="already compiled"):
-        kiln.compile(kiln.compile(_f))
+        kiln.compile(kiln.compile(_f, backend="eager"), backend="eager")
 
 
 def test_backend_returning_non_callable_is_reported():
@@ -136,7 +136,7 @@ def test_backend_returning_non_callable_is_reported():
 
 
 def test_user_type_error_is_the_users():
-    cf = kiln.compile(_f)
+    cf = kiln.compile(_f, backend="eager")
     with pytest.raises(TypeError):
         cf(torch.randn(2))
 
@@ -165,7 +165,7 @@ def test_print_breaks_the_graph_and_both_sides_compile(capsys):
 
 
 def test_fullgraph_raises_unsupported_with_location():
-    cf = kiln.compile(_prints, fullgraph=True)
+    cf = kiln.compile(_prints, fullgraph=True, backend="eager")
     with pytest.raises(kiln.Unsupported) as info:
         cf(torch.randn(3))
     e = info.value
@@ -181,12 +181,12 @@ def _data_dependent(x):
 
 
 def test_tensor_dependent_branch_falls_back_to_eager():
-    cf = kiln.compile(_data_dependent)
+    cf = kiln.compile(_data_dependent, backend="eager")
     for _ in range(3):
         x = torch.randn(4)
         assert_same(cf(x), _data_dependent(x))
     with pytest.raises(kiln.Unsupported, match="truth value of a tensor"):
-        kiln.compile(_data_dependent, fullgraph=True)(torch.randn(4))
+        kiln.compile(_data_dependent, fullgraph=True, backend="eager")(torch.randn(4))
 
 
 def _item(x):
@@ -195,9 +195,9 @@ def _item(x):
 
 def test_item_falls_back_to_eager():
     x = torch.randn(4)
-    assert_same(kiln.compile(_item)(x), _item(x))
+    assert_same(kiln.compile(_item, backend="eager")(x), _item(x))
     with pytest.raises(kiln.Unsupported, match=r"item\(\)"):
-        kiln.compile(_item, fullgraph=True)(x)
+        kiln.compile(_item, fullgraph=True, backend="eager")(x)
 
 
 def _gen(x):
@@ -210,15 +210,15 @@ async def _coro(x):
 
 def test_generators_and_coroutines_run_eagerly():
     x = torch.randn(2)
-    out = list(kiln.compile(_gen)(x))
+    out = list(kiln.compile(_gen, backend="eager")(x))
     assert_same(out, [x + 1])
     with pytest.raises(kiln.Unsupported, match="generator"):
-        kiln.compile(_gen, fullgraph=True)(x)
+        kiln.compile(_gen, fullgraph=True, backend="eager")(x)
     with pytest.raises(kiln.Unsupported, match="coroutine"):
-        kiln.compile(_coro, fullgraph=True)(x)
+        kiln.compile(_coro, fullgraph=True, backend="eager")(x)
     import asyncio
 
-    assert_same(asyncio.run(kiln.compile(_coro)(x)), x + 1)
+    assert_same(asyncio.run(kiln.compile(_coro, backend="eager")(x)), x + 1)
 
 
 def test_mutation_of_input_list_and_dict_is_replayed():
@@ -244,7 +244,7 @@ def test_returned_object_identity_is_kept():
         lst = [x + 1]
         return lst, lst, x
 
-    out = kiln.compile(f, fullgraph=True)(x := torch.randn(2))
+    out = kiln.compile(f, fullgraph=True, backend="eager")(x := torch.randn(2))
     assert out[0] is out[1] and out[2] is x
 
 
@@ -254,7 +254,7 @@ def test_in_place_op_on_input_returns_the_input():
         return y, y is x
 
     x = torch.zeros(3)
-    y, same = kiln.compile(f, fullgraph=True)(x)
+    y, same = kiln.compile(f, fullgraph=True, backend="eager")(x)
     assert y is x and same is True and torch.equal(x, torch.ones(3))
 
 

@@ -21,7 +21,7 @@ def test_config_patch_restores_and_rejects_unknown():
 def test_environment_overrides_config_and_logs():
     code = ("import kiln, torch\n"
             "print(kiln.config.recompile_limit)\n"
-            "f = kiln.compile(lambda x: x + 1)\n"
+            "f = kiln.compile(lambda x: x + 1, backend=\"eager\")\n"
             "f(torch.randn(2)); f(torch.randn(3))\n")
     env = {"KILN_RECOMPILE_LIMIT": "3", "KILN_LOGS": "graph,guards,recompiles", "PATH": "/usr/bin:/bin"}
     import os
@@ -52,4 +52,4 @@ def test_max_instructions_stops_runaway_capture():
 
     with kiln.config.patch(max_instructions=10_000):
         with pytest.raises(kiln.Unsupported, match="max_instructions"):
-            kiln.compile(f, fullgraph=True)(torch.randn(2))
+            kiln.compile(f, fullgraph=True, backend="eager")(torch.randn(2))

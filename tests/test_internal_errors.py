@@ -87,7 +87,7 @@ def test_internal_error_in_capture_is_explained_and_fullgraph_raises_unsupported
     assert reason.kind == "frame runs eagerly" and "kiln internal error" in reason.reason
     assert "AttributeError" in reason.reason and reason.filename == __file__
     with pytest.raises(kiln.Unsupported, match="kiln internal error") as info:
-        kiln.compile(simple, fullgraph=True)(x, w)
+        kiln.compile(simple, fullgraph=True, backend="eager")(x, w)
     assert isinstance(info.value.__cause__, AttributeError)
 
 
@@ -257,7 +257,7 @@ def test_data_error_in_the_graph_is_the_users():
 def test_wrong_arguments_raise_eagers_type_error():
     def f(x, y, *, scale=1.0):
         return x * y * scale
-    cf = kiln.compile(f)
+    cf = kiln.compile(f, backend="eager")
     for bad in [((torch.randn(2),), {}), ((torch.randn(2), torch.randn(2)), {"shift": 1})]:
         with pytest.raises(TypeError) as eager_error:
             f(*bad[0], **bad[1])
@@ -278,30 +278,30 @@ def test_constraint_violation_is_still_raised():
     x = torch.randn(8)
     kiln.mark_dynamic(x, 0)
     with pytest.raises(kiln.ConstraintViolation):
-        kiln.compile(f)(x)
+        kiln.compile(f, backend="eager")(x)
 
 
 # --------------------------------------------------------------------------- not compilable
 def test_builtins_classes_and_c_callables_run_as_they_are(capsys):
     import functools
 
-    assert kiln.compile(len)([1, 2, 3]) == 3
-    assert kiln.compile(getattr)(torch, "add") is torch.add
-    assert kiln.compile(int)("7") == 7
-    torch.testing.assert_close(kiln.compile(torch.add)(torch.ones(2), 1), torch.full((2,), 2.0))
-    torch.testing.assert_close(kiln.compile(functools.partial(torch.mul, 3))(torch.ones(2)),
+    assert kiln.compile(len, backend="eager")([1, 2, 3]) == 3
+    assert kiln.compile(getattr, backend="eager")(torch, "add") is torch.add
+    assert kiln.compile(int, backend="eager")("7") == 7
+    torch.testing.assert_close(kiln.compile(torch.add, backend="eager")(torch.ones(2), 1), torch.full((2,), 2.0))
+    torch.testing.assert_close(kiln.compile(functools.partial(torch.mul, 3), backend="eager")(torch.ones(2)),
                                torch.full((2,), 3.0))
-    assert kiln.compile(str.upper)("ab") == "AB"
-    assert kiln.compile((3).__add__)(4) == 7
-    assert isinstance(kiln.compile(torch.nn.Linear)(2, 3), torch.nn.Linear)
-    compiled = kiln.compile(len)
+    assert kiln.compile(str.upper, backend="eager")("ab") == "AB"
+    assert kiln.compile((3).__add__, backend="eager")(4) == 7
+    assert isinstance(kiln.compile(torch.nn.Linear, backend="eager")(2, 3), torch.nn.Linear)
+    compiled = kiln.compile(len, backend="eager")
     assert compiled.entries == [] and compiled.original is len
     with pytest.raises(TypeError):
         compiled(3)                          # the builtin's own error
     with pytest.raises(TypeError, match="already compiled"):
-        kiln.compile(compiled)
+        kiln.compile(compiled, backend="eager")
     kiln.set_logs("graph_breaks")
-    kiln.compile(abs)(-1)
+    kiln.compile(abs, backend="eager")(-1)
     assert "abs is a builtin function" in capsys.readouterr().err
 
 

@@ -934,7 +934,7 @@ def while_true_break_on_tensor(x):
     return x, i
 
 
-COMPILED_PRINT_MIDDLE = kiln.compile(print_middle)
+COMPILED_PRINT_MIDDLE = kiln.compile(print_middle, backend="eager")
 
 
 def calls_compiled_fn(x):

@@ -147,7 +147,7 @@ def test_missing_tensor_attribute_is_an_attribute_error():
 
 
 def test_tensor_instance_attribute_is_read_and_guarded():
-    f = kiln.compile(tensor_attrs)
+    f = kiln.compile(tensor_attrs, backend="eager")
     plain, tagged = torch.randn(3), torch.randn(3)
     tagged.jax = True
     assert_same(f(plain), tensor_attrs(plain))
@@ -167,7 +167,7 @@ def getattr_default(x, holder):
 
 def test_getattr_default_guards_that_the_attribute_stays_absent():
     # was: no guard, so the default stayed baked in after the attribute appeared (wrong answer)
-    f = kiln.compile(getattr_default)
+    f = kiln.compile(getattr_default, backend="eager")
     holder, x = _Holder(), torch.randn(3)
     assert_same(f(x, holder), getattr_default(x, holder))
     holder.scale = 5.0
@@ -220,7 +220,7 @@ def test_missing_module_attribute_needs_no_break_and_is_guarded():
     count, reasons, _ = breaks_of(module_hasattr, lin, torch.randn(3))
     assert (count, reasons) == (1, [])
     run_twice(module_hasattr, lambda: (lin, torch.randn(3)), graphs=1)
-    f = kiln.compile(module_hasattr)
+    f = kiln.compile(module_hasattr, backend="eager")
     x = torch.randn(3)
     lin._loss_function = None
     lin._scale = 5.0
@@ -271,7 +271,7 @@ def test_inspect_signature_of_a_known_function_is_evaluated_at_capture():
 
 def test_inspect_signature_sees_changed_defaults():
     model = _Chunked()
-    f = kiln.compile(model)
+    f = kiln.compile(model, backend="eager")
     x = torch.randn(3)
     assert_same(f(x), model(x))
     old = _helper.__kwdefaults__
@@ -310,7 +310,7 @@ def test_module_list_slice_needs_no_break():
     assert breaks_of(stack, torch.randn(2, 3)) == (1, [], [])
     with torch.no_grad():
         run_twice(stack, lambda: (torch.randn(2, 3),), graphs=1)
-    got = kiln.compile(sliced_layers)(stack)       # escapes: a new ModuleList, same modules
+    got = kiln.compile(sliced_layers, backend="eager")(stack)       # escapes: a new ModuleList, same modules
     assert type(got) is torch.nn.ModuleList and list(got) == list(stack.layers[1:3])
 
 

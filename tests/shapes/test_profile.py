@@ -176,11 +176,11 @@ def test_dynamic_false_and_disabled_automatic_dynamic_write_nothing():
     def f(x):
         return x.exp()
 
-    cf = kiln.compile(f, dynamic=False)
+    cf = kiln.compile(f, dynamic=False, backend="eager")
     for n in (4, 5):
         cf(torch.randn(n))
     with kiln.config.patch(automatic_dynamic_shapes=False):
-        g = kiln.compile(lambda x: x.sin())
+        g = kiln.compile(lambda x: x.sin(), backend="eager")
         for n in (4, 5):
             g(torch.randn(n))
     assert not os.path.exists(os.path.join(kiln.config.cache_dir, "dynamic"))
