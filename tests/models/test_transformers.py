@@ -232,3 +232,59 @@ def test_varying_batch_and_sequence_compile_at_most_twice(name, mode):
     assert not EXACT or first == GRAPHS[name, mode]
     assert after[1:] == [2 * first] * (len(SIZES) - 1), f"graphs after each call: {after}"
     assert any("size mismatch" in r for r in compiled.recompile_reasons)
+
+
+# ------------------------------------------------------------------------------ inductor
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"))]
+
+
+class _CountingInductor:
+    """The inductor backend, counting graphs and keeping what it compiled (for fallbacks)."""
+
+    def __init__(self):
+        from kiln.backends import lookup_backend
+        self.inner = lookup_backend("inductor")[0]
+        self.compiled: list = []
+
+    def __call__(self, gm, example_inputs):
+        out = self.inner(gm, example_inputs)
+        self.compiled.append(out)
+        return out
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", MODELS)
+def test_inductor_inference_and_training_match_eager(name, device):
+    """Issue 10: the default backend on the models: inference logits, then a training step's
+    loss and every grad, equal eager's within float32 tolerances, with the graph counts of
+    ``backend="eager"``; no graph falls back from Inductor to ATen."""
+    torch.manual_seed(0)
+    model = make_model(name).to(device)
+    eager_model = copy.deepcopy(model)
+    backend = _CountingInductor()
+    compiled = kiln.compile(model, backend=backend)
+    tol = {"rtol": 1e-4, "atol": 1e-4}
+    ids = fresh_ids().to(device)
+    model.eval(), eager_model.eval()
+    with torch.no_grad():
+        got, expected = compiled(ids, return_dict=True), eager_model(ids, return_dict=True)
+    for key, value in inference_outputs(name, expected).items():
+        torch.testing.assert_close(getattr(got, key), value, **tol, msg=lambda m: f"inference {key}: {m}")
+    inference_graphs = len(backend.compiled)
+    model.train(), eager_model.train()
+    ids = fresh_ids().to(device)
+    target = torch.randn(BATCH, SEQ, 32, device=device)
+    expected = training_loss(name, eager_model, ids, target)
+    got = training_loss(name, compiled, ids, target)
+    torch.testing.assert_close(got, expected, **tol)
+    expected.backward()
+    got.backward()
+    for (pname, p), pe in zip(model.named_parameters(), eager_model.parameters()):
+        assert (p.grad is None) == (pe.grad is None), pname
+        if p.grad is not None:
+            torch.testing.assert_close(p.grad, pe.grad, **tol, msg=lambda m: f"grad of {pname}: {m}")
+    if EXACT:
+        assert inference_graphs == GRAPHS[name, "inference"]
+        assert len(backend.compiled) - inference_graphs == GRAPHS[name, "training"]
+    for c in backend.compiled:
+        assert getattr(c, "kiln_inductor_fallbacks", []) == [], c.kiln_inductor_fallbacks
