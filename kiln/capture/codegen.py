@@ -398,19 +398,35 @@ def _rename_parameters(fn: types.FunctionType, aliases: dict[str, str] | None) -
 
 def _as_users_code(code: types.CodeType, like: types.CodeType, lines: dict[int, int]) -> types.CodeType:
     """``code`` named after the user's ``like``, with its lines mapped to the user's (no
-    column positions: they would point into the generated source)."""
-    from bytecode import Bytecode, Instr
-    from bytecode.instr import InstrLocation
-
-    bc = Bytecode.from_code(code)
+    column positions: they would point into the generated source). Only the location table
+    is rewritten (``code.replace``): the instructions stay as compiled, so this is cheap even
+    for the check functions of large models (thousands of guards)."""
     first = like.co_firstlineno
-    for ins in bc:
-        if isinstance(ins, Instr):
-            line = lines.get(ins.lineno, first) if ins.lineno is not None else first
-            ins.location = InstrLocation(line, line, None, None)
-    bc.name = like.co_name
-    if hasattr(bc, "qualname"):
-        bc.qualname = like.co_qualname
-    bc.filename = like.co_filename
-    bc.first_lineno = first
-    return bc.to_code()
+    per_unit = [first if start is None else lines.get(start, first) for start, *_ in code.co_positions()]
+    return code.replace(co_name=like.co_name, co_qualname=like.co_qualname, co_filename=like.co_filename,
+                        co_firstlineno=first, co_linetable=_line_only_table(per_unit, first))
+
+
+def _line_only_table(per_unit: list[int], first: int) -> bytes:
+    """A location table (``co_linetable``, the format of CPython 3.11 and later: see
+    CPython's ``Objects/locations.md``) giving code unit ``i`` the line ``per_unit[i]`` and
+    no columns: runs of one line, at most 8 code units per entry, each entry the "no column"
+    kind (13) with the line as a signed varint delta from the previous entry's line."""
+    out = bytearray()
+    prev = first
+    i, n = 0, len(per_unit)
+    while i < n:
+        line = per_unit[i]
+        j = i + 1
+        while j < n and j - i < 8 and per_unit[j] == line:
+            j += 1
+        out.append(0x80 | (13 << 3) | (j - i - 1))
+        delta = line - prev
+        v = (delta << 1) if delta >= 0 else ((-delta) << 1) | 1
+        while v >= 0x40:
+            out.append(0x40 | (v & 0x3F))
+            v >>= 6
+        out.append(v)
+        prev = line
+        i = j
+    return bytes(out)
