@@ -314,3 +314,17 @@ def test_eight_processes_share_one_dir(tmp_path):
     for key, path in entries:
         assert store.read(key) is not None        # every entry whole (hash checked)
     assert not [n for n in os.listdir(store.aot_dir()) if n.startswith(".tmp-")]
+
+
+def test_cli_ls_why_clear():
+    run(mlp, inputs())
+    kiln.reset()
+    run(mlp, inputs(torch.float64))
+    cmd = [sys.executable, "-m", "kiln", "cache"]
+    env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(kiln.__file__))}
+    out = subprocess.run(cmd + ["ls"], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0 and "2 entries" in out.stdout and out.stdout.count("mlp") == 2
+    out = subprocess.run(cmd + ["why", "mlp"], capture_output=True, text=True, env=env, timeout=120)
+    assert "entry 2 missed: input 0 dtype: float32 -> float64" in out.stdout
+    out = subprocess.run(cmd + ["clear"], capture_output=True, text=True, env=env, timeout=120)
+    assert "removed 2 entries" in out.stdout and store.entries() == []
