@@ -47,14 +47,16 @@ def aot_backend(fw_compiler: Callable | None = None, bw_compiler: Callable | Non
             return compile_graph(gm, example_inputs, decompositions=decompositions, fw_compiler=fw_compiler,
                                  bw_compiler=bw_compiler, partition_fn=partition_fn,
                                  inference_compiler=inference_compiler)
-        if not cacheable:
-            return compile()
         from .. import cache
+
+        if not cacheable:
+            cache.bypass(gm, "aot_backend with user compilers, partitioner or decompositions (code the key cannot see)")
+            return compile()
         from ..aot import config as aot_config
 
         partitioner = partition_fn if partition_fn is not None else aot_config.partition_fn
         if not isinstance(partitioner, str):
-            cache._bypass(cache.function_name(gm), "kiln.aot.config.partition_fn is a callable (not keyable)")
+            cache.bypass(gm, "kiln.aot.config.partition_fn is a callable (not keyable)")
             return compile()
         return cache.cached(gm, example_inputs, backend="aot_eager", options={"partition_fn": partitioner},
                             compile=compile, load=_load_artifact, dump=_dump_artifact)

@@ -19,7 +19,7 @@ from ..config import config
 from . import explain, key as K, store
 from .store import clear, reset_stats, stats
 
-__all__ = ["cached", "stats", "reset_stats", "clear"]
+__all__ = ["cached", "bypass", "stats", "reset_stats", "clear"]
 
 
 def function_name(gm) -> str:
@@ -30,6 +30,12 @@ def function_name(gm) -> str:
 def _log(message: str) -> None:
     if logs.enabled.cache:
         logs.log("cache", message)
+
+
+def bypass(gm, reason: str) -> None:
+    """Count and log (``KILN_LOGS=cache``) a graph compiled without the cache, and why."""
+    if config.cache:
+        _bypass(function_name(gm), reason)
 
 
 def _bypass(fn: str, reason: str) -> None:
@@ -43,6 +49,11 @@ def cached(gm, example_inputs: list, *, backend: str, options: dict, compile: Ca
     stored (``dump(compiled)``; it raises ValueError for a result it cannot store)."""
     fn = function_name(gm)
     if not config.cache:
+        return compile()
+    if K.is_dynamic(gm, example_inputs):
+        # an entry stores static shapes only: a loaded one could not check the guards that
+        # symbolic tracing adds (kiln.aot.export refuses them for the same reason)
+        _bypass(fn, "dynamic graph (symbolic shapes): not cached yet")
         return compile()
     try:
         parts = K.key_parts(gm, example_inputs, backend, options)

@@ -141,6 +141,9 @@ def global_state() -> dict:
         "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
         "matmul_precision": torch.get_float32_matmul_precision(),
         "default_dtype": str(torch.get_default_dtype()),
+        "tf32": [torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32],
+        "reduced_precision_reduction": [torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction,
+                                        torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction],
     }
 
 
@@ -174,6 +177,18 @@ def device_info(example_inputs: list) -> dict:
         idx = next(x.device.index for x in example_inputs if isinstance(x, torch.Tensor) and x.device.type == "cuda")
         info["cuda"] = [torch.cuda.get_device_name(idx), list(torch.cuda.get_device_capability(idx))]
     return info
+
+
+def is_dynamic(gm: torch.fx.GraphModule, example_inputs: list) -> bool:
+    """Whether the graph has symbolic inputs or sizes (the capture's fake values, or the
+    example inputs, hold symbols)."""
+    values = list(example_inputs) + [n.meta.get("example_value") for n in gm.graph.nodes if n.op == "placeholder"]
+    for x in values:
+        if isinstance(x, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            return True
+        if isinstance(x, torch.Tensor) and any(isinstance(s, torch.SymInt) for s in (*x.shape, *x.stride())):
+            return True
+    return False
 
 
 def key_parts(gm: torch.fx.GraphModule, example_inputs: list, backend: str, options: dict) -> dict:

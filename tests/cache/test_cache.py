@@ -328,3 +328,16 @@ def test_cli_ls_why_clear():
     assert "entry 2 missed: input 0 dtype: float32 -> float64" in out.stdout
     out = subprocess.run(cmd + ["clear"], capture_output=True, text=True, env=env, timeout=120)
     assert "removed 2 entries" in out.stdout and store.entries() == []
+
+
+def test_bypasses_are_counted_and_say_why(capsys):
+    from kiln.backends.aot import aot_backend
+    kiln.set_logs("cache")
+    kiln.compile(mlp, backend=aot_backend(fw_compiler=lambda gm, ex: gm.forward))(*inputs())
+    f = kiln.compile(mlp, backend="aot_eager", dynamic=True)
+    check_against_eager(mlp, f)
+    err = capsys.readouterr().err
+    assert "[kiln:cache] bypass mlp: aot_backend with user compilers" in err
+    assert "[kiln:cache] bypass mlp: dynamic graph (symbolic shapes)" in err
+    assert kiln.cache.stats()["bypasses"] == 2 and kiln.cache.stats()["misses"] == 0
+    assert store.entries() == []
