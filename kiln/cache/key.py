@@ -39,7 +39,15 @@ def _target_text(target: Any) -> str:
         return f"torch.ops.{target._qualified_op_name}"
     module = getattr(target, "__module__", None) or type(target).__module__
     name = getattr(target, "__qualname__", None) or getattr(target, "__name__", None) or repr(target)
+    # A call to user code in the graph is keyed by its name only, so an edit to its body
+    # would hit a stale entry: only torch's, Python's and kiln's own functions (their
+    # versions are in the key) are keyable.
+    if module.split(".")[0] not in _KEYABLE_MODULES:
+        raise ValueError(f"the graph calls {module}.{name} (user code: not keyable by name)")
     return f"{module}.{name}"
+
+
+_KEYABLE_MODULES = {"torch", "_operator", "operator", "builtins", "math", "kiln"}
 
 
 def _tensor_digest(t: torch.Tensor) -> str:

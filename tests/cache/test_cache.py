@@ -341,3 +341,16 @@ def test_bypasses_are_counted_and_say_why(capsys):
     assert "[kiln:cache] bypass mlp: dynamic graph (symbolic shapes)" in err
     assert kiln.cache.stats()["bypasses"] == 2 and kiln.cache.stats()["misses"] == 0
     assert store.entries() == []
+
+
+def test_user_code_called_from_the_graph_is_not_keyed():
+    def spy(gm, example_inputs):
+        builtin = gm.graph.call_function(len, ())     # keyable: a builtin
+        K.key_parts(gm, list(example_inputs), "x", {})
+        node = gm.graph.call_function(mlp, ())   # user code: its body could change
+        with pytest.raises(ValueError, match="user code"):
+            K.key_parts(gm, list(example_inputs), "x", {})
+        gm.graph.erase_node(node)
+        gm.graph.erase_node(builtin)
+        return gm.forward
+    kiln.compile(mlp, backend=spy)(*inputs())
