@@ -11,7 +11,8 @@ Every measurement runs in a fresh process. Per model and compiler (kiln, torch.c
 
 "added" is the wall time from the first call to its first output (inference: the output;
 training: the loss and its backward) minus the same for eager in its own fresh process, after
-every library is imported. "exit" is the time from the child's last line to its exit. The
+every library is imported (the clock starts before ``kiln.compile``/``torch.compile`` wraps
+the model: torch.compile imports torch._dynamo there). "exit" is the time from the child's last line to its exit. The
 target of issue 11: warm kiln adds <= 0.5x what warm torch.compile adds.
 
 Models (no downloads): ``gpt2-infer`` / ``gpt2-train`` a GPT-2-style decoder (6 layers, d=512,
@@ -53,18 +54,19 @@ def _child(model: str, compiler: str, device: str, backend: str) -> None:
             net.eval()
     net = net.to(device)
     args = tuple(a.to(device) for a in args)
+    def sync():
+        if device == "cuda":
+            torch.cuda.synchronize()
+    sync()
+    # from wrapping the model (torch.compile imports torch._dynamo there; kiln's first
+    # capture imports it through ShapeEnv) to the first output
+    start = time.perf_counter()
     if compiler == "kiln":
         fn = kiln.compile(net, backend=backend)
     elif compiler == "torch":
         fn = torch.compile(net, backend=backend)
     else:
         fn = net
-
-    def sync():
-        if device == "cuda":
-            torch.cuda.synchronize()
-    sync()
-    start = time.perf_counter()
     if train:
         fn(*args).backward()
     else:
