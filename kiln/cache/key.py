@@ -88,7 +88,7 @@ def _arg_text(a: Any, names: dict) -> str:
 
 
 # node meta the compiled code depends on (the rest, e.g. stack traces, does not change it)
-_META_KEYS = ("kiln_static",)
+_META_KEYS = ("kiln_static", "kiln_symbol")
 
 
 def graph_text(gm: torch.fx.GraphModule, example_inputs: list) -> str:
@@ -118,7 +118,7 @@ def graph_text(gm: torch.fx.GraphModule, example_inputs: list) -> str:
         if node.op == "call_module":
             raise ValueError("cannot key a call_module node")
         lines.append(line)
-    graph_meta = {k: gm.meta[k] for k in ("kiln_fullgraph",) if k in gm.meta}
+    graph_meta = {k: gm.meta[k] for k in ("kiln_fullgraph", "kiln_static_inputs") if k in gm.meta}
     lines.append("meta " + json.dumps(graph_meta, sort_keys=True, default=str))
     return "\n".join(lines)
 
