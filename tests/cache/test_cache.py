@@ -354,3 +354,11 @@ def test_user_code_called_from_the_graph_is_not_keyed():
         gm.graph.erase_node(builtin)
         return gm.forward
     kiln.compile(mlp, backend=spy)(*inputs())
+
+
+def test_stats_is_public_after_import_kiln():
+    out = subprocess.run([sys.executable, "-c", "import kiln; print(sorted(kiln.cache.stats()))"],
+                         capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(kiln.__file__))})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "['bypasses', 'bytes_read', 'bytes_written', 'hits', 'misses']"
