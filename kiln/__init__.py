@@ -13,7 +13,7 @@ Public API: ``compile``, ``reset``, ``explain``, ``comptime``, ``config``, ``Uns
 ``aot`` (staged AOT autograd), ``backends``, ``testing``, ``set_logs``, and for dynamic shapes
 ``mark_dynamic``, ``mark_static``, ``ConstraintViolation``.
 """
-from . import aot, backends, testing
+from . import aot, backends, cache, testing
 from .api import CompiledFunction, CompiledMethod, CompiledModule, compile, reset
 from .capture.comptime import comptime
 from .config import config

@@ -2,6 +2,7 @@
 
     kiln info        versions of kiln, torch, bytecode and Python; CUDA; registered backends
     kiln backends    the registered backend names
+    kiln cache ls | why [FUNCTION] | clear     the compile cache (kiln/cache)
 """
 from __future__ import annotations
 
@@ -37,7 +38,17 @@ def main(argv: list[str] | None = None) -> int:
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("info", help="versions and environment")
     sub.add_parser("backends", help="registered backends")
+    cache = sub.add_parser("cache", help="the compile cache: ls, why [FUNCTION], clear")
+    csub = cache.add_subparsers(dest="action", required=True)
+    csub.add_parser("ls", help="stored entries")
+    w = csub.add_parser("why", help="how a function's entries differ (why they missed)")
+    w.add_argument("function", nargs="?")
+    csub.add_parser("clear", help="remove every entry")
     args = p.parse_args(argv)
+    if args.command == "cache":
+        from .cache import cli
+
+        return {"ls": cli.ls, "clear": cli.clear, "why": lambda: cli.why(args.function)}[args.action]()
     return {"info": _info, "backends": _backends}[args.command]()
 
 

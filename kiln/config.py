@@ -21,8 +21,12 @@ class Config:
     max_inline_depth: int = 64
     # Maximum bytecode instructions one capture may execute (guards against runaway loops).
     max_instructions: int = 1_000_000
-    # Where kiln keeps what outlives a process (the dynamic-shape profiles). KILN_CACHE_DIR.
+    # Where kiln keeps what outlives a process (dynamic-shape profiles, the compile cache). KILN_CACHE_DIR.
     cache_dir: str = os.path.join("~", ".cache", "kiln")
+    # The compile cache (kiln/cache): a warm process loads compiled graphs. KILN_CACHE=0: off.
+    cache: bool = True
+    # Bytes the compile cache (cache_dir/aot) may hold; least recently used entries go first.
+    cache_size_limit: int = 2 * 1024 ** 3
     # dynamic=None: a dim (or int input) seen with a new value is recompiled symbolic.
     automatic_dynamic_shapes: bool = True
     # Python int inputs are always specialized (a new value recompiles), never symbolic.

@@ -120,6 +120,12 @@ def _val_meta(v: Any) -> Any:
     return None
 
 
+def _source_text(src: Any) -> str:
+    name = getattr(src, "name", None)
+    name = name() if callable(name) else name
+    return name if isinstance(name, str) else str(src)
+
+
 def graph_to_data(gm: torch.fx.GraphModule) -> tuple[dict, dict]:
     """(JSON-able description of ``gm``'s graph, its tensor constants)."""
     nodes = []
@@ -130,7 +136,10 @@ def graph_to_data(gm: torch.fx.GraphModule) -> tuple[dict, dict]:
             d["meta"] = _val_meta(n.meta.get("val"))
             for k in ("kiln_static", "kiln_mutated", "kiln_requires_grad", "kiln_source", "kiln_tangent"):
                 if k in n.meta:
-                    d.setdefault("tags", {})[k] = n.meta[k]
+                    v = n.meta[k]
+                    if k == "kiln_source" and not isinstance(v, str):
+                        v = _source_text(v)     # a Source object: its text (used in messages)
+                    d.setdefault("tags", {})[k] = v
         elif n.op == "get_attr":
             d["target"] = n.target
             obj = gm

@@ -36,16 +36,60 @@ def aot_backend(fw_compiler: Callable | None = None, bw_compiler: Callable | Non
         return c if c is None or is_kiln_backend(c) else user_callable(c)
     fw_compiler, bw_compiler, inference_compiler = users(fw_compiler), users(bw_compiler), users(inference_compiler)
 
+    # Only the plain aot_eager configuration is cached: user compilers and decompositions are
+    # code the key cannot see.
+    # (decompositions: torch's core ATen table, or none at all, as aot_eager: both nameable)
+    decomposition_name = "core_aten" if decompositions is None else ("none" if not decompositions else None)
+    cacheable = (fw_compiler is None and bw_compiler is None and inference_compiler is None
+                 and decomposition_name is not None and (partition_fn is None or isinstance(partition_fn, str)))
+
     def kiln_aot_backend(gm: torch.fx.GraphModule, example_inputs: list):
-        return compile_graph(gm, list(example_inputs), decompositions=decompositions, fw_compiler=fw_compiler,
-                             bw_compiler=bw_compiler, partition_fn=partition_fn,
-                             inference_compiler=inference_compiler)
+        example_inputs = list(example_inputs)
+
+        def compile():
+            return compile_graph(gm, example_inputs, decompositions=decompositions, fw_compiler=fw_compiler,
+                                 bw_compiler=bw_compiler, partition_fn=partition_fn,
+                                 inference_compiler=inference_compiler)
+        from .. import cache
+
+        if not cacheable:
+            cache.bypass(gm, "aot_backend with user compilers, partitioner or decompositions (code the key cannot see)")
+            return compile()
+        from ..aot import config as aot_config
+
+        partitioner = partition_fn if partition_fn is not None else aot_config.partition_fn
+        if not isinstance(partitioner, str):
+            cache.bypass(gm, "kiln.aot.config.partition_fn is a callable (not keyable)")
+            return compile()
+        return cache.cached(gm, example_inputs, backend="aot_eager", options={"partition_fn": partitioner, "decompositions": decomposition_name},
+                            compile=compile, load=_load_artifact, dump=_dump_artifact)
 
     kiln_aot_backend.__name__ = "aot_backend"
     kiln_aot_backend.fw_compiler = getattr(fw_compiler, "__wrapped__", fw_compiler)
     kiln_aot_backend.bw_compiler = getattr(bw_compiler, "__wrapped__", bw_compiler)
     kiln_aot_backend.partition_fn = partition_fn
     return kiln_aot_backend
+
+
+def _dump_artifact(compiled) -> bytes:
+    """The cache payload of an AOT result: its parts as an AOTArtifact (static shapes only)."""
+    from ..aot.compile import AOTCompiled
+    from ..aot.export import AOTArtifact
+
+    if not isinstance(compiled, AOTCompiled):
+        raise ValueError(f"not an AOT result ({type(compiled).__name__}): a per-shape or as-captured graph")
+    if compiled.parts.symbolic or compiled.input_check is not None:
+        raise ValueError("a dynamic (symbolic-shape) AOT result is not cached yet")
+    return AOTArtifact(compiled.parts).to_bytes()
+
+
+def _load_artifact(payload: bytes, gm: torch.fx.GraphModule):
+    """The AOT result rebuilt from its parts: no tracing, the same callable stage 2 builds."""
+    from ..aot.export import AOTArtifact
+
+    compiled = AOTArtifact.from_bytes(payload).load()
+    compiled.run_as_captured = gm       # as stage2_compile: eager's answer for RunAsCaptured
+    return compiled
 
 
 # As torch.compile's aot_eager: no decompositions (ops stay whole, as eager runs them: the core

@@ -1,0 +1,143 @@
+"""Warm start: the time a compiler adds to a program's first output, cold and warm.
+
+    python benchmarks/warm_start.py [--device cuda] [--json PATH] [--models gpt2-infer,gpt2-train,mlp]
+                                    [--backend inductor|aot_eager]
+
+Every measurement runs in a fresh process. Per model and compiler (kiln, torch.compile):
+
+* cold: empty caches (a fresh KILN_CACHE_DIR and TORCHINDUCTOR_CACHE_DIR);
+* warm: a second fresh process over the caches the cold one filled (torch's FX graph and AOT
+  autograd caches warm too).
+
+"added" is the wall time from the first call to its first output (inference: the output;
+training: the loss and its backward) minus the same for eager in its own fresh process, after
+every library is imported (the clock starts before ``kiln.compile``/``torch.compile`` wraps
+the model: torch.compile imports torch._dynamo there). "exit" is the time from the child's last line to its exit. The
+target of issue 11: warm kiln adds <= 0.5x what warm torch.compile adds.
+
+Models (no downloads): ``gpt2-infer`` / ``gpt2-train`` a GPT-2-style decoder (6 layers, d=512,
+8 heads; batch 2, sequence 64) inference and one training step; ``mlp`` a small MLP on CPU.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+
+def _child(model: str, compiler: str, device: str, backend: str) -> None:
+    import torch
+    sys.path.insert(0, HERE)
+    import kiln
+    from inductor import GPT
+
+    torch.manual_seed(0)
+    if model == "mlp":
+        device = "cpu"
+        net = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 10))
+        args = (torch.randn(32, 64),)
+        train = False
+    else:
+        net = GPT(vocab=8192)
+        args = (torch.randint(0, 8192, (2, 64)),)
+        train = model == "gpt2-train"
+        if train:
+            args = (*args, torch.randint(0, 8192, (2, 64)))
+        else:
+            net.eval()
+    net = net.to(device)
+    args = tuple(a.to(device) for a in args)
+    def sync():
+        if device == "cuda":
+            torch.cuda.synchronize()
+    sync()
+    # from wrapping the model (torch.compile imports torch._dynamo there; kiln's first
+    # capture imports it through ShapeEnv) to the first output
+    start = time.perf_counter()
+    if compiler == "kiln":
+        fn = kiln.compile(net, backend=backend)
+    elif compiler == "torch":
+        fn = torch.compile(net, backend=backend)
+    else:
+        fn = net
+    if train:
+        fn(*args).backward()
+    else:
+        with torch.no_grad():
+            fn(*args)
+    sync()
+    first = time.perf_counter() - start
+    extra = {}
+    if compiler == "kiln":
+        extra = kiln.cache.stats()
+    print("RESULT " + json.dumps({"first": first, **extra}), flush=True)
+
+
+def _measure(model, compiler, device, backend, env) -> dict:
+    start = time.perf_counter()
+    p = subprocess.Popen([sys.executable, __file__, "--child", model, compiler, "--device", device,
+                          "--backend", backend], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=env)
+    result, printed = None, None
+    for line in p.stdout:
+        if line.startswith("RESULT "):
+            result, printed = json.loads(line[7:]), time.perf_counter()
+    err = p.stderr.read()
+    p.wait()
+    if p.returncode != 0 or result is None:
+        raise RuntimeError(f"{model}/{compiler} failed:\n{err[-3000:]}")
+    result["exit"] = time.perf_counter() - printed
+    result["process"] = time.perf_counter() - start
+    return result
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--json")
+    ap.add_argument("--models", default="gpt2-infer,gpt2-train,mlp")
+    ap.add_argument("--backend", default="inductor")
+    ap.add_argument("--child", nargs=2)
+    a = ap.parse_args()
+    if a.child:
+        _child(a.child[0], a.child[1], a.device, a.backend)
+        return
+    rows = []
+    for model in a.models.split(","):
+        base = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        eager = _measure(model, "eager", a.device, a.backend, base)
+        row = {"model": model, "eager_first_s": eager["first"]}
+        for compiler in ("kiln", "torch"):
+            with tempfile.TemporaryDirectory() as d:
+                env = {**base, "KILN_CACHE_DIR": os.path.join(d, "kiln"),
+                       "TORCHINDUCTOR_CACHE_DIR": os.path.join(d, "inductor"), "TRITON_CACHE_DIR": os.path.join(d, "triton")}
+                for phase in ("cold", "warm"):
+                    r = _measure(model, compiler, a.device, a.backend, env)
+                    row[f"{compiler}_{phase}_added_s"] = r["first"] - eager["first"]
+                    row[f"{compiler}_{phase}_exit_s"] = r["exit"]
+                    if compiler == "kiln":
+                        row[f"kiln_{phase}_cache"] = {k: r[k] for k in ("hits", "misses", "bypasses")}
+        row["warm_ratio"] = row["kiln_warm_added_s"] / max(row["torch_warm_added_s"], 1e-9)
+        rows.append(row)
+        print(f"# {model} done", file=sys.stderr, flush=True)
+    hdr = f"{'model':<11} {'eager 1st':>9} | {'kiln cold':>9} {'kiln warm':>9} | {'torch cold':>10} {'torch warm':>10} | {'warm k/t':>8} | {'exit kiln/torch (warm)':>22} | kiln warm cache"
+    print(f"added to first output over eager, seconds (device {a.device}, backend {a.backend})")
+    print(hdr)
+    for r in rows:
+        print(f"{r['model']:<11} {r['eager_first_s']:>9.3f} | {r['kiln_cold_added_s']:>9.3f} {r['kiln_warm_added_s']:>9.3f} | "
+              f"{r['torch_cold_added_s']:>10.3f} {r['torch_warm_added_s']:>10.3f} | {r['warm_ratio']:>8.2f} | "
+              f"{r['kiln_warm_exit_s']:>10.3f} / {r['torch_warm_exit_s']:<9.3f} | {r['kiln_warm_cache']}")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"device": a.device, "backend": a.backend, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

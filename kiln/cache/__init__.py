@@ -1,0 +1,87 @@
+"""kiln's compile cache: a warm process compiles nothing (issue 11).
+
+``cached(gm, example_inputs, backend=..., options=..., compile=...)`` returns the compiled
+callable for a captured graph: loaded from ``<kiln.config.cache_dir>/aot/`` when an entry
+with the same key exists, else compiled by ``compile()`` and stored. What is cached today is
+the ``aot_eager`` backend's AOT result for graphs with static shapes (the forward/backward
+ATen graphs and every runtime-wrapper field, as ``kiln.aot.AOTArtifact``): a load rebuilds the
+callable from them without tracing. Everything else is a *bypass*, logged with its reason
+under ``KILN_LOGS=cache``. A cache failure never fails the call: it compiles instead.
+
+``kiln.config.cache = False`` (or ``KILN_CACHE=0``) turns the cache off.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from .. import logs
+from ..config import config
+from . import explain, key as K, store
+from .store import clear, reset_stats, stats
+
+__all__ = ["cached", "bypass", "stats", "reset_stats", "clear"]
+
+
+def function_name(gm) -> str:
+    name = type(gm).__name__
+    return name[5:] if name.startswith("Kiln_") else name
+
+
+def _log(message: str) -> None:
+    if logs.enabled.cache:
+        logs.log("cache", message)
+
+
+def bypass(gm, reason: str) -> None:
+    """Count and log (``KILN_LOGS=cache``) a graph compiled without the cache, and why."""
+    if config.cache:
+        _bypass(function_name(gm), reason)
+
+
+def _bypass(fn: str, reason: str) -> None:
+    store.count("bypasses")
+    _log(f"bypass {fn}: {reason}")
+
+
+def cached(gm, example_inputs: list, *, backend: str, options: dict, compile: Callable[[], Callable],
+           load: Callable[[bytes, Any], Callable], dump: Callable[[Callable], bytes]) -> Callable:
+    """The compiled ``gm``: loaded (``load(payload, gm)``) or compiled (``compile()``) and
+    stored (``dump(compiled)``; it raises ValueError for a result it cannot store)."""
+    fn = function_name(gm)
+    if not config.cache:
+        return compile()
+    if K.is_dynamic(gm, example_inputs):
+        # an entry stores static shapes only: a loaded one could not check the guards that
+        # symbolic tracing adds (kiln.aot.export refuses them for the same reason)
+        _bypass(fn, "dynamic graph (symbolic shapes): not cached yet")
+        return compile()
+    try:
+        parts = K.key_parts(gm, example_inputs, backend, options)
+        key = K.digest(parts)
+    except Exception as e:          # a graph kiln cannot key: compile it, uncached
+        _bypass(fn, f"cannot compute the key: {type(e).__name__}: {e}")
+        return compile()
+    try:
+        found = store.read(key)
+        if found is not None:
+            header, payload = found
+            # the header must describe this key (a hash collision or a renamed file is a miss)
+            if header.get("key") == key and header.get("parts") == parts:
+                compiled = load(payload, gm)
+                store.count("hits")
+                _log(f"hit {fn} ({key[:12]}, {len(payload)} bytes)")
+                return compiled
+            store.warn_once(("mismatch", key), f"entry {key[:12]} does not match its key; recompiling")
+    except Exception as e:          # a load that fails is a miss (never run, never raised)
+        store.warn_once(("load", key), f"cannot load entry {key[:12]} ({type(e).__name__}: {e}); recompiling")
+    store.count("misses")
+    if logs.enabled.cache:
+        _log(f"miss {fn} ({key[:12]}): {explain.why_missed(fn, parts)}")
+    compiled = compile()
+    try:
+        payload = dump(compiled)
+    except Exception as e:
+        _log(f"not stored {fn}: {type(e).__name__}: {e}")
+        return compiled
+    store.write(key, {"key": key, "function": fn, "backend": backend, "parts": parts}, payload)
+    return compiled

@@ -1,0 +1,46 @@
+"""``kiln cache ls | why [FUNCTION] | clear``: what the compile cache holds and why it missed."""
+from __future__ import annotations
+
+import os
+
+
+def ls() -> int:
+    from . import store
+
+    rows = store.entries()
+    total = 0
+    for key, path in rows:
+        header = store.read_header(path) or {}
+        size = os.path.getsize(path)
+        total += size
+        print(f"{key[:16]}  {size:>9}  {header.get('backend', '?'):<10} {header.get('function', '? (unreadable)')}")
+    print(f"{len(rows)} entries, {total} bytes in {store.aot_dir()}")
+    return 0
+
+
+def why(function: str | None) -> int:
+    """For each function (or one), how its stored entries differ from each other: the
+    parts that made the entries after the first miss."""
+    from . import explain, store
+
+    by_function: dict = {}
+    for _, path in reversed(store.entries()):          # oldest first
+        header = store.read_header(path)
+        if header and (function is None or header.get("function") == function):
+            by_function.setdefault(header["function"], []).append(header.get("parts", {}))
+    if not by_function:
+        print(f"no entries{' for ' + function if function else ''} in {store.aot_dir()}")
+        return 1 if function else 0
+    for fn, parts in by_function.items():
+        print(f"{fn}: {len(parts)} entr{'y' if len(parts) == 1 else 'ies'}")
+        for i in range(1, len(parts)):
+            nearest = min(parts[:i], key=lambda p: len(explain.differences(p, parts[i])))
+            print(f"  entry {i + 1} missed: " + "; ".join(explain.differences(nearest, parts[i])) + "; all else equal")
+    return 0
+
+
+def clear() -> int:
+    from . import store
+
+    print(f"removed {store.clear()} entries from {store.aot_dir()}")
+    return 0

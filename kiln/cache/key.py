@@ -1,0 +1,216 @@
+"""The cache key of one captured graph: named parts, hashed together.
+
+The parts are kept apart (not only hashed) so that a miss can say which part differs from the
+nearest stored entry (``explain.py``). Every fact the compiled code depends on is a part; when
+in doubt a fact is included, since a needless miss costs a compile and a missing fact a wrong
+answer.
+
+Node names are not semantic: placeholders become ``in0, in1, ...`` and other nodes ``n0, n1,
+...`` by position (seed 000), so two functions differing only in local names share an entry.
+SymInt placeholders keep their names: they are the symbols the sizes of other inputs use.
+Nothing here edits the caller's graph: the text is built from a read-only walk.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.metadata
+import json
+import os
+from typing import Any
+
+import torch
+import torch.fx
+
+KEY_VERSION = 1
+
+
+def _is_sym_placeholder(node: torch.fx.Node, example: Any) -> bool:
+    v = node.meta.get("example_value", example)
+    return isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool))
+
+
+def _target_text(target: Any) -> str:
+    if isinstance(target, str):
+        return target
+    if isinstance(target, torch._ops.OpOverload):
+        return f"torch.ops.{target.namespace}.{target._opname}.{target._overloadname}"
+    if isinstance(target, torch._ops.OpOverloadPacket):
+        return f"torch.ops.{target._qualified_op_name}"
+    module = getattr(target, "__module__", None) or type(target).__module__
+    name = getattr(target, "__qualname__", None) or getattr(target, "__name__", None) or repr(target)
+    # A call to user code in the graph is keyed by its name only, so an edit to its body
+    # would hit a stale entry: only torch's, Python's and kiln's own functions (their
+    # versions are in the key) are keyable.
+    if module.split(".")[0] not in _KEYABLE_MODULES:
+        raise ValueError(f"the graph calls {module}.{name} (user code: not keyable by name)")
+    return f"{module}.{name}"
+
+
+_KEYABLE_MODULES = {"torch", "_operator", "operator", "builtins", "math", "kiln"}
+
+
+def _tensor_digest(t: torch.Tensor) -> str:
+    t = t.detach()
+    if t.is_sparse or t.is_quantized or t.device.type == "meta":
+        raise ValueError(f"cannot hash a {t.layout} {t.device.type} tensor constant")
+    flat = t.cpu().contiguous().reshape(-1)
+    data = flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b""
+    return hashlib.sha256(data).hexdigest()
+
+
+def _tensor_meta(t: torch.Tensor) -> dict:
+    return {"dtype": str(t.dtype).replace("torch.", ""), "sizes": [str(s) for s in t.shape],
+            "strides": [str(s) for s in t.stride()], "offset": str(t.storage_offset()),
+            "requires_grad": bool(t.requires_grad), "device": t.device.type,
+            "type": type(t).__name__, "layout": str(t.layout)}
+
+
+def _arg_text(a: Any, names: dict) -> str:
+    if isinstance(a, torch.fx.Node):
+        return "%" + names[a]
+    if isinstance(a, (list, tuple)):
+        inner = ", ".join(_arg_text(x, names) for x in a)
+        return f"[{inner}]" if isinstance(a, list) else f"({inner})"
+    if isinstance(a, dict):
+        return "{" + ", ".join(f"{k!r}: {_arg_text(v, names)}" for k, v in a.items()) + "}"
+    if isinstance(a, torch.Tensor):
+        return f"tensor({json.dumps(_tensor_meta(a), sort_keys=True)}, {_tensor_digest(a)})"
+    if isinstance(a, (bool, int, float, str, type(None), complex)):
+        return f"{type(a).__name__}:{a!r}"     # typed: 1, 1.0 and True differ
+    if isinstance(a, (torch.dtype, torch.device, torch.layout, torch.memory_format)):
+        return repr(a)
+    if isinstance(a, slice):
+        return f"slice({_arg_text(a.start, names)}, {_arg_text(a.stop, names)}, {_arg_text(a.step, names)})"
+    if a is Ellipsis:
+        return "..."
+    raise ValueError(f"cannot key an argument of type {type(a).__name__}")
+
+
+# node meta the compiled code depends on (the rest, e.g. stack traces, does not change it)
+_META_KEYS = ("kiln_static", "kiln_symbol")
+
+
+def graph_text(gm: torch.fx.GraphModule, example_inputs: list) -> str:
+    """The graph with normalized names, its constants by content; read-only on ``gm``."""
+    names: dict = {}
+    lines = []
+    placeholders = 0
+    others = 0
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            ex = example_inputs[placeholders] if placeholders < len(example_inputs) else None
+            names[node] = node.name if _is_sym_placeholder(node, ex) else f"in{placeholders}"
+            placeholders += 1
+        else:
+            names[node] = f"n{others}"
+            others += 1
+        meta = {k: node.meta[k] for k in _META_KEYS if k in node.meta}
+        line = f"{names[node]} = {node.op} {_target_text(node.target) if node.op != 'placeholder' else ''}" \
+               f"({_arg_text(node.args, names)}, {_arg_text(node.kwargs, names)}) {json.dumps(meta, sort_keys=True, default=str)}"
+        if node.op == "get_attr":
+            obj = gm
+            for atom in str(node.target).split("."):
+                obj = getattr(obj, atom)
+            if not isinstance(obj, torch.Tensor):
+                raise ValueError(f"cannot key attribute {node.target} of type {type(obj).__name__}")
+            line += " = " + _arg_text(obj, names)
+        if node.op == "call_module":
+            raise ValueError("cannot key a call_module node")
+        lines.append(line)
+    graph_meta = {k: gm.meta[k] for k in ("kiln_fullgraph", "kiln_static_inputs") if k in gm.meta}
+    lines.append("meta " + json.dumps(graph_meta, sort_keys=True, default=str))
+    return "\n".join(lines)
+
+
+def inputs_meta(gm: torch.fx.GraphModule, example_inputs: list) -> list:
+    static = [n.meta.get("kiln_static", False) for n in gm.graph.nodes if n.op == "placeholder"]
+    out = []
+    for i, x in enumerate(example_inputs):
+        if isinstance(x, torch.Tensor):
+            d = _tensor_meta(x)
+            d["static"] = bool(static[i]) if i < len(static) else False
+        elif isinstance(x, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            d = {"symbol": str(x)}
+        elif isinstance(x, (bool, int, float)):
+            d = {"value": f"{type(x).__name__}:{x!r}"}
+        else:
+            raise ValueError(f"cannot key an input of type {type(x).__name__}")
+        out.append(d)
+    return out
+
+
+def global_state() -> dict:
+    """The global state compiled code depends on (grad mode, autocast, determinism, matmul)."""
+    return {
+        "grad_mode": torch.is_grad_enabled(),
+        "autocast_cpu": [torch.is_autocast_enabled("cpu"), str(torch.get_autocast_dtype("cpu"))],
+        "autocast_cuda": [torch.is_autocast_enabled("cuda"), str(torch.get_autocast_dtype("cuda"))],
+        "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+        "matmul_precision": torch.get_float32_matmul_precision(),
+        "default_dtype": str(torch.get_default_dtype()),
+        "tf32": [torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32],
+        "reduced_precision_reduction": [torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction,
+                                        torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction],
+    }
+
+
+@functools.lru_cache(maxsize=1)
+def versions() -> dict:
+    """torch, triton and kiln versions; kiln's is a digest of its source, so an edit to kiln
+    (same version number) never loads entries an older kiln wrote."""
+    kiln_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    h = hashlib.sha256()
+    for root, dirs, files in sorted(os.walk(kiln_dir)):
+        dirs.sort()
+        for f in sorted(files):
+            if f.endswith(".py"):
+                path = os.path.join(root, f)
+                h.update(os.path.relpath(path, kiln_dir).encode())
+                with open(path, "rb") as fh:
+                    h.update(fh.read())
+    try:
+        triton = importlib.metadata.version("triton")
+    except importlib.metadata.PackageNotFoundError:
+        triton = None
+    from .. import __version__
+    return {"torch": torch.__version__, "triton": triton, "kiln": f"{__version__}+{h.hexdigest()[:16]}",
+            "key": KEY_VERSION}
+
+
+def device_info(example_inputs: list) -> dict:
+    kinds = sorted({x.device.type for x in example_inputs if isinstance(x, torch.Tensor)})
+    info: dict = {"kinds": kinds}
+    if "cuda" in kinds and torch.cuda.is_available():
+        idx = next(x.device.index for x in example_inputs if isinstance(x, torch.Tensor) and x.device.type == "cuda")
+        info["cuda"] = [torch.cuda.get_device_name(idx), list(torch.cuda.get_device_capability(idx))]
+    return info
+
+
+def is_dynamic(gm: torch.fx.GraphModule, example_inputs: list) -> bool:
+    """Whether the graph has symbolic inputs or sizes (the capture's fake values, or the
+    example inputs, hold symbols)."""
+    values = list(example_inputs) + [n.meta.get("example_value") for n in gm.graph.nodes if n.op == "placeholder"]
+    for x in values:
+        if isinstance(x, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            return True
+        if isinstance(x, torch.Tensor) and any(isinstance(s, torch.SymInt) for s in (*x.shape, *x.stride())):
+            return True
+    return False
+
+
+def key_parts(gm: torch.fx.GraphModule, example_inputs: list, backend: str, options: dict) -> dict:
+    """Every part of the key, as plain JSON data. Raises ValueError for what cannot be keyed
+    (the caller then bypasses the cache)."""
+    return {
+        "graph": graph_text(gm, example_inputs),
+        "inputs": inputs_meta(gm, example_inputs),
+        "backend": {"name": backend, "options": options},
+        "global_state": global_state(),
+        "versions": versions(),
+        "device": device_info(example_inputs),
+    }
+
+
+def digest(parts: dict) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()

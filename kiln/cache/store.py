@@ -1,0 +1,190 @@
+"""Entries on disk: ``<cache_dir>/aot/<key>.entry``, each in a hashed envelope.
+
+File layout: ``MAGIC`` (8 bytes), the SHA-256 of the rest (32 bytes), then a 4-byte header
+length, a JSON header (function name, key parts, versions) and the payload bytes. A file
+whose hash does not match (truncated, bit-flipped) or that cannot be read is treated as
+absent, with one warning; the compile that follows rewrites it. Writes go to a temporary
+file in the same directory and are renamed into place (atomic on POSIX), so concurrent
+writers of one key leave one whole entry, never a mix.
+
+The directory is kept under ``kiln.config.cache_size_limit`` bytes by removing the least
+recently used entries (a hit touches its file's mtime).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+import tempfile
+import warnings
+
+from .. import logs
+from ..config import config
+
+MAGIC = b"KILNAOT1"
+_stats = {"hits": 0, "misses": 0, "bypasses": 0, "bytes_read": 0, "bytes_written": 0}
+_warned: set = set()
+
+
+class CorruptEntry(Exception):
+    pass
+
+
+def stats() -> dict:
+    """Counters since the process started (or ``reset_stats()``): hits, misses, bypasses,
+    bytes_read, bytes_written."""
+    return dict(_stats)
+
+
+def reset_stats() -> None:
+    for k in _stats:
+        _stats[k] = 0
+
+
+def count(name: str, n: int = 1) -> None:
+    _stats[name] += n
+
+
+def warn_once(what: str, message: str) -> None:
+    if what in _warned:
+        return
+    _warned.add(what)
+    warnings.warn(f"kiln cache: {message}", RuntimeWarning, stacklevel=3)
+
+
+def aot_dir() -> str:
+    return os.path.join(os.path.expanduser(config.cache_dir), "aot")
+
+
+def entry_path(key: str) -> str:
+    return os.path.join(aot_dir(), f"{key}.entry")
+
+
+def encode(header: dict, payload: bytes) -> bytes:
+    head = json.dumps(header, sort_keys=True, default=str).encode()
+    body = struct.pack("<I", len(head)) + head + payload
+    return MAGIC + hashlib.sha256(body).digest() + body
+
+
+def decode(blob: bytes, header_only: bool = False) -> tuple[dict, bytes]:
+    if len(blob) < 44 or blob[:8] != MAGIC:
+        raise CorruptEntry("not a kiln cache entry (bad magic or truncated)")
+    body = blob[40:]
+    if not header_only and hashlib.sha256(body).digest() != blob[8:40]:
+        raise CorruptEntry("content hash mismatch (truncated or corrupted)")
+    (n,) = struct.unpack("<I", body[:4])
+    if 4 + n > len(body):
+        raise CorruptEntry("truncated header")
+    try:
+        header = json.loads(body[4:4 + n])
+    except ValueError as e:
+        raise CorruptEntry(f"unreadable header: {e}") from e
+    return header, body[4 + n:]
+
+
+def read(key: str) -> tuple[dict, bytes] | None:
+    """(header, payload) of a whole entry, or None (absent, or corrupt: warned once)."""
+    path = entry_path(key)
+    try:
+        with open(path, "rb") as f:
+            blob = f.read()
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        warn_once(("read", path), f"cannot read {path} ({e}); compiling instead")
+        return None
+    try:
+        header, payload = decode(blob)
+    except CorruptEntry as e:
+        warn_once(("corrupt", path), f"ignoring entry {path}: {e}; it is recompiled and rewritten")
+        return None
+    count("bytes_read", len(blob))
+    try:
+        os.utime(path)          # LRU: a hit is a use
+    except OSError:
+        pass
+    return header, payload
+
+
+def write(key: str, header: dict, payload: bytes) -> bool:
+    """Write atomically; False (warned once) when the directory is not writable."""
+    directory = aot_dir()
+    blob = encode(header, payload)
+    tmp = None
+    try:
+        os.makedirs(directory, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".entry")
+        with os.fdopen(fd, "wb") as f:
+            f.write(blob)
+        os.replace(tmp, entry_path(key))
+        tmp = None
+    except OSError as e:
+        warn_once(("write", directory), f"cannot write to {directory} ({e}); running without a cache")
+        return False
+    finally:
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+    count("bytes_written", len(blob))
+    evict()
+    return True
+
+
+def entries() -> list[tuple[str, str]]:
+    """(key, path) of every entry, most recently used first."""
+    d = aot_dir()
+    try:
+        names = [n for n in os.listdir(d) if n.endswith(".entry") and not n.startswith(".")]
+    except OSError:
+        return []
+    items = []
+    for n in names:
+        p = os.path.join(d, n)
+        try:
+            items.append((os.stat(p).st_mtime, n[:-6], p))
+        except OSError:
+            continue
+    items.sort(reverse=True)
+    return [(k, p) for _, k, p in items]
+
+
+def read_header(path: str) -> dict | None:
+    try:
+        with open(path, "rb") as f:
+            return decode(f.read(), header_only=True)[0]
+    except (OSError, CorruptEntry):
+        return None
+
+
+def evict() -> None:
+    limit = config.cache_size_limit
+    if not limit or limit <= 0:
+        return
+    total = 0
+    for key, path in entries():              # most recent first: keep until the limit
+        try:
+            size = os.stat(path).st_size
+        except OSError:
+            continue
+        total += size
+        if total > limit:
+            try:
+                os.unlink(path)
+                if logs.enabled.cache:
+                    logs.log("cache", f"evicted {key[:12]} ({size} bytes): over cache_size_limit={limit}")
+            except OSError:
+                pass
+
+
+def clear() -> int:
+    n = 0
+    for _, path in entries():
+        try:
+            os.unlink(path)
+            n += 1
+        except OSError:
+            pass
+    return n

@@ -1,0 +1,364 @@
+"""The compile cache (issue 11): keys, perfect entries, warm processes, robustness.
+
+Graphs are tiny and use the aot_eager backend (the cached one today); every test has its own
+cache directory (tests/conftest.py)."""
+import os
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import pytest
+import torch
+
+import kiln
+import kiln.aot.dynamic as aot_dynamic
+from kiln.cache import key as K, store
+
+
+@pytest.fixture(autouse=True)
+def _stats():
+    kiln.cache.reset_stats()
+    store._warned.clear()
+    yield
+
+
+@pytest.fixture
+def traces(monkeypatch):
+    """Counts kiln's AOT traces (every compile of the aot backends goes through _run_stages)."""
+    calls = []
+    real = aot_dynamic._run_stages
+
+    def counted(*a, **kw):
+        calls.append(1)
+        return real(*a, **kw)
+    monkeypatch.setattr(aot_dynamic, "_run_stages", counted)
+    return calls
+
+
+def mlp(x, w):
+    h = torch.relu(x @ w) * 2.0
+    return h.sum(1)
+
+
+def mlp_renamed(inp, weight):
+    hidden = torch.relu(inp @ weight) * 2.0
+    return hidden.sum(1)
+
+
+def mlp_other_op(x, w):
+    h = torch.sigmoid(x @ w) * 2.0
+    return h.sum(1)
+
+
+def mlp_other_const(x, w):
+    h = torch.relu(x @ w) * 3.0
+    return h.sum(1)
+
+
+def inputs(dtype=torch.float32, n=3, grad=True):
+    return (torch.randn(n, 4, dtype=dtype, requires_grad=grad), torch.randn(4, 5, dtype=dtype, requires_grad=grad))
+
+
+def run(fn, args):
+    out = kiln.compile(fn, backend="aot_eager")(*args)
+    return out
+
+
+def check_against_eager(fn, compiled_fn=None):
+    args = inputs()
+    ref_args = [a.detach().clone().requires_grad_(True) for a in args]
+    out = (compiled_fn or kiln.compile(fn, backend="aot_eager"))(*args)
+    ref = fn(*ref_args)
+    torch.testing.assert_close(out, ref)
+    out.sum().backward()
+    ref.sum().backward()
+    for a, r in zip(args, ref_args):
+        torch.testing.assert_close(a.grad, r.grad)
+
+
+def test_second_compile_loads_without_tracing(traces):
+    check_against_eager(mlp)
+    assert len(traces) == 1 and kiln.cache.stats()["misses"] == 1
+    assert kiln.cache.stats()["bytes_written"] > 0
+    kiln.reset()                                  # the in-memory entries go: a capture again
+    check_against_eager(mlp)
+    assert len(traces) == 1                       # loaded: no AOT trace
+    s = kiln.cache.stats()
+    assert s["hits"] == 1 and s["misses"] == 1 and s["bytes_read"] > 0
+    assert set(s) == {"hits", "misses", "bypasses", "bytes_read", "bytes_written"}
+
+
+def test_local_names_share_an_entry_real_changes_do_not(traces):
+    run(mlp, inputs())
+    run(mlp_renamed, inputs())
+    assert kiln.cache.stats()["hits"] == 1 and len(traces) == 1
+    for fn, args in ((mlp_other_op, inputs()), (mlp_other_const, inputs()),
+                     (mlp, inputs(torch.float64)), (mlp, inputs(n=7))):
+        kiln.reset()
+        before = kiln.cache.stats()["misses"]
+        run(fn, args)
+        assert kiln.cache.stats()["misses"] == before + 1, fn.__name__
+
+
+def test_grad_mode_is_part_of_the_key(traces):
+    run(mlp, inputs(grad=False))
+    kiln.reset()
+    with torch.no_grad():
+        run(mlp, inputs(grad=False))
+    assert kiln.cache.stats()["hits"] == 0 and len(traces) == 2
+
+
+def test_key_does_not_change_the_graph():
+    backend_seen = []
+
+    def spy(gm, example_inputs):
+        before = gm.code
+        parts = K.key_parts(gm, list(example_inputs), "x", {})
+        backend_seen.append((before, gm.code, [n.name for n in gm.graph.nodes], parts))
+        return gm.forward
+    kiln.compile(mlp, backend=spy)(*inputs())
+    before, after, names, parts = backend_seen[0]
+    assert before == after
+    assert not any(n.startswith("in0") for n in names)
+    assert "in0" in parts["graph"] and "relu" in parts["graph"]
+
+
+def test_miss_says_why(capsys):
+    kiln.set_logs("cache")
+    run(mlp, inputs())
+    kiln.reset()
+    run(mlp, inputs(torch.float64))
+    err = capsys.readouterr().err
+    assert "[kiln:cache] miss mlp" in err
+    assert "input 0 dtype: float32 -> float64" in err and "input 1 dtype: float32 -> float64" in err
+    assert "all else equal" in err
+    kiln.reset()
+    run(mlp, inputs())
+    assert "[kiln:cache] hit mlp" in capsys.readouterr().err
+
+
+def test_loaded_entry_equals_compiled_field_by_field(monkeypatch):
+    from kiln.aot.compile import AOTCompiled
+    from kiln.aot.runtime import wrapper_to_dict
+    import kiln.backends.aot as A
+
+    results = []
+    real_cached = kiln.cache.cached
+
+    def capture_cached(*a, **kw):
+        out = real_cached(*a, **kw)
+        results.append(out)
+        return out
+    monkeypatch.setattr(kiln.cache, "cached", capture_cached)
+
+    def mutating(x, w, buf):
+        buf.add_(1)                               # an input mutation: a runtime wrapper
+        return (x @ w).relu(), x.view(-1)         # and an output alias
+    args = lambda: (torch.randn(3, 4, requires_grad=True), torch.randn(4, 5, requires_grad=True), torch.zeros(2))
+    a1 = args()
+    b1 = [t.detach().clone().requires_grad_(t.requires_grad) for t in a1]
+    kiln.compile(mutating, backend="aot_eager")(*a1)
+    kiln.reset()
+    a2 = [t.detach().clone().requires_grad_(t.requires_grad) for t in b1]
+    out2 = kiln.compile(mutating, backend="aot_eager")(*a2)
+    assert kiln.cache.stats()["hits"] == 1
+    compiled, loaded = results
+    assert isinstance(compiled, AOTCompiled) and isinstance(loaded, AOTCompiled)
+    p, q = compiled.parts, loaded.parts
+    for field in ("kind", "num_fw_outputs", "tangent_positions", "fw_output_requires_grad",
+                  "primal_requires_grad", "grad_enabled", "saved", "saved_bytes", "saved_input_bytes",
+                  "partitioner", "symbolic", "grad_dependencies", "check_inputs", "check_outputs",
+                  "copy_saved", "watch", "late_demand", "saved_demand"):
+        assert getattr(p, field) == getattr(q, field), field
+    assert [wrapper_to_dict(w) for w in p.wrappers] == [wrapper_to_dict(w) for w in q.wrappers]
+    assert any(type(w).__name__ == "MutationsAndAliases" for w in q.wrappers)
+    assert p.forward.code == q.forward.code and p.backward.code == q.backward.code
+    assert compiled.input_check is None and loaded.input_check is None
+    # outputs, the mutation and gradients equal eager's
+    ref = mutating(*b1)
+    torch.testing.assert_close(out2[0], ref[0])
+    torch.testing.assert_close(out2[1], ref[1])
+    assert out2[1]._base is a2[0] or out2[1].data_ptr() == a2[0].data_ptr()
+    torch.testing.assert_close(a2[2], b1[2])
+    out2[0].sum().backward()
+    ref[0].sum().backward()
+    torch.testing.assert_close(a2[0].grad, b1[0].grad)
+    torch.testing.assert_close(a2[1].grad, b1[1].grad)
+
+
+@pytest.mark.parametrize("damage", ["truncate", "bitflip", "garbage", "unreadable"])
+def test_corrupt_entry_is_ignored_recompiled_rewritten(damage, traces):
+    run(mlp, inputs())
+    [(key, path)] = store.entries()
+    blob = open(path, "rb").read()
+    if damage == "truncate":
+        open(path, "wb").write(blob[: len(blob) // 2])
+    elif damage == "bitflip":
+        b = bytearray(blob)
+        b[len(b) - 100] ^= 0x10
+        open(path, "wb").write(bytes(b))
+    elif damage == "garbage":
+        open(path, "wb").write(b"not an entry")
+    else:
+        os.unlink(path)
+        os.mkdir(path)                            # a directory where the file should be
+    kiln.reset()
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        check_against_eager(mlp)
+    cache_warnings = [x for x in w if "kiln cache" in str(x.message)]
+    # one warning for the entry (a directory in its place also fails the rewrite: a second)
+    assert len(cache_warnings) == (2 if damage == "unreadable" else 1), [str(x.message) for x in w]
+    assert "ignoring entry" in str(cache_warnings[0].message) or "cannot read" in str(cache_warnings[0].message)
+    assert len(traces) == 2 and kiln.cache.stats()["hits"] == 0
+    if damage != "unreadable":                    # rewritten whole: the next process hits
+        assert store.read(key) is not None
+        kiln.reset()
+        check_against_eager(mlp)
+        assert kiln.cache.stats()["hits"] == 1
+
+
+def test_entry_from_another_kiln_is_a_miss(monkeypatch, traces):
+    run(mlp, inputs())
+    kiln.reset()
+    monkeypatch.setitem(K.versions(), "kiln", "0.0.0+other")
+    run(mlp, inputs())
+    assert kiln.cache.stats()["hits"] == 0 and len(traces) == 2
+
+
+def test_unwritable_dir_warns_once_and_runs(tmp_path, monkeypatch):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    monkeypatch.setattr(kiln.config, "cache_dir", str(blocker))     # a file: mkdir fails
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        check_against_eager(mlp)
+        check_against_eager(mlp_other_op)
+    assert len([x for x in w if "cannot write" in str(x.message)]) == 1
+
+
+def test_cache_off(traces):
+    with kiln.config.patch(cache=False):
+        run(mlp, inputs())
+        kiln.reset()
+        run(mlp, inputs())
+    assert len(traces) == 2 and store.entries() == []
+    assert kiln.cache.stats() == {"hits": 0, "misses": 0, "bypasses": 0, "bytes_read": 0, "bytes_written": 0}
+
+
+def test_lru_eviction():
+    run(mlp, inputs())
+    size = os.path.getsize(store.entries()[0][1])
+    with kiln.config.patch(cache_size_limit=int(size * 1.5)):
+        run(mlp_other_op, inputs())
+    remaining = store.entries()
+    assert len(remaining) == 1
+    assert store.read_header(remaining[0][1])["parts"]["graph"].count("sigmoid") == 1
+
+
+def test_user_compilers_are_not_cached(traces):
+    from kiln.backends.aot import aot_backend
+    be = aot_backend(fw_compiler=lambda gm, ex: gm.forward)
+    kiln.compile(mlp, backend=be)(*inputs())
+    assert store.entries() == [] and kiln.cache.stats()["misses"] == 0
+
+
+_CHILD = textwrap.dedent("""
+    import sys, torch, kiln
+    import kiln.aot.dynamic as D
+    traces = []
+    real = D._run_stages
+    D._run_stages = lambda *a, **k: (traces.append(1), real(*a, **k))[1]
+    def f(x, w):
+        return torch.relu(x @ w).sum(1) * {c}
+    def g(x):
+        return x.sin() + {c}
+    torch.manual_seed(int(sys.argv[1]))
+    x, w = torch.randn(3, 4), torch.randn(4, 5)
+    out1 = kiln.compile(f, backend="aot_eager")(x, w)
+    out2 = kiln.compile(g, backend="aot_eager")(x)
+    torch.testing.assert_close(out1, f(x, w))
+    torch.testing.assert_close(out2, g(x))
+    s = kiln.cache.stats()
+    print("RESULT", len(traces), s["hits"], s["misses"])
+""")
+
+
+def _child(tmp_path, c, seed):
+    script = tmp_path / f"child_{c}.py"
+    script.write_text(_CHILD.format(c=c))
+    return subprocess.Popen([sys.executable, str(script), str(seed)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(kiln.__file__))})
+
+
+def _result(p):
+    out, err = p.communicate(timeout=300)
+    assert p.returncode == 0, err
+    line = [l for l in out.splitlines() if l.startswith("RESULT")][0]
+    return tuple(int(v) for v in line.split()[1:])
+
+
+def test_fresh_process_with_warm_cache_traces_nothing(tmp_path):
+    assert _result(_child(tmp_path, 2, 0)) == (2, 0, 2)
+    assert _result(_child(tmp_path, 2, 1)) == (0, 2, 0)
+
+
+def test_eight_processes_share_one_dir(tmp_path):
+    procs = [_child(tmp_path, c % 3 + 1, i) for i, c in enumerate(range(8))]
+    for p in procs:
+        _result(p)                                # each checked its results against eager
+    entries = store.entries()
+    assert len(entries) == 6                      # 3 constants x 2 functions
+    for key, path in entries:
+        assert store.read(key) is not None        # every entry whole (hash checked)
+    assert not [n for n in os.listdir(store.aot_dir()) if n.startswith(".tmp-")]
+
+
+def test_cli_ls_why_clear():
+    run(mlp, inputs())
+    kiln.reset()
+    run(mlp, inputs(torch.float64))
+    cmd = [sys.executable, "-m", "kiln", "cache"]
+    env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(kiln.__file__))}
+    out = subprocess.run(cmd + ["ls"], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0 and "2 entries" in out.stdout and out.stdout.count("mlp") == 2
+    out = subprocess.run(cmd + ["why", "mlp"], capture_output=True, text=True, env=env, timeout=120)
+    assert "entry 2 missed: input 0 dtype: float32 -> float64" in out.stdout
+    out = subprocess.run(cmd + ["clear"], capture_output=True, text=True, env=env, timeout=120)
+    assert "removed 2 entries" in out.stdout and store.entries() == []
+
+
+def test_bypasses_are_counted_and_say_why(capsys):
+    from kiln.backends.aot import aot_backend
+    kiln.set_logs("cache")
+    kiln.compile(mlp, backend=aot_backend(fw_compiler=lambda gm, ex: gm.forward))(*inputs())
+    f = kiln.compile(mlp, backend="aot_eager", dynamic=True)
+    check_against_eager(mlp, f)
+    err = capsys.readouterr().err
+    assert "[kiln:cache] bypass mlp: aot_backend with user compilers" in err
+    assert "[kiln:cache] bypass mlp: dynamic graph (symbolic shapes)" in err
+    assert kiln.cache.stats()["bypasses"] == 2 and kiln.cache.stats()["misses"] == 0
+    assert store.entries() == []
+
+
+def test_user_code_called_from_the_graph_is_not_keyed():
+    def spy(gm, example_inputs):
+        builtin = gm.graph.call_function(len, ())     # keyable: a builtin
+        K.key_parts(gm, list(example_inputs), "x", {})
+        node = gm.graph.call_function(mlp, ())   # user code: its body could change
+        with pytest.raises(ValueError, match="user code"):
+            K.key_parts(gm, list(example_inputs), "x", {})
+        gm.graph.erase_node(node)
+        gm.graph.erase_node(builtin)
+        return gm.forward
+    kiln.compile(mlp, backend=spy)(*inputs())
+
+
+def test_stats_is_public_after_import_kiln():
+    out = subprocess.run([sys.executable, "-c", "import kiln; print(sorted(kiln.cache.stats()))"],
+                         capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(kiln.__file__))})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "['bypasses', 'bytes_read', 'bytes_written', 'hits', 'misses']"
