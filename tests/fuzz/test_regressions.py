@@ -34,6 +34,7 @@ class Case:
     backends: tuple = ("eager", "aot_eager")
     dynamic: tuple = (None,)
     calls: list = field(default_factory=lambda: CALLS)
+    known_bug: str | None = None     # an open bug: the case is an xfail that says which
 
 
 def program_of(source: str, calls) -> SourceProgram:
@@ -461,10 +462,36 @@ def fn(x, box):
     box.k += 1
     return x * box.k
 ''', found="seed 295, dynamic=True, eager and aot_eager", backends=("eager",), dynamic=(None, True)),
+    # ------------------------------------------------------------------ open (known bugs)
+    "aot_eager_keeps_inputs_of_closures_after_a_break": Case('''
+def helper1(t, c):
+    return t
+
+def make_inputs(seed, n, k, s, flag):
+    return (randn(seed, n, 4, rg=True), randn(seed + 1, n, 4))
+
+def fn(x, y):
+    def inner13(t):
+        t = t * helper1(x, **{'c': -1.5})
+        return t
+    t14 = inner13(y)
+    def inner15(t):
+        if y.requires_grad:
+            t = t - y.flip(-1)
+        else:
+            f17 = round(float(y.abs().max()), 3)
+            t14.relu_()
+        from torch.nn.functional import relu6 as act6
+        t18 = act6(t)
+        return t
+    return inner15(x)
+''', found="seed 3068, aot_eager, dynamic None and True", backends=("aot_eager",),
+        known_bug="the first call's inputs stay alive, held from C++ (no Python referrer); open in issue 9"),
 }
 
 
-PARAMS = [pytest.param(name, b, d, id=f"{name}-{b}{'-dynamic' if d else ''}")
+PARAMS = [pytest.param(name, b, d, id=f"{name}-{b}{'-dynamic' if d else ''}",
+                       marks=[pytest.mark.xfail(reason=c.known_bug, strict=False)] if c.known_bug else [])
           for name, c in CASES.items() for b in c.backends for d in c.dynamic]
 
 
