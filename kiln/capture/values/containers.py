@@ -465,15 +465,9 @@ class NewDictObjectValue(DictValue):
         set_attribute(tx, self, name, value, self.object_setattr)
 
     def object_setattr(self, tx, name, value):
-        from .attributes import descriptor_set
-        from .objects import _is_data_descriptor, static_lookup
+        from .objects import store_on_new_object
 
-        cls_attr = static_lookup(self.cls, name)
-        if descriptor_set(tx, self, self.cls, name, cls_attr, value):
-            return
-        if _is_data_descriptor(cls_attr):
-            raise Unsupported(f"setting {name!r} through a descriptor on a new {self.cls.__name__}")
-        self.attrs[name] = value
+        store_on_new_object(tx, self, name, value)
 
     def delattr(self, tx, name):
         from .attributes import del_attribute

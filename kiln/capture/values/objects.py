@@ -176,6 +176,17 @@ class ObjectValue(Value):
         raise Unsupported(f"del of attribute {name!r} of an object that existed before the call")
 
 
+def store_on_new_object(tx, obj, name, value) -> None:
+    """``object.__setattr__`` on an object created during the capture (``obj.cls``,
+    ``obj.attrs``): a descriptor of the class sets it, else it goes in the instance dict."""
+    cls_attr = static_lookup(obj.cls, name)
+    if descriptor_set(tx, obj, obj.cls, name, cls_attr, value):
+        return
+    if _is_data_descriptor(cls_attr):
+        raise Unsupported(f"setting {name!r} through a descriptor on a new {obj.cls.__name__}")
+    obj.attrs[name] = value
+
+
 def _is_data_descriptor(attr) -> bool:
     return attr is not _MISSING and hasattr(type(attr), "__set__")
 
@@ -231,12 +242,7 @@ class NewObjectValue(ObjectValue):
         return tx.wrap(cls_attr, class_dict_source(self.cls, name))
 
     def object_setattr(self, tx, name, value):
-        cls_attr = static_lookup(self.cls, name)
-        if descriptor_set(tx, self, self.cls, name, cls_attr, value):
-            return
-        if _is_data_descriptor(cls_attr):
-            raise Unsupported(f"setting {name!r} through a descriptor on a new {self.cls.__name__}")
-        self.attrs[name] = value
+        store_on_new_object(tx, self, name, value)
 
     def object_delattr(self, tx, name):
         if descriptor_delete(tx, self, self.cls, name, static_lookup(self.cls, name)):
