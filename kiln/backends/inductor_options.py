@@ -25,14 +25,15 @@ from typing import Any
 
 from .. import _torch
 
-# Options kiln cannot honour, and why.
+# Options kiln cannot honour, and why. (Inductor's CUDA-graph options are only named here to be
+# refused and kept off: kiln replays CUDA graphs itself and never uses Inductor's.)
+_OWN_CUDA_GRAPHS = "kiln manages CUDA graphs itself; Inductor's own CUDA graphs stay off"
+_CUDAGRAPH_KEYS = ("triton.cudagraphs", "triton.cudagraph_trees")
 _REFUSED = {
-    "triton.cudagraphs": "kiln manages CUDA graphs itself; Inductor's own CUDA graphs stay off",
-    "triton.cudagraph_trees": "kiln manages CUDA graphs itself; Inductor's own CUDA graphs stay off",
+    **dict.fromkeys(_CUDAGRAPH_KEYS, _OWN_CUDA_GRAPHS),
     "freezing": "kiln passes parameters and buffers to the graph as inputs (guarded, updated in "
                 "place), so they cannot be frozen into it as constants",
 }
-_CUDAGRAPH_KEYS = ("triton.cudagraphs", "triton.cudagraph_trees")
 _DEFAULTS = {"fallback_random": True}
 _FIXED = {"triton.cudagraphs": False}
 
