@@ -181,3 +181,85 @@ def _loops_in_a_callee(x, xs):
 def test_callee_closure_with_breaks_in_a_loop_keeps_nothing():
     cf = kiln.compile(_loops_in_a_callee, backend="eager")
     _assert_freed(_call_and_forget(cf, lambda: (torch.randn(2), [torch.randn(2), torch.randn(2)])))
+
+
+# A non-leaf tensor changed in place by a compiled graph gets the graph's autograd node as
+# its grad_fn. Nothing that node reaches may hold the way back to the tensor (a closure cell,
+# a globals dict, a default argument): the cycle would run through C++, where the garbage
+# collector cannot see it (fuzz seed 3068). One case per kind of source.
+_GLOBAL_HOLDER: dict = {}
+
+
+def _closure_mutation(x, y):
+    t = y * x
+    def inner(u):
+        t.relu_()                     # the cell's tensor, changed in place
+        return u * 2
+    return inner(x)
+
+
+def _closure_mutation_after_break(x, y):
+    t = y * x
+    def inner(u):
+        _ = float(y.abs().max())      # a break inside the callee: it is compiled on its own
+        t.relu_()
+        _dead = torch.nn.functional.relu6(u)
+        return u
+    return inner(x)
+
+
+def _global_mutation(x, y):
+    _GLOBAL_HOLDER["t"].relu_()
+    return x * y
+
+
+def _default_mutation(x, y, _t=[None]):
+    _t[0].relu_()
+    return x * y
+
+
+class _AttrHolder:
+    pass
+
+
+_ATTR = _AttrHolder()
+
+
+def _attribute_mutation(x, y):
+    _ATTR.t.mul_(2)
+    return x + y
+
+
+def _make_mutation_case(fn):
+    def make():
+        x, y = torch.randn(3, 4, requires_grad=True), torch.randn(3, 4)
+        t = x * 3                      # requires grad, not a leaf: in-place rebases its grad_fn
+        _GLOBAL_HOLDER["t"] = t
+        _default_mutation.__defaults__[0][0] = t
+        _ATTR.t = t
+        return x, y
+    return make
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("fn", [_closure_mutation, _closure_mutation_after_break, _global_mutation,
+                                _default_mutation, _attribute_mutation],
+                         ids=lambda f: f.__name__.strip("_"))
+def test_in_place_change_of_a_captured_non_leaf_keeps_nothing(fn, backend):
+    cf = kiln.compile(fn, backend=backend)
+    make = _make_mutation_case(fn)
+    refs = _call_and_forget(cf, make)
+    refs.append(weakref.ref(_GLOBAL_HOLDER["t"]))
+    _GLOBAL_HOLDER.clear()
+    _default_mutation.__defaults__[0][0] = None
+    _ATTR.t = None
+    _assert_freed(refs)
+    # and the entries still compute what eager computes
+    x, y = make()
+    t_compiled = _GLOBAL_HOLDER["t"]
+    out = cf(x, y)
+    x2 = x.detach().clone().requires_grad_()
+    t_eager = x2 * 3
+    _GLOBAL_HOLDER["t"] = _ATTR.t = _default_mutation.__defaults__[0][0] = t_eager
+    torch.testing.assert_close(out, fn(x2, y))
+    torch.testing.assert_close(t_compiled, t_eager)

@@ -151,7 +151,10 @@ class OutputGraph:
                     self.symbol_placeholder(size)
         node = self._placeholder(_placeholder_name(source))
         node.meta["example_value"] = fake
-        node.meta["kiln_source"] = source
+        # text, not the Source: a source can hold a user object (a closure cell, a globals
+        # dict), and graphs outlive the call inside compiled autograd nodes. An input whose
+        # grad_fn is such a node would keep itself alive through C++, out of the gc's reach.
+        node.meta["kiln_source"] = described
         node.meta["kiln_static"] = static
         value = TensorValue(node, fake, source, type(t))
         meta = TensorMeta.of(t, fake if dims is not None else None)
