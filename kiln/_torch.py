@@ -245,6 +245,64 @@ def inductor_compile_graph(gm: torch.fx.GraphModule, example_inputs: list, **kwa
     return compile_fx_inner(gm, example_inputs, **kwargs)
 
 
+def inductor_generated_code(compiled: Any) -> dict | None:
+    """What a load needs of Inductor's result for one graph (a ``CompiledFxGraph``): its
+    generated Python module's source and cache key, the constants the module reads, and what
+    its call wrapper decided after compiling (the inputs whose alignment it checks). None for
+    other results (AOTInductor, a graph with torchbind objects): those cannot be reloaded."""
+    from torch._inductor.output_code import CompiledFxGraph
+
+    if type(compiled) is not CompiledFxGraph or not getattr(compiled, "source_code", None):
+        return None
+    if compiled.torchbind_constants or compiled.opaque_value_type_classes or compiled.frozen_param_names:
+        return None
+    if getattr(compiled, "_wrap_compiled_regions", False) or getattr(compiled, "partition_maps", None):
+        return None
+    return {
+        "cache_key": compiled.cache_key, "source_code": compiled.source_code,
+        "linemap": [list(x) for x in (compiled.cache_linemap or [])],
+        "constants": dict(compiled.constants or {}),
+        "inputs_to_check": [int(i) for i in compiled.inputs_to_check],
+        "mutated_input_idxs": sorted(int(i) for i in compiled.mutated_input_idxs),
+        "defers_input_alignment": bool(getattr(compiled, "_defers_input_alignment", False)),
+        "device_types": sorted(compiled.device_types),
+    }
+
+
+def inductor_load_generated_code(code: dict) -> Any:
+    """The callable of an Inductor-generated module stored by ``inductor_generated_code``
+    (boxed: one list of arguments). Importing the module builds its kernels from their source
+    (C++ or Triton: from the compilers' own disk caches when they are warm); nothing is
+    lowered again. Inputs Inductor assumed aligned are realigned as its own wrapper does."""
+    import os
+
+    from torch._inductor.codecache import PyCodeCache, get_path, write_atomic
+    from torch._inductor.utils import align_inputs_from_check_idxs
+
+    key, source = code["cache_key"], code["source_code"]
+    path = get_path(key, "py")[2]
+    existing = None
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+            existing = f.read()
+    if existing != source:          # absent, or not ours: the entry's code is what runs
+        write_atomic(path, source, make_dirs=True)
+    linemap = [tuple(x) for x in code["linemap"]] or None
+    module = PyCodeCache.load_by_key_path(key, path, linemap, dict(code["constants"]))
+    call = module.call
+    check = list(code["inputs_to_check"])
+    mutated = set(code["mutated_input_idxs"])
+    if code["defers_input_alignment"]:
+        check = [i for i in check if i in mutated]
+    if check:
+        call = align_inputs_from_check_idxs(call, check, mutated)
+
+    def boxed(args: list):
+        return call(args)
+    boxed._boxed_call = True
+    return boxed
+
+
 def inductor_wake_up_workers() -> None:
     """Start Inductor's kernel-compiling worker processes now (GPU graphs compile their
     Triton kernels in them), so that they are up by the time the first graph needs them."""

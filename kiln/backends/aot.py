@@ -15,7 +15,7 @@ from .registry import register_backend
 
 def aot_backend(fw_compiler: Callable | None = None, bw_compiler: Callable | None = None,
                 partition_fn: Any = None, inference_compiler: Callable | None = None,
-                decompositions: dict | None = None) -> Callable:
+                decompositions: dict | None = None, cache_key: str | None = None) -> Callable:
     """A kiln backend ``(gm, example_inputs) -> callable`` running kiln's AOT autograd.
 
     ``fw_compiler``/``bw_compiler``/``inference_compiler`` are ``(gm, example_inputs) ->
@@ -23,6 +23,12 @@ def aot_backend(fw_compiler: Callable | None = None, bw_compiler: Callable | Non
     inputs; ``bw_compiler`` and ``inference_compiler`` default to ``fw_compiler``, which defaults
     to running the graph as FX. ``partition_fn``: ``"default"``, ``"min_cut"`` or a callable
     (see ``kiln.aot.partition``); None means ``kiln.aot.config.partition_fn``.
+
+    ``cache_key``: a string that names what your compilers, partitioner and decompositions do
+    (change it when their code changes). With it the AOT result (graphs and runtime wrappers) is
+    stored in kiln's compile cache, and a later process runs your compilers on the loaded
+    graphs instead of tracing again. Without it, a backend with your own code is not cached
+    (``KILN_LOGS=cache`` says so). ``kiln.backends.register_backend(name, fn, cache_key=...)`` sets it too.
 
     A dynamic graph (symbolic placeholders) is traced once with its symbols; where that is not
     possible, or a call does not fit the symbolic trace, it is compiled per concrete input
@@ -36,12 +42,12 @@ def aot_backend(fw_compiler: Callable | None = None, bw_compiler: Callable | Non
         return c if c is None or is_kiln_backend(c) else user_callable(c)
     fw_compiler, bw_compiler, inference_compiler = users(fw_compiler), users(bw_compiler), users(inference_compiler)
 
-    # Only the plain aot_eager configuration is cached: user compilers and decompositions are
-    # code the key cannot see.
+    # Without a cache_key only the plain configurations are cached: user compilers and
+    # decompositions are code the key cannot see.
     # (decompositions: torch's core ATen table, or none at all, as aot_eager: both nameable)
     decomposition_name = "core_aten" if decompositions is None else ("none" if not decompositions else None)
-    cacheable = (fw_compiler is None and bw_compiler is None and inference_compiler is None
-                 and decomposition_name is not None and (partition_fn is None or isinstance(partition_fn, str)))
+    plain = (fw_compiler is None and bw_compiler is None and inference_compiler is None
+             and decomposition_name is not None and (partition_fn is None or isinstance(partition_fn, str)))
 
     def kiln_aot_backend(gm: torch.fx.GraphModule, example_inputs: list):
         example_inputs = list(example_inputs)
@@ -51,24 +57,42 @@ def aot_backend(fw_compiler: Callable | None = None, bw_compiler: Callable | Non
                                  bw_compiler=bw_compiler, partition_fn=partition_fn,
                                  inference_compiler=inference_compiler)
         from .. import cache
-
-        if not cacheable:
-            cache.bypass(gm, "aot_backend with user compilers, partitioner or decompositions (code the key cannot see)")
-            return compile()
         from ..aot import config as aot_config
 
+        user_key = getattr(kiln_aot_backend, "cache_key", None)
         partitioner = partition_fn if partition_fn is not None else aot_config.partition_fn
-        if not isinstance(partitioner, str):
+        if user_key is None and not plain:
+            cache.bypass(gm, "aot_backend with your own compilers, partitioner or decompositions and no "
+                             "cache_key (code the key cannot see): pass aot_backend(..., cache_key=...)")
+            return compile()
+        if user_key is None and not isinstance(partitioner, str):
             cache.bypass(gm, "kiln.aot.config.partition_fn is a callable (not keyable)")
             return compile()
-        return cache.cached(gm, example_inputs, backend="aot_eager", options={"partition_fn": partitioner, "decompositions": decomposition_name},
-                            compile=compile, load=_load_artifact, dump=_dump_artifact)
+        options = {"partition_fn": partitioner if isinstance(partitioner, str) else _name_of(partitioner),
+                   "decompositions": decomposition_name if decomposition_name is not None
+                   else sorted(str(op) for op in decompositions)}
+        if user_key is not None:
+            options["cache_key"] = str(user_key)
+            options["compilers"] = [_name_of(c) for c in (fw_compiler, bw_compiler, inference_compiler)]
+
+        def load(payload: bytes, g: torch.fx.GraphModule):
+            return _load_artifact(payload, g, fw_compiler, bw_compiler, inference_compiler)
+        return cache.cached(gm, example_inputs, backend="aot_eager" if user_key is None else "aot_backend",
+                            options=options, compile=compile, load=load, dump=_dump_artifact)
 
     kiln_aot_backend.__name__ = "aot_backend"
+    kiln_aot_backend.cache_key = cache_key
     kiln_aot_backend.fw_compiler = getattr(fw_compiler, "__wrapped__", fw_compiler)
     kiln_aot_backend.bw_compiler = getattr(bw_compiler, "__wrapped__", bw_compiler)
     kiln_aot_backend.partition_fn = partition_fn
     return kiln_aot_backend
+
+
+def _name_of(fn: Any) -> str | None:
+    if fn is None:
+        return None
+    fn = getattr(fn, "__wrapped__", fn)
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__qualname__)}"
 
 
 def _dump_artifact(compiled) -> bytes:
@@ -83,11 +107,13 @@ def _dump_artifact(compiled) -> bytes:
     return AOTArtifact(compiled.parts).to_bytes()
 
 
-def _load_artifact(payload: bytes, gm: torch.fx.GraphModule):
-    """The AOT result rebuilt from its parts: no tracing, the same callable stage 2 builds."""
+def _load_artifact(payload: bytes, gm: torch.fx.GraphModule, fw_compiler=None, bw_compiler=None,
+                   inference_compiler=None):
+    """The AOT result rebuilt from its parts: no tracing, the same callable stage 2 builds
+    (the backend's compilers, if any, run on the loaded graphs)."""
     from ..aot.export import AOTArtifact
 
-    compiled = AOTArtifact.from_bytes(payload).load()
+    compiled = AOTArtifact.from_bytes(payload).load(fw_compiler, bw_compiler, inference_compiler)
     compiled.run_as_captured = gm       # as stage2_compile: eager's answer for RunAsCaptured
     return compiled
 

@@ -12,6 +12,8 @@ One captured graph goes through:
    generated code.
 
 Inductor runs with its CUDA graphs off (kiln owns CUDA graphs) and its FX graph cache on.
+Static graphs go through kiln's compile cache (``inductor_entry.py``): a warm process loads the
+generated code and the AOT wrappers, and traces and lowers nothing.
 ``mode`` and ``options`` become Inductor config (``inductor_options.py``).
 
 Dynamic graphs are traced and compiled once with the capture's symbols, under a
@@ -81,9 +83,39 @@ class InductorBackend:
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
         from .. import cache
+        from . import inductor_entry
 
-        cache.bypass(gm, "the inductor backend is not cached yet")
-        return GraphCompile(self.config_patches, gm).run(list(example_inputs))
+        example_inputs = list(example_inputs)
+        graph = GraphCompile(self.config_patches, gm)
+        try:
+            options = self.cache_options()
+        except Exception as e:       # an Inductor config kiln cannot key: compile, uncached
+            cache.bypass(gm, f"the Inductor config cannot be keyed ({type(e).__name__}: {e})")
+            return graph.run(example_inputs)
+        try:
+            return cache.cached(
+                gm, example_inputs, backend="inductor", options=options,
+                compile=lambda: graph.run(example_inputs),
+                load=lambda payload, g: inductor_entry.load(payload, g, self._graph_compile),
+                dump=lambda compiled: inductor_entry.dump(compiled, graph.records, graph._fw_output_strides))
+        finally:
+            graph.records = {}      # (the generated code is on disk now; the callable keeps its module)
+
+    def _graph_compile(self, gm: torch.fx.GraphModule) -> "GraphCompile":
+        return GraphCompile(self.config_patches, gm)
+
+    def cache_options(self) -> dict:
+        """What the cache key holds of this backend: the mode, the options, and every Inductor
+        config value the compile runs under (a user's ``torch._inductor.config`` change too)."""
+        import hashlib
+        import json
+
+        cfg = _torch.inductor_config()
+        with cfg.patch(self.config_patches):
+            portable = cfg.save_config_portable()
+        text = json.dumps(portable, sort_keys=True, default=repr)
+        return {"mode": self.mode, "options": json.dumps(self.options, sort_keys=True, default=repr),
+                "inductor_config": hashlib.sha256(text.encode()).hexdigest()}
 
     def __repr__(self) -> str:
         extra = "".join([f", mode={self.mode!r}" if self.mode else "",
@@ -113,6 +145,8 @@ class GraphCompile:
         # set by the forward compile, read by the backward compile that follows it
         self._fw_output_strides: list | None = None
         self._fw_num_outputs = 0
+        # per graph kind, what the cache entry needs of Inductor's result (inductor_entry)
+        self.records: dict = {}
 
     def run(self, example_inputs: list) -> Callable:
         from ..aot.dynamic import compile_graph
@@ -237,6 +271,9 @@ class GraphCompile:
                     cudagraphs=_torch.inductor_boxed_bool(False), cpp_wrapper=bool(cfg.cpp_wrapper))
                 if kind == "forward":
                     self._fw_output_strides = list(tracing.output_strides or [])
+        if self._in_run:            # (a partial backward compiled later is not stored)
+            from .inductor_entry import GeneratedCode
+            self.records[kind] = GeneratedCode(kind, _torch.inductor_generated_code(compiled), donated)
         return copies_when_graph_kept(compiled, donated) if donated else compiled
 
     def _restride_saved(self, bw: torch.fx.GraphModule, example_inputs: list, mode) -> list:

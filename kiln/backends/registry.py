@@ -6,14 +6,27 @@ from typing import Callable
 _BACKENDS: dict[str, Callable] = {}
 
 
-def register_backend(name: str, fn: Callable | None = None):
-    """Register ``fn`` under ``name`` (usable as a decorator)."""
+def register_backend(name: str, fn: Callable | None = None, *, cache_key: str | None = None):
+    """Register ``fn`` under ``name`` (usable as a decorator).
+
+    ``cache_key`` (a string naming what the backend's code does; change it when the code
+    changes) declares the backend cacheable: it is set as ``fn.cache_key``. kiln stores AOT
+    results, so a backend made by ``kiln.backends.aot_backend`` is then cached; any other backend is
+    compiled every time, and ``KILN_LOGS=cache`` says why."""
     if not isinstance(name, str) or not name:
         raise TypeError("register_backend(name, fn): name must be a non-empty string")
+    if cache_key is not None and not isinstance(cache_key, str):
+        raise TypeError(f"register_backend(..., cache_key=...): a string, not {type(cache_key).__name__}")
 
     def deco(f):
         if not callable(f):
             raise TypeError(f"backend {name!r} must be callable (gm, example_inputs) -> callable")
+        if cache_key is not None:
+            try:
+                f.cache_key = cache_key
+            except (AttributeError, TypeError) as e:
+                raise TypeError(f"register_backend({name!r}, cache_key=...): cannot set cache_key on "
+                                f"{type(f).__name__} ({e}); give it a cache_key attribute") from None
         _BACKENDS[name] = f
         return f
     return deco(fn) if fn is not None else deco

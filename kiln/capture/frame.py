@@ -236,6 +236,8 @@ def _compile_graph(fn, output: OutputGraph, cg: EntryCodegen, backend, backend_n
     # A backend kiln provides fails as kiln (the frame then runs eagerly); one the user
     # passed is the user's code: its exceptions, and a result that is not callable, are theirs.
     kilns = is_kiln_backend(backend)
+    if not kilns:
+        _log_user_backend_bypass(gm, backend, backend_name)
     compiled = backend(gm, examples) if kilns else call_user(backend, gm, examples)
     if not callable(compiled):
         e = TypeError(f"backend {backend_name!r} returned {type(compiled).__name__}, not a callable "
@@ -250,6 +252,18 @@ def _compile_graph(fn, output: OutputGraph, cg: EntryCodegen, backend, backend_n
                       or {backend_name: time.perf_counter() - backend_started})
         logs.log_compile_times(f"graph of {fn.__qualname__}{note}", phases)
     return gm, inputs, net_grad, compiled
+
+
+def _log_user_backend_bypass(gm, backend, backend_name: str) -> None:
+    """A backend of the user's own is compiled every time: kiln can store only AOT results
+    (``kiln.backends.aot_backend(..., cache_key=...)``); say so under ``KILN_LOGS=cache``."""
+    from .. import cache
+
+    if getattr(backend, "cache_key", None) is None:
+        cache.bypass(gm, f"backend {backend_name!r} is your own and declares no cache_key")
+    else:
+        cache.bypass(gm, f"backend {backend_name!r} declares a cache_key, but kiln stores AOT results only: "
+                         "build it with kiln.backends.aot_backend(fw_compiler=..., cache_key=...)")
 
 
 def _entry_head(fn, output: OutputGraph, cg: EntryCodegen, inputs, net_grad, compiled):

@@ -337,7 +337,7 @@ def test_bypasses_are_counted_and_say_why(capsys):
     f = kiln.compile(mlp, backend="aot_eager", dynamic=True)
     check_against_eager(mlp, f)
     err = capsys.readouterr().err
-    assert "[kiln:cache] bypass mlp: aot_backend with user compilers" in err
+    assert "[kiln:cache] bypass mlp: aot_backend with your own compilers" in err
     assert "[kiln:cache] bypass mlp: dynamic graph (symbolic shapes)" in err
     assert kiln.cache.stats()["bypasses"] == 2 and kiln.cache.stats()["misses"] == 0
     assert store.entries() == []
@@ -362,3 +362,47 @@ def test_stats_is_public_after_import_kiln():
                          env={**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(kiln.__file__))})
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "['bypasses', 'bytes_read', 'bytes_written', 'hits', 'misses']"
+
+
+def test_user_aot_backend_with_cache_key_is_cached_and_its_compilers_run_on_load(traces):
+    from kiln.backends.aot import aot_backend
+    compiled_graphs = []
+
+    def my_compiler(gm, example_inputs):
+        compiled_graphs.append(gm)
+        return gm.forward
+    be = aot_backend(fw_compiler=my_compiler, cache_key="my-compiler-v1")
+    check_against_eager(mlp, kiln.compile(mlp, backend=be))
+    assert len(traces) == 1 and len(compiled_graphs) == 2 and len(store.entries()) == 1
+    kiln.reset()
+    check_against_eager(mlp, kiln.compile(mlp, backend=be))
+    assert len(traces) == 1 and kiln.cache.stats()["hits"] == 1
+    assert len(compiled_graphs) == 4                  # the user's compiler ran on the loaded graphs
+    # another key (the user changed the compiler's code): a miss
+    be2 = aot_backend(fw_compiler=my_compiler, cache_key="my-compiler-v2")
+    kiln.reset()
+    check_against_eager(mlp, kiln.compile(mlp, backend=be2))
+    assert len(traces) == 2 and kiln.cache.stats()["hits"] == 1
+
+
+def test_register_backend_cache_key_and_bypass_reasons(capsys, traces):
+    from kiln.backends import aot_backend, register_backend
+
+    kiln.set_logs("cache")
+    be = register_backend("kiln_test_keyed", aot_backend(fw_compiler=lambda gm, ex: gm.forward),
+                          cache_key="keyed-v1")
+    assert be.cache_key == "keyed-v1"
+    run_with = lambda backend: check_against_eager(mlp, kiln.compile(mlp, backend=backend))
+    run_with("kiln_test_keyed")
+    kiln.reset()
+    run_with("kiln_test_keyed")
+    assert kiln.cache.stats()["hits"] == 1 and len(traces) == 1
+    # a user backend without a key, and an aot_backend with user code but no key: bypassed, said why
+    kiln.reset()
+    run_with(lambda gm, ex: gm.forward)
+    run_with(aot_backend(fw_compiler=lambda gm, ex: gm.forward))
+    err = capsys.readouterr().err
+    assert "declares no cache_key" in err
+    assert "no cache_key (code the key cannot see)" in err
+    with pytest.raises(TypeError, match="cache_key"):
+        register_backend("kiln_test_bad", lambda gm, ex: gm.forward, cache_key=3)

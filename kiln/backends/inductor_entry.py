@@ -1,0 +1,113 @@
+"""The compile-cache entry of one graph compiled by the ``"inductor"`` backend.
+
+A *perfect* entry (seed 004): a load returns what the compile returned, without tracing,
+partitioning or lowering again. It holds
+
+* the AOT result as ``kiln.aot.AOTArtifact`` (the partitioned ATen graphs, readable with
+  ``as_text()``, and every runtime-wrapper field: mutations, aliases, regenerated views,
+  saved-size ints, version checks);
+* per compiled graph (inference, or forward and backward) Inductor's generated Python module
+  (its source and cache key), the constants it reads, and the decisions Inductor's call
+  wrapper made after compiling (inputs it realigns, donated saved tensors);
+* what a later compile needs from the first: the forward's output strides and the graph meta
+  that the partitioner left for the backward compiler (a partial backward, for outputs some
+  backward() did not reach, is compiled on demand, as after a compile).
+
+A load imports the generated modules: their kernels come from the C++ / Triton compilers' own
+disk caches (compiled again from the stored source if those were cleared). A graph Inductor
+failed on (it runs as FX) is not stored: the next process tries again.
+"""
+from __future__ import annotations
+
+import io
+from typing import Any, Callable
+
+import torch
+
+from .. import _torch
+
+FORMAT = "kiln.inductor.entry"
+VERSION = 1
+_GRAPH_META = ("kiln_num_fw_outputs", "kiln_num_saved", "kiln_donated")
+
+
+class GeneratedCode:
+    """What one Inductor compile produced, kept until the entry is written."""
+
+    def __init__(self, kind: str, code: dict | None, donated: list[int]):
+        self.kind = kind
+        self.code = code            # None: Inductor's result cannot be reloaded
+        self.donated = list(donated)
+
+
+def dump(compiled: Any, records: dict, fw_output_strides: list | None) -> bytes:
+    """The entry's bytes. Raises ValueError for a result that cannot be stored (the cache then
+    keeps nothing and says why)."""
+    from ..aot.compile import AOTCompiled
+    from ..aot.export import AOTArtifact
+
+    if not isinstance(compiled, AOTCompiled):
+        raise ValueError(f"not an AOT result ({type(compiled).__name__}): a per-shape or as-captured graph")
+    parts = compiled.parts
+    if parts.symbolic or compiled.input_check is not None:
+        raise ValueError("a dynamic (symbolic-shape) graph is not cached yet")
+    fallbacks = getattr(compiled, "kiln_inductor_fallbacks", None)
+    if fallbacks:
+        raise ValueError(f"Inductor failed on {fallbacks[0][0]}: not stored, the next process compiles again")
+    kinds = ["inference"] if parts.kind == "inference" else ["forward", "backward"]
+    graphs = {}
+    for kind in kinds:
+        rec = records.get(kind)
+        if rec is None:
+            raise ValueError(f"no {kind} graph was compiled by Inductor")
+        if rec.code is None:
+            raise ValueError(f"Inductor's {kind} result cannot be reloaded (not a generated Python module)")
+        graphs[kind] = {**rec.code, "donated": rec.donated}
+    artifact = AOTArtifact(parts).to_bytes()
+    graph_meta = {name: {k: gm.meta[k] for k in _GRAPH_META if k in gm.meta}
+                  for name, gm in (("forward", parts.forward), ("backward", parts.backward)) if gm is not None}
+    strides = None if fw_output_strides is None else \
+        [None if s is None else [str(x) for x in s] for s in fw_output_strides]
+    buf = io.BytesIO()
+    torch.save({"format": FORMAT, "version": VERSION, "artifact": artifact, "graphs": graphs,
+                "graph_meta": graph_meta, "fw_output_strides": strides}, buf)
+    return buf.getvalue()
+
+
+def load(payload: bytes, gm: torch.fx.GraphModule, make_compile: Callable[[torch.fx.GraphModule], Any]) -> Any:
+    """The compiled callable rebuilt from an entry. ``make_compile(gm)`` makes the
+    ``GraphCompile`` that compiles a partial backward on demand."""
+    from ..aot.compile import assemble
+    from ..aot.export import AOTArtifact
+
+    obj = torch.load(io.BytesIO(payload), weights_only=True)
+    if not isinstance(obj, dict) or obj.get("format") != FORMAT:
+        raise ValueError("not a kiln Inductor entry")
+    if obj.get("version") != VERSION:
+        raise ValueError(f"Inductor entry version {obj.get('version')} (this kiln reads {VERSION})")
+    parts = AOTArtifact.from_bytes(obj["artifact"]).parts
+    for name, meta in obj["graph_meta"].items():
+        getattr(parts, name).meta.update(meta)
+    loaded = {kind: _torch.inductor_load_generated_code(code) for kind, code in obj["graphs"].items()}
+    for kind, code in obj["graphs"].items():
+        if kind == "backward" and code["donated"]:
+            from .inductor import copies_when_graph_kept
+            loaded[kind] = copies_when_graph_kept(loaded[kind], code["donated"])
+
+    later = make_compile(gm)          # (compiles partial backwards, as after a compile)
+    strides = obj["fw_output_strides"]
+    later._fw_output_strides = None if strides is None else [None if s is None else [int(x) for x in s]
+                                                              for s in strides]
+    later._fw_num_outputs = parts.num_fw_outputs
+
+    def stored(kind: str) -> Callable:
+        def compiler(graph: torch.fx.GraphModule, example_inputs: list):
+            if kind == "backward" and graph is not parts.backward:
+                return later.backward(graph, example_inputs)
+            return loaded[kind]
+        return compiler
+
+    compiled = assemble(parts, stored("forward"), stored("backward"), stored("inference"), run_as_captured=gm)
+    compiled.kiln_compile_seconds = {"aot": 0.0, "inductor": 0.0}
+    compiled.kiln_inductor_fallbacks = []
+    return compiled

@@ -1,0 +1,155 @@
+"""The compile cache with the ``"inductor"`` backend (issue 11): a load runs no AOT trace and no
+Inductor compile, and returns exactly what the compile returned.
+
+Inductor compiles C++ on CPU (seconds per graph): the graphs are tiny and few."""
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import kiln
+import kiln.aot.dynamic as aot_dynamic
+from kiln import _torch
+from kiln.cache import store
+
+
+@pytest.fixture(autouse=True)
+def _stats():
+    kiln.cache.reset_stats()
+    store._warned.clear()
+    yield
+
+
+@pytest.fixture
+def work(monkeypatch):
+    """Counts kiln's AOT traces and Inductor's graph compiles."""
+    counts = {"traces": 0, "inductor": 0}
+    real_stages, real_inductor = aot_dynamic._run_stages, _torch.inductor_compile_graph
+
+    def stages(*a, **kw):
+        counts["traces"] += 1
+        return real_stages(*a, **kw)
+
+    def inductor(*a, **kw):
+        counts["inductor"] += 1
+        return real_inductor(*a, **kw)
+    monkeypatch.setattr(aot_dynamic, "_run_stages", stages)
+    monkeypatch.setattr(_torch, "inductor_compile_graph", inductor)
+    return counts
+
+
+def step(x, w, buf):
+    buf.add_(1)                                  # an input mutation: a runtime wrapper
+    h = torch.nn.functional.gelu(x @ w)
+    return h.sum(1), h.tanh(), x.view(-1)        # two differentiable outputs and an alias
+
+
+def _inputs():
+    return (torch.randn(3, 4, requires_grad=True), torch.randn(4, 5, requires_grad=True), torch.zeros(2))
+
+
+def _clone(args):
+    return [t.detach().clone().requires_grad_(t.requires_grad) for t in args]
+
+
+def test_inductor_entry_loads_without_tracing_or_lowering(monkeypatch, work):
+    from kiln.aot.compile import AOTCompiled
+    from kiln.aot.runtime import wrapper_to_dict
+
+    results = []
+    real_cached = kiln.cache.cached
+
+    def keep(*a, **kw):
+        out = real_cached(*a, **kw)
+        results.append(out)
+        return out
+    monkeypatch.setattr(kiln.cache, "cached", keep)
+
+    first = _inputs()
+    kiln.compile(step)(*first)
+    assert kiln.cache.stats()["misses"] == 1 and kiln.cache.stats()["bytes_written"] > 0
+    assert work == {"traces": 1, "inductor": 2}          # forward and backward
+    kiln.reset()                                         # in-memory entries go: capture again
+    args = _inputs()
+    ref_args = _clone(args)
+    out = kiln.compile(step)(*args)
+    assert kiln.cache.stats()["hits"] == 1
+    assert work == {"traces": 1, "inductor": 2}          # loaded: nothing traced or lowered
+
+    compiled, loaded = results
+    assert isinstance(compiled, AOTCompiled) and isinstance(loaded, AOTCompiled)
+    p, q = compiled.parts, loaded.parts
+    for field in ("kind", "num_fw_outputs", "tangent_positions", "fw_output_requires_grad",
+                  "primal_requires_grad", "grad_enabled", "saved", "saved_bytes", "saved_input_bytes",
+                  "symbolic", "grad_dependencies", "check_inputs", "check_outputs",
+                  "copy_saved", "watch", "late_demand", "saved_demand"):
+        assert getattr(p, field) == getattr(q, field), field
+    assert [wrapper_to_dict(w) for w in p.wrappers] == [wrapper_to_dict(w) for w in q.wrappers]
+    assert p.forward.code == q.forward.code and p.backward.code == q.backward.code
+    for k in ("kiln_num_saved", "kiln_donated"):
+        assert p.backward.meta.get(k) == q.backward.meta.get(k), k
+
+    ref = step(*ref_args)
+    for o, r in zip(out, ref):
+        torch.testing.assert_close(o, r)
+    torch.testing.assert_close(args[2], ref_args[2])     # the mutation
+    assert out[2].data_ptr() == args[0].data_ptr()       # the alias
+    # a backward through one output only: its partial backward is compiled on demand
+    out[0].sum().backward()
+    ref[0].sum().backward()
+    torch.testing.assert_close(args[0].grad, ref_args[0].grad)
+    torch.testing.assert_close(args[1].grad, ref_args[1].grad)
+    assert work == {"traces": 1, "inductor": 3}          # (the partial backward)
+
+
+def test_inductor_config_is_part_of_the_key():
+    from kiln.backends.inductor import InductorBackend
+
+    backend = InductorBackend()
+    base = backend.cache_options()
+    cfg = _torch.inductor_config()
+    with cfg.patch(max_autotune_pointwise=not cfg.max_autotune_pointwise):
+        assert backend.cache_options() != base
+    assert backend.cache_options() == base
+    assert InductorBackend(mode="max-autotune-no-cudagraphs").cache_options() != base
+
+
+_CHILD = textwrap.dedent("""
+    import sys, torch, kiln
+    import kiln.aot.dynamic as D
+    from kiln import _torch
+    work = []
+    real, real_ind = D._run_stages, _torch.inductor_compile_graph
+    D._run_stages = lambda *a, **k: (work.append("trace"), real(*a, **k))[1]
+    _torch.inductor_compile_graph = lambda *a, **k: (work.append("inductor"), real_ind(*a, **k))[1]
+    def f(x, w):
+        return torch.nn.functional.silu(x @ w).sum(1)
+    torch.manual_seed(int(sys.argv[1]))
+    x, w = torch.randn(3, 4), torch.randn(4, 5, requires_grad=True)
+    out = kiln.compile(f)(x, w)
+    w2 = w.detach().clone().requires_grad_()
+    ref = f(x, w2)
+    torch.testing.assert_close(out, ref)
+    out.sum().backward(); ref.sum().backward()
+    torch.testing.assert_close(w.grad, w2.grad)
+    s = kiln.cache.stats()
+    print("RESULT", work.count("trace"), work.count("inductor"), s["hits"], s["misses"])
+""")
+
+
+def test_fresh_process_with_warm_cache_lowers_nothing(tmp_path):
+    script = tmp_path / "child.py"
+    script.write_text(_CHILD)
+    env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(kiln.__file__))}
+
+    def child(seed):
+        p = subprocess.run([sys.executable, str(script), str(seed)], capture_output=True, text=True,
+                           env=env, timeout=600)
+        assert p.returncode == 0, p.stderr
+        line = [l for l in p.stdout.splitlines() if l.startswith("RESULT")][0]
+        return tuple(int(v) for v in line.split()[1:])
+    assert child(0) == (1, 2, 0, 1)
+    assert child(1) == (0, 0, 1, 0)
