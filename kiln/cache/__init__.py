@@ -2,11 +2,12 @@
 
 ``cached(gm, example_inputs, backend=..., options=..., compile=...)`` returns the compiled
 callable for a captured graph: loaded from ``<kiln.config.cache_dir>/aot/`` when an entry
-with the same key exists, else compiled by ``compile()`` and stored. What is cached today is
-the ``aot_eager`` backend's AOT result for graphs with static shapes (the forward/backward
-ATen graphs and every runtime-wrapper field, as ``kiln.aot.AOTArtifact``): a load rebuilds the
-callable from them without tracing. Everything else is a *bypass*, logged with its reason
-under ``KILN_LOGS=cache``. A cache failure never fails the call: it compiles instead.
+with the same key exists, else compiled by ``compile()`` and stored (``dump(compiled)``).
+Cached: graphs with static shapes from the ``inductor`` backend (AOT result + Inductor's
+generated code, ``kiln.backends.inductor_entry``), ``aot_eager``, and ``aot_backend``s that
+declare a ``cache_key`` (``kiln.aot.AOTArtifact``): a load rebuilds the callable without
+tracing or lowering. Everything else is a *bypass*, logged with its reason under
+``KILN_LOGS=cache``. A cache failure never fails the call: it compiles instead.
 
 ``kiln.config.cache = False`` (or ``KILN_CACHE=0``) turns the cache off.
 """

@@ -34,7 +34,7 @@ import types
 from typing import Any
 
 from .. import _torch
-from .guards import Guard, GuardKind
+from .guards import Guard, GuardKind, without_call_objects
 from .sources import RenderContext, Source
 
 MISS = type("KilnMiss", (), {"__repr__": lambda self: "<kiln MISS>", "__slots__": ()})()
@@ -173,6 +173,9 @@ class GuardProgram:
         self.python_guards = [g for g in guards if g.kind not in (
             GuardKind.TENSOR_MATCH, GuardKind.GLOBAL_STATE, GuardKind.BACKEND_MATCH, GuardKind.SHAPE_ENV)]
         self.exprs = [g.render(ctx) for g in self.python_guards]
+        # rendered: what is kept from here on holds the call's objects weakly
+        self.guards = without_call_objects(guards)
+        self.python_guards = without_call_objects(self.python_guards)
         self.tensor_exprs = [s.render(ctx) for s in tensor_sources]
         self.shape_binds, self.shape_conds = shape.code(self._render_shape_source) if shape else ([], [])
 

@@ -187,7 +187,7 @@ def _finish(fn, output: OutputGraph, result, key, backend, backend_name) -> Entr
     if logs.enabled.guards:
         logs.log("guards", f"guards of {fn.__qualname__}:\n" + "\n".join(
             "  " + g.describe() for g in guards))
-    return Entry(key, backend_name, entry_fn, _make_check(fn, program), guards, program,
+    return Entry(key, backend_name, entry_fn, _make_check(fn, program), program.guards, program,
                  gm, compiled, readable_source(src, cg.ctx.local_alias))
 
 
@@ -389,7 +389,7 @@ def eager_entry_for(fn, program: GuardProgram, guards: list[Guard], key, backend
     entry_fn = compile_function(src, "__kiln_eager", ns, aliases=ctx.local_alias, like=fn.__code__,
                                 f_globals=fn.__globals__)
     forget_frames(exc)   # kept by the entry: without the capture's frames (and the call's tensors)
-    return Entry(key, backend_name, entry_fn, _make_check(fn, program), guards, program,
+    return Entry(key, backend_name, entry_fn, _make_check(fn, program), program.guards, program,
                  None, None, readable_source(src, ctx.local_alias), eager_reason=exc)
 
 
@@ -499,7 +499,7 @@ def _finish_break(fn, output: OutputGraph, tx, ip: int, reason: Unsupported, key
         logs.log("graph_breaks", f"graph break in {fn.__qualname__}: {reason}")
     if logs.enabled.guards:
         logs.log("guards", f"guards of {fn.__qualname__}:\n" + "\n".join("  " + g.describe() for g in guards))
-    entry = Entry(key, backend_name, entry_fn, _make_check(fn, program), guards, program,
+    entry = Entry(key, backend_name, entry_fn, _make_check(fn, program), program.guards, program,
                   gm, compiled, readable_source(src, cg.ctx.local_alias))
     forget_frames(reason)   # kept by the entry: without the capture's frames
     entry.graph_break = reason

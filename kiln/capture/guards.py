@@ -129,6 +129,9 @@ class Guard:
         if k is GuardKind.TYPE_MATCH:
             return f"{k.value:14} type({src}) is {_qualname(exp)}"
         if k is GuardKind.ID_MATCH:
+            if isinstance(exp, _CallObject):
+                exp = exp.ref()
+                return f"{k.value:14} {src} is " + (_short_repr(exp) if exp is not None else "<a freed object>")
             return f"{k.value:14} {src} is {_short_repr(exp)}"
         if k is GuardKind.EQUALS_MATCH:
             return f"{k.value:14} {src} == {exp!r}"
@@ -194,6 +197,29 @@ def _function_unchanged(fn_ref, code, defaults, kwdefaults) -> bool:
     fn = fn_ref()
     return (fn is not None and fn.__code__ is code and fn.__defaults__ is defaults
             and fn.__kwdefaults__ is kwdefaults)
+
+
+class _CallObject:
+    """The expected object of an identity guard, when it came from the call's arguments: held
+    weakly, for descriptions only (the check itself was rendered already)."""
+    __slots__ = ("ref",)
+
+    def __init__(self, ref):
+        self.ref = ref
+
+
+def without_call_objects(guards: list) -> list:
+    """``guards`` for keeping in an entry (descriptions, failure reasons): an identity guard on
+    an object of the call (a function passed in) holds it weakly. A function made in the
+    caller holds its closure, and so the call's tensors."""
+    out = []
+    for g in guards:
+        if g.kind is GuardKind.ID_MATCH and not isinstance(g.expected, _CallObject):
+            ref = _weak_identity(g.source, g.expected)
+            if ref is not None:
+                g = Guard(g.kind, g.source, _CallObject(ref))
+        out.append(g)
+    return out
 
 
 def _weak_identity(source, obj):

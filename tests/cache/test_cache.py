@@ -1,6 +1,6 @@
 """The compile cache (issue 11): keys, perfect entries, warm processes, robustness.
 
-Graphs are tiny and use the aot_eager backend (the cached one today); every test has its own
+Graphs are tiny and use the aot_eager backend (test_inductor_cache.py: inductor); every test has its own
 cache directory (tests/conftest.py)."""
 import os
 import subprocess

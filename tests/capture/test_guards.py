@@ -1207,3 +1207,74 @@ def test_monkeypatched_method_of_user_class_recompiles():
     assert_same(cf(x), x * 3)
     assert cnt.frame_count == 2
     assert cf.recompile_reasons[-1].startswith("ID_MATCH failed") and "helper" in cf.recompile_reasons[-1]
+
+
+# ============================================================================ functions the caller made
+# A nested function the compiled frame made is handed to the resume function after a break: a
+# new object every call. It is guarded by its code (and read through itself), not by identity,
+# so the resume function compiles once (not once per call, up to the recompile limit).
+
+def _nested_then_break(x, k: float = 2.0):
+    def scale(t):
+        return x * t + k
+    print("", end="")                      # a graph break: `scale` goes to the resume function
+    return scale(3.0) + 1
+
+
+def _two_nested_then_break(x, flag: bool):
+    if flag:
+        def act(t):
+            return t.sin() + x
+    else:
+        def act(t):
+            return t.cos() - x
+    print("", end="")
+    return act(x)
+
+
+def _nested_identity(x):
+    def f(t):
+        return t * 2
+    g = f
+    print("", end="")
+    return f(x) if g is f else x
+
+
+def test_function_made_by_the_caller_does_not_recompile_each_call():
+    cf, cnt = compiled(_nested_then_break)
+    for _ in range(4):
+        check(cf, _nested_then_break, torch.randn(3))
+    assert cnt.frame_count == 1            # the resume function's graph, compiled once
+    assert not cf.recompile_reasons
+
+
+def test_function_made_by_the_caller_with_other_code_recompiles():
+    cf, cnt = compiled(_two_nested_then_break)
+    check(cf, _two_nested_then_break, torch.randn(3), True)
+    check(cf, _two_nested_then_break, torch.randn(3), True)
+    before = cnt.frame_count
+    check(cf, _two_nested_then_break, torch.randn(3), False)
+    assert cnt.frame_count > before
+    check(cf, _two_nested_then_break, torch.randn(3), True)     # both entries are reused
+    check(cf, _two_nested_then_break, torch.randn(3), False)
+
+
+def test_identity_of_a_function_made_by_the_caller_is_guarded_when_used():
+    # `g is f`: the two locals are guarded to be one object (not each one's identity)
+    cf, cnt = compiled(_nested_identity)
+    for _ in range(3):
+        check(cf, _nested_identity, torch.randn(3))
+    assert cnt.frame_count == 1 and not cf.recompile_reasons
+
+
+def test_a_function_made_by_the_caller_keeps_nothing_of_the_call():
+    import gc
+    import weakref
+
+    cf = kiln.compile(_nested_then_break, backend="eager")
+    x = torch.randn(3)
+    cf(x)
+    ref = weakref.ref(x)
+    del x
+    gc.collect()
+    assert ref() is None

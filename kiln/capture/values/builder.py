@@ -139,6 +139,30 @@ class Builder:
         if source is not None and self.output.guards_enabled_for(source):
             self.output.guards.add(Guard(kind, source, expected))
 
+    def _function_of_the_call(self, fn: types.FunctionType, source) -> Value:
+        """A nested function the caller made (an argument: a resume function gets the
+        caller's locals): a new object each call, so it is guarded by what inlining it
+        reads (its code, globals, the shape of its defaults; its cells and defaults are
+        read, and guarded, through it), and by identity only where identity is used."""
+        g = self.guard
+        g(GuardKind.ID_MATCH, AttrSource(source, "__code__"), fn.__code__)
+        g(GuardKind.ID_MATCH, AttrSource(source, "__globals__"), fn.__globals__)
+        for attr, value in (("__defaults__", fn.__defaults__), ("__kwdefaults__", fn.__kwdefaults__)):
+            if value is None:
+                g(GuardKind.EQUALS_MATCH, AttrSource(source, attr), None)
+            elif type(value) is tuple:
+                g(GuardKind.TYPE_MATCH, AttrSource(source, attr), tuple)
+                g(GuardKind.LENGTH_MATCH, AttrSource(source, attr), (len(value), "tuple"))
+            else:
+                g(GuardKind.TYPE_MATCH, AttrSource(source, attr), type(value))
+                g(GuardKind.DICT_KEYS, AttrSource(source, attr), list(value))
+        v = wrap_callable(fn, source)
+        if isinstance(v, UserFunctionValue):
+            v.on_identity = lambda: g(GuardKind.ID_MATCH, source, fn)
+        else:
+            g(GuardKind.ID_MATCH, source, fn)
+        return v
+
     def wrap(self, obj: Any, source, static: bool = False) -> Value:
         if source is not None:
             hit = self.by_source.get(source)
@@ -238,6 +262,8 @@ class Builder:
         if isinstance(obj, type):
             g(GuardKind.ID_MATCH, source, obj)
             return ClassValue(obj, source)
+        if type(obj) is types.FunctionType and _made_by_the_caller(source, obj):
+            return self._function_of_the_call(obj, source)
         if isinstance(obj, (types.FunctionType, types.BuiltinFunctionType, types.MethodDescriptorType,
                             types.WrapperDescriptorType, torch._ops.OpOverload,
                             torch._ops.OpOverloadPacket)):
@@ -295,3 +321,13 @@ class Builder:
 
 def _is_immutable_scalar(obj) -> bool:
     return type(obj) in CONSTANT_TYPES and type(obj) is not torch.Size or obj is None
+
+
+def _made_by_the_caller(source, fn: types.FunctionType) -> bool:
+    """A function reached from the call's arguments that a frame made (a nested function,
+    a lambda): not one of a module's or a class's (those are guarded by identity)."""
+    from ..sources import is_argument_rooted
+
+    if source is None or not is_argument_rooted(source):
+        return False
+    return "<locals>" in fn.__qualname__ or fn.__name__ == "<lambda>"

@@ -20,11 +20,17 @@ class UserFunctionValue(Value):
     def __init__(self, fn: types.FunctionType, source=None):
         self.fn = fn
         self.source = source
+        # set for a function of the call (guarded by its code): the identity guard to add
+        # where its identity is used (``is``, ``==``, a dict key)
+        self.on_identity = None
 
     def python_type(self):
         return types.FunctionType
 
     def real_object(self):
+        if self.on_identity is not None:
+            self.on_identity()
+            self.on_identity = None
         return self.fn
 
     def describe(self):
@@ -82,8 +88,15 @@ class UserFunctionValue(Value):
         return {k: tx.wrap_function_part(self, "__kwdefaults__", k, v) for k, v in d.items()}
 
     def closure_cells(self, tx) -> list["CellValue"]:
-        return [ExistingCellValue(c, name) for c, name in
-                zip(self.fn.__closure__ or (), self.fn.__code__.co_freevars)]
+        from ..sources import AttrSource, ItemSource, is_argument_rooted
+
+        cells = zip(self.fn.__closure__ or (), self.fn.__code__.co_freevars)
+        if self.source is not None and is_argument_rooted(self.source):
+            # a function of the call (made by the caller): its cells are read through it, so
+            # that the entry does not keep them (and the call's values in them) alive
+            closure = AttrSource(self.source, "__closure__")
+            return [ExistingCellValue(c, name, ItemSource(closure, i)) for i, (c, name) in enumerate(cells)]
+        return [ExistingCellValue(c, name) for c, name in cells]
 
 
 # Standard-library modules whose Python functions kiln does inline (pure helpers that models
