@@ -464,6 +464,21 @@ def fn(x, box):
 ''', found="seed 295, dynamic=True, eager and aot_eager", backends=("eager",), dynamic=(None, True)),
     # a graph's autograd node reached the closure cell of a tensor it changed in place: a
     # cycle through C++ kept the call's inputs alive (fixed: graph meta keeps source text)
+    # a nested function handed to the resume function after a break: its identity guard (and
+    # the cell read by identity) kept the call's tensor alive, and recompiled on every call
+    "nested_function_of_the_call_after_a_break": Case('''
+def make_inputs(seed, n, k, s, flag):
+    x = randn(seed, n, 4, dtype=torch.float64)
+    return (x, x)
+
+def fn(x, x2):
+    def inner27(t):
+        t28 = 0.5 * F.silu(x)
+        return t * t28
+    x2.exp_()
+    print("locals", sorted(locals()), file=LOG)
+    return inner27(2.0).sum()
+''', found="seed 3242, aot_eager, dynamic None and True", dynamic=(None, True)),
     "aot_eager_keeps_inputs_of_closures_after_a_break": Case('''
 def helper1(t, c):
     return t
