@@ -332,3 +332,30 @@ def inductor_compile_context(fake_mode: FakeTensorMode):
         with tracing(tc), V.set_fake_mode(fake_mode), python_dispatcher():
             yield tc
     return ctx()
+
+
+# -- saved-tensor hooks (torch.autograd.graph.saved_tensors_hooks) ---------------------------------
+
+def top_saved_tensors_hooks() -> tuple | None:
+    """The innermost active ``(pack, unpack)`` saved-tensor hooks, None when there are none
+    (read even while kiln traces with the hooks paused)."""
+    return torch._C._autograd._top_saved_tensors_default_hooks(True)
+
+
+def saved_tensors_hooks_paused():
+    """While kiln traces (fake tensors, tracing the joint graph), the user's saved-tensor hooks
+    must not see kiln's tracing values: autograd then ignores the hooks stack (torch's
+    'tracing' flag; the hooks stay registered and apply again on exit). Also used around the
+    compiled autograd.Function when the hooks were inlined into its graphs, so they do not run
+    a second time in eager."""
+    return _SavedTensorsHooksPaused()
+
+
+class _SavedTensorsHooksPaused:
+    __slots__ = ("prior",)
+
+    def __enter__(self):
+        self.prior = torch._C._autograd._saved_tensors_hooks_set_tracing(True)
+
+    def __exit__(self, *exc):
+        torch._C._autograd._saved_tensors_hooks_set_tracing(self.prior)
