@@ -21,8 +21,11 @@ from .errors import ConstraintViolation, Unsupported
 from .explain import explain
 from .logs import set_logs
 from .shapes import mark_dynamic, mark_static
+from . import activations
+from .activations.hooks import inline_saved_tensors_hooks, saved_tensors_hooks
 
 __all__ = ["compile", "reset", "explain", "comptime", "config", "Unsupported", "aot", "backends",
            "testing", "set_logs", "CompiledFunction", "CompiledMethod", "CompiledModule",
-           "mark_dynamic", "mark_static", "ConstraintViolation"]
+           "mark_dynamic", "mark_static", "ConstraintViolation", "activations",
+           "saved_tensors_hooks", "inline_saved_tensors_hooks"]
 __version__ = "0.1.0"

@@ -208,6 +208,15 @@ def make_training_core(fw: Callable, bw: Callable, parts, compile_bw: Callable[[
             return tuple(results)
 
     entry_grad = parts.grad_enabled
+    if parts.hooks is not None:
+        # the saved-tensor hooks ran in the graphs (saved_hooks.py): autograd must not run
+        # them again on what the Function saves
+        from .._torch import saved_tensors_hooks_paused
+        plain_nodes = run_nodes
+
+        def run_nodes(args):
+            with saved_tensors_hooks_paused():
+                return plain_nodes(args)
 
     def training_core(*args):
         check(args)
