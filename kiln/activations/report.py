@@ -15,8 +15,9 @@ _rows: list = []
 
 @dataclass
 class ActivationReport:
-    """Saved-activation bytes of the graphs compiled with inlined hooks, before and after
-    packing. ``rows``: one per graph (pack hook, tensors packed, tensors kept, bytes)."""
+    """Saved-activation bytes (saved tensors that are not graph inputs) of the graphs compiled
+    with inlined hooks, before and after packing, on the compute device; ``offloaded_bytes``:
+    what the hooks moved to another device (CPU). ``rows``: one per graph."""
     rows: list = field(default_factory=list)
 
     @property
@@ -26,6 +27,10 @@ class ActivationReport:
     @property
     def bytes_after(self) -> int:
         return sum(r["bytes_after"] for r in self.rows)
+
+    @property
+    def offloaded_bytes(self) -> int:
+        return sum(r.get("offloaded_bytes", 0) for r in self.rows)
 
     @property
     def saved_fraction(self) -> float:
@@ -50,8 +55,9 @@ class ActivationReport:
 
 def record(info) -> None:
     """One graph's inlined hooks (``saved_hooks.InlinedHooks``), from stage 2."""
-    _rows.append({"pack": info.pack, "unpack": info.unpack, "packed": len(info.packed), "kept": len(info.kept),
-                  "bytes_before": info.bytes_before, "bytes_after": info.bytes_after})
+    _rows.append({"pack": info.policy or info.pack, "unpack": info.unpack, "packed": len(info.packed),
+                  "kept": len(info.kept), "bytes_before": info.bytes_before, "bytes_after": info.bytes_after,
+                  "offloaded_bytes": info.offloaded_bytes, "policy": info.policy})
 
 
 def report(reset: bool = False) -> ActivationReport:

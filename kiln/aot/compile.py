@@ -159,9 +159,6 @@ def _inline_saved_hooks(state, p, nfw: int):
 
     if logs.enabled.activations or logs.enabled.aot:
         logs.log("activations" if logs.enabled.activations else "aot", info.describe())
-    from ..activations.report import record
-
-    record(info)
     return info
 
 
@@ -317,6 +314,10 @@ def assemble(parts: CompiledParts, fw_compiler: Callable | None = None, bw_compi
         bw = bw_compiler(parts.backward, _example_inputs(parts.backward))
         core = F.make_training_core(fw, bw, parts, lambda gm: bw_compiler(gm, _example_inputs(gm)),
                                     _grad_mode_check(parts))
+        if parts.hooks is not None:     # (compiled or loaded from the cache)
+            from ..activations.report import record
+
+            record(parts.hooks)
     return AOTCompiled(apply_post_compile(parts.wrappers, core), parts, run_as_captured)
 
 

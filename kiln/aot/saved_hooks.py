@@ -199,21 +199,26 @@ class InlinedHooks:
     kept: list = field(default_factory=list)         # saved tensors left as they are (inputs, outputs)
     bytes_before: int = 0                            # saved bytes without the hooks
     bytes_after: int = 0
+    offloaded_bytes: int = 0                         # packed into another device's memory
+    policy: str | None = None                        # kiln.activations policy name
     graphs: Any = None                               # (forward, backward) while stage 2 builds them
 
     def to_dict(self) -> dict:
         return dict(pack=self.pack, unpack=self.unpack, packed=self.packed, kept=self.kept,
-                    bytes_before=self.bytes_before, bytes_after=self.bytes_after)
+                    bytes_before=self.bytes_before, bytes_after=self.bytes_after, policy=self.policy,
+                    offloaded_bytes=self.offloaded_bytes)
 
     @classmethod
     def from_dict(cls, d: dict) -> "InlinedHooks":
-        return cls(**{k: d[k] for k in ("pack", "unpack", "packed", "kept", "bytes_before", "bytes_after")})
+        return cls(**{k: d[k] for k in ("pack", "unpack", "packed", "kept", "bytes_before", "bytes_after")},
+                   policy=d.get("policy"), offloaded_bytes=d.get("offloaded_bytes", 0))
 
     def describe(self) -> str:
         return (f"saved-tensor hooks inlined: pack={self.pack}, unpack={self.unpack}; "
                 f"{len(self.packed)} packed ({', '.join(s for s, _ in self.packed) or '-'}), "
-                f"{len(self.kept)} kept as they are ({', '.join(self.kept) or '-'}); saved "
-                f"{U.format_bytes(self.bytes_before)} -> {U.format_bytes(self.bytes_after)}")
+                f"{len(self.kept)} kept as they are ({', '.join(self.kept) or '-'}); saved activations "
+                f"{U.format_bytes(self.bytes_before)} -> {U.format_bytes(self.bytes_after)}"
+                + (f" (+{U.format_bytes(self.offloaded_bytes)} offloaded)" if self.offloaded_bytes else ""))
 
 
 def _storage(v: Any):
@@ -255,8 +260,8 @@ def inline(hooks: tuple, fw: torch.fx.GraphModule, bw: torch.fx.GraphModule, nfw
     saved = list(fw_outs[nfw:])
     bw_phs = [n for n in bw.graph.nodes if n.op == "placeholder"]
     acts = activations(fw, bw, nfw)
-    before, _ = U.saved_bytes([s for s in saved if isinstance(s, torch.fx.Node)])
-    info = InlinedHooks(_name(pack), _name(unpack), bytes_before=before)
+    before = _activation_bytes([s for s in saved if isinstance(s, torch.fx.Node)])
+    info = InlinedHooks(_name(pack), _name(unpack), bytes_before=before, policy=getattr(pack, "kiln_policy", None))
     # trace every hook first: the graphs change only when all of them trace
     plans = []
     for j, s in enumerate(saved):
@@ -315,9 +320,23 @@ def inline(hooks: tuple, fw: torch.fx.GraphModule, bw: torch.fx.GraphModule, nfw
     bw.recompile()
     # the packed names in the forward and the backward differ; the backward's placeholders
     # are matched by position, as for every saved value
-    info.bytes_after, _ = U.saved_bytes([x for x in flat_saved if isinstance(x, torch.fx.Node)])
+    moved = set()         # packed values on another device than their tensor (offloaded)
+    for (_, s, _, _), x in zip(plans, [new_saved[j] for j, _, _, _ in plans]):
+        for n in x:
+            v = n.meta.get("val")
+            if isinstance(v, torch.Tensor) and v.device != s.meta["val"].device:
+                moved.add(n)
+    nodes = [x for x in flat_saved if isinstance(x, torch.fx.Node)]
+    info.bytes_after = _activation_bytes([n for n in nodes if n not in moved])
+    info.offloaded_bytes = _activation_bytes([n for n in nodes if n in moved])
     info.graphs = (fw, bw)
     return info
+
+
+def _activation_bytes(nodes: list) -> int:
+    """Bytes of the saved values that are not graph inputs (one count per storage)."""
+    total, inputs = U.saved_bytes(nodes)
+    return total - inputs
 
 
 def log_not_inlined(hooks: tuple, reason: str) -> None:
