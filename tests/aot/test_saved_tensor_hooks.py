@@ -360,3 +360,134 @@ def test_unhashable_hooks_bypass_the_cache_unless_given_a_user_cache_hash(capsys
     _compile_once(pack, unpack, user_cache_hash="scale-2")
     _compile_once(pack, unpack, user_cache_hash="scale-2")
     assert kiln.cache.stats()["hits"] == 1
+
+
+# -- more programs ---------------------------------------------------------------------------------
+
+def g_break(x, w):
+    h = (x @ w).tanh()
+    print("", end="")                 # a graph break: two graphs, each with the hooks
+    return (h * h.sum()).sin().sum()
+
+
+@pytest.mark.parametrize("inline", [False, True])
+def test_graph_break_both_graphs_use_the_hooks(inline):
+    h = Counting()
+    hooks = h.kiln_hooks if inline else h.torch_hooks
+    cf = kiln.compile(g_break, backend="aot_eager")
+    for _ in range(2):
+        x, w = inputs()
+        got = run(cf, x, w, hooks)
+        expected = run(g_break, x, w, hooks)
+        for a, b in zip(got, expected):
+            torch.testing.assert_close(a, b)
+    if not inline:      # (inlined hooks are traced: they see tracing values, at compile time only)
+        assert all(t is torch.Tensor for t in h.types)
+    else:
+        n = h.packs
+        run(cf, *inputs(), hooks)
+        assert h.packs == n
+
+
+def two_outputs(x, w):
+    a = (x @ w).sin()
+    b = (w * 3).cos()
+    return a.sum(), b.sum()
+
+
+def test_backward_through_one_output_then_the_other_with_retain_graph():
+    h = Counting()
+    cf = kiln.compile(two_outputs, backend="aot_eager")
+    x, w = inputs()
+    xe, we = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+    with h.kiln_hooks():
+        a, b = cf(x, w)
+    with h.torch_hooks():
+        ae, be = two_outputs(xe, we)
+    assert _entry(cf).parts.hooks is not None
+    a.backward(retain_graph=True)
+    ae.backward(retain_graph=True)
+    torch.testing.assert_close(x.grad, xe.grad)
+    torch.testing.assert_close(w.grad, we.grad)
+    b.backward()
+    be.backward()
+    torch.testing.assert_close(w.grad, we.grad)
+
+
+def test_backward_outside_the_hooks_context_and_twice_with_retain_graph():
+    h = Counting()
+    cf = kiln.compile(f, backend="aot_eager")
+    x, w = inputs()
+    with h.kiln_hooks():
+        out = cf(x, w)
+    out.sum().backward(retain_graph=True)
+    g1 = x.grad.clone()
+    out.sum().backward()
+    torch.testing.assert_close(x.grad, 2 * g1)
+    xe = x.detach().clone().requires_grad_()
+    with h.torch_hooks():
+        f(xe, w).sum().backward()
+    torch.testing.assert_close(g1, xe.grad)
+
+
+def test_dynamic_shapes_trace_the_hooks_per_size_branch():
+    h = Counting()
+    cf = kiln.compile(f, backend="aot_eager", dynamic=True)
+    for n in (6, 9, 12, 2):           # 2: pack's numel branch changes: a guard, one more graph
+        x, w = inputs(n)
+        got = run(cf, x, w, h.kiln_hooks)
+        expected = run(f, x, w, h.torch_hooks)
+        for a, b in zip(got, expected):
+            torch.testing.assert_close(a, b)
+    assert all(e.compiled_graph.parts.hooks is not None for e in cf.entries if e.compiled_graph is not None)
+
+
+def test_cache_hit_gives_eager_results():
+    def pack(t):
+        return t * 2
+
+    def unpack(t):
+        return t / 2
+
+    kiln.cache.reset_stats()
+    first, _ = _compile_once(pack, unpack)
+    (got, cf) = _compile_once(pack, unpack)
+    assert kiln.cache.stats()["hits"] == 1
+    assert _entry(cf).parts.hooks is not None and _entry(cf).parts.hooks.packed
+    x, w = inputs()
+    got = run(cf, x, w, lambda: kiln.saved_tensors_hooks(pack, unpack))
+    expected = run(f, x, w, lambda: torch.autograd.graph.saved_tensors_hooks(pack, unpack))
+    for a, b in zip(got, expected):
+        torch.testing.assert_close(a, b)
+
+
+def test_torch_save_on_cpu_around_a_compiled_call():
+    cf = kiln.compile(f, backend="aot_eager")
+    x, w = inputs()
+    got = run(cf, x, w, lambda: torch.autograd.graph.save_on_cpu())
+    expected = run(f, x, w, lambda: torch.autograd.graph.save_on_cpu())
+    for a, b in zip(got, expected):
+        torch.testing.assert_close(a, b)
+
+
+def test_module_training_steps_with_inlined_hooks():
+    h = Counting()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(5, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3)).double()
+    ref = torch.nn.Sequential(torch.nn.Linear(5, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3)).double()
+    ref.load_state_dict(model.state_dict())
+    cm = kiln.compile(model, backend="aot_eager")
+    opt, opt_ref = torch.optim.SGD(model.parameters(), lr=0.1), torch.optim.SGD(ref.parameters(), lr=0.1)
+    for _ in range(3):
+        x = torch.randn(8, 5, dtype=DT)
+        with h.kiln_hooks():
+            loss = cm(x).pow(2).mean()
+        with h.torch_hooks():
+            loss_ref = ref(x).pow(2).mean()
+        loss.backward()
+        loss_ref.backward()
+        torch.testing.assert_close(loss, loss_ref)
+        for p, q in zip(model.parameters(), ref.parameters()):
+            torch.testing.assert_close(p.grad, q.grad)
+        opt.step(), opt_ref.step(), opt.zero_grad(), opt_ref.zero_grad()
+    assert len(cm.entries) == 1 and _entry(cm).parts.hooks is not None
