@@ -153,6 +153,13 @@ def trace_hook(fn: Callable, arg: Any, decompositions: dict | None, what: str) -
             for i, t in zip(tensor_at, tensors):
                 full[i] = U.to_fun(t)
             out = fn(pytree.tree_unflatten(full, spec))
+            for i in tensor_at:
+                # eager would change the saved tensor itself (a value the graphs also use)
+                U.sync(full[i])
+                elem = full[i].elem
+                if torch._functionalize_has_data_mutation(elem) or \
+                        torch._functionalize_has_metadata_mutation(elem):
+                    raise HookNotTraceable(f"the {what} hook {_name(fn)} changes its input in place")
             out_leaves, out_spec = pytree.tree_flatten(out)
             consts = {}
             result = []

@@ -491,3 +491,24 @@ def test_module_training_steps_with_inlined_hooks():
             torch.testing.assert_close(p.grad, q.grad)
         opt.step(), opt_ref.step(), opt.zero_grad(), opt_ref.zero_grad()
     assert len(cm.entries) == 1 and _entry(cm).parts.hooks is not None
+
+
+def test_hook_that_changes_its_input_in_place_stays_eager(capsys):
+    kiln.set_logs("aot")
+
+    def pack(t):
+        return t.mul_(1.0)            # in place on the saved tensor: eager semantics only
+
+    def unpack(t):
+        return t
+
+    cf = kiln.compile(f, backend="aot_eager")
+    x, w = inputs()
+    hooks = lambda: kiln.saved_tensors_hooks(pack, unpack)  # noqa: E731
+    with pytest.raises(RuntimeError, match="modifying its input in place"):
+        run(f, x, w, hooks)
+    # not inlined (the graphs would drop the write): the eager hook runs, and raises as eager does
+    with pytest.raises(RuntimeError, match="modifying its input in place"):
+        run(cf, x, w, hooks)
+    assert "changes its input in place" in capsys.readouterr().err
+    assert _entry(cf).parts.hooks is None
