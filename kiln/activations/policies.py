@@ -155,11 +155,10 @@ def _offload_hooks(min_bytes: int) -> tuple:
     def pack(t):
         if t.device.type == "cpu" or _nbytes(t) < min_bytes:
             return (t, None)
-        # pinned memory: the copy is asynchronous on the compute stream, and the stream's
-        # order keeps the device memory alive until the copy is done
-        host = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=True)
-        host.copy_(t, non_blocking=True)
-        return (host, t.device)
+        # a non-blocking device-to-CPU copy lands in pinned memory (ATen's _to_copy pins it)
+        # and runs on the compute stream, whose order keeps the device memory alive until
+        # the copy is done; the copy back is ordered after it on the same stream
+        return (t.to("cpu", non_blocking=True), t.device)
 
     def unpack(packed):
         t, device = packed

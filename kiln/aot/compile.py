@@ -137,7 +137,7 @@ def _inline_saved_hooks(state, p, nfw: int):
         return None
     fw, bw = p.forward, p.backward
     try:
-        info = SH.inline(hooks, copy_module(fw), copy_module(bw), nfw, state.decompositions)
+        info = SH.inline(hooks, copy_module(fw), copy_module(bw), nfw, state.decompositions, state.fake_mode)
     except SH.HookNotTraceable as e:
         SH.log_not_inlined(hooks, str(e))
         return None

@@ -253,15 +253,43 @@ def activations(fw: torch.fx.GraphModule, bw: torch.fx.GraphModule, nfw: int) ->
     return acts
 
 
+def _refresh_values(fw: torch.fx.GraphModule, bw: torch.fx.GraphModule, fake_mode) -> None:
+    """Recompute every node's fake value (the backward's placeholders take the forward's
+    saved values), so that values copied from one traced hook are distinct tensors."""
+    fw_phs = [n for n in fw.graph.nodes if n.op == "placeholder"]
+    U.propagate_fake(fw, [n.meta.get("val") for n in fw_phs], fake_mode)
+    bw_phs = [n for n in bw.graph.nodes if n.op == "placeholder"]
+    by_name = {n.name: n for n in fw.graph.nodes}
+    vals = []
+    for ph in bw_phs:
+        src = ph.meta.get("kiln_packed_from")
+        if src is not None and src in by_name:
+            ph.meta["val"] = by_name[src].meta.get("val")
+        vals.append(ph.meta.get("val"))
+    U.propagate_fake(bw, vals, fake_mode)
+
+
+def _meta_key(v: torch.Tensor):
+    """What a hook's trace may depend on, for tensors of static shape (None: symbolic)."""
+    from .symbolic import has_symbols
+
+    if any(has_symbols(d) for d in (*v.shape, *v.stride(), v.storage_offset())):
+        return None
+    return (tuple(int(d) for d in v.shape), tuple(int(d) for d in v.stride()), int(v.storage_offset()),
+            v.dtype, v.device, v.requires_grad)
+
+
 def _same_meta(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.dtype == b.dtype and a.device == b.device and a.shape == b.shape
 
 
 def inline(hooks: tuple, fw: torch.fx.GraphModule, bw: torch.fx.GraphModule, nfw: int,
-           decompositions: dict | None) -> InlinedHooks:
+           decompositions: dict | None, fake_mode=None) -> InlinedHooks:
     """Inline ``pack`` after each saved activation of ``fw`` and ``unpack`` before its first
-    use in ``bw``, in place. Raises HookNotTraceable, leaving both graphs untouched, when a
-    hook cannot be inlined for one of them (then none is)."""
+    use in ``bw``, in place. Raises HookNotTraceable when a hook cannot be inlined for one of
+    them (then none is; the graphs may be half-edited: pass copies). A hook is traced once per
+    static tensor metadata; with ``fake_mode``, the graphs' values are then recomputed so that
+    no two nodes share one fake tensor."""
     pack, unpack = hooks
     fw_outs = U.flat_outputs(fw.graph)
     saved = list(fw_outs[nfw:])
@@ -271,15 +299,24 @@ def inline(hooks: tuple, fw: torch.fx.GraphModule, bw: torch.fx.GraphModule, nfw
     info = InlinedHooks(_name(pack), _name(unpack), bytes_before=before, policy=getattr(pack, "kiln_policy", None))
     # trace every hook first: the graphs change only when all of them trace
     plans = []
+    memo: dict = {}       # static metadata -> (pack, unpack) traced for it
+    reused = False
     for j, s in enumerate(saved):
         if s not in acts:
             if isinstance(s, torch.fx.Node) and isinstance(s.meta.get("val"), torch.Tensor):
                 info.kept.append(s.name)
             continue
         val = s.meta["val"]
-        p = trace_hook(pack, val, decompositions, "pack")
-        packed_vals = [n.meta.get("val") for n in U.flat_outputs(p.graph.graph)]
-        u = trace_hook(unpack, p.rebuild(packed_vals), decompositions, "unpack")
+        key = _meta_key(val)
+        if key is not None and key in memo:
+            p, u = memo[key]
+            reused = True
+        else:
+            p = trace_hook(pack, val, decompositions, "pack")
+            packed_vals = [n.meta.get("val") for n in U.flat_outputs(p.graph.graph)]
+            u = trace_hook(unpack, p.rebuild(packed_vals), decompositions, "unpack")
+            if key is not None:
+                memo[key] = (p, u)
         outs = [n.meta.get("val") for n in U.flat_outputs(u.graph.graph)]
         if len(outs) != 1 or u.out_constants or not isinstance(outs[0], torch.Tensor) \
                 or not _same_meta(outs[0], val):
@@ -306,6 +343,7 @@ def inline(hooks: tuple, fw: torch.fx.GraphModule, bw: torch.fx.GraphModule, nfw
                 ph = bw.graph.placeholder(f"{s.name}_packed_{k}")
                 ph.meta = dict(pk.meta)
                 ph.meta.pop("kiln_user_visible", None)
+                ph.meta["kiln_packed_from"] = pk.name
                 new_phs.append(ph)
         users = [n for n in bw.graph.nodes if n in old.users]
         first = users[0] if users else None
@@ -325,6 +363,8 @@ def inline(hooks: tuple, fw: torch.fx.GraphModule, bw: torch.fx.GraphModule, nfw
     bw.graph.lint()
     fw.recompile()
     bw.recompile()
+    if reused and fake_mode is not None:
+        _refresh_values(fw, bw, fake_mode)
     # the packed names in the forward and the backward differ; the backward's placeholders
     # are matched by position, as for every saved value
     moved = set()         # packed values on another device than their tensor (offloaded)
