@@ -70,7 +70,7 @@ class Guard:
         elif self.kind is GuardKind.FUNCTION_MATCH:
             exp = tuple(id(x) for x in exp)
         elif self.kind is GuardKind.SAVED_TENSOR_HOOKS:
-            exp = None if exp is None else tuple(id(x) for x in exp)
+            exp = None if exp is None else (id(exp[0]), id(exp[1]), len(exp[2]))
         elif self.kind is GuardKind.DICT_KEYS:
             exp = tuple((type(k), _hashable(k)) for k in exp)
         return (self.kind, self.source, exp)

@@ -98,7 +98,7 @@ class OutputGraph:
 
         hooks = saved_hooks.active()
         if hooks is not None or self._grad_enabled_at_start:
-            self.guards.add(Guard(GuardKind.SAVED_TENSOR_HOOKS, None, hooks))
+            self.guards.add(Guard(GuardKind.SAVED_TENSOR_HOOKS, None, saved_hooks.guard_value(hooks)))
 
     # -- bookkeeping ---------------------------------------------------------------------------
     def count_instruction(self) -> None:

@@ -512,3 +512,52 @@ def test_hook_that_changes_its_input_in_place_stays_eager(capsys):
         run(cf, x, w, hooks)
     assert "changes its input in place" in capsys.readouterr().err
     assert _entry(cf).parts.hooks is None
+
+
+SCALE = 2.0
+
+
+def _pack_global(t):
+    return t * SCALE
+
+
+def _unpack_global(t):
+    return t / SCALE
+
+
+def test_values_the_hooks_read_are_guarded():
+    global SCALE
+    cf = kiln.compile(f, backend="aot_eager")
+    x, w = inputs()
+    hooks = lambda: kiln.saved_tensors_hooks(_pack_global, _unpack_global)  # noqa: E731
+    try:
+        run(cf, x, w, hooks)
+        assert "2.0" in _entry(cf).forward_graph.code
+        SCALE = 4.0                   # baked into the traced pack: a change recompiles
+        got = run(cf, x, w, hooks)
+        assert len(cf.entries) == 2 and "SAVED_TENSOR_HOOKS" in cf.recompile_reasons[-1]
+        assert any("4.0" in e.compiled_graph.forward_graph.code for e in cf.entries)
+    finally:
+        SCALE = 2.0
+
+    state = {"scale": 2.0}
+
+    def make():
+        def pack(t):
+            return t * state["scale"]
+
+        def unpack(t):
+            return t / state["scale"]
+        return pack, unpack
+    pack, unpack = make()
+    kiln.reset()
+    cf = kiln.compile(f, backend="aot_eager")
+    run(cf, x, w, lambda: kiln.saved_tensors_hooks(pack, unpack))
+    expected = run(f, x, w, lambda: kiln.saved_tensors_hooks(pack, unpack))
+    got = run(cf, x, w, lambda: kiln.saved_tensors_hooks(pack, unpack))
+    for a, b in zip(got, expected):
+        torch.testing.assert_close(a, b)
+    state["scale"] = 8.0              # changed in place: the guard sees it too
+    got = run(cf, x, w, lambda: kiln.saved_tensors_hooks(pack, unpack))
+    assert len(cf.entries) == 2
+    assert any("8.0" in e.compiled_graph.forward_graph.code for e in cf.entries)
