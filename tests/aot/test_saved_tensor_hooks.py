@@ -561,3 +561,33 @@ def test_values_the_hooks_read_are_guarded():
     got = run(cf, x, w, lambda: kiln.saved_tensors_hooks(pack, unpack))
     assert len(cf.entries) == 2
     assert any("8.0" in e.compiled_graph.forward_graph.code for e in cf.entries)
+
+
+def test_staged_api_and_export_round_trip():
+    from kiln.aot import AOTArtifact, create_aot_state, stage1_graph_capture, stage2_compile, stage2_export
+
+    def pack(t):
+        return t.to(torch.float32), t.dtype
+
+    def unpack(p):
+        return p[0].to(p[1])
+
+    x, w = inputs()
+    with kiln.saved_tensors_hooks(pack, unpack):
+        state = create_aot_state(f, [x, w])
+        capture = stage1_graph_capture(state)
+        compiled = stage2_compile(state, capture)
+        artifact = stage2_export(state, capture)
+    assert "saved-tensor hooks inlined" in compiled.as_text()
+    assert "torch.float32" in compiled.forward_graph.code
+    loaded = AOTArtifact.from_bytes(artifact.to_bytes()).load()
+    assert loaded.parts.hooks is not None and loaded.parts.hooks.packed == compiled.parts.hooks.packed
+    for fn in (compiled, loaded):
+        xr, wr = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+        with kiln.saved_tensors_hooks(pack, unpack):
+            out = fn(xr, wr)
+        out.sum().backward()
+        xe, we = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+        f(xe, we).sum().backward()
+        torch.testing.assert_close(xr.grad, xe.grad, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(wr.grad, we.grad, rtol=1e-5, atol=1e-5)
