@@ -11,7 +11,9 @@ inputs, compiles them with a backend, and reuses them while the guards hold::
 
 Public API: ``compile``, ``reset``, ``explain``, ``comptime``, ``config``, ``Unsupported``,
 ``aot`` (staged AOT autograd), ``backends``, ``testing``, ``set_logs``, and for dynamic shapes
-``mark_dynamic``, ``mark_static``, ``ConstraintViolation``.
+``mark_dynamic``, ``mark_static``, ``ConstraintViolation``; for activation memory
+``saved_tensors_hooks`` / ``inline_saved_tensors_hooks`` (saved-tensor hooks inlined into the
+compiled graphs) and ``activations`` (the cast, fp8 and offload policies and their report).
 """
 from . import aot, backends, cache, testing
 from .api import CompiledFunction, CompiledMethod, CompiledModule, compile, reset
