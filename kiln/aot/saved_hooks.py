@@ -403,7 +403,12 @@ def _meta_key(v: torch.Tensor):
 
 
 def _same_meta(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.dtype == b.dtype and a.device == b.device and a.shape == b.shape
+    """The backward was traced for ``b``: the unpacked ``a`` must be like it, strides included
+    (a view in the backward may need them)."""
+    from .symbolic import known_equal
+
+    return a.dtype == b.dtype and a.device == b.device and \
+        known_equal((*a.shape, *a.stride()), (*b.shape, *b.stride()))
 
 
 def inline(hooks: tuple, fw: torch.fx.GraphModule, bw: torch.fx.GraphModule, nfw: int,
@@ -446,7 +451,8 @@ def inline(hooks: tuple, fw: torch.fx.GraphModule, bw: torch.fx.GraphModule, nfw
             got = ", ".join(f"{tuple(o.shape)} {o.dtype}" if isinstance(o, torch.Tensor) else type(o).__name__
                             for o in outs) or "nothing"
             raise HookNotTraceable(f"unpack({_name(pack)}(t)) must give back a tensor like t ({tuple(val.shape)} "
-                                   f"{val.dtype} on {val.device}); for saved {s.name} it gives {got}")
+                                   f"{val.dtype} on {val.device}, strides {tuple(val.stride())}); for saved "
+                                   f"{s.name} it gives {got}")
         plans.append((j, s, p, u))
     new_saved = list(saved)
     out_node = next(n for n in reversed(fw.graph.nodes) if n.op == "output")
