@@ -10,8 +10,9 @@ when a new policy object with the same settings is entered (the hooks are guarde
 * ``fp8()``: float8_e4m3fn with one scale per tensor (amax-based); where the device cannot
   convert to float8 the tensor is saved unchanged, with the reason logged.
 * ``offload()``: accelerator activations are copied to pinned CPU memory (non-blocking, on the
-  compute stream) and copied back just before the backward uses them; tensors already on the
-  CPU stay (on a CPU-only run the policy changes nothing, and says so).
+  compute stream) and copied back just before the backward uses them (on the same stream: the
+  copy back is not yet overlapped with compute on a side stream); tensors already on the CPU
+  stay (on a CPU-only run the policy changes nothing, and says so).
 """
 from __future__ import annotations
 
