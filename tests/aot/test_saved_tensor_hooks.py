@@ -591,3 +591,31 @@ def test_staged_api_and_export_round_trip():
         f(xe, we).sum().backward()
         torch.testing.assert_close(xr.grad, xe.grad, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(wr.grad, we.grad, rtol=1e-5, atol=1e-5)
+
+
+def test_hooks_that_keep_what_they_return_see_their_tensors_intact():
+    # an eager hook that holds the saved tensors: the (Inductor) backward must not reuse their
+    # memory for its own buffers
+    kept = []
+
+    def pack(t):
+        kept.append(t)
+        return t
+
+    def unpack(t):
+        return t
+
+    def g(x, w):
+        return (x @ w).exp().sin().sum()
+
+    cf = kiln.compile(g, backend="inductor")
+    x, w = inputs()
+    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+        out = cf(x, w)
+    snapshot = [t.clone() for t in kept]
+    out.backward()
+    for a, b in zip(kept, snapshot):
+        torch.testing.assert_close(a, b)
+    xe, we = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+    g(xe, we).backward()
+    torch.testing.assert_close(x.grad, xe.grad)
