@@ -286,7 +286,10 @@ class AOTCompiled(PartsView):
                                                  f"{len(p.saved)} saved"))
             lines.append(U.graph_text(p.backward, "backward graph: saved + tangents -> gradients"))
             if p.hooks is not None:
+                from .saved_hooks import hook_code
+
                 lines.append("# " + p.hooks.describe())
+                lines += hook_code(p.forward, p.backward)
             lines.append(f"# saved for backward ({p.partitioner or 'custom'} partitioner): {U.count_saved(p.backward, p.saved)}, "
                          f"{U.format_bytes(p.saved_bytes)} ({U.format_bytes(p.saved_bytes - p.saved_input_bytes)} "
                          f"activations, {U.format_bytes(p.saved_input_bytes)} inputs): {', '.join(p.saved)}")

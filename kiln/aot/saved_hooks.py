@@ -376,6 +376,25 @@ def activations(fw: torch.fx.GraphModule, bw: torch.fx.GraphModule, nfw: int) ->
     return acts
 
 
+def _tag(graph: torch.fx.Graph, before: set, tag: tuple) -> None:
+    for n in graph.nodes:
+        if n not in before:
+            n.meta["kiln_saved_hook"] = tag
+
+
+def hook_code(fw: torch.fx.GraphModule, bw: torch.fx.GraphModule) -> list[str]:
+    """The inlined hook nodes, per saved activation, as FX IR lines (for ``as_text``)."""
+    lines = []
+    for gm, where in ((fw, "forward"), (bw, "backward")):
+        if gm is None:
+            continue
+        for n in gm.graph.nodes:
+            tag = n.meta.get("kiln_saved_hook")
+            if tag is not None:
+                lines.append(f"#   {tag[0]} of {tag[1]} ({where}): {n.format_node()}")
+    return lines
+
+
 def _refresh_values(fw: torch.fx.GraphModule, bw: torch.fx.GraphModule, fake_mode) -> None:
     """Recompute every node's fake value (the backward's placeholders take the forward's
     saved values), so that values copied from one traced hook are distinct tensors."""
@@ -459,8 +478,10 @@ def inline(hooks: tuple, fw: torch.fx.GraphModule, bw: torch.fx.GraphModule, nfw
     for j, s, p, u in plans:
         # forward: pack(s) just before the output
         p_phs = [n for n in p.graph.graph.nodes if n.op == "placeholder"]
+        before_fw = set(fw.graph.nodes)
         with fw.graph.inserting_before(out_node):
             packed = fw.graph.graph_copy(p.graph.graph, {p_phs[0]: s})
+        _tag(fw.graph, before_fw, ("pack", s.name))
         packed = list(packed) if isinstance(packed, (list, tuple)) else [packed]
         new_saved[j] = packed
         # backward: the saved placeholder becomes one placeholder per packed tensor; unpack
@@ -472,14 +493,17 @@ def inline(hooks: tuple, fw: torch.fx.GraphModule, bw: torch.fx.GraphModule, nfw
                 ph = bw.graph.placeholder(f"{s.name}_packed_{k}")
                 ph.meta = dict(pk.meta)
                 ph.meta.pop("kiln_user_visible", None)
+                ph.meta.pop("kiln_saved_hook", None)
                 ph.meta["kiln_packed_from"] = pk.name
                 new_phs.append(ph)
         users = [n for n in bw.graph.nodes if n in old.users]
         first = users[0] if users else None
         u_phs = [n for n in u.graph.graph.nodes if n.op == "placeholder"]
         if first is not None:
+            before_bw = set(bw.graph.nodes)
             with bw.graph.inserting_before(first):
                 unpacked = bw.graph.graph_copy(u.graph.graph, dict(zip(u_phs, new_phs)))
+            _tag(bw.graph, before_bw, ("unpack", s.name))
             unpacked = unpacked[0] if isinstance(unpacked, (list, tuple)) else unpacked
             old.replace_all_uses_with(unpacked)
         bw.graph.erase_node(old)

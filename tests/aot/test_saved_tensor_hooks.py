@@ -134,6 +134,8 @@ def test_as_text_shows_inlined_pack_and_unpack():
     compiled = _entry(cf)
     text = compiled.as_text()
     assert "saved-tensor hooks inlined" in text and "pack=" in text
+    assert "#   pack of " in text and "aten.mul" in text.split("#   pack of ", 1)[1]
+    assert "#   unpack of " in text and "aten.div" in text.split("#   unpack of ", 1)[1]
     fw_code = compiled.forward_graph.code
     bw_code = compiled.backward_graph.code
     assert "aten.mul" in fw_code and "_packed_0" in bw_code and "aten.div" in bw_code
