@@ -193,8 +193,16 @@ def main(argv=None) -> int:
     args.heads = max(1, args.dim // 64)
     args.vocab = 512 if small else 8192
     args.min_bytes = args.min_bytes if args.min_bytes is not None else (0 if small else kiln.activations.DEFAULT_MIN_BYTES)
+    threads = torch.get_num_threads()
     if small:
-        torch.set_num_threads(1)
+        torch.set_num_threads(1)       # shared CPUs: one thread measures less noise
+    try:
+        return _run(args)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _run(args) -> int:
     dev = torch.device(args.device)
     torch.manual_seed(0)
     init = GPT(args.vocab, args.dim, args.layers, args.heads, args.seq).to(dev).state_dict()
