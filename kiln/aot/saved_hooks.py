@@ -17,13 +17,13 @@ parameter or an output would add a copy instead of freeing one.
 
 Hooks that cannot be traced (data-dependent code, ops outside ATen, an unpack that does not
 give back the saved tensor's dtype and size) stay eager hooks, with the reason logged under
-``KILN_LOGS=aot,activations``. The frontend guards the active inlineable hooks by identity
-(``SAVED_TENSOR_HOOKS``): other hooks recompile. A hook's Python side effects run when it is
-traced, not on every call.
+``KILN_LOGS=aot,activations``. The frontend guards the active inlineable hooks by identity,
+and the values they read (``SAVED_TENSOR_HOOKS``, saved_hooks_guard.py): other hooks
+recompile. The compile cache keys them by their code (saved_hooks_key.py). A hook's Python
+side effects run when it is traced, not on every call.
 """
 from __future__ import annotations
 
-import hashlib
 import types
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -89,144 +89,6 @@ def active() -> tuple | None:
     if is_inline(pack) and is_inline(unpack):
         return (pack, unpack)
     return None
-
-
-def guard_value(hooks: tuple | None) -> tuple | None:
-    """What the frontend's SAVED_TENSOR_HOOKS guard expects: the hooks, and every value their
-    traced graphs bake in (the globals and closure cells their code reads, their defaults, a
-    bound method's instance attributes), each checked by identity on every call."""
-    if hooks is None:
-        return None
-    reads: list = []
-    seen: set = set()
-    for fn in hooks:
-        _reads(fn, reads, seen, 0)
-    written = frozenset(name for kind, where, key, _ in reads if kind == "attr" and key == "__code__"
-                        for name in _assigned_attrs(getattr(where, "__code__", None)))
-    final = []
-    for kind, where, key, value in reads:
-        if kind == "contents":
-            if written:
-                value = _contents(where, written)
-            key = written
-        if kind == "item" and isinstance(where, dict) and key in written and not _is_globals(where):
-            continue          # an attribute the hooks assign, read through a method's instance
-        final.append((kind, where, key, value))
-    return (hooks[0], hooks[1], tuple(final))
-
-
-def _is_globals(d: dict) -> bool:
-    return "__name__" in d and "__builtins__" in d
-
-
-def _assigned_attrs(code) -> set:
-    """Attribute names the code (and the functions it defines) assigns (``x.name = ...``), and
-    the string keys of a code that assigns items."""
-    import dis
-
-    if not isinstance(code, types.CodeType):
-        return set()
-    ins = list(dis.get_instructions(code))
-    names = {i.argval for i in ins if i.opname in ("STORE_ATTR", "DELETE_ATTR")}
-    if any(i.opname in ("STORE_SUBSCR", "DELETE_SUBSCR") for i in ins):
-        # ``counts["pack"] += 1``: string keys the code may assign (bookkeeping)
-        names |= {c for c in code.co_consts if isinstance(c, str)}
-    for c in code.co_consts:
-        if isinstance(c, types.CodeType):
-            names |= _assigned_attrs(c)
-    return names
-
-
-def hooks_are(expected: tuple | None) -> bool:
-    """The guard's check: the active inlineable hooks are ``expected`` (the same objects, reading
-    the same values)."""
-    now = active()
-    if expected is None:
-        return now is None
-    if now is None or now[0] is not expected[0] or now[1] is not expected[1]:
-        return False
-    for kind, where, key, value in expected[2]:
-        if kind == "item":
-            if where.get(key, _MISSING) is not value:
-                return False
-        elif kind == "contents":
-            if _contents(where, key) != value:
-                return False
-        elif kind == "cell":
-            try:
-                if where.cell_contents is not value:
-                    return False
-            except ValueError:
-                return False
-        elif getattr(where, key, _MISSING) is not value:
-            return False
-    return True
-
-
-_MISSING = object()
-
-
-def _contents(obj: Any, skip: frozenset = frozenset()) -> tuple | None:
-    """One level of an object's contents, by identity: a dict's or list's items, an instance's
-    attributes (a hook reading ``cfg.scale`` or ``state["scale"]`` bakes that value in), but
-    not the attributes the hooks themselves assign (``self.calls += 1``: bookkeeping)."""
-    if type(obj) is dict:
-        return tuple((k, id(v)) for k, v in obj.items() if k not in skip)
-    if isinstance(obj, (types.ModuleType, type, types.FunctionType, types.MethodType, torch.Tensor,
-                        torch.dtype, torch.device)) or callable(obj):
-        return None
-    attrs = getattr(obj, "__dict__", None)
-    if isinstance(attrs, dict):
-        return tuple((k, id(v)) for k, v in attrs.items() if k not in skip)
-    return None
-
-
-def _add(out: list, kind: str, where: Any, key: Any, value: Any) -> None:
-    out.append((kind, where, key, value))
-    c = _contents(value)
-    if c is not None:
-        out.append(("contents", value, None, c))
-
-
-def _reads(fn: Any, out: list, seen: set, depth: int) -> None:
-    if depth > 4 or id(fn) in seen:
-        return
-    seen.add(id(fn))
-    if isinstance(fn, types.MethodType):
-        attrs = getattr(fn.__self__, "__dict__", None)
-        if isinstance(attrs, dict):
-            for k, v in attrs.items():
-                _add(out, "item", attrs, k, v)
-        fn = fn.__func__
-    if not isinstance(fn, types.FunctionType):
-        return
-    if (fn.__module__ or "").split(".")[0] == "torch":
-        return
-    out.append(("attr", fn, "__defaults__", fn.__defaults__))
-    out.append(("attr", fn, "__code__", fn.__code__))
-    g = fn.__globals__
-    for name in _global_names(fn.__code__):
-        if name in g:
-            v = g[name]
-            _add(out, "item", g, name, v)
-            if isinstance(v, (types.FunctionType, types.MethodType)):
-                _reads(v, out, seen, depth + 1)
-    for cell in fn.__closure__ or ():
-        try:
-            v = cell.cell_contents
-        except ValueError:
-            continue
-        _add(out, "cell", cell, None, v)
-        if isinstance(v, (types.FunctionType, types.MethodType)):
-            _reads(v, out, seen, depth + 1)
-
-
-def describe(expected: tuple | None) -> str:
-    if expected is None:
-        return "no inlineable saved-tensor hooks are active"
-    return (f"saved-tensor hooks are pack={_name(expected[0])}, unpack={_name(expected[1])} (by identity, "
-            f"and the {len(expected[2]) if len(expected) > 2 else 0} values their code reads)")
-
 
 def _name(fn: Any) -> str:
     fn = getattr(fn, "__wrapped__", fn)
@@ -545,94 +407,6 @@ def log_not_inlined(hooks: tuple, reason: str) -> None:
     for topic in ("aot", "activations"):
         if getattr(logs.enabled, topic):
             logs.log(topic, msg)
-
-
-# ------------------------------------------------------------------------------------------------
-# Cache key (seed 002: hooks that cannot be hashed need a user_cache_hash, else no caching)
-# ------------------------------------------------------------------------------------------------
-
-def cache_key(hooks: tuple | None) -> Any:
-    """The part of the AOT cache key for the active inlineable hooks: each hook's
-    ``user_cache_hash`` attribute when it has one, else a digest of its code and of every value
-    it reads (closure cells, globals, defaults). Raises ValueError for a hook that reads
-    something that cannot be hashed (the cache is then bypassed, with the reason logged)."""
-    if hooks is None:
-        return None
-    return [_hook_key(fn, "pack" if i == 0 else "unpack") for i, fn in enumerate(hooks)]
-
-
-def _hook_key(fn: Any, what: str) -> str:
-    explicit = getattr(fn, "user_cache_hash", None)
-    if explicit is None and hasattr(fn, "__wrapped__"):
-        explicit = getattr(fn.__wrapped__, "user_cache_hash", None)
-    if explicit is not None:
-        return f"user_cache_hash:{explicit}"
-    h = hashlib.sha256()
-    try:
-        _digest(getattr(fn, "__wrapped__", fn), h, set(), 0)
-    except ValueError as e:
-        raise ValueError(f"the {what} saved-tensor hook {_name(fn)} cannot be hashed ({e}); "
-                         "set its user_cache_hash attribute (a string naming what it computes)") from e
-    return "code:" + h.hexdigest()
-
-
-def _digest(x: Any, h, seen: set, depth: int) -> None:
-    if depth > 20:
-        raise ValueError("its code reaches too deep")
-    if isinstance(x, _CONSTANT_TYPES) or isinstance(x, (complex, bytes)):
-        h.update(f"{type(x).__name__}:{x!r};".encode())
-        return
-    if isinstance(x, (tuple, list, frozenset)):
-        h.update(f"{type(x).__name__}[".encode())
-        for v in (sorted(x, key=repr) if isinstance(x, frozenset) else x):
-            _digest(v, h, seen, depth + 1)
-        h.update(b"];")
-        return
-    if isinstance(x, types.ModuleType):
-        h.update(f"module:{x.__name__};".encode())
-        return
-    if isinstance(x, types.CodeType):
-        h.update(x.co_code)
-        h.update(repr(x.co_names).encode())
-        h.update(repr(x.co_varnames).encode())
-        for c in x.co_consts:
-            _digest(c, h, seen, depth + 1)
-        return
-    if isinstance(x, types.MethodType):
-        _digest(x.__func__, h, seen, depth + 1)
-        _digest(x.__self__, h, seen, depth + 1)
-        return
-    if isinstance(x, types.FunctionType):
-        mod = x.__module__ or ""
-        if mod.split(".")[0] in ("torch", "kiln"):     # versions are in the key
-            h.update(f"fn:{mod}.{x.__qualname__};".encode())
-            return
-        if id(x) in seen:
-            h.update(b"recursion;")
-            return
-        seen.add(id(x))
-        _digest(x.__code__, h, seen, depth + 1)
-        _digest(x.__defaults__, h, seen, depth + 1)
-        for cell in x.__closure__ or ():
-            try:
-                _digest(cell.cell_contents, h, seen, depth + 1)
-            except ValueError as e:
-                if "empty" in str(e):
-                    continue
-                raise
-        for name in _global_names(x.__code__):
-            if name in x.__globals__:
-                h.update(f"global {name}=".encode())
-                _digest(x.__globals__[name], h, seen, depth + 1)
-        return
-    if isinstance(x, (types.BuiltinFunctionType, types.BuiltinMethodType)) or \
-            (callable(x) and (getattr(x, "__module__", "") or "").split(".")[0] in ("torch", "builtins", "math")):
-        h.update(f"builtin:{getattr(x, '__module__', '')}.{getattr(x, '__qualname__', repr(x))};".encode())
-        return
-    if isinstance(x, torch._ops.OpOverload) or isinstance(x, torch._ops.OpOverloadPacket):
-        h.update(f"op:{x};".encode())
-        return
-    raise ValueError(f"it reads a {type(x).__name__}")
 
 
 def _global_names(code: types.CodeType) -> list:

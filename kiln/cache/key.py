@@ -217,9 +217,10 @@ def saved_tensor_hooks() -> Any:
     """The inlineable saved-tensor hooks the AOT stages will inline (seed 002): each hook's
     ``user_cache_hash``, or a digest of its code and of the values it reads; None when none
     are active. Raises ValueError for a hook that cannot be hashed (the cache is bypassed)."""
-    from ..aot import saved_hooks
+    from ..aot.saved_hooks import active
+    from ..aot.saved_hooks_key import cache_key
 
-    return saved_hooks.cache_key(saved_hooks.active())
+    return cache_key(active())
 
 
 def digest(parts: dict) -> str:

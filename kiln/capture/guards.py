@@ -120,7 +120,7 @@ class Guard:
         if k is GuardKind.AUTOCAST_STATE:
             return f"{ctx.bind(_autocast_state, 'autocast')}() == {ctx.bind(self.expected, 'c')}"
         if k is GuardKind.SAVED_TENSOR_HOOKS:
-            from ..aot.saved_hooks import hooks_are
+            from ..aot.saved_hooks_guard import hooks_are
 
             return f"{ctx.bind(hooks_are, 'hooks')}({ctx.bind(self.expected, 'c')})"
         if k is GuardKind.FUNCTION_MATCH:
@@ -157,7 +157,7 @@ class Guard:
         if k is GuardKind.TENSOR_MATCH:
             return f"{k.value:14} {src}: {describe_tensor(exp)}"
         if k is GuardKind.SAVED_TENSOR_HOOKS:
-            from ..aot.saved_hooks import describe as describe_hooks
+            from ..aot.saved_hooks_guard import describe as describe_hooks
 
             return f"{k.value:14} {describe_hooks(exp)}"
         if k is GuardKind.AUTOCAST_STATE:
