@@ -176,3 +176,19 @@ def test_policies_on_cuda(name):
         assert rep.offloaded_bytes > 0 and rep.bytes_after < rep.bytes_before
     else:
         assert rep.bytes_after < rep.bytes_before
+
+
+def test_cast_with_inductor():
+    torch.manual_seed(0)
+    model = MLP()
+    compiled = kiln.compile(model, backend="inductor")
+    x = torch.randn(16, 32)
+    for policy in (kiln.activations.cast(torch.bfloat16, min_bytes=0), kiln.activations.cast(torch.bfloat16, min_bytes=0)):
+        loss_k, grads_k = step(compiled, x, policy)
+        loss_e, grads_e = step(model, x, kiln.activations.cast(torch.bfloat16, min_bytes=0))
+        torch.testing.assert_close(loss_k, loss_e)
+        for a, b in zip(grads_k, grads_e):
+            torch.testing.assert_close(a, b, rtol=3e-2, atol=3e-3)
+    assert len(compiled.entries) == 1
+    rep = full_report()
+    assert rep.rows and rep.bytes_after < rep.bytes_before
