@@ -11,7 +11,9 @@ inputs, compiles them with a backend, and reuses them while the guards hold::
 
 Public API: ``compile``, ``reset``, ``explain``, ``comptime``, ``config``, ``Unsupported``,
 ``aot`` (staged AOT autograd), ``backends``, ``testing``, ``set_logs``, and for dynamic shapes
-``mark_dynamic``, ``mark_static``, ``ConstraintViolation``.
+``mark_dynamic``, ``mark_static``, ``ConstraintViolation``; for activation memory
+``saved_tensors_hooks`` / ``inline_saved_tensors_hooks`` (saved-tensor hooks inlined into the
+compiled graphs) and ``activations`` (the cast, fp8 and offload policies and their report).
 """
 from . import aot, backends, cache, testing
 from .api import CompiledFunction, CompiledMethod, CompiledModule, compile, reset
@@ -21,8 +23,11 @@ from .errors import ConstraintViolation, Unsupported
 from .explain import explain
 from .logs import set_logs
 from .shapes import mark_dynamic, mark_static
+from . import activations
+from .activations.hooks import inline_saved_tensors_hooks, saved_tensors_hooks
 
 __all__ = ["compile", "reset", "explain", "comptime", "config", "Unsupported", "aot", "backends",
            "testing", "set_logs", "CompiledFunction", "CompiledMethod", "CompiledModule",
-           "mark_dynamic", "mark_static", "ConstraintViolation"]
+           "mark_dynamic", "mark_static", "ConstraintViolation", "activations",
+           "saved_tensors_hooks", "inline_saved_tensors_hooks"]
 __version__ = "0.1.0"

@@ -390,3 +390,50 @@ def inductor_compile_context(fake_mode: FakeTensorMode):
         with tracing(tc), V.set_fake_mode(fake_mode), python_dispatcher():
             yield tc
     return ctx()
+
+
+# -- saved-tensor hooks (torch.autograd.graph.saved_tensors_hooks) ---------------------------------
+
+def top_saved_tensors_hooks() -> tuple | None:
+    """The innermost active ``(pack, unpack)`` saved-tensor hooks, None when there are none
+    (read even while kiln traces with the hooks paused)."""
+    top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+    return top(True) if top is not None else None
+
+
+def applied_saved_tensors_hooks() -> tuple | None:
+    """The saved-tensor hooks autograd applies now: None also while kiln pauses them."""
+    return torch._C._autograd._top_saved_tensors_default_hooks(False)
+
+
+def saved_tensors_hooks_paused():
+    """While kiln traces (fake tensors, tracing the joint graph), the user's saved-tensor hooks
+    must not see kiln's tracing values: autograd then ignores the hooks stack (torch's
+    'tracing' flag; the hooks stay registered and apply again on exit). Also used around the
+    compiled autograd.Function when the hooks were inlined into its graphs, so they do not run
+    a second time in eager."""
+    return _SavedTensorsHooksPaused()
+
+
+class saved_tensors_from_user_hooks:
+    """Around a compiled backward whose saved tensors came back through the user's eager
+    unpack hook: a hook may keep what it returns (or return a tensor it holds), so the backward
+    must not reuse their memory (``active`` is read by the Inductor backward's donation)."""
+    active = False
+
+    def __enter__(self):
+        self.prior = saved_tensors_from_user_hooks.active
+        saved_tensors_from_user_hooks.active = True
+
+    def __exit__(self, *exc):
+        saved_tensors_from_user_hooks.active = self.prior
+
+
+class _SavedTensorsHooksPaused:
+    __slots__ = ("prior",)
+
+    def __enter__(self):
+        self.prior = torch._C._autograd._saved_tensors_hooks_set_tracing(True)
+
+    def __exit__(self, *exc):
+        torch._C._autograd._saved_tensors_hooks_set_tracing(self.prior)

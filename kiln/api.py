@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 import torch
 
+from . import _torch
 from . import explain as _explain
 from . import logs
 from .backends.registry import lookup_backend
@@ -283,8 +284,11 @@ class CompiledFunction:
         # user's own code raised (their backend, a comptime callback), a ConstraintViolation
         # (their mark_dynamic contradicted) and arguments that do not fit the signature.
         try:
-            entry = capture(fn, args, kwargs, key=key, backend=key.backend, backend_name=key.backend_name,
-                            compiled_factory=self._factory, dynamic=self.dynamic)
+            # the user's saved-tensor hooks must not see capture's fake tensors (they run on
+            # the real saved tensors when the entry runs)
+            with _torch.saved_tensors_hooks_paused():
+                entry = capture(fn, args, kwargs, key=key, backend=key.backend, backend_name=key.backend_name,
+                                compiled_factory=self._factory, dynamic=self.dynamic)
         except ArgumentsDoNotBind:
             return fn(*args, **kwargs)        # raises the user's TypeError, exactly as eager
         except RecursionError:

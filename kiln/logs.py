@@ -16,7 +16,7 @@ import sys
 import types
 
 TOPICS = ("graph", "guards", "recompiles", "graph_breaks", "aot", "cache", "cudagraphs",
-          "package", "dynamic", "perf")
+          "package", "dynamic", "perf", "activations")
 
 enabled = types.SimpleNamespace(**{t: False for t in TOPICS})
 

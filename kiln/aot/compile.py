@@ -71,6 +71,9 @@ class CompiledParts:
     watch: list = field(default_factory=list)
     late_demand: list = field(default_factory=list)
     saved_demand: list = field(default_factory=list)
+    # saved-tensor hooks inlined into the graphs (saved_hooks.InlinedHooks), None: not inlined
+    # (the hooks active around a call, if any, then run as eager hooks)
+    hooks: Any = None
 
 
 def _partitioner_name(partition_fn: Any) -> str:
@@ -114,12 +117,59 @@ def build_parts(state, capture, partition_fn: Any = None) -> CompiledParts:
     ex = capture.example_inputs
     deps = P.grad_dependencies(gm, capture.num_fw_outputs)
     p = partition_joint(gm, (ex[:n], ex[n:]), capture.num_fw_outputs, capture.num_tangents, partition_fn)
+    hooks = _inline_saved_hooks(state, p, capture.num_fw_outputs)
     mutated = set(state.meta.mutated_data_indices) | set(state.meta.metadata_only_mutated_indices)
     checks = V.version_checks(p.forward, p.backward, capture, mutated, len(state.meta.mutated_data_indices))
     return CompiledParts(kind="training", forward=p.forward, backward=p.backward, saved=p.saved,
                          saved_bytes=p.saved_bytes, saved_input_bytes=p.saved_input_bytes,
                          partitioner=_partitioner_name(partition_fn), grad_dependencies=deps,
-                         **checks, **common)
+                         hooks=hooks, **checks, **common)
+
+
+def _inline_saved_hooks(state, p, nfw: int):
+    """Inline the state's inlineable saved-tensor hooks into the partition's graphs (in place;
+    ``p.saved`` and the byte counts follow). None when there are none, or when they stay eager
+    hooks (logged)."""
+    from . import saved_hooks as SH
+
+    hooks = getattr(state, "saved_hooks", None)
+    if hooks is None:
+        return None
+    fw, bw = p.forward, p.backward
+    try:
+        info = SH.inline(hooks, copy_module(fw), copy_module(bw), nfw, state.decompositions, state.fake_mode)
+    except SH.HookNotTraceable as e:
+        SH.log_not_inlined(hooks, str(e))
+        return None
+    # (inline worked on copies: a hook that fails half-way leaves the partition as it was)
+    p.forward, p.backward = info.graphs
+    info.graphs = None
+    fw_outs = U.flat_outputs(p.forward.graph)
+    saved = [s for s in fw_outs[nfw:] if isinstance(s, torch.fx.Node)]
+    p.saved = [s.name for s in saved]
+    p.saved_bytes, p.saved_input_bytes = U.saved_bytes(saved)
+    if "kiln_donated" in bw.meta:       # Inductor's: the saved positions changed
+        from ..backends.inductor import donatable_saved_tensors
+
+        p.backward.meta.update(bw.meta)
+        p.backward.meta["kiln_num_saved"] = len(saved)
+        p.backward.meta["kiln_donated"] = donatable_saved_tensors(p.forward, p.backward, nfw)
+    p.forward.meta.update({k: v for k, v in fw.meta.items() if k not in p.forward.meta})
+    from .. import logs
+
+    if logs.enabled.activations or logs.enabled.aot:
+        logs.log("activations" if logs.enabled.activations else "aot", info.describe())
+    return info
+
+
+def copy_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """A copy of ``gm`` with its own graph (node meta shared, values are fake tensors)."""
+    g = torch.fx.Graph()
+    out = g.graph_copy(gm.graph, {})
+    g.output(out)
+    new = torch.fx.GraphModule(gm, g, class_name=type(gm).__name__)
+    new.meta.update(gm.meta)
+    return new
 
 
 def _example_inputs(gm: torch.fx.GraphModule) -> list:
@@ -235,6 +285,11 @@ class AOTCompiled(PartsView):
             lines.append(U.graph_text(p.forward, f"forward graph: primals -> {p.num_fw_outputs} outputs + "
                                                  f"{len(p.saved)} saved"))
             lines.append(U.graph_text(p.backward, "backward graph: saved + tangents -> gradients"))
+            if p.hooks is not None:
+                from .saved_hooks import hook_code
+
+                lines.append("# " + p.hooks.describe())
+                lines += hook_code(p.forward, p.backward)
             lines.append(f"# saved for backward ({p.partitioner or 'custom'} partitioner): {U.count_saved(p.backward, p.saved)}, "
                          f"{U.format_bytes(p.saved_bytes)} ({U.format_bytes(p.saved_bytes - p.saved_input_bytes)} "
                          f"activations, {U.format_bytes(p.saved_input_bytes)} inputs): {', '.join(p.saved)}")
@@ -262,6 +317,10 @@ def assemble(parts: CompiledParts, fw_compiler: Callable | None = None, bw_compi
         bw = bw_compiler(parts.backward, _example_inputs(parts.backward))
         core = F.make_training_core(fw, bw, parts, lambda gm: bw_compiler(gm, _example_inputs(gm)),
                                     _grad_mode_check(parts))
+        if parts.hooks is not None:     # (compiled or loaded from the cache)
+            from ..activations.report import record
+
+            record(parts.hooks)
     return AOTCompiled(apply_post_compile(parts.wrappers, core), parts, run_as_captured)
 
 

@@ -44,10 +44,14 @@ def _run_stages(gm, example_inputs, *, dynamic, decompositions, fw_compiler, bw_
     from .compile import stage2_compile
     from .state import create_aot_state
 
-    state = create_aot_state(gm, example_inputs, decompositions=decompositions, dynamic=dynamic)
-    capture = stage1_graph_capture(state)
-    return stage2_compile(state, capture, fw_compiler=fw_compiler, bw_compiler=bw_compiler,
-                          partition_fn=partition_fn, inference_compiler=inference_compiler)
+    from .. import _torch
+
+    # (a per-shape compile runs during a call, inside the user's saved-tensor hooks)
+    with _torch.saved_tensors_hooks_paused():
+        state = create_aot_state(gm, example_inputs, decompositions=decompositions, dynamic=dynamic)
+        capture = stage1_graph_capture(state)
+        return stage2_compile(state, capture, fw_compiler=fw_compiler, bw_compiler=bw_compiler,
+                              partition_fn=partition_fn, inference_compiler=inference_compiler)
 
 
 def as_captured(gm: torch.fx.GraphModule, error: BaseException) -> Callable:

@@ -236,6 +236,7 @@ class AOTArtifact(PartsView):
             "wrappers": [wrapper_to_dict(w) for w in p.wrappers],
             "saved": list(p.saved), "saved_bytes": p.saved_bytes, "saved_input_bytes": p.saved_input_bytes,
             "partitioner": p.partitioner,
+            "hooks": p.hooks.to_dict() if p.hooks is not None else None,
             "graphs": graphs,
         }
         return meta, constants
@@ -279,7 +280,8 @@ class AOTArtifact(PartsView):
             partitioner=meta.get("partitioner", ""), grad_dependencies=meta.get("grad_dependencies"),
             check_inputs=meta.get("check_inputs", []), check_outputs=meta.get("check_outputs", []),
             copy_saved=meta.get("copy_saved", []), watch=meta.get("watch", []),
-            late_demand=meta.get("late_demand", []), saved_demand=meta.get("saved_demand", []))
+            late_demand=meta.get("late_demand", []), saved_demand=meta.get("saved_demand", []),
+            hooks=_hooks_from(meta.get("hooks")))
         return cls(parts)
 
     def save(self, path: str) -> None:
@@ -319,3 +321,11 @@ def stage2_export(state, capture, partition_fn: Any = None) -> AOTArtifact:
         if gm is not None:
             graph_to_data(gm)   # fail here, not at to_bytes(), on what cannot be serialized
     return AOTArtifact(parts)
+
+
+def _hooks_from(d: dict | None):
+    if d is None:
+        return None
+    from .saved_hooks import InlinedHooks
+
+    return InlinedHooks.from_dict(d)

@@ -20,6 +20,7 @@ from typing import Any, Callable
 import torch
 import torch.fx
 
+from .._torch import applied_saved_tensors_hooks, saved_tensors_from_user_hooks
 from ..errors import Unsupported
 from . import _utils as U
 from . import partial as P
@@ -146,6 +147,8 @@ def make_training_core(fw: Callable, bw: Callable, parts, compile_bw: Callable[[
                 fw_outs, tensors, other, sizes = call.result
                 ctx.kiln_other = other
                 ctx.kiln_sizes = sizes
+                # the user's eager saved-tensor hooks pack what this node saves (not inlined)
+                ctx.kiln_user_hooks = applied_saved_tensors_hooks() is not None
                 ctx.save_for_backward(*tensors)
                 if watch:
                     ctx.kiln_watch = V.record(tensors, watch)
@@ -181,7 +184,11 @@ def make_training_core(fw: Callable, bw: Callable, parts, compile_bw: Callable[[
                         args.insert(i, s)
                 args += tangents_
                 del tangents_
-                grads = bw(args) if partial is None else backward_for(partial)(args)
+                if ctx.kiln_user_hooks:
+                    with saved_tensors_from_user_hooks():
+                        grads = bw(args) if partial is None else backward_for(partial)(args)
+                else:
+                    grads = bw(args) if partial is None else backward_for(partial)(args)
                 if partial is not None and deps is not None:
                     # eager's autograd never reaches a leaf from an output backward() skipped
                     grads = [None if deps[i].isdisjoint(partial) else g for i, g in enumerate(grads)]
@@ -208,6 +215,15 @@ def make_training_core(fw: Callable, bw: Callable, parts, compile_bw: Callable[[
             return tuple(results)
 
     entry_grad = parts.grad_enabled
+    if parts.hooks is not None:
+        # the saved-tensor hooks ran in the graphs (saved_hooks.py): autograd must not run
+        # them again on what the Function saves
+        from .._torch import saved_tensors_hooks_paused
+        plain_nodes = run_nodes
+
+        def run_nodes(args):
+            with saved_tensors_hooks_paused():
+                return plain_nodes(args)
 
     def training_core(*args):
         check(args)

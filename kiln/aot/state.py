@@ -218,6 +218,7 @@ class AOTState:
         self.symbolic = False
         self.input_fakes: list = []
         self.guard_mark = 0
+        self.saved_hooks = None           # (pack, unpack) to inline (saved_hooks.active())
 
     @contextlib.contextmanager
     def tracing(self):
@@ -573,6 +574,11 @@ def create_aot_state(fn: Callable, example_inputs: Sequence[Any], *,
                      decompositions=U.default_decompositions() if decompositions is None else dict(decompositions),
                      sources=sources)
     state.symbolic = sym_vals is not None
+    # inlineable saved-tensor hooks active now are inlined by stage 2 (saved_hooks.py); the
+    # frontend guards that the same hooks are active when the compiled graph runs
+    from . import saved_hooks
+
+    state.saved_hooks = saved_hooks.active()
     if state.symbolic:
         state.input_fakes = list(traced_inputs)
         state.guard_mark = len(fake_mode.shape_env.guards)

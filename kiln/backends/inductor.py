@@ -394,9 +394,10 @@ def mark_donated_placeholders(gm: torch.fx.GraphModule, donated: list[int]) -> N
 
 def copies_when_graph_kept(compiled: Callable, donated: list[int]) -> Callable:
     """The backward, handed copies of its donated inputs when autograd keeps the graph
-    (``retain_graph=True``: the saved tensors are read again by a later backward)."""
+    (``retain_graph=True``: the saved tensors are read again by a later backward) or when they
+    came through the user's eager saved-tensor hooks (which may hold them)."""
     def backward(args: list):
-        if _torch.backward_keeps_graph():
+        if _torch.backward_keeps_graph() or _torch.saved_tensors_from_user_hooks.active:
             for j in donated:
                 if isinstance(args[j], torch.Tensor):
                     args[j] = args[j].clone()

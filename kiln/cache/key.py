@@ -209,7 +209,18 @@ def key_parts(gm: torch.fx.GraphModule, example_inputs: list, backend: str, opti
         "global_state": global_state(),
         "versions": versions(),
         "device": device_info(example_inputs),
+        "saved_tensor_hooks": saved_tensor_hooks(),
     }
+
+
+def saved_tensor_hooks() -> Any:
+    """The inlineable saved-tensor hooks the AOT stages will inline (seed 002): each hook's
+    ``user_cache_hash``, or a digest of its code and of the values it reads; None when none
+    are active. Raises ValueError for a hook that cannot be hashed (the cache is bypassed)."""
+    from ..aot.saved_hooks import active
+    from ..aot.saved_hooks_key import cache_key
+
+    return cache_key(active())
 
 
 def digest(parts: dict) -> str:

@@ -41,6 +41,8 @@ class GuardKind(enum.Enum):
                                        # (expected: (weakref to it, code, defaults, kwdefaults))
     AUTOCAST_STATE = "AUTOCAST_STATE"  # autocast enabled/dtype per device (captured inside autocast)
     SHAPE_ENV = "SHAPE_ENV"            # a relation between symbolic sizes (dynamic shapes)
+    SAVED_TENSOR_HOOKS = "SAVED_TENSOR_HOOKS"  # the inlineable saved-tensor hooks active (by
+                                       # identity; expected: (pack, unpack) or None)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -67,6 +69,8 @@ class Guard:
                    else repr(exp))
         elif self.kind is GuardKind.FUNCTION_MATCH:
             exp = tuple(id(x) for x in exp)
+        elif self.kind is GuardKind.SAVED_TENSOR_HOOKS:
+            exp = None if exp is None else (id(exp[0]), id(exp[1]), len(exp[2]))
         elif self.kind is GuardKind.DICT_KEYS:
             exp = tuple((type(k), _hashable(k)) for k in exp)
         return (self.kind, self.source, exp)
@@ -115,6 +119,10 @@ class Guard:
             return f"{e} is {self.expected.render(ctx)}"
         if k is GuardKind.AUTOCAST_STATE:
             return f"{ctx.bind(_autocast_state, 'autocast')}() == {ctx.bind(self.expected, 'c')}"
+        if k is GuardKind.SAVED_TENSOR_HOOKS:
+            from ..aot.saved_hooks_guard import hooks_are
+
+            return f"{ctx.bind(hooks_are, 'hooks')}({ctx.bind(self.expected, 'c')})"
         if k is GuardKind.FUNCTION_MATCH:
             # the function by weak reference: its entries (which it owns) must not keep it alive
             fn_ref, code, d, kwd = self.expected
@@ -151,6 +159,10 @@ class Guard:
             return f"{k.value:14} {src} is {exp.describe()}"
         if k is GuardKind.TENSOR_MATCH:
             return f"{k.value:14} {src}: {describe_tensor(exp)}"
+        if k is GuardKind.SAVED_TENSOR_HOOKS:
+            from ..aot.saved_hooks_guard import describe as describe_hooks
+
+            return f"{k.value:14} {describe_hooks(exp)}"
         if k is GuardKind.AUTOCAST_STATE:
             return f"{k.value:14} " + ", ".join(f"{d}: enabled={on} dtype={dt}" for d, (on, dt) in exp.items())
         if k is GuardKind.FUNCTION_MATCH:

@@ -92,6 +92,14 @@ class OutputGraph:
                                   for d in ("cpu", "cuda")}
         if any(on for on, _ in self.autocast_at_start.values()):
             self.guards.add(Guard(GuardKind.AUTOCAST_STATE, None, self.autocast_at_start))
+        # inlineable saved-tensor hooks are compiled into the graphs (aot/saved_hooks.py): other
+        # hooks, or none, recompile. Only graphs that can save tensors (grad mode on) depend on them.
+        from ..aot.saved_hooks import active as active_saved_hooks
+        from ..aot.saved_hooks_guard import guard_value
+
+        hooks = active_saved_hooks()
+        if hooks is not None or self._grad_enabled_at_start:
+            self.guards.add(Guard(GuardKind.SAVED_TENSOR_HOOKS, None, guard_value(hooks)))
 
     # -- bookkeeping ---------------------------------------------------------------------------
     def count_instruction(self) -> None:

@@ -1,0 +1,182 @@
+"""Built-in activation-memory policies: saved-tensor hooks that kiln inlines (issue 14).
+
+Each policy is a context manager around a training step (forward under it; the backward may
+run outside it). Eager code runs the same hooks as eager hooks. Tensors under ``min_bytes``,
+and tensors the policy does not apply to (integers, another device), are saved unchanged. The
+hooks of one configuration are made once and reused, so that a compiled step is not recompiled
+when a new policy object with the same settings is entered (the hooks are guarded by identity).
+
+* ``cast(dtype)``: floating-point activations wider than ``dtype`` are saved in ``dtype``.
+* ``fp8()``: float8_e4m3fn with one scale per tensor (amax-based); where the device cannot
+  convert to float8 the tensor is saved unchanged, with the reason logged.
+* ``offload()``: accelerator activations are copied to pinned CPU memory (non-blocking, on the
+  compute stream) and copied back just before the backward uses them (on the same stream: the
+  copy back is not yet overlapped with compute on a side stream); tensors already on the CPU
+  stay (on a CPU-only run the policy changes nothing, and says so).
+"""
+from __future__ import annotations
+
+import functools
+from typing import Callable
+
+import torch
+
+from .. import logs
+from ..aot.saved_hooks import mark_inline
+from .hooks import saved_tensors_hooks
+from .report import ActivationReport, report as _report
+
+DEFAULT_MIN_BYTES = 64 * 1024
+FP8_MAX = 448.0       # the largest finite float8_e4m3fn value
+
+
+class Policy(saved_tensors_hooks):
+    """One activation policy: a ``kiln.saved_tensors_hooks`` with a name and a report."""
+
+    def __init__(self, name: str, hooks: tuple[Callable, Callable], min_bytes: int):
+        self.name = name
+        self.min_bytes = min_bytes
+        pack, unpack = hooks
+        pack.kiln_policy = name
+        # the cache key: what the hooks compute, named exactly (their code reads torch only)
+        super().__init__(pack, unpack, user_cache_hash=f"kiln.activations.{name}")
+
+    def report(self) -> ActivationReport:
+        """The graphs compiled so far with this policy's hooks inlined: saved-activation bytes
+        before and after (``bytes_before``, ``bytes_after``; prints as a table)."""
+        full = _report()
+        return ActivationReport([r for r in full.rows if r.get("policy") == self.name])
+
+    def __enter__(self):
+        if logs.enabled.activations:
+            logs.log("activations", f"policy {self.name} active")
+        return super().__enter__() or self
+
+    def __repr__(self) -> str:
+        return f"kiln.activations.{self.name}"
+
+
+def _check_min_bytes(min_bytes) -> int:
+    if isinstance(min_bytes, bool) or not isinstance(min_bytes, int) or min_bytes < 0:
+        raise ValueError(f"min_bytes must be an int >= 0 (bytes below which a tensor is saved unchanged), "
+                         f"got {min_bytes!r}")
+    return min_bytes
+
+
+def _nbytes(t: torch.Tensor):
+    return t.numel() * t.element_size()
+
+
+# -- cast ---------------------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=None)
+def _cast_hooks(dtype: torch.dtype, min_bytes: int) -> tuple:
+    def pack(t):
+        if t.is_floating_point() and t.element_size() > dtype.itemsize and _nbytes(t) >= min_bytes:
+            return (t.to(dtype), t.dtype)
+        return (t, None)
+
+    def unpack(packed):
+        t, dtype_ = packed
+        return t if dtype_ is None else t.to(dtype_)
+    pack.__qualname__ = f"cast({dtype}).pack"
+    unpack.__qualname__ = f"cast({dtype}).unpack"
+    return mark_inline(pack), mark_inline(unpack)
+
+
+def cast(dtype: torch.dtype = torch.bfloat16, *, min_bytes: int = DEFAULT_MIN_BYTES) -> Policy:
+    """Save floating-point activations wider than ``dtype`` in ``dtype`` (cast back in the
+    backward): ``with kiln.activations.cast(torch.bfloat16): loss = step(x)``."""
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"cast(dtype): dtype must be a floating-point torch.dtype, got {dtype!r}")
+    min_bytes = _check_min_bytes(min_bytes)
+    return Policy(f"cast({dtype}, min_bytes={min_bytes})", _cast_hooks(dtype, min_bytes), min_bytes)
+
+
+# -- fp8 ----------------------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=None)
+def fp8_supported(device_type: str) -> tuple[bool, str]:
+    """Whether tensors on ``device_type`` convert to and from float8_e4m3fn, and why not."""
+    dt = getattr(torch, "float8_e4m3fn", None)
+    if dt is None:
+        return False, "this torch has no float8_e4m3fn"
+    if device_type == "cuda" and not torch.cuda.is_available():
+        return False, "CUDA is not available"
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    try:
+        with _disable_current_modes():      # (first asked while a hook is traced)
+            x = torch.ones(4, device=device_type)
+            ok = bool((x.to(dt).to(torch.float32) == x).all())
+    except Exception as e:  # pragma: no cover (depends on the build)
+        return False, f"{device_type} cannot convert to float8_e4m3fn ({type(e).__name__}: {e})"
+    return ok, "" if ok else "float8 conversion is inexact for ones"
+
+
+@functools.lru_cache(maxsize=None)
+def _fp8_hooks(min_bytes: int) -> tuple:
+    f8 = torch.float8_e4m3fn
+
+    def pack(t):
+        ok, why = fp8_supported(t.device.type)
+        if not ok:
+            if logs.enabled.activations:
+                logs.log("activations", f"fp8: {tuple(t.shape)} {t.dtype} on {t.device} saved unchanged: {why}")
+            return (t, None, None)
+        if not t.is_floating_point() or t.element_size() <= 1 or _nbytes(t) < min_bytes:
+            return (t, None, None)
+        # one scale per tensor: its largest magnitude maps to float8's largest value
+        amax = t.detach().abs().amax().to(torch.float32).clamp(min=1e-12)
+        scale = FP8_MAX / amax
+        q = (t.to(torch.float32) * scale).clamp(-FP8_MAX, FP8_MAX).to(f8)
+        return (q, scale, t.dtype)
+
+    def unpack(packed):
+        q, scale, dtype_ = packed
+        if scale is None:
+            return q
+        return (q.to(torch.float32) / scale).to(dtype_)
+    pack.__qualname__ = "fp8.pack"
+    unpack.__qualname__ = "fp8.unpack"
+    return mark_inline(pack), mark_inline(unpack)
+
+
+def fp8(*, min_bytes: int = DEFAULT_MIN_BYTES) -> Policy:
+    """Save floating-point activations as float8_e4m3fn with one float32 scale per tensor
+    (about 4x smaller than float32, 2x smaller than bfloat16; 3 mantissa bits)."""
+    min_bytes = _check_min_bytes(min_bytes)
+    return Policy(f"fp8(min_bytes={min_bytes})", _fp8_hooks(min_bytes), min_bytes)
+
+
+# -- offload ------------------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=None)
+def _offload_hooks(min_bytes: int) -> tuple:
+    def pack(t):
+        if t.device.type == "cpu" or _nbytes(t) < min_bytes:
+            return (t, None)
+        # a non-blocking device-to-CPU copy lands in pinned memory (ATen's _to_copy pins it)
+        # and runs on the compute stream, whose order keeps the device memory alive until
+        # the copy is done; the copy back is ordered after it on the same stream
+        return (t.to("cpu", non_blocking=True), t.device)
+
+    def unpack(packed):
+        t, device = packed
+        if device is None:
+            return t
+        return t.to(device, non_blocking=True)
+    pack.__qualname__ = "offload.pack"
+    unpack.__qualname__ = "offload.unpack"
+    return mark_inline(pack), mark_inline(unpack)
+
+
+def offload(*, min_bytes: int = DEFAULT_MIN_BYTES) -> Policy:
+    """Save accelerator activations in pinned CPU memory (copied back in the backward, just
+    before their first use). On a CPU-only run nothing is moved (logged under
+    ``KILN_LOGS=activations``)."""
+    min_bytes = _check_min_bytes(min_bytes)
+    if not torch.cuda.is_available() and logs.enabled.activations:
+        logs.log("activations", "offload: no accelerator; activations already live in CPU memory "
+                                "(the policy changes nothing)")
+    return Policy(f"offload(min_bytes={min_bytes})", _offload_hooks(min_bytes), min_bytes)
