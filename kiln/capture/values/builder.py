@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import functools
 import inspect
+import os
 import sys
 import types
 from typing import Any
@@ -18,6 +19,7 @@ from ..sources import (ITEM_DICT, ITEM_INDEX, ITEM_LIST, ITEM_TUPLE, AttrSource,
                        ReduceSource)
 from .base import CONSTANT_TYPES, ConstantValue, Value, is_constant_object
 from .builtins import BuiltinValue
+from .environ import EnvironValue
 from .containers import DictValue, IteratorValue, ListValue, NamedTupleValue, SetValue, TupleValue
 from .functions import (BoundMethodValue, ExistingCellValue, PartialValue, TorchOpValue,
                         UserFunctionValue)
@@ -115,7 +117,7 @@ def wrap_pure_result(v: Any) -> Value:
 
 
 def wrap_callable(fn, source) -> Value:
-    if fn in STATE_READERS:
+    if fn in STATE_READERS or fn is os.getenv:   # os.getenv: see environ.py
         return BuiltinValue(fn, source)
     if fn is torch.is_tensor:
         return BuiltinValue(fn, source)
@@ -163,6 +165,9 @@ class Builder:
         t = type(obj)
         if t is Comptime:
             return comptime_value()
+        if obj is os.environ:   # reads become guards on one variable each (environ.py)
+            g(GuardKind.ID_MATCH, source, obj)
+            return EnvironValue(source)
         if isinstance(obj, torch.Tensor):
             if source is None:
                 raise Unsupported("a tensor that is not reachable from the arguments, globals "
