@@ -133,3 +133,176 @@ def test_environ_write_breaks_and_stays_correct(monkeypatch):
     assert cc.frame_count == 2              # the write runs natively, between two graphs
     with pytest.raises(kiln.Unsupported):
         kiln.compile(fn, backend=CompileCounter(), fullgraph=True)(torch.randn(3))
+
+
+# ------------------------------------------------------------------ itertools / functools
+import functools  # noqa: E402
+import itertools  # noqa: E402
+import operator  # noqa: E402
+
+
+def it_chain(x, y):
+    return [t * 2 for t in itertools.chain([x], (y, x + y), [])]
+
+
+def it_chain_from_iterable(x, y):
+    out = x
+    for t in itertools.chain.from_iterable([[x, y], [y * 3]]):
+        out = out + t
+    return out
+
+
+def it_product(x, y):
+    return [a * b for a, b in itertools.product([x, y], [1.5, x])]
+
+
+def it_product_repeat(x, y):
+    return sum(a - b for a, b in itertools.product([x, y], repeat=2))
+
+
+def it_combinations(x, y):
+    return [a @ b.T for a, b in itertools.combinations([x, y, x + 1], 2)]
+
+
+def it_combinations_with_replacement(x, y):
+    return len(list(itertools.combinations_with_replacement([x, y], 2))) * x
+
+
+def it_permutations(x, y):
+    return [a - b for a, b in itertools.permutations([x, y, 2 * y], 2)]
+
+
+def it_permutations_full(x, y):
+    return [p[0] * p[1] for p in itertools.permutations([x, y])]
+
+
+def it_islice(x, y):
+    return list(itertools.islice([x, y, x * y, x + y, 0.5 * x], 1, None, 2))
+
+
+def it_islice_stop(x, y):
+    return sum(itertools.islice(iter([x, y, x * y]), 2))
+
+
+def it_accumulate(x, y):
+    return list(itertools.accumulate([x, y, x * y]))
+
+
+def it_accumulate_func(x, y):
+    return list(itertools.accumulate([x, y, y], torch.maximum, initial=torch.zeros_like(x)))
+
+
+def it_accumulate_ints(x, y):
+    offsets = list(itertools.accumulate([1, 2, 3], operator.mul))
+    return x * offsets[-1] + y * offsets[0]
+
+
+def it_zip_longest(x, y):
+    return [a + (b if b is not None else 0) for a, b in itertools.zip_longest([x, y, x], [y])]
+
+
+def it_zip_longest_fill(x, y):
+    return [a * b for a, b in itertools.zip_longest([x], [y, x], fillvalue=2.0)]
+
+
+def it_repeat(x, y):
+    return list(itertools.repeat(x + y, 3))
+
+
+def it_repeat_zip(x, y):
+    return [a * b for a, b in zip([x, y], itertools.repeat(2.0))]
+
+
+def it_count(x, y):
+    for i, t in zip(itertools.count(1), [x, y, y]):
+        x = x + t * i
+    return x
+
+
+def it_count_for_break(x, y):
+    for i in itertools.count(2, 3):
+        if i > 10:
+            break
+        x = x * i
+    return x
+
+
+def it_count_next(x, y):
+    c = itertools.count(start=5)
+    next(c)
+    return x * next(c)
+
+
+def it_cycle(x, y):
+    return [a * b for a, b in zip(range(5), itertools.cycle([x, y]))]
+
+
+def it_cycle_islice(x, y):
+    return [t * 2 for t in itertools.islice(itertools.cycle([x, y, 3.0]), 7)]
+
+
+def it_reduce(x, y):
+    return functools.reduce(lambda a, b: a * b + 1, [x, y, x])
+
+
+def it_reduce_initial(x, y):
+    return functools.reduce(torch.add, [y, y], x)
+
+
+def it_starmap_pairwise(x, y):
+    return list(itertools.starmap(torch.mul, itertools.pairwise([x, y, x + y])))
+
+
+def it_takewhile_compress(x, y):
+    small = list(itertools.takewhile(lambda n: n < 3, [1, 2, 5, 1]))
+    return list(itertools.compress([x, y, x - y], [1, 0, 1])), x * len(small)
+
+
+ITERTOOLS_CASES = [it_chain, it_chain_from_iterable, it_product, it_product_repeat,
+                   it_combinations, it_combinations_with_replacement, it_permutations,
+                   it_permutations_full, it_islice, it_islice_stop, it_accumulate,
+                   it_accumulate_func, it_accumulate_ints, it_zip_longest, it_zip_longest_fill,
+                   it_repeat, it_repeat_zip, it_count, it_count_for_break, it_count_next,
+                   it_cycle, it_cycle_islice, it_reduce, it_reduce_initial,
+                   it_starmap_pairwise, it_takewhile_compress]
+
+
+@pytest.mark.parametrize("fn", ITERTOOLS_CASES, ids=lambda f: f.__name__)
+def test_itertools(fn):
+    check(fn, lambda: (torch.randn(3, 3), torch.randn(3, 3)))
+
+
+def test_itertools_over_symbolic_sizes():
+    def fn(x):
+        dims = list(itertools.accumulate(x.shape, operator.mul))
+        pairs = list(itertools.product(range(2), [x.shape[0]]))
+        return x.reshape(dims[-1]) * len(pairs), [d for d in itertools.islice(x.shape, 1, None)]
+
+    cc = CompileCounter()
+    compiled = kiln.compile(fn, backend=cc, fullgraph=True, dynamic=True)
+    for n in (3, 4, 5):
+        x = torch.randn(n, 2)
+        assert_same(compiled(x), fn(x))
+    assert cc.frame_count == 1
+
+
+def test_infinite_iterator_across_a_graph_break(capsys):
+    def fn(x):
+        total = x
+        for i in itertools.count(1):
+            print("step", i)               # a graph break with count's iterator on the stack
+            total = total * i
+            if i == 3:
+                return total
+
+    cc = CompileCounter()
+    compiled = kiln.compile(fn, backend=cc)
+    x = torch.randn(3)
+    assert_same(compiled(x), fn(x))
+    assert capsys.readouterr().out == "step 1\nstep 2\nstep 3\n" * 2
+
+
+def test_infinite_iterator_consumed_to_the_end_is_unsupported():
+    with pytest.raises(kiln.Unsupported):
+        kiln.compile(lambda x: list(itertools.count()) and x, backend=CompileCounter(),
+                     fullgraph=True)(torch.randn(2))

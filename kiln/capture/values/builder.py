@@ -20,6 +20,7 @@ from ..sources import (ITEM_DICT, ITEM_INDEX, ITEM_LIST, ITEM_TUPLE, AttrSource,
 from .base import CONSTANT_TYPES, ConstantValue, Value, is_constant_object
 from .builtins import BuiltinValue
 from .environ import EnvironValue
+from . import itertools_fns  # noqa: F401  (registers the itertools handlers)
 from .containers import DictValue, IteratorValue, ListValue, NamedTupleValue, SetValue, TupleValue
 from .functions import (BoundMethodValue, ExistingCellValue, PartialValue, TorchOpValue,
                         UserFunctionValue)
