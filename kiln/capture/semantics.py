@@ -358,6 +358,9 @@ class PythonSemantics:
             eq = a.base_type is b.base_type and len(a.items) == len(b.items) and all(
                 self.values_equal(x, y) for x, y in zip(a.items, b.items))
             return ConstantValue(eq if op is operator.eq else not eq)
+        if op in (operator.eq, operator.ne) and (isinstance(a, DictViewValue) or isinstance(b, DictViewValue)):
+            eq = a.equals(self, b) if isinstance(a, DictViewValue) else b.equals(self, a)
+            return ConstantValue(eq if op is operator.eq else not eq)
         if a.is_constant() and b.is_constant():
             try:
                 return _wrap_result(op(a.as_constant(), b.as_constant()))

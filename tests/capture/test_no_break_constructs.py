@@ -306,3 +306,243 @@ def test_infinite_iterator_consumed_to_the_end_is_unsupported():
     with pytest.raises(kiln.Unsupported):
         kiln.compile(lambda x: list(itertools.count()) and x, backend=CompileCounter(),
                      fullgraph=True)(torch.randn(2))
+
+
+# ------------------------------------------------------------------------------- builtins
+import collections  # noqa: E402
+import sys  # noqa: E402
+import types  # noqa: E402
+
+
+def fromkeys_dict(x, y):
+    d = dict.fromkeys(["a", "b", "c"], x + 1)
+    d["b"] = y
+    return d, dict.fromkeys((1, 2))
+
+
+def fromkeys_ordered(x, y):
+    d = collections.OrderedDict.fromkeys("ab", 0)
+    d.move_to_end("a")
+    return d, x * len(d)
+
+
+def fromkeys_defaultdict(x, y):
+    d = collections.defaultdict.fromkeys(["k"], y)
+    return d, d.default_factory is None, x - 1
+
+
+def minmax_tensors(x, y):
+    a, b = x.sum(), y.sum()
+    return max(a, b), min(a, b), max([a, b, a * 2]), min(x[0, 0], y[0, 1], x[1, 0])
+
+
+def minmax_numbers(x, y):
+    return x * max(1, 2.5, x.shape[0]) + min(y.shape[1], 3)
+
+
+def dict_view_compare(x, y):
+    d, e = {"a": x, "b": y}, {"b": y, "a": x}
+    f = {"a": x, "b": x}
+    return (x + 1, d.keys() == e.keys(), d.items() == e.items(), d.keys() == {"a", "b"},
+            d.keys() != {"a"}, d.values() == d.values(),
+            d.keys() == f.keys())
+
+
+def nested_no_grad(x, y):
+    @torch.no_grad()
+    def frozen(t):
+        return t * 2
+
+    return frozen(x) + y, frozen(y).requires_grad
+
+
+def nested_enable_grad(x, y):
+    @torch.enable_grad()
+    def tracked(t):
+        return t * 3
+
+    with torch.no_grad():
+        out = tracked(x)
+        inner = x * 4
+    return out + inner, out.requires_grad, inner.requires_grad
+
+
+def storage_size(x, y):
+    v = x[1:]
+    fresh = y * 2
+    return x + v.untyped_storage().size() + fresh.untyped_storage().nbytes() + len(y.untyped_storage())
+
+
+BUILTIN_CASES = [fromkeys_dict, fromkeys_ordered, fromkeys_defaultdict, minmax_tensors,
+                 minmax_numbers, dict_view_compare, storage_size]
+
+
+@pytest.mark.parametrize("fn", BUILTIN_CASES, ids=lambda f: f.__name__)
+def test_builtins(fn):
+    check(fn, lambda: (torch.randn(3, 4), torch.randn(3, 4)))
+
+
+@pytest.mark.parametrize("fn", [nested_no_grad, nested_enable_grad], ids=lambda f: f.__name__)
+def test_grad_mode_decorators_on_nested_functions(fn):
+    def make():
+        return torch.randn(3, requires_grad=True), torch.randn(3, requires_grad=True)
+
+    cc, compiled = check(fn, make)
+    x, y = make()
+    out = compiled(x, y)[0]
+    out.sum().backward()
+    xe, ye = x.detach().clone().requires_grad_(), y.detach().clone().requires_grad_()
+    fn(xe, ye)[0].sum().backward()
+    assert_same(x.grad, xe.grad)
+    assert_same(y.grad, ye.grad)
+    assert torch.is_grad_enabled()
+    assert cc.frame_count == 1
+
+
+def test_minmax_of_tensors_that_require_grad_breaks_and_stays_correct():
+    def fn(x, y):
+        return max(x.sum(), y.sum()) * 2
+
+    with pytest.raises(kiln.Unsupported):
+        kiln.compile(fn, backend=CompileCounter(), fullgraph=True)(
+            torch.randn(3, requires_grad=True), torch.randn(3, requires_grad=True))
+    compiled = kiln.compile(fn, backend=CompileCounter())
+    for _ in range(3):
+        x, y = torch.randn(3, requires_grad=True), torch.randn(3, requires_grad=True)
+        xe, ye = x.detach().clone().requires_grad_(), y.detach().clone().requires_grad_()
+        compiled(x, y).backward()
+        fn(xe, ye).backward()
+        assert_same((x.grad, y.grad), (xe.grad, ye.grad))   # None for the one not chosen
+
+
+def test_minmax_of_a_tensor_and_a_number_breaks_and_stays_correct():
+    def fn(x):
+        return max(x.sum(), 0.0)
+
+    with pytest.raises(kiln.Unsupported):
+        kiln.compile(fn, backend=CompileCounter(), fullgraph=True)(torch.randn(3))
+    compiled = kiln.compile(fn, backend=CompileCounter())
+    for x in (torch.ones(3), -torch.ones(3)):
+        assert_same(compiled(x), fn(x))      # a tensor, or the float 0.0, as eager
+
+
+def test_dict_views_returned():
+    def fn(x, y):
+        d = {"a": x + 1, "b": y}
+        return d.keys(), d.values(), d.items(), d
+
+    cc = CompileCounter()
+    compiled = kiln.compile(fn, backend=cc, fullgraph=True)
+    x, y = torch.randn(2), torch.randn(2)
+    keys, values, items, d = compiled(x, y)
+    ek, ev, ei, ed = fn(x, y)
+    assert type(keys) is type(ek) and type(values) is type(ev) and type(items) is type(ei)
+    assert list(keys) == ["a", "b"]
+    assert_same(list(values), list(ev))
+    assert_same(dict(items), ed)
+    d["c"] = 1                                   # views of the returned dict itself, as eager
+    assert "c" in keys and len(values) == 3
+    assert cc.frame_count == 1
+
+
+def test_storage_size_of_an_input_is_guarded():
+    def fn(x):
+        return x * x.untyped_storage().size()
+
+    cc = CompileCounter()
+    compiled = kiln.compile(fn, backend=cc, fullgraph=True)
+    small = torch.randn(4)
+    big_view = torch.randn(10)[:4]              # same size and stride, a bigger storage
+    assert_same(compiled(small), fn(small))
+    assert_same(compiled(big_view), fn(big_view))
+    assert cc.frame_count == 2
+    again = torch.randn(4)                     # the first storage size again: no new graph
+    assert_same(compiled(again), fn(again))
+    assert cc.frame_count == 2
+
+
+GLOBAL_TOTAL = 0
+
+
+def bump_and_read_global(x):
+    global GLOBAL_TOTAL
+    GLOBAL_TOTAL = GLOBAL_TOTAL + 1
+    return x + GLOBAL_TOTAL
+
+
+def global_tensor_assign(x):
+    global GLOBAL_TENSOR
+    GLOBAL_TENSOR = x * 2
+    return GLOBAL_TENSOR + 1
+
+
+def test_global_assignments_are_visible_after_the_call():
+    global GLOBAL_TOTAL
+    GLOBAL_TOTAL = 0
+    cc = CompileCounter()
+    compiled = kiln.compile(bump_and_read_global, backend=cc, fullgraph=True)
+    for i in range(1, 4):
+        x = torch.randn(3)
+        assert_same(compiled(x), x + (2 * i - 1))
+        assert GLOBAL_TOTAL == 2 * i - 1
+        assert_same(bump_and_read_global(x), x + 2 * i)
+    # the value read is guarded: the second call recompiles, with GLOBAL_TOTAL now dynamic
+    assert cc.frame_count == 2
+
+    compiled = kiln.compile(global_tensor_assign, backend=(cc := CompileCounter()), fullgraph=True)
+    for _ in range(2):
+        x = torch.randn(3)
+        assert_same(compiled(x), x * 2 + 1)
+        assert_same(GLOBAL_TENSOR, x * 2)
+    assert cc.frame_count == 1
+
+
+def test_module_attribute_assignment_is_written_back():
+    sys.path.insert(0, os.path.dirname(__file__))
+    try:
+        import _import_pkg
+    finally:
+        sys.path.pop(0)
+
+    def fn(x):
+        _import_pkg.NEW_ATTR = x.sum()
+        return x + _import_pkg.NEW_ATTR
+
+    compiled = kiln.compile(fn, backend=CompileCounter(), fullgraph=True)
+    try:
+        x = torch.randn(3)
+        assert_same(compiled(x), x + x.sum())
+        assert_same(_import_pkg.NEW_ATTR, x.sum())
+    finally:
+        del _import_pkg.NEW_ATTR
+
+
+@functools.lru_cache(maxsize=None)
+def cached_table(n, scale=1.0):
+    return tuple(i * scale for i in range(n))
+
+
+def test_lru_cache_called_with_constants_fills_the_cache():
+    def fn(x):
+        t = cached_table(3, scale=2.0)
+        return x * t[-1] + len(cached_table(2))
+
+    cached_table.cache_clear()
+    cc, compiled = check(fn, r(3))
+    assert cached_table.cache_info().currsize == 2      # eager's calls filled it: same keys
+    assert cc.frame_count == 1
+
+
+def test_lru_cache_called_with_tensors_runs_natively():
+    @functools.lru_cache
+    def scaled(t):
+        return t * 2
+
+    def fn(x):
+        return scaled(x) + 1
+
+    with pytest.raises(kiln.Unsupported):
+        kiln.compile(fn, backend=CompileCounter(), fullgraph=True)(torch.randn(3))
+    compiled = kiln.compile(fn, backend=CompileCounter())
+    x = torch.randn(3)
+    assert_same(compiled(x), fn(x))

@@ -21,6 +21,7 @@ from .base import CONSTANT_TYPES, ConstantValue, Value, is_constant_object
 from .builtins import BuiltinValue
 from .environ import EnvironValue
 from . import itertools_fns  # noqa: F401  (registers the itertools handlers)
+from .builtins_more import LRU_CACHE_WRAPPER, LruCacheValue
 from .containers import DictValue, IteratorValue, ListValue, NamedTupleValue, SetValue, TupleValue
 from .functions import (BoundMethodValue, ExistingCellValue, PartialValue, TorchOpValue,
                         UserFunctionValue)
@@ -169,6 +170,9 @@ class Builder:
         if obj is os.environ:   # reads become guards on one variable each (environ.py)
             g(GuardKind.ID_MATCH, source, obj)
             return EnvironValue(source)
+        if t is LRU_CACHE_WRAPPER:   # see LruCacheValue for what a call does
+            g(GuardKind.ID_MATCH, source, obj)
+            return LruCacheValue(obj, source)
         if isinstance(obj, torch.Tensor):
             if source is None:
                 raise Unsupported("a tensor that is not reachable from the arguments, globals "

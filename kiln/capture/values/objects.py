@@ -424,6 +424,9 @@ class PythonModuleValue(ObjectValue):
         return f"PyModule({self.value.__name__})"
 
     def getattr(self, tx, name):
+        pending = tx.output.side_effects.global_value(self.value.__dict__, name)
+        if pending is not None:   # assigned earlier in this capture
+            return pending
         try:
             attr = getattr(self.value, name)
         except AttributeError as e:
@@ -437,9 +440,12 @@ class PythonModuleValue(ObjectValue):
         return True
 
     def setattr(self, tx, name, value):
-        # module globals are read by every function of the module (as globals, not through
-        # this value): the store runs natively, like STORE_GLOBAL
-        raise Unsupported(f"assignment to module attribute {self.value.__name__}.{name}")
+        # a module global: written back after the graph, like STORE_GLOBAL (its functions
+        # read it as a global, through the same dict). Modules that customize attribute
+        # access (a class of their own, __setattr__ on it) run natively.
+        if type(self.value) is not types.ModuleType or tx.output.is_trusted_module(self.value):
+            raise Unsupported(f"assignment to module attribute {self.value.__name__}.{name}")
+        tx.output.side_effects.store_global(self.value.__dict__, name, value)
 
     def delattr(self, tx, name):
         raise Unsupported(f"del of module attribute {self.value.__name__}.{name}")
@@ -572,7 +578,11 @@ class GradModeValue(Value):
         raise Unsupported(f"{self.cls.__name__}.{name}")
 
     def call(self, tx, args, kwargs):
-        raise Unsupported(f"{self.cls.__name__} used as a decorator inside a compiled function")
+        if self.cls is torch.set_grad_enabled:
+            raise Unsupported("set_grad_enabled used as a decorator inside a compiled function")
+        from .builtins_more import decorate_with_grad_mode   # @torch.no_grad() on a function
+
+        return decorate_with_grad_mode(tx, self, args, kwargs)
 
     def reconstruct(self, cg):
         # one new object of the same kind (shared with its re-entry at a break)
