@@ -15,7 +15,7 @@ from .values.base import ConstantValue, LazyArgument, NullValue, Value
 from .values.containers import (BaseSequenceValue, DictValue, DictViewValue, IteratorValue,
                                 ListValue, SetValue, TupleValue)
 from .values.functions import BoundMethodValue, NestedFunctionValue, UserFunctionValue
-from .values.objects import ClassValue, ObjectValue, static_lookup
+from .values.objects import ClassValue, NewObjectValue, ObjectValue, static_lookup
 from .values.symbolic import (SymNodeValue, SymRangeValue, SymSliceValue, specialize, sym_binary,
                               sym_unary)
 from .values.tensor import TensorValue
@@ -68,6 +68,11 @@ _COMPARE_DUNDER = {operator.lt: ("__lt__", "__gt__"), operator.le: ("__le__", "_
                    operator.gt: ("__gt__", "__lt__"), operator.ge: ("__ge__", "__le__")}
 _UNARY = {operator.neg: "__neg__", operator.pos: "__pos__", operator.invert: "__invert__",
           operator.abs: "__abs__"}
+
+
+# Values that are objects of their own: two different ones are never the same object (one
+# object reached twice is one value: the builder and the interpreter keep aliases).
+_NEW_OBJECTS = (TensorValue, BaseSequenceValue, DictValue, NestedFunctionValue, NewObjectValue)
 
 
 class PythonSemantics:
@@ -403,8 +408,7 @@ class PythonSemantics:
             return ra is rb
         if (ac and a.as_constant() is None) or (bc and b.as_constant() is None):
             return False
-        if isinstance(a, (TensorValue, BaseSequenceValue, DictValue, NestedFunctionValue)) or \
-                isinstance(b, (TensorValue, BaseSequenceValue, DictValue, NestedFunctionValue)):
+        if isinstance(a, _NEW_OBJECTS) or isinstance(b, _NEW_OBJECTS):
             return False  # distinct symbolic objects (in-place ops return their receiver's value)
         raise Unsupported(f"identity of {a.describe()} and {b.describe()}")
 

@@ -546,3 +546,110 @@ def test_lru_cache_called_with_tensors_runs_natively():
     compiled = kiln.compile(fn, backend=CompileCounter())
     x = torch.randn(3)
     assert_same(compiled(x), fn(x))
+
+
+# ------------------------------------------------------------ objects created inside
+def new_softmax(x, y):
+    return torch.nn.Softmax(dim=-1)(x) + torch.nn.ReLU()(y)
+
+
+def new_modules_chain(x, y):
+    seq = [torch.nn.GELU(approximate="tanh"), torch.nn.Flatten(0, 1), torch.nn.Identity()]
+    for m in seq:
+        x = m(x)
+    return x, torch.nn.functional.softmax(y, dim=0), isinstance(seq[0], torch.nn.Module)
+
+
+def new_dropout_eval(x, y):
+    d = torch.nn.Dropout(p=0.5)
+    d.eval()                                     # a change made inside: stays inside
+    return d(x) + y
+
+
+def new_namedtuple(x, y):
+    Pair = collections.namedtuple("Pair", ["first", "second"])
+    p = Pair(x * 2, second=y)
+    q = p._replace(first=y)
+    # (p itself is an instance of a class eager makes anew per call: returned as tuple(p))
+    return p.first + q.first, tuple(p), type(p).__name__, Pair._fields, p.second is q.second
+
+
+def new_namedtuple_defaults(x, y):
+    Cfg = collections.namedtuple("Cfg", "scale shift", defaults=(1.0,))
+    c = Cfg(3.0)
+    return x * c.scale + c.shift
+
+
+def new_distribution(x, y):
+    d = torch.distributions.Normal(y, torch.ones_like(y) * 2, validate_args=False)
+    return d.log_prob(x), d.mean, d.stddev, d.entropy()
+
+
+def new_categorical(x, y):
+    d = torch.distributions.Categorical(logits=x, validate_args=False)
+    return d.probs, d.entropy()
+
+
+class Plain:
+    def __init__(self, v):
+        self.v = v
+
+
+class Valued:
+    def __init__(self, v):
+        self.v = v
+
+    def __eq__(self, other):
+        return isinstance(other, Valued) and self.v == other.v
+
+
+def new_objects_identity(x, y):
+    a, b, c = Plain(1), Plain(1), Valued(2)
+    same = a
+    return (x + 1, a is b, a is same, a == b, a == same, a != b, c == Valued(2),
+            c == Valued(3), c is Valued(2), a is None, a == 1)
+
+
+OBJECT_CASES = [new_softmax, new_modules_chain, new_dropout_eval, new_namedtuple,
+                new_namedtuple_defaults, new_distribution, new_categorical, new_objects_identity]
+
+
+@pytest.mark.parametrize("fn", OBJECT_CASES, ids=lambda f: f.__name__)
+def test_objects_created_inside(fn):
+    check(fn, lambda: (torch.randn(3, 4), torch.randn(3, 4)))
+
+
+def test_new_module_returned_is_a_new_object_per_call():
+    def fn(x):
+        m = torch.nn.Softmax(dim=0)
+        return m(x), m
+
+    cc = CompileCounter()
+    compiled = kiln.compile(fn, backend=cc, fullgraph=True)
+    (o1, m1), (o2, m2) = compiled(torch.randn(3)), compiled(torch.randn(3))
+    assert type(m1) is torch.nn.Softmax and m1.dim == 0 and m1 is not m2
+    assert cc.frame_count == 1
+
+
+def test_new_module_with_parameters_is_unsupported():
+    def fn(x):
+        return torch.nn.Linear(3, 3)(x)
+
+    with pytest.raises(kiln.Unsupported):
+        kiln.compile(fn, backend=CompileCounter(), fullgraph=True)(torch.randn(3))
+    torch.manual_seed(0)
+    expected = fn(torch.ones(3))
+    torch.manual_seed(0)
+    assert_same(kiln.compile(fn, backend=CompileCounter())(torch.ones(3)), expected)
+
+
+def test_validated_distribution_breaks_at_its_data_check():
+    # validation reads the parameters' values (a ValueError if invalid): a break, as eager
+    def fn(x, scale):
+        return torch.distributions.Normal(x, scale, validate_args=True).log_prob(x)
+
+    compiled = kiln.compile(fn, backend=CompileCounter())
+    x = torch.randn(3)
+    assert_same(compiled(x, torch.ones(3)), fn(x, torch.ones(3)))
+    with pytest.raises(ValueError):
+        compiled(x, -torch.ones(3))

@@ -18,10 +18,11 @@ from ..guards import Guard, GuardKind
 from ..sources import (ITEM_DICT, ITEM_INDEX, ITEM_LIST, ITEM_TUPLE, AttrSource, ItemSource,
                        ReduceSource)
 from .base import CONSTANT_TYPES, ConstantValue, Value, is_constant_object
-from .builtins import BuiltinValue
+from .builtins import _HANDLERS, BuiltinValue
 from .environ import EnvironValue
 from . import itertools_fns  # noqa: F401  (registers the itertools handlers)
 from .builtins_more import LRU_CACHE_WRAPPER, LruCacheValue
+from . import new_objects  # noqa: F401  (registers collections.namedtuple)
 from .containers import DictValue, IteratorValue, ListValue, NamedTupleValue, SetValue, TupleValue
 from .functions import (BoundMethodValue, ExistingCellValue, PartialValue, TorchOpValue,
                         UserFunctionValue)
@@ -119,7 +120,8 @@ def wrap_pure_result(v: Any) -> Value:
 
 
 def wrap_callable(fn, source) -> Value:
-    if fn in STATE_READERS or fn is os.getenv:   # os.getenv: see environ.py
+    if fn in STATE_READERS or isinstance(fn, types.FunctionType) and fn in _HANDLERS:
+        # a Python function kiln models itself (os.getenv, collections.namedtuple)
         return BuiltinValue(fn, source)
     if fn is torch.is_tensor:
         return BuiltinValue(fn, source)

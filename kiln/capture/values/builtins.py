@@ -579,6 +579,10 @@ def construct_class(tx, cls_value: ClassValue, args: list[Value], kwargs: dict[s
         return obj
     if cls is functools.partial:
         return PartialValue(args[0], list(args[1:]), dict(kwargs))
+    if isinstance(cls, type) and issubclass(cls, torch.nn.Module):
+        from .new_objects import create_module   # torch.nn modules without parameters
+
+        return create_module(tx, cls, args, kwargs)
     if cls in (torch.finfo, torch.iinfo):
         return wrap_pure_result(cls(*[a.as_constant() for a in args]))
     if cls is object and not args:

@@ -239,6 +239,12 @@ class NewObjectValue(ObjectValue):
             return super()._class_attribute(tx, name, cls_attr)
         if _is_data_descriptor(cls_attr):
             raise Unsupported(f"descriptor {name!r} on a new {self.cls.__name__}")
+        get = static_lookup(type(cls_attr), "__get__")
+        if isinstance(get, types.FunctionType):
+            # a descriptor written in Python (torch.distributions' lazy_property): inlined
+            tx.output.guard_class_attribute(type(cls_attr), "__get__", get)
+            desc = tx.wrap(cls_attr, class_dict_source(self.cls, name))
+            return tx.call(UserFunctionValue(get), [desc, self, ClassValue(self.cls)], {})
         return tx.wrap(cls_attr, class_dict_source(self.cls, name))
 
     def object_setattr(self, tx, name, value):
@@ -540,10 +546,22 @@ class SuperValue(Value):
                     from .functions import BaseMethodValue
 
                     return BaseMethodValue(self.obj, name)
-                if attr in (object.__init__, torch.nn.Module.__init__) and name == "__init__":
+                if attr is object.__init__ and name == "__init__":
+                    return _ObjectInit()   # super().__init__() reaching object: nothing to do
+                if attr is torch.nn.Module.__init__ and name == "__init__":
                     raise Unsupported("super().__init__() inside a compiled function")
                 raise Unsupported(f"super().{name} resolving to {type(attr).__name__}")
         raise tx.user_exception(AttributeError(f"'super' object has no attribute '{name}'"))
+
+
+class _ObjectInit(Value):
+    """``object.__init__`` bound by ``super()``: a no-op without arguments (as in eager)."""
+
+    def call(self, tx, args, kwargs):
+        if args or kwargs:
+            raise tx.user_exception(TypeError("object.__init__() takes exactly one argument "
+                                              "(the instance to initialize)"))
+        return ConstantValue(None)
 
 
 class GradModeValue(Value):
