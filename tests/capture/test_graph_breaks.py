@@ -985,7 +985,10 @@ def no_grad_print_first(x):
 KW_NAMES_BUG = AUTOCAST_GUARD_BUG = STATE_ONLY_GRAPH_BUG = BAD_LOCAL_NAME_BUG = SET_GRAD_ENABLED_BUG = ()
 # Known 3.12 gap: a comprehension inlined by PEP 709 keeps a NULL (its saved loop variable) on
 # the stack for the whole loop, and continuations cannot take NULL slots yet: a break inside
-# it makes the frame run eagerly (correct, but no graph).
+# it makes the frame run eagerly (correct, but no graph). A way to close it (not testable on
+# 3.11): hand that slot over as a placeholder, spill the stack to locals in the epilogue
+# (STORE_FAST accepts a NULL), and push it back in the prologue with LOAD_FAST_AND_CLEAR of a
+# local that is never bound, so the STORE_FAST after the loop unbinds the variable again.
 PY312_INLINED_COMPREHENSION = pytest.mark.xfail(sys.version_info >= (3, 12), strict=True, reason=(
     "3.12 inlined comprehension: a break inside it runs the frame eagerly"))
 

@@ -1,4 +1,5 @@
-"""Hugging Face models under kiln: GPT-2, BERT, Llama and a grouped-query Llama (SDPA), tiny random configs (no downloads).
+"""Hugging Face models under kiln: GPT-2, BERT, Llama and a grouped-query Llama (SDPA), tiny
+random configs (no downloads).
 
 Each model runs under ``kiln.compile`` in inference (``eval()``, ``no_grad``) and in a training
 step (``train()`` with dropout 0, loss, ``backward``), on fresh random ``input_ids`` over two
