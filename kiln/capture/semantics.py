@@ -263,6 +263,10 @@ class PythonSemantics:
             except Exception as e:
                 raise self.user_exception(e)
         base_op = _INPLACE_TO_BINARY.get(op, op)
+        if base_op in (operator.or_, operator.and_, operator.sub, operator.xor) and (
+                isinstance(a, DictViewValue) or isinstance(b, DictViewValue)):
+            view, other = (a, b) if isinstance(a, DictViewValue) else (b, a)
+            return view.set_operation(self, base_op, other, reflected=view is b)
         if isinstance(a, ObjectValue) and not isinstance(a, ClassValue) or \
                 isinstance(b, ObjectValue) and not isinstance(b, ClassValue):
             return self._user_binary(op, base_op, a, b)

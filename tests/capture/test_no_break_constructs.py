@@ -653,3 +653,50 @@ def test_validated_distribution_breaks_at_its_data_check():
     assert_same(compiled(x, torch.ones(3)), fn(x, torch.ones(3)))
     with pytest.raises(ValueError):
         compiled(x, -torch.ones(3))
+
+
+# ------------------------------------------------------------------------ more variants
+def keys_view_set_operations(x, y):
+    d, e = {"a": x, "b": y}, {"b": 1, "c": 2}
+    return (x + 1, d.keys() | {"z"}, d.keys() & e.keys(), d.keys() - {"a"}, d.keys() ^ e.keys(),
+            {"b", "q"} & d.keys(), sorted(d.keys() | e.keys()))
+
+
+def bare_no_grad_decorator(x, y):
+    @torch.no_grad
+    def frozen(t):
+        return t * 2
+
+    return frozen(x) + y
+
+
+def new_sequential_of_new_modules(x, y):
+    seq = torch.nn.Sequential(torch.nn.ReLU(), torch.nn.Tanh())
+    return seq(x) + y, len(seq)
+
+
+def it_filterfalse_tee(x, y):
+    a, b = itertools.tee([x, y, x + y])
+    kept = list(itertools.filterfalse(lambda n: n % 2, range(5)))
+    return [p * q for p, q in zip(a, b)], list(a), x * len(kept)
+
+
+MORE_CASES = [keys_view_set_operations, bare_no_grad_decorator, new_sequential_of_new_modules,
+              it_filterfalse_tee]
+
+
+@pytest.mark.parametrize("fn", MORE_CASES, ids=lambda f: f.__name__)
+def test_more_variants(fn):
+    check(fn, lambda: (torch.randn(3, 4, requires_grad=fn is bare_no_grad_decorator),
+                       torch.randn(3, 4)))
+
+
+def test_new_sequential_returned_is_rebuilt_per_call():
+    def fn(x):
+        seq = torch.nn.Sequential(torch.nn.ReLU(), torch.nn.Softmax(dim=0))
+        return seq(x), seq
+
+    compiled = kiln.compile(fn, backend=CompileCounter(), fullgraph=True)
+    (o1, s1), (o2, s2) = compiled(torch.randn(3)), compiled(torch.randn(3))
+    assert s1 is not s2 and s1[0] is not s2[0]
+    assert [type(m) for m in s1] == [torch.nn.ReLU, torch.nn.Softmax] and s1[1].dim == 0

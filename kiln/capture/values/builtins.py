@@ -538,7 +538,12 @@ def construct_class(tx, cls_value: ClassValue, args: list[Value], kwargs: dict[s
             raise tx.user_exception(TypeError("autocast() missing device_type"))
         return AutocastValue(cls, vals)
     if cls in (torch.no_grad, torch.enable_grad):
-        return GradModeValue(cls is torch.enable_grad, cls)
+        mode = GradModeValue(cls is torch.enable_grad, cls)
+        if args:   # torch.no_grad(fn): the bare decorator
+            from .builtins_more import decorate_with_grad_mode
+
+            return decorate_with_grad_mode(tx, mode, args, kwargs)
+        return mode
     if cls is torch.set_grad_enabled:
         mode = args[0].as_constant() if args else kwargs["mode"].as_constant()
         v = GradModeValue(bool(mode), cls)

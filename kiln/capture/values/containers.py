@@ -557,10 +557,26 @@ class DictViewValue(Value):
             return self.d.items.keys() == other.as_constant()
         return False
 
+    def set_operation(self, tx, op, other: Value, reflected: bool) -> "SetValue":
+        """``keys | x``, ``&``, ``-``, ``^`` of a keys view: a new set, as eager returns."""
+        mine = dict(self.d.items) if self.kind == "keys" else None
+        if mine is None:
+            raise Unsupported(f"set operator on dict_{self.kind}")
+        theirs = {tx.dict_key(v): v for v in tx.unpack_iterable(other)}
+        mine = {k: tx.key_value(k) for k in mine}
+        a, b = (theirs, mine) if reflected else (mine, theirs)
+        keys = op(a.keys(), b.keys())
+        return SetValue({k: a[k] if k in a else b[k] for k in _ordered(keys, a, b)})
+
     def reconstruct(self, cg):
         # the view of the rebuilt (or the existing) dict, through the storage class's method
         base = collections.OrderedDict if issubclass(self.d.cls, collections.OrderedDict) else dict
         return cg.stash(self, lambda: f"{cg.bind(getattr(base, self.kind))}({self.d.reconstruct(cg)})")
+
+
+def _ordered(keys, a: dict, b: dict) -> list:
+    # the result's keys in the order eager's set operation inserts them (left, then right)
+    return list(dict.fromkeys(k for k in [*a, *b] if k in keys))
 
 
 class SetValue(Value):

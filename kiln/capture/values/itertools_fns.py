@@ -2,7 +2,8 @@
 
 Finite iterators (``chain``, ``chain.from_iterable``, ``product``, ``combinations``,
 ``permutations``, ``islice``, ``accumulate``, ``zip_longest``, ``repeat(x, n)``,
-``compress``, ``pairwise``, ``starmap``, ``takewhile``, ``dropwhile``) are computed when they
+``compress``, ``pairwise``, ``starmap``, ``takewhile``, ``dropwhile``, ``filterfalse``,
+``tee``) are computed when they
 are created, over the symbolic items of their inputs (tensors, symbolic sizes and Python
 values alike): the result is an iterator over a known list, like ``zip`` and ``map`` here.
 
@@ -235,6 +236,21 @@ if hasattr(itertools, "pairwise"):
 def _starmap(tx, fn, args, kwargs):
     f, items = args[0], _finite(tx, args[1])
     return TypedIteratorValue([tx.call(f, tx.unpack_iterable(t), {}) for t in items], itertools.starmap)
+
+
+@handles(itertools.filterfalse)
+def _filterfalse(tx, fn, args, kwargs):
+    pred, items = args[0], _finite(tx, args[1])
+    if pred.is_constant() and pred.as_constant() is None:
+        return TypedIteratorValue([i for i in items if not tx.truthy(i)], fn)
+    return TypedIteratorValue([i for i in items if not tx.truthy(tx.call(pred, [i], {}))], fn)
+
+
+@handles(itertools.tee)
+def _tee(tx, fn, args, kwargs):
+    items = _finite(tx, args[0])
+    n = _int_arg(tx, args[1] if len(args) > 1 else None, "n", 2)
+    return TupleValue([TypedIteratorValue(items, type(itertools.tee([])[0])) for _ in range(n)])
 
 
 @handles(itertools.takewhile, itertools.dropwhile)

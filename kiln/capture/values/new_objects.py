@@ -24,9 +24,12 @@ from .objects import NNModuleValue
 
 def _constant(what, v: Value):
     """The Python value of a constant argument; lists and tuples of constants (namedtuple's
-    field names) are rebuilt as new ones (nothing else holds them)."""
+    field names) are rebuilt as new ones (nothing else holds them). A module created in the
+    capture (``Sequential(ReLU(), Tanh())``) is its capture-time object."""
     from .containers import ListValue, TupleValue
 
+    if isinstance(v, NewModuleValue):
+        return v.value
     if type(v) in (ListValue, TupleValue) and v.cls in (list, tuple):
         return v.cls(_constant(what, i) for i in v.items)
     if v.is_constant() and is_constant_object(v.as_constant()):
@@ -44,7 +47,7 @@ class NewModuleValue(NNModuleValue):
 
     def __init__(self, module: torch.nn.Module, ctor: tuple):
         super().__init__(module, ConstSource(module))
-        self.ctor = ctor        # (cls, args, kwargs): how a call builds its own
+        self.ctor = ctor        # (cls, arg values, kwarg values): how a call builds its own
 
     def describe(self):
         return f"new Module({type(self.value).__name__})"
@@ -58,7 +61,12 @@ class NewModuleValue(NNModuleValue):
             raise Unsupported(f"a {type(self.value).__name__} created in the compiled function, "
                               "changed, then returned")
         cls, args, kwargs = self.ctor
-        return cg.stash(self, lambda: f"{cg.bind(cls)}(*{cg.bind(args)}, **{cg.bind(kwargs)})")
+
+        def build():
+            parts = [a.reconstruct(cg) for a in args]
+            parts += [f"{k}={v.reconstruct(cg)}" for k, v in kwargs.items()]
+            return f"{cg.bind(cls)}({', '.join(parts)})"
+        return cg.stash(self, build)
 
 
 def create_module(tx, cls: type, args, kwargs) -> Value:
@@ -76,7 +84,7 @@ def create_module(tx, cls: type, args, kwargs) -> Value:
     if any(True for _ in module.parameters()) or any(True for _ in module.buffers()):
         raise Unsupported(f"creating {cls.__name__} inside a compiled function (it has parameters "
                           "or buffers, whose initial values eager draws at random on every call)")
-    return NewModuleValue(module, (cls, cargs, ckwargs))
+    return NewModuleValue(module, (cls, list(args), dict(kwargs)))
 
 
 @handles(collections.namedtuple)
