@@ -412,6 +412,9 @@ class PythonSemantics:
             return ra is rb
         if (ac and a.as_constant() is None) or (bc and b.as_constant() is None):
             return False
+        if isinstance(a, TensorValue) and isinstance(b, TensorValue) and \
+                self.output.frozen_storages and self.output.is_frozen(a) and self.output.is_frozen(b):
+            raise Unsupported("identity of a min()/max() of tensors and its candidates")
         if isinstance(a, _NEW_OBJECTS) or isinstance(b, _NEW_OBJECTS):
             return False  # distinct symbolic objects (in-place ops return their receiver's value)
         raise Unsupported(f"identity of {a.describe()} and {b.describe()}")

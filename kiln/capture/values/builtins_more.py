@@ -40,8 +40,11 @@ _builtin_minmax = _HANDLERS[min]
 @handles(min, max)
 def _minmax(tx, fn, args, kwargs):
     """``max(a, b)`` of tensors is eager's ``b if b > a else a`` (first best wins): a select
-    of the chosen tensor, exact for the one-element tensors eager accepts. A mix of tensors
-    and numbers returns a tensor or a number depending on the data: that is a break."""
+    of the chosen tensor, exact for the one-element tensors eager accepts, computed in the
+    graph. Eager returns the chosen object itself, so tensors that require grad, inputs, and
+    in-place writes afterwards to any of them are refused (each would tell the select from
+    the object). A mix of tensors and numbers returns a tensor or a number depending on the
+    data: that is a break."""
     from .tensor import TensorValue
 
     items = tx.unpack_iterable(args[0]) if len(args) == 1 else list(args)
@@ -58,11 +61,18 @@ def _minmax(tx, fn, args, kwargs):
         if f.shape != first.shape or f.dtype != first.dtype or f.requires_grad != first.requires_grad:
             raise Unsupported(f"{fn.__name__}() of tensors that differ in shape, dtype or "
                               "requires_grad (eager returns one of them as it is)")
-    if torch.is_grad_enabled() and first.requires_grad:
-        # eager's result is one input: the other gets no grad at all (None), a select gives
-        # it zeros
-        raise Unsupported(f"{fn.__name__}() of tensors that require grad (the input not "
+    if first.requires_grad:
+        # eager's result is one of them: the other gets no grad at all (None), a select gives
+        # it zeros; under no_grad eager's result still requires grad, a select's does not
+        raise Unsupported(f"{fn.__name__}() of tensors that require grad (the tensor not "
                           "chosen would get a zero grad instead of none)")
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    inputs = {StorageWeakRef(i.value_fake.untyped_storage()) for i in tx.output.tensor_inputs}
+    storages = [StorageWeakRef(i.fake.untyped_storage()) for i in items]
+    if any(s in inputs for s in storages):
+        # eager returns the caller's own tensor (or a view of it): a select is a new one
+        raise Unsupported(f"{fn.__name__}() of tensors one of which is an input or a view of one")
     if first.numel() != 1:
         raise tx.user_exception(RuntimeError(
             "Boolean value of Tensor with more than one value is ambiguous"))
@@ -71,6 +81,9 @@ def _minmax(tx, fn, args, kwargs):
     for item in items[1:]:
         cond = tx.compare(better, item, best)
         best = tx.output.call_op("call_function", torch.where, (cond, item, best), {})
+    # an in-place write to the result or to a candidate would reach the other in eager only
+    # when it was the one chosen: refused for the rest of the capture
+    tx.output.frozen_storages.extend([*storages, StorageWeakRef(best.fake.untyped_storage())])
     return best
 
 
