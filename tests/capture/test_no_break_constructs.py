@@ -43,7 +43,7 @@ def r(*shape):
 
 
 # ------------------------------------------------------------------------ os.environ
-ENV = "KILN_TEST_NO_BREAK_FLAG"
+ENV = "NO_BREAK_TEST_ENV_FLAG"
 
 
 def env_get(x):
@@ -738,3 +738,15 @@ def test_minmax_of_tensors_refuses_what_would_tell_a_select_from_the_object():
             assert got is x or got is y
         if fn is returned_with_candidates:
             assert (got[1] is got[0]) == (expected[1] is expected[0])
+
+
+def it_groupby(x, y):
+    out = [(k, [t * 2 for t in g]) for k, g in itertools.groupby([x, x, y, x], key=lambda t: t is x)]
+    firsts = [k for k, _ in itertools.groupby("aabccc")]
+    lazy = [(k, list(g)) for k, g in list(itertools.groupby([1, 1, 2, 3, 3]))]   # emptied groups
+    sizes = [len(list(g)) for _, g in itertools.groupby([3, 3, 1, 1, 1], key=lambda n: n % 2)]
+    return out, firsts, lazy, sizes
+
+
+def test_itertools_groupby():
+    check(it_groupby, lambda: (torch.randn(3), torch.randn(3)))

@@ -3,7 +3,7 @@
 Finite iterators (``chain``, ``chain.from_iterable``, ``product``, ``combinations``,
 ``permutations``, ``islice``, ``accumulate``, ``zip_longest``, ``repeat(x, n)``,
 ``compress``, ``pairwise``, ``starmap``, ``takewhile``, ``dropwhile``, ``filterfalse``,
-``tee``) are computed when they
+``tee``, ``groupby``) are computed when they
 are created, over the symbolic items of their inputs (tensors, symbolic sizes and Python
 values alike): the result is an iterator over a known list, like ``zip`` and ``map`` here.
 
@@ -251,6 +251,56 @@ def _tee(tx, fn, args, kwargs):
     items = _finite(tx, args[0])
     n = _int_arg(tx, args[1] if len(args) > 1 else None, "n", 2)
     return TupleValue([TypedIteratorValue(items, type(itertools.tee([])[0])) for _ in range(n)])
+
+
+class GroupByValue(IteratorValue):
+    """``itertools.groupby(items, key)``: (key, group) pairs. As in eager, taking the next
+    pair empties the group handed out before it (they share one underlying iterator)."""
+
+    def __init__(self, groups: list):
+        super().__init__([])
+        self.groups = groups        # [(key value, [item values])]
+        self.current = None
+
+    def python_type(self):
+        return itertools.groupby
+
+    def next(self, tx):
+        if self.current is not None:
+            self.current.pos = len(self.current.seq)
+        if self.pos >= len(self.groups):
+            return None
+        key, members = self.groups[self.pos]
+        self.pos += 1
+        self.current = TypedIteratorValue(members, type(next(itertools.groupby([0]))[1]))
+        return TupleValue([key, self.current])
+
+    def unpack(self, tx):
+        out = []
+        while (v := self.next(tx)) is not None:
+            out.append(v)
+        return out
+
+    def reconstruct_remaining(self, cg):
+        raise Unsupported("an itertools.groupby iterator held across a graph break")
+
+    reconstruct = reconstruct_remaining
+
+
+@handles(itertools.groupby)
+def _groupby(tx, fn, args, kwargs):
+    items = _finite(tx, args[0] if args else kwargs["iterable"])
+    key = args[1] if len(args) > 1 else kwargs.get("key")
+    if key is not None and key.is_constant() and key.as_constant() is None:
+        key = None
+    groups = []
+    for item in items:
+        k = item if key is None else tx.call(key, [item], {})
+        if groups and tx.values_equal(groups[-1][0], k):
+            groups[-1][1].append(item)
+        else:
+            groups.append((k, [item]))
+    return GroupByValue(groups)
 
 
 @handles(itertools.takewhile, itertools.dropwhile)
