@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import collections
 import functools
-import itertools
 import math
 import operator
 import types
@@ -177,13 +176,6 @@ def _delattr(tx, fn, args, kwargs):
         raise Unsupported(f"delattr on {obj.describe()}")
     obj.delattr(tx, name.as_constant())
     return ConstantValue(None)
-
-
-@handles(itertools.islice)
-def _islice(tx, fn, args, kwargs):
-    items = tx.unpack_iterable(args[0])
-    bounds = [a.as_constant() for a in args[1:]]
-    return IteratorValue(items[slice(*bounds)])
 
 
 @handles(tuple.__new__)
@@ -412,13 +404,7 @@ def _enumerate(tx, fn, args, kwargs):
     return IteratorValue([TupleValue([ConstantValue(i + start), v]) for i, v in enumerate(items)])
 
 
-@handles(zip)
-def _zip(tx, fn, args, kwargs):
-    strict = kwargs.get("strict", ConstantValue(False)).as_constant()
-    seqs = [tx.unpack_iterable(a) for a in args]
-    if strict and len({len(s) for s in seqs}) > 1:
-        raise tx.user_exception(ValueError("zip() arguments have different lengths"))
-    return IteratorValue([TupleValue(list(t)) for t in zip(*seqs)])
+# zip and itertools: itertools_fns.py (zip steps lazily through an infinite count/cycle)
 
 
 @handles(map)
