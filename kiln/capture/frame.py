@@ -173,6 +173,7 @@ def _finish(fn, output: OutputGraph, result, key, backend, backend_name) -> Entr
     cg = EntryCodegen(fn.__code__)
     ret = result.reconstruct(cg)
     prepare, apply = output.side_effects.codegen(cg)  # may stash more objects: statements first
+    output.check_frozen_outputs(cg.output_nodes)
     gm, inputs, net_grad, compiled = _compile_graph(fn, output, cg, backend, backend_name, "")
     guards, program, lines, marked = _entry_head(fn, output, cg, inputs, net_grad, compiled)
     # read everything (outputs, final states) before writing anything back
@@ -430,6 +431,11 @@ def _finish_break(fn, output: OutputGraph, tx, ip: int, reason: Unsupported, key
     from .values.functions import MethodValue
     from .values.objects import GradModeValue
 
+    if output.frozen_storages:
+        # values handed over would be a min()/max() select where eager holds one of the
+        # candidate objects themselves (aliasing the continuation could observe)
+        raise Unsupported(f"{reason} (and no graph break is possible after a min()/max() of "
+                          "tensors in the same graph)").located(*tx.location())
     code = tx.code
     layout, stack_values = [], []
     for v in tx.stack:

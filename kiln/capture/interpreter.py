@@ -452,6 +452,9 @@ class FrameInterpreter(PythonSemantics):
         from .sources import GlobalSource
 
         g = self.f_globals
+        pending = self.output.side_effects.global_value(g, name)
+        if pending is not None:   # assigned earlier in this capture (STORE_GLOBAL)
+            return pending
         if name in g:
             src = GlobalSource(g, name)
             return self.wrap(g[name], src)  # trusted modules' globals: a source, but no guards
@@ -462,7 +465,8 @@ class FrameInterpreter(PythonSemantics):
         raise self.user_exception(NameError(f"name {name!r} is not defined"))
 
     def STORE_GLOBAL(self, ins):
-        raise Unsupported(f"assignment to global {ins.arg!r}")
+        # later reads in this capture see the value; it is written back after the graph
+        self.output.side_effects.store_global(self.f_globals, ins.arg, self.pop())
 
     def LOAD_DEREF(self, ins):
         name = bu.cell_name(ins.arg)

@@ -75,6 +75,9 @@ class OutputGraph:
         self.side_effects = SideEffects()
         self.builder = Builder(self)
         self.tensor_inputs: list[TensorInput] = []
+        # storages (of fakes) that must not be written in place: max(a, b) of tensors is a
+        # select where eager returns a or b itself (see values/builtins_more.py)
+        self.frozen_storages: list = []
         self.fn_name = fn_name
         self.instructions = 0
         self._names: set[str] = set()
@@ -307,6 +310,8 @@ class OutputGraph:
 
     def call_op(self, kind: str, target, args: tuple, kwargs: dict, inplace_of: TensorValue | None = None,
                 expect_tensor: bool = True) -> Value:
+        if self.frozen_storages and (_mutates(kind, target) or "out" in kwargs):
+            self._refuse_frozen_write(args, kwargs, _op_name(kind, target))
         fx_args = tuple(self.to_fx(a) for a in args)
         fx_kwargs = {k: self.to_fx(v) for k, v in kwargs.items()}
         fake_args = tuple(_to_fake(a) for a in args)
@@ -347,6 +352,35 @@ class OutputGraph:
             return _wrap_nontensor(result, _op_name(kind, target))
         node = self.graph.create_node(kind, target, fx_args, fx_kwargs)
         return self._wrap_result(node, result)
+
+    def is_frozen(self, t: TensorValue) -> bool:
+        from torch.multiprocessing.reductions import StorageWeakRef
+
+        return StorageWeakRef(t.fake.untyped_storage()) in self.frozen_storages
+
+    def check_frozen_outputs(self, nodes) -> None:
+        """A min()/max() select and a candidate both leaving the graph: the caller could
+        tell them apart where eager hands out one object twice."""
+        from torch.multiprocessing.reductions import StorageWeakRef
+
+        if not self.frozen_storages:
+            return
+        seen = [StorageWeakRef(n.meta["example_value"].untyped_storage()) for n in nodes
+                if isinstance(n.meta.get("example_value"), torch.Tensor)]
+        if sum(1 for s in seen if s in self.frozen_storages) > 1:
+            raise Unsupported("returning a min()/max() of tensors together with the tensors it "
+                              "chose from (eager's result is one of them)")
+
+    def _refuse_frozen_write(self, args, kwargs, name) -> None:
+        from torch.multiprocessing.reductions import StorageWeakRef
+
+        written = [args[0]] if args else []
+        written += [kwargs["out"]] if "out" in kwargs else []
+        written = [t for w in written for t in (getattr(w, "items", None) or [w])]
+        for t in written:
+            if isinstance(t, TensorValue) and StorageWeakRef(t.fake.untyped_storage()) in self.frozen_storages:
+                raise Unsupported(f"{name} writes a tensor that a min()/max() of tensors may return "
+                                  "(eager's result is one of them, the same object)")
 
     def to_fx(self, v: Value):
         """The FX argument for a value (see ``_to_fx``), with every constant FX cannot print

@@ -156,8 +156,8 @@ def slot_kind(value) -> str:
 
     if isinstance(value, NullValue):
         return NULL
-    if isinstance(value, IteratorValue):
-        return ITER
+    if isinstance(value, IteratorValue) and not getattr(value, "infinite", False):
+        return ITER     # (an infinite itertools iterator is handed over as itself)
     if isinstance(value, PrevExcValue):
         return PREV_EXC
     return VALUE

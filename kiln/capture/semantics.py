@@ -15,7 +15,7 @@ from .values.base import ConstantValue, LazyArgument, NullValue, Value
 from .values.containers import (BaseSequenceValue, DictValue, DictViewValue, IteratorValue,
                                 ListValue, SetValue, TupleValue)
 from .values.functions import BoundMethodValue, NestedFunctionValue, UserFunctionValue
-from .values.objects import ClassValue, ObjectValue, static_lookup
+from .values.objects import ClassValue, NewObjectValue, ObjectValue, static_lookup
 from .values.symbolic import (SymNodeValue, SymRangeValue, SymSliceValue, specialize, sym_binary,
                               sym_unary)
 from .values.tensor import TensorValue
@@ -68,6 +68,11 @@ _COMPARE_DUNDER = {operator.lt: ("__lt__", "__gt__"), operator.le: ("__le__", "_
                    operator.gt: ("__gt__", "__lt__"), operator.ge: ("__ge__", "__le__")}
 _UNARY = {operator.neg: "__neg__", operator.pos: "__pos__", operator.invert: "__invert__",
           operator.abs: "__abs__"}
+
+
+# Values that are objects of their own: two different ones are never the same object (one
+# object reached twice is one value: the builder and the interpreter keep aliases).
+_NEW_OBJECTS = (TensorValue, BaseSequenceValue, DictValue, NestedFunctionValue, NewObjectValue)
 
 
 class PythonSemantics:
@@ -258,6 +263,10 @@ class PythonSemantics:
             except Exception as e:
                 raise self.user_exception(e)
         base_op = _INPLACE_TO_BINARY.get(op, op)
+        if base_op in (operator.or_, operator.and_, operator.sub, operator.xor) and (
+                isinstance(a, DictViewValue) or isinstance(b, DictViewValue)):
+            view, other = (a, b) if isinstance(a, DictViewValue) else (b, a)
+            return view.set_operation(self, base_op, other, reflected=view is b)
         if isinstance(a, ObjectValue) and not isinstance(a, ClassValue) or \
                 isinstance(b, ObjectValue) and not isinstance(b, ClassValue):
             return self._user_binary(op, base_op, a, b)
@@ -358,6 +367,9 @@ class PythonSemantics:
             eq = a.base_type is b.base_type and len(a.items) == len(b.items) and all(
                 self.values_equal(x, y) for x, y in zip(a.items, b.items))
             return ConstantValue(eq if op is operator.eq else not eq)
+        if op in (operator.eq, operator.ne) and (isinstance(a, DictViewValue) or isinstance(b, DictViewValue)):
+            eq = a.equals(self, b) if isinstance(a, DictViewValue) else b.equals(self, a)
+            return ConstantValue(eq if op is operator.eq else not eq)
         if a.is_constant() and b.is_constant():
             try:
                 return _wrap_result(op(a.as_constant(), b.as_constant()))
@@ -400,8 +412,10 @@ class PythonSemantics:
             return ra is rb
         if (ac and a.as_constant() is None) or (bc and b.as_constant() is None):
             return False
-        if isinstance(a, (TensorValue, BaseSequenceValue, DictValue, NestedFunctionValue)) or \
-                isinstance(b, (TensorValue, BaseSequenceValue, DictValue, NestedFunctionValue)):
+        if isinstance(a, TensorValue) and isinstance(b, TensorValue) and \
+                self.output.frozen_storages and self.output.is_frozen(a) and self.output.is_frozen(b):
+            raise Unsupported("identity of a min()/max() of tensors and its candidates")
+        if isinstance(a, _NEW_OBJECTS) or isinstance(b, _NEW_OBJECTS):
             return False  # distinct symbolic objects (in-place ops return their receiver's value)
         raise Unsupported(f"identity of {a.describe()} and {b.describe()}")
 

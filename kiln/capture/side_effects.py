@@ -21,6 +21,8 @@ class SideEffects:
         self.containers: list[Value] = []          # ListValue / DictValue with a source
         self.attrs: dict[tuple[int, str], tuple[Value, str, Value]] = {}
         self.cells: dict[int, tuple[object, str, Value]] = {}
+        # module globals assigned (STORE_GLOBAL, module.attr = v): (globals dict, name) -> value
+        self.globals: dict[tuple[int, str], tuple[dict, str, Value]] = {}
 
     def mutated(self, container: Value) -> None:
         if container.source is not None and all(c is not container for c in self.containers):
@@ -43,13 +45,21 @@ class SideEffects:
         hit = self.cells.get(id(cell))
         return hit[2] if hit is not None else None
 
+    def store_global(self, fn_globals: dict, name: str, value: Value) -> None:
+        self.globals[(id(fn_globals), name)] = (fn_globals, name, value)
+
+    def global_value(self, fn_globals: dict, name: str) -> Value | None:
+        hit = self.globals.get((id(fn_globals), name))
+        return hit[2] if hit is not None else None
+
     def __bool__(self) -> bool:
-        return bool(self.containers or self.attrs or self.cells)
+        return bool(self.containers or self.attrs or self.cells or self.globals)
 
     def describe(self) -> list[str]:
         out = [f"mutate {c.source.describe()}" for c in self.containers]
         out += [f"set {o.source.describe()}.{n}" for o, n, _, _ in self.attrs.values()]
         out += [f"set closure cell {n}" for _, n, _ in self.cells.values()]  # noqa: E501
+        out += [f"set global {g.get('__name__', '?')}.{n}" for g, n, _ in self.globals.values()]
         return out
 
     def codegen(self, cg: "EntryCodegen") -> tuple[list[str], list[str]]:
@@ -85,6 +95,9 @@ class SideEffects:
         for cell_value, _name, value in self.cells.values():
             target, v = temp(cell_value.reconstruct(cg)), temp(value.reconstruct(cg))
             apply.append(f"{target}.cell_contents = {v}")
+        for fn_globals, name, value in self.globals.values():
+            v = temp(value.reconstruct(cg))
+            apply.append(f"{cg.bind(fn_globals, 'G')}[{name!r}] = {v}")
         return prepare, apply
 
 

@@ -1,4 +1,5 @@
-"""Hugging Face models under kiln: GPT-2, BERT and Llama, tiny random configs (no downloads).
+"""Hugging Face models under kiln: GPT-2, BERT, Llama and a grouped-query Llama (SDPA), tiny
+random configs (no downloads).
 
 Each model runs under ``kiln.compile`` in inference (``eval()``, ``no_grad``) and in a training
 step (``train()`` with dropout 0, loss, ``backward``), on fresh random ``input_ids`` over two
@@ -40,12 +41,16 @@ EXACT = transformers.__version__ == COUNTED_VERSION
 # loss call, natively: one graph where torch.compile compiles the loss as a second one).
 GRAPHS = {("gpt2", "inference"): 1, ("gpt2", "training"): 1,
           ("bert", "inference"): 1, ("bert", "training"): 1,
-          ("llama", "inference"): 1, ("llama", "training"): 1}
+          ("llama", "inference"): 1, ("llama", "training"): 1,
+          ("llama_gqa_sdpa", "inference"): 1, ("llama_gqa_sdpa", "training"): 1}
 BREAKS = {("gpt2", "inference"): 0, ("gpt2", "training"): 1,
           ("bert", "inference"): 0, ("bert", "training"): 0,
-          ("llama", "inference"): 0, ("llama", "training"): 0}
+          ("llama", "inference"): 0, ("llama", "training"): 0,
+          ("llama_gqa_sdpa", "inference"): 0, ("llama_gqa_sdpa", "training"): 0}
 
-MODELS = ["gpt2", "bert", "llama"]
+# llama_gqa_sdpa: grouped-query attention (4 heads over 2 key/value heads) through SDPA, which
+# reads os.environ["TRANSFORMERS_SDPA_FORCE_GQA"] in every attention layer (issue 15).
+MODELS = ["gpt2", "bert", "llama", "llama_gqa_sdpa"]
 
 
 def make_model(name: str) -> torch.nn.Module:
@@ -62,6 +67,12 @@ def make_model(name: str) -> torch.nn.Module:
             vocab_size=VOCAB, max_position_embeddings=64, hidden_dropout_prob=0.0,
             attention_probs_dropout_prob=0.0, use_cache=False, attn_implementation="eager")
         return transformers.BertModel(cfg)
+    if name == "llama_gqa_sdpa":
+        cfg = transformers.LlamaConfig(
+            hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
+            num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=64, use_cache=False,
+            bos_token_id=0, eos_token_id=0, pad_token_id=0, attn_implementation="sdpa")
+        return transformers.LlamaForCausalLM(cfg)
     cfg = transformers.LlamaConfig(
         hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
         num_key_value_heads=1, vocab_size=VOCAB, max_position_embeddings=64, use_cache=False,
@@ -288,3 +299,27 @@ def test_inductor_inference_and_training_match_eager(name, device):
         assert len(backend.compiled) - inference_graphs == GRAPHS[name, "training"]
     for c in backend.compiled:
         assert getattr(c, "kiln_inductor_fallbacks", []) == [], c.kiln_inductor_fallbacks
+
+
+@pytest.mark.parametrize("mode", ["inference", "training"])
+def test_gqa_graph_count_equals_torch_compile(mode):
+    """Issue 15: a grouped-query Llama (SDPA reads an environment variable per layer) is as
+    many graphs under kiln as under torch.compile, and both match eager."""
+    import torch._dynamo
+    from torch._dynamo.testing import CompileCounter as DynamoCounter
+
+    torch.manual_seed(0)
+    model = make_model("llama_gqa_sdpa").train(mode == "training")
+    ids = fresh_ids()
+    kwargs = {"return_dict": True, **({"labels": ids} if mode == "training" else {})}
+    ours, theirs = CompileCounter(), DynamoCounter()
+    torch._dynamo.reset()
+    with torch.set_grad_enabled(mode == "training"):
+        expected = model(ids, **kwargs)
+        got = kiln.compile(model, backend=ours)(ids, **kwargs)
+        ref = torch.compile(model, backend=theirs)(ids, **kwargs)
+    torch._dynamo.reset()
+    close(got.logits, expected.logits, "kiln logits")
+    close(ref.logits, expected.logits, "torch.compile logits")
+    assert ours.frame_count == theirs.frame_count, (ours.frame_count, theirs.frame_count)
+    assert ours.frame_count <= 2

@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import functools
 import inspect
+import os
 import sys
 import types
 from typing import Any
@@ -17,7 +18,11 @@ from ..guards import Guard, GuardKind
 from ..sources import (ITEM_DICT, ITEM_INDEX, ITEM_LIST, ITEM_TUPLE, AttrSource, ItemSource,
                        ReduceSource)
 from .base import CONSTANT_TYPES, ConstantValue, Value, is_constant_object
-from .builtins import BuiltinValue
+from .builtins import _HANDLERS, BuiltinValue
+from .environ import EnvironValue
+from . import itertools_fns  # noqa: F401  (registers the itertools handlers)
+from .builtins_more import LRU_CACHE_WRAPPER, LruCacheValue
+from . import new_objects  # noqa: F401  (registers collections.namedtuple)
 from .containers import DictValue, IteratorValue, ListValue, NamedTupleValue, SetValue, TupleValue
 from .functions import (BoundMethodValue, ExistingCellValue, PartialValue, TorchOpValue,
                         UserFunctionValue)
@@ -115,7 +120,8 @@ def wrap_pure_result(v: Any) -> Value:
 
 
 def wrap_callable(fn, source) -> Value:
-    if fn in STATE_READERS:
+    if fn in STATE_READERS or isinstance(fn, types.FunctionType) and fn in _HANDLERS:
+        # a Python function kiln models itself (os.getenv, collections.namedtuple)
         return BuiltinValue(fn, source)
     if fn is torch.is_tensor:
         return BuiltinValue(fn, source)
@@ -187,6 +193,12 @@ class Builder:
         t = type(obj)
         if t is Comptime:
             return comptime_value()
+        if obj is os.environ:   # reads become guards on one variable each (environ.py)
+            g(GuardKind.ID_MATCH, source, obj)
+            return EnvironValue(source)
+        if t is LRU_CACHE_WRAPPER:   # see LruCacheValue for what a call does
+            g(GuardKind.ID_MATCH, source, obj)
+            return LruCacheValue(obj, source)
         if isinstance(obj, torch.Tensor):
             if source is None:
                 raise Unsupported("a tensor that is not reachable from the arguments, globals "

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import collections
 import functools
-import itertools
 import math
 import operator
 import types
@@ -177,13 +176,6 @@ def _delattr(tx, fn, args, kwargs):
         raise Unsupported(f"delattr on {obj.describe()}")
     obj.delattr(tx, name.as_constant())
     return ConstantValue(None)
-
-
-@handles(itertools.islice)
-def _islice(tx, fn, args, kwargs):
-    items = tx.unpack_iterable(args[0])
-    bounds = [a.as_constant() for a in args[1:]]
-    return IteratorValue(items[slice(*bounds)])
 
 
 @handles(tuple.__new__)
@@ -412,13 +404,7 @@ def _enumerate(tx, fn, args, kwargs):
     return IteratorValue([TupleValue([ConstantValue(i + start), v]) for i, v in enumerate(items)])
 
 
-@handles(zip)
-def _zip(tx, fn, args, kwargs):
-    strict = kwargs.get("strict", ConstantValue(False)).as_constant()
-    seqs = [tx.unpack_iterable(a) for a in args]
-    if strict and len({len(s) for s in seqs}) > 1:
-        raise tx.user_exception(ValueError("zip() arguments have different lengths"))
-    return IteratorValue([TupleValue(list(t)) for t in zip(*seqs)])
+# zip and itertools: itertools_fns.py (zip steps lazily through an infinite count/cycle)
 
 
 @handles(map)
@@ -538,7 +524,12 @@ def construct_class(tx, cls_value: ClassValue, args: list[Value], kwargs: dict[s
             raise tx.user_exception(TypeError("autocast() missing device_type"))
         return AutocastValue(cls, vals)
     if cls in (torch.no_grad, torch.enable_grad):
-        return GradModeValue(cls is torch.enable_grad, cls)
+        mode = GradModeValue(cls is torch.enable_grad, cls)
+        if args:   # torch.no_grad(fn): the bare decorator
+            from .builtins_more import decorate_with_grad_mode
+
+            return decorate_with_grad_mode(tx, mode, args, kwargs)
+        return mode
     if cls is torch.set_grad_enabled:
         mode = args[0].as_constant() if args else kwargs["mode"].as_constant()
         v = GradModeValue(bool(mode), cls)
@@ -579,6 +570,10 @@ def construct_class(tx, cls_value: ClassValue, args: list[Value], kwargs: dict[s
         return obj
     if cls is functools.partial:
         return PartialValue(args[0], list(args[1:]), dict(kwargs))
+    if isinstance(cls, type) and issubclass(cls, torch.nn.Module):
+        from .new_objects import create_module   # torch.nn modules without parameters
+
+        return create_module(tx, cls, args, kwargs)
     if cls in (torch.finfo, torch.iinfo):
         return wrap_pure_result(cls(*[a.as_constant() for a in args]))
     if cls is object and not args:

@@ -289,6 +289,8 @@ class DictValue(Value):
             return tx.wrap(self.instance_attrs[name], AttrSource(self.source, name))
         if fn is not None and (callable(fn) or isinstance(fn, (staticmethod, classmethod))):
             return tx.bind_user_attribute(self, fn, name)
+        if name == "default_factory" and issubclass(self.cls, collections.defaultdict):
+            return self.default_factory if self.default_factory is not None else ConstantValue(None)
         if hasattr(dict, name) or hasattr(self.cls, name) and not name.startswith("_") \
                 and callable(getattr(self.cls, name)):
             return MethodValue(self, name)
@@ -539,8 +541,42 @@ class DictViewValue(Value):
 
         return MethodValue(self, name)
 
+    def equals(self, tx, other: Value) -> bool:
+        """``==`` as dict views define it: keys and items views are set-like, a values view
+        equals only itself."""
+        if self.kind == "values" or isinstance(other, DictViewValue) and other.kind == "values":
+            return other is self
+        if isinstance(other, DictViewValue) and other.kind == self.kind:
+            if self.kind == "keys":
+                return self.d.items.keys() == other.d.items.keys()
+            return self.d.items.keys() == other.d.items.keys() and all(
+                tx.values_equal(v, other.d.items[k]) for k, v in self.d.items.items())
+        if self.kind == "keys" and isinstance(other, SetValue):
+            return self.d.items.keys() == other.items.keys()
+        if self.kind == "keys" and other.is_constant() and isinstance(other.as_constant(), (set, frozenset)):
+            return self.d.items.keys() == other.as_constant()
+        return False
+
+    def set_operation(self, tx, op, other: Value, reflected: bool) -> "SetValue":
+        """``keys | x``, ``&``, ``-``, ``^`` of a keys view: a new set, as eager returns."""
+        mine = dict(self.d.items) if self.kind == "keys" else None
+        if mine is None:
+            raise Unsupported(f"set operator on dict_{self.kind}")
+        theirs = {tx.dict_key(v): v for v in tx.unpack_iterable(other)}
+        mine = {k: tx.key_value(k) for k in mine}
+        a, b = (theirs, mine) if reflected else (mine, theirs)
+        keys = op(a.keys(), b.keys())
+        return SetValue({k: a[k] if k in a else b[k] for k in _ordered(keys, a, b)})
+
     def reconstruct(self, cg):
-        raise Unsupported("returning a dict view from a compiled function")
+        # the view of the rebuilt (or the existing) dict, through the storage class's method
+        base = collections.OrderedDict if issubclass(self.d.cls, collections.OrderedDict) else dict
+        return cg.stash(self, lambda: f"{cg.bind(getattr(base, self.kind))}({self.d.reconstruct(cg)})")
+
+
+def _ordered(keys, a: dict, b: dict) -> list:
+    # the result's keys in the order eager's set operation inserts them (left, then right)
+    return list(dict.fromkeys(k for k in [*a, *b] if k in keys))
 
 
 class SetValue(Value):

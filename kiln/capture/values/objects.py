@@ -239,6 +239,12 @@ class NewObjectValue(ObjectValue):
             return super()._class_attribute(tx, name, cls_attr)
         if _is_data_descriptor(cls_attr):
             raise Unsupported(f"descriptor {name!r} on a new {self.cls.__name__}")
+        get = static_lookup(type(cls_attr), "__get__")
+        if isinstance(get, types.FunctionType):
+            # a descriptor written in Python (torch.distributions' lazy_property): inlined
+            tx.output.guard_class_attribute(type(cls_attr), "__get__", get)
+            desc = tx.wrap(cls_attr, class_dict_source(self.cls, name))
+            return tx.call(UserFunctionValue(get), [desc, self, ClassValue(self.cls)], {})
         return tx.wrap(cls_attr, class_dict_source(self.cls, name))
 
     def object_setattr(self, tx, name, value):
@@ -424,6 +430,9 @@ class PythonModuleValue(ObjectValue):
         return f"PyModule({self.value.__name__})"
 
     def getattr(self, tx, name):
+        pending = tx.output.side_effects.global_value(self.value.__dict__, name)
+        if pending is not None:   # assigned earlier in this capture
+            return pending
         try:
             attr = getattr(self.value, name)
         except AttributeError as e:
@@ -437,9 +446,12 @@ class PythonModuleValue(ObjectValue):
         return True
 
     def setattr(self, tx, name, value):
-        # module globals are read by every function of the module (as globals, not through
-        # this value): the store runs natively, like STORE_GLOBAL
-        raise Unsupported(f"assignment to module attribute {self.value.__name__}.{name}")
+        # a module global: written back after the graph, like STORE_GLOBAL (its functions
+        # read it as a global, through the same dict). Modules that customize attribute
+        # access (a class of their own, __setattr__ on it) run natively.
+        if type(self.value) is not types.ModuleType or tx.output.is_trusted_module(self.value):
+            raise Unsupported(f"assignment to module attribute {self.value.__name__}.{name}")
+        tx.output.side_effects.store_global(self.value.__dict__, name, value)
 
     def delattr(self, tx, name):
         raise Unsupported(f"del of module attribute {self.value.__name__}.{name}")
@@ -534,10 +546,22 @@ class SuperValue(Value):
                     from .functions import BaseMethodValue
 
                     return BaseMethodValue(self.obj, name)
-                if attr in (object.__init__, torch.nn.Module.__init__) and name == "__init__":
+                if attr is object.__init__ and name == "__init__":
+                    return _ObjectInit()   # super().__init__() reaching object: nothing to do
+                if attr is torch.nn.Module.__init__ and name == "__init__":
                     raise Unsupported("super().__init__() inside a compiled function")
                 raise Unsupported(f"super().{name} resolving to {type(attr).__name__}")
         raise tx.user_exception(AttributeError(f"'super' object has no attribute '{name}'"))
+
+
+class _ObjectInit(Value):
+    """``object.__init__`` bound by ``super()``: a no-op without arguments (as in eager)."""
+
+    def call(self, tx, args, kwargs):
+        if args or kwargs:
+            raise tx.user_exception(TypeError("object.__init__() takes exactly one argument "
+                                              "(the instance to initialize)"))
+        return ConstantValue(None)
 
 
 class GradModeValue(Value):
@@ -572,7 +596,11 @@ class GradModeValue(Value):
         raise Unsupported(f"{self.cls.__name__}.{name}")
 
     def call(self, tx, args, kwargs):
-        raise Unsupported(f"{self.cls.__name__} used as a decorator inside a compiled function")
+        if self.cls is torch.set_grad_enabled:
+            raise Unsupported("set_grad_enabled used as a decorator inside a compiled function")
+        from .builtins_more import decorate_with_grad_mode   # @torch.no_grad() on a function
+
+        return decorate_with_grad_mode(tx, self, args, kwargs)
 
     def reconstruct(self, cg):
         # one new object of the same kind (shared with its re-entry at a break)

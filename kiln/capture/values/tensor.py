@@ -74,7 +74,7 @@ class TensorValue(Value):
             raise Unsupported("reading tensor.grad inside a compiled function")
         if name == "data":
             return tx.output.call_op("call_method", "detach", (self,), {})
-        if name in DATA_DEPENDENT_METHODS:
+        if name in DATA_DEPENDENT_METHODS and name != "untyped_storage":
             raise Unsupported(f"Tensor.{name}() needs the tensor's data")
         attr = getattr(torch.Tensor, name, None)
         if attr is None:
@@ -132,6 +132,10 @@ class TensorValue(Value):
         raise Unsupported("grad_fn of a non-leaf tensor")
 
     def call_method(self, tx, name, args, kwargs):
+        if name == "untyped_storage" and not args and not kwargs:
+            from .storage import StorageValue   # its size, guarded (storage.py)
+
+            return StorageValue(self)
         if name in DATA_DEPENDENT_METHODS:
             raise Unsupported(f"Tensor.{name}() needs the tensor's data")
         if name in METADATA_METHODS:
