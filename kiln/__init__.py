@@ -11,18 +11,19 @@ inputs, compiles them with a backend, and reuses them while the guards hold::
 
 Public API: ``compile``, ``reset``, ``explain``, ``comptime``, ``config``, ``Unsupported``,
 ``aot`` (staged AOT autograd), ``backends``, ``testing``, ``set_logs``, and for dynamic shapes
-``mark_dynamic``, ``mark_static``, ``ConstraintViolation``.
+``mark_dynamic``, ``mark_static``, ``ConstraintViolation``; ``CudagraphError`` for CUDA graphs
+(``mode="reduce-overhead"``, ``kiln.config.cudagraphs``; see ``kiln.cudagraphs``).
 """
 from . import aot, backends, cache, testing
 from .api import CompiledFunction, CompiledMethod, CompiledModule, compile, reset
 from .capture.comptime import comptime
 from .config import config
-from .errors import ConstraintViolation, Unsupported
+from .errors import ConstraintViolation, CudagraphError, Unsupported
 from .explain import explain
 from .logs import set_logs
 from .shapes import mark_dynamic, mark_static
 
 __all__ = ["compile", "reset", "explain", "comptime", "config", "Unsupported", "aot", "backends",
            "testing", "set_logs", "CompiledFunction", "CompiledMethod", "CompiledModule",
-           "mark_dynamic", "mark_static", "ConstraintViolation"]
+           "mark_dynamic", "mark_static", "ConstraintViolation", "CudagraphError"]
 __version__ = "0.1.0"

@@ -45,13 +45,26 @@ def aot_backend(fw_compiler: Callable | None = None, bw_compiler: Callable | Non
 
     def kiln_aot_backend(gm: torch.fx.GraphModule, example_inputs: list):
         example_inputs = list(example_inputs)
+        from ..config import config
+
+        cudagraphs = config.cudagraphs
 
         def compile():
-            return compile_graph(gm, example_inputs, decompositions=decompositions, fw_compiler=fw_compiler,
-                                 bw_compiler=bw_compiler, partition_fn=partition_fn,
-                                 inference_compiler=inference_compiler)
+            fw, bw, inf = fw_compiler, bw_compiler, inference_compiler
+            if cudagraphs:      # kiln.config.cudagraphs: each compiled graph replays as CUDA graphs
+                from ..aot.compile import run_as_fx
+                from ..cudagraphs import cudagraph_compiler
+
+                base = fw or run_as_fx
+                fw, bw, inf = (cudagraph_compiler(base, "forward"), cudagraph_compiler(bw or base, "backward"),
+                               cudagraph_compiler(inf or base, "inference"))
+            return compile_graph(gm, example_inputs, decompositions=decompositions, fw_compiler=fw,
+                                 bw_compiler=bw, partition_fn=partition_fn, inference_compiler=inf)
         from .. import cache
 
+        if cudagraphs:
+            cache.bypass(gm, "kiln.config.cudagraphs is on (recordings are made at run time)")
+            return compile()
         if not cacheable:
             cache.bypass(gm, "aot_backend with user compilers, partitioner or decompositions (code the key cannot see)")
             return compile()

@@ -11,8 +11,11 @@ One captured graph goes through:
 4. kiln's runtime wrappers (the autograd.Function, input mutations, output aliases) around the
    generated code.
 
-Inductor runs with its CUDA graphs off (kiln owns CUDA graphs) and its FX graph cache on.
-``mode`` and ``options`` become Inductor config (``inductor_options.py``).
+Inductor runs with its CUDA graphs off and its FX graph cache on. ``mode`` and ``options``
+become Inductor config (``inductor_options.py``). With ``mode="reduce-overhead"`` (or
+``kiln.config.cudagraphs``) kiln records each compiled graph as CUDA graphs itself
+(``kiln.cudagraphs``), with no buffer donation in the backward (the forward's saved tensors
+live in the CUDA-graph pool, where the backward reads them in place).
 
 Dynamic graphs are traced and compiled once with the capture's symbols, under a
 TracingContext over the capture's fake mode: the shape facts Inductor adds while compiling go
@@ -57,6 +60,13 @@ class InductorBackend:
         self._configured: dict = {}
 
     @property
+    def cudagraphs(self) -> bool:
+        """Whether compiled graphs are recorded as CUDA graphs (kiln.cudagraphs)."""
+        from ..config import config
+
+        return self.mode == "reduce-overhead" or config.cudagraphs
+
+    @property
     def config_patches(self) -> dict:
         """The Inductor config every compile of this backend runs under."""
         if self._patches is None:
@@ -83,7 +93,7 @@ class InductorBackend:
         from .. import cache
 
         cache.bypass(gm, "the inductor backend is not cached yet")
-        return GraphCompile(self.config_patches, gm).run(list(example_inputs))
+        return GraphCompile(self.config_patches, gm, cudagraphs=self.cudagraphs).run(list(example_inputs))
 
     def __repr__(self) -> str:
         extra = "".join([f", mode={self.mode!r}" if self.mode else "",
@@ -100,8 +110,9 @@ class GraphCompile:
     and what they share (the graph's number, the forward's output strides for the backward,
     the time spent in Inductor, progress on stderr)."""
 
-    def __init__(self, patches: dict, gm: torch.fx.GraphModule):
+    def __init__(self, patches: dict, gm: torch.fx.GraphModule, cudagraphs: bool = False):
         self.patches = patches
+        self.cudagraphs = cudagraphs
         self.gm = gm
         self.number = next(_graph_numbers)
         name = type(gm).__name__
@@ -153,7 +164,8 @@ class GraphCompile:
             fw, bw = min_cut_rematerialization_partition(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs)
         fw.meta["kiln_num_fw_outputs"] = num_fwd_outputs
         bw.meta["kiln_num_saved"] = len(_outputs(fw)) - num_fwd_outputs
-        bw.meta["kiln_donated"] = donatable_saved_tensors(fw, bw, num_fwd_outputs)
+        # (CUDA graphs: the saved tensors are pool memory the backward reads in place)
+        bw.meta["kiln_donated"] = [] if self.cudagraphs else donatable_saved_tensors(fw, bw, num_fwd_outputs)
         return fw, bw
 
     def inference(self, gm: torch.fx.GraphModule, example_inputs: list):
@@ -185,10 +197,16 @@ class GraphCompile:
         start = time.perf_counter()
         which = {"inference": "1/1 (inference)", "forward": "1/2 (forward)", "backward": "2/2 (backward)"}[kind]
         try:
-            with self.progress, self.progress.phase(f"Inductor, graph {which}"):
-                return self._inductor(gm, list(example_inputs), kind)
-        except Exception as e:
-            return self._fallback(gm, list(example_inputs), kind, e)
+            try:
+                with self.progress, self.progress.phase(f"Inductor, graph {which}"):
+                    compiled = self._inductor(gm, list(example_inputs), kind)
+            except Exception as e:
+                compiled = self._fallback(gm, list(example_inputs), kind, e)
+            if self.cudagraphs:
+                from ..cudagraphs import cudagraphify
+
+                compiled = cudagraphify(compiled, gm, kind)
+            return compiled
         finally:
             secs = time.perf_counter() - start
             self.inductor_seconds += secs

@@ -1,0 +1,128 @@
+"""The memory pool of one CUDA device, shared by every recording on it, and the rules that
+keep replays from overwriting memory that is still needed.
+
+All recordings of a device (the forward and backward of a step, the graphs one after another
+in a step, the recordings for other sizes) are captured into one graph pool, in order. A
+recording holds the tensors it allocated as outputs for as long as it lives, so no later
+capture can place anything there; the memory it used for intermediates goes back to the pool
+and later captures may use it, for their own intermediates or for their outputs. Hence:
+
+    replaying recording R overwrites R's own outputs and, possibly, the outputs of every
+    recording captured after R (never those captured before it).
+
+This is the path of torch's tree of recordings, kept as one ordered list. Before a replay of
+R, ``prepare_replay`` looks at the last outputs of R and of every later recording:
+
+* outputs saved for a backward that has not run yet ("protected") must not be overwritten:
+  the call runs without the CUDA graph instead (``conflict``);
+* outputs the user may still hold ("visible") are invalidated: reading them afterwards
+  raises a clear error instead of returning overwritten data.
+"""
+from __future__ import annotations
+
+import weakref
+
+import torch
+from torch.multiprocessing.reductions import StorageWeakRef
+
+_STALE = ("kiln: this tensor is an output of a CUDA-graph replay ({name}) and its memory was "
+          "overwritten by a later replay. Outputs of a compiled function run with CUDA graphs "
+          "(mode='reduce-overhead') stay valid until the function (or one called before it in the "
+          "step) is called again: .clone() an output you keep across calls{grad}.")
+_GRAD_HINT = ("; for gradients, let the optimizer's zero_grad() set them to None (the default) "
+              "rather than keeping them across steps")
+
+
+class Generation:
+    """The outputs of one replay: a storage for those the user may hold, one for those a
+    pending backward needs. Weak: they die with the last tensor on them."""
+    __slots__ = ("visible", "protected", "name", "backward")
+
+    def __init__(self, visible: list, protected, name: str, backward: bool):
+        self.visible = [StorageWeakRef(s) for s in visible]
+        self.protected = StorageWeakRef(protected) if protected is not None else None
+        self.name = name
+        self.backward = backward
+
+    def pending(self) -> bool:
+        return self.protected is not None and not self.protected.expired()
+
+    def invalidate(self) -> None:
+        msg = None
+        refs = self.visible if self.protected is None else [*self.visible, self.protected]
+        for ref in refs:
+            if not ref.expired():
+                if msg is None:
+                    msg = _STALE.format(name=self.name, grad=_GRAD_HINT if self.backward else "")
+                torch._C._set_storage_data_ptr_access_error_msg(ref.cdata, msg)
+        self.visible, self.protected = [], None
+
+
+class PoolTree:
+    """The graph pool of one device and its recordings, in capture order."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.handle = torch.cuda.graph_pool_handle()
+        self._recordings: list[weakref.ref] = []
+        # data pointers of the inputs recordings read in place (parameters and buffers), and
+        # of the output memory they own: an input found there at a later capture is read in
+        # place too (no copy), e.g. the forward's saved tensors in the backward
+        self.static_ptrs: set[int] = set()
+        self.owned_bases: set[int] = set()
+
+    def add(self, recording) -> int:
+        self._recordings = [r for r in self._recordings if r() is not None]
+        self._recordings.append(weakref.ref(recording))
+        return len(self._recordings) - 1
+
+    def _from(self, recording):
+        seen = False
+        for ref in self._recordings:
+            r = ref()
+            if r is recording:
+                seen = True
+            if seen and r is not None:
+                yield r
+
+    def conflict(self, recording) -> str | None:
+        """Why replaying ``recording`` now would overwrite tensors a pending backward needs."""
+        for r in self._from(recording):
+            g = r.generation
+            if g is not None and g.pending():
+                what = "its previous call's" if r is recording else f"the later-recorded {r.facts.name}'s"
+                return (f"{what} outputs are saved for a backward that has not run yet (the replay "
+                        "would overwrite them; run backward() before calling again, or run under "
+                        "torch.no_grad() when no backward will follow)")
+        return None
+
+    def invalidate_from(self, recording) -> None:
+        """``recording`` is about to replay: outputs it may overwrite become errors to read."""
+        for r in self._from(recording):
+            g = r.generation
+            if g is not None:
+                g.invalidate()
+                r.generation = None
+
+    def owns(self, t: torch.Tensor) -> bool:
+        """Whether ``t`` is stable memory another replay produced or a recording reads in place."""
+        try:
+            return t.untyped_storage().data_ptr() in self.owned_bases or t.data_ptr() in self.static_ptrs
+        except Exception:
+            return False
+
+
+_trees: dict = {}
+
+
+def tree_for(device: torch.device) -> PoolTree:
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    tree = _trees.get(index)
+    if tree is None:
+        tree = _trees[index] = PoolTree(torch.device("cuda", index))
+    return tree
+
+
+def reset_trees() -> None:
+    """Forget the pools (kiln.reset): recordings alive keep their own pool reference."""
+    _trees.clear()

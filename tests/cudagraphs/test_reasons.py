@@ -1,0 +1,111 @@
+"""The compile-time decisions of kiln.cudagraphs (which graphs cannot be recorded, and why),
+the or-error switch and the logs: CPU-testable."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+import kiln
+from kiln.cudagraphs import graph_facts
+
+
+def traced(fn, *shapes, device="cuda"):
+    """The ATen graph of ``fn`` on fake tensors of ``device`` (no GPU needed)."""
+    from torch._subclasses import FakeTensorMode
+
+    mode = FakeTensorMode(allow_non_fake_inputs=False)
+    with mode:
+        args = [torch.empty(*s, device=device) for s in shapes]
+    with mode:
+        gm = make_fx(fn)(*args)
+    return graph_facts(gm, "forward")
+
+
+def one_op_graph(op, value):
+    """A graph calling ``op`` on one fake CUDA input (ops make_fx cannot trace on fakes)."""
+    from torch._subclasses import FakeTensorMode
+
+    with FakeTensorMode():
+        x = torch.empty(4, device="cuda")
+    g = torch.fx.Graph()
+    p = g.placeholder("x")
+    p.meta["val"] = x
+    n = g.call_function(op, (p,))
+    n.meta["val"] = value
+    g.output((n,))
+    return graph_facts(torch.fx.GraphModule(torch.nn.Module(), g), "inference")
+
+
+def test_cuda_graph_is_recordable():
+    f = traced(lambda x, y: torch.relu(x) @ y, (4, 4), (4, 4))
+    assert f.skip is None and f.written_inputs == []
+
+
+def test_cpu_op_item_and_dynamic_shape_ops_are_skip_reasons():
+    assert "cpu device" in traced(lambda x: x + torch.ones(4, device="cpu").sum(), (4,)).skip
+    assert "device sync" in one_op_graph(torch.ops.aten._local_scalar_dense.default, 1).skip
+    assert "data-dependent output shape" in one_op_graph(torch.ops.aten.nonzero.default, None).skip
+    assert "cpu device" in traced(lambda x: x + 1, (4,), device="cpu").skip
+
+
+def test_meta_tensors_do_not_skip():
+    f = traced(lambda x, m: (x * 2, m * 3), (4,), (4,))   # both cuda
+    assert f.skip is None
+
+    from torch._subclasses import FakeTensorMode
+
+    mode = FakeTensorMode()
+    with mode:
+        x, m = torch.empty(4, device="cuda"), torch.empty(16, device="meta")
+        gm = make_fx(lambda x, m: (x * 2, m * 3))(x, m)
+    assert graph_facts(gm, "inference").skip is None
+
+
+def test_written_inputs_are_found():
+    def f(x, y):
+        x.add_(1)
+        return y * 2
+    from torch._subclasses import FakeTensorMode
+
+    mode = FakeTensorMode()
+    with mode:
+        a, b = torch.empty(4, device="cuda"), torch.empty(4, device="cuda")
+        gm = make_fx(f)(a, b)
+    assert graph_facts(gm, "inference").written_inputs == [0]
+
+
+def test_or_error_raises_and_skips_are_logged(capfd, monkeypatch):
+    def f(x):
+        return torch.sin(x) + 1
+
+    x = torch.randn(8)
+    kiln.set_logs("cudagraphs")
+    with kiln.config.patch(cudagraphs=True):
+        cf = kiln.compile(f, backend="aot_eager")
+        torch.testing.assert_close(cf(x), f(x))
+        err = capfd.readouterr().err
+        assert "skipping CUDA graphs" in err and "cpu device" in err and "test_reasons.py" in err
+        kiln.reset()
+        with kiln.config.patch(cudagraph_or_error=True):
+            cf = kiln.compile(f, backend="aot_eager")
+            with pytest.raises(kiln.CudagraphError, match=r"(?s)cpu device.*test_reasons\.py"):
+                cf(x)
+
+
+def test_or_error_from_the_environment(monkeypatch):
+    from kiln.config import Config, _from_env
+
+    monkeypatch.setenv("KILN_CUDAGRAPH_OR_ERROR", "1")
+    monkeypatch.setenv("KILN_CUDAGRAPHS", "1")
+    cfg = _from_env(Config())
+    assert cfg.cudagraph_or_error is True and cfg.cudagraphs is True and cfg.cudagraph_max_recording == 5
+
+
+def test_reduce_overhead_turns_kiln_cudagraphs_on_for_inductor():
+    from kiln.backends import lookup_backend
+
+    assert lookup_backend("inductor", mode="reduce-overhead")[0].cudagraphs
+    assert not lookup_backend("inductor")[0].cudagraphs
+    with kiln.config.patch(cudagraphs=True):
+        assert lookup_backend("inductor")[0].cudagraphs
