@@ -14,7 +14,9 @@ Cases:
 * peak memory (MiB) of one inference step and one training step
   (``torch.cuda.max_memory_allocated``, parameters and optimizer state included).
 
-Each compiled step's output is compared with eager's (same weights, same batch).
+Each column runs in its own process (torch's CUDA-graph pools outlive ``torch._dynamo.reset``,
+so one process would count one column's memory in the next). Each compiled step's output is
+compared with eager's (same weights, same batch).
 """
 from __future__ import annotations
 
@@ -23,7 +25,9 @@ import copy
 import json
 import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 
 import torch
@@ -128,27 +132,51 @@ def gpt(column: str, base, idx, tgt, iters: int) -> dict:
     return res
 
 
+def run_column(column: str, iters: int) -> dict:
+    torch.manual_seed(0)
+    base = GPT(vocab=50257, d=512, layers=6, heads=8).cuda()
+    idx = torch.randint(0, 50257, (8, 16), device="cuda")
+    tgt = torch.randint(0, 50257, (8, 16), device="cuda")
+    r = one_op(column)
+    r.update(gpt(column, base, idx, tgt, iters))
+    if column.startswith("kiln"):
+        from kiln.cudagraphs import skip_reasons, stats
+
+        r["kiln_cudagraph_calls"] = dict(stats)
+        r["kiln_skip_reasons"] = dict(skip_reasons)
+    return r
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--device", default="cuda")
     p.add_argument("--json", default=None)
     p.add_argument("--iters", type=int, default=50)
     p.add_argument("--columns", default=",".join(COLUMNS))
+    p.add_argument("--one-column", default=None, help=argparse.SUPPRESS)   # (the child process)
     args = p.parse_args(argv)
     if args.device != "cuda" or not torch.cuda.is_available():
         print("benchmarks/cudagraphs.py measures CUDA graphs: it needs --device cuda and a GPU")
         return 0
+    if args.one_column:
+        with open(args.json, "w") as fh:
+            json.dump(run_column(args.one_column, args.iters), fh)
+        return 0
     columns = args.columns.split(",")
-    torch.manual_seed(0)
-    base = GPT(vocab=50257, d=512, layers=6, heads=8).cuda()
-    idx = torch.randint(0, 50257, (8, 16), device="cuda")
-    tgt = torch.randint(0, 50257, (8, 16), device="cuda")
     results: dict = {}
     for column in columns:
-        r = one_op(column)
-        r.update(gpt(column, base, idx, tgt, args.iters))
-        results[column] = r
-        print(f"{column}: {r}", flush=True)
+        with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as tmp:
+            path = tmp.name
+        proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--one-column", column, "--json", path,
+                               "--iters", str(args.iters)], capture_output=True, text=True)
+        if proc.returncode != 0:
+            print(f"{column}: failed\n{proc.stderr[-3000:]}", flush=True)
+            continue
+        with open(path) as fh:
+            results[column] = json.load(fh)
+        os.unlink(path)
+        print(f"{column}: {results[column]}", flush=True)
+    columns = [c for c in columns if c in results]
     rows = [("one-op call (µs wall)", "one_op_us"), ("GPT-2 inference step (ms)", "inference_ms"),
             ("GPT-2 training step (ms)", "training_ms"), ("peak memory, inference (MiB)", "peak_inference_mib"),
             ("peak memory, training (MiB)", "peak_training_mib"), ("first loss", "first_loss")]

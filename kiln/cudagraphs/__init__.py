@@ -11,9 +11,9 @@ device (``tree.py``) and replays them. Modules, one idea each:
 * ``function.py``: the per-call decisions (warm-up, replay, re-record, fall back).
 """
 from ..errors import CudagraphError
-from .function import CudagraphFunction, cudagraph_compiler, cudagraphify, live_functions, stats
+from .function import CudagraphFunction, cudagraph_compiler, cudagraphify, live_functions, skip_reasons, stats
 from .reasons import GraphFacts, graph_facts
 from .tree import reset_trees
 
 __all__ = ["CudagraphError", "CudagraphFunction", "cudagraph_compiler", "cudagraphify", "GraphFacts",
-           "graph_facts", "reset_trees", "live_functions", "stats"]
+           "graph_facts", "reset_trees", "live_functions", "skip_reasons", "stats"]

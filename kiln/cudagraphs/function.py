@@ -33,11 +33,13 @@ from .. import logs
 from ..config import config
 from .reasons import GraphFacts, graph_facts, skip
 from .recording import CannotRecord, Recording
-from .tree import tree_for
+from .tree import consume, tree_for
 
 
-# Calls by outcome ("warmup", "record", "replay", "skip"), for tests and benchmarks.
+# Calls by outcome ("warmup", "record", "replay", "skip"), and skips by reason, for tests
+# and benchmarks.
 stats: collections.Counter = collections.Counter()
+skip_reasons: collections.Counter = collections.Counter()
 _live: "weakref.WeakSet[CudagraphFunction]" = weakref.WeakSet()
 
 
@@ -78,6 +80,7 @@ class CudagraphFunction:
         self.warmed: set = set()
         self.disabled: str | None = self.facts.skip
         self.logged: set = set()
+        self.probes: list = []      # (backward) inputs that held the forward's saved tensors
         gm_attr = getattr(inner, "graph_module", None)
         if gm_attr is not None:
             self.graph_module = gm_attr
@@ -91,6 +94,8 @@ class CudagraphFunction:
         return tuple(key)
 
     def __call__(self, args: list):
+        if self.kind == "backward":
+            consume(args, self.probes)
         if self.disabled is not None:
             return self._without(args, self.disabled, "disabled")
         key = self._key(args) if self.key_positions else None
@@ -118,6 +123,7 @@ class CudagraphFunction:
 
     def _without(self, args: list, reason: str, kind: str):
         stats["skip"] += 1
+        skip_reasons[reason] += 1
         skip(self.facts, reason, self.logged, kind)
         return self.inner(args)
 

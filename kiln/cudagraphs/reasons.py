@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import traceback
 
 import torch
@@ -44,6 +45,12 @@ class GraphFacts:
     input_names: list[str] = dataclasses.field(default_factory=list)
 
 
+def readable_source(source: str) -> str:
+    """``L['module']._modules['a']._parameters['weight']`` -> ``module.a.weight``."""
+    out = re.sub(r"\._(?:modules|parameters|buffers)\['([^']+)'\]", r".\1", source)
+    return re.sub(r"^[LG]\['([^']+)'\]", r"\1", out)
+
+
 def _op_name(target) -> str:
     name = getattr(target, "__name__", None) or str(target)
     return name.split(".")[0] if isinstance(target, torch._ops.OpOverload) else name
@@ -58,6 +65,18 @@ def _where(node: torch.fx.Node) -> str:
     return ""
 
 
+def _data_dependent(value) -> bool:
+    """Whether a node's value has a size known only at run time (or is unknown)."""
+    if value is None:
+        return True
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+    try:
+        return bool(free_unbacked_symbols(value))
+    except Exception:
+        return True
+
+
 def _devices(value) -> list:
     if isinstance(value, torch.Tensor):
         return [value.device]
@@ -70,7 +89,7 @@ def graph_facts(gm: torch.fx.GraphModule, kind: str) -> GraphFacts:
     """Check one ATen graph (``kind``: inference, forward, backward) at compile time."""
     facts = GraphFacts(name=f"{kind} graph {type(gm).__name__}")
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    facts.input_names = [str(p.meta.get("kiln_source") or p.name) for p in placeholders]
+    facts.input_names = [readable_source(str(p.meta.get("kiln_source") or p.name)) for p in placeholders]
     index = {p: i for i, p in enumerate(placeholders)}
     cuda: set = set()
     unsafe_tag = getattr(torch.Tag, "cudagraph_unsafe", None)
@@ -90,7 +109,8 @@ def graph_facts(gm: torch.fx.GraphModule, kind: str) -> GraphFacts:
         if facts.skip is None:
             if name in _SYNC_OPS:
                 facts.skip = f"op {name} is {_SYNC_OPS[name]}{_where(n)}"
-            elif torch.Tag.dynamic_output_shape in op.tags:
+            elif torch.Tag.dynamic_output_shape in op.tags and _data_dependent(n.meta.get("val")):
+                # (tagged ops such as index with integer indices have static shapes: fine)
                 facts.skip = f"op {name} has a data-dependent output shape (a device sync){_where(n)}"
             elif unsafe_tag is not None and unsafe_tag in op.tags:
                 facts.skip = f"op {name} is tagged cudagraph_unsafe{_where(n)}"

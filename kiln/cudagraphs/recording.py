@@ -23,6 +23,10 @@ import torch
 from .tree import Generation, PoolTree
 
 
+# one C++ call comparing the data pointers of many inputs (torch >= 2.4)
+_ptrs_equal = getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", None)
+
+
 class CannotRecord(Exception):
     """This call cannot be recorded (the reason is the message); it runs without the graph."""
 
@@ -98,7 +102,11 @@ class Recording:
                 buf = flat.as_strided(a.shape, a.stride())
                 self.copies.append((i, buf, flat, span, a.stride()))
             static_args[i] = buf
-        self.buffer_ptrs = {i: buf.data_ptr() for i, buf, *_ in self.copies}
+        # (for the one-call address check of ``matches``: None where nothing is checked)
+        self.ptr_list = [None] * len(args)
+        for i, p in zip(self.inplace, self.ptrs):
+            self.ptr_list[i] = p
+        self.strided_copies = [(i, strides) for i, buf, flat, span, strides in self.copies if flat is not None]
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.tree.handle):
@@ -183,11 +191,16 @@ class Recording:
     # -- replay ------------------------------------------------------------------------------
     def matches(self, args: list) -> bool:
         """Inputs read in place are where they were recorded; copied ones fit their buffers."""
-        for i, p in zip(self.inplace, self.ptrs):
-            if args[i].data_ptr() != p:
-                return False
-        for i, buf, flat, span, strides in self.copies:
-            if flat is not None and args[i].stride() != strides:
+        if self.inplace:
+            if _ptrs_equal is not None:
+                if not _ptrs_equal(args, self.ptr_list, self.inplace):
+                    return False
+            else:
+                for i, p in zip(self.inplace, self.ptrs):
+                    if args[i].data_ptr() != p:
+                        return False
+        for i, strides in self.strided_copies:
+            if args[i].stride() != strides:
                 return False
         return True
 

@@ -29,23 +29,31 @@ _STALE = ("kiln: this tensor is an output of a CUDA-graph replay ({name}) and it
           "overwritten by a later replay. Outputs of a compiled function run with CUDA graphs "
           "(mode='reduce-overhead') stay valid until the function (or one called before it in the "
           "step) is called again: .clone() an output you keep across calls{grad}.")
-_GRAD_HINT = ("; for gradients, let the optimizer's zero_grad() set them to None (the default) "
-              "rather than keeping them across steps")
+_GRAD_HINT = ("; for gradients (as with torch's CUDA graphs): set .grad to None before each "
+              "backward (optimizer.zero_grad() does by default), or, for gradient accumulation, "
+              "allocate the .grad tensors before the first compiled backward (an eager warm-up step)")
 
 
 class Generation:
-    """The outputs of one replay: a storage for those the user may hold, one for those a
-    pending backward needs. Weak: they die with the last tensor on them."""
-    __slots__ = ("visible", "protected", "name", "backward")
+    """The outputs of one replay: storages for those the user may hold, one for those a
+    pending backward needs ("protected"). Weak: they die with the last tensor on them. The
+    backward's call marks its forward's generation ``consumed`` (``consume``): what autograd
+    still holds after that (a retained graph) is invalidated, not protected, by a replay."""
+    __slots__ = ("visible", "protected", "name", "backward", "consumed", "cdata")
 
     def __init__(self, visible: list, protected, name: str, backward: bool):
         self.visible = [StorageWeakRef(s) for s in visible]
         self.protected = StorageWeakRef(protected) if protected is not None else None
         self.name = name
         self.backward = backward
+        self.consumed = False
+        self.cdata = None
+        if protected is not None:
+            self.cdata = protected._cdata
+            _pending[self.cdata] = self
 
     def pending(self) -> bool:
-        return self.protected is not None and not self.protected.expired()
+        return self.protected is not None and not self.consumed and not self.protected.expired()
 
     def invalidate(self) -> None:
         msg = None
@@ -55,7 +63,38 @@ class Generation:
                 if msg is None:
                     msg = _STALE.format(name=self.name, grad=_GRAD_HINT if self.backward else "")
                 torch._C._set_storage_data_ptr_access_error_msg(ref.cdata, msg)
+        if self.cdata is not None and _pending.get(self.cdata) is self:
+            del _pending[self.cdata]
         self.visible, self.protected = [], None
+
+
+# protected storage (its StorageImpl address) -> the generation whose saved tensors it holds
+_pending: dict = {}
+
+
+def consume(args: list, probes: list) -> None:
+    """A backward graph is called with ``args``: the forward generation whose saved tensors
+    they are is no longer pending. ``probes``: the argument positions that found one before
+    (tried first; the others only when they find none)."""
+    if not _pending:
+        return
+    for i in probes:
+        if i < len(args) and _take(args[i]):
+            return
+    for i, a in enumerate(args):
+        if i not in probes and _take(a):
+            probes.append(i)
+            return
+
+
+def _take(a) -> bool:
+    if not isinstance(a, torch.Tensor):
+        return False
+    g = _pending.pop(a.untyped_storage()._cdata, None)
+    if g is None:
+        return False
+    g.consumed = True
+    return True
 
 
 class PoolTree:
@@ -86,7 +125,13 @@ class PoolTree:
                 yield r
 
     def conflict(self, recording) -> str | None:
-        """Why replaying ``recording`` now would overwrite tensors a pending backward needs."""
+        """Why replaying ``recording`` now would overwrite tensors still needed: saved for a
+        pending backward, or (a backward graph run twice in one backward pass) the gradients
+        of its previous replay, which autograd is still accumulating."""
+        g = recording.generation
+        if recording.backward and g is not None and any(not ref.expired() for ref in g.visible):
+            return ("its previous replay's gradients are still alive (one backward pass runs this backward "
+                    "graph twice, e.g. a module called twice before backward())")
         for r in self._from(recording):
             g = r.generation
             if g is not None and g.pending():

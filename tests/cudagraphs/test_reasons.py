@@ -109,3 +109,22 @@ def test_reduce_overhead_turns_kiln_cudagraphs_on_for_inductor():
     assert not lookup_backend("inductor")[0].cudagraphs
     with kiln.config.patch(cudagraphs=True):
         assert lookup_backend("inductor")[0].cudagraphs
+
+
+def test_index_with_integer_indices_is_recordable():
+    # aten.index is tagged dynamic_output_shape (boolean masks), but integer indices give a
+    # static shape: no reason to skip
+    from torch._subclasses import FakeTensorMode
+
+    with FakeTensorMode():
+        x = torch.empty(8, 4, device="cuda")
+        i = torch.empty(3, dtype=torch.long, device="cuda")
+        out = torch.empty(3, 4, device="cuda")
+    g = torch.fx.Graph()
+    px, pi = g.placeholder("x"), g.placeholder("i")
+    px.meta["val"], pi.meta["val"] = x, i
+    n = g.call_function(torch.ops.aten.index.Tensor, (px, [pi]))
+    n.meta["val"] = out
+    g.output((n,))
+    assert torch.Tag.dynamic_output_shape in torch.ops.aten.index.Tensor.tags
+    assert graph_facts(torch.fx.GraphModule(torch.nn.Module(), g), "inference").skip is None
