@@ -48,13 +48,6 @@ def live_functions() -> list:
     return list(_live)
 
 
-def _has_symbols(v) -> bool:
-    if isinstance(v, torch.Tensor):
-        return any(isinstance(d, torch.SymInt) for d in v.shape) or \
-            any(isinstance(s, torch.SymInt) for s in v.stride())
-    return isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool))
-
-
 def _caller(fn: Callable) -> Callable[[list], Any]:
     if getattr(fn, "_boxed_call", False):
         return fn
@@ -66,16 +59,13 @@ class CudagraphFunction:
     ``inner``."""
     _boxed_call = True
 
-    def __init__(self, inner: Callable, gm: torch.fx.GraphModule, kind: str, facts: GraphFacts | None = None):
+    def __init__(self, inner: Callable, facts: GraphFacts):
         self.inner = _caller(inner)
-        self.facts = facts if facts is not None else graph_facts(gm, kind)
-        self.kind = kind
-        phs = [n for n in gm.graph.nodes if n.op == "placeholder"]
-        self.static_idxs = frozenset(i for i, p in enumerate(phs) if p.meta.get("kiln_static"))
-        self.protected_from = None
-        if kind == "forward":     # outputs after the user's are saved for the backward
-            self.protected_from = gm.meta.get("kiln_num_fw_outputs", 0)
-        self.key_positions = [i for i, p in enumerate(phs) if _has_symbols(p.meta.get("val"))]
+        self.facts = facts
+        self.kind = facts.kind
+        self.static_idxs = frozenset(facts.static_inputs)
+        self.protected_from = facts.saved_from
+        self.key_positions = list(facts.size_inputs)
         self.recordings: dict = {}
         self.warmed: set = set()
         self.disabled: str | None = self.facts.skip
@@ -179,10 +169,14 @@ class CudagraphFunction:
         return f"<kiln CUDA-graph {self.facts.name}>"
 
 
-def cudagraphify(compiled: Callable, gm: torch.fx.GraphModule, kind: str) -> Callable:
+def cudagraphify(compiled: Callable, gm: torch.fx.GraphModule | None, kind: str,
+                 facts: GraphFacts | None = None) -> Callable:
     """``compiled`` (a compiled ``kind`` graph: inference, forward, backward) run as CUDA
-    graph replays."""
-    return CudagraphFunction(compiled, gm, kind)
+    graph replays. ``facts``: the compile-time decisions stored with a cached graph (then
+    ``gm`` is not needed)."""
+    if facts is None:
+        facts = graph_facts(gm, kind)
+    return CudagraphFunction(compiled, facts)
 
 
 def cudagraph_compiler(compiler: Callable, kind: str) -> Callable:

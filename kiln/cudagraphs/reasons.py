@@ -38,11 +38,26 @@ _SYNC_OPS = {"_local_scalar_dense": "a device sync (.item(), int(), bool() of a 
 
 @dataclasses.dataclass
 class GraphFacts:
-    """What the compile-time check found, as plain data."""
-    name: str                                   # for messages: "forward graph of Kiln_f"
+    """What the compile-time check found, as plain data: everything a ``CudagraphFunction``
+    needs besides the compiled callable (the pre-compile half of the seed's split; a cache or
+    package load rebuilds the function from ``from_dict`` without the graph module)."""
+    name: str                                   # for messages: "forward graph Kiln_f"
+    kind: str = "inference"                     # inference | forward | backward
     skip: str | None = None                     # why the whole graph cannot be recorded
     written_inputs: list[int] = dataclasses.field(default_factory=list)
     input_names: list[str] = dataclasses.field(default_factory=list)
+    static_inputs: list[int] = dataclasses.field(default_factory=list)   # parameters, buffers
+    # inputs whose sizes vary (symbolic): they key the recordings, one per concrete size
+    size_inputs: list[int] = dataclasses.field(default_factory=list)
+    # (forward) outputs from this index on are saved for the backward
+    saved_from: int | None = None
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "GraphFacts":
+        return cls(**d)
 
 
 def readable_source(source: str) -> str:
@@ -63,6 +78,13 @@ def _where(node: torch.fx.Node) -> str:
         if lines:
             return " at " + lines[-1].strip()
     return ""
+
+
+def _has_symbols(v) -> bool:
+    if isinstance(v, torch.Tensor):
+        return any(isinstance(d, torch.SymInt) for d in v.shape) or \
+            any(isinstance(st, torch.SymInt) for st in v.stride())
+    return isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool))
 
 
 def _data_dependent(value) -> bool:
@@ -87,8 +109,12 @@ def _devices(value) -> list:
 
 def graph_facts(gm: torch.fx.GraphModule, kind: str) -> GraphFacts:
     """Check one ATen graph (``kind``: inference, forward, backward) at compile time."""
-    facts = GraphFacts(name=f"{kind} graph {type(gm).__name__}")
+    facts = GraphFacts(name=f"{kind} graph {type(gm).__name__}", kind=kind)
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    facts.static_inputs = [i for i, p in enumerate(placeholders) if p.meta.get("kiln_static")]
+    facts.size_inputs = [i for i, p in enumerate(placeholders) if _has_symbols(p.meta.get("val"))]
+    if kind == "forward":
+        facts.saved_from = gm.meta.get("kiln_num_fw_outputs", 0)
     facts.input_names = [readable_source(str(p.meta.get("kiln_source") or p.name)) for p in placeholders]
     index = {p: i for i, p in enumerate(placeholders)}
     cuda: set = set()

@@ -62,11 +62,14 @@ class Generation:
             if not ref.expired():
                 if msg is None:
                     msg = _STALE.format(name=self.name, grad=_GRAD_HINT if self.backward else "")
-                torch._C._set_storage_data_ptr_access_error_msg(ref.cdata, msg)
+                _poison(ref.cdata, msg)
         if self.cdata is not None and _pending.get(self.cdata) is self:
             del _pending[self.cdata]
         self.visible, self.protected = [], None
 
+
+# makes reading a storage's data raise ``msg`` (a CUDA build's binding)
+_poison = getattr(torch._C, "_set_storage_data_ptr_access_error_msg", None)
 
 # protected storage (its StorageImpl address) -> the generation whose saved tensors it holds
 _pending: dict = {}
@@ -102,13 +105,20 @@ class PoolTree:
 
     def __init__(self, device: torch.device):
         self.device = device
-        self.handle = torch.cuda.graph_pool_handle()
+        self._handle = None
         self._recordings: list[weakref.ref] = []
         # data pointers of the inputs recordings read in place (parameters and buffers), and
         # of the output memory they own: an input found there at a later capture is read in
         # place too (no copy), e.g. the forward's saved tensors in the backward
         self.static_ptrs: set[int] = set()
         self.owned_bases: set[int] = set()
+
+    @property
+    def handle(self):
+        """The graph pool every recording of this device is captured into."""
+        if self._handle is None:
+            self._handle = torch.cuda.graph_pool_handle()
+        return self._handle
 
     def add(self, recording) -> int:
         self._recordings = [r for r in self._recordings if r() is not None]

@@ -2,6 +2,8 @@
 the or-error switch and the logs: CPU-testable."""
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
@@ -128,3 +130,25 @@ def test_index_with_integer_indices_is_recordable():
     g.output((n,))
     assert torch.Tag.dynamic_output_shape in torch.ops.aten.index.Tensor.tags
     assert graph_facts(torch.fx.GraphModule(torch.nn.Module(), g), "inference").skip is None
+
+
+def test_facts_are_plain_data_and_rebuild_the_function_without_the_graph():
+    from kiln.cudagraphs import GraphFacts, cudagraphify
+
+    from torch._subclasses import FakeTensorMode
+
+    with FakeTensorMode():
+        a, b = torch.empty(4, device="cuda"), torch.empty(4, device="cuda")
+        gm = make_fx(lambda w, x: (w * x, x + 1))(a, b)
+    next(n for n in gm.graph.nodes if n.op == "placeholder").meta["kiln_static"] = True
+    gm.meta["kiln_num_fw_outputs"] = 1
+    facts = graph_facts(gm, "forward")
+    assert facts.static_inputs == [0] and facts.saved_from == 1 and facts.skip is None
+    loaded = GraphFacts.from_dict(json.loads(json.dumps(facts.to_dict())))
+    assert loaded == facts
+    fn = cudagraphify(lambda w, x: (w * x, x + 1), None, "forward", facts=loaded)
+    assert fn.static_idxs == {0} and fn.protected_from == 1 and fn.kind == "forward"
+    # on a CPU-only graph, the rebuilt function runs as compiled, with the stored reason
+    cpu = graph_facts(make_fx(lambda x: x + 1)(torch.ones(3)), "inference")
+    run = cudagraphify(lambda x: x + 1, None, "inference", facts=GraphFacts.from_dict(cpu.to_dict()))
+    assert run.disabled and torch.equal(run([torch.ones(3)]), torch.full((3,), 2.0))
