@@ -122,7 +122,7 @@ class CudagraphFunction:
         moved = last.mismatched(args)
         tree = last.tree
         unstable = [i for i in moved if not (isinstance(args[i], torch.Tensor) and
-                                               (i in self.static_idxs or tree.owns(args[i])))]
+                                               (i in self.static_idxs or tree.owns(args[i], self.kind == "backward")))]
         if unstable:
             names = ", ".join(self.facts.input_names[i] for i in unstable)
             return self._without(args, f"input(s) {names} are not at the address the recording reads them "

@@ -71,7 +71,7 @@ class Recording:
                 continue
             if a.device.type != "cuda":
                 raise CannotRecord(f"input {self.facts.input_names[i]} is a {a.device.type} tensor")
-            if i in self.static_idxs or self.tree.owns(a):
+            if i in self.static_idxs or self.tree.owns(a, self.backward):
                 self.inplace.append(i)
                 self.ptrs.append(a.data_ptr())
             else:
@@ -209,7 +209,9 @@ class Recording:
                 if not isinstance(args[i], torch.Tensor) or args[i].data_ptr() != p]
 
     def replay(self, args: list) -> list:
-        self.tree.invalidate_from(self)
+        # Inputs first (an input may be this recording's previous output, still valid until
+        # the invalidation below). Inputs read in place are safe from this replay: they were
+        # recorded at their address, memory this recording's own allocations never covered.
         for i, buf, flat, span, strides in self.copies:
             a = args[i]
             if a.data_ptr() == buf.data_ptr():
@@ -220,6 +222,7 @@ class Recording:
                 flat.copy_(a.as_strided((span,), (1,)))
         keep = [args[i] for i in self.alias_args] if self.alias_args else None
         args.clear()
+        self.tree.invalidate_from(self)
         self.graph.replay()
         return self._outputs(keep)
 

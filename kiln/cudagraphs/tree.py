@@ -159,10 +159,12 @@ class PoolTree:
                 g.invalidate()
                 r.generation = None
 
-    def owns(self, t: torch.Tensor) -> bool:
-        """Whether ``t`` is stable memory another replay produced or a recording reads in place."""
+    def owns(self, t: torch.Tensor, backward: bool = False) -> bool:
+        """Whether ``t`` is stable memory: an output of a replay, or (for a backward, whose
+        saved tensors include the forward's parameters) an input some forward reads in place."""
         try:
-            return t.untyped_storage().data_ptr() in self.owned_bases or t.data_ptr() in self.static_ptrs
+            return t.untyped_storage().data_ptr() in self.owned_bases or \
+                (backward and t.data_ptr() in self.static_ptrs)
         except Exception:
             return False
 

@@ -252,3 +252,16 @@ def test_hf_models_match_eager(name):
                 close(p.grad, pr.grad, 1e-3)
             p.grad = pr.grad = None
     assert stats["replay"] >= 3 and stats["skip"] == 0, (stats, skip_reasons)
+
+
+def test_output_fed_back_as_input():
+    def f(h, w):
+        return torch.tanh(h @ w)
+
+    w = torch.randn(32, 32, device=DEV) / 6
+    cf = kiln.compile(f, mode="reduce-overhead")
+    h = he = torch.randn(4, 32, device=DEV)
+    for _ in range(6):
+        h, he = cf(h, w), f(he, w)
+        close(h, he)
+    assert stats["replay"] >= 3, (stats, skip_reasons)
