@@ -114,7 +114,7 @@ class Recording:
         self.graph = graph
         self._plan_outputs(list(outs), static_args)
         self.tree.static_ptrs.update(self.ptrs)
-        self.tree.add(self)
+        self.position = self.tree.add(self)
         keep = [args[i] for i in self.alias_args]
         args.clear()
         graph.replay()

@@ -121,18 +121,19 @@ class PoolTree:
         return self._handle
 
     def add(self, recording) -> int:
-        self._recordings = [r for r in self._recordings if r() is not None]
+        """Append a new recording; returns its position (dead ones keep theirs: positions
+        never move)."""
         self._recordings.append(weakref.ref(recording))
         return len(self._recordings) - 1
 
-    def _from(self, recording):
-        seen = False
-        for ref in self._recordings:
+    def _from(self, recording) -> list:
+        """``recording`` and every recording captured after it, alive."""
+        out = []
+        for ref in self._recordings[recording.position:]:
             r = ref()
-            if r is recording:
-                seen = True
-            if seen and r is not None:
-                yield r
+            if r is not None:
+                out.append(r)
+        return out
 
     def conflict(self, recording) -> str | None:
         """Why replaying ``recording`` now would overwrite tensors still needed: saved for a

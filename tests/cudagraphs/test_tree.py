@@ -45,7 +45,7 @@ def cd(t):
 def test_a_replay_invalidates_its_own_and_later_outputs_only(poisoned):
     tree = T.PoolTree(torch.device("cpu"))
     a, b = FakeRecording("first"), FakeRecording("second")
-    tree.add(a), tree.add(b)
+    a.position, b.position = tree.add(a), tree.add(b)
     (ya,), _ = a.replay(visible=1)
     (yb,), _ = b.replay(visible=1)
     assert tree.conflict(b) is None
@@ -60,7 +60,7 @@ def test_a_replay_invalidates_its_own_and_later_outputs_only(poisoned):
 def test_dead_outputs_are_not_touched(poisoned):
     tree = T.PoolTree(torch.device("cpu"))
     a = FakeRecording("first")
-    tree.add(a)
+    a.position = tree.add(a)
     a.replay(visible=2)                    # outputs dropped at once
     tree.invalidate_from(a)
     assert poisoned == {}
@@ -69,7 +69,7 @@ def test_dead_outputs_are_not_touched(poisoned):
 def test_saved_tensors_of_a_pending_backward_are_protected_until_consumed(poisoned):
     tree = T.PoolTree(torch.device("cpu"))
     fw, bw = FakeRecording("forward"), FakeRecording("backward", backward=True)
-    tree.add(fw), tree.add(bw)
+    fw.position, bw.position = tree.add(fw), tree.add(bw)
     _, saved = fw.replay(visible=1, saved=True)
     assert "backward that has not run yet" in tree.conflict(fw)
     probes: list = []
@@ -82,7 +82,7 @@ def test_saved_tensors_of_a_pending_backward_are_protected_until_consumed(poison
 def test_dead_saved_tensors_do_not_conflict(poisoned):
     tree = T.PoolTree(torch.device("cpu"))
     fw = FakeRecording("forward")
-    tree.add(fw)
+    fw.position = tree.add(fw)
     _, saved = fw.replay(saved=True)
     del saved
     assert tree.conflict(fw) is None
@@ -91,7 +91,7 @@ def test_dead_saved_tensors_do_not_conflict(poisoned):
 def test_backward_run_twice_in_one_pass_keeps_its_gradients(poisoned):
     tree = T.PoolTree(torch.device("cpu"))
     bw = FakeRecording("backward", backward=True)
-    tree.add(bw)
+    bw.position = tree.add(bw)
     (g,), _ = bw.replay(visible=1)
     assert "gradients are still alive" in tree.conflict(bw)
     del g
