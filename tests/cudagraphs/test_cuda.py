@@ -4,7 +4,6 @@ Skipped without CUDA; run on the GPU machine with
 from __future__ import annotations
 
 import copy
-import warnings
 
 import pytest
 import torch
