@@ -197,15 +197,24 @@ class GraphCompile:
         start = time.perf_counter()
         which = {"inference": "1/1 (inference)", "forward": "1/2 (forward)", "backward": "2/2 (backward)"}[kind]
         try:
+            facts = None
+            if self.cudagraphs:
+                from ..cudagraphs import graph_facts
+                from ..cudagraphs.function import try_partition
+
+                facts = graph_facts(gm, kind)
+                split = try_partition(gm, lambda piece, ex: self._compile_piece(piece, ex), facts)
+                if split is not None:
+                    return split
             try:
                 with self.progress, self.progress.phase(f"Inductor, graph {which}"):
                     compiled = self._inductor(gm, list(example_inputs), kind)
             except Exception as e:
                 compiled = self._fallback(gm, list(example_inputs), kind, e)
-            if self.cudagraphs:
+            if facts is not None:
                 from ..cudagraphs import cudagraphify
 
-                compiled = cudagraphify(compiled, gm, kind)
+                compiled = cudagraphify(compiled, gm, kind, facts=facts)
             return compiled
         finally:
             secs = time.perf_counter() - start
@@ -213,6 +222,14 @@ class GraphCompile:
             if not self._in_run and logs.enabled.perf:   # a per-shape compile, on a later call
                 logs.log_compile_times(f"{self.name} {kind} graph, compiled for new input shapes",
                                        {"inductor": secs})
+
+    def _compile_piece(self, piece: torch.fx.GraphModule, example_inputs: list):
+        """One piece of CUDA ops of a split inference graph (kiln.cudagraphs.partition)."""
+        with self.progress, self.progress.phase("Inductor, a CUDA-graph part of graph 1/1 (inference)"):
+            try:
+                return self._inductor(piece, list(example_inputs), "inference")
+            except Exception as e:
+                return self._fallback(piece, list(example_inputs), "inference", e)
 
     def _inductor(self, gm: torch.fx.GraphModule, example_inputs: list, kind: str):
         cfg = _torch.inductor_config()

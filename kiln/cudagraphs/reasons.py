@@ -51,6 +51,8 @@ class GraphFacts:
     size_inputs: list[int] = dataclasses.field(default_factory=list)
     # (forward) outputs from this index on are saved for the backward
     saved_from: int | None = None
+    # the skip comes from ops (CPU work, syncs...): the graph can be split around them
+    op_level: bool = False
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -107,6 +109,27 @@ def _devices(value) -> list:
     return []
 
 
+def op_reason(n: torch.fx.Node) -> str | None:
+    """Why one op of a graph cannot be in a CUDA graph (None: it can). Placeholders and
+    outputs are not ops."""
+    for d in _devices(n.meta.get("val")):
+        if d.type not in ("cuda", "meta"):      # meta tensors compute nothing
+            return f"op {_op_name(n.target)} is on the {d.type} device (a CUDA graph records only CUDA work){_where(n)}"
+    if n.op != "call_function" or not isinstance(n.target, torch._ops.OpOverload):
+        return None
+    op = n.target
+    name = op._schema.name.split("::")[-1]
+    if name in _SYNC_OPS:
+        return f"op {name} is {_SYNC_OPS[name]}{_where(n)}"
+    if torch.Tag.dynamic_output_shape in op.tags and _data_dependent(n.meta.get("val")):
+        # (tagged ops such as index with integer indices have static shapes: fine)
+        return f"op {name} has a data-dependent output shape (a device sync){_where(n)}"
+    unsafe_tag = getattr(torch.Tag, "cudagraph_unsafe", None)
+    if unsafe_tag is not None and unsafe_tag in op.tags:
+        return f"op {name} is tagged cudagraph_unsafe{_where(n)}"
+    return None
+
+
 def graph_facts(gm: torch.fx.GraphModule, kind: str) -> GraphFacts:
     """Check one ATen graph (``kind``: inference, forward, backward) at compile time."""
     facts = GraphFacts(name=f"{kind} graph {type(gm).__name__}", kind=kind)
@@ -118,34 +141,31 @@ def graph_facts(gm: torch.fx.GraphModule, kind: str) -> GraphFacts:
     facts.input_names = [readable_source(str(p.meta.get("kiln_source") or p.name)) for p in placeholders]
     index = {p: i for i, p in enumerate(placeholders)}
     cuda: set = set()
-    unsafe_tag = getattr(torch.Tag, "cudagraph_unsafe", None)
     for n in gm.graph.nodes:
         if n.op == "output":
             continue
         for d in _devices(n.meta.get("val")):
             if d.type == "cuda":
                 cuda.add(d.index if d.index is not None else torch.cuda.current_device())
-            elif d.type != "meta" and facts.skip is None:   # meta tensors compute nothing
-                what = f"input {facts.input_names[index[n]]}" if n.op == "placeholder" else f"op {_op_name(n.target)}"
-                facts.skip = f"{what} is on the {d.type} device (a CUDA graph records only CUDA work){_where(n)}"
-        if n.op != "call_function" or not isinstance(n.target, torch._ops.OpOverload):
+        if n.op == "placeholder":
+            for d in _devices(n.meta.get("val")):
+                if d.type not in ("cuda", "meta") and facts.skip is None:
+                    facts.skip = f"input {facts.input_names[index[n]]} is on the {d.type} device (a CUDA graph " \
+                                 "records only CUDA work)"
             continue
-        op = n.target
-        name = op._schema.name.split("::")[-1]
         if facts.skip is None:
-            if name in _SYNC_OPS:
-                facts.skip = f"op {name} is {_SYNC_OPS[name]}{_where(n)}"
-            elif torch.Tag.dynamic_output_shape in op.tags and _data_dependent(n.meta.get("val")):
-                # (tagged ops such as index with integer indices have static shapes: fine)
-                facts.skip = f"op {name} has a data-dependent output shape (a device sync){_where(n)}"
-            elif unsafe_tag is not None and unsafe_tag in op.tags:
-                facts.skip = f"op {name} is tagged cudagraph_unsafe{_where(n)}"
-        if op._schema.is_mutable:
+            reason = op_reason(n)
+            if reason is not None:
+                facts.skip = reason
+                facts.op_level = True
+        op = n.target
+        if n.op == "call_function" and isinstance(op, torch._ops.OpOverload) and op._schema.is_mutable:
             for arg, value in zip(op._schema.arguments, n.args):
                 if arg.alias_info is not None and arg.alias_info.is_write and value in index:
                     facts.written_inputs.append(index[value])
     if len(cuda) > 1 and facts.skip is None:
         facts.skip = f"the graph uses several CUDA devices {sorted(cuda)}"
+        facts.op_level = False
     if not cuda and facts.skip is None:
         facts.skip = "the graph has no CUDA tensors"
     facts.written_inputs = sorted(set(facts.written_inputs))

@@ -172,6 +172,21 @@ def test_cpu_op_skips_with_reason_and_or_error_raises(capfd):
             cf(x)
 
 
+def test_cpu_op_in_the_middle_splits_the_graph():
+    def f(x):
+        y = torch.sin(x) * 2
+        n = torch.ones(4).sum()          # CPU work between two CUDA parts
+        return torch.cos(y) + 1, n
+
+    cf = kiln.compile(f, mode="reduce-overhead")
+    for _ in range(4):
+        x = torch.randn(64, device=DEV)
+        out, n = cf(x)
+        close(out, f(x)[0])
+        assert n.item() == 4
+    assert stats["replay"] >= 2, (stats, skip_reasons)     # the two CUDA parts replay
+
+
 def test_buffer_mutation_is_written_back():
     bn = nn.BatchNorm1d(16).to(DEV)
     ref = copy.deepcopy(bn)
