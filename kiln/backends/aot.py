@@ -47,24 +47,22 @@ def aot_backend(fw_compiler: Callable | None = None, bw_compiler: Callable | Non
         example_inputs = list(example_inputs)
         from ..config import config
 
-        cudagraphs = config.cudagraphs
+        # kiln.config.cudagraphs: each compiled graph replays as CUDA graphs. A post-compile
+        # step (the graphs are wrapped, not changed): a cached entry is the same with or
+        # without it, and a load applies it (load_cudagraphs).
+        compilers = _with_cudagraphs(fw_compiler, bw_compiler, inference_compiler) if config.cudagraphs \
+            else (fw_compiler, bw_compiler, inference_compiler)
 
         def compile():
-            fw, bw, inf = fw_compiler, bw_compiler, inference_compiler
-            if cudagraphs:      # kiln.config.cudagraphs: each compiled graph replays as CUDA graphs
-                from ..aot.compile import run_as_fx
-                from ..cudagraphs import cudagraph_compiler
-
-                base = fw or run_as_fx
-                fw, bw, inf = (cudagraph_compiler(base, "forward"), cudagraph_compiler(bw or base, "backward"),
-                               cudagraph_compiler(inf or base, "inference"))
+            fw, bw, inf = compilers
             return compile_graph(gm, example_inputs, decompositions=decompositions, fw_compiler=fw,
                                  bw_compiler=bw, partition_fn=partition_fn, inference_compiler=inf)
         from .. import cache
 
-        if cudagraphs:
-            cache.bypass(gm, "kiln.config.cudagraphs is on (recordings are made at run time)")
-            return compile()
+        load = _load_artifact
+        if config.cudagraphs:
+            def load(payload, gm):
+                return _load_artifact(payload, gm, compilers)
         if not cacheable:
             cache.bypass(gm, "aot_backend with user compilers, partitioner or decompositions (code the key cannot see)")
             return compile()
@@ -75,7 +73,7 @@ def aot_backend(fw_compiler: Callable | None = None, bw_compiler: Callable | Non
             cache.bypass(gm, "kiln.aot.config.partition_fn is a callable (not keyable)")
             return compile()
         return cache.cached(gm, example_inputs, backend="aot_eager", options={"partition_fn": partitioner, "decompositions": decomposition_name},
-                            compile=compile, load=_load_artifact, dump=_dump_artifact)
+                            compile=compile, load=load, dump=_dump_artifact)
 
     kiln_aot_backend.__name__ = "aot_backend"
     kiln_aot_backend.fw_compiler = getattr(fw_compiler, "__wrapped__", fw_compiler)
@@ -96,11 +94,23 @@ def _dump_artifact(compiled) -> bytes:
     return AOTArtifact(compiled.parts).to_bytes()
 
 
-def _load_artifact(payload: bytes, gm: torch.fx.GraphModule):
-    """The AOT result rebuilt from its parts: no tracing, the same callable stage 2 builds."""
+def _with_cudagraphs(fw_compiler, bw_compiler, inference_compiler) -> tuple:
+    """The compilers, their results run as CUDA graphs (kiln.cudagraphs)."""
+    from ..aot.compile import run_as_fx
+    from ..cudagraphs import cudagraph_compiler
+
+    base = fw_compiler or run_as_fx
+    return (cudagraph_compiler(base, "forward"), cudagraph_compiler(bw_compiler or base, "backward"),
+            cudagraph_compiler(inference_compiler or base, "inference"))
+
+
+def _load_artifact(payload: bytes, gm: torch.fx.GraphModule, compilers: tuple = (None, None, None)):
+    """The AOT result rebuilt from its parts: no tracing, the same callable stage 2 builds
+    (with ``compilers``: those of ``kiln.config.cudagraphs``, which decide from the stored
+    graphs whether and how they run as CUDA graphs)."""
     from ..aot.export import AOTArtifact
 
-    compiled = AOTArtifact.from_bytes(payload).load()
+    compiled = AOTArtifact.from_bytes(payload).load(*compilers)
     compiled.run_as_captured = gm       # as stage2_compile: eager's answer for RunAsCaptured
     return compiled
 

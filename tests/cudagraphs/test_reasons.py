@@ -154,3 +154,23 @@ def test_facts_are_plain_data_and_rebuild_the_function_without_the_graph():
     cpu = graph_facts(make_fx(lambda x: x + 1)(torch.ones(3)), "inference")
     run = cudagraphify(lambda x: x + 1, None, "inference", facts=GraphFacts.from_dict(cpu.to_dict()))
     assert run.disabled and torch.equal(run([torch.ones(3)]), torch.full((3,), 2.0))
+
+
+def test_cudagraphs_apply_to_a_compile_cache_load(capfd):
+    # The recording is a post-compile step: an aot_eager entry stored without CUDA graphs is
+    # loaded with them, and makes the same decision (here: CPU inputs, run as compiled)
+    from kiln.cudagraphs import skip_reasons
+
+    def f(x):
+        return torch.tanh(x) * 3
+
+    x = torch.randn(8)
+    kiln.compile(f, backend="aot_eager")(x)
+    assert kiln.cache.stats()["misses"] >= 1
+    kiln.reset()
+    skip_reasons.clear()
+    hits = kiln.cache.stats()["hits"]
+    with kiln.config.patch(cudagraphs=True):
+        torch.testing.assert_close(kiln.compile(f, backend="aot_eager")(x), f(x))
+    assert kiln.cache.stats()["hits"] == hits + 1
+    assert any("cpu device" in r for r in skip_reasons), skip_reasons
