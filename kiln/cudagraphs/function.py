@@ -48,6 +48,17 @@ def live_functions() -> list:
     return list(_live)
 
 
+_is_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None)
+
+
+def _capturing() -> bool:
+    """Whether the current stream is capturing a CUDA graph (the caller's own)."""
+    try:
+        return bool(_is_capturing()) if _is_capturing is not None else False
+    except RuntimeError:        # a build without CUDA
+        return False
+
+
 def _caller(fn: Callable) -> Callable[[list], Any]:
     if getattr(fn, "_boxed_call", False):
         return fn
@@ -88,6 +99,8 @@ class CudagraphFunction:
             consume(args, self.probes)
         if self.disabled is not None:
             return self._without(args, self.disabled, "disabled")
+        if _capturing():        # inside the caller's own CUDA-graph capture: its graph records us
+            return self.inner(args)
         key = self._key(args) if self.key_positions else None
         recs = self.recordings.get(key)
         if recs is not None:

@@ -184,3 +184,4 @@ def tree_for(device: torch.device) -> PoolTree:
 def reset_trees() -> None:
     """Forget the pools (kiln.reset): recordings alive keep their own pool reference."""
     _trees.clear()
+    _pending.clear()
