@@ -13,13 +13,15 @@ Public API: ``compile``, ``reset``, ``explain``, ``comptime``, ``config``, ``Uns
 ``aot`` (staged AOT autograd), ``backends``, ``testing``, ``set_logs``, and for dynamic shapes
 ``mark_dynamic``, ``mark_static``, ``ConstraintViolation``; for activation memory
 ``saved_tensors_hooks`` / ``inline_saved_tensors_hooks`` (saved-tensor hooks inlined into the
-compiled graphs) and ``activations`` (the cast, fp8 and offload policies and their report).
+compiled graphs) and ``activations`` (the cast, fp8 and offload policies and their report);
+``CudagraphError`` for CUDA graphs (``mode="reduce-overhead"``, ``kiln.config.cudagraphs``; see
+``kiln.cudagraphs``).
 """
 from . import aot, backends, cache, testing
 from .api import CompiledFunction, CompiledMethod, CompiledModule, compile, reset
 from .capture.comptime import comptime
 from .config import config
-from .errors import ConstraintViolation, Unsupported
+from .errors import ConstraintViolation, CudagraphError, Unsupported
 from .explain import explain
 from .logs import set_logs
 from .shapes import mark_dynamic, mark_static
@@ -29,5 +31,5 @@ from .activations.hooks import inline_saved_tensors_hooks, saved_tensors_hooks
 __all__ = ["compile", "reset", "explain", "comptime", "config", "Unsupported", "aot", "backends",
            "testing", "set_logs", "CompiledFunction", "CompiledMethod", "CompiledModule",
            "mark_dynamic", "mark_static", "ConstraintViolation", "activations",
-           "saved_tensors_hooks", "inline_saved_tensors_hooks"]
+           "saved_tensors_hooks", "inline_saved_tensors_hooks", "CudagraphError"]
 __version__ = "0.1.0"

@@ -87,6 +87,9 @@ def reset() -> None:
     _canonical_functions.clear()
     _callee_objects.clear()
     _stack_walkers.clear()
+    from .cudagraphs.tree import reset_trees
+
+    reset_trees()
 
 
 class CompileKey:
@@ -543,7 +546,10 @@ def compile(fn=None, *, backend="inductor", mode=None, fullgraph=False, dynamic=
             tell an AOT problem from an Inductor one). ``"eager"``: the captured graph runs
             as it is (to debug capture; compiles nothing).
         mode: ``None``/``"default"``, ``"reduce-overhead"``, ``"max-autotune"`` (recorded in
-            the compile key; backends that use it read ``key.mode``).
+            the compile key; backends that use it read ``key.mode``). ``"reduce-overhead"``
+            (inductor backend) replays the compiled graphs as CUDA graphs (``kiln.cudagraphs``):
+            a replay's outputs stay valid until the next call of the same function; reading
+            one after that raises.
         fullgraph: raise ``kiln.Unsupported`` instead of running a frame eagerly when
             something cannot be captured.
         dynamic: the dynamic-shape policy. ``None`` (default): static first; when a call

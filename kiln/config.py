@@ -33,6 +33,18 @@ class Config:
     specialize_int: bool = False
     # A backend compile (Inductor) that runs longer than 2 s says what it is doing on stderr.
     progress: bool = True
+    # CUDA graphs (kiln/cudagraphs) for every compile with an AOT backend, whatever the mode
+    # (mode="reduce-overhead" turns them on for the inductor backend). KILN_CUDAGRAPHS=1.
+    cudagraphs: bool = False
+    # Recordings one compiled graph may make for new addresses of its parameters/buffers
+    # (a new module instance, a replaced parameter); after that it runs without CUDA graphs.
+    cudagraph_max_recording: int = 5
+    # Input sizes one dynamic graph records (one recording per concrete size); new sizes
+    # beyond that run without CUDA graphs.
+    cudagraph_max_sizes: int = 16
+    # Raise kiln.CudagraphError instead of running anything outside a CUDA graph.
+    # KILN_CUDAGRAPH_OR_ERROR=1.
+    cudagraph_or_error: bool = False
 
     def patch(self, **changes: Any) -> contextlib.AbstractContextManager:
         """Temporarily change fields: ``with kiln.config.patch(recompile_limit=1): ...``."""

@@ -41,3 +41,10 @@ class ConstraintViolation(KilnError):
 
     The message names the dim, the value it was specialized to, and the line that did it;
     remove the mark, or make that line shape-generic."""
+
+
+class CudagraphError(KilnError):
+    """A graph compiled with CUDA graphs (``mode="reduce-overhead"`` or
+    ``kiln.config.cudagraphs``) would run outside a CUDA graph while
+    ``kiln.config.cudagraph_or_error`` (``KILN_CUDAGRAPH_OR_ERROR=1``) is set. The message
+    names the reason (the op, the input) and where the compiled function was called from."""

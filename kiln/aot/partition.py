@@ -336,6 +336,7 @@ def partition_joint(gm: torch.fx.GraphModule, joint_inputs: Any, num_fw_outputs:
                     partition_fn: Any = None) -> Partition:
     fn = resolve_partition_fn(partition_fn)
     fw, bw = fn(gm, joint_inputs, num_fwd_outputs=num_fw_outputs)
+    fw.meta.setdefault("kiln_num_fw_outputs", num_fw_outputs)   # (the rest are saved tensors)
     fw_outs = U.flat_outputs(fw.graph)
     saved = fw_outs[num_fw_outputs:]
     n_bw_in = sum(1 for n in bw.graph.nodes if n.op == "placeholder")

@@ -51,11 +51,18 @@ def aot_backend(fw_compiler: Callable | None = None, bw_compiler: Callable | Non
 
     def kiln_aot_backend(gm: torch.fx.GraphModule, example_inputs: list):
         example_inputs = list(example_inputs)
+        from ..config import config
+
+        # kiln.config.cudagraphs: each compiled graph replays as CUDA graphs. A post-compile
+        # step (the graphs are wrapped, not changed): a cached entry is the same with or
+        # without it, and a load applies it (load_cudagraphs).
+        compilers = _with_cudagraphs(fw_compiler, bw_compiler, inference_compiler) if config.cudagraphs \
+            else (fw_compiler, bw_compiler, inference_compiler)
 
         def compile():
-            return compile_graph(gm, example_inputs, decompositions=decompositions, fw_compiler=fw_compiler,
-                                 bw_compiler=bw_compiler, partition_fn=partition_fn,
-                                 inference_compiler=inference_compiler)
+            fw, bw, inf = compilers
+            return compile_graph(gm, example_inputs, decompositions=decompositions, fw_compiler=fw,
+                                 bw_compiler=bw, partition_fn=partition_fn, inference_compiler=inf)
         from .. import cache
         from ..aot import config as aot_config
 
@@ -76,7 +83,8 @@ def aot_backend(fw_compiler: Callable | None = None, bw_compiler: Callable | Non
             options["compilers"] = [_name_of(c) for c in (fw_compiler, bw_compiler, inference_compiler)]
 
         def load(payload: bytes, g: torch.fx.GraphModule):
-            return _load_artifact(payload, g, fw_compiler, bw_compiler, inference_compiler)
+            # (the user's compilers, with kiln.config.cudagraphs wrapped as for a compile)
+            return _load_artifact(payload, g, compilers)
         return cache.cached(gm, example_inputs, backend="aot_eager" if user_key is None else "aot_backend",
                             options=options, compile=compile, load=load, dump=_dump_artifact)
 
@@ -107,13 +115,23 @@ def _dump_artifact(compiled) -> bytes:
     return AOTArtifact(compiled.parts).to_bytes()
 
 
-def _load_artifact(payload: bytes, gm: torch.fx.GraphModule, fw_compiler=None, bw_compiler=None,
-                   inference_compiler=None):
+def _with_cudagraphs(fw_compiler, bw_compiler, inference_compiler) -> tuple:
+    """The compilers, their results run as CUDA graphs (kiln.cudagraphs)."""
+    from ..aot.compile import run_as_fx
+    from ..cudagraphs import cudagraph_compiler
+
+    base = fw_compiler or run_as_fx
+    return (cudagraph_compiler(base, "forward"), cudagraph_compiler(bw_compiler or base, "backward"),
+            cudagraph_compiler(inference_compiler or base, "inference"))
+
+
+def _load_artifact(payload: bytes, gm: torch.fx.GraphModule, compilers: tuple = (None, None, None)):
     """The AOT result rebuilt from its parts: no tracing, the same callable stage 2 builds
-    (the backend's compilers, if any, run on the loaded graphs)."""
+    (with ``compilers``: those of ``kiln.config.cudagraphs``, which decide from the stored
+    graphs whether and how they run as CUDA graphs)."""
     from ..aot.export import AOTArtifact
 
-    compiled = AOTArtifact.from_bytes(payload).load(fw_compiler, bw_compiler, inference_compiler)
+    compiled = AOTArtifact.from_bytes(payload).load(*compilers)
     compiled.run_as_captured = gm       # as stage2_compile: eager's answer for RunAsCaptured
     return compiled
 

@@ -11,10 +11,13 @@ One captured graph goes through:
 4. kiln's runtime wrappers (the autograd.Function, input mutations, output aliases) around the
    generated code.
 
-Inductor runs with its CUDA graphs off (kiln owns CUDA graphs) and its FX graph cache on.
-Static graphs go through kiln's compile cache (``inductor_entry.py``): a warm process loads the
-generated code and the AOT wrappers, and traces and lowers nothing.
-``mode`` and ``options`` become Inductor config (``inductor_options.py``).
+Inductor runs with its CUDA graphs off and its FX graph cache on. ``mode`` and ``options``
+become Inductor config (``inductor_options.py``). With ``mode="reduce-overhead"`` (or
+``kiln.config.cudagraphs``) kiln records each compiled graph as CUDA graphs itself
+(``kiln.cudagraphs``), with no buffer donation in the backward (the forward's saved tensors
+live in the CUDA-graph pool, where the backward reads them in place). Static graphs go through
+kiln's compile cache (``inductor_entry.py``): a warm process loads the generated code and the
+AOT wrappers, and traces and lowers nothing.
 
 Dynamic graphs are traced and compiled once with the capture's symbols, under a
 TracingContext over the capture's fake mode: the shape facts Inductor adds while compiling go
@@ -59,6 +62,13 @@ class InductorBackend:
         self._configured: dict = {}
 
     @property
+    def cudagraphs(self) -> bool:
+        """Whether compiled graphs are recorded as CUDA graphs (kiln.cudagraphs)."""
+        from ..config import config
+
+        return self.mode == "reduce-overhead" or config.cudagraphs
+
+    @property
     def config_patches(self) -> dict:
         """The Inductor config every compile of this backend runs under."""
         if self._patches is None:
@@ -86,7 +96,7 @@ class InductorBackend:
         from . import inductor_entry
 
         example_inputs = list(example_inputs)
-        graph = GraphCompile(self.config_patches, gm)
+        graph = GraphCompile(self.config_patches, gm, cudagraphs=self.cudagraphs)
         try:
             options = self.cache_options()
         except Exception as e:       # an Inductor config kiln cannot key: compile, uncached
@@ -96,13 +106,14 @@ class InductorBackend:
             return cache.cached(
                 gm, example_inputs, backend="inductor", options=options,
                 compile=lambda: graph.run(example_inputs),
-                load=lambda payload, g: inductor_entry.load(payload, g, self._graph_compile),
-                dump=lambda compiled: inductor_entry.dump(compiled, graph.records, graph._fw_output_strides))
+                load=lambda payload, g: inductor_entry.load(payload, g, self._graph_compile, self.cudagraphs),
+                dump=lambda compiled: inductor_entry.dump(compiled, graph.records, graph._fw_output_strides,
+                                                           graph.split_graphs))
         finally:
             graph.records = {}      # (the generated code is on disk now; the callable keeps its module)
 
     def _graph_compile(self, gm: torch.fx.GraphModule) -> "GraphCompile":
-        return GraphCompile(self.config_patches, gm)
+        return GraphCompile(self.config_patches, gm, cudagraphs=self.cudagraphs)
 
     def cache_options(self) -> dict:
         """What the cache key holds of this backend: the mode, the options, and every Inductor
@@ -115,6 +126,7 @@ class InductorBackend:
             portable = cfg.save_config_portable()
         text = json.dumps(portable, sort_keys=True, default=repr)
         return {"mode": self.mode, "options": json.dumps(self.options, sort_keys=True, default=repr),
+                "cudagraphs": self.cudagraphs,
                 "inductor_config": hashlib.sha256(text.encode()).hexdigest()}
 
     def __repr__(self) -> str:
@@ -132,8 +144,9 @@ class GraphCompile:
     and what they share (the graph's number, the forward's output strides for the backward,
     the time spent in Inductor, progress on stderr)."""
 
-    def __init__(self, patches: dict, gm: torch.fx.GraphModule):
+    def __init__(self, patches: dict, gm: torch.fx.GraphModule, cudagraphs: bool = False):
         self.patches = patches
+        self.cudagraphs = cudagraphs
         self.gm = gm
         self.number = next(_graph_numbers)
         name = type(gm).__name__
@@ -147,6 +160,7 @@ class GraphCompile:
         self._fw_num_outputs = 0
         # per graph kind, what the cache entry needs of Inductor's result (inductor_entry)
         self.records: dict = {}
+        self.split_graphs = False
 
     def run(self, example_inputs: list) -> Callable:
         from ..aot.dynamic import compile_graph
@@ -187,7 +201,8 @@ class GraphCompile:
             fw, bw = min_cut_rematerialization_partition(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs)
         fw.meta["kiln_num_fw_outputs"] = num_fwd_outputs
         bw.meta["kiln_num_saved"] = len(_outputs(fw)) - num_fwd_outputs
-        bw.meta["kiln_donated"] = donatable_saved_tensors(fw, bw, num_fwd_outputs)
+        # (CUDA graphs: the saved tensors are pool memory the backward reads in place)
+        bw.meta["kiln_donated"] = [] if self.cudagraphs else donatable_saved_tensors(fw, bw, num_fwd_outputs)
         return fw, bw
 
     def inference(self, gm: torch.fx.GraphModule, example_inputs: list):
@@ -219,16 +234,40 @@ class GraphCompile:
         start = time.perf_counter()
         which = {"inference": "1/1 (inference)", "forward": "1/2 (forward)", "backward": "2/2 (backward)"}[kind]
         try:
-            with self.progress, self.progress.phase(f"Inductor, graph {which}"):
-                return self._inductor(gm, list(example_inputs), kind)
-        except Exception as e:
-            return self._fallback(gm, list(example_inputs), kind, e)
+            facts = None
+            if self.cudagraphs:
+                from ..cudagraphs import graph_facts
+                from ..cudagraphs.function import try_partition
+
+                facts = graph_facts(gm, kind)
+                split = try_partition(gm, lambda piece, ex: self._compile_piece(piece, ex), facts)
+                if split is not None:
+                    self.split_graphs = True     # (pieces: not one generated module to store)
+                    return split
+            try:
+                with self.progress, self.progress.phase(f"Inductor, graph {which}"):
+                    compiled = self._inductor(gm, list(example_inputs), kind)
+            except Exception as e:
+                compiled = self._fallback(gm, list(example_inputs), kind, e)
+            if facts is not None:
+                from ..cudagraphs import cudagraphify
+
+                compiled = cudagraphify(compiled, gm, kind, facts=facts)
+            return compiled
         finally:
             secs = time.perf_counter() - start
             self.inductor_seconds += secs
             if not self._in_run and logs.enabled.perf:   # a per-shape compile, on a later call
                 logs.log_compile_times(f"{self.name} {kind} graph, compiled for new input shapes",
                                        {"inductor": secs})
+
+    def _compile_piece(self, piece: torch.fx.GraphModule, example_inputs: list):
+        """One piece of CUDA ops of a split inference graph (kiln.cudagraphs.partition)."""
+        with self.progress, self.progress.phase("Inductor, a CUDA-graph part of graph 1/1 (inference)"):
+            try:
+                return self._inductor(piece, list(example_inputs), "inference")
+            except Exception as e:
+                return self._fallback(piece, list(example_inputs), "inference", e)
 
     def _inductor(self, gm: torch.fx.GraphModule, example_inputs: list, kind: str):
         cfg = _torch.inductor_config()

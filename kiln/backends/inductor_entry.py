@@ -40,12 +40,14 @@ class GeneratedCode:
         self.donated = list(donated)
 
 
-def dump(compiled: Any, records: dict, fw_output_strides: list | None) -> bytes:
+def dump(compiled: Any, records: dict, fw_output_strides: list | None, split_graphs: bool = False) -> bytes:
     """The entry's bytes. Raises ValueError for a result that cannot be stored (the cache then
     keeps nothing and says why)."""
     from ..aot.compile import AOTCompiled
     from ..aot.export import AOTArtifact
 
+    if split_graphs:
+        raise ValueError("a graph split around ops CUDA graphs cannot hold (reduce-overhead): not stored yet")
     if not isinstance(compiled, AOTCompiled):
         raise ValueError(f"not an AOT result ({type(compiled).__name__}): a per-shape or as-captured graph")
     parts = compiled.parts
@@ -74,9 +76,11 @@ def dump(compiled: Any, records: dict, fw_output_strides: list | None) -> bytes:
     return buf.getvalue()
 
 
-def load(payload: bytes, gm: torch.fx.GraphModule, make_compile: Callable[[torch.fx.GraphModule], Any]) -> Any:
+def load(payload: bytes, gm: torch.fx.GraphModule, make_compile: Callable[[torch.fx.GraphModule], Any],
+         cudagraphs: bool = False) -> Any:
     """The compiled callable rebuilt from an entry. ``make_compile(gm)`` makes the
-    ``GraphCompile`` that compiles a partial backward on demand."""
+    ``GraphCompile`` that compiles a partial backward on demand. ``cudagraphs``: each loaded
+    graph replays as CUDA graphs, decided from the stored graph as after a compile."""
     from ..aot.compile import assemble
     from ..aot.export import AOTArtifact
 
@@ -104,6 +108,10 @@ def load(payload: bytes, gm: torch.fx.GraphModule, make_compile: Callable[[torch
         def compiler(graph: torch.fx.GraphModule, example_inputs: list):
             if kind == "backward" and graph is not parts.backward:
                 return later.backward(graph, example_inputs)
+            if cudagraphs:
+                from ..cudagraphs import cudagraphify, graph_facts
+
+                return cudagraphify(loaded[kind], graph, kind, facts=graph_facts(graph, kind))
             return loaded[kind]
         return compiler
 

@@ -9,9 +9,9 @@ or a value of the wrong type is a ValueError at ``kiln.compile`` time, naming cl
 
 kiln decides two settings itself:
 
-* Inductor's CUDA graphs stay off: kiln owns CUDA graphs (their own feature). ``"max-autotune"``
-  is therefore ``"max-autotune-no-cudagraphs"`` for now, and ``"reduce-overhead"`` (CUDA graphs
-  only) compiles as the default mode, with a warning.
+* Inductor's CUDA graphs stay off: kiln owns CUDA graphs (``kiln/cudagraphs``). ``"max-autotune"``
+  is therefore ``"max-autotune-no-cudagraphs"`` for Inductor, and ``"reduce-overhead"`` compiles
+  as the default mode, its graphs then recorded by kiln (``InductorBackend.cudagraphs``).
 * ``fallback_random=True`` unless the options say otherwise: random ops (dropout) run ATen's
   kernels in eager's order, so one seed gives eager's numbers. ``fallback_random=False``
   generates them inside Inductor's kernels instead: faster, the same distribution, other numbers.
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import difflib
 import typing
-import warnings
 from typing import Any
 
 from .. import _torch
@@ -64,14 +63,9 @@ def inductor_config_patches(mode: str | None, options: dict | None) -> dict:
     cfg = _torch.inductor_config()
     known = cfg.get_config_copy()
     patches = dict(_DEFAULTS)
-    if mode == "reduce-overhead":
-        warnings.warn("kiln: mode='reduce-overhead' asks Inductor for CUDA graphs, which kiln manages "
-                      "itself and does not apply yet; compiling with mode='default'", RuntimeWarning,
-                      stacklevel=4)
-    else:
-        for k, v in _torch.inductor_mode_options(mode).items():
-            if k not in _CUDAGRAPH_KEYS:
-                patches[k] = v
+    for k, v in _torch.inductor_mode_options(mode).items():
+        if k not in _CUDAGRAPH_KEYS:
+            patches[k] = v
     for key, value in (options or {}).items():
         if not isinstance(key, str):
             raise TypeError(f"kiln.compile: option names are strings, not {type(key).__name__} ({key!r})")

@@ -1,0 +1,19 @@
+"""CUDA graphs for kiln's compiled graphs: ``kiln.compile(fn, mode="reduce-overhead")`` (the
+inductor backend) or ``kiln.config.cudagraphs = True`` (any AOT backend).
+
+The compiled inference, forward and backward graphs each become a ``CudagraphFunction``
+(``function.py``) that records them with ``torch.cuda.CUDAGraph`` into one graph pool per
+device (``tree.py``) and replays them. Modules, one idea each:
+
+* ``reasons.py``: what keeps a graph or a call out of a CUDA graph; logging, or-error;
+* ``tree.py``: the pool and its ordered recordings; stale outputs, pending backwards;
+* ``recording.py``: one recording: inputs read in place or copied, outputs per replay;
+* ``function.py``: the per-call decisions (warm-up, replay, re-record, fall back).
+"""
+from ..errors import CudagraphError
+from .function import CudagraphFunction, cudagraph_compiler, cudagraphify, live_functions, skip_reasons, stats
+from .reasons import GraphFacts, graph_facts
+from .tree import reset_trees
+
+__all__ = ["CudagraphError", "CudagraphFunction", "cudagraph_compiler", "cudagraphify", "GraphFacts",
+           "graph_facts", "reset_trees", "live_functions", "skip_reasons", "stats"]

@@ -1,0 +1,222 @@
+"""``CudagraphFunction``: a compiled graph (inference, forward or backward) that runs as CUDA
+graph replays.
+
+Per call (the fast path is a dict lookup, an address comparison per input read in place, the
+copies of the other inputs, one ``replay()``):
+
+1. a graph the compile-time check refused (``reasons.graph_facts``) runs as compiled;
+2. the recordings for this input size (dynamic graphs: one per concrete size, up to
+   ``kiln.config.cudagraph_max_sizes``; static graphs: one size) are tried in order: the first
+   whose in-place inputs are at their recorded addresses replays, unless that would overwrite
+   tensors a pending backward needs (``tree.conflict``: that call runs as compiled);
+3. a size seen for the first time runs as compiled (warm-up: kernels autotune, libraries
+   initialize outside the capture); the second call records;
+4. in-place inputs at new addresses (a new module instance, a replaced parameter) record
+   again, up to ``kiln.config.cudagraph_max_recording`` recordings per size; after that the
+   graph runs as compiled for good, with one warning naming the input.
+
+Whether an input may be written is checked once, when recording (the seed's optimistic check:
+the slow path when recording, trusted afterwards: a recording exists only for inputs it found
+safe, and the in-place address check of step 2 guards the assumption on every call).
+"""
+from __future__ import annotations
+
+import collections
+import warnings
+import weakref
+from typing import Any, Callable
+
+import torch
+import torch.fx
+
+from .. import logs
+from ..config import config
+from .reasons import GraphFacts, graph_facts, skip
+from .recording import CannotRecord, Recording
+from .tree import consume, tree_for
+
+
+# Calls by outcome ("warmup", "record", "replay", "skip"), and skips by reason, for tests
+# and benchmarks.
+stats: collections.Counter = collections.Counter()
+skip_reasons: collections.Counter = collections.Counter()
+_live: "weakref.WeakSet[CudagraphFunction]" = weakref.WeakSet()
+
+
+def live_functions() -> list:
+    """The CudagraphFunctions alive (each compiled graph with CUDA graphs on)."""
+    return list(_live)
+
+
+_is_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None)
+
+
+def _capturing() -> bool:
+    """Whether the current stream is capturing a CUDA graph (the caller's own)."""
+    try:
+        return bool(_is_capturing()) if _is_capturing is not None else False
+    except RuntimeError:        # a build without CUDA
+        return False
+
+
+def _caller(fn: Callable) -> Callable[[list], Any]:
+    if getattr(fn, "_boxed_call", False):
+        return fn
+    return lambda args: fn(*args)
+
+
+class CudagraphFunction:
+    """A boxed callable (takes one list of arguments, empties it) replaying CUDA graphs of
+    ``inner``."""
+    _boxed_call = True
+
+    def __init__(self, inner: Callable, facts: GraphFacts):
+        self.inner = _caller(inner)
+        self.facts = facts
+        self.kind = facts.kind
+        self.static_idxs = frozenset(facts.static_inputs)
+        self.protected_from = facts.saved_from
+        self.key_positions = list(facts.size_inputs)
+        self.recordings: dict = {}
+        self.warmed: set = set()
+        self.disabled: str | None = self.facts.skip
+        self.logged: set = set()
+        self.probes: list = []      # (backward) inputs that held the forward's saved tensors
+        gm_attr = getattr(inner, "graph_module", None)
+        if gm_attr is not None:
+            self.graph_module = gm_attr
+        _live.add(self)
+
+    def _key(self, args: list):
+        key = []
+        for i in self.key_positions:
+            a = args[i]
+            key.append((tuple(a.shape), a.stride()) if isinstance(a, torch.Tensor) else a)
+        return tuple(key)
+
+    def __call__(self, args: list):
+        if self.kind == "backward":
+            consume(args, self.probes)
+        if self.disabled is not None:
+            return self._without(args, self.disabled, "disabled")
+        if _capturing():        # inside the caller's own CUDA-graph capture: its graph records us
+            return self.inner(args)
+        key = self._key(args) if self.key_positions else None
+        recs = self.recordings.get(key)
+        if recs is not None:
+            for rec in recs:
+                if rec.matches(args):
+                    why = rec.tree.conflict(rec)
+                    if why is None:
+                        stats["replay"] += 1
+                        return rec.replay(args)
+                    return self._without(args, why, "pending")
+            return self._record_again(args, key, recs)
+        if key not in self.warmed:
+            if len(self.warmed) >= config.cudagraph_max_sizes:
+                return self._without(args, f"more than kiln.config.cudagraph_max_sizes="
+                                           f"{config.cudagraph_max_sizes} input sizes recorded", "sizes")
+            self.warmed.add(key)
+            stats["warmup"] += 1
+            if logs.enabled.cudagraphs:
+                logs.log("cudagraphs", f"warm-up run of the {self.facts.name}"
+                                       f"{' for sizes ' + str(key) if key else ''} (recorded on the next call)")
+            return self.inner(args)
+        return self._record(args, key)
+
+    def _without(self, args: list, reason: str, kind: str):
+        stats["skip"] += 1
+        skip_reasons[reason] += 1
+        skip(self.facts, reason, self.logged, kind)
+        return self.inner(args)
+
+    def _record_again(self, args: list, key, recs: list):
+        last = recs[-1]
+        moved = last.mismatched(args)
+        tree = last.tree
+        unstable = [i for i in moved if not (isinstance(args[i], torch.Tensor) and
+                                               (i in self.static_idxs or tree.owns(args[i], self.kind == "backward")))]
+        if unstable:
+            names = ", ".join(self.facts.input_names[i] for i in unstable)
+            return self._without(args, f"input(s) {names} are not at the address the recording reads them "
+                                       "from, and are not outputs of another CUDA-graph replay", "moved")
+        if len(recs) >= config.cudagraph_max_recording:
+            names = ", ".join(self.facts.input_names[i] for i in moved) or "(copied inputs' layout)"
+            self.disabled = (f"recorded {len(recs)} times (kiln.config.cudagraph_max_recording) for new addresses "
+                             f"of its parameters/buffers; last moved: {names}")
+            warnings.warn(f"kiln: the {self.facts.name} runs without CUDA graphs from now on: its static input(s) "
+                          f"{names} changed address again after {len(recs)} recordings (a new module instance or "
+                          "a replaced parameter on each call?). Raise kiln.config.cudagraph_max_recording, or keep "
+                          "parameters in place (copy_ into them instead of assigning new tensors).",
+                          RuntimeWarning, stacklevel=2)
+            return self._without(args, self.disabled, "disabled")
+        if logs.enabled.cudagraphs:
+            names = ", ".join(self.facts.input_names[i] for i in moved)
+            logs.log("cudagraphs", f"re-recording the {self.facts.name} ({len(recs) + 1}/"
+                                   f"{config.cudagraph_max_recording}): static input(s) {names} moved")
+        return self._record(args, key)
+
+    def _record(self, args: list, key):
+        device = next(a.device for a in args if isinstance(a, torch.Tensor) and a.device.type == "cuda")
+        tree = tree_for(device)
+        rec = Recording(self.facts, tree, self.static_idxs, self.protected_from, self.kind == "backward")
+        try:
+            rec.classify(args)
+        except CannotRecord as e:
+            return self._without(args, str(e), "classify")
+        try:
+            outs = rec.record(self.inner, args)
+        except CannotRecord as e:
+            return self._without(args, str(e), "record")
+        except Exception as e:      # the capture itself failed: this graph stays uncaptured
+            self.disabled = f"recording failed ({type(e).__name__}: {e})"
+            return self._without(args, self.disabled, "disabled")
+        self.recordings.setdefault(key, []).append(rec)
+        stats["record"] += 1
+        if logs.enabled.cudagraphs:
+            logs.log("cudagraphs", f"recorded the {self.facts.name}{' for sizes ' + str(key) if key else ''}: "
+                                   f"{len(rec.inplace)} input(s) read in place, {len(rec.copied)} copied")
+        return outs
+
+    def __repr__(self):
+        return f"<kiln CUDA-graph {self.facts.name}>"
+
+
+def cudagraphify(compiled: Callable, gm: torch.fx.GraphModule | None, kind: str,
+                 facts: GraphFacts | None = None) -> Callable:
+    """``compiled`` (a compiled ``kind`` graph: inference, forward, backward) run as CUDA
+    graph replays. ``facts``: the compile-time decisions stored with a cached graph (then
+    ``gm`` is not needed)."""
+    if facts is None:
+        facts = graph_facts(gm, kind)
+    return CudagraphFunction(compiled, facts)
+
+
+def cudagraph_compiler(compiler: Callable, kind: str) -> Callable:
+    """A compiler ``(gm, example_inputs) -> callable`` whose results run as CUDA graphs (an
+    inference graph with a few ops CUDA graphs cannot hold is split around them)."""
+    def compile_with_cudagraphs(gm: torch.fx.GraphModule, example_inputs):
+        facts = graph_facts(gm, kind)
+        split = try_partition(gm, compiler, facts)
+        if split is not None:
+            return split
+        return CudagraphFunction(compiler(gm, example_inputs), facts)
+    compile_with_cudagraphs.__name__ = getattr(compiler, "__name__", "compiler")
+    compile_with_cudagraphs.__module__ = __name__
+    return compile_with_cudagraphs
+
+
+def try_partition(gm: torch.fx.GraphModule, compile_piece: Callable, facts: GraphFacts) -> Callable | None:
+    """``gm`` split around the ops CUDA graphs cannot hold (``partition.py``), or None when it
+    is not to be split (or splitting failed: then it runs whole, without CUDA graphs)."""
+    from .partition import can_partition, partitioned
+
+    if not can_partition(facts):
+        return None
+    try:
+        return partitioned(gm, compile_piece, facts)
+    except Exception as e:      # kiln's failure: the graph runs whole, its skip logged
+        if logs.enabled.cudagraphs:
+            logs.log("cudagraphs", f"could not split the {facts.name} ({type(e).__name__}: {e}); "
+                                   "it runs without CUDA graphs")
+        return None

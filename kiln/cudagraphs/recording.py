@@ -1,0 +1,250 @@
+"""One CUDA graph of one compiled graph, for one input size: how its inputs get in, how its
+outputs come out.
+
+Inputs (decided when recording, as the seed's "static inputs"):
+
+* read in place: parameters and buffers (capture tags them ``kiln_static``), and tensors at an
+  address the pool tree knows as stable (outputs of another replay, such as the forward's
+  saved tensors in the backward; inputs read in place by another recording). A replay needs
+  each at the address it was recorded with (``matches``); a new address means a new
+  recording.
+* copied: any other tensor is copied, before each replay, into a buffer the recording owns
+  (no copy when the caller passes that buffer itself).
+
+Outputs live in the device's pool (``tree.py``). Each replay returns new tensors on new
+storage objects over that memory, so that the next replay can make the previous ones raise
+when read (``Generation.invalidate``). Outputs that are inputs (a parameter saved for the
+backward) are returned as the caller's tensors.
+"""
+from __future__ import annotations
+
+import torch
+
+from .tree import Generation, PoolTree
+
+
+# one C++ call comparing the data pointers of many inputs (torch >= 2.4)
+_ptrs_equal = getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", None)
+
+
+class CannotRecord(Exception):
+    """This call cannot be recorded (the reason is the message); it runs without the graph."""
+
+
+def _non_overlapping(t: torch.Tensor) -> bool:
+    dims = sorted((st, sz) for st, sz in zip(t.stride(), t.shape) if sz > 1)
+    need = 1
+    for st, sz in dims:
+        if st < need:
+            return False
+        need = st * sz
+    return True
+
+
+def _span(t: torch.Tensor) -> int:
+    if t.numel() == 0:
+        return 0
+    return 1 + sum((sz - 1) * st for sz, st in zip(t.shape, t.stride()))
+
+
+class Recording:
+    """A captured CUDA graph with its input plan and output plan."""
+
+    def __init__(self, facts, tree: PoolTree, static_idxs: frozenset, protected_from: int | None,
+                 backward: bool):
+        self.facts = facts
+        self.tree = tree
+        self.static_idxs = static_idxs
+        self.protected_from = protected_from   # outputs from this index on are saved tensors
+        self.backward = backward
+        self.generation: Generation | None = None
+        self.graph = None
+
+    # -- recording ---------------------------------------------------------------------------
+    def classify(self, args: list) -> None:
+        """Which inputs are read in place and which are copied (before any allocation)."""
+        self.inplace: list[int] = []
+        self.ptrs: list[int] = []
+        self.copied: list[int] = []
+        for i, a in enumerate(args):
+            if not isinstance(a, torch.Tensor):
+                continue
+            if a.device.type != "cuda":
+                raise CannotRecord(f"input {self.facts.input_names[i]} is a {a.device.type} tensor")
+            if i in self.static_idxs or self.tree.owns(a, self.backward):
+                self.inplace.append(i)
+                self.ptrs.append(a.data_ptr())
+            else:
+                self.copied.append(i)
+        copied = set(self.copied)
+        for i in self.facts.written_inputs:
+            if i in copied:
+                raise CannotRecord(f"the graph writes to input {self.facts.input_names[i]}, which is neither a "
+                                   "parameter/buffer nor an output of another CUDA-graph replay (a replay would "
+                                   "write to a copy)")
+
+    def record(self, inner, args: list) -> list:
+        """Capture ``inner`` (a boxed compiled graph) for ``args``, replay it once, return
+        this call's outputs."""
+        self.copies = []      # (index, buffer, flat buffer or None, span, strides)
+        static_args = list(args)
+        for i in self.copied:
+            a = args[i]
+            if _non_overlapping(a):
+                buf = torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device=a.device)
+                buf.copy_(a)
+                self.copies.append((i, buf, None, 0, None))
+            else:   # an expanded input: the graph reads it with its strides; copy the memory span
+                span = _span(a)
+                flat = torch.empty(span, dtype=a.dtype, device=a.device)
+                if span:
+                    flat.copy_(a.as_strided((span,), (1,)))
+                buf = flat.as_strided(a.shape, a.stride())
+                self.copies.append((i, buf, flat, span, a.stride()))
+            static_args[i] = buf
+        # (for the one-call address check of ``matches``: None where nothing is checked)
+        self.ptr_list = [None] * len(args)
+        for i, p in zip(self.inplace, self.ptrs):
+            self.ptr_list[i] = p
+        self.strided_copies = [(i, strides) for i, buf, flat, span, strides in self.copies if flat is not None]
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.tree.handle):
+            outs = inner(list(static_args))
+        self.graph = graph
+        self._plan_outputs(list(outs), static_args)
+        self.tree.static_ptrs.update(self.ptrs)
+        self.position = self.tree.add(self)
+        keep = [args[i] for i in self.alias_args]
+        args.clear()
+        graph.replay()
+        return self._outputs(keep)
+
+    def _plan_outputs(self, outs: list, static_args: list) -> None:
+        inplace_storage = {}
+        for i in self.inplace:
+            inplace_storage.setdefault(static_args[i].untyped_storage().data_ptr(), i)
+        self.template = list(outs)
+        self.alias_args: list[int] = []      # inputs some outputs alias
+        self.arg_outputs: list = []          # (output, position in alias_args, view or None)
+        groups: dict[int, list] = {}         # storage pointer -> [(k, tensor)]
+        held = []
+        for k, o in enumerate(outs):
+            if not isinstance(o, torch.Tensor):
+                continue
+            self.template[k] = None
+            if o.device.type != "cuda":
+                raise CannotRecord(f"output {k} is a {o.device.type} tensor")
+            sp = o.untyped_storage().data_ptr()
+            i = inplace_storage.get(sp)
+            if i is not None:
+                a = static_args[i]
+                if i not in self.alias_args:
+                    self.alias_args.append(i)
+                pos = self.alias_args.index(i)
+                if o is a:
+                    self.arg_outputs.append((k, pos, None))
+                else:
+                    if o.dtype != a.dtype:
+                        raise CannotRecord(f"output {k} views input {self.facts.input_names[i]} as another dtype")
+                    rel = (o.data_ptr() - a.data_ptr()) // o.element_size()
+                    self.arg_outputs.append((k, pos, (tuple(o.shape), tuple(o.stride()), rel)))
+                continue
+            groups.setdefault(sp, []).append((k, o))
+            held.append(o)
+        # memory the recording owns: its pool outputs (and copied-input buffers an output is)
+        self.held = held
+        device = self.tree.device
+        self.visible: list = []      # (pointer, nbytes, [(k, metadata)])
+        protected: list = []
+        for sp, members in groups.items():
+            nbytes = members[0][1].untyped_storage().nbytes()
+            metas = [(k, {"size": tuple(o.shape), "stride": tuple(o.stride()), "dtype": o.dtype,
+                          "device": device, "storage_offset": o.storage_offset(), "nbytes": nbytes,
+                          "data_ptr": sp}) for k, o in members]
+            if self.protected_from is not None and any(k >= self.protected_from for k, _ in members):
+                protected.append((sp, nbytes, metas))
+            else:
+                self.visible.append((sp, nbytes, metas))
+        # Saved tensors are never shown to the user: one storage over all of them (one liveness
+        # test per replay). Offsets are re-based on the lowest pointer (blocks are 512-byte
+        # aligned, so they stay whole elements).
+        self.protected = None
+        if protected:
+            base = min(sp for sp, _, _ in protected)
+            end = max(sp + n for sp, n, _ in protected)
+            metas = []
+            for sp, _, ms in protected:
+                for k, m in ms:
+                    m = dict(m)
+                    size = m["dtype"].itemsize
+                    if (sp - base) % size:
+                        raise CannotRecord("a saved tensor is not aligned to its element size")
+                    m["storage_offset"] += (sp - base) // size
+                    m["data_ptr"], m["nbytes"] = base, end - base
+                    metas.append((k, m))
+            self.protected = (base, end - base, metas)
+        self.tree.owned_bases.update(sp for sp, _, _ in self.visible)
+        if self.protected is not None:
+            self.tree.owned_bases.add(self.protected[0])
+
+    # -- replay ------------------------------------------------------------------------------
+    def matches(self, args: list) -> bool:
+        """Inputs read in place are where they were recorded; copied ones fit their buffers."""
+        if self.inplace:
+            if _ptrs_equal is not None:
+                if not _ptrs_equal(args, self.ptr_list, self.inplace):
+                    return False
+            else:
+                for i, p in zip(self.inplace, self.ptrs):
+                    if args[i].data_ptr() != p:
+                        return False
+        for i, strides in self.strided_copies:
+            if args[i].stride() != strides:
+                return False
+        return True
+
+    def mismatched(self, args: list) -> list[int]:
+        return [i for i, p in zip(self.inplace, self.ptrs)
+                if not isinstance(args[i], torch.Tensor) or args[i].data_ptr() != p]
+
+    def replay(self, args: list) -> list:
+        # Inputs first (an input may be this recording's previous output, still valid until
+        # the invalidation below). Inputs read in place are safe from this replay: they were
+        # recorded at their address, memory this recording's own allocations never covered.
+        for i, buf, flat, span, strides in self.copies:
+            a = args[i]
+            if a.data_ptr() == buf.data_ptr():
+                continue
+            if flat is None:
+                buf.copy_(a)
+            elif span:
+                flat.copy_(a.as_strided((span,), (1,)))
+        keep = [args[i] for i in self.alias_args] if self.alias_args else None
+        args.clear()
+        self.tree.invalidate_from(self)
+        self.graph.replay()
+        return self._outputs(keep)
+
+    def _outputs(self, keep) -> list:
+        outs = list(self.template)
+        make_storage = torch._C._construct_storage_from_data_pointer
+        make_tensor = torch._C._construct_CUDA_Tensor_From_Storage_And_Metadata
+        device = self.tree.device
+        storages = []
+        for sp, nbytes, metas in self.visible:
+            s = make_storage(sp, device, nbytes)
+            storages.append(s)
+            for k, m in metas:
+                outs[k] = make_tensor(m, s)
+        saved = None
+        if self.protected is not None:
+            base, nbytes, metas = self.protected
+            saved = make_storage(base, device, nbytes)
+            for k, m in metas:
+                outs[k] = make_tensor(m, saved)
+        for k, pos, view in self.arg_outputs:
+            a = keep[pos]
+            outs[k] = a if view is None else a.as_strided(view[0], view[1], a.storage_offset() + view[2])
+        self.generation = Generation(storages, saved, self.facts.name, self.backward)
+        return outs

@@ -1,0 +1,281 @@
+"""CUDA graphs (``mode="reduce-overhead"``, ``kiln.config.cudagraphs``) on a GPU, against eager.
+Skipped without CUDA; run on the GPU machine with
+``python -m pytest tests/cudagraphs/test_cuda.py``."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+
+import kiln
+from kiln.cudagraphs import live_functions, skip_reasons, stats
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+DEV = "cuda"
+
+
+def close(a, e, tol=1e-4):
+    torch.testing.assert_close(a, e, rtol=tol, atol=tol)
+
+
+@pytest.fixture(autouse=True)
+def _stats():
+    stats.clear()
+    skip_reasons.clear()
+    yield
+
+
+class MLP(nn.Module):
+    def __init__(self, d=64):
+        super().__init__()
+        self.a = nn.Linear(d, 4 * d)
+        self.b = nn.Linear(4 * d, d)
+        self.register_buffer("scale", torch.full((d,), 0.5))
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x))) * self.scale + x
+
+
+def recordings(kind=None):
+    return [r for f in live_functions() if kind is None or f.kind == kind
+            for recs in f.recordings.values() for r in recs]
+
+
+@pytest.mark.parametrize("backend", ["inductor", "aot_eager"])
+def test_inference_replays_with_params_in_place(backend):
+    m = MLP().to(DEV).eval()
+    if backend == "inductor":
+        cm = kiln.compile(m, mode="reduce-overhead")
+        ctx = kiln.config.patch()
+    else:
+        ctx = kiln.config.patch(cudagraphs=True)
+        cm = kiln.compile(m, backend="aot_eager")
+    with ctx, torch.no_grad():
+        for _ in range(4):
+            x = torch.randn(8, 64, device=DEV)
+            close(cm(x), m(x))
+    assert stats["warmup"] == 1 and stats["record"] == 1 and stats["replay"] == 2, stats
+    (rec,) = recordings("inference")
+    n_params = len(list(m.parameters())) + len(list(m.buffers()))
+    assert len(rec.inplace) == n_params and len(rec.copied) == 1   # only x is copied
+
+
+def test_stale_output_raises_and_clone_survives():
+    m = MLP().to(DEV).eval()
+    cm = kiln.compile(m, mode="reduce-overhead")
+    with torch.no_grad():
+        for _ in range(2):
+            cm(torch.randn(8, 64, device=DEV))
+        x1, x2 = torch.randn(8, 64, device=DEV), torch.randn(8, 64, device=DEV)
+        y1 = cm(x1)
+        kept = y1.clone()
+        view = y1[:2]
+        del y1
+        y2 = cm(x2)
+        close(y2, m(x2))
+        close(kept, m(x1))
+        with pytest.raises(RuntimeError, match="overwritten by a later replay"):
+            view + 1
+
+
+def test_training_forward_and_backward_share_the_pool():
+    torch.manual_seed(0)
+    m = MLP().to(DEV)
+    ref = copy.deepcopy(m)
+    cm = kiln.compile(m, mode="reduce-overhead")
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    opt_ref = torch.optim.SGD(ref.parameters(), lr=0.1)
+    for step in range(5):
+        x = torch.randn(8, 64, device=DEV)
+        loss = cm(x).pow(2).mean()
+        loss_ref = ref(x).pow(2).mean()
+        close(loss, loss_ref)
+        loss.backward()
+        loss_ref.backward()
+        for p, pr in zip(m.parameters(), ref.parameters()):
+            close(p.grad, pr.grad)
+        opt.step()
+        opt_ref.step()
+        opt.zero_grad()
+        opt_ref.zero_grad()
+    fw, bw = recordings("forward"), recordings("backward")
+    assert len(fw) == 1 and len(bw) == 1
+    assert fw[0].tree is bw[0].tree             # one pool for the forward and the backward
+    assert stats["replay"] >= 6, stats
+    # the backward reads the forward's saved tensors in place: only the tangent is copied
+    assert len(bw[0].copied) <= 1, bw[0].copied
+
+
+def test_two_forwards_before_backward_are_correct():
+    m = MLP().to(DEV)
+    ref = copy.deepcopy(m)
+    cm = kiln.compile(m, mode="reduce-overhead")
+    for _ in range(4):
+        x1, x2 = torch.randn(8, 64, device=DEV), torch.randn(8, 64, device=DEV)
+        loss = cm(x1).sum() + cm(x2).pow(2).sum()
+        loss_ref = ref(x1).sum() + ref(x2).pow(2).sum()
+        loss.backward()
+        loss_ref.backward()
+        close(loss, loss_ref)
+        for p, pr in zip(m.parameters(), ref.parameters()):
+            close(p.grad, pr.grad)
+            p.grad = pr.grad = None
+
+
+def test_replaced_parameter_records_again_then_falls_back_with_a_warning():
+    m = MLP().to(DEV).eval()
+    cm = kiln.compile(m, mode="reduce-overhead")
+    with torch.no_grad(), kiln.config.patch(cudagraph_max_recording=2):
+        x = torch.randn(8, 64, device=DEV)
+        cm(x), cm(x)
+        assert stats["record"] == 1
+        old = [m.a.weight]       # (kept: a new weight must not reuse a freed one's address)
+        m.a.weight = nn.Parameter(torch.randn_like(m.a.weight))
+        close(cm(x), m(x))
+        assert stats["record"] == 2
+        old.append(m.a.weight)
+        m.a.weight = nn.Parameter(torch.randn_like(m.a.weight))
+        with pytest.warns(RuntimeWarning, match=r"runs without CUDA graphs.*module\.a\.weight"):
+            close(cm(x), m(x))
+        close(cm(x), m(x))
+        assert stats["record"] == 2 and stats["skip"] >= 2
+
+
+def test_dynamic_shapes_one_recording_per_size():
+    def f(x, w):
+        return torch.tanh(x @ w) * 2
+
+    w = torch.randn(32, 32, device=DEV)
+    cf = kiln.compile(f, mode="reduce-overhead", dynamic=True)
+    for n in (4, 6, 4, 6, 9, 9, 4, 6, 9):
+        x = torch.randn(n, 32, device=DEV)
+        close(cf(x, w), f(x, w))
+    assert stats["record"] == 3, stats
+    assert stats["replay"] == 3, stats
+
+
+def test_cpu_op_skips_with_reason_and_or_error_raises(capfd):
+    def f(x):
+        return (x + 1).sum() + torch.ones(3).sum()
+
+    kiln.set_logs("cudagraphs")
+    cf = kiln.compile(f, mode="reduce-overhead")
+    x = torch.randn(4, device=DEV)
+    close(cf(x), f(x))
+    assert "skipping CUDA graphs" in capfd.readouterr().err
+    kiln.reset()
+    with kiln.config.patch(cudagraph_or_error=True):
+        cf = kiln.compile(f, mode="reduce-overhead")
+        with pytest.raises(kiln.CudagraphError, match="cpu"):
+            cf(x)
+
+
+def test_cpu_op_in_the_middle_splits_the_graph():
+    def f(x):
+        y = torch.sin(x) * 2
+        n = torch.ones(4).sum()          # CPU work between two CUDA parts
+        return torch.cos(y) + 1, n
+
+    cf = kiln.compile(f, mode="reduce-overhead")
+    for _ in range(4):
+        x = torch.randn(64, device=DEV)
+        out, n = cf(x)
+        close(out, f(x)[0])
+        assert n.item() == 4
+    assert stats["replay"] >= 2, (stats, skip_reasons)     # the two CUDA parts replay
+
+
+def test_buffer_mutation_is_written_back():
+    bn = nn.BatchNorm1d(16).to(DEV)
+    ref = copy.deepcopy(bn)
+    cm = kiln.compile(bn, mode="reduce-overhead")
+    for _ in range(4):
+        x = torch.randn(8, 16, device=DEV)
+        with torch.no_grad():
+            close(cm(x), ref(x))
+    close(bn.running_mean, ref.running_mean)
+    close(bn.running_var, ref.running_var)
+    assert stats["replay"] >= 2
+
+
+def test_graph_break_chain_reads_previous_outputs_in_place():
+    def f(x):
+        y = torch.sin(x) * 2
+        print("break")       # a graph break: two graphs, the second reads the first's output
+        return torch.cos(y) + 1
+
+    cf = kiln.compile(f, mode="reduce-overhead")
+    for _ in range(4):
+        x = torch.randn(64, device=DEV)
+        close(cf(x), f(x))
+    assert stats["replay"] >= 4, stats
+
+
+def test_gpt_inference_and_training_match_eager():
+    from benchmarks.cudagraphs import GPT
+
+    torch.manual_seed(0)
+    m = GPT(vocab=128, d=64, layers=2, heads=4, max_seq=32).to(DEV)
+    ref = copy.deepcopy(m)
+    cm = kiln.compile(m, mode="reduce-overhead")
+    for _ in range(3):
+        idx = torch.randint(0, 128, (2, 16), device=DEV)
+        with torch.no_grad():
+            close(cm(idx), ref(idx), 2e-3)
+    for _ in range(3):
+        idx = torch.randint(0, 128, (2, 16), device=DEV)
+        loss, loss_ref = cm(idx, idx), ref(idx, idx)
+        close(loss, loss_ref, 2e-3)
+        loss.backward()
+        loss_ref.backward()
+        for p, pr in zip(m.parameters(), ref.parameters()):
+            close(p.grad, pr.grad, 2e-3)
+            p.grad = pr.grad = None
+    assert stats["replay"] == 3 and stats["skip"] == 0, (stats, skip_reasons)
+
+
+@pytest.mark.parametrize("name", ["gpt2", "bert", "llama"])
+def test_hf_models_match_eager(name):
+    transformers = pytest.importorskip("transformers")  # noqa: F841
+    from tests.models.test_transformers import inference_outputs, make_model, training_loss
+
+    torch.manual_seed(0)
+    model = make_model(name).to(DEV)
+    ref = copy.deepcopy(model)
+    cm = kiln.compile(model, mode="reduce-overhead")
+    model.eval(), ref.eval()
+    for _ in range(3):
+        ids = torch.randint(0, 100, (2, 8), device=DEV)
+        with torch.no_grad():
+            got, exp = inference_outputs(name, cm(ids)), inference_outputs(name, ref(ids))
+            for k in exp:
+                close(got[k], exp[k], 1e-3)
+    model.train(), ref.train()
+    target = torch.randn(2, 8, 32, device=DEV)
+    for _ in range(3):
+        ids = torch.randint(0, 100, (2, 8), device=DEV)
+        loss, loss_ref = training_loss(name, cm, ids, target), training_loss(name, ref, ids, target)
+        close(loss, loss_ref, 1e-3)
+        loss.backward()
+        loss_ref.backward()
+        for p, pr in zip(model.parameters(), ref.parameters()):
+            assert (p.grad is None) == (pr.grad is None)
+            if p.grad is not None:
+                close(p.grad, pr.grad, 1e-3)
+            p.grad = pr.grad = None
+    assert stats["replay"] >= 3 and stats["skip"] == 0, (stats, skip_reasons)
+
+
+def test_output_fed_back_as_input():
+    def f(h, w):
+        return torch.tanh(h @ w)
+
+    w = torch.randn(32, 32, device=DEV) / 6
+    cf = kiln.compile(f, mode="reduce-overhead")
+    h = he = torch.randn(4, 32, device=DEV)
+    for _ in range(6):
+        h, he = cf(h, w), f(he, w)
+        close(h, he)
+    assert stats["replay"] >= 3, (stats, skip_reasons)

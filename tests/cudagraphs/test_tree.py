@@ -1,0 +1,101 @@
+"""The pool tree's rules (kiln/cudagraphs/tree.py) on CPU storages: which outputs a replay
+invalidates, which it must not overwrite (a pending backward), and the backward's consumption
+of its forward's saved tensors. No GPU: the rules only look at storages (the CUDA binding that
+makes an invalidated storage raise is replaced by a recorder; test_cuda.py reads them)."""
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+
+from kiln.cudagraphs import tree as T
+
+
+class FakeRecording:
+    def __init__(self, name, backward=False):
+        self.facts = types.SimpleNamespace(name=name)
+        self.backward = backward
+        self.generation = None
+
+    def replay(self, visible=0, saved=False):
+        """A replay's outputs: new tensors on new storages (as recording.py makes them)."""
+        vis = [torch.randn(4) for _ in range(visible)]
+        sav = torch.randn(8) if saved else None
+        self.generation = T.Generation([t.untyped_storage() for t in vis],
+                                       sav.untyped_storage() if sav is not None else None,
+                                       self.facts.name, self.backward)
+        return vis, sav
+
+
+@pytest.fixture
+def poisoned(monkeypatch):
+    """StorageImpl address -> message, for each storage a replay invalidated."""
+    seen: dict = {}
+    monkeypatch.setattr(T, "_poison", lambda cdata, msg: seen.__setitem__(cdata, msg))
+    T._pending.clear()
+    yield seen
+    T._pending.clear()
+
+
+def cd(t):
+    return t.untyped_storage()._cdata
+
+
+def test_a_replay_invalidates_its_own_and_later_outputs_only(poisoned):
+    tree = T.PoolTree(torch.device("cpu"))
+    a, b = FakeRecording("first"), FakeRecording("second")
+    a.position, b.position = tree.add(a), tree.add(b)
+    (ya,), _ = a.replay(visible=1)
+    (yb,), _ = b.replay(visible=1)
+    assert tree.conflict(b) is None
+    tree.invalidate_from(b)                # b replays: a's output (recorded before) stays valid
+    assert cd(yb) in poisoned and cd(ya) not in poisoned
+    assert "overwritten by a later replay" in poisoned[cd(yb)] and "clone()" in poisoned[cd(yb)]
+    (yb2,), _ = b.replay(visible=1)
+    tree.invalidate_from(a)                # a replays: b (recorded after a) may be overwritten
+    assert cd(ya) in poisoned and cd(yb2) in poisoned
+
+
+def test_dead_outputs_are_not_touched(poisoned):
+    tree = T.PoolTree(torch.device("cpu"))
+    a = FakeRecording("first")
+    a.position = tree.add(a)
+    a.replay(visible=2)                    # outputs dropped at once
+    tree.invalidate_from(a)
+    assert poisoned == {}
+
+
+def test_saved_tensors_of_a_pending_backward_are_protected_until_consumed(poisoned):
+    tree = T.PoolTree(torch.device("cpu"))
+    fw, bw = FakeRecording("forward"), FakeRecording("backward", backward=True)
+    fw.position, bw.position = tree.add(fw), tree.add(bw)
+    _, saved = fw.replay(visible=1, saved=True)
+    assert "backward that has not run yet" in tree.conflict(fw)
+    probes: list = []
+    T.consume([torch.ones(1), saved], probes)      # the backward's call
+    assert probes == [1] and tree.conflict(fw) is None
+    tree.invalidate_from(fw)       # a retained graph would now read an error, not other data
+    assert cd(saved) in poisoned
+
+
+def test_dead_saved_tensors_do_not_conflict(poisoned):
+    tree = T.PoolTree(torch.device("cpu"))
+    fw = FakeRecording("forward")
+    fw.position = tree.add(fw)
+    _, saved = fw.replay(saved=True)
+    del saved
+    assert tree.conflict(fw) is None
+
+
+def test_backward_run_twice_in_one_pass_keeps_its_gradients(poisoned):
+    tree = T.PoolTree(torch.device("cpu"))
+    bw = FakeRecording("backward", backward=True)
+    bw.position = tree.add(bw)
+    (g,), _ = bw.replay(visible=1)
+    assert "gradients are still alive" in tree.conflict(bw)
+    del g
+    assert tree.conflict(bw) is None
+    (g,), _ = bw.replay(visible=1)
+    bw.generation.invalidate()
+    assert "zero_grad" in poisoned[cd(g)]      # the gradient message says what to do
