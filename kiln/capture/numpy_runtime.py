@@ -1,0 +1,137 @@
+"""What a captured graph calls to run NumPy code on tensors.
+
+Inside a graph an ndarray is a tensor. NumPy semantics (dtype promotion, default dtypes,
+broadcasting, indexing) come from ``torch._numpy`` ("tnp"), which implements NumPy's API
+with torch operators: each callable here wraps its tensor arguments as tnp arrays, calls the
+tnp function, method or operator, and unwraps the result back to tensors. Backends trace
+through them (make_fx) into ATen operators like any other Python function of tensors.
+
+The callables are objects with a stable ``__module__``/``__qualname__`` per NumPy name, so that
+graphs print readably and the compile cache can key them.
+"""
+from __future__ import annotations
+
+import operator
+
+import torch
+
+from .. import _torch
+
+
+def _tnp():
+    tnp = _torch.numpy_on_tensors()
+    if tnp is None:  # checked at capture time; defaults changed since
+        raise RuntimeError("torch._numpy's default dtypes were changed after kiln traced NumPy code")
+    return tnp
+
+
+def to_tnp(x):
+    """Tensors (ndarrays of the graph) as tnp arrays, through lists, tuples and dicts."""
+    if isinstance(x, torch.Tensor):
+        return _tnp().ndarray(x)
+    if type(x) in (list, tuple):
+        return type(x)(to_tnp(i) for i in x)
+    if type(x) is dict:
+        return {k: to_tnp(v) for k, v in x.items()}
+    return x
+
+
+def to_tensors(x):
+    """The result of a tnp call with its arrays as tensors."""
+    tnp = _tnp()
+    if isinstance(x, tnp.ndarray):
+        return x.tensor
+    if isinstance(x, (list, tuple)) and type(x) in (list, tuple):
+        return type(x)(to_tensors(i) for i in x)
+    if isinstance(x, tuple):   # a named tuple of results (np.linalg.eigh, ...)
+        return tuple(to_tensors(i) for i in x)
+    return x
+
+
+class _Wrapper:
+    __module__ = __name__
+
+    def __repr__(self) -> str:
+        return f"<kiln numpy {self.__qualname__}>"
+
+    def __reduce__(self):
+        return (type(self), self._args())
+
+
+class NumpyFunction(_Wrapper):
+    """``numpy.<name>`` (or ``numpy.linalg.<name>``...) on tensors."""
+
+    def __init__(self, module: str, name: str):
+        self.module, self.name = module, name
+        self.__name__ = f"np_{name}"
+        self.__qualname__ = f"{module}.{name}"
+
+    def _args(self):
+        return (self.module, self.name)
+
+    def target(self):
+        tnp = _tnp()
+        mod = tnp
+        for part in self.module.split(".")[1:]:
+            mod = getattr(mod, part)
+        return getattr(mod, self.name)
+
+    def __call__(self, *args, **kwargs):
+        return to_tensors(self.target()(*to_tnp(args), **to_tnp(kwargs)))
+
+
+class NdarrayMethod(_Wrapper):
+    """``ndarray.<name>(...)`` (or the attribute ``ndarray.<name>`` when ``attribute``)."""
+
+    def __init__(self, name: str, attribute: bool = False):
+        self.name, self.attribute = name, attribute
+        self.__name__ = f"ndarray_{name}"
+        self.__qualname__ = f"ndarray.{name}"
+
+    def _args(self):
+        return (self.name, self.attribute)
+
+    def __call__(self, obj, *args, **kwargs):
+        member = getattr(to_tnp(obj), self.name)
+        if self.attribute:
+            return to_tensors(member)
+        return to_tensors(member(*to_tnp(args), **to_tnp(kwargs)))
+
+
+class NdarrayOperator(_Wrapper):
+    """A Python operator (``operator.add``, ``operator.setitem``...) with NumPy semantics."""
+
+    def __init__(self, op):
+        self.op = op
+        self.__name__ = f"ndarray_{op.__name__}"
+        self.__qualname__ = f"ndarray_operator.{op.__name__}"
+
+    def _args(self):
+        return (self.op,)
+
+    def __call__(self, *args):
+        return to_tensors(self.op(*to_tnp(args)))
+
+
+def ufunc_result_as_tensor(t: torch.Tensor) -> torch.Tensor:
+    """What ``Tensor.__array_wrap__`` makes of a NumPy ufunc's result on tensors: a tensor,
+    booleans as uint8."""
+    return t.to(torch.uint8) if t.dtype == torch.bool else t
+
+
+def ndarray_as_tensor(a):
+    """An ndarray argument of a compiled function as the tensor its graph takes (shared
+    memory, no copy)."""
+    return torch.from_numpy(a)
+
+
+def tensor_as_ndarray(t: torch.Tensor):
+    """A graph's tensor output as the ndarray the user's code returns (shared memory)."""
+    return t.numpy()
+
+
+def tensor_as_numpy_scalar(t: torch.Tensor):
+    """A 0-d graph output as the NumPy scalar (``numpy.float64``...) NumPy code returns."""
+    return t.numpy()[()]
+
+
