@@ -48,6 +48,19 @@ def to_tensors(x):
     return x
 
 
+# Binary ufuncs that NumPy computes in float64 for integer (and bool) operands, where
+# torch._numpy leaves the promotion to torch, which picks torch's default dtype (float32).
+_INTEGERS_TO_FLOAT64 = frozenset({"true_divide", "divide", "truediv", "arctan2", "hypot"})
+
+
+def _integers_as_float64(name: str, args):
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    if name not in _INTEGERS_TO_FLOAT64 or not tensors or any(
+            t.dtype.is_floating_point or t.dtype.is_complex for t in tensors):
+        return args
+    return tuple(a.to(torch.float64) if isinstance(a, torch.Tensor) else a for a in args)
+
+
 class _Wrapper:
     __module__ = __name__
 
@@ -77,6 +90,7 @@ class NumpyFunction(_Wrapper):
         return getattr(mod, self.name)
 
     def __call__(self, *args, **kwargs):
+        args = _integers_as_float64(self.name, args)
         return to_tensors(self.target()(*to_tnp(args), **to_tnp(kwargs)))
 
 
@@ -110,6 +124,7 @@ class NdarrayOperator(_Wrapper):
         return (self.op,)
 
     def __call__(self, *args):
+        args = _integers_as_float64(self.op.__name__, args)
         return to_tensors(self.op(*to_tnp(args)))
 
 

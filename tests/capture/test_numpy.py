@@ -1,0 +1,345 @@
+"""NumPy code traced into the graph (torch._numpy semantics on tensors).
+
+Each case runs compiled (``fullgraph=True``) and eagerly on fresh random inputs three times,
+and compares the results exactly as eager makes them: the Python type (``np.ndarray``,
+``np.float64``, ``torch.Tensor``), the dtype, the shape and the values, and the state of every
+argument afterwards (NumPy code that writes into its arguments). The graph count is asserted:
+the first call compiles one graph, warm calls none.
+"""
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+import kiln
+from kiln.backends.registry import lookup_backend
+from kiln.testing import CompileCounter
+
+RNG = np.random.default_rng(0)
+
+
+class Counter:
+    """Counts graphs; runs them through the named backend."""
+
+    def __init__(self, backend="eager"):
+        self.inner = CompileCounter() if backend == "eager" else lookup_backend(backend)[0]
+        self.frame_count = 0
+
+    def __call__(self, gm, example_inputs):
+        self.frame_count += 1
+        return self.inner(gm, example_inputs)
+
+
+def arr(*shape, dtype=np.float64):
+    if np.issubdtype(dtype, np.integer):
+        return RNG.integers(-5, 6, size=shape).astype(dtype)
+    return RNG.standard_normal(shape).astype(dtype)
+
+
+def ten(*shape, dtype=torch.float32):
+    return torch.randn(*shape, dtype=dtype)
+
+
+def assert_same_numpy(actual, expected, path="out"):
+    """Same Python type, same dtype and shape, close values; containers item by item."""
+    assert type(actual) is type(expected), f"{path}: {type(actual).__name__} != {type(expected).__name__}"
+    if isinstance(expected, torch.Tensor):
+        torch.testing.assert_close(actual, expected, equal_nan=True)
+    elif isinstance(expected, (np.ndarray, np.generic)):
+        assert actual.dtype == expected.dtype, f"{path}: dtype {actual.dtype} != {expected.dtype}"
+        assert np.shape(actual) == np.shape(expected), f"{path}: shape"
+        np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=1e-6, err_msg=path)
+    elif isinstance(expected, (tuple, list)):
+        assert len(actual) == len(expected)
+        for i, (a, e) in enumerate(zip(actual, expected)):
+            assert_same_numpy(a, e, f"{path}[{i}]")
+    else:
+        assert actual == expected, f"{path}: {actual!r} != {expected!r}"
+
+
+def check(fn, make_args, graphs=1, backend="eager", fullgraph=True, calls=3, dynamic=None):
+    counter = Counter(backend)
+    compiled = kiln.compile(fn, backend=counter, fullgraph=fullgraph, dynamic=dynamic)
+    for _ in range(calls):
+        args = make_args()
+        eager_args = copy.deepcopy(args)
+        expected = fn(*eager_args)
+        actual = compiled(*args)
+        assert_same_numpy(actual, expected)
+        assert_same_numpy(list(args), list(eager_args), "args")
+    assert counter.frame_count == graphs
+    return counter
+
+
+# ============================================================================ cases
+def tensor_numpy_ufunc(x):
+    return np.sin(x.numpy()) * 2
+
+
+def sum_to_scalar(a):
+    return np.sum(a * 2 + 1)
+
+
+def matmul_operators(a, b):
+    return np.matmul(a, b) @ b.T - a / 3
+
+
+def where_select(a):
+    return np.where(a > 0, a, 0.0)
+
+
+def concatenate_reshape_transpose(a):
+    return np.concatenate([a, a], axis=0).reshape(-1, 2).transpose()
+
+
+def indexing(a):
+    return a[1:, 0], a[0, 0], a[..., 1], a[0, ...], a[:, None, 0], a[[0, 2]]
+
+
+def from_numpy_round_trip(x):
+    return torch.from_numpy(np.cos(x.numpy())) + 1
+
+
+def creation_defaults(a):
+    return (np.ones(3), np.arange(4) + a.shape[0], np.zeros((2, 2), dtype=np.int32),
+            np.full((2,), 3), np.linspace(0, 1, 5), np.eye(2, dtype=np.float32))
+
+
+def integer_promotion(i):
+    return i / 2, i // 2, i * 2, i + np.int32(1), i.astype(np.int32) + np.int32(1), i.sum()
+
+
+def float_promotion(f):
+    return f + 1.5, f + np.float64(1.5), f * np.float32(2), f.astype(np.float64) * 2
+
+
+def finfo_iinfo_dtype(a):
+    eps = np.finfo(a.dtype).eps
+    big = np.iinfo(np.int32).max
+    return a * eps, big, a.dtype, np.dtype("float32"), a.dtype == np.float64, np.float32(2.5)
+
+
+def methods(a):
+    return (a.T, a.reshape(2, -1), a.copy(), a.clip(-0.5, 0.5), a.std(), a.mean(axis=0),
+            a.max(), a.argmax(), a.cumsum(axis=1), a.ravel(), a.squeeze(), a.astype(np.float32))
+
+
+def linalg_and_reductions(a):
+    return np.linalg.norm(a), np.abs(a).max(axis=1), np.exp(a).prod(), np.mean(a, axis=0)
+
+
+def writes_into_argument(a):
+    a[0] = 5.0
+    a += 1
+    a[:, 1] *= 2
+    return a.sum()
+
+
+def tensor_numpy_shares_memory(x):
+    n = x.numpy()
+    n[0] = 7.0
+    n *= 2
+    return x + 1
+
+
+def ufunc_on_tensors(x, y):
+    return np.sin(x), np.add(x, y), np.greater(x, 0), np.maximum(x, y)
+
+
+def numpy_asarray_of_tensor(x):
+    return np.asarray(x) * 2, np.array(x) + 1
+
+
+def shape_len_iteration(a):
+    total = 0.0
+    for row in a:
+        total = total + row.sum()
+    return total, len(a), a.shape, a.ndim, a.size, a.itemsize
+
+
+def returns_same_array_twice(a):
+    b = np.exp(a)
+    return b, b, a
+
+
+def comparisons_and_logic(a, b):
+    return (a > b) & (a < 1), ~(a == b), np.logical_or(a > 0, b > 0), -a, abs(b)
+
+
+def scalar_argument(a, s):
+    return a * s + s
+
+
+CASES = [
+    (tensor_numpy_ufunc, lambda: (ten(3, 4),)),
+    (sum_to_scalar, lambda: (arr(3, 4),)),
+    (matmul_operators, lambda: (arr(3, 3), arr(3, 3))),
+    (where_select, lambda: (arr(4, 2),)),
+    (concatenate_reshape_transpose, lambda: (arr(2, 3),)),
+    (indexing, lambda: (arr(3, 4),)),
+    (from_numpy_round_trip, lambda: (ten(5),)),
+    (creation_defaults, lambda: (arr(3),)),
+    (integer_promotion, lambda: (arr(4, dtype=np.int64),)),
+    (float_promotion, lambda: (arr(4, dtype=np.float32),)),
+    (finfo_iinfo_dtype, lambda: (arr(3),)),
+    (methods, lambda: (arr(2, 3),)),
+    (linalg_and_reductions, lambda: (arr(3, 3),)),
+    (writes_into_argument, lambda: (arr(3, 2),)),
+    (tensor_numpy_shares_memory, lambda: (ten(4),)),
+    (ufunc_on_tensors, lambda: (ten(3), ten(3))),
+    (numpy_asarray_of_tensor, lambda: (ten(2, 2),)),
+    (shape_len_iteration, lambda: (arr(3, 2),)),
+    (returns_same_array_twice, lambda: (arr(2),)),
+    (comparisons_and_logic, lambda: (arr(3), arr(3))),
+    (scalar_argument, lambda: (arr(3), np.float64(RNG.standard_normal()))),
+]
+
+
+@pytest.mark.parametrize("fn,make_args", CASES, ids=[c[0].__name__ for c in CASES])
+def test_numpy_one_graph(fn, make_args):
+    check(fn, make_args)
+
+
+@pytest.mark.parametrize("fn,make_args", [c for c in CASES if c[0] in (
+    tensor_numpy_ufunc, matmul_operators, indexing, writes_into_argument,
+    tensor_numpy_shares_memory, ufunc_on_tensors, methods, integer_promotion)],
+    ids=lambda c: getattr(c, "__name__", ""))
+def test_numpy_aot_eager(fn, make_args):
+    check(fn, make_args, backend="aot_eager")
+
+
+def test_identity_of_returned_arrays():
+    compiled = kiln.compile(returns_same_array_twice, backend=CompileCounter(), fullgraph=True)
+    a = arr(3)
+    b1, b2, a_out = compiled(a)
+    assert b1 is b2 and a_out is a
+
+
+def test_graph_has_no_numpy_and_no_conversions_at_the_call():
+    """The graph is torch code: NumPy is traced, not called; the ndarray argument enters as a
+    tensor sharing its memory, and the result leaves as one ndarray."""
+    counter = CompileCounter()
+    compiled = kiln.compile(matmul_operators, backend=counter, fullgraph=True)
+    compiled(arr(3, 3), arr(3, 3))
+    gm = counter.graphs[0]
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    assert len(placeholders) == 2
+    for node in gm.graph.nodes:
+        if node.op == "call_function":
+            assert not type(node.target).__module__.startswith("numpy")
+            assert getattr(node.target, "__module__", "").startswith(("kiln", "torch", "_operator"))
+
+
+# ============================================================================ guards
+def test_dtype_and_shape_of_ndarray_arguments_are_guarded():
+    def f(a):
+        return np.sum(a * 2, axis=0)
+
+    counter = Counter()
+    compiled = kiln.compile(f, backend=counter, fullgraph=True, dynamic=False)
+    for a in (arr(3, 2), arr(3, 2), arr(3, 2, dtype=np.float32), arr(4, 2), arr(3, 2, dtype=np.int32)):
+        assert_same_numpy(compiled(a), f(a.copy()))
+    assert counter.frame_count == 4
+
+
+def test_ndarray_argument_with_dynamic_shapes():
+    counter = check(lambda a: (a * 2).sum(axis=1), lambda: (arr(int(RNG.integers(4, 9)), 3),),
+                    graphs=1, dynamic=True, calls=4)
+    assert counter.frame_count == 1
+
+
+def test_numpy_scalar_argument_does_not_recompile_per_value():
+    check(scalar_argument, lambda: (arr(3), np.float64(RNG.standard_normal())), graphs=1, calls=4)
+
+
+# ============================================================================ breaks
+def test_np_random_is_a_graph_break_that_draws_from_numpys_stream():
+    def f(x):
+        a = x.numpy() * 2
+        noise = np.random.rand(3)
+        return a + noise
+
+    with pytest.raises(kiln.Unsupported, match="np.random"):
+        kiln.compile(f, backend="eager", fullgraph=True)(ten(3))
+    counter = Counter()
+    compiled = kiln.compile(f, backend=counter)
+    for _ in range(3):
+        x = ten(3)
+        np.random.seed(7)
+        expected = f(x)
+        np.random.seed(7)
+        assert_same_numpy(compiled(x), expected)
+    assert counter.frame_count == 2
+
+
+def test_graph_break_hands_ndarrays_over():
+    def f(a):
+        b = np.sin(a) + 1
+        print("between", end="")
+        return b * 2, np.float32(3) * b.sum()
+
+    check(f, lambda: (arr(3),), graphs=2, fullgraph=False)
+
+
+def test_numpy_on_tensor_where_eager_raises():
+    def f(x):
+        return np.sum(x)   # NumPy calls Tensor.sum(axis=None, out=None): TypeError in eager
+
+    x = ten(3)
+    with pytest.raises(TypeError):
+        f(x)
+    with pytest.raises(TypeError):
+        kiln.compile(f, backend="eager")(x)
+    with pytest.raises(kiln.Unsupported, match="torch.Tensor"):
+        kiln.compile(f, backend="eager", fullgraph=True)(x)
+
+
+def test_numpy_of_tensor_requiring_grad_raises_as_eager():
+    def f(x):
+        return x.numpy() + 1
+
+    x = ten(3).requires_grad_()
+    with pytest.raises(RuntimeError, match="requires grad"):
+        kiln.compile(f, backend="eager")(x)
+    check(lambda x: np.cos(x.numpy(force=True)), lambda: (ten(3).requires_grad_(),))
+
+
+def test_data_dependent_numpy_breaks():
+    def f(a):
+        b = a[a > 0]               # its size depends on the data
+        return b.sum() * 2
+
+    signs = np.array([1.0, -1.0, 1.0, 1.0, -1.0, -1.0])   # three positives: one size of b
+    check(f, lambda: (np.abs(arr(6)) * signs,), graphs=2, fullgraph=False)  # a > 0 | b.sum() * 2
+    with pytest.raises(kiln.Unsupported, match="data"):
+        kiln.compile(f, backend="eager", fullgraph=True)(arr(6))
+
+
+def test_numpy_function_torch_numpy_lacks_breaks():
+    def f(a):
+        b = a * 2
+        return np.unique(np.round(b)), b
+
+    # one graph up to np.unique (its size depends on the data), which then runs natively
+    check(f, lambda: (arr(5),), graphs=1, fullgraph=False)
+    with pytest.raises(kiln.Unsupported, match="unique"):
+        kiln.compile(f, backend="eager", fullgraph=True)(arr(5))
+
+
+def test_branch_on_array_data_breaks():
+    def f(a):
+        if a.sum() > 0:
+            return a * 2
+        return a - 1
+
+    check(f, lambda: (arr(4),), graphs=3, fullgraph=False, calls=6)
+
+
+def test_read_only_array_argument_runs_correctly():
+    def f(a):
+        return a * 2
+
+    a = arr(3)
+    a.flags.writeable = False
+    assert_same_numpy(kiln.compile(f, backend="eager")(a), f(a))
