@@ -61,6 +61,16 @@ def _integers_as_float64(name: str, args):
     return tuple(a.to(torch.float64) if isinstance(a, torch.Tensor) else a for a in args)
 
 
+# Where NumPy always copies but torch._numpy may return its argument or a view of it.
+_NUMPY_COPIES = frozenset({"flatten", "pos"})
+
+
+def _copied(name: str, result):
+    if name in _NUMPY_COPIES and isinstance(result, torch.Tensor):
+        return result.clone()
+    return result
+
+
 class _Wrapper:
     __module__ = __name__
 
@@ -91,7 +101,7 @@ class NumpyFunction(_Wrapper):
 
     def __call__(self, *args, **kwargs):
         args = _integers_as_float64(self.name, args)
-        return to_tensors(self.target()(*to_tnp(args), **to_tnp(kwargs)))
+        return _copied(self.name, to_tensors(self.target()(*to_tnp(args), **to_tnp(kwargs))))
 
 
 class NdarrayMethod(_Wrapper):
@@ -109,7 +119,7 @@ class NdarrayMethod(_Wrapper):
         member = getattr(to_tnp(obj), self.name)
         if self.attribute:
             return to_tensors(member)
-        return to_tensors(member(*to_tnp(args), **to_tnp(kwargs)))
+        return _copied(self.name, to_tensors(member(*to_tnp(args), **to_tnp(kwargs))))
 
 
 class NdarrayOperator(_Wrapper):
@@ -125,7 +135,7 @@ class NdarrayOperator(_Wrapper):
 
     def __call__(self, *args):
         args = _integers_as_float64(self.op.__name__, args)
-        return to_tensors(self.op(*to_tnp(args)))
+        return _copied(self.op.__name__, to_tensors(self.op(*to_tnp(args))))
 
 
 def ufunc_result_as_tensor(t: torch.Tensor) -> torch.Tensor:

@@ -343,3 +343,58 @@ def test_read_only_array_argument_runs_correctly():
     a = arr(3)
     a.flags.writeable = False
     assert_same_numpy(kiln.compile(f, backend="eager")(a), f(a))
+
+
+# ============================================================================ memory sharing
+def copies_that_numpy_makes(a):
+    b = a.flatten()
+    c = +a
+    b[0] = 100.0
+    c[0, 0] = -100.0
+    return a, b, c
+
+
+def views_without_writes(a):
+    return np.flip(a, 0) * 2, a[::-1, 1], np.diagonal(a) + 1, np.broadcast_to(a[0], (2, 3))
+
+
+def test_copies_and_views_as_numpy_makes_them():
+    check(copies_that_numpy_makes, lambda: (arr(2, 3),))
+    check(views_without_writes, lambda: (arr(3, 3),))
+
+
+def write_through_flip(a):
+    f = np.flip(a, 0)
+    f[0] = 0.0           # NumPy: a changes too (torch._numpy's flip is a copy)
+    return a.sum()
+
+
+def write_base_after_reverse(a):
+    r = a[::-1]
+    a[0] = 7.0           # NumPy: r sees it
+    return r * 1
+
+
+def write_through_diagonal(a):
+    d = a.diagonal()
+    d[0] = 1.0           # NumPy raises: the diagonal is a read-only view
+    return a
+
+
+@pytest.mark.parametrize("fn", [write_through_flip, write_base_after_reverse])
+def test_writes_numpy_shares_with_a_copied_view_break(fn):
+    with pytest.raises(kiln.Unsupported, match="shares"):
+        kiln.compile(fn, backend="eager", fullgraph=True)(arr(3, 3))
+    counter = Counter()
+    compiled = kiln.compile(fn, backend=counter)
+    for _ in range(2):
+        a = arr(3, 3)
+        expected = fn(a.copy())
+        assert_same_numpy(compiled(a), expected)
+
+
+def test_write_through_read_only_view_raises_as_eager():
+    with pytest.raises(ValueError, match="read-only"):
+        write_through_diagonal(arr(3, 3))
+    with pytest.raises(ValueError, match="read-only"):
+        kiln.compile(write_through_diagonal, backend="eager")(arr(3, 3))
