@@ -61,6 +61,18 @@ def _integers_as_float64(name: str, args):
     return tuple(a.to(torch.float64) if isinstance(a, torch.Tensor) else a for a in args)
 
 
+def _accumulator_dtype(name: str, args, kwargs: dict, positional_dtype_at: int) -> dict:
+    """NumPy's ``cumsum``/``cumprod`` of small integers (and bools) accumulate in the platform
+    integer (int64, uint64); torch._numpy keeps the input's dtype."""
+    if name not in ("cumsum", "cumprod") or "dtype" in kwargs or len(args) > positional_dtype_at:
+        return kwargs
+    t = next((a for a in args if isinstance(a, torch.Tensor)), None)
+    if t is None or t.dtype.is_floating_point or t.dtype.is_complex or t.dtype.itemsize >= 8:
+        return kwargs
+    unsigned = t.dtype in (torch.uint8, torch.uint16, torch.uint32)
+    return {**kwargs, "dtype": "uint64" if unsigned else "int64"}
+
+
 # Where NumPy always copies but torch._numpy may return its argument or a view of it.
 _NUMPY_COPIES = frozenset({"flatten", "pos"})
 
@@ -101,6 +113,7 @@ class NumpyFunction(_Wrapper):
 
     def __call__(self, *args, **kwargs):
         args = _integers_as_float64(self.name, args)
+        kwargs = _accumulator_dtype(self.name, args, kwargs, 2)   # np.cumsum(a, axis, dtype)
         return _copied(self.name, to_tensors(self.target()(*to_tnp(args), **to_tnp(kwargs))))
 
 
@@ -116,6 +129,7 @@ class NdarrayMethod(_Wrapper):
         return (self.name, self.attribute)
 
     def __call__(self, obj, *args, **kwargs):
+        kwargs = _accumulator_dtype(self.name, (obj, *args), kwargs, 2)   # a.cumsum(axis, dtype)
         member = getattr(to_tnp(obj), self.name)
         if self.attribute:
             return to_tensors(member)

@@ -171,6 +171,20 @@ def scalar_argument(a, s):
     return a * s + s
 
 
+def small_integer_dtypes(i8, u8, i32):
+    return (i8 / i8, u8 + 250, i32.cumsum(), np.cumsum(i8, axis=0), i32.sum(), i32.prod(),
+            np.trace(np.outer(i32, i32)), (i8 > 0) / 2, (i8 > 0).cumprod(), i8 // -2, i8 % -3)
+
+
+def float_dtypes(f16, f32):
+    return (f16 * 2, f32.mean(), f32.cumsum(), (f32 + 1j) * 2, np.mean(np.arange(4)),
+            np.var(np.arange(4)), f16 + f32)
+
+
+def ufuncs_on_zero_dim_and_mixed(x0, x, a):
+    return np.sin(x0), np.add(x0, 1), np.add(x, a), np.sqrt(x.abs().to(torch.int64))
+
+
 CASES = [
     (tensor_numpy_ufunc, lambda: (ten(3, 4),)),
     (sum_to_scalar, lambda: (arr(3, 4),)),
@@ -193,6 +207,10 @@ CASES = [
     (returns_same_array_twice, lambda: (arr(2),)),
     (comparisons_and_logic, lambda: (arr(3), arr(3))),
     (scalar_argument, lambda: (arr(3), np.float64(RNG.standard_normal()))),
+    (small_integer_dtypes, lambda: (arr(4, dtype=np.int8) | 1, arr(4, dtype=np.uint8),
+                                    arr(4, dtype=np.int32))),
+    (float_dtypes, lambda: (arr(3, dtype=np.float16), arr(3, dtype=np.float32))),
+    (ufuncs_on_zero_dim_and_mixed, lambda: (torch.randn(()), ten(3), arr(3))),
 ]
 
 

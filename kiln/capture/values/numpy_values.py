@@ -675,6 +675,8 @@ def _wrap_result(tx, node, result, args, name, zero_dim) -> Value:
                 return a
         if result.dtype not in _NUMPY_DTYPES:
             raise Unsupported(f"NumPy {name} computed a {result.dtype} array")
+        if result.device.type != "cpu":   # NumPy's arrays live in host memory
+            raise Unsupported(f"NumPy {name} made an array on {result.device} (a default device is set)")
         scalar = False
         if result.dim() == 0:
             how = zero_dim or ("scalar" if name in SCALAR_RESULTS else
