@@ -148,7 +148,12 @@ def ufunc_on_tensors(x, y):
 
 
 def numpy_asarray_of_tensor(x):
-    return np.asarray(x) * 2, np.array(x) + 1
+    return np.asarray(x) * 2, np.array(x) + 1, np.asarray(x, dtype=np.float64)
+
+
+def numpy_functions_that_convert_tensors(x, y):
+    return (np.where(x > 0, x, 0.0), np.concatenate([x, y]), np.stack([x, y], axis=1),
+            np.zeros_like(x), np.ones_like(y), np.full_like(x, 2))
 
 
 def shape_len_iteration(a):
@@ -203,10 +208,11 @@ CASES = [
     (tensor_numpy_shares_memory, lambda: (ten(4),)),
     (ufunc_on_tensors, lambda: (ten(3), ten(3))),
     (numpy_asarray_of_tensor, lambda: (ten(2, 2),)),
+    (numpy_functions_that_convert_tensors, lambda: (ten(3), ten(3))),
     (shape_len_iteration, lambda: (arr(3, 2),)),
     (returns_same_array_twice, lambda: (arr(2),)),
     (comparisons_and_logic, lambda: (arr(3), arr(3))),
-    (scalar_argument, lambda: (arr(3), np.float64(RNG.standard_normal()))),
+    (scalar_argument, lambda: (arr(3), np.float64(1.25))),
     (small_integer_dtypes, lambda: (arr(4, dtype=np.int8) | 1, arr(4, dtype=np.uint8),
                                     arr(4, dtype=np.int32))),
     (float_dtypes, lambda: (arr(3, dtype=np.float16), arr(3, dtype=np.float32))),
@@ -267,8 +273,27 @@ def test_ndarray_argument_with_dynamic_shapes():
     assert counter.frame_count == 1
 
 
-def test_numpy_scalar_argument_does_not_recompile_per_value():
-    check(scalar_argument, lambda: (arr(3), np.float64(RNG.standard_normal())), graphs=1, calls=4)
+def test_numpy_scalar_argument_is_a_constant_like_a_float():
+    """A NumPy scalar from outside is a constant guarded by value (as a Python float is): one
+    graph per value; a torch op with it follows torch's rules for scalars, as in eager."""
+    check(scalar_argument, lambda: (arr(3), np.float64(0.5)), graphs=1, calls=3)
+    check(scalar_argument, lambda: (arr(3), np.float64(RNG.standard_normal())), graphs=3, calls=3)
+
+    def tensor_with_numpy_scalars(x, s, k):
+        return x * s + k, x > s, torch.clamp(x, max=float(s))
+
+    check(tensor_with_numpy_scalars, lambda: (ten(3), np.float64(0.25), np.int64(3)))
+
+    class Scaled(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.scale = np.sqrt(np.float32(16.0))   # np.float32, set once
+
+        def forward(self, x):
+            return x * self.scale, np.float32(2) * self.scale
+
+    m = Scaled()
+    check(lambda x: m(x), lambda: (ten(2, 2, dtype=torch.float16),))
 
 
 # ============================================================================ breaks

@@ -11,7 +11,7 @@ Where NumPy values meet the outside world:
 
 * an ndarray argument is a graph input: ``torch.from_numpy(arg)`` (no copy) under a type
   guard and a TENSOR_MATCH guard (dtype, shape, strides), like a tensor argument; a NumPy
-  scalar argument is a 0-d input the same way (no recompile per value);
+  scalar argument is a constant guarded by value, like a Python float;
 * an ndarray the function returns (or hands to a graph break) is rebuilt from the graph's
   output tensor with ``Tensor.numpy()``; a NumPy scalar as ``numpy.float64`` & co. Whether a
   0-d result is a scalar or a 0-d array follows NumPy (ufuncs and reductions give scalars;
@@ -109,19 +109,18 @@ def numpy_dtype_of(t) -> object:
 # -- graph inputs -------------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class NumpyTensorSource(Source):
-    """The tensor a graph takes for an ndarray (or NumPy scalar) argument: ``base`` converted
-    without a copy."""
+    """The tensor a graph takes for an ndarray argument: ``base`` converted without a copy."""
     base: Source
 
     def render(self, ctx: RenderContext) -> str:
         return f"{ctx.bind(_as_tensor, 'np2t')}({self.base.render(ctx)})"
 
     def describe(self) -> str:
-        return f"as_tensor({self.base.describe()})"
+        return f"from_numpy({self.base.describe()})"
 
 
 def _as_tensor(obj):
-    return rt.ndarray_as_tensor(obj) if type(obj) is numpy_module().ndarray else torch.as_tensor(obj)
+    return rt.ndarray_as_tensor(obj)
 
 
 def is_numpy_object(obj) -> bool:
@@ -142,7 +141,14 @@ def wrap_numpy(builder, obj, source) -> Value:
     np = numpy_module()
     g = builder.guard
     t = type(obj)
-    if isinstance(obj, (np.ndarray, np.generic)):
+    if isinstance(obj, np.generic):
+        # like a Python float: a constant, its value guarded where it is used (a tensor op
+        # with it then follows torch's rules for scalars, as in eager)
+        if source is None:
+            return ConstantValue(obj)
+        g(GuardKind.TYPE_MATCH, source, t)
+        return ConstantValue(obj, source, on_use=lambda: g(GuardKind.EQUALS_MATCH, source, obj))
+    if isinstance(obj, np.ndarray):
         if source is None:
             raise Unsupported("an ndarray that is not reachable from the arguments, globals or closures")
         return _wrap_array_input(builder, obj, source)
@@ -159,15 +165,13 @@ def wrap_numpy(builder, obj, source) -> Value:
 def _wrap_array_input(builder, obj, source) -> "NdarrayValue":
     np = numpy_module()
     t = type(obj)
-    if t is not np.ndarray and not isinstance(obj, np.generic):
+    if t is not np.ndarray:
         raise Unsupported(f"an argument of ndarray subclass {t.__name__}")
     builder.guard(GuardKind.TYPE_MATCH, source, t)
-    scalar = isinstance(obj, np.generic)
-    if not scalar:
-        if not obj.flags.writeable:
-            raise Unsupported("a read-only ndarray argument (its writes would need to raise)")
-        builder.guard(GuardKind.EQUALS_MATCH, AttrSource(AttrSource(source, "flags"), "writeable"), True)
-    if not scalar and any(st < 0 for st in obj.strides):
+    if not obj.flags.writeable:
+        raise Unsupported("a read-only ndarray argument (its writes would need to raise)")
+    builder.guard(GuardKind.EQUALS_MATCH, AttrSource(AttrSource(source, "flags"), "writeable"), True)
+    if any(st < 0 for st in obj.strides):
         raise Unsupported("an ndarray argument with negative strides (a tensor cannot view it)")
     try:
         tensor = _as_tensor(obj)
@@ -177,7 +181,7 @@ def _wrap_array_input(builder, obj, source) -> "NdarrayValue":
         raise Unsupported(f"an ndarray argument of dtype {obj.dtype}")
     _tnp()
     value = builder.output.add_tensor_input(tensor, NumpyTensorSource(source), False)
-    return NdarrayValue(value, source, scalar=scalar)
+    return NdarrayValue(value, source)
 
 
 def pure_numpy_result(v) -> Value | None:
@@ -385,10 +389,20 @@ def call_numpy_function(tx, fn, args: list[Value], kwargs: dict[str, Value]) -> 
         kwargs = {**kwargs, "dtype": _dtype_argument(kwargs["dtype"])}
     target = rt.NumpyFunction(module, name)
     if tensors:
-        if name in ("asarray", "array", "asanyarray") and len(leaves) == 1 and len(args) == 1:
+        if name in ("asarray", "array", "asanyarray") and len(args) == 1 and set(kwargs) <= {"dtype"} \
+                and isinstance(args[0], TensorValue):
             # np.asarray(t): Tensor.__array__, the tensor's memory as an ndarray (np.array copies)
-            arr = tensor_to_ndarray(tx, tensors[0], force=False)
+            arr = tensor_to_ndarray(tx, args[0], force=False)
+            dtype = kwargs.get("dtype")
+            if dtype is not None and not (dtype.is_constant() and dtype.as_constant() is None) \
+                    and _argument(_dtype_argument(dtype), False) != numpy_dtype_of(arr.fake).name:
+                return arr.call_method(tx, "astype", [dtype], {})   # another dtype: a copy
             return arr if name != "array" else arr.call_method(tx, "copy", [], {})
+        if name in TENSORS_AS_ARRAYS:
+            # these convert every array-like argument with np.asarray (Tensor.__array__) first
+            args = [_tensors_as_ndarrays(tx, a) for a in args]
+            kwargs = {k: _tensors_as_ndarrays(tx, v) for k, v in kwargs.items()}
+            return call_numpy_function(tx, fn, args, kwargs)
         if not isinstance(fn, np.ufunc):
             raise Unsupported(f"{label} on a torch.Tensor (NumPy dispatches to Tensor methods or "
                               "converts the tensor; not traced): use Tensor.numpy() first")
@@ -401,6 +415,20 @@ def call_numpy_function(tx, fn, args: list[Value], kwargs: dict[str, Value]) -> 
         return tx.output.call_op("call_function", rt.ufunc_result_as_tensor, (result.tensor,), {})
     zero_dim = "scalar" if isinstance(fn, np.ufunc) else None
     return trace_numpy(tx, target, args, kwargs, name, zero_dim=zero_dim)
+
+
+# NumPy functions that turn each tensor argument into an ndarray (np.asarray) before working:
+# on tensors they return ndarrays, as on arrays.
+TENSORS_AS_ARRAYS = frozenset({"where", "concatenate", "stack", "zeros_like", "ones_like",
+                               "full_like"})
+
+
+def _tensors_as_ndarrays(tx, v: Value) -> Value:
+    if isinstance(v, TensorValue):
+        return tensor_to_ndarray(tx, v, force=False)
+    if isinstance(v, (TupleValue, ListValue)):
+        return type(v)([_tensors_as_ndarrays(tx, i) for i in v.items])
+    return v
 
 
 def _is_constant_arg(v: Value) -> bool:
@@ -431,6 +459,10 @@ def _fold(tx, fn, args, kwargs) -> Value | None:
 
 
 def _constant_of(v: Value):
+    from .symbolic import SymNodeValue, specialize
+
+    if isinstance(v, SymNodeValue):
+        v = specialize(v)   # NumPy needs the number: decided for this size (guarded)
     if isinstance(v, (TupleValue, ListValue)):
         items = [_constant_of(i) for i in v.items]
         return items if isinstance(v, ListValue) else tuple(items)
