@@ -11,7 +11,6 @@ graphs print readably and the compile cache can key them.
 """
 from __future__ import annotations
 
-import operator
 
 import torch
 
