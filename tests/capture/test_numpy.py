@@ -268,9 +268,29 @@ def test_dtype_and_shape_of_ndarray_arguments_are_guarded():
 
 
 def test_ndarray_argument_with_dynamic_shapes():
-    counter = check(lambda a: (a * 2).sum(axis=1), lambda: (arr(int(RNG.integers(4, 9)), 3),),
+    sizes = iter([4, 6, 5, 8])
+    counter = check(lambda a: (a * 2).sum(axis=1), lambda: (arr(next(sizes), 3),),
                     graphs=1, dynamic=True, calls=4)
     assert counter.frame_count == 1
+
+
+def sizes_in_numpy_code(a, i):
+    n = a.shape[0]
+    return (np.zeros(n) + a[:, 0], np.arange(n) * a[:, 1], a.reshape(n * 2, -1), a + n,
+            np.sum(a, axis=0) / len(a), i + n, i * len(i), (i > 0) + n, a[: n - 1])
+
+
+@pytest.mark.parametrize("dynamic", [True, None])
+def test_sizes_stay_symbolic_in_numpy_code(dynamic):
+    """Sizes used as shapes, indices and operands keep NumPy's dtypes without specializing:
+    one graph serves every size (automatic dynamic: from the second size on)."""
+    sizes = iter([3, 5, 4, 7, 6])
+
+    def make():
+        n = next(sizes)
+        return arr(n, 2), arr(n + 1, dtype=np.int32)
+
+    check(sizes_in_numpy_code, make, graphs=1 if dynamic else 2, dynamic=dynamic, calls=5)
 
 
 def test_numpy_scalar_argument_is_a_constant_like_a_float():

@@ -521,21 +521,35 @@ def _leaves(values):
             yield v
 
 
-def _argument(v: Value, fx: bool):
-    """A Value as the graph's argument (``fx``) or as the fake-run argument."""
+# NumPy calls whose Python-number arguments are sizes, counts or indices (they never take part
+# in dtype promotion): a symbolic size stays symbolic there (dynamic shapes). Elsewhere a
+# symbolic number is specialized: as a weak Python scalar it decides NumPy's result dtype.
+SIZE_ARGUMENTS = frozenset({"reshape", "zeros", "ones", "empty", "arange", "broadcast_to",
+                            "__getitem__", "__setitem__", "eye", "identity", "tile", "repeat",
+                            "expand_dims", "swapaxes", "transpose", "sum", "mean", "max", "min",
+                            "cumsum", "concatenate", "stack", "take", "split"})
+
+
+def _argument(v: Value, fx: bool, symbolic: bool = False):
+    """A Value as the graph's argument (``fx``) or as the fake-run argument; ``symbolic``:
+    symbolic sizes stay symbolic."""
     from .symbolic import SymNodeValue, SymSliceValue, specialize
 
     if isinstance(v, NdarrayValue):
         v = v.tensor
     if isinstance(v, TensorValue):
         return v.node if fx else v.fake
+    if isinstance(v, SymNodeValue) and symbolic:
+        return v.node if fx else v.fake
+    if isinstance(v, SymSliceValue) and symbolic:
+        return slice(*[_argument(p, fx, symbolic) for p in v.parts])
     if isinstance(v, (SymNodeValue, SymSliceValue)):
         v = specialize(v)   # NumPy semantics on Python numbers: decided for this size (guarded)
     if isinstance(v, (TupleValue, ListValue)):
-        items = [_argument(i, fx) for i in v.items]
+        items = [_argument(i, fx, symbolic) for i in v.items]
         return items if isinstance(v, ListValue) else tuple(items)
     if isinstance(v, DictValue):
-        return {k: _argument(x, fx) for k, x in v.items.items()}
+        return {k: _argument(x, fx, symbolic) for k, x in v.items.items()}
     if isinstance(v, NumpyClassValue):
         return numpy_module().dtype(v.value).name if issubclass(v.value, numpy_module().generic) \
             else _unsupported_arg(v)
@@ -547,6 +561,12 @@ def _argument(v: Value, fx: bool):
             return c.name
         return c
     return _unsupported_arg(v)
+
+
+def _has_symbolic(values) -> bool:
+    from .symbolic import SymNodeValue, SymSliceValue
+
+    return any(isinstance(v, (SymNodeValue, SymSliceValue)) for v in _leaves(values))
 
 
 def _scalar_constant_as_array(tx, v: Value) -> Value:
@@ -582,16 +602,24 @@ def trace_numpy(tx, target, args: list[Value], kwargs: dict[str, Value], name: s
     out = tx.output
     args = [_scalar_constant_as_array(tx, a) for a in args]
     kwargs = {k: _scalar_constant_as_array(tx, v) for k, v in kwargs.items()}
-    fx_args = tuple(_argument(a, True) for a in args)
-    fx_kwargs = {k: _argument(v, True) for k, v in kwargs.items()}
-    fake_args = tuple(_argument(a, False) for a in args)
-    fake_kwargs = {k: _argument(v, False) for k, v in kwargs.items()}
     arg_fakes = [v.fake for v in _leaves([*args, *kwargs.values()])
                  if isinstance(v, (NdarrayValue, TensorValue))]
     versions = [f._version for f in arg_fakes]
+    symbolic = name in SIZE_ARGUMENTS and _has_symbolic([*args, *kwargs.values()])
     try:
-        with out.fake_mode, _torch.python_dispatcher():
-            result = target(*fake_args, **fake_kwargs)
+        try:
+            fake_args = tuple(_argument(a, False, symbolic) for a in args)
+            fake_kwargs = {k: _argument(v, False, symbolic) for k, v in kwargs.items()}
+            with out.fake_mode, _torch.python_dispatcher():
+                result = target(*fake_args, **fake_kwargs)
+        except Exception:
+            if not symbolic or any(f._version != v for f, v in zip(arg_fakes, versions)):
+                raise
+            symbolic = False   # torch._numpy wants a plain number there: decided for this size
+            fake_args = tuple(_argument(a, False) for a in args)
+            fake_kwargs = {k: _argument(v, False) for k, v in kwargs.items()}
+            with out.fake_mode, _torch.python_dispatcher():
+                result = target(*fake_args, **fake_kwargs)
     except _torch.DATA_DEPENDENT_ERRORS as e:
         raise Unsupported(f"NumPy {name} needs the array's data ({type(e).__name__})")
     except Unsupported:
@@ -601,6 +629,9 @@ def trace_numpy(tx, target, args: list[Value], kwargs: dict[str, Value], name: s
         raise Unsupported(f"NumPy {name} could not be traced ({type(e).__name__}: {e})")
     check_aliasing(tx, name, args, arg_fakes, versions, result)
     from ..graph_constants import fx_argument
+
+    fx_args = tuple(_argument(a, True, symbolic) for a in args)
+    fx_kwargs = {k: _argument(v, True, symbolic) for k, v in kwargs.items()}
 
     fx_args = fx_argument(fx_args, out.constant_node)
     fx_kwargs = {k: fx_argument(v, out.constant_node) for k, v in fx_kwargs.items()}
@@ -657,14 +688,14 @@ _INPLACE = {operator.iadd, operator.isub, operator.imul, operator.itruediv, oper
             operator.ilshift, operator.irshift, operator.imatmul}
 
 
-def _operand(tx, v: Value) -> Value:
+def _operand(tx, v: Value, other: Value) -> Value:
     from .symbolic import SymNodeValue, specialize
 
     if isinstance(v, TensorValue):
         raise Unsupported("an operator between a NumPy array and a torch.Tensor (NumPy defers to "
                           "the tensor; not traced)")
     if isinstance(v, SymNodeValue):
-        return specialize(v)
+        return _symbolic_int_operand(tx, v, other) or specialize(v)
     if isinstance(v, ConstantValue) and v.as_constant() is None:
         raise Unsupported("an operator between a NumPy array and None")
     if isinstance(v, (NdarrayValue, ConstantValue, TupleValue, ListValue)):
@@ -672,8 +703,24 @@ def _operand(tx, v: Value) -> Value:
     raise Unsupported(f"an operator between a NumPy array and {v.describe()}")
 
 
+def _symbolic_int_operand(tx, v, other: Value) -> Value | None:
+    """A symbolic int (``len(a)``, ``a.shape[0]``) beside an array, kept symbolic: a 0-d array
+    of the other operand's dtype, which NumPy's promotion treats as it treats the Python int
+    (NEP 50: the array's dtype wins; bools give int64)."""
+    if v.python_type() is not int or not isinstance(other, NdarrayValue):
+        return None
+    dtype = other.fake.dtype
+    if dtype == torch.bool or dtype == torch.uint8 or not (dtype.is_floating_point or dtype.is_complex
+                                                           or dtype in (torch.int32, torch.int64)):
+        dtype = torch.int64 if dtype == torch.bool else None   # small ints may overflow: not kept
+    if dtype is None:
+        return None
+    t = tx.output.call_op("call_function", torch.full, (TupleValue([]), v), {"dtype": ConstantValue(dtype)})
+    return NdarrayValue(t, scalar=True)
+
+
 def numpy_binary(tx, op, a: Value, b: Value) -> Value:
-    a, b = _operand(tx, a), _operand(tx, b)
+    a, b = _operand(tx, a, b), _operand(tx, b, a)
     if op in _INPLACE and not (isinstance(a, NdarrayValue) and not a.scalar):
         from ..semantics import _INPLACE_TO_BINARY
 
