@@ -114,6 +114,10 @@ def float_promotion(f):
     return f + 1.5, f + np.float64(1.5), f * np.float32(2), f.astype(np.float64) * 2
 
 
+def numpy_scalar_types_of_values(a):
+    return np.float32(a.sum()), np.int64(a[0] > 0), np.float32(a), np.float64(a.max()) * 2
+
+
 def finfo_iinfo_dtype(a):
     eps = np.finfo(a.dtype).eps
     big = np.iinfo(np.int32).max
@@ -202,6 +206,7 @@ CASES = [
     (integer_promotion, lambda: (arr(4, dtype=np.int64),)),
     (float_promotion, lambda: (arr(4, dtype=np.float32),)),
     (finfo_iinfo_dtype, lambda: (arr(3),)),
+    (numpy_scalar_types_of_values, lambda: (arr(3),)),
     (methods, lambda: (arr(2, 3),)),
     (linalg_and_reductions, lambda: (arr(3, 3),)),
     (writes_into_argument, lambda: (arr(3, 2),)),

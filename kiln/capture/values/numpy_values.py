@@ -475,6 +475,14 @@ class NumpyClassValue(ClassValue):
         cls = self.value
         if cls in (np.finfo, np.iinfo, np.dtype) and args and isinstance(args[0], NdarrayValue):
             args = [ConstantValue(numpy_dtype_of(args[0].fake)), *args[1:]]
+        if issubclass(cls, np.generic) and len(args) == 1 and not kwargs \
+                and isinstance(args[0], NdarrayValue):
+            # np.float32(x): a scalar of x's value (a 0-d x), an array for a larger x
+            arr = args[0]
+            result = arr.call_method(tx, "astype", [ConstantValue(np.dtype(cls))], {})
+            if arr.scalar or arr.fake.dim() == 0:
+                return NdarrayValue(result.tensor, scalar=True)
+            return result
         if cls is np.ndarray or any(isinstance(v, (NdarrayValue, TensorValue)) for v in _leaves(
                 [*args, *kwargs.values()])):
             raise Unsupported(f"np.{cls.__name__}(...) of arrays (not traced)")
