@@ -115,7 +115,9 @@ def float_promotion(f):
 
 
 def numpy_scalar_types_of_values(a):
-    return np.float32(a.sum()), np.int64(a[0] > 0), np.float32(a), np.float64(a.max()) * 2
+    s = a.sum()
+    return (np.float32(s), np.int64(a[0] > 0), np.float32(a), np.float64(a.max()) * 2,
+            s.astype(np.float32), s.copy(), s.T, s.reshape(1), s[...], s[()])
 
 
 def finfo_iinfo_dtype(a):

@@ -242,7 +242,8 @@ class NdarrayValue(Value):
             return tx.binary(operator.mul, self.tensor.call_method(tx, "numel", [], {}),
                              ConstantValue(self.fake.element_size()))
         if name in ("T", "real", "imag", "mT"):
-            return trace_numpy(tx, rt.NdarrayMethod(name, attribute=True), [self], {}, name)
+            return trace_numpy(tx, rt.NdarrayMethod(name, attribute=True), [self], {}, name,
+                               zero_dim="scalar" if self.scalar else None)
         tnp = _tnp()
         if not callable(getattr(tnp.ndarray, name, None)):
             raise Unsupported(f"ndarray.{name} (not implemented on tensors by torch._numpy)")
@@ -272,7 +273,9 @@ class NdarrayValue(Value):
             raise Unsupported(f"ndarray.{name}() (not implemented on tensors by torch._numpy)")
         if name == "astype" and args:
             args = [_dtype_argument(args[0]), *args[1:]]
-        return trace_numpy(tx, rt.NdarrayMethod(name), [self, *args], kwargs, name)
+        # a NumPy scalar's methods run on it as a 0-d array and give scalars back
+        return trace_numpy(tx, rt.NdarrayMethod(name), [self, *args], kwargs, name,
+                           zero_dim="scalar" if self.scalar else None)
 
     def reconstruct(self, cg):
         if self.source is not None:
