@@ -476,6 +476,8 @@ class NumpyClassValue(ClassValue):
     def call(self, tx, args, kwargs):
         np = numpy_module()
         cls = self.value
+        if _is_random(cls):
+            raise Unsupported(f"np.random.{cls.__name__}: np.random is not traced (runs natively)")
         if cls in (np.finfo, np.iinfo, np.dtype) and args and isinstance(args[0], NdarrayValue):
             args = [ConstantValue(numpy_dtype_of(args[0].fake)), *args[1:]]
         if issubclass(cls, np.generic) and len(args) == 1 and not kwargs \
