@@ -103,6 +103,15 @@ class NumpyFunction(_Wrapper):
     def _args(self):
         return (self.module, self.name)
 
+    def numpy_twin(self):
+        """The NumPy function this stands for (checked against at capture time)."""
+        import numpy
+
+        mod = numpy
+        for part in self.module.split(".")[1:]:
+            mod = getattr(mod, part)
+        return getattr(mod, self.name)
+
     def target(self):
         tnp = _tnp()
         mod = tnp
@@ -127,6 +136,12 @@ class NdarrayMethod(_Wrapper):
     def _args(self):
         return (self.name, self.attribute)
 
+    def numpy_twin(self):
+        name = self.name
+        if self.attribute:
+            return lambda obj: getattr(obj, name)
+        return lambda obj, *args, **kwargs: getattr(obj, name)(*args, **kwargs)
+
     def __call__(self, obj, *args, **kwargs):
         kwargs = _accumulator_dtype(self.name, (obj, *args), kwargs, 2)   # a.cumsum(axis, dtype)
         member = getattr(to_tnp(obj), self.name)
@@ -145,6 +160,9 @@ class NdarrayOperator(_Wrapper):
 
     def _args(self):
         return (self.op,)
+
+    def numpy_twin(self):
+        return self.op
 
     def __call__(self, *args):
         args = _integers_as_float64(self.op.__name__, args)

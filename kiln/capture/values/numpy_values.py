@@ -43,7 +43,7 @@ from ..guards import GuardKind
 from ..sources import AttrSource, RenderContext, Source
 from .base import ConstantValue, Value
 from .numpy_aliasing import check_aliasing
-from .containers import DictValue, ListValue, TupleValue
+from .containers import DictValue, ListValue, NamedTupleValue, TupleValue
 from .objects import ClassValue
 from .tensor import TensorValue
 
@@ -641,6 +641,10 @@ def trace_numpy(tx, target, args: list[Value], kwargs: dict[str, Value], name: s
         # torch._numpy refused (or NumPy would raise): never guessed, NumPy runs it natively
         raise Unsupported(f"NumPy {name} could not be traced ({type(e).__name__}: {e})")
     check_aliasing(tx, name, args, arg_fakes, versions, result)
+    from .numpy_oracle import check_with_numpy
+
+    expected = check_with_numpy(target, target.numpy_twin(), name, args, kwargs,
+                                lambda v: _argument(v, False), result)
     from ..graph_constants import fx_argument
 
     fx_args = tuple(_argument(a, True, symbolic) for a in args)
@@ -650,10 +654,13 @@ def trace_numpy(tx, target, args: list[Value], kwargs: dict[str, Value], name: s
     fx_kwargs = {k: fx_argument(v, out.constant_node) for k, v in fx_kwargs.items()}
     node = out.graph.create_node("call_function", target, fx_args, fx_kwargs)
     node.meta["example_value"] = result
-    return _wrap_result(tx, node, result, args, name, zero_dim)
+    return _wrap_result(tx, node, result, args, name, zero_dim, expected)
 
 
-def _wrap_result(tx, node, result, args, name, zero_dim) -> Value:
+def _wrap_result(tx, node, result, args, name, zero_dim, expected=None) -> Value:
+    """The graph's result as Values. ``expected``: NumPy's own result on stand-ins (see
+    numpy_oracle), which says what a 0-d result is and which container holds several."""
+    np = numpy_module()
     if isinstance(result, torch.Tensor):
         for a in args:   # an in-place operation returns its receiver
             if isinstance(a, NdarrayValue) and a.fake is result:
@@ -664,6 +671,8 @@ def _wrap_result(tx, node, result, args, name, zero_dim) -> Value:
             raise Unsupported(f"NumPy {name} made an array on {result.device} (a default device is set)")
         scalar = False
         if result.dim() == 0:
+            if zero_dim is None and isinstance(expected, (np.ndarray, np.generic)):
+                zero_dim = "scalar" if isinstance(expected, np.generic) else "array"
             how = zero_dim or ("scalar" if name in SCALAR_RESULTS else
                                "array" if name in ARRAY_RESULTS else None)
             if how is None:
@@ -672,15 +681,21 @@ def _wrap_result(tx, node, result, args, name, zero_dim) -> Value:
             scalar = how == "scalar"
         return NdarrayValue(TensorValue(node, result), scalar=scalar)
     if isinstance(result, (tuple, list)) and any(isinstance(r, torch.Tensor) for r in result):
+        parts = list(expected) if isinstance(expected, (tuple, list)) else [None] * len(result)
         items = []
-        for i, r in enumerate(result):
+        for i, (r, e) in enumerate(zip(result, parts)):
             if isinstance(r, torch.Tensor):
                 child = tx.output.graph.call_function(operator.getitem, (node, i))
                 child.meta["example_value"] = r
-                items.append(_wrap_result(tx, child, r, (), name, zero_dim))
+                items.append(_wrap_result(tx, child, r, (), name, zero_dim, e))
             else:
                 items.append(_constant_result(r, name))
-        return ListValue(items) if isinstance(result, list) else TupleValue(items)
+        kind = type(expected) if isinstance(expected, (tuple, list)) else type(result)
+        if kind is list:
+            return ListValue(items)
+        if kind is not tuple and hasattr(kind, "_fields"):   # np.linalg.svd's SVDResult...
+            return NamedTupleValue(items, None, kind)
+        return TupleValue(items)
     if result is None:
         return ConstantValue(None)
     return _constant_result(result, name)
