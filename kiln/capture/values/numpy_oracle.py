@@ -165,7 +165,10 @@ def _difference(actual, expected, name: str) -> str | None:
     if isinstance(expected, (np.ndarray, np.generic)):
         if not isinstance(actual, torch.Tensor):
             return f"{type(actual).__name__} for {type(expected).__name__}"
-        got = actual.numpy()
+        try:
+            got = actual.numpy()
+        except TypeError:   # a dtype NumPy lacks (complex32...)
+            return f"dtype {actual.dtype}"
         if got.dtype != expected.dtype:
             return f"dtype {got.dtype}, NumPy's {expected.dtype}"
         if got.shape != np.shape(expected):
