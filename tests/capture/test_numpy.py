@@ -486,3 +486,59 @@ def test_module_with_ndarray_attribute():
         x = ten(4)
         assert_same_numpy(compiled(x), m(x))
     assert counter.frame_count == 1
+
+
+# ============================================================================ NumPy checks torch._numpy
+def test_where_torch_numpy_differs_numpy_runs_it():
+    """torch._numpy's dtype, shape or values differ from NumPy's here: each call is checked
+    against NumPy on stand-in arrays at capture time, and breaks (NumPy runs it)."""
+    differing = [
+        lambda b: np.sin(b),                      # NumPy: float16 for bools
+        lambda v: np.median(v) * 1,               # NumPy: a 0-d result, a scalar
+        lambda v: np.cbrt(v),                     # cube roots of negatives
+        lambda f: np.fft.rfft(f),                 # NumPy 2: complex64 for float32
+        lambda i: np.square(i.astype(np.int8)),   # integer squares stay integers
+    ]
+    inputs = [lambda: arr(4) > 0, lambda: arr(5), lambda: arr(5), lambda: arr(8, dtype=np.float32),
+              lambda: arr(4, dtype=np.int64)]
+    graphs = [0, 0, 0, 0, 1]                      # (astype is traced, square breaks)
+    for fn, make, n in zip(differing, inputs, graphs):
+        with pytest.raises(kiln.Unsupported, match="differs from NumPy"):
+            kiln.compile(fn, backend="eager", fullgraph=True)(make())
+        check(fn, lambda: (make(),), graphs=n, fullgraph=False)
+
+
+def test_result_containers_as_numpy_makes_them():
+    def f(m, v):
+        u, s, vh = np.linalg.svd(m)
+        return np.linalg.svd(m), np.meshgrid(v, v), u @ np.diag(s) @ vh
+
+    check(f, lambda: (arr(3, 3), arr(2)))
+
+
+UNARY = ["sin", "exp", "log1p", "sqrt", "abs", "negative", "floor", "ceil", "sign", "square",
+         "reciprocal", "tanh", "arctan", "isnan", "isfinite", "logical_not", "cumsum", "sort",
+         "argsort", "ravel", "transpose", "diff", "fliplr", "nonzero", "count_nonzero", "trace",
+         "std", "var", "ptp", "argmax", "amax", "sum", "prod", "mean", "median", "round",
+         "trunc", "rint", "deg2rad", "exp2", "cbrt", "fix", "i0", "sinc", "angle", "real"]
+DTYPES = [np.float64, np.float32, np.int32, np.bool_]
+
+
+@pytest.mark.parametrize("name", UNARY)
+def test_numpy_functions_equal_eager_on_every_dtype(name):
+    """A differential sweep: compiled (graph or break) returns exactly what eager returns."""
+    fn = getattr(np, name)
+
+    def f(a):
+        return fn(a)
+
+    for dtype in DTYPES:
+        make = (lambda: arr(3, 4) > 0) if dtype is np.bool_ else (lambda: arr(3, 4, dtype=dtype))
+        try:
+            fn(make())
+        except Exception:
+            continue   # not defined for this dtype in NumPy either
+        compiled = kiln.compile(f, backend="eager")
+        for _ in range(2):
+            a = make()
+            assert_same_numpy(compiled(a), f(a.copy()), f"np.{name}({np.dtype(dtype).name})")
