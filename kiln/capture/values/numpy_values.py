@@ -20,6 +20,8 @@ Where NumPy values meet the outside world:
   between the two in the graph (sharing the tensor where eager shares memory);
 * dtypes (``np.float32``, ``np.dtype("int64")``), ``np.finfo``/``np.iinfo`` and scalar
   constants are Python constants, computed at capture time;
+* every traced call is checked at capture time against NumPy itself on stand-in arrays
+  (``numpy_oracle``): where torch._numpy differs from NumPy, NumPy runs the call;
 * ``np.random`` is not traced: NumPy's generator is state kiln cannot guard or replay, so each
   call is a graph break and runs natively, drawing from NumPy's stream exactly as eager does.
 
