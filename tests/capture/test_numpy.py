@@ -542,3 +542,14 @@ def test_numpy_functions_equal_eager_on_every_dtype(name):
         for _ in range(2):
             a = make()
             assert_same_numpy(compiled(a), f(a.copy()), f"np.{name}({np.dtype(dtype).name})")
+
+
+def test_large_arrays_are_checked_on_small_stand_ins():
+    """Over the stand-in budget, NumPy still checks dtypes, ranks and result kinds on stand-ins
+    with every size cut to 2; a reshape to the real sizes is traced unchecked."""
+    big = arr(300, 300)
+    for fn in (lambda v: np.sin(v > 0), lambda v: np.median(v)):
+        with pytest.raises(kiln.Unsupported, match="differs from NumPy"):
+            kiln.compile(fn, backend="eager", fullgraph=True)(big)
+    check(lambda v: ((v @ v.T).sum(axis=0), v.reshape(900, 100) * 2, v.max()),
+          lambda: (arr(300, 300),))

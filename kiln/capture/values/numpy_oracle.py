@@ -11,8 +11,10 @@ arguments a call writes into; otherwise the call breaks the graph and NumPy runs
 own result also tells whether a 0-d result is a scalar or an array, and which container a
 tuple of results is.
 
-Stand-ins are built only for small arrays (``MAX_ELEMENTS`` in all); for larger ones the call
-is traced as torch._numpy computes it, with the result kinds taken from name lists.
+Stand-ins of the real shapes are built for small arrays (``MAX_ELEMENTS`` in all). For larger
+ones every size is cut to 2, and only Python types, dtypes and ranks are compared; a call that
+cannot run on such stand-ins (a reshape to the real sizes) is traced unchecked, with the
+result kinds taken from name lists.
 """
 from __future__ import annotations
 
@@ -53,9 +55,10 @@ def _hint(n) -> int:
 class _StandIns:
     """Stand-in arrays for a call's arguments: the same array for the same graph value."""
 
-    def __init__(self, rng, indices: bool):
+    def __init__(self, rng, indices: bool, shrink: bool = False):
         self.rng = rng
         self.indices = indices
+        self.shrink = shrink   # every size cut to at most 2 (large arrays: dtypes and kinds only)
         self.by_fake: dict[int, np.ndarray] = {}
         self.elements = 0
 
@@ -63,6 +66,8 @@ class _StandIns:
         key = id(fake)
         if key not in self.by_fake:
             shape = tuple(_hint(s) for s in fake.shape)
+            if self.shrink:
+                shape = tuple(min(s, 2) for s in shape)
             dtype = np.dtype(str(fake.dtype).replace("torch.", ""))
             self.elements += int(np.prod(shape, dtype=np.int64))
             if self.elements > MAX_ELEMENTS:
@@ -131,7 +136,7 @@ def check_with_numpy(target, twin, name: str, args: list[Value], kwargs: dict[st
         np_args = [_numpy_argument(a, stand_ins, as_constant) for a in args]
         np_kwargs = {k: _numpy_argument(v, stand_ins, as_constant) for k, v in kwargs.items()}
     except _NoOracle:
-        return None
+        return _check_kinds(target, twin, name, args, kwargs, as_constant, fake_result)
     by_id: dict = {}
     t_args = _as_tensors(np_args, by_id)
     t_kwargs = _as_tensors(np_kwargs, by_id)
@@ -200,3 +205,54 @@ def _difference(actual, expected, name: str) -> str | None:
 
 def is_scalar(expected) -> bool:
     return isinstance(expected, np.generic)
+
+
+def _check_kinds(target, twin, name, args, kwargs, as_constant, fake_result):
+    """For large arrays: NumPy and torch._numpy on stand-ins with every size cut to 2 must
+    agree on Python types, dtypes and ranks (sizes and values are not compared). None when
+    the call cannot run on such stand-ins (a shape argument that needs the real sizes): it is
+    traced unchecked."""
+    stand_ins = _StandIns(np.random.default_rng(0), name in _INDEXING, shrink=True)
+    try:
+        np_args = [_numpy_argument(a, stand_ins, as_constant) for a in args]
+        np_kwargs = {k: _numpy_argument(v, stand_ins, as_constant) for k, v in kwargs.items()}
+    except _NoOracle:
+        return None
+    by_id: dict = {}
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore")
+        try:
+            expected = twin(*np_args, **np_kwargs)
+            with torch.no_grad():
+                actual = target(*_as_tensors(np_args, by_id), **_as_tensors(np_kwargs, by_id))
+        except Exception:
+            return None
+    why = _kind_difference(actual, expected)
+    if why is None and isinstance(fake_result, torch.Tensor) and isinstance(actual, torch.Tensor) \
+            and (fake_result.dtype != actual.dtype or fake_result.dim() != actual.dim()):
+        why = "the traced dtype or rank"
+    if why is not None:
+        raise Unsupported(f"torch._numpy's {name} differs from NumPy ({why}): NumPy runs it")
+    return expected
+
+
+def _kind_difference(actual, expected) -> str | None:
+    if isinstance(expected, (np.ndarray, np.generic)):
+        if not isinstance(actual, torch.Tensor):
+            return f"{type(actual).__name__} for {type(expected).__name__}"
+        if str(actual.dtype).replace("torch.", "") != expected.dtype.name:
+            return f"dtype {actual.dtype}, NumPy's {expected.dtype}"
+        if actual.dim() != np.ndim(expected):
+            return f"rank {actual.dim()}, NumPy's {np.ndim(expected)}"
+        return None
+    if isinstance(expected, (tuple, list)):
+        if not isinstance(actual, (tuple, list)) or len(actual) != len(expected):
+            return f"{type(actual).__name__} for {type(expected).__name__}"
+        for a, e in zip(actual, expected):
+            why = _kind_difference(a, e)
+            if why is not None:
+                return why
+        return None
+    if isinstance(actual, torch.Tensor):
+        return f"an array for {type(expected).__name__}"
+    return None
