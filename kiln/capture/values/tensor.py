@@ -137,7 +137,7 @@ class TensorValue(Value):
 
     def call_method(self, tx, name, args, kwargs):
         if name == "numpy":
-            from .numpy_values import tensor_numpy_method
+            from .numpy_conversions import tensor_numpy_method
 
             return tensor_numpy_method(tx, self, args, kwargs)
         if name in DATA_DEPENDENT_METHODS:
