@@ -437,3 +437,23 @@ class _SavedTensorsHooksPaused:
 
     def __exit__(self, *exc):
         torch._C._autograd._saved_tensors_hooks_set_tracing(self.prior)
+
+
+# -- NumPy on tensors (torch._numpy) -------------------------------------------------------------
+# NumPy's own defaults: what eager NumPy code computes in. torch._numpy reads them lazily from
+# torch._dynamo.config; kiln sets them first (never importing dynamo) and refuses to trace
+# NumPy code if someone else set other defaults.
+def numpy_on_tensors():
+    """``torch._numpy`` with NumPy's default dtypes (float64, complex128, int64), or None
+    when its defaults were set to something else (then NumPy code is not traced)."""
+    import torch._numpy as tnp
+    from torch._numpy import _dtypes_impl
+
+    numpy_defaults = _dtypes_impl.DefaultDTypes(float_dtype=torch.float64,
+                                                complex_dtype=torch.complex128,
+                                                int_dtype=torch.int64)
+    if _dtypes_impl._default_dtypes is None:
+        _dtypes_impl._default_dtypes = numpy_defaults
+    if tuple(_dtypes_impl._default_dtypes) != tuple(numpy_defaults):
+        return None
+    return tnp

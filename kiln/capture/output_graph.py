@@ -19,6 +19,7 @@ from .sources import GlobalSource, Source
 from .values.base import ConstantValue, Value
 from .values.builder import STATE_READERS, Builder, is_trusted_module
 from .values.containers import ListValue, NamedTupleValue, TupleValue
+from .values.numpy_values import NdarrayValue
 from .values.tensor import TensorValue
 
 
@@ -272,6 +273,10 @@ class OutputGraph:
         if fn in STATE_READERS:
             # global state kiln guards (GLOBAL_STATE) or constant under eager execution
             return ConstantValue(fn(*[a.as_constant() for a in args]))
+        if any(isinstance(a, NdarrayValue) for a in (*args, *kwargs.values())):
+            from .values.numpy_conversions import torch_function_on_numpy
+
+            return torch_function_on_numpy(tx, fn, args, kwargs)   # torch.from_numpy & co.
         return self.call_op("call_function", fn, tuple(args), kwargs)
 
     def enter_autocast(self, ctx) -> None:

@@ -15,6 +15,7 @@ from .values.base import ConstantValue, LazyArgument, NullValue, Value
 from .values.containers import (BaseSequenceValue, DictValue, DictViewValue, IteratorValue,
                                 ListValue, SetValue, TupleValue)
 from .values.functions import BoundMethodValue, NestedFunctionValue, UserFunctionValue
+from .values.numpy_values import NdarrayValue, numpy_binary, numpy_unary
 from .values.objects import ClassValue, NewObjectValue, ObjectValue, static_lookup
 from .values.symbolic import (SymNodeValue, SymRangeValue, SymSliceValue, specialize, sym_binary,
                               sym_unary)
@@ -244,6 +245,8 @@ class PythonSemantics:
         return None
 
     def binary(self, op, a: Value, b: Value) -> Value:
+        if isinstance(a, NdarrayValue) or isinstance(b, NdarrayValue):
+            return numpy_binary(self, op, a, b)   # NumPy semantics (torch._numpy)
         if isinstance(a, TensorValue) or isinstance(b, TensorValue):
             if isinstance(a, ObjectValue) or isinstance(b, ObjectValue):
                 raise Unsupported("operator between a tensor and a user object")
@@ -355,6 +358,8 @@ class PythonSemantics:
         raise Unsupported(f"operator {getattr(op, '__name__', op)} on {a.describe()} and {b.describe()}")
 
     def compare(self, op, a: Value, b: Value) -> Value:
+        if isinstance(a, NdarrayValue) or isinstance(b, NdarrayValue):
+            return numpy_binary(self, op, a, b)
         if isinstance(a, TensorValue) or isinstance(b, TensorValue):
             other = b if isinstance(a, TensorValue) else a
             if other.is_constant() and other.as_constant() is None and op in (operator.eq, operator.ne):
@@ -383,6 +388,8 @@ class PythonSemantics:
         raise Unsupported(f"comparison {op.__name__} of {a.describe()} and {b.describe()}")
 
     def unary(self, op, v: Value) -> Value:
+        if isinstance(v, NdarrayValue):
+            return numpy_unary(self, op, v)
         if isinstance(v, TensorValue):
             return self.output.call_op("call_function", op, (v,), {})
         if isinstance(v, _SYMBOLIC):

@@ -26,6 +26,7 @@ from . import new_objects  # noqa: F401  (registers collections.namedtuple)
 from .containers import DictValue, IteratorValue, ListValue, NamedTupleValue, SetValue, TupleValue
 from .functions import (BoundMethodValue, ExistingCellValue, PartialValue, TorchOpValue,
                         UserFunctionValue)
+from .numpy_values import is_numpy_object, pure_numpy_result, wrap_numpy
 from .objects import ClassValue, NNModuleValue, ObjectValue, PythonModuleValue
 
 # Python functions whose module makes them tensor operators (one graph node each).
@@ -84,11 +85,11 @@ def is_torch_op(fn: Any) -> bool:
 
 
 def is_trusted_module(mod: types.ModuleType) -> bool:
-    """torch and the standard library: their attributes are assumed not to be re-bound, the
+    """torch, NumPy and the standard library: their attributes are assumed not to be re-bound, the
     same assumption torch.compile makes, so reading them installs no guard."""
     name = getattr(mod, "__name__", "") or ""
     top = name.split(".", 1)[0]
-    return top == "torch" or top in sys.stdlib_module_names
+    return top in ("torch", "numpy") or top in sys.stdlib_module_names
 
 
 _SEQUENCE_ITERATORS = (type(iter(())), type(iter([])), type(iter(range(0))))
@@ -110,6 +111,9 @@ def wrap_pure_result(v: Any) -> Value:
         return ConstantValue(v)  # immutable (see functions.signature_of)
     if type(v) is types.MappingProxyType:
         return DictValue({k: wrap_pure_result(x) for k, x in v.items()})  # Signature.parameters
+    numpy_value = pure_numpy_result(v)   # NumPy scalars, dtypes, finfo: see numpy_values
+    if numpy_value is not None:
+        return numpy_value
     if isinstance(v, type):
         return ClassValue(v)
     if isinstance(v, tuple) and hasattr(type(v), "_fields"):
@@ -228,6 +232,8 @@ class Builder:
         if t is slice:
             g(GuardKind.EQUALS_MATCH, source, obj)
             return ConstantValue(obj, source)
+        if is_numpy_object(obj):   # ndarrays are graph inputs, NumPy functions are traced
+            return wrap_numpy(self, obj, source)
         if isinstance(obj, torch.nn.Module):
             g(GuardKind.TYPE_MATCH, source, t)
             return NNModuleValue(obj, source)

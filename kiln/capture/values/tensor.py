@@ -74,6 +74,10 @@ class TensorValue(Value):
             raise Unsupported("reading tensor.grad inside a compiled function")
         if name == "data":
             return tx.output.call_op("call_method", "detach", (self,), {})
+        if name == "numpy":   # traced: see numpy_values
+            from .functions import MethodValue
+
+            return MethodValue(self, name)
         if name in DATA_DEPENDENT_METHODS and name != "untyped_storage":
             raise Unsupported(f"Tensor.{name}() needs the tensor's data")
         attr = getattr(torch.Tensor, name, None)
@@ -136,6 +140,10 @@ class TensorValue(Value):
             from .storage import StorageValue   # its size, guarded (storage.py)
 
             return StorageValue(self)
+        if name == "numpy":
+            from .numpy_conversions import tensor_numpy_method
+
+            return tensor_numpy_method(tx, self, args, kwargs)
         if name in DATA_DEPENDENT_METHODS:
             raise Unsupported(f"Tensor.{name}() needs the tensor's data")
         if name in METADATA_METHODS:
