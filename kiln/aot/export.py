@@ -253,13 +253,19 @@ class AOTArtifact(PartsView):
         return buf.getvalue()
 
     @classmethod
-    def from_bytes(cls, blob: bytes) -> "AOTArtifact":
+    def from_bytes(cls, blob: bytes, rename: dict | None = None) -> "AOTArtifact":
+        """``rename``: input names (``L['x']`` -> ``L['inp']``) to use in the loaded metadata, for
+        an artifact made from a function whose arguments had other names (a cache hit across
+        a rename): messages and ``as_text()`` then name the caller's inputs."""
         obj = torch.load(io.BytesIO(blob), weights_only=True)
         if not isinstance(obj, dict) or obj.get("format") != FORMAT:
             raise ValueError("not a kiln AOT artifact")
         if obj.get("version") != VERSION:
             raise ValueError(f"kiln AOT artifact version {obj.get('version')} is not supported (this kiln reads {VERSION})")
-        meta = json.loads(obj["meta"])
+        text = obj["meta"]
+        if rename:
+            text = rename_sources(text, rename)
+        meta = json.loads(text)
         return cls.from_dict(meta, obj["constants"])
 
     @classmethod
@@ -304,6 +310,16 @@ class AOTArtifact(PartsView):
 
     def __repr__(self) -> str:
         return f"<kiln.aot.AOTArtifact {self.kind}, {len(self.to_bytes())} bytes>"
+
+
+def rename_sources(text: str, rename: dict) -> str:
+    """``text`` with every source name in ``rename`` replaced at once (so that swapped names
+    stay swapped). Source names end in ``]`` or a name character, so ``L['x']`` never matches
+    inside ``L['xs']``; a longer name is tried first (``L['x'].w`` before ``L['x']``)."""
+    import re
+
+    pattern = re.compile("|".join(re.escape(k) for k in sorted(rename, key=len, reverse=True)))
+    return pattern.sub(lambda m: rename[m.group(0)], text)
 
 
 def stage2_export(state, capture, partition_fn: Any = None) -> AOTArtifact:

@@ -82,9 +82,9 @@ def aot_backend(fw_compiler: Callable | None = None, bw_compiler: Callable | Non
             options["cache_key"] = str(user_key)
             options["compilers"] = [_name_of(c) for c in (fw_compiler, bw_compiler, inference_compiler)]
 
-        def load(payload: bytes, g: torch.fx.GraphModule):
+        def load(payload: bytes, g: torch.fx.GraphModule, rename: dict):
             # (the user's compilers, with kiln.config.cudagraphs wrapped as for a compile)
-            return _load_artifact(payload, g, compilers)
+            return _load_artifact(payload, g, compilers, rename)
         return cache.cached(gm, example_inputs, backend="aot_eager" if user_key is None else "aot_backend",
                             options=options, compile=compile, load=load, dump=_dump_artifact)
 
@@ -125,13 +125,14 @@ def _with_cudagraphs(fw_compiler, bw_compiler, inference_compiler) -> tuple:
             cudagraph_compiler(inference_compiler or base, "inference"))
 
 
-def _load_artifact(payload: bytes, gm: torch.fx.GraphModule, compilers: tuple = (None, None, None)):
+def _load_artifact(payload: bytes, gm: torch.fx.GraphModule, compilers: tuple = (None, None, None),
+                   rename: dict | None = None):
     """The AOT result rebuilt from its parts: no tracing, the same callable stage 2 builds
     (with ``compilers``: those of ``kiln.config.cudagraphs``, which decide from the stored
     graphs whether and how they run as CUDA graphs)."""
     from ..aot.export import AOTArtifact
 
-    compiled = AOTArtifact.from_bytes(payload).load(*compilers)
+    compiled = AOTArtifact.from_bytes(payload, rename).load(*compilers)
     compiled.run_as_captured = gm       # as stage2_compile: eager's answer for RunAsCaptured
     return compiled
 

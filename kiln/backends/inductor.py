@@ -106,7 +106,8 @@ class InductorBackend:
             return cache.cached(
                 gm, example_inputs, backend="inductor", options=options,
                 compile=lambda: graph.run(example_inputs),
-                load=lambda payload, g: inductor_entry.load(payload, g, self._graph_compile, self.cudagraphs),
+                load=lambda payload, g, rename: inductor_entry.load(payload, g, self._graph_compile,
+                                                                    self.cudagraphs, rename),
                 dump=lambda compiled: inductor_entry.dump(compiled, graph.records, graph._fw_output_strides,
                                                            graph.split_graphs))
         finally:

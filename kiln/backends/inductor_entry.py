@@ -77,7 +77,7 @@ def dump(compiled: Any, records: dict, fw_output_strides: list | None, split_gra
 
 
 def load(payload: bytes, gm: torch.fx.GraphModule, make_compile: Callable[[torch.fx.GraphModule], Any],
-         cudagraphs: bool = False) -> Any:
+         cudagraphs: bool = False, rename: dict | None = None) -> Any:
     """The compiled callable rebuilt from an entry. ``make_compile(gm)`` makes the
     ``GraphCompile`` that compiles a partial backward on demand. ``cudagraphs``: each loaded
     graph replays as CUDA graphs, decided from the stored graph as after a compile."""
@@ -89,7 +89,7 @@ def load(payload: bytes, gm: torch.fx.GraphModule, make_compile: Callable[[torch
         raise ValueError("not a kiln Inductor entry")
     if obj.get("version") != VERSION:
         raise ValueError(f"Inductor entry version {obj.get('version')} (this kiln reads {VERSION})")
-    parts = AOTArtifact.from_bytes(obj["artifact"]).parts
+    parts = AOTArtifact.from_bytes(obj["artifact"], rename).parts
     for name, meta in obj["graph_meta"].items():
         getattr(parts, name).meta.update(meta)
     loaded = {kind: _torch.inductor_load_generated_code(code) for kind, code in obj["graphs"].items()}

@@ -44,10 +44,24 @@ def _bypass(fn: str, reason: str) -> None:
     _log(f"bypass {fn}: {reason}")
 
 
+def input_names(gm) -> list:
+    """The graph's inputs as the capture names them (``L['x']``): not part of the key (two
+    functions that differ only in argument names share an entry), kept in the header so that
+    a load names the caller's inputs."""
+    return [str(n.meta.get("kiln_source", n.name)) for n in gm.graph.nodes if n.op == "placeholder"]
+
+
+def _renames(stored: Any, current: list) -> dict:
+    if not isinstance(stored, list) or len(stored) != len(current):
+        return {}
+    return {old: new for old, new in zip(stored, current) if isinstance(old, str) and old != new}
+
+
 def cached(gm, example_inputs: list, *, backend: str, options: dict, compile: Callable[[], Callable],
-           load: Callable[[bytes, Any], Callable], dump: Callable[[Callable], bytes]) -> Callable:
-    """The compiled ``gm``: loaded (``load(payload, gm)``) or compiled (``compile()``) and
-    stored (``dump(compiled)``; it raises ValueError for a result it cannot store)."""
+           load: Callable[[bytes, Any, dict], Callable], dump: Callable[[Callable], bytes]) -> Callable:
+    """The compiled ``gm``: loaded (``load(payload, gm, rename)``; ``rename`` maps the stored
+    input names to the caller's) or compiled (``compile()``) and stored (``dump(compiled)``;
+    it raises ValueError for a result it cannot store)."""
     fn = function_name(gm)
     if not config.cache:
         return compile()
@@ -68,7 +82,7 @@ def cached(gm, example_inputs: list, *, backend: str, options: dict, compile: Ca
             header, payload = found
             # the header must describe this key (a hash collision or a renamed file is a miss)
             if header.get("key") == key and header.get("parts") == parts:
-                compiled = load(payload, gm)
+                compiled = load(payload, gm, _renames(header.get("inputs"), input_names(gm)))
                 store.count("hits")
                 _log(f"hit {fn} ({key[:12]}, {len(payload)} bytes)")
                 return compiled
@@ -84,5 +98,6 @@ def cached(gm, example_inputs: list, *, backend: str, options: dict, compile: Ca
     except Exception as e:
         _log(f"not stored {fn}: {type(e).__name__}: {e}")
         return compiled
-    store.write(key, {"key": key, "function": fn, "backend": backend, "parts": parts}, payload)
+    store.write(key, {"key": key, "function": fn, "backend": backend, "parts": parts,
+                      "inputs": input_names(gm)}, payload)
     return compiled

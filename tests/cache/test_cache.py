@@ -406,3 +406,29 @@ def test_register_backend_cache_key_and_bypass_reasons(capsys, traces):
     assert "no cache_key (code the key cannot see)" in err
     with pytest.raises(TypeError, match="cache_key"):
         register_backend("kiln_test_bad", lambda gm, ex: gm.forward, cache_key=3)
+
+
+def test_a_hit_across_a_rename_names_the_callers_inputs(monkeypatch):
+    from kiln.aot.export import rename_sources
+
+    results = []
+    real_cached = kiln.cache.cached
+
+    def keep(*a, **kw):
+        out = real_cached(*a, **kw)
+        results.append(out)
+        return out
+    monkeypatch.setattr(kiln.cache, "cached", keep)
+    run(mlp, inputs())
+    run(mlp_renamed, inputs())
+    assert kiln.cache.stats()["hits"] == 1
+    compiled, loaded = results
+
+    def names(c):      # the metadata naming inputs (graph tags, runtime wrappers), as text
+        from kiln.aot.export import AOTArtifact
+        return str(AOTArtifact(c.parts).to_dict()[0])
+    assert "L['x']" in names(compiled) and "L['inp']" not in names(compiled)
+    assert "L['inp']" in names(loaded) and "L['weight']" in names(loaded) and "L['x']" not in names(loaded)
+    # one pass: swapped names stay swapped; a name is never matched inside a longer one
+    assert rename_sources("L['a'] L['b'] L['ab'] L['a'].w", {"L['a']": "L['b']", "L['b']": "L['a']"}) == \
+        "L['b'] L['a'] L['ab'] L['b'].w"
