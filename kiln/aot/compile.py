@@ -206,11 +206,17 @@ def _make_inference_core(fw: Callable, parts: CompiledParts) -> Callable:
     view_outs = F.view_outputs(fw, parts)
     fw = F.caller(fw)
 
+    set_grad = torch._C._set_grad_enabled
+
     def inference_core(*args):
         check(args)
-        with torch.no_grad():
+        prior = torch.is_grad_enabled()
+        set_grad(False)          # (torch.no_grad() without its per-call objects: this runs every call)
+        try:
             outs = fw(list(args))
             return F.detach_views(outs, view_outs) if view_outs else outs
+        finally:
+            set_grad(prior)
     return inference_core
 
 

@@ -451,6 +451,8 @@ class MutationsAndAliases(RuntimeWrapper):
         if runtime_shapes is not None:
             simple_outputs = False
 
+        unflatten = _unflattener(spec)
+
         def epilogue(*args):
             for i in check_views:
                 a = args[i]
@@ -486,7 +488,7 @@ class MutationsAndAliases(RuntimeWrapper):
             if grad_after is not None:
                 torch._C._set_grad_enabled(grad_after)
             if simple_outputs:
-                return pytree.tree_unflatten(list(outs[n_mut:]), spec)
+                return unflatten(outs[n_mut:])
             res: list = [None] * len(outputs)
             g = n_mut
             for k, o in enumerate(outputs):
@@ -616,3 +618,18 @@ def apply_post_compile(wrappers: Sequence[RuntimeWrapper], compiled: Callable) -
     for w in reversed(list(wrappers)):
         compiled = w.post_compile(compiled)
     return compiled
+
+
+def _unflattener(spec) -> Callable:
+    """``pytree.tree_unflatten(values, spec)`` for the output structure of a graph, with the
+    usual structures (one tensor, a plain tuple or list of them) built directly: it runs on
+    every call."""
+    if spec.is_leaf():
+        return lambda values: values[0]
+    children = spec.children() if callable(getattr(spec, "children", None)) else getattr(spec, "children_specs", None)
+    if children is not None and all(c.is_leaf() for c in children):
+        if spec.type is tuple:
+            return tuple
+        if spec.type is list:
+            return list
+    return lambda values: pytree.tree_unflatten(list(values), spec)
