@@ -96,6 +96,9 @@ class InductorBackend:
         from . import inductor_entry
 
         example_inputs = list(example_inputs)
+        chained = chained_parts(gm, example_inputs, self)
+        if chained is not None:
+            return chained
         graph = GraphCompile(self.config_patches, gm, cudagraphs=self.cudagraphs)
         try:
             options = self.cache_options()
@@ -359,6 +362,19 @@ class GraphCompile:
 # ------------------------------------------------------------------------------------------------
 # Helpers
 # ------------------------------------------------------------------------------------------------
+
+def chained_parts(gm: torch.fx.GraphModule, example_inputs: list, backend: Callable) -> Callable | None:
+    """A graph whose differentiable output feeds another, compiled as a chain of parts
+    (``kiln.aot.chain``), each by ``backend`` (its own compile state and cache entry); None
+    when the graph needs no chain. kiln's failure here runs the graph as captured."""
+    from ..aot.chain import compile_chained
+    from ..aot.dynamic import as_captured
+
+    try:
+        return compile_chained(gm, example_inputs, backend)
+    except Exception as e:
+        return as_captured(gm, e)
+
 
 def _without_tracebacks(error: BaseException) -> BaseException:
     """``error`` (and the exceptions it chains or wraps) with no traceback and no frame: a kept

@@ -479,6 +479,19 @@ def fn(x, x2):
     print("locals", sorted(locals()), file=LOG)
     return inner27(2.0).sum()
 ''', found="seed 3242, aot_eager, dynamic None and True", dynamic=(None, True)),
+    # an output the graph also used to compute another output was not on that output's
+    # autograd path (one autograd node): grad() with respect to it gave None
+    "grad_with_respect_to_an_output_that_feeds_another": Case('''
+def make_inputs(seed, n, k, s, flag):
+    return (randn(seed, n, 4, dtype=torch.float64), randn(seed + 1, n, 4, dtype=torch.float64, rg=True))
+
+def fn(x, y):
+    y = F.log_softmax(y - x, dim=-1)
+    loss1 = (y * y).sum()
+    g2, = torch.autograd.grad(loss1, [y], allow_unused=True, retain_graph=True)
+    print("grad is None", g2 is None, file=LOG)
+    return torch.log1p(x.abs()) + (g2 if g2 is not None else 0)
+''', found="seed 3418, inductor", backends=("aot_eager",)),
     "aot_eager_keeps_inputs_of_closures_after_a_break": Case('''
 def helper1(t, c):
     return t
