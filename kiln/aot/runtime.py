@@ -410,9 +410,13 @@ class MutationsAndAliases(RuntimeWrapper):
 
         def functional_outputs(*a):
             a = list(a)
-            # autograd.grad() must see the inputs as they were before the mutation
-            for i in clone_first:
-                a[i] = a[i].clone()
+            # autograd.grad() must see the inputs as they were before the mutation. The clone
+            # stands for the input itself, whose history eager's in-place op extends whatever
+            # the grad mode the graph starts in (a graph entered under no_grad that turns it on
+            # before the write): made with grad on, it never cuts that history.
+            with torch.enable_grad():
+                for i in clone_first:
+                    a[i] = a[i].clone()
             out = fn(*a)
             outs, _ = pytree.tree_flatten(out)
             for t in a:

@@ -492,6 +492,22 @@ def fn(x, y):
     print("grad is None", g2 is None, file=LOG)
     return torch.log1p(x.abs()) + (g2 if g2 is not None else 0)
 ''', found="seed 3418, inductor", backends=("aot_eager",)),
+    # a graph entered under no_grad (a break inside the block) that turns grad mode on and
+    # then changes a non-leaf input in place: the functional clone of the input was made in the
+    # entry mode and cut its history (x.grad wrong)
+    "in_place_after_grad_mode_turns_on_in_a_resumed_graph": Case('''
+def make_inputs(seed, n, k, s, flag):
+    return (randn(seed, n, 4, rg=True),)
+
+def fn(x):
+    t9 = x * 2
+    with torch.set_grad_enabled(False):
+        t13 = t9[t9 > 0]
+        with torch.enable_grad():
+            t9.relu_()
+        t14 = t9 ** 2
+    return t9
+''', found="seed 3484, aot_eager, dynamic None and True", backends=("aot_eager",), dynamic=(None, True)),
     "aot_eager_keeps_inputs_of_closures_after_a_break": Case('''
 def helper1(t, c):
     return t
