@@ -508,6 +508,42 @@ def fn(x):
         t14 = t9 ** 2
     return t9
 ''', found="seed 3484, aot_eager, dynamic None and True", backends=("aot_eager",), dynamic=(None, True)),
+    # open, a known bug (an xfail that names it):
+    "chained_graph_keeps_an_input_alive": Case('''
+def make_inputs(seed, n, k, s, flag):
+    g = torch.Generator().manual_seed(seed)
+    
+    def r(*shape, dtype=torch.float32, rg=False):
+        return torch.randn(*shape, generator=g, dtype=dtype).requires_grad_(rg)
+    
+    x = r(n, 4, dtype=torch.float64, rg=True)
+    return (x, k, s,)
+
+def fn(x, k, s):
+    def inner3(t):
+        n4 = k + 1
+        return t
+    t5 = inner3(x)
+    t10 = ((-1.5 * x))[::2]
+    t5 = F.silu(t5)
+    loss11 = (t10 * t10).sum()
+    g12, = torch.autograd.grad(loss11, [x], allow_unused=True, retain_graph=True)
+    print("grad is None", g12 is None, file=LOG)
+    t10.relu_()
+    with torch.no_grad():
+        x.relu_()
+        if t10.requires_grad:
+            n13 = int((t10 > 0).sum())
+            L14 = [x, x]
+        if (n15 := k * 2) > 3:
+            n15 -= 1
+    with torch.set_grad_enabled(True):
+        t5.sigmoid_()
+    t21 = ((t10[::2]).transpose(0, 1) @ (t10[::2]))
+    return t10, t5
+''', found="seed 3467, aot_eager, dynamic None and True", backends=("aot_eager",),
+        calls=[Call(101, 5, 3, -1.5, False), Call(102, 5, 3, -1.5, False), Call(103, 8, 3, -1.5, True)],
+        known_bug="a graph compiled as a chain (kiln/aot/chain.py) keeps the first call's input alive; open in issue 9"),
     "aot_eager_keeps_inputs_of_closures_after_a_break": Case('''
 def helper1(t, c):
     return t
