@@ -440,9 +440,9 @@ class _SavedTensorsHooksPaused:
 
 
 # -- NumPy on tensors (torch._numpy) -------------------------------------------------------------
-# NumPy's own defaults: what eager NumPy code computes in. torch._numpy reads them lazily from
-# torch._dynamo.config; kiln sets them first (never importing dynamo) and refuses to trace
-# NumPy code if someone else set other defaults.
+# NumPy's own defaults: what eager NumPy code computes in. torch._numpy reads its default dtypes
+# lazily from a config module kiln never imports; kiln sets them on torch._numpy first, and
+# does not trace NumPy code if someone else set other defaults.
 def numpy_on_tensors():
     """``torch._numpy`` with NumPy's default dtypes (float64, complex128, int64), or None
     when its defaults were set to something else (then NumPy code is not traced)."""

@@ -86,6 +86,21 @@ def is_constant_object(v: Any) -> bool:
     return type(v) in CONSTANT_TYPES
 
 
+class RealCallableValue(Value):
+    """A real callable object the capture models (a builtin, a torch op, a NumPy function...):
+    the object itself, where it was read from, and its type."""
+
+    def __init__(self, fn, source=None):
+        self.fn = fn
+        self.source = source
+
+    def python_type(self):
+        return type(self.fn)
+
+    def real_object(self):
+        return self.fn
+
+
 class ConstantValue(Value):
     """A Python constant. One read from an input carries ``on_use``: the guard on its value
     (EQUALS_MATCH) is installed the first time the value is used; until then only its type is

@@ -16,7 +16,7 @@ from typing import Any, Callable
 import torch
 
 from ...errors import Unsupported
-from .base import ConstantValue, Value
+from .base import ConstantValue, RealCallableValue, Value
 from .containers import (DictValue, IteratorValue, ListValue, NamedTupleValue, SetValue,
                          TupleValue)
 from .functions import PartialValue
@@ -50,18 +50,8 @@ PURE_FUNCTIONS = frozenset([
 ])
 
 
-class BuiltinValue(Value):
+class BuiltinValue(RealCallableValue):
     """A builtin function (``len``, ``math.sqrt``, ``operator.add``...)."""
-
-    def __init__(self, fn, source=None):
-        self.fn = fn
-        self.source = source
-
-    def python_type(self):
-        return type(self.fn)
-
-    def real_object(self):
-        return self.fn
 
     def is_constant(self):
         return True

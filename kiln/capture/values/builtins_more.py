@@ -10,7 +10,7 @@ import operator
 import torch
 
 from ...errors import Unsupported
-from .base import ConstantValue, Value
+from .base import ConstantValue, RealCallableValue, Value
 from .builtins import _HANDLERS, handles
 from .containers import DictValue
 
@@ -89,7 +89,7 @@ def _minmax(tx, fn, args, kwargs):
 
 # -- functools.lru_cache --------------------------------------------------------------------
 
-class LruCacheValue(Value):
+class LruCacheValue(RealCallableValue):
     """A ``functools.lru_cache``-wrapped function (guarded by identity where it was read).
 
     Called with Python constants only, the real wrapper is called at capture time: it is
@@ -98,16 +98,6 @@ class LruCacheValue(Value):
     assumes what lru_cache already assumes: the function is pure. A call with tensors or
     other symbolic values, or one whose result is not an immutable constant (eager returns
     the cached object itself), breaks the graph and runs natively."""
-
-    def __init__(self, fn, source=None):
-        self.fn = fn
-        self.source = source
-
-    def python_type(self):
-        return type(self.fn)
-
-    def real_object(self):
-        return self.fn
 
     def describe(self):
         return f"lru_cache({getattr(self.fn, '__qualname__', self.fn)})"

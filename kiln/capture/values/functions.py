@@ -8,7 +8,7 @@ from inspect import signature as _inspect_signature
 import torch
 
 from ...errors import Unsupported
-from .base import ConstantValue, Value
+from .base import ConstantValue, RealCallableValue, Value
 
 # torch.autograd.Function.apply: called on a user's Function, it is captured, not inlined
 _FUNCTION_APPLY = torch.autograd.Function.apply.__func__
@@ -415,18 +415,8 @@ class PartialValue(Value):
         return f"{cg.bind(functools.partial)}({args})"
 
 
-class TorchOpValue(Value):
+class TorchOpValue(RealCallableValue):
     """A torch callable that becomes one graph node (torch.*, F.*, torch.Tensor.*, aten ops)."""
-
-    def __init__(self, fn, source=None):
-        self.fn = fn
-        self.source = source
-
-    def python_type(self):
-        return type(self.fn)
-
-    def real_object(self):
-        return self.fn
 
     def describe(self):
         return f"TorchOp({getattr(self.fn, '__qualname__', None) or getattr(self.fn, '__name__', self.fn)})"

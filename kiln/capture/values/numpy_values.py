@@ -43,7 +43,7 @@ from ...errors import Unsupported
 from .. import numpy_runtime as rt
 from ..guards import GuardKind
 from ..sources import AttrSource, RenderContext, Source
-from .base import ConstantValue, Value
+from .base import ConstantValue, RealCallableValue, Value
 from .numpy_aliasing import check_aliasing
 from .containers import DictValue, ListValue, NamedTupleValue, TupleValue
 from .objects import ClassValue
@@ -325,18 +325,8 @@ def _is_random(fn) -> bool:
     return mod.startswith("numpy.random") or type(owner).__module__.startswith("numpy.random")
 
 
-class NumpyFunctionValue(Value):
+class NumpyFunctionValue(RealCallableValue):
     """A NumPy function or ufunc (``np.sin``, ``np.sum``, ``np.linalg.norm``)."""
-
-    def __init__(self, fn, source=None):
-        self.fn = fn
-        self.source = source
-
-    def python_type(self):
-        return type(self.fn)
-
-    def real_object(self):
-        return self.fn
 
     def is_constant(self):
         return True
