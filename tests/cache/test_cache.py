@@ -16,13 +16,6 @@ import kiln.aot.dynamic as aot_dynamic
 from kiln.cache import key as K, store
 
 
-@pytest.fixture(autouse=True)
-def _stats():
-    kiln.cache.reset_stats()
-    store._warned.clear()
-    yield
-
-
 @pytest.fixture
 def traces(monkeypatch):
     """Counts kiln's AOT traces (every compile of the aot backends goes through _run_stages)."""

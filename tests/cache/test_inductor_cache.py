@@ -13,14 +13,6 @@ import torch
 import kiln
 import kiln.aot.dynamic as aot_dynamic
 from kiln import _torch
-from kiln.cache import store
-
-
-@pytest.fixture(autouse=True)
-def _stats():
-    kiln.cache.reset_stats()
-    store._warned.clear()
-    yield
 
 
 @pytest.fixture
