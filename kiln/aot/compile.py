@@ -74,6 +74,14 @@ class CompiledParts:
     # saved-tensor hooks inlined into the graphs (saved_hooks.InlinedHooks), None: not inlined
     # (the hooks active around a call, if any, then run as eager hooks)
     hooks: Any = None
+    # dynamic graphs, set once the compilers ran: the traced inputs (symbolic fakes), the
+    # guards tracing and the compilers added to the ShapeEnv (as recorded, and simplified),
+    # and each input symbol's value range then. The callable checks every call against them
+    # (``input_check``); a cache load adds ``trace_guards`` to the loading capture's ShapeEnv.
+    input_fakes: list = field(default_factory=list)
+    trace_guards: list = field(default_factory=list)
+    input_guards: list = field(default_factory=list)
+    input_ranges: dict = field(default_factory=dict)
 
 
 def _partitioner_name(partition_fn: Any) -> str:
@@ -327,7 +335,18 @@ def assemble(parts: CompiledParts, fw_compiler: Callable | None = None, bw_compi
             from ..activations.report import record
 
             record(parts.hooks)
-    return AOTCompiled(apply_post_compile(parts.wrappers, core), parts, run_as_captured)
+    compiled = AOTCompiled(apply_post_compile(parts.wrappers, core), parts, run_as_captured)
+    attach_input_check(compiled)
+    return compiled
+
+
+def attach_input_check(compiled: AOTCompiled) -> None:
+    """A dynamic result's per-call check, made from its parts (after a compile or a load)."""
+    p = compiled.parts
+    if p.symbolic and p.input_fakes:
+        from . import symbolic as S
+
+        compiled.input_check = S.ShapeCode(p.input_fakes).input_check(p.input_guards, p.input_ranges)
 
 
 def stage2_compile(state, capture, fw_compiler: Callable | None = None, bw_compiler: Callable | None = None,
@@ -341,6 +360,10 @@ def stage2_compile(state, capture, fw_compiler: Callable | None = None, bw_compi
         # after the compilers, which may also have guarded on sizes
         from . import symbolic as S
 
-        guards = S.new_guards(state.shape_env, state.guard_mark)
-        compiled.input_check = S.ShapeCode(state.input_fakes).input_check(guards)
+        p = compiled.parts
+        p.input_fakes = list(state.input_fakes)
+        p.trace_guards = [g.expr for g in list(state.shape_env.guards)[state.guard_mark:]]
+        p.input_guards = S.new_guards(state.shape_env, state.guard_mark)
+        p.input_ranges = S.ShapeCode(p.input_fakes).ranges()
+        attach_input_check(compiled)
     return compiled

@@ -148,25 +148,34 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list, *, decompositi
         return as_captured(gm, e)
 
 
-def _compile_graph(gm, example_inputs, **kw) -> Callable:
-    if symbolic_inputs(gm, example_inputs) is None:
-        return _run_stages(gm, example_inputs, dynamic=False, **kw)
-
+def per_shape(gm: torch.fx.GraphModule, reason: str, **kw) -> PerShapeCompiled:
+    """``gm`` compiled with static shapes for each call's concrete arguments (``kw``: the
+    stages' options, as for ``compile_graph``); the graph as captured where that fails. A
+    dynamic result's ``fallback``, also when it was loaded from the compile cache."""
     def compile_static(args: list) -> Callable:
         return _run_stages(gm, args, dynamic=False, **kw)
 
     def on_failure(e: BaseException) -> Callable:
         return as_captured(gm, e)
+    return PerShapeCompiled(compile_static, reason, on_failure)
+
+
+OUTSIDE_THE_TRACE = "arguments outside the symbolic trace"
+
+
+def _compile_graph(gm, example_inputs, **kw) -> Callable:
+    if symbolic_inputs(gm, example_inputs) is None:
+        return _run_stages(gm, example_inputs, dynamic=False, **kw)
 
     try:
         compiled = _run_stages(gm, example_inputs, dynamic=True, **kw)
     except SymbolicUnsupported as e:
         log.info("kiln AOT: compiling per shape: %s", e)
-        return PerShapeCompiled(compile_static, str(e), on_failure)
+        return per_shape(gm, str(e), **kw)
     except Unsupported:
         raise               # refused for a reason static shapes share (data-dependent op...)
     except Exception as e:  # a failure only the symbolic trace meets (an op without symbolic support)
         log.info("kiln AOT: symbolic trace failed (%s: %s); compiling per shape", type(e).__name__, e)
-        return PerShapeCompiled(compile_static, f"{type(e).__name__}: {e}", on_failure)
-    compiled.fallback = PerShapeCompiled(compile_static, "arguments outside the symbolic trace", on_failure)
+        return per_shape(gm, f"{type(e).__name__}: {e}", **kw)
+    compiled.fallback = per_shape(gm, OUTSIDE_THE_TRACE, **kw)
     return compiled

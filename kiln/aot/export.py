@@ -36,6 +36,12 @@ VERSION = 1
 _OPERATORS = {f"operator.{name}": getattr(operator, name) for name in (
     "getitem", "add", "sub", "mul", "truediv", "floordiv", "mod", "neg", "pow", "eq", "ne", "lt", "le",
     "gt", "ge", "and_", "or_", "not_")}
+# what dynamic graphs compute on SymInts (``symbolic.is_sym_function``)
+_OPERATORS.update({f"operator.{name}": getattr(operator, name) for name in ("abs", "pos", "xor")})
+_OPERATORS.update({f"math.{name}": getattr(math, name) for name in ("ceil", "floor", "trunc")})
+_OPERATORS.update({f"torch.{name}": getattr(torch, name) for name in (
+    "sym_max", "sym_min", "sym_float", "sym_int", "sym_not", "sym_ite", "sym_sum", "sym_sqrt")
+    if hasattr(torch, name)})
 _OPERATOR_NAMES = {v: k for k, v in _OPERATORS.items()}
 
 
@@ -115,6 +121,12 @@ def _decode_arg(a: Any, env: dict) -> Any:
 
 
 def _val_meta(v: Any) -> Any:
+    from .symbolic import has_symbols, is_sym
+
+    if is_sym(v) or (isinstance(v, torch.Tensor) and has_symbols(v)):
+        from .symbolic_codec import encode_value
+
+        return {"sym": encode_value(v)}     # (rebuilt in the loading capture's ShapeEnv)
     if isinstance(v, torch.Tensor):
         return U.meta_of_tensor(v)
     return None
@@ -162,7 +174,9 @@ def graph_to_data(gm: torch.fx.GraphModule) -> tuple[dict, dict]:
     return {"nodes": nodes, "code": gm.code}, constants
 
 
-def graph_from_data(data: dict, constants: dict, fake_mode=None, class_name: str = "KilnGraph") -> torch.fx.GraphModule:
+def graph_from_data(data: dict, constants: dict, fake_mode=None, class_name: str = "KilnGraph",
+                    decoder=None) -> torch.fx.GraphModule:
+    """``decoder`` (``symbolic_codec.Decoder``) rebuilds symbolic values (dynamic graphs)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     fake_mode = fake_mode or FakeTensorMode()
@@ -174,7 +188,11 @@ def graph_from_data(data: dict, constants: dict, fake_mode=None, class_name: str
         if op == "placeholder":
             n = g.placeholder(d["name"])
             m = d.get("meta")
-            if m is not None:
+            if m is not None and "sym" in m:
+                if decoder is None:
+                    raise ValueError("artifact: a dynamic graph loads into a capture's FakeTensorMode (none given)")
+                n.meta["val"] = decoder.value(m["sym"])
+            elif m is not None:
                 n.meta["val"] = U.fake_like(fake_mode, m["shape"], m["stride"], U.dtype_from_str(m["dtype"]),
                                             torch.device(m["device"]), m.get("requires_grad", False))
             n.meta.update(d.get("tags", {}))
@@ -239,6 +257,8 @@ class AOTArtifact(PartsView):
             "hooks": p.hooks.to_dict() if p.hooks is not None else None,
             "graphs": graphs,
         }
+        if p.symbolic:
+            meta["symbolic"] = _symbolic_to_dict(p)
         return meta, constants
 
     def to_bytes(self) -> bytes:
@@ -253,10 +273,14 @@ class AOTArtifact(PartsView):
         return buf.getvalue()
 
     @classmethod
-    def from_bytes(cls, blob: bytes, rename: dict | None = None) -> "AOTArtifact":
+    def from_bytes(cls, blob: bytes, rename: dict | None = None, fake_mode=None) -> "AOTArtifact":
         """``rename``: input names (``L['x']`` -> ``L['inp']``) to use in the loaded metadata, for
         an artifact made from a function whose arguments had other names (a cache hit across
-        a rename): messages and ``as_text()`` then name the caller's inputs."""
+        a rename): messages and ``as_text()`` then name the caller's inputs.
+
+        ``fake_mode``: for a dynamic (symbolic-shape) artifact, the FakeTensorMode of the
+        capture it is loaded for (``fake_mode_of_graph(gm)``): its symbolic values are rebuilt
+        there, and the guards the compile added are added to its ShapeEnv (see ``from_dict``)."""
         obj = torch.load(io.BytesIO(blob), weights_only=True)
         if not isinstance(obj, dict) or obj.get("format") != FORMAT:
             raise ValueError("not a kiln AOT artifact")
@@ -266,28 +290,39 @@ class AOTArtifact(PartsView):
         if rename:
             text = rename_sources(text, rename)
         meta = json.loads(text)
-        return cls.from_dict(meta, obj["constants"])
+        return cls.from_dict(meta, obj["constants"], fake_mode)
 
     @classmethod
-    def from_dict(cls, meta: dict, constants: dict) -> "AOTArtifact":
+    def from_dict(cls, meta: dict, constants: dict, fake_mode=None) -> "AOTArtifact":
+        """A dynamic artifact needs ``fake_mode`` (see ``from_bytes``); loading it adds the
+        compile's guards to that mode's ShapeEnv, or raises ``symbolic_codec.EntryDoesNotFit``
+        (nothing added) when one does not hold for the capture's sizes."""
         from torch._subclasses.fake_tensor import FakeTensorMode
 
-        fake_mode = FakeTensorMode()
+        decoder = None
+        if meta.get("symbolic") is not None:
+            from .symbolic_codec import Decoder
+
+            decoder = Decoder(fake_mode)
+        else:
+            fake_mode = FakeTensorMode()
         graphs = {name: graph_from_data(d, constants.get(name, {}), fake_mode,
-                                        class_name="Kiln" + name.capitalize())
+                                        class_name="Kiln" + name.capitalize(), decoder=decoder)
                   for name, d in meta["graphs"].items()}
         parts = CompiledParts(
             kind=meta["kind"], forward=graphs["forward"], backward=graphs.get("backward"),
             num_fw_outputs=meta["num_fw_outputs"], tangent_positions=meta["tangent_positions"],
             fw_output_requires_grad=meta["fw_output_requires_grad"],
             primal_requires_grad=meta["primal_requires_grad"], grad_enabled=meta["grad_enabled"],
-            wrappers=[wrapper_from_dict(w) for w in meta["wrappers"]], saved=meta["saved"],
+            wrappers=[wrapper_from_dict(w, decoder) for w in meta["wrappers"]], saved=meta["saved"],
             saved_bytes=meta["saved_bytes"], saved_input_bytes=meta["saved_input_bytes"],
             partitioner=meta.get("partitioner", ""), grad_dependencies=meta.get("grad_dependencies"),
             check_inputs=meta.get("check_inputs", []), check_outputs=meta.get("check_outputs", []),
             copy_saved=meta.get("copy_saved", []), watch=meta.get("watch", []),
             late_demand=meta.get("late_demand", []), saved_demand=meta.get("saved_demand", []),
             hooks=_hooks_from(meta.get("hooks")))
+        if decoder is not None:
+            _symbolic_from_dict(parts, meta["symbolic"], decoder)
         return cls(parts)
 
     def save(self, path: str) -> None:
@@ -302,7 +337,8 @@ class AOTArtifact(PartsView):
     # rebuilding ------------------------------------------------------------------------------
     def load(self, fw_compiler: Callable | None = None, bw_compiler: Callable | None = None,
              inference_compiler: Callable | None = None) -> AOTCompiled:
-        """The callable (same as ``stage2_compile``'s with the same compilers)."""
+        """The callable (same as ``stage2_compile``'s with the same compilers; a dynamic one
+        checks each call's shapes as the compiled one does)."""
         return assemble(self.parts, fw_compiler, bw_compiler, inference_compiler)
 
     def as_text(self) -> str:
@@ -337,6 +373,37 @@ def stage2_export(state, capture, partition_fn: Any = None) -> AOTArtifact:
         if gm is not None:
             graph_to_data(gm)   # fail here, not at to_bytes(), on what cannot be serialized
     return AOTArtifact(parts)
+
+
+def _symbolic_to_dict(p: CompiledParts) -> dict:
+    from .symbolic_codec import encode_expr, encode_value
+
+    return {"input_fakes": encode_value(list(p.input_fakes)),
+            "trace_guards": [encode_expr(g) for g in p.trace_guards],
+            "input_guards": [encode_expr(g) for g in p.input_guards],
+            "input_ranges": [[encode_expr(s), lo, hi] for s, (lo, hi) in p.input_ranges.items()]}
+
+
+def _symbolic_from_dict(parts: CompiledParts, d: dict, decoder) -> None:
+    from .symbolic_codec import replay_guards
+
+    parts.symbolic = True
+    parts.input_fakes = decoder.value(d["input_fakes"])
+    parts.input_guards = [decoder.expr(g) for g in d["input_guards"]]
+    parts.input_ranges = {decoder.expr(s): (lo, hi) for s, lo, hi in d["input_ranges"]}
+    parts.trace_guards = [decoder.expr(g) for g in d["trace_guards"]]
+    # last: the capture's ShapeEnv gets the compile's guards only for an artifact that loaded
+    replay_guards(decoder.shape_env, parts.trace_guards)
+
+
+def fake_mode_of_graph(gm: torch.fx.GraphModule):
+    """The FakeTensorMode of a captured graph's symbolic example values (a dynamic graph's
+    cache entry loads into it), None for a static graph."""
+    from .symbolic import fake_mode_for, graph_example_values
+
+    n = sum(1 for p in gm.graph.nodes if p.op == "placeholder")
+    vals = graph_example_values(gm, n)
+    return fake_mode_for(vals) if vals is not None else None
 
 
 def _hooks_from(d: dict | None):

@@ -65,8 +65,12 @@ def wrapper_to_dict(w: RuntimeWrapper) -> dict:
     return {"kind": w.kind, "data": w.to_dict()}
 
 
-def wrapper_from_dict(d: dict) -> RuntimeWrapper:
-    return _WRAPPERS[d["kind"]].from_dict(d["data"])
+def wrapper_from_dict(d: dict, decoder=None) -> RuntimeWrapper:
+    """``decoder`` (``symbolic_codec.Decoder``): rebuilds a dynamic graph's symbolic sizes."""
+    cls = _WRAPPERS[d["kind"]]
+    if cls is MutationsAndAliases:
+        return cls.from_dict(d["data"], decoder)
+    return cls.from_dict(d["data"])
 
 
 # ------------------------------------------------------------------------------------------------
@@ -535,19 +539,33 @@ class MutationsAndAliases(RuntimeWrapper):
     def to_dict(self):
         import dataclasses
 
-        if self.fakes is not None:
-            raise Unsupported("export: a dynamic graph's metadata has symbolic sizes; dynamic graphs "
-                              "cannot be exported yet")
         m = self.meta
-        return {"inputs": [_plain(dataclasses.asdict(i)) for i in m.inputs],
-                "outputs": [_plain(dataclasses.asdict(o)) for o in m.outputs],
-                "intermediate_bases": [_plain(dataclasses.asdict(o)) for o in m.intermediate_bases],
-                "grad_enabled_after": m.grad_enabled_after,
-                "out_spec": pytree.treespec_dumps(m.out_spec)}
+
+        def plain(info):
+            return _plain({f.name: getattr(info, f.name) for f in dataclasses.fields(info)})
+        d = {"inputs": [plain(i) for i in m.inputs],
+             "outputs": [plain(o) for o in m.outputs],
+             "intermediate_bases": [plain(o) for o in m.intermediate_bases],
+             "grad_enabled_after": m.grad_enabled_after,
+             "out_spec": pytree.treespec_dumps(m.out_spec)}
+        if self.fakes is not None:
+            # a dynamic graph: its sizes are expressions over the symbols of ``fakes``
+            from .symbolic_codec import encode_value
+
+            d = encode_value(d)
+            d["fakes"] = encode_value(list(self.fakes))
+        return d
 
     @classmethod
-    def from_dict(cls, d):
+    def from_dict(cls, d, decoder=None):
         from .state import InputInfo, OutputInfo, ViewAndMutationMeta
+
+        fakes = None
+        if "fakes" in d:
+            if decoder is None:
+                raise ValueError("a dynamic graph's metadata loads into a capture's FakeTensorMode (none given)")
+            d = decoder.value(d)
+            fakes = d["fakes"]
 
         def info(kind, x):
             return kind(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in x.items()})
@@ -555,7 +573,7 @@ class MutationsAndAliases(RuntimeWrapper):
                                        [info(OutputInfo, o) for o in d["outputs"]],
                                        pytree.treespec_loads(d["out_spec"]),
                                        [info(OutputInfo, o) for o in d.get("intermediate_bases", [])],
-                                       d.get("grad_enabled_after")))
+                                       d.get("grad_enabled_after")), fakes=fakes)
 
 
 def _regenerate_view(base: torch.Tensor, o, geometry: tuple | None = None) -> torch.Tensor:

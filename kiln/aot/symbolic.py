@@ -184,26 +184,36 @@ class ShapeCode:
                 return f.fake_mode.shape_env
         return None
 
-    def _range_conditions(self) -> list[str]:
-        """Each symbol within its value range: the ShapeEnv proves facts from ranges (a size
-        symbol is >= 2, so broadcasting never sees a 1) without adding guards."""
+    def ranges(self) -> dict:
+        """Each bound symbol's value range now, ``{symbol: (lower, upper)}`` (None: unbounded):
+        the ShapeEnv proves facts from ranges (a size symbol is >= 2, so broadcasting never
+        sees a 1) without adding guards."""
         env = self._shape_env()
-        conds = []
+        out = {}
         for sym in sorted(self.where, key=str):
             vr = env.var_to_range.get(sym) if env is not None else None
-            if vr is None:
-                continue
-            if _finite(vr.lower):
-                conds.append(f"{sym} >= {int(vr.lower)}")
-            if _finite(vr.upper):
-                conds.append(f"{sym} <= {int(vr.upper)}")
+            if vr is not None:
+                out[sym] = (int(vr.lower) if _finite(vr.lower) else None,
+                            int(vr.upper) if _finite(vr.upper) else None)
+        return out
+
+    @staticmethod
+    def _range_conditions(ranges: dict) -> list[str]:
+        conds = []
+        for sym in sorted(ranges, key=str):
+            lower, upper = ranges[sym]
+            if lower is not None:
+                conds.append(f"{sym} >= {lower}")
+            if upper is not None:
+                conds.append(f"{sym} <= {upper}")
         return conds
 
-    def input_check(self, guards: Sequence[sympy.Basic] = ()) -> "InputCheck":
+    def input_check(self, guards: Sequence[sympy.Basic] = (), ranges: dict | None = None) -> "InputCheck":
         """A check that runtime arguments fit the traced inputs: each tensor has the traced
         sizes, strides and storage offset (evaluated for the bound symbols), each symbol is
-        within its value range, and every extra ``guard`` (added to the ShapeEnv while
-        tracing) holds."""
+        within its value range (``ranges``, default: the ShapeEnv's now, see ``ranges()``),
+        and every extra ``guard`` (added to the ShapeEnv while tracing) holds."""
+        ranges = self.ranges() if ranges is None else ranges
         conds: list[str] = []
         exprs: list = list(self.where)
         for i, f in enumerate(self.fakes):
@@ -219,7 +229,7 @@ class ShapeCode:
                 exprs.append(e)
                 if self.where.get(e) != f"a[{i}]":   # specialized, or its symbol is read elsewhere
                     conds.append(f"a[{i}] == {_PRINTER.doprint(e)}")
-        conds += self._range_conditions()
+        conds += self._range_conditions(ranges)
         for g in guards:
             exprs.append(g)
             conds.append(f"({_PRINTER.doprint(g)})")
@@ -233,17 +243,21 @@ class ShapeCode:
                              head + ["    return (" + "".join(f"\n        {c}," for c in conds) + ")"])
         every = self._compile("kiln_shape_check",
                               head + ["    return (" + " and".join(f"\n        {c}" for c in conds or ["True"]) + ")"])
-        return InputCheck(every, each, conds, len(self.fakes))
+        return InputCheck(every, each, conds, len(self.fakes), list(guards), dict(ranges))
 
 
 class InputCheck:
     """``holds(args)``: the runtime arguments fit the shapes the graphs were traced for."""
 
-    def __init__(self, every: Callable, each: Callable, conds: list[str], n: int):
+    def __init__(self, every: Callable, each: Callable, conds: list[str], n: int,
+                 guards: list | None = None, ranges: dict | None = None):
         self._every = every       # one short-circuiting expression: the per-call check
         self._each = each         # each condition's value: only to explain a failure
         self.conditions = conds
         self.n = n
+        # what it was made from (a cache entry stores them: kiln.aot.symbolic_codec)
+        self.guards = guards or []
+        self.ranges = ranges or {}
 
     def holds(self, args: Sequence) -> bool:
         if len(args) != self.n:

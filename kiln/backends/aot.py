@@ -64,10 +64,12 @@ def aot_backend(fw_compiler: Callable | None = None, bw_compiler: Callable | Non
         compilers = _with_cudagraphs(fw_compiler, bw_compiler, inference_compiler) if config.cudagraphs \
             else (fw_compiler, bw_compiler, inference_compiler)
 
+        fw, bw, inf = compilers
+        stages = dict(decompositions=decompositions, fw_compiler=fw, bw_compiler=bw, partition_fn=partition_fn,
+                      inference_compiler=inf)
+
         def compile():
-            fw, bw, inf = compilers
-            return compile_graph(gm, example_inputs, decompositions=decompositions, fw_compiler=fw,
-                                 bw_compiler=bw, partition_fn=partition_fn, inference_compiler=inf)
+            return compile_graph(gm, example_inputs, **stages)
         from .. import cache
         from ..aot import config as aot_config
 
@@ -89,7 +91,7 @@ def aot_backend(fw_compiler: Callable | None = None, bw_compiler: Callable | Non
 
         def load(payload: bytes, g: torch.fx.GraphModule, rename: dict):
             # (the user's compilers, with kiln.config.cudagraphs wrapped as for a compile)
-            return _load_artifact(payload, g, compilers, rename)
+            return _load_artifact(payload, g, compilers, rename, stages)
         return cache.cached(gm, example_inputs, backend="aot_eager" if user_key is None else "aot_backend",
                             options=options, compile=compile, load=load, dump=_dump_artifact)
 
@@ -109,14 +111,13 @@ def _name_of(fn: Any) -> str | None:
 
 
 def _dump_artifact(compiled) -> bytes:
-    """The cache payload of an AOT result: its parts as an AOTArtifact (static shapes only)."""
+    """The cache payload of an AOT result: its parts as an AOTArtifact (a dynamic one with its
+    symbolic sizes, the guards its trace added and its per-call shape check)."""
     from ..aot.compile import AOTCompiled
     from ..aot.export import AOTArtifact
 
     if not isinstance(compiled, AOTCompiled):
         raise ValueError(f"not an AOT result ({type(compiled).__name__}): a per-shape or as-captured graph")
-    if compiled.parts.symbolic or compiled.input_check is not None:
-        raise ValueError("a dynamic (symbolic-shape) AOT result is not cached yet")
     return AOTArtifact(compiled.parts).to_bytes()
 
 
@@ -131,14 +132,22 @@ def _with_cudagraphs(fw_compiler, bw_compiler, inference_compiler) -> tuple:
 
 
 def _load_artifact(payload: bytes, gm: torch.fx.GraphModule, compilers: tuple = (None, None, None),
-                   rename: dict | None = None):
+                   rename: dict | None = None, stages: dict | None = None):
     """The AOT result rebuilt from its parts: no tracing, the same callable stage 2 builds
     (with ``compilers``: those of ``kiln.config.cudagraphs``, which decide from the stored
-    graphs whether and how they run as CUDA graphs)."""
-    from ..aot.export import AOTArtifact
+    graphs whether and how they run as CUDA graphs). A dynamic result loads into ``gm``'s
+    ShapeEnv; calls outside its symbolic trace are compiled per shape with ``stages`` (the
+    options ``compile_graph`` got), as after a compile."""
+    from ..aot.dynamic import OUTSIDE_THE_TRACE, per_shape
+    from ..aot.export import AOTArtifact, fake_mode_of_graph
 
-    compiled = AOTArtifact.from_bytes(payload, rename).load(*compilers)
+    compiled = AOTArtifact.from_bytes(payload, rename, fake_mode=fake_mode_of_graph(gm)).load(*compilers)
     compiled.run_as_captured = gm       # as stage2_compile: eager's answer for RunAsCaptured
+    if compiled.input_check is not None:
+        if stages is None:          # (aot_eager's)
+            stages = dict(decompositions={}, partition_fn="min_cut", fw_compiler=compilers[0],
+                          bw_compiler=compilers[1], inference_compiler=compilers[2])
+        compiled.fallback = per_shape(gm, OUTSIDE_THE_TRACE, **stages)
     return compiled
 
 

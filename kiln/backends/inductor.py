@@ -175,17 +175,20 @@ class GraphCompile:
         self._in_run = True
         try:
             with self.progress, self.progress.phase("tracing (AOT)"):
-                with _torch.inductor_config().patch(self.patches):
-                    decompositions = decomposition_table()
-                compiled = compile_graph(self.gm, example_inputs, decompositions=decompositions,
-                                         fw_compiler=self.forward, bw_compiler=self.backward,
-                                         inference_compiler=self.inference, partition_fn=self._partitioner())
+                compiled = compile_graph(self.gm, example_inputs, **self.stage_options())
         finally:
             self._in_run = False
         total = time.perf_counter() - start
         compiled.kiln_compile_seconds = {"aot": total - self.inductor_seconds, "inductor": self.inductor_seconds}
         compiled.kiln_inductor_fallbacks = self.fallbacks
         return compiled
+
+    def stage_options(self) -> dict:
+        """The options of kiln's AOT stages for this graph (``compile_graph``'s)."""
+        with _torch.inductor_config().patch(self.patches):
+            decompositions = decomposition_table()
+        return dict(decompositions=decompositions, fw_compiler=self.forward, bw_compiler=self.backward,
+                    inference_compiler=self.inference, partition_fn=self._partitioner())
 
     # -- the AOT stages' hooks -------------------------------------------------------------------
     def _partitioner(self) -> Callable:

@@ -51,8 +51,6 @@ def dump(compiled: Any, records: dict, fw_output_strides: list | None, split_gra
     if not isinstance(compiled, AOTCompiled):
         raise ValueError(f"not an AOT result ({type(compiled).__name__}): a per-shape or as-captured graph")
     parts = compiled.parts
-    if parts.symbolic or compiled.input_check is not None:
-        raise ValueError("a dynamic (symbolic-shape) graph is not cached yet")
     fallbacks = getattr(compiled, "kiln_inductor_fallbacks", None)
     if fallbacks:
         raise ValueError(f"Inductor failed on {fallbacks[0][0]}: not stored, the next process compiles again")
@@ -68,8 +66,15 @@ def dump(compiled: Any, records: dict, fw_output_strides: list | None, split_gra
     artifact = AOTArtifact(parts).to_bytes()
     graph_meta = {name: {k: gm.meta[k] for k in _GRAPH_META if k in gm.meta}
                   for name, gm in (("forward", parts.forward), ("backward", parts.backward)) if gm is not None}
-    strides = None if fw_output_strides is None else \
-        [None if s is None else [str(x) for x in s] for s in fw_output_strides]
+    from ..aot.symbolic import has_symbols
+
+    if fw_output_strides is not None and has_symbols(list(fw_output_strides)):
+        from ..aot.symbolic_codec import encode_value
+
+        strides: Any = {"sym": encode_value(list(fw_output_strides))}
+    else:
+        strides = None if fw_output_strides is None else \
+            [None if s is None else [str(x) for x in s] for s in fw_output_strides]
     buf = io.BytesIO()
     torch.save({"format": FORMAT, "version": VERSION, "artifact": artifact, "graphs": graphs,
                 "graph_meta": graph_meta, "fw_output_strides": strides}, buf)
@@ -89,7 +94,10 @@ def load(payload: bytes, gm: torch.fx.GraphModule, make_compile: Callable[[torch
         raise ValueError("not a kiln Inductor entry")
     if obj.get("version") != VERSION:
         raise ValueError(f"Inductor entry version {obj.get('version')} (this kiln reads {VERSION})")
-    parts = AOTArtifact.from_bytes(obj["artifact"], rename).parts
+    from ..aot.export import fake_mode_of_graph
+
+    fake_mode = fake_mode_of_graph(gm)      # (a dynamic entry loads into the capture's ShapeEnv)
+    parts = AOTArtifact.from_bytes(obj["artifact"], rename, fake_mode=fake_mode).parts
     for name, meta in obj["graph_meta"].items():
         getattr(parts, name).meta.update(meta)
     loaded = {kind: _torch.inductor_load_generated_code(code) for kind, code in obj["graphs"].items()}
@@ -100,8 +108,13 @@ def load(payload: bytes, gm: torch.fx.GraphModule, make_compile: Callable[[torch
 
     later = make_compile(gm)          # (compiles partial backwards, as after a compile)
     strides = obj["fw_output_strides"]
-    later._fw_output_strides = None if strides is None else [None if s is None else [int(x) for x in s]
-                                                              for s in strides]
+    if isinstance(strides, dict):
+        from ..aot.symbolic_codec import Decoder
+
+        later._fw_output_strides = [None if s is None else tuple(s) for s in Decoder(fake_mode).value(strides["sym"])]
+    else:
+        later._fw_output_strides = None if strides is None else [None if s is None else [int(x) for x in s]
+                                                                  for s in strides]
     later._fw_num_outputs = parts.num_fw_outputs
 
     def stored(kind: str) -> Callable:
@@ -116,6 +129,10 @@ def load(payload: bytes, gm: torch.fx.GraphModule, make_compile: Callable[[torch
         return compiler
 
     compiled = assemble(parts, stored("forward"), stored("backward"), stored("inference"), run_as_captured=gm)
+    if compiled.input_check is not None:    # (a dynamic graph: as after a compile)
+        from ..aot.dynamic import OUTSIDE_THE_TRACE, per_shape
+
+        compiled.fallback = per_shape(gm, OUTSIDE_THE_TRACE, **later.stage_options())
     compiled.kiln_compile_seconds = {"aot": 0.0, "inductor": 0.0}
     compiled.kiln_inductor_fallbacks = []
     return compiled

@@ -3,10 +3,12 @@
 ``cached(gm, example_inputs, backend=..., options=..., compile=...)`` returns the compiled
 callable for a captured graph: loaded from ``<kiln.config.cache_dir>/aot/`` when an entry
 with the same key exists, else compiled by ``compile()`` and stored (``dump(compiled)``).
-Cached: graphs with static shapes from the ``inductor`` backend (AOT result + Inductor's
-generated code, ``kiln.backends.inductor_entry``), ``aot_eager``, and ``aot_backend``s that
-declare a ``cache_key`` (``kiln.aot.AOTArtifact``): a load rebuilds the callable without
-tracing or lowering. Everything else is a *bypass*, logged with its reason under
+Cached: graphs from the ``inductor`` backend (AOT result + Inductor's generated code,
+``kiln.backends.inductor_entry``), ``aot_eager``, and ``aot_backend``s that declare a
+``cache_key`` (``kiln.aot.AOTArtifact``): a load rebuilds the callable without tracing or
+lowering. Dynamic graphs are keyed with their symbolic sizes and the capture's shape facts;
+their entries hold the symbolic sizes and the guards the compile added, which a load adds to
+the capture's ShapeEnv (``kiln.aot.symbolic_codec``). Everything else is a *bypass*, logged with its reason under
 ``KILN_LOGS=cache``. A cache failure never fails the call: it compiles instead.
 
 ``kiln.config.cache = False`` (or ``KILN_CACHE=0``) turns the cache off.
@@ -65,17 +67,15 @@ def cached(gm, example_inputs: list, *, backend: str, options: dict, compile: Ca
     fn = function_name(gm)
     if not config.cache:
         return compile()
-    if K.is_dynamic(gm, example_inputs):
-        # an entry stores static shapes only: a loaded one could not check the guards that
-        # symbolic tracing adds (kiln.aot.export refuses them for the same reason)
-        _bypass(fn, "dynamic graph (symbolic shapes): not cached yet")
-        return compile()
     try:
         parts = K.key_parts(gm, example_inputs, backend, options)
         key = K.digest(parts)
     except Exception as e:          # a graph kiln cannot key: compile it, uncached
         _bypass(fn, f"cannot compute the key: {type(e).__name__}: {e}")
         return compile()
+    from ..aot.symbolic_codec import EntryDoesNotFit
+
+    not_fit = None
     try:
         found = store.read(key)
         if found is not None:
@@ -87,11 +87,13 @@ def cached(gm, example_inputs: list, *, backend: str, options: dict, compile: Ca
                 _log(f"hit {fn} ({key[:12]}, {len(payload)} bytes)")
                 return compiled
             store.warn_once(("mismatch", key), f"entry {key[:12]} does not match its key; recompiling")
+    except EntryDoesNotFit as e:    # a dynamic entry traced under guards these sizes fail
+        not_fit = str(e)
     except Exception as e:          # a load that fails is a miss (never run, never raised)
         store.warn_once(("load", key), f"cannot load entry {key[:12]} ({type(e).__name__}: {e}); recompiling")
     store.count("misses")
     if logs.enabled.cache:
-        _log(f"miss {fn} ({key[:12]}): {explain.why_missed(fn, parts)}")
+        _log(f"miss {fn} ({key[:12]}): {not_fit or explain.why_missed(fn, parts)}")
     compiled = compile()
     try:
         payload = dump(compiled)

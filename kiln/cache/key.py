@@ -124,9 +124,17 @@ def graph_text(gm: torch.fx.GraphModule, example_inputs: list) -> str:
 
 
 def inputs_meta(gm: torch.fx.GraphModule, example_inputs: list) -> list:
-    static = [n.meta.get("kiln_static", False) for n in gm.graph.nodes if n.op == "placeholder"]
+    """Each input's metadata; for a dynamic graph, as the capture traced it (symbolic sizes,
+    SymInt inputs as their symbols), not the example's concrete sizes."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    static = [n.meta.get("kiln_static", False) for n in placeholders]
+    traced = [n.meta.get("example_value") for n in placeholders]
+    dynamic = is_dynamic(gm, example_inputs)
     out = []
     for i, x in enumerate(example_inputs):
+        if dynamic and i < len(traced) and isinstance(traced[i], (torch.Tensor, torch.SymInt, torch.SymFloat,
+                                                                  torch.SymBool)):
+            x = traced[i]
         if isinstance(x, torch.Tensor):
             d = _tensor_meta(x)
             d["static"] = bool(static[i]) if i < len(static) else False
@@ -199,10 +207,30 @@ def is_dynamic(gm: torch.fx.GraphModule, example_inputs: list) -> bool:
     return False
 
 
+def shape_facts(gm: torch.fx.GraphModule, example_inputs: list) -> dict | None:
+    """What the capture's ShapeEnv knows of a dynamic graph's symbols (None for a static
+    graph): its guards, replacements, value ranges and divisibility facts. Tracing may rely on
+    any of them without adding a guard, so they are part of the key (symbol names are stable:
+    the same program gives the same facts)."""
+    if not is_dynamic(gm, example_inputs):
+        return None
+    from ..aot.export import fake_mode_of_graph
+
+    mode = fake_mode_of_graph(gm)
+    if mode is None:
+        raise ValueError("a dynamic graph without symbolic example values on its placeholders")
+    env = mode.shape_env
+    return {"guards": [str(g.expr) for g in env.guards],
+            "replacements": sorted(f"{k} -> {v}" for k, v in env.replacements.items()),
+            "ranges": sorted(f"{k}: [{v.lower}, {v.upper}]" for k, v in env.var_to_range.items()),
+            "divisible": sorted(str(d) for d in getattr(env, "divisible", ()))}
+
+
 def key_parts(gm: torch.fx.GraphModule, example_inputs: list, backend: str, options: dict) -> dict:
     """Every part of the key, as plain JSON data. Raises ValueError for what cannot be keyed
     (the caller then bypasses the cache)."""
     return {
+        "shapes": shape_facts(gm, example_inputs),
         "graph": graph_text(gm, example_inputs),
         "inputs": inputs_meta(gm, example_inputs),
         "backend": {"name": backend, "options": options},

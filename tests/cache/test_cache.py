@@ -331,9 +331,9 @@ def test_bypasses_are_counted_and_say_why(capsys):
     check_against_eager(mlp, f)
     err = capsys.readouterr().err
     assert "[kiln:cache] bypass mlp: aot_backend with your own compilers" in err
-    assert "[kiln:cache] bypass mlp: dynamic graph (symbolic shapes)" in err
-    assert kiln.cache.stats()["bypasses"] == 2 and kiln.cache.stats()["misses"] == 0
-    assert store.entries() == []
+    assert "[kiln:cache] miss mlp" in err          # a dynamic graph is cached (test_dynamic_cache.py)
+    assert kiln.cache.stats()["bypasses"] == 1 and kiln.cache.stats()["misses"] == 1
+    assert len(store.entries()) == 1
 
 
 def test_user_code_called_from_the_graph_is_not_keyed():

@@ -145,3 +145,54 @@ def test_fresh_process_with_warm_cache_lowers_nothing(tmp_path):
         return tuple(int(v) for v in line.split()[1:])
     assert child(0) == (1, 2, 0, 1)
     assert child(1) == (0, 0, 1, 0)
+
+
+def test_dynamic_inductor_entry_loads_without_tracing_or_lowering(monkeypatch, work):
+    """A graph with symbolic sizes: the entry holds the generated code (sizes read from the
+    arguments), the symbolic metadata and the guards the trace added."""
+    from kiln.aot.runtime import wrapper_to_dict
+
+    results = []
+    real_cached = kiln.cache.cached
+
+    def keep(gm, example_inputs, **kw):
+        out = real_cached(gm, example_inputs, **kw)
+        from kiln.aot.export import fake_mode_of_graph
+
+        results.append((out, [str(g.expr) for g in fake_mode_of_graph(gm).shape_env.guards]))
+        return out
+    monkeypatch.setattr(kiln.cache, "cached", keep)
+
+    def dyn(x, w, buf):
+        buf.add_(1)
+        h = torch.nn.functional.gelu(x @ w)
+        return h.sum(1)[: x.shape[0] - 1], h.tanh(), x.view(-1)
+
+    def inputs(m):
+        return (torch.randn(m, 4, requires_grad=True), torch.randn(4, m + 3, requires_grad=True), torch.zeros(m))
+    kiln.compile(dyn, dynamic=True)(*inputs(3))
+    assert work == {"traces": 1, "inductor": 2}
+    kiln.reset()
+    f = kiln.compile(dyn, dynamic=True)
+    for m in (5, 6):
+        args = inputs(m)
+        ref_args = _clone(args)
+        out = f(*args)
+        ref = dyn(*ref_args)
+        for o, r in zip(out, ref):
+            torch.testing.assert_close(o, r)
+        torch.testing.assert_close(args[2], ref_args[2])
+        out[0].sum().backward()                       # one output: a partial backward, on demand
+        ref[0].sum().backward()
+        torch.testing.assert_close(args[0].grad, ref_args[0].grad)
+        torch.testing.assert_close(args[1].grad, ref_args[1].grad)
+    assert kiln.cache.stats()["hits"] == 1
+    assert work == {"traces": 1, "inductor": 3}       # nothing traced or lowered but the partial backward
+    (compiled, g1), (loaded, g2) = results
+    p, q = compiled.parts, loaded.parts
+    for field in ("kind", "num_fw_outputs", "tangent_positions", "saved", "symbolic", "grad_dependencies",
+                  "trace_guards", "input_guards", "input_ranges"):
+        assert getattr(p, field) == getattr(q, field), field
+    assert [wrapper_to_dict(w) for w in p.wrappers] == [wrapper_to_dict(w) for w in q.wrappers]
+    assert p.forward.code == q.forward.code and p.backward.code == q.backward.code
+    assert compiled.input_check.conditions == loaded.input_check.conditions and g1 == g2
