@@ -277,6 +277,20 @@ class GraphCompile:
                 return self._fallback(piece, list(example_inputs), "inference", e)
 
     def _inductor(self, gm: torch.fx.GraphModule, example_inputs: list, kind: str):
+        from ..config import config
+        from . import vec_isa_memo
+
+        device = device_of(example_inputs)
+        cpu = device is None or device.type == "cpu"
+        if cpu:     # (this machine's vector ISAs, when an earlier process probed them)
+            vec_isa_memo.prime(config.cache_dir)
+        try:
+            return self._inductor_compile(gm, example_inputs, kind)
+        finally:
+            if cpu:
+                vec_isa_memo.remember(config.cache_dir)
+
+    def _inductor_compile(self, gm: torch.fx.GraphModule, example_inputs: list, kind: str):
         cfg = _torch.inductor_config()
         mode = fake_mode_of(example_inputs, gm)
         graph = copy_graph_module(gm)      # Inductor rewrites the graph it compiles

@@ -81,6 +81,23 @@ def dump(compiled: Any, records: dict, fw_output_strides: list | None, split_gra
     return buf.getvalue()
 
 
+def _load_generated(graphs: dict) -> dict:
+    """Each graph's generated module, imported. Modules with C++ kernels take this machine's
+    stored vector-ISA answer (``vec_isa_memo``) instead of Inductor's per-process probe.
+    (Inductor's precompiled-header step, also run per process, stays: the header setting is
+    part of the kernels' build command, so loading without it would compile them again.)"""
+    from ..config import config
+    from . import vec_isa_memo
+
+    cpp = any("async_compile.cpp" in code["source_code"] for code in graphs.values())
+    if cpp:
+        vec_isa_memo.prime(config.cache_dir)
+    loaded = {kind: _torch.inductor_load_generated_code(code) for kind, code in graphs.items()}
+    if cpp:
+        vec_isa_memo.remember(config.cache_dir)
+    return loaded
+
+
 def load(payload: bytes, gm: torch.fx.GraphModule, make_compile: Callable[[torch.fx.GraphModule], Any],
          cudagraphs: bool = False, rename: dict | None = None) -> Any:
     """The compiled callable rebuilt from an entry. ``make_compile(gm)`` makes the
@@ -100,7 +117,7 @@ def load(payload: bytes, gm: torch.fx.GraphModule, make_compile: Callable[[torch
     parts = AOTArtifact.from_bytes(obj["artifact"], rename, fake_mode=fake_mode).parts
     for name, meta in obj["graph_meta"].items():
         getattr(parts, name).meta.update(meta)
-    loaded = {kind: _torch.inductor_load_generated_code(code) for kind, code in obj["graphs"].items()}
+    loaded = _load_generated(obj["graphs"])
     for kind, code in obj["graphs"].items():
         if kind == "backward" and code["donated"]:
             from .inductor import copies_when_graph_kept
