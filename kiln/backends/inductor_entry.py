@@ -85,14 +85,20 @@ def _load_generated(graphs: dict) -> dict:
     """Each graph's generated module, imported. Modules with C++ kernels take this machine's
     stored vector-ISA answer (``vec_isa_memo``) instead of Inductor's per-process probe.
     (Inductor's precompiled-header step, also run per process, stays: the header setting is
-    part of the kernels' build command, so loading without it would compile them again.)"""
+    part of the kernels' build command, so loading without it would compile them again.)
+
+    Kernels load in this process (``compile_threads=1``): they come from the C++ and Triton
+    compilers' disk caches, and asking for Inductor's worker pool would start its worker
+    processes (seconds of CPU, and more at exit) for nothing. Parallelism is all that
+    setting changes: a kernel missing from those caches is compiled here, one at a time."""
     from ..config import config
     from . import vec_isa_memo
 
     cpp = any("async_compile.cpp" in code["source_code"] for code in graphs.values())
     if cpp:
         vec_isa_memo.prime(config.cache_dir)
-    loaded = {kind: _torch.inductor_load_generated_code(code) for kind, code in graphs.items()}
+    with _torch.inductor_config().patch(compile_threads=1):
+        loaded = {kind: _torch.inductor_load_generated_code(code) for kind, code in graphs.items()}
     if cpp:
         vec_isa_memo.remember(config.cache_dir)
     return loaded
