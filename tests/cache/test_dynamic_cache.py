@@ -249,3 +249,15 @@ def test_fresh_process_hits_after_automatic_dynamic_made_dims_symbolic(tmp_path)
     assert child(3, 5, 6) == (1, 1, 0, 2)
     # next process: the profile makes dim 0 symbolic at once, and that entry is loaded
     assert child(7, 8) == (0, 0, 1, 0)
+
+
+def test_an_entry_whose_trace_guards_fail_for_the_new_sizes_is_a_miss(traces, capsys):
+    kiln.set_logs("cache")
+    check(sliced, kiln.compile(sliced, backend="aot_eager", dynamic=True), args_for(3))
+    kiln.reset()
+    # the same graph and shape facts (same key), but the stored trace guarded x.shape[0] - 1 >= 2
+    check(sliced, kiln.compile(sliced, backend="aot_eager", dynamic=True), args_for(2))
+    err = capsys.readouterr().err
+    assert "does not hold for these sizes" in err
+    s = kiln.cache.stats()
+    assert s["hits"] == 0 and s["misses"] == 2 and traces == [True, True]
