@@ -32,6 +32,16 @@ def _isa_module():
 
 
 def _facts() -> dict:
+    return json.loads(_facts_text())
+
+
+@functools.lru_cache(maxsize=1)
+def _facts_text() -> str:
+    """(Once per process, as torch probes once per process.)"""
+    return json.dumps(_read_facts(), sort_keys=True, default=repr)
+
+
+def _read_facts() -> dict:
     import torch
     from torch._inductor import config
     from torch._inductor.cpp_builder import get_compiler_version_info, get_cpp_compiler
@@ -71,7 +81,7 @@ def prime(cache_dir: str) -> bool:
         facts = _facts()
         with open(_path(cache_dir, facts), encoding="utf-8") as f:
             record = json.load(f)
-        if record.get("facts") != json.loads(json.dumps(facts, default=repr)):
+        if record.get("facts") != facts:
             return False
         supported = isa.supported_vec_isa_list
         # by position in torch's list of the ISAs it supports (two can print alike), checked

@@ -8,8 +8,8 @@ Cached: graphs from the ``inductor`` backend (AOT result + Inductor's generated 
 ``cache_key`` (``kiln.aot.AOTArtifact``): a load rebuilds the callable without tracing or
 lowering. Dynamic graphs are keyed with their symbolic sizes and the capture's shape facts;
 their entries hold the symbolic sizes and the guards the compile added, which a load adds to
-the capture's ShapeEnv (``kiln.aot.symbolic_codec``). Everything else is a *bypass*, logged with its reason under
-``KILN_LOGS=cache``. A cache failure never fails the call: it compiles instead.
+the capture's ShapeEnv (``kiln.aot.symbolic_codec``). Everything else is a *bypass*, logged
+with its reason under ``KILN_LOGS=cache``. A cache failure never fails the call: it compiles instead.
 
 ``kiln.config.cache = False`` (or ``KILN_CACHE=0``) turns the cache off.
 """

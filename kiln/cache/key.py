@@ -131,12 +131,14 @@ def inputs_meta(gm: torch.fx.GraphModule, example_inputs: list) -> list:
     traced = [n.meta.get("example_value") for n in placeholders]
     dynamic = is_dynamic(gm, example_inputs)
     out = []
-    for i, x in enumerate(example_inputs):
+    for i, real in enumerate(example_inputs):
+        x = real
         if dynamic and i < len(traced) and isinstance(traced[i], (torch.Tensor, torch.SymInt, torch.SymFloat,
                                                                   torch.SymBool)):
             x = traced[i]
         if isinstance(x, torch.Tensor):
             d = _tensor_meta(x)
+            d["type"] = type(real).__name__       # (a traced value is a FakeTensor: the input's own type)
             d["static"] = bool(static[i]) if i < len(static) else False
         elif isinstance(x, (torch.SymInt, torch.SymFloat, torch.SymBool)):
             d = {"symbol": str(x)}
