@@ -196,3 +196,38 @@ def test_dynamic_inductor_entry_loads_without_tracing_or_lowering(monkeypatch, w
     assert [wrapper_to_dict(w) for w in p.wrappers] == [wrapper_to_dict(w) for w in q.wrappers]
     assert p.forward.code == q.forward.code and p.backward.code == q.backward.code
     assert compiled.input_check.conditions == loaded.input_check.conditions and g1 == g2
+
+
+_DYNAMIC_CHILD = textwrap.dedent("""
+    import sys, torch, kiln
+    import kiln.aot.dynamic as D
+    from kiln import _torch
+    work = []
+    real, real_ind = D._run_stages, _torch.inductor_compile_graph
+    D._run_stages = lambda *a, **k: (work.append("trace"), real(*a, **k))[1]
+    _torch.inductor_compile_graph = lambda *a, **k: (work.append("inductor"), real_ind(*a, **k))[1]
+    def f(x, w):
+        return torch.nn.functional.silu(x @ w).sum(1) * x.shape[0]
+    g = kiln.compile(f)                                   # automatic dynamic
+    w = torch.randn(4, 3)
+    for n in map(int, sys.argv[1:]):
+        x = torch.randn(n, 4)
+        torch.testing.assert_close(g(x, w), f(x, w))
+    s = kiln.cache.stats()
+    print("RESULT", work.count("trace"), work.count("inductor"), s["hits"], s["misses"])
+""")
+
+
+def test_fresh_process_loads_the_dynamic_graph_automatic_dynamic_made(tmp_path):
+    script = tmp_path / "child.py"
+    script.write_text(_DYNAMIC_CHILD)
+    env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(kiln.__file__))}
+
+    def child(*sizes):
+        p = subprocess.run([sys.executable, str(script), *map(str, sizes)], capture_output=True, text=True,
+                           env=env, timeout=600)
+        assert p.returncode == 0, p.stderr
+        line = [l for l in p.stdout.splitlines() if l.startswith("RESULT")][0]
+        return tuple(int(v) for v in line.split()[1:])
+    assert child(3, 5, 6) == (2, 2, 0, 2)     # static, then dim 0 symbolic: two inference graphs
+    assert child(7, 9) == (0, 0, 1, 0)        # symbolic at once (the profile), and loaded
