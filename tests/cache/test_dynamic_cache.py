@@ -261,3 +261,24 @@ def test_an_entry_whose_trace_guards_fail_for_the_new_sizes_is_a_miss(traces, ca
     assert "does not hold for these sizes" in err
     s = kiln.cache.stats()
     assert s["hits"] == 0 and s["misses"] == 2 and traces == [True, True]
+
+
+@pytest.mark.parametrize("dynamic", [True, None])
+def test_generated_programs_loaded_from_the_cache_match_eager(tmp_path, dynamic):
+    """The fuzzer's programs, each run twice over one cache directory: the second run loads
+    (static and dynamic graphs, the automatic-dynamic profile of the first run), and must
+    still match eager everywhere the fuzzer looks."""
+    from tests.fuzz.generator import generate
+    from tests.fuzz.runner import run_program
+
+    hits = 0
+    for seed in (2, 5, 11, 17):
+        prog = generate(seed)
+        cache = str(tmp_path / f"seed{seed}")
+        first = run_program(prog, "aot_eager", dynamic, cache_dir=cache)
+        kiln.cache.reset_stats()
+        second = run_program(prog, "aot_eager", dynamic, cache_dir=cache)
+        hits += kiln.cache.stats()["hits"]
+        assert second.status == first.status, f"seed {seed}: {second.describe()}"
+        assert second.status in ("ok", "invalid"), f"seed {seed}: {second.describe()}"
+    assert hits > 0

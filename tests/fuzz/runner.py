@@ -111,16 +111,17 @@ def _unload(*mods):
             del sys.modules[m.__name__]
 
 
-def run_program(prog: Program, backend: str, dynamic=None, calls=None) -> Outcome:
+def run_program(prog: Program, backend: str, dynamic=None, calls=None, cache_dir: str | None = None) -> Outcome:
     """Run ``prog`` eagerly and compiled with ``backend``/``dynamic``; stop at the first
-    call that differs."""
+    call that differs. ``cache_dir``: kiln's cache directory, kept (a second run loads what
+    the first stored); by default a fresh one, removed after."""
     start = time.perf_counter()
     out = Outcome(prog.seed, backend, dynamic, "ok")
     source = prog.source()
     filename = f"/kiln-fuzz/seed_{prog.seed}.py"
     name = f"kiln_fuzz_{prog.seed}"     # both copies have the user's module name
     mod_e = mod_k = None
-    cache = tempfile.mkdtemp(prefix="kiln-fuzz-")
+    cache = cache_dir or tempfile.mkdtemp(prefix="kiln-fuzz-")
     grad_before = torch.is_grad_enabled()
     try:
         try:
@@ -173,5 +174,6 @@ def run_program(prog: Program, backend: str, dynamic=None, calls=None) -> Outcom
         torch.set_grad_enabled(grad_before)
         kiln.reset()
         _unload(mod_e, mod_k)
-        shutil.rmtree(cache, ignore_errors=True)
+        if cache_dir is None:
+            shutil.rmtree(cache, ignore_errors=True)
         out.seconds = time.perf_counter() - start
