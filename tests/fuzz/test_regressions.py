@@ -508,6 +508,21 @@ def fn(x):
         t14 = t9 ** 2
     return t9
 ''', found="seed 3484, aot_eager, dynamic None and True", backends=("aot_eager",), dynamic=(None, True)),
+    "parts_of_one_graph_saving_each_others_outputs": Case('''
+def make_inputs(seed, n, k, s, flag):
+    g = torch.Generator().manual_seed(seed)
+
+    def r(*shape, dtype=torch.float32, rg=False):
+        return torch.randn(*shape, generator=g, dtype=dtype).requires_grad_(rg)
+    x = r(n, 4, dtype=torch.float64, rg=True)
+    w = r(4, 4, dtype=torch.float64, rg=True)
+    return (x, w)
+
+def fn(x, w):
+    t2 = w.mul(-1.5)
+    t8 = w.transpose(0, 1).exp()
+    f9 = round(float(t2.abs().max()), 3)
+''', found="seed 3629, aot_eager, dynamic None and True", backends=("aot_eager",), dynamic=(None, True)),
     # a backward that raises (in eager and in kiln) leaves its graph's tasks queued in torch's
     # engine until the next backward; the harness flushes them for both runs alike
     "failed_backward_leaves_tasks_queued": Case('''
