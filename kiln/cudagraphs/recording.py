@@ -8,6 +8,12 @@ Inputs (decided when recording, as the seed's "static inputs"):
   saved tensors in the backward; inputs read in place by another recording). A replay needs
   each at the address it was recorded with (``matches``); a new address means a new
   recording.
+* read in place, optimistically (inference and forward graphs): another input found at the
+  same address on the warm-up call and on the recording call (a batch the caller keeps, a
+  tensor the allocator hands out at the same place each step). Reading it in place is right
+  for whatever tensor is at that address; an input at another address later makes the graph
+  record once more, copying that input from then on (``CudagraphFunction._record_again``).
+  This saves a copy kernel per input and call.
 * copied: any other tensor is copied, before each replay, into a buffer the recording owns
   (no copy when the caller passes that buffer itself).
 
@@ -15,8 +21,15 @@ Outputs live in the device's pool (``tree.py``). Each replay returns new tensors
 storage objects over that memory, so that the next replay can make the previous ones raise
 when read (``Generation.invalidate``). Outputs that are inputs (a parameter saved for the
 backward) are returned as the caller's tensors.
+
+A recording holds the memory of its outputs (the tensors its capture returned). A forward's
+saved tensors are held only until its backward is recorded: that capture takes them (the
+backward graph frees each after its last use, so its own buffers reuse the memory) and the
+tree notes that later recordings overlap the forward (``tree.release_saved``).
 """
 from __future__ import annotations
+
+import functools
 
 import torch
 
@@ -25,6 +38,9 @@ from .tree import Generation, PoolTree
 
 # one C++ call comparing the data pointers of many inputs (torch >= 2.4)
 _ptrs_equal = getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", None)
+# the C replay, without the Python wrapper of torch.cuda.CUDAGraph (its input-liveness
+# tracker is never turned on here); resolved lazily: CPU builds have no CUDAGraph
+_replay_graph = getattr(getattr(torch._C, "_CUDAGraph", None), "replay", None)
 
 
 class CannotRecord(Exception):
@@ -61,11 +77,14 @@ class Recording:
         self.graph = None
 
     # -- recording ---------------------------------------------------------------------------
-    def classify(self, args: list) -> None:
-        """Which inputs are read in place and which are copied (before any allocation)."""
+    def classify(self, args: list, stable: frozenset = frozenset()) -> None:
+        """Which inputs are read in place and which are copied (before any allocation).
+        ``stable``: the other inputs that may be read in place (optimistically)."""
         self.inplace: list[int] = []
         self.ptrs: list[int] = []
         self.copied: list[int] = []
+        self.optimistic: list[int] = []
+        written = self.facts.written_inputs
         for i, a in enumerate(args):
             if not isinstance(a, torch.Tensor):
                 continue
@@ -74,18 +93,23 @@ class Recording:
             if i in self.static_idxs or self.tree.owns(a, self.backward):
                 self.inplace.append(i)
                 self.ptrs.append(a.data_ptr())
+            elif i in stable and i not in written:
+                self.inplace.append(i)
+                self.ptrs.append(a.data_ptr())
+                self.optimistic.append(i)
             else:
                 self.copied.append(i)
         copied = set(self.copied)
-        for i in self.facts.written_inputs:
+        for i in written:
             if i in copied:
                 raise CannotRecord(f"the graph writes to input {self.facts.input_names[i]}, which is neither a "
                                    "parameter/buffer nor an output of another CUDA-graph replay (a replay would "
                                    "write to a copy)")
 
-    def record(self, inner, args: list) -> list:
-        """Capture ``inner`` (a boxed compiled graph) for ``args``, replay it once, return
-        this call's outputs."""
+    def _static_args(self, args: list) -> tuple[list, dict]:
+        """The arguments of the capture (copied inputs replaced by the recording's buffers;
+        for a backward, its forward's saved tensors by the tensors that own their memory) and,
+        per input read in place, (storage pointer, data pointer, the tensor or None)."""
         self.copies = []      # (index, buffer, flat buffer or None, span, strides)
         static_args = list(args)
         for i in self.copied:
@@ -102,6 +126,17 @@ class Recording:
                 buf = flat.as_strided(a.shape, a.stride())
                 self.copies.append((i, buf, flat, span, a.stride()))
             static_args[i] = buf
+        taken = self.tree.take_saved(static_args, self.inplace) if self.backward else ()
+        inplace = {}
+        for i in self.inplace:
+            a = static_args[i]
+            inplace[i] = (a.untyped_storage().data_ptr(), a.data_ptr(), None if i in taken else a)
+        return static_args, inplace
+
+    def record(self, inner, args: list) -> list:
+        """Capture ``inner`` (a boxed compiled graph) for ``args``, replay it once, return
+        this call's outputs."""
+        static_args, inplace = self._static_args(args)
         # (for the one-call address check of ``matches``: None where nothing is checked)
         self.ptr_list = [None] * len(args)
         for i, p in zip(self.inplace, self.ptrs):
@@ -110,9 +145,14 @@ class Recording:
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.tree.handle):
-            outs = inner(list(static_args))
+            # the list itself: a boxed graph empties it and frees each input after its last use
+            # (a backward's saved tensors, whose memory its own buffers then reuse)
+            outs = inner(static_args)
+        del static_args
         self.graph = graph
-        self._plan_outputs(list(outs), static_args)
+        self._replay = graph.replay if _replay_graph is None else functools.partial(_replay_graph, graph)
+        self._plan_outputs(list(outs), inplace)
+        del outs
         self.tree.static_ptrs.update(self.ptrs)
         self.position = self.tree.add(self)
         keep = [args[i] for i in self.alias_args]
@@ -120,15 +160,15 @@ class Recording:
         graph.replay()
         return self._outputs(keep)
 
-    def _plan_outputs(self, outs: list, static_args: list) -> None:
+    def _plan_outputs(self, outs: list, inplace: dict) -> None:
         inplace_storage = {}
-        for i in self.inplace:
-            inplace_storage.setdefault(static_args[i].untyped_storage().data_ptr(), i)
+        for i, (sp, _, _) in inplace.items():
+            inplace_storage.setdefault(sp, i)
         self.template = list(outs)
         self.alias_args: list[int] = []      # inputs some outputs alias
         self.arg_outputs: list = []          # (output, position in alias_args, view or None)
         groups: dict[int, list] = {}         # storage pointer -> [(k, tensor)]
-        held = []
+        held: list = []
         for k, o in enumerate(outs):
             if not isinstance(o, torch.Tensor):
                 continue
@@ -138,22 +178,25 @@ class Recording:
             sp = o.untyped_storage().data_ptr()
             i = inplace_storage.get(sp)
             if i is not None:
-                a = static_args[i]
+                _, a_ptr, a = inplace[i]
                 if i not in self.alias_args:
                     self.alias_args.append(i)
                 pos = self.alias_args.index(i)
-                if o is a:
+                if a is not None and o is a:
                     self.arg_outputs.append((k, pos, None))
                 else:
-                    if o.dtype != a.dtype:
+                    if a is not None and o.dtype != a.dtype:
                         raise CannotRecord(f"output {k} views input {self.facts.input_names[i]} as another dtype")
-                    rel = (o.data_ptr() - a.data_ptr()) // o.element_size()
+                    rel = (o.data_ptr() - a_ptr) // o.element_size()
                     self.arg_outputs.append((k, pos, (tuple(o.shape), tuple(o.stride()), rel)))
                 continue
             groups.setdefault(sp, []).append((k, o))
-            held.append(o)
-        # memory the recording owns: its pool outputs (and copied-input buffers an output is)
-        self.held = held
+            held.append((k, o))
+        # memory the recording owns: its pool outputs (and copied-input buffers an output is);
+        # the saved tensors until the backward's capture takes them (``take_saved``)
+        saved_from = self.protected_from if self.protected_from is not None else len(outs)
+        self.held = [o for k, o in held if k < saved_from]
+        self.held_saved = [o for k, o in held if k >= saved_from]
         device = self.tree.device
         self.visible: list = []      # (pointer, nbytes, [(k, metadata)])
         protected: list = []
@@ -184,9 +227,33 @@ class Recording:
                     m["data_ptr"], m["nbytes"] = base, end - base
                     metas.append((k, m))
             self.protected = (base, end - base, metas)
+            self.tree.saved_region(self, base, end)
         self.tree.owned_bases.update(sp for sp, _, _ in self.visible)
         if self.protected is not None:
             self.tree.owned_bases.add(self.protected[0])
+
+    def take_saved(self, views: dict) -> dict | None:
+        """The tensors holding this forward's saved tensors, for the backward's capture:
+        ``views`` (input index -> a saved tensor as the backward got it) -> index -> the tensor
+        owning that memory, which this recording then stops holding. None (nothing taken) unless
+        every held saved tensor is one of them, exactly: a block freed under an input the
+        capture still reads would be handed to its own buffers."""
+        held = self.held_saved
+        found: dict = {}
+        used: set = set()
+        for i, v in views.items():
+            for j, h in enumerate(held):
+                if j not in used and h.data_ptr() == v.data_ptr() and h.dtype == v.dtype and \
+                        h.shape == v.shape and h.stride() == v.stride():
+                    found[i] = h
+                    used.add(j)
+                    break
+            else:
+                return None
+        if len(used) != len(held):
+            return None
+        self.held_saved = []
+        return found
 
     # -- replay ------------------------------------------------------------------------------
     def matches(self, args: list) -> bool:
@@ -223,7 +290,7 @@ class Recording:
         keep = [args[i] for i in self.alias_args] if self.alias_args else None
         args.clear()
         self.tree.invalidate_from(self)
-        self.graph.replay()
+        self._replay()
         return self._outputs(keep)
 
     def _outputs(self, keep) -> list:

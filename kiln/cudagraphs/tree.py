@@ -17,13 +17,19 @@ R, ``prepare_replay`` looks at the last outputs of R and of every later recordin
   the call runs without the CUDA graph instead (``conflict``);
 * outputs the user may still hold ("visible") are invalidated: reading them afterwards
   raises a clear error instead of returning overwritten data.
+
+One exception to the order, for memory: the tensors a forward saves for its backward are held
+by the forward's recording only until the backward is recorded. The backward's capture takes
+them over and frees each after its last use, so the backward (and every recording captured
+after it) may place its own memory there, as torch's tree does with memory that is dead. Such
+a recording "overlaps" that forward: its replay needs the forward's saved tensors consumed
+(``conflict``) and invalidates what a retained graph still holds of them.
 """
 from __future__ import annotations
 
 import weakref
 
 import torch
-from torch.multiprocessing.reductions import StorageWeakRef
 
 _STALE = ("kiln: this tensor is an output of a CUDA-graph replay ({name}) and its memory was "
           "overwritten by a later replay. Outputs of a compiled function run with CUDA graphs "
@@ -38,12 +44,13 @@ class Generation:
     """The outputs of one replay: storages for those the user may hold, one for those a
     pending backward needs ("protected"). Weak: they die with the last tensor on them. The
     backward's call marks its forward's generation ``consumed`` (``consume``): what autograd
-    still holds after that (a retained graph) is invalidated, not protected, by a replay."""
+    still holds after that (a retained graph) is invalidated, not protected, by a replay.
+    (Raw weak references of the C storages: one replay makes one Generation, on every call.)"""
     __slots__ = ("visible", "protected", "name", "backward", "consumed", "cdata")
 
     def __init__(self, visible: list, protected, name: str, backward: bool):
-        self.visible = [StorageWeakRef(s) for s in visible]
-        self.protected = StorageWeakRef(protected) if protected is not None else None
+        self.visible = [s._weak_ref() for s in visible]
+        self.protected = protected._weak_ref() if protected is not None else None
         self.name = name
         self.backward = backward
         self.consumed = False
@@ -52,21 +59,50 @@ class Generation:
             self.cdata = protected._cdata
             _pending[self.cdata] = self
 
+    def __del__(self):
+        for ref in self.visible:
+            _free_weak_ref(ref)
+        if self.protected is not None:
+            _free_weak_ref(self.protected)
+
     def pending(self) -> bool:
-        return self.protected is not None and not self.consumed and not self.protected.expired()
+        return self.protected is not None and not self.consumed and not _expired(self.protected)
+
+    def alive(self) -> bool:
+        """Whether the user still holds one of the visible outputs."""
+        for ref in self.visible:
+            if not _expired(ref):
+                return True
+        return False
 
     def invalidate(self) -> None:
         msg = None
         refs = self.visible if self.protected is None else [*self.visible, self.protected]
         for ref in refs:
-            if not ref.expired():
+            if not _expired(ref):
                 if msg is None:
                     msg = _STALE.format(name=self.name, grad=_GRAD_HINT if self.backward else "")
-                _poison(ref.cdata, msg)
+                _poison(ref, msg)
+            _free_weak_ref(ref)
         if self.cdata is not None and _pending.get(self.cdata) is self:
             del _pending[self.cdata]
         self.visible, self.protected = [], None
 
+    def invalidate_saved(self) -> None:
+        """Only the saved tensors (a recording that overlaps their memory replays)."""
+        ref = self.protected
+        if ref is None:
+            return
+        if not _expired(ref):
+            _poison(ref, _STALE.format(name=self.name, grad=""))
+        _free_weak_ref(ref)
+        if self.cdata is not None and _pending.get(self.cdata) is self:
+            del _pending[self.cdata]
+        self.protected = None
+
+
+_expired = torch.UntypedStorage._expired
+_free_weak_ref = torch.UntypedStorage._free_weak_ref
 
 # makes reading a storage's data raise ``msg`` (a CUDA build's binding)
 _poison = getattr(torch._C, "_set_storage_data_ptr_access_error_msg", None)
@@ -112,6 +148,9 @@ class PoolTree:
         # place too (no copy), e.g. the forward's saved tensors in the backward
         self.static_ptrs: set[int] = set()
         self.owned_bases: set[int] = set()
+        # forwards whose saved tensors' memory a backward's capture took over (weak)
+        self._released: list = []
+        self._saved_regions: list = []     # (base, end, forward) of saved tensors held
 
     @property
     def handle(self):
@@ -122,9 +161,49 @@ class PoolTree:
 
     def add(self, recording) -> int:
         """Append a new recording; returns its position (dead ones keep theirs: positions
-        never move)."""
+        never move). It overlaps every forward whose saved tensors' memory was given up before
+        (``release_saved``)."""
         self._recordings.append(weakref.ref(recording))
+        recording.overlaps = list(self._released)
         return len(self._recordings) - 1
+
+    def saved_region(self, forward, base: int, end: int) -> None:
+        """``forward``'s saved tensors lie in [base, end) (found again by ``take_saved``)."""
+        self._saved_regions = [(b, e, r) for b, e, r in self._saved_regions if r() is not None]
+        self._saved_regions.append((base, end, weakref.ref(forward)))
+
+    def take_saved(self, args: list, inplace: list) -> set:
+        """A backward is about to be captured with ``args``: each input that is a saved tensor
+        of a forward still holding them is replaced by the tensor that owns its memory, and
+        that forward stops holding it (``Recording.take_saved``; all of a forward's or none).
+        Returns the indices replaced."""
+        if not self._saved_regions:
+            return set()
+        by_forward: dict = {}
+        for i in inplace:
+            p = args[i].data_ptr()
+            for base, end, ref in self._saved_regions:
+                if base <= p < end:
+                    fw = ref()
+                    if fw is not None and fw.held_saved:
+                        by_forward.setdefault(fw, {})[i] = args[i]
+                    break
+        taken: set = set()
+        for fw, views in by_forward.items():
+            found = fw.take_saved(views)
+            if found:
+                self.release_saved(fw)
+                for i, h in found.items():
+                    args[i] = h
+                taken.update(found)
+        return taken
+
+    def release_saved(self, forward) -> None:
+        """``forward``'s saved tensors are no longer held by its recording: later captures
+        may place memory there (``add``)."""
+        ref = weakref.ref(forward)
+        if ref not in self._released:
+            self._released.append(ref)
 
     def _from(self, recording) -> list:
         """``recording`` and every recording captured after it, alive."""
@@ -139,10 +218,13 @@ class PoolTree:
         """Why replaying ``recording`` now would overwrite tensors still needed: saved for a
         pending backward, or (a backward graph run twice in one backward pass) the gradients
         of its previous replay, which autograd is still accumulating."""
-        g = recording.generation
-        if recording.backward and g is not None and any(not ref.expired() for ref in g.visible):
-            return ("its previous replay's gradients are still alive (one backward pass runs this backward "
-                    "graph twice, e.g. a module called twice before backward())")
+        if recording.backward:
+            g = recording.generation
+            if g is not None and g.alive():
+                return ("its previous replay's gradients are still alive (one backward pass runs this backward "
+                        "graph twice, e.g. a module called twice before backward())")
+        if not _pending:        # (the common case: nothing saved is waiting for a backward)
+            return None
         for r in self._from(recording):
             g = r.generation
             if g is not None and g.pending():
@@ -150,15 +232,28 @@ class PoolTree:
                 return (f"{what} outputs are saved for a backward that has not run yet (the replay "
                         "would overwrite them; run backward() before calling again, or run under "
                         "torch.no_grad() when no backward will follow)")
+        for ref in recording.overlaps:
+            r = ref()
+            g = r.generation if r is not None else None
+            if g is not None and g.pending():
+                return (f"the {r.facts.name}'s outputs are saved for a backward that has not run yet, in memory "
+                        "this recording reuses (run backward() before calling it)")
         return None
 
     def invalidate_from(self, recording) -> None:
         """``recording`` is about to replay: outputs it may overwrite become errors to read."""
-        for r in self._from(recording):
-            g = r.generation
-            if g is not None:
-                g.invalidate()
-                r.generation = None
+        recs = self._recordings
+        for k in range(recording.position, len(recs)):
+            r = recs[k]()
+            if r is not None:
+                g = r.generation
+                if g is not None:
+                    g.invalidate()
+                    r.generation = None
+        for ref in recording.overlaps:
+            r = ref()
+            if r is not None and r.generation is not None:
+                r.generation.invalidate_saved()
 
     def owns(self, t: torch.Tensor, backward: bool = False) -> bool:
         """Whether ``t`` is stable memory: an output of a replay, or (for a backward, whose

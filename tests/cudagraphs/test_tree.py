@@ -99,3 +99,22 @@ def test_backward_run_twice_in_one_pass_keeps_its_gradients(poisoned):
     (g,), _ = bw.replay(visible=1)
     bw.generation.invalidate()
     assert "zero_grad" in poisoned[cd(g)]      # the gradient message says what to do
+
+
+def test_a_recording_after_a_release_overlaps_the_forward(poisoned):
+    """The backward's capture took the forward's saved memory: it and later recordings may
+    overwrite the saved tensors, so they wait for the backward (conflict) and invalidate what a
+    retained graph holds; recordings made before the release do not."""
+    tree = T.PoolTree(torch.device("cpu"))
+    early, fw = FakeRecording("inference"), FakeRecording("forward")
+    early.position, fw.position = tree.add(early), tree.add(fw)
+    tree.release_saved(fw)
+    bw, later = FakeRecording("backward", backward=True), FakeRecording("other")
+    bw.position, later.position = tree.add(bw), tree.add(later)
+    assert early.overlaps == [] and [r() for r in bw.overlaps] == [fw] and [r() for r in later.overlaps] == [fw]
+    _, saved = fw.replay(visible=1, saved=True)
+    assert "saved for a backward" in tree.conflict(later)
+    T.consume([saved], [])
+    assert tree.conflict(later) is None
+    tree.invalidate_from(later)          # the retained graph's saved tensors: an error to read
+    assert cd(saved) in poisoned
