@@ -23,9 +23,9 @@ when read (``Generation.invalidate``). Outputs that are inputs (a parameter save
 backward) are returned as the caller's tensors.
 
 A recording holds the memory of its outputs (the tensors its capture returned). A forward's
-saved tensors are held only until its backward is recorded: that capture takes them (the
-backward graph frees each after its last use, so its own buffers reuse the memory) and the
-tree notes that later recordings overlap the forward (``tree.release_saved``).
+saved tensors are held only until its backward is recorded (``tree.release_saved``): after
+that, between steps, they are dead memory of the pool, as in torch's tree; recordings captured
+later may place memory there and overlap the forward.
 """
 from __future__ import annotations
 
@@ -91,6 +91,9 @@ class Recording:
             if a.device.type != "cuda":
                 raise CannotRecord(f"input {self.facts.input_names[i]} is a {a.device.type} tensor")
             if i in self.static_idxs or self.tree.owns(a, self.backward):
+                if self.tree.in_released(a):
+                    raise CannotRecord(f"input {self.facts.input_names[i]} is a saved tensor of a forward whose "
+                                       "backward was recorded already: its memory is not held for a new capture")
                 self.inplace.append(i)
                 self.ptrs.append(a.data_ptr())
             elif i in stable and i not in written:
@@ -107,9 +110,8 @@ class Recording:
                                    "write to a copy)")
 
     def _static_args(self, args: list) -> tuple[list, dict]:
-        """The arguments of the capture (copied inputs replaced by the recording's buffers;
-        for a backward, its forward's saved tensors by the tensors that own their memory) and,
-        per input read in place, (storage pointer, data pointer, the tensor or None)."""
+        """The arguments of the capture (copied inputs replaced by the recording's buffers)
+        and, per input read in place, (storage pointer, data pointer, the tensor)."""
         self.copies = []      # (index, buffer, flat buffer or None, span, strides)
         static_args = list(args)
         for i in self.copied:
@@ -126,11 +128,10 @@ class Recording:
                 buf = flat.as_strided(a.shape, a.stride())
                 self.copies.append((i, buf, flat, span, a.stride()))
             static_args[i] = buf
-        taken = self.tree.take_saved(static_args, self.inplace) if self.backward else ()
         inplace = {}
         for i in self.inplace:
             a = static_args[i]
-            inplace[i] = (a.untyped_storage().data_ptr(), a.data_ptr(), None if i in taken else a)
+            inplace[i] = (a.untyped_storage().data_ptr(), a.data_ptr(), a)
         return static_args, inplace
 
     def record(self, inner, args: list) -> list:
@@ -145,9 +146,7 @@ class Recording:
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.tree.handle):
-            # the list itself: a boxed graph empties it and frees each input after its last use
-            # (a backward's saved tensors, whose memory its own buffers then reuse)
-            outs = inner(static_args)
+            outs = inner(list(static_args))
         del static_args
         self.graph = graph
         self._replay = graph.replay if _replay_graph is None else functools.partial(_replay_graph, graph)
@@ -155,6 +154,8 @@ class Recording:
         del outs
         self.tree.static_ptrs.update(self.ptrs)
         self.position = self.tree.add(self)
+        if self.backward:       # its forwards' saved tensors are dead memory between steps now
+            self.tree.release_saved_at(self.ptrs, self)
         keep = [args[i] for i in self.alias_args]
         args.clear()
         graph.replay()
@@ -182,10 +183,10 @@ class Recording:
                 if i not in self.alias_args:
                     self.alias_args.append(i)
                 pos = self.alias_args.index(i)
-                if a is not None and o is a:
+                if o is a:
                     self.arg_outputs.append((k, pos, None))
                 else:
-                    if a is not None and o.dtype != a.dtype:
+                    if o.dtype != a.dtype:
                         raise CannotRecord(f"output {k} views input {self.facts.input_names[i]} as another dtype")
                     rel = (o.data_ptr() - a_ptr) // o.element_size()
                     self.arg_outputs.append((k, pos, (tuple(o.shape), tuple(o.stride()), rel)))
@@ -193,7 +194,7 @@ class Recording:
             groups.setdefault(sp, []).append((k, o))
             held.append((k, o))
         # memory the recording owns: its pool outputs (and copied-input buffers an output is);
-        # the saved tensors until the backward's capture takes them (``take_saved``)
+        # the saved tensors until the backward is recorded (``tree.release_saved_at``)
         saved_from = self.protected_from if self.protected_from is not None else len(outs)
         self.held = [o for k, o in held if k < saved_from]
         self.held_saved = [o for k, o in held if k >= saved_from]
@@ -227,33 +228,11 @@ class Recording:
                     m["data_ptr"], m["nbytes"] = base, end - base
                     metas.append((k, m))
             self.protected = (base, end - base, metas)
-            self.tree.saved_region(self, base, end)
+            blocks = {o.untyped_storage().data_ptr(): o.untyped_storage().nbytes() for o in self.held_saved}
+            self.tree.saved_blocks(self, [(p, p + n) for p, n in blocks.items()])
         self.tree.owned_bases.update(sp for sp, _, _ in self.visible)
         if self.protected is not None:
             self.tree.owned_bases.add(self.protected[0])
-
-    def take_saved(self, views: dict) -> dict | None:
-        """The tensors holding this forward's saved tensors, for the backward's capture:
-        ``views`` (input index -> a saved tensor as the backward got it) -> index -> the tensor
-        owning that memory, which this recording then stops holding. None (nothing taken) unless
-        every held saved tensor is one of them, exactly: a block freed under an input the
-        capture still reads would be handed to its own buffers."""
-        held = self.held_saved
-        found: dict = {}
-        used: set = set()
-        for i, v in views.items():
-            for j, h in enumerate(held):
-                if j not in used and h.data_ptr() == v.data_ptr() and h.dtype == v.dtype and \
-                        h.shape == v.shape and h.stride() == v.stride():
-                    found[i] = h
-                    used.add(j)
-                    break
-            else:
-                return None
-        if len(used) != len(held):
-            return None
-        self.held_saved = []
-        return found
 
     # -- replay ------------------------------------------------------------------------------
     def matches(self, args: list) -> bool:

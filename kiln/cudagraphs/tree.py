@@ -19,11 +19,12 @@ R, ``prepare_replay`` looks at the last outputs of R and of every later recordin
   raises a clear error instead of returning overwritten data.
 
 One exception to the order, for memory: the tensors a forward saves for its backward are held
-by the forward's recording only until the backward is recorded. The backward's capture takes
-them over and frees each after its last use, so the backward (and every recording captured
-after it) may place its own memory there, as torch's tree does with memory that is dead. Such
-a recording "overlaps" that forward: its replay needs the forward's saved tensors consumed
-(``conflict``) and invalidates what a retained graph still holds of them.
+by the forward's recording only until its backward is recorded (``release_saved_at``); from
+then on they are dead memory of the pool between steps (as in torch's tree: the peak memory of
+a step no longer counts them twice) and every recording captured later may place memory there.
+Such a recording "overlaps" that forward: its replay needs the forward's saved tensors consumed
+(``conflict``) and invalidates what a retained graph still holds of them; and no capture may
+read a tensor in that memory in place (``in_released``: it is not held for the capture).
 """
 from __future__ import annotations
 
@@ -150,7 +151,8 @@ class PoolTree:
         self.owned_bases: set[int] = set()
         # forwards whose saved tensors' memory a backward's capture took over (weak)
         self._released: list = []
-        self._saved_regions: list = []     # (base, end, forward) of saved tensors held
+        self._saved: list = []             # (forward, its saved tensors' blocks)
+        self._released_blocks: list = []   # blocks of saved tensors no recording holds
 
     @property
     def handle(self):
@@ -167,40 +169,33 @@ class PoolTree:
         recording.overlaps = list(self._released)
         return len(self._recordings) - 1
 
-    def saved_region(self, forward, base: int, end: int) -> None:
-        """``forward``'s saved tensors lie in [base, end) (found again by ``take_saved``)."""
-        self._saved_regions = [(b, e, r) for b, e, r in self._saved_regions if r() is not None]
-        self._saved_regions.append((base, end, weakref.ref(forward)))
+    def saved_blocks(self, forward, blocks: list) -> None:
+        """``forward`` holds its saved tensors in ``blocks`` ([start, end) pointers)."""
+        self._saved = [(r, b) for r, b in self._saved if r() is not None]
+        self._saved.append((weakref.ref(forward), blocks))
 
-    def take_saved(self, args: list, inplace: list) -> set:
-        """A backward is about to be captured with ``args``: each input that is a saved tensor
-        of a forward still holding them is replaced by the tensor that owns its memory, and
-        that forward stops holding it (``Recording.take_saved``; all of a forward's or none).
-        Returns the indices replaced."""
-        if not self._saved_regions:
-            return set()
-        by_forward: dict = {}
-        for i in inplace:
-            p = args[i].data_ptr()
-            for base, end, ref in self._saved_regions:
-                if base <= p < end:
-                    fw = ref()
-                    if fw is not None and fw.held_saved:
-                        by_forward.setdefault(fw, {})[i] = args[i]
-                    break
-        taken: set = set()
-        for fw, views in by_forward.items():
-            found = fw.take_saved(views)
-            if found:
+    def release_saved_at(self, ptrs: list, backward) -> None:
+        """``backward`` was recorded reading ``ptrs`` in place: each forward whose saved tensors
+        are among them stops holding them (``release_saved``)."""
+        for ref, blocks in self._saved:
+            fw = ref()
+            if fw is None or fw is backward or not fw.held_saved:
+                continue
+            if any(b <= p < e for p in ptrs for b, e in blocks):
+                fw.held_saved = []
+                self._released_blocks.extend(blocks)
                 self.release_saved(fw)
-                for i, h in found.items():
-                    args[i] = h
-                taken.update(found)
-        return taken
+
+    def in_released(self, t: torch.Tensor) -> bool:
+        """Whether ``t`` lies in saved-tensor memory no recording holds any more."""
+        if not self._released_blocks:
+            return False
+        p = t.data_ptr()
+        return any(b <= p < e for b, e in self._released_blocks)
 
     def release_saved(self, forward) -> None:
         """``forward``'s saved tensors are no longer held by its recording: later captures
-        may place memory there (``add``)."""
+        may place memory there (they overlap it: ``add``)."""
         ref = weakref.ref(forward)
         if ref not in self._released:
             self._released.append(ref)

@@ -65,19 +65,39 @@ def test_inference_replays_with_params_in_place(backend):
 def test_stale_output_raises_and_clone_survives():
     m = MLP().to(DEV).eval()
     cm = kiln.compile(m, mode="reduce-overhead")
+    x = torch.randn(8, 64, device=DEV)
     with torch.no_grad():
         for _ in range(2):
-            cm(torch.randn(8, 64, device=DEV))
-        x1, x2 = torch.randn(8, 64, device=DEV), torch.randn(8, 64, device=DEV)
-        y1 = cm(x1)
+            cm(x)
+        x1, x2 = x.clone(), torch.randn(8, 64, device=DEV)
+        y1 = cm(x)
         kept = y1.clone()
         view = y1[:2]
         del y1
-        y2 = cm(x2)
+        x.copy_(x2)             # (x is read in place: it stayed at one address)
+        y2 = cm(x)
         close(y2, m(x2))
         close(kept, m(x1))
         with pytest.raises(RuntimeError, match="overwritten by a later replay"):
             view + 1
+    (rec,) = recordings("inference")
+    assert rec.optimistic and not rec.copied, (rec.optimistic, rec.copied)
+
+
+def test_an_input_at_a_new_address_is_copied_from_then_on():
+    m = MLP().to(DEV).eval()
+    cm = kiln.compile(m, mode="reduce-overhead")
+    x = torch.randn(8, 64, device=DEV)
+    with torch.no_grad():
+        for _ in range(3):
+            close(cm(x), m(x))
+        keep = [torch.randn(8, 64, device=DEV) for _ in range(4)]     # other addresses
+        for xi in keep:
+            close(cm(xi), m(xi))
+        close(cm(x), m(x))
+    recs = recordings("inference")
+    assert len(recs) == 2 and recs[0].optimistic and not recs[1].optimistic and len(recs[1].copied) == 1
+    assert stats["skip"] == 0, skip_reasons
 
 
 def test_training_forward_and_backward_share_the_pool():
@@ -106,6 +126,9 @@ def test_training_forward_and_backward_share_the_pool():
     assert stats["replay"] >= 6, stats
     # the backward reads the forward's saved tensors in place: only the tangent is copied
     assert len(bw[0].copied) <= 1, bw[0].copied
+    # once the backward is recorded, the forward no longer holds its saved tensors (dead
+    # memory between steps); the backward itself was captured before and does not overlap
+    assert fw[0].held_saved == [] and bw[0].overlaps == []
 
 
 def test_two_forwards_before_backward_are_correct():
