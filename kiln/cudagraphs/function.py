@@ -36,7 +36,7 @@ from ..config import config
 from .reasons import GraphFacts, graph_facts, skip
 from .recording import CannotRecord, Recording
 from . import steps
-from .tree import consume, tree_for
+from .tree import _pending, consume, tree_for
 
 
 # Calls by outcome ("warmup", "record", "replay", "skip"), and skips by reason, for tests
@@ -106,7 +106,8 @@ class CudagraphFunction:
         if recs is not None:
             for rec in recs:
                 if rec.matches(args):
-                    why = rec.tree.conflict(rec)
+                    # (a conflict needs a pending backward, or a backward's live gradients)
+                    why = rec.tree.conflict(rec) if self.backward or _pending else None
                     if why is None:
                         stats["replay"] += 1
                         return rec.replay(args)

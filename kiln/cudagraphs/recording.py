@@ -41,6 +41,9 @@ _ptrs_equal = getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", None)
 # the C replay, without the Python wrapper of torch.cuda.CUDAGraph (its input-liveness
 # tracker is never turned on here); resolved lazily: CPU builds have no CUDAGraph
 _replay_graph = getattr(getattr(torch._C, "_CUDAGraph", None), "replay", None)
+# a storage over pool memory, a tensor on it (a replay's outputs; CUDA builds)
+_make_storage = getattr(torch._C, "_construct_storage_from_data_pointer", None)
+_make_tensor = getattr(torch._C, "_construct_CUDA_Tensor_From_Storage_And_Metadata", None)
 
 
 class CannotRecord(Exception):
@@ -274,8 +277,7 @@ class Recording:
 
     def _outputs(self, keep) -> list:
         outs = list(self.template)
-        make_storage = torch._C._construct_storage_from_data_pointer
-        make_tensor = torch._C._construct_CUDA_Tensor_From_Storage_And_Metadata
+        make_storage, make_tensor = _make_storage, _make_tensor
         device = self.tree.device
         storages = []
         for sp, nbytes, metas in self.visible:

@@ -43,15 +43,17 @@ _GRAD_HINT = ("; for gradients (as with torch's CUDA graphs): set .grad to None 
 
 class Generation:
     """The outputs of one replay: storages for those the user may hold, one for those a
-    pending backward needs ("protected"). Weak: they die with the last tensor on them. The
-    backward's call marks its forward's generation ``consumed`` (``consume``): what autograd
-    still holds after that (a retained graph) is invalidated, not protected, by a replay.
-    (Raw weak references of the C storages: one replay makes one Generation, on every call.)"""
+    pending backward needs ("protected"). The storages are the replay's own objects over pool
+    memory (they own nothing): a tensor on one is alive while the storage has another user
+    than this Generation (``_uses``). The backward's call marks its forward's generation
+    ``consumed`` (``consume``): what autograd still holds after that (a retained graph) is
+    invalidated, not protected, by a replay. (No weak references: one replay makes one
+    Generation, on every call.)"""
     __slots__ = ("visible", "protected", "name", "backward", "consumed", "cdata")
 
     def __init__(self, visible: list, protected, name: str, backward: bool):
-        self.visible = [s._weak_ref() for s in visible]
-        self.protected = protected._weak_ref() if protected is not None else None
+        self.visible = visible
+        self.protected = protected
         self.name = name
         self.backward = backward
         self.consumed = False
@@ -60,50 +62,42 @@ class Generation:
             self.cdata = protected._cdata
             _pending[self.cdata] = self
 
-    def __del__(self):
-        for ref in self.visible:
-            _free_weak_ref(ref)
-        if self.protected is not None:
-            _free_weak_ref(self.protected)
-
     def pending(self) -> bool:
-        return self.protected is not None and not self.consumed and not _expired(self.protected)
+        return self.protected is not None and not self.consumed and _uses(self.cdata) > 1
 
     def alive(self) -> bool:
         """Whether the user still holds one of the visible outputs."""
-        for ref in self.visible:
-            if not _expired(ref):
+        for s in self.visible:
+            if _uses(s._cdata) > 1:
                 return True
         return False
 
     def invalidate(self) -> None:
         msg = None
-        refs = self.visible if self.protected is None else [*self.visible, self.protected]
-        for ref in refs:
-            if not _expired(ref):
+        storages = self.visible if self.protected is None else [*self.visible, self.protected]
+        for s in storages:
+            if _uses(s._cdata) > 1:
                 if msg is None:
                     msg = _STALE.format(name=self.name, grad=_GRAD_HINT if self.backward else "")
-                _poison(ref, msg)
-            _free_weak_ref(ref)
+                _poison(s._cdata, msg)
         if self.cdata is not None and _pending.get(self.cdata) is self:
             del _pending[self.cdata]
         self.visible, self.protected = [], None
 
     def invalidate_saved(self) -> None:
         """Only the saved tensors (a recording that overlaps their memory replays)."""
-        ref = self.protected
-        if ref is None:
+        s = self.protected
+        if s is None:
             return
-        if not _expired(ref):
-            _poison(ref, _STALE.format(name=self.name, grad=""))
-        _free_weak_ref(ref)
-        if self.cdata is not None and _pending.get(self.cdata) is self:
+        if _uses(s._cdata) > 1:
+            _poison(s._cdata, _STALE.format(name=self.name, grad=""))
+        if _pending.get(self.cdata) is self:
             del _pending[self.cdata]
         self.protected = None
 
 
-_expired = torch.UntypedStorage._expired
-_free_weak_ref = torch.UntypedStorage._free_weak_ref
+# how many holders a StorageImpl has (its users: tensors, storage objects)
+_uses = torch._C._storage_Use_Count
 
 # makes reading a storage's data raise ``msg`` (a CUDA build's binding)
 _poison = getattr(torch._C, "_set_storage_data_ptr_access_error_msg", None)
