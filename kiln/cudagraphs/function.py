@@ -34,7 +34,7 @@ import torch.fx
 from .. import logs
 from ..config import config
 from .reasons import GraphFacts, graph_facts, skip
-from .recording import CannotRecord, Recording
+from .recording import CannotRecord, Recording, _ptrs_equal
 from . import steps
 from .tree import _pending, consume, tree_for
 
@@ -105,7 +105,7 @@ class CudagraphFunction:
         recs = self.recordings.get(key)
         if recs is not None:
             for rec in recs:
-                if rec.matches(args):
+                if (_ptrs_equal(args, rec.ptr_list, rec.inplace) if rec.simple_match else rec.matches(args)):
                     # (a conflict needs a pending backward, or a backward's live gradients)
                     why = rec.tree.conflict(rec) if self.backward or _pending else None
                     if why is None:

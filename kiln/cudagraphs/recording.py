@@ -146,6 +146,8 @@ class Recording:
         for i, p in zip(self.inplace, self.ptrs):
             self.ptr_list[i] = p
         self.strided_copies = [(i, strides) for i, buf, flat, span, strides in self.copies if flat is not None]
+        # ``matches`` is one C call (the caller makes it directly)
+        self.simple_match = _ptrs_equal is not None and bool(self.inplace) and not self.strided_copies
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.tree.handle):

@@ -23,6 +23,7 @@ class FakeTree:
 
 class FakeRecording:
     """Reads in place what ``classify`` finds stable (static or optimistic), copies the rest."""
+    simple_match = False
     def __init__(self, facts, tree, static_idxs, protected_from, backward):
         self.facts, self.tree, self.static_idxs = facts, FakeTree(), static_idxs
 
