@@ -140,6 +140,14 @@ class Recording:
     def record(self, inner, args: list) -> list:
         """Capture ``inner`` (a boxed compiled graph) for ``args``, replay it once, return
         this call's outputs."""
+        # memory given up by forwards whose backward was recorded may be reused by this capture:
+        # their saved tensors must not be waiting for a backward (then the call runs as compiled
+        # and a later one records)
+        for ref in self.tree._released:
+            fw = ref()
+            if fw is not None and fw.generation is not None and fw.generation.pending():
+                raise CannotRecord(f"the {fw.facts.name}'s saved tensors wait for their backward, in memory "
+                                   "this recording may reuse")
         static_args, inplace = self._static_args(args)
         # (for the one-call address check of ``matches``: None where nothing is checked)
         self.ptr_list = [None] * len(args)
@@ -163,6 +171,10 @@ class Recording:
             self.tree.release_saved_at(self.ptrs, self)
         keep = [args[i] for i in self.alias_args]
         args.clear()
+        for ref in self.overlaps:     # (what a retained graph still holds there: an error to read)
+            fw = ref()
+            if fw is not None and fw.generation is not None:
+                fw.generation.invalidate_saved()
         graph.replay()
         return self._outputs(keep)
 
