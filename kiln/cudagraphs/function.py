@@ -15,7 +15,8 @@ in place, the copies of the other inputs, one ``replay()``):
 4. in-place inputs at new addresses (a new module instance, a replaced parameter) record
    again, up to ``kiln.config.cudagraph_max_recording`` recordings per size; after that the
    graph runs as compiled for good, with one warning naming the input. An input read in place
-   only because it stayed put (``recording.py``, optimistic) is copied from then on.
+   only because the caller passed it again, unmoved (``recording.py``, optimistic), records
+   once more when it moves, and is copied from then on.
 
 Whether an input may be written is checked once, when recording (the seed's optimistic check:
 the slow path when recording, trusted afterwards: a recording exists only for inputs it found
@@ -76,7 +77,7 @@ class CudagraphFunction:
         self.protected_from = facts.saved_from
         self.key_positions = list(facts.size_inputs)
         self.recordings: dict = {}
-        self.warmed: dict = {}      # size key -> input addresses of its warm-up (None: backward)
+        self.warmed: dict = {}      # size key -> inputs of its warm-up, weakly, and addresses (None: backward)
         self.rewarmed: set = set()
         self.copy_always: set = set()   # inputs that moved after being read in place optimistically
         self.disabled: str | None = self.facts.skip
@@ -117,8 +118,10 @@ class CudagraphFunction:
             if len(self.warmed) >= config.cudagraph_max_sizes:
                 return self._without(args, f"more than kiln.config.cudagraph_max_sizes="
                                            f"{config.cudagraph_max_sizes} input sizes recorded", "sizes")
+            # (forward and inference graphs) each input tensor and its address: one the caller
+            # passes again, unmoved, when recording is read in place (recording.py, optimistic)
             self.warmed[key] = None if self.backward else \
-                [a.data_ptr() if isinstance(a, torch.Tensor) else None for a in args]
+                [(weakref.ref(a), a.data_ptr()) if isinstance(a, torch.Tensor) else None for a in args]
             return self._warm_up(args, key, "")
         if steps.warming == steps.count and key not in self.rewarmed:
             # another graph warmed up in this step: record in the next one (steps.py)
@@ -181,8 +184,8 @@ class CudagraphFunction:
         rec = Recording(self.facts, tree, self.static_idxs, self.protected_from, self.backward)
         warm = self.warmed.get(key)
         stable = frozenset() if warm is None else frozenset(
-            i for i, p in enumerate(warm) if p is not None and i not in self.copy_always and i < len(args)
-            and isinstance(args[i], torch.Tensor) and args[i].data_ptr() == p)
+            i for i, w in enumerate(warm) if w is not None and i not in self.copy_always and i < len(args)
+            and w[0]() is args[i] and args[i].data_ptr() == w[1])
         try:
             rec.classify(args, stable)
         except CannotRecord as e:

@@ -8,12 +8,12 @@ Inputs (decided when recording, as the seed's "static inputs"):
   saved tensors in the backward; inputs read in place by another recording). A replay needs
   each at the address it was recorded with (``matches``); a new address means a new
   recording.
-* read in place, optimistically (inference and forward graphs): another input found at the
-  same address on the warm-up call and on the recording call (a batch the caller keeps, a
-  tensor the allocator hands out at the same place each step). Reading it in place is right
-  for whatever tensor is at that address; an input at another address later makes the graph
-  record once more, copying that input from then on (``CudagraphFunction._record_again``).
-  This saves a copy kernel per input and call.
+* read in place, optimistically (inference and forward graphs): another input the caller
+  passed on the warm-up call and passes again, at the same address, on the recording call (a
+  batch tensor it keeps and refills). Reading it in place is right for whatever tensor is at
+  that address; an input at another address later makes the graph record once more, copying
+  that input from then on (``CudagraphFunction._record_again``). This saves a copy kernel per
+  input and call.
 * copied: any other tensor is copied, before each replay, into a buffer the recording owns
   (no copy when the caller passes that buffer itself).
 

@@ -117,3 +117,14 @@ def test_a_static_input_that_moves_records_again():
         step(), g([x, w])
     step(), g([x, torch.randn(3)])
     assert len(order) == 2
+
+
+def test_another_tensor_at_the_same_address_is_copied():
+    """Only the tensor the caller passed on the warm-up call, passed again, is read in place:
+    a fresh tensor the allocator placed at the same address would likely move next time."""
+    g = graph("g", static=[1])
+    x, w = torch.randn(3), torch.randn(3)
+    step(), g([x, w])
+    step(), g([x.view_as(x), w])
+    (rec,) = g.recordings[None]
+    assert rec.optimistic == [] and rec.copied == [0]
