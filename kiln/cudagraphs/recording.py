@@ -29,6 +29,7 @@ later may place memory there and overlap the forward.
 """
 from __future__ import annotations
 
+import bisect
 import functools
 
 import torch
@@ -88,15 +89,21 @@ class Recording:
         self.copied: list[int] = []
         self.optimistic: list[int] = []
         written = self.facts.written_inputs
+        held = None
         for i, a in enumerate(args):
             if not isinstance(a, torch.Tensor):
                 continue
             if a.device.type != "cuda":
                 raise CannotRecord(f"input {self.facts.input_names[i]} is a {a.device.type} tensor")
             if i in self.static_idxs or self.tree.owns(a, self.backward):
-                if self.tree.in_released(a):
-                    raise CannotRecord(f"input {self.facts.input_names[i]} is a saved tensor of a forward whose "
-                                       "backward was recorded already: its memory is not held for a new capture")
+                if i not in self.static_idxs and a.data_ptr() not in self.tree.static_ptrs and a.numel():
+                    # pool memory: the capture may allocate there unless a recording holds it (a
+                    # forward's saved tensors after its backward was recorded are not held)
+                    held = self.tree.held_blocks() if held is None else held
+                    k = bisect.bisect_right(held, (a.data_ptr(), float("inf"))) - 1
+                    if k < 0 or not held[k][0] <= a.data_ptr() < held[k][1]:
+                        raise CannotRecord(f"input {self.facts.input_names[i]} lies in pool memory no recording "
+                                           "holds (a saved tensor of a forward whose backward was recorded already)")
                 self.inplace.append(i)
                 self.ptrs.append(a.data_ptr())
             elif i in stable and i not in written:

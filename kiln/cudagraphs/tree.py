@@ -24,7 +24,7 @@ then on they are dead memory of the pool between steps (as in torch's tree: the 
 a step no longer counts them twice) and every recording captured later may place memory there.
 Such a recording "overlaps" that forward: its replay needs the forward's saved tensors consumed
 (``conflict``) and invalidates what a retained graph still holds of them; and no capture may
-read a tensor in that memory in place (``in_released``: it is not held for the capture).
+read pool memory in place that no recording holds (``held_blocks``).
 """
 from __future__ import annotations
 
@@ -146,7 +146,6 @@ class PoolTree:
         # forwards whose saved tensors' memory a backward's capture took over (weak)
         self._released: list = []
         self._saved: list = []             # (forward, its saved tensors' blocks)
-        self._released_blocks: list = []   # blocks of saved tensors no recording holds
 
     @property
     def handle(self):
@@ -177,15 +176,19 @@ class PoolTree:
                 continue
             if any(b <= p < e for p in ptrs for b, e in blocks):
                 fw.held_saved = []
-                self._released_blocks.extend(blocks)
                 self.release_saved(fw)
 
-    def in_released(self, t: torch.Tensor) -> bool:
-        """Whether ``t`` lies in saved-tensor memory no recording holds any more."""
-        if not self._released_blocks:
-            return False
-        p = t.data_ptr()
-        return any(b <= p < e for b, e in self._released_blocks)
+    def held_blocks(self) -> list:
+        """[start, end) of the memory the recordings hold (their outputs; saved tensors until
+        released), sorted: a capture may read pool memory in place only there."""
+        blocks = set()
+        for ref in self._recordings:
+            r = ref()
+            if r is not None:
+                for h in (*r.held, *r.held_saved):
+                    s = h.untyped_storage()
+                    blocks.add((s.data_ptr(), s.data_ptr() + s.nbytes()))
+        return sorted(blocks)
 
     def release_saved(self, forward) -> None:
         """``forward``'s saved tensors are no longer held by its recording: later captures

@@ -128,3 +128,33 @@ def test_another_tensor_at_the_same_address_is_copied():
     step(), g([x.view_as(x), w])
     (rec,) = g.recordings[None]
     assert rec.optimistic == [] and rec.copied == [0]
+
+
+def test_a_backward_input_in_released_saved_memory_is_not_recorded():
+    """(The real ``Recording.classify`` on CPU tensors posing as CUDA ones.) A forward's saved
+    tensor is read in place while its recording holds it; once a recorded backward released
+    it, a new capture reading it would share that memory with its own buffers: refused."""
+    from kiln.cudagraphs.recording import CannotRecord, Recording
+    from kiln.cudagraphs.tree import PoolTree
+
+    class Held:
+        def __init__(self, held, saved):
+            self.held, self.held_saved, self.generation = held, saved, None
+
+    tree = PoolTree(torch.device("cpu"))
+    saved = torch.randn(16)
+    fw = Held([], [saved])
+    fw.position = tree.add(fw)
+    s = saved.untyped_storage()
+    tree.saved_blocks(fw, [(s.data_ptr(), s.data_ptr() + s.nbytes())])
+    tree.owned_bases.add(s.data_ptr())
+    facts = GraphFacts(name="bw", kind="backward", input_names=["saved", "w"], static_inputs=[1])
+    args = [saved[4:], torch.randn(3)]
+    rec = Recording(facts, tree, frozenset([1]), None, True)
+    rec.classify(args)
+    assert rec.inplace == [0, 1] and rec.copied == []
+    first_bw = Held([], [])
+    first_bw.position = tree.add(first_bw)
+    tree.release_saved_at([saved.data_ptr()], first_bw)
+    with pytest.raises(CannotRecord, match="no recording holds"):
+        Recording(facts, tree, frozenset([1]), None, True).classify(args)
