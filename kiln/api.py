@@ -28,6 +28,7 @@ from .backends.registry import lookup_backend
 from .capture.codegen import MISS
 from .capture.frame import ArgumentsDoNotBind, Entry, capture, eager_entry, eager_entry_for
 from .config import config
+from .cudagraphs import steps as _steps
 from .errors import KilnError, Unsupported
 from .internal_errors import failed_before_effects, internal_error, is_users
 
@@ -239,6 +240,7 @@ class CompiledFunction:
         return list(self._cache.recompile_reasons)
 
     def __call__(self, *args, **kwargs):
+        _steps.count += 1       # (CUDA graphs record in call order: kiln/cudagraphs/steps.py)
         key = self._key
         entries = self._cache.entries
         for entry in entries:

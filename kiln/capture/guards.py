@@ -122,7 +122,12 @@ class Guard:
         if k is GuardKind.SAVED_TENSOR_HOOKS:
             from ..aot.saved_hooks_guard import hooks_are
 
-            return f"{ctx.bind(hooks_are, 'hooks')}({ctx.bind(self.expected, 'c')})"
+            check = f"{ctx.bind(hooks_are, 'hooks')}({ctx.bind(self.expected, 'c')})"
+            top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+            if self.expected is None and top is not None:
+                # no hooks at all (the usual case): one C call, on every call of the entry
+                return f"({ctx.bind(top, 'tophooks')}(True) is None or {check})"
+            return check
         if k is GuardKind.FUNCTION_MATCH:
             # the function by weak reference: its entries (which it owns) must not keep it alive
             fn_ref, code, d, kwd = self.expected
