@@ -1,0 +1,156 @@
+"""One compiled entry in a package, and back.
+
+Saved: the generated code (the entry's Python source, as compiled), every name it reads
+(its namespace, ``values``), its guard program (``guards``), its graph (``graphs``), and for
+an entry that ends in a graph break, the break plan and the entries of each continuation
+(recursively: they are compiled functions of their own). Loaded: the same source compiled
+again over the decoded namespace (``codegen.compile_function``, as at capture): no capture,
+no tracing.
+"""
+from __future__ import annotations
+
+import types
+from typing import Callable
+
+from ..capture.codegen import _global_names, compile_function, readable_source
+from ..capture.frame import Entry, _break_function, _make_check
+from ..capture.sources import RenderContext
+from ..capture.codegen import alias_parameters
+from ..errors import Unsupported
+from .errors import NotPackageable
+from .graphs import load_graph, save_graph
+from .guards import LoadedProgram, save_program
+from .values import Decoder, Encoder
+
+_VALUE_HINTS = ("c",)   # names bound by value (constants); every other hint is used by identity
+
+
+def _hint(name: str) -> str:
+    return name.strip("_").rstrip("0123456789")
+
+
+def _namespace_of(entry: Entry) -> dict:
+    """The names an entry's generated code reads, with their objects: those bound in its
+    closure by ``compile_function``, and its parameters' default values (read once, when the
+    function was made: from the guard program's namespace)."""
+    fn = entry.fn
+    ns = {n: c.cell_contents for n, c in zip(fn.__code__.co_freevars, fn.__closure__ or ())}
+    more = entry.program.ctx.namespace
+    for n in _global_names(compile(fn.__kiln_source__, "<kiln entry>", "exec")):
+        if n not in ns and n in more:
+            ns[n] = more[n]
+    return ns
+
+
+def save_entries(entries: list[Entry], fn: types.FunctionType, add_blob: Callable[[bytes], int],
+                 left_out: list) -> list[dict]:
+    """The saved form of ``fn``'s entries; one that cannot be saved is appended to
+    ``left_out`` as (function, guard text, reason)."""
+    out = []
+    for entry in entries:
+        if entry.replaced_by is not None:
+            continue
+        try:
+            out.append(save_entry(entry, fn, add_blob, left_out))
+        except NotPackageable as e:
+            left_out.append((fn.__qualname__, entry.describe_guards(), str(e)))
+    return out
+
+
+def save_entry(entry: Entry, fn: types.FunctionType, add_blob: Callable[[bytes], int], left_out: list) -> dict:
+    from ..api import _CompiledFactory
+
+    program = entry.program
+    enc = Encoder(fn)
+    enc.specials[id(program.global_state)] = ["special", "gs"]
+    enc.specials[id(program.tensor_guards)] = ["special", "tg"]
+    source = entry.fn.__kiln_source__
+    namespace = {}
+    for name, obj in _namespace_of(entry).items():
+        if name == "___graph":
+            namespace[name] = ["special", "graph"]
+        elif name == "___break":
+            namespace[name] = ["special", "break"]
+        elif isinstance(obj, types.MethodType) and isinstance(obj.__self__, _CompiledFactory):
+            namespace[name] = ["special", "callee"]
+        else:
+            try:
+                namespace[name] = enc.encode(obj, identity=_hint(name) not in _VALUE_HINTS)
+            except NotPackageable as e:
+                raise NotPackageable(f"generated code reads {name}: {e}") from None
+    saved = {"source": source, "readable": entry.source, "name": source.split("(", 1)[0][4:], "namespace": namespace,
+             "program": save_program(program, enc),
+             "guards_text": [g.describe() for g in entry.guards],
+             "eager_reason": str(entry.eager_reason) if entry.eager_reason is not None else None,
+             "graph_break": str(entry.graph_break) if entry.graph_break is not None else None,
+             "graph": None, "break": None}
+    if entry.compiled_graph is not None and "___graph" in namespace:
+        saved["graph"] = save_graph(entry.graph_module, entry.compiled_graph, add_blob)
+    if "___break" in namespace:
+        code, plan = entry.break_plan
+        if code is not fn.__code__:
+            raise NotPackageable("a graph break inside an inlined function's frame")
+        saved["break"] = {"plan": enc.encode(plan), "resumes": [
+            {"function": r.original.__qualname__,
+             "entries": save_entries(r.entries, r.original, add_blob, left_out)} for r in entry.resumes]}
+    return saved
+
+
+def install(cache, entries: list[Entry]) -> None:
+    """Add loaded entries to a function's cache, after those it has (an entry the function
+    has already, the same code under the same guards, is not added twice)."""
+    have = {_identity(e) for e in cache.entries}
+    for e in entries:
+        if _identity(e) not in have:
+            cache.entries.append(e)
+
+
+def _identity(e: Entry) -> tuple:
+    return (e.key, e.fn.__kiln_source__, tuple(g.describe() for g in e.guards))
+
+
+def load_entries(saved: list[dict], fn: types.FunctionType, compiled, blobs) -> list[Entry]:
+    return [load_entry(s, fn, compiled, blobs) for s in saved]
+
+
+def load_entry(saved: dict, fn: types.FunctionType, compiled, blobs) -> Entry:
+    """``compiled``: the CompiledFunction of ``fn`` these entries go to (its key, backend and
+    continuation factory)."""
+    from ..api import cache_for
+
+    key = compiled._key
+    made: dict = {}
+
+    def graph():
+        made["gm"], made["compiled"] = load_graph(saved["graph"], blobs, key.backend)
+        return made["compiled"]
+
+    def break_fn():
+        plan = Decoder(fn).decode(saved["break"]["plan"])
+        bfn, resumes = _break_function(fn, fn.__code__, plan, key, compiled._factory)
+        for r, group in zip(resumes, saved["break"]["resumes"]):
+            install(cache_for(r.original), load_entries(group["entries"], r.original, r, blobs))
+        made["resumes"] = tuple(resumes)
+        return bfn
+
+    ctx = RenderContext()
+    alias_parameters(fn.__code__, ctx)
+    specials = {"graph": graph, "break": break_fn, "callee": lambda: compiled._factory.callee}
+    dec = Decoder(fn, specials)
+    for name, enc in saved["namespace"].items():
+        if enc[:2] in (["special", "gs"], ["special", "tg"]):
+            continue                               # (made by the program, below)
+        ctx.namespace[name] = dec.decode(enc)
+    program = LoadedProgram(saved["program"], ctx)
+    src = saved["source"]
+    entry_fn = compile_function(src, saved["name"], ctx.namespace, aliases=ctx.local_alias,
+                                like=fn.__code__, f_globals=fn.__globals__)
+    entry = Entry(key, key.backend_name, entry_fn, _make_check(fn, program), program.guards, program,
+                  made.get("gm"), made.get("compiled"), readable_source(src, ctx.local_alias))
+    if saved["eager_reason"] is not None:
+        entry.eager_reason = Unsupported(saved["eager_reason"])
+    if saved["graph_break"] is not None:
+        entry.graph_break = Unsupported(saved["graph_break"])
+    entry.resumes = made.get("resumes", ())
+    entry.loaded_from_package = True
+    return entry

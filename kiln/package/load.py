@@ -1,0 +1,92 @@
+"""``load_package``: a compiled function whose entries come from a package file.
+
+Calls are matched by the package's guards first, as any compiled function's entries are
+(``CompiledFunction.__call__``); nothing is captured, traced or lowered for a call that
+matches. A call that matches no entry compiles as usual and is logged (``on_miss="compile"``,
+``KILN_LOGS=package``) or raises ``PackageMiss`` (``on_miss="error"``).
+"""
+from __future__ import annotations
+
+import types
+
+import torch
+
+from .. import logs
+from ..api import CompiledFunction, CompiledMethod, CompiledModule, CompileKey, _module_caller, cache_for
+from ..backends.registry import lookup_backend
+from . import fileformat, identity
+from .entries import install, load_entries
+from .errors import PackageMiss
+
+_ON_MISS = ("compile", "error")
+
+
+class PackagedFunction(CompiledFunction):
+    """A CompiledFunction loaded from a package: its misses are logged, or raise."""
+
+    def __init__(self, fn, key, dynamic, on_miss: str, path: str):
+        super().__init__(fn, key, dynamic)
+        self._on_miss = on_miss
+        self._package = path
+
+    def _miss(self, args: tuple, kwargs: dict):
+        mine = [e for e in self._cache.entries if e.key is self._key]
+        reason = mine[0].failure_reason(args, kwargs) if mine else None
+        if reason is None:
+            reason = "the package has no entry for this function" if not mine else \
+                "guards passed on re-check"
+        if self._on_miss == "error":
+            raise PackageMiss(f"{self._fn.__qualname__}: this call matches none of the {len(mine)} entries "
+                              f"of package {self._package}; the nearest entry's failing guard: {reason}. "
+                              "Call it as when the package was saved, save a package that covers this "
+                              "call, or load with on_miss='compile'")
+        if logs.enabled.package:
+            logs.log("package", f"miss in package {self._package} for {self._fn.__qualname__} "
+                     f"({reason}); compiling")
+        return super()._miss(args, kwargs)
+
+    def __repr__(self):
+        return f"<kiln.CompiledFunction {self._fn.__qualname__} from package {self._package}>"
+
+
+def _wrap(target, key: CompileKey, dynamic, on_miss: str, path: str, kind: str):
+    """(what load_package returns, the function kiln compiles, its PackagedFunction)."""
+    if kind == "module":
+        if not isinstance(target, torch.nn.Module):
+            raise TypeError(f"load_package: the package holds a compiled nn.Module; pass the module "
+                            f"(an instance of it), not {type(target).__name__}")
+        fn = _module_caller(type(target))
+        cf = PackagedFunction(fn, key, dynamic, on_miss, path)
+        return CompiledModule(target, cf), fn, cf
+    if isinstance(target, types.MethodType) and isinstance(target.__func__, types.FunctionType):
+        cf = PackagedFunction(target.__func__, key, dynamic, on_miss, path)
+        return CompiledMethod(cf, target.__self__), target.__func__, cf
+    if isinstance(target, types.FunctionType):
+        cf = PackagedFunction(target, key, dynamic, on_miss, path)
+        return cf, target, cf
+    raise TypeError(f"load_package: pass the function, bound method or nn.Module the package was saved "
+                    f"from, not {type(target).__name__}")
+
+
+def load_package(path: str, model_or_fn, on_miss: str = "compile", check_source: bool = True):
+    if on_miss not in _ON_MISS:
+        raise ValueError(f"load_package: on_miss must be one of {_ON_MISS}, not {on_miss!r}")
+    pkg = fileformat.read(str(path))
+    m = pkg.manifest
+    fileformat.check_environment(str(path), m["environment"])
+    k = m["key"]
+    backend, name = lookup_backend(k["backend"], mode=k["mode"], options=k["options"])
+    key = CompileKey.get(backend, name, k["fullgraph"], k["mode"], k["options"], k["dynamic"])
+    target = model_or_fn
+    if m["kind"] == "method" and isinstance(target, types.MethodType):
+        ident_target = target.__func__
+    else:
+        ident_target = target
+    result, fn, cf = _wrap(target, key, k["dynamic"], on_miss, str(path), m["kind"])
+    if check_source:
+        identity.check(m["identity"], ident_target, fn)
+    entries = load_entries(m["entries"], fn, cf, pkg.blob)
+    install(cache_for(fn), entries)
+    if logs.enabled.package:
+        logs.log("package", f"loaded {len(entries)} entries of {fn.__qualname__} from {path}")
+    return result
