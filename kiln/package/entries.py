@@ -65,6 +65,7 @@ def save_entry(entry: Entry, fn: types.FunctionType, add_blob: Callable[[bytes],
     enc.specials[id(program.global_state)] = ["special", "gs"]
     enc.specials[id(program.tensor_guards)] = ["special", "tg"]
     source = entry.fn.__kiln_source__
+    saved_program = save_program(program, enc)   # (first: a guard that cannot be saved says so)
     namespace = {}
     for name, obj in _namespace_of(entry).items():
         if name == "___graph":
@@ -78,8 +79,9 @@ def save_entry(entry: Entry, fn: types.FunctionType, add_blob: Callable[[bytes],
                 namespace[name] = enc.encode(obj, identity=_hint(name) not in _VALUE_HINTS)
             except NotPackageable as e:
                 raise NotPackageable(f"generated code reads {name}: {e}") from None
+    source = _equal_for_identical_values(source, saved_program, namespace)
     saved = {"source": source, "readable": entry.source, "name": source.split("(", 1)[0][4:], "namespace": namespace,
-             "program": save_program(program, enc),
+             "program": saved_program,
              "guards_text": [g.describe() for g in entry.guards],
              "eager_reason": str(entry.eager_reason) if entry.eager_reason is not None else None,
              "graph_break": str(entry.graph_break) if entry.graph_break is not None else None,
@@ -107,6 +109,39 @@ def install(cache, entries: list[Entry]) -> None:
 
 def _identity(e: Entry) -> tuple:
     return (e.key, e.fn.__kiln_source__, tuple(g.describe() for g in e.guards))
+
+
+_SAME = "___pkg_same_value"
+_VALUE_TYPES = (int, float, complex, str, bytes)
+
+
+def _equal_for_identical_values(source: str, program: dict, namespace: dict) -> str:
+    """An identity guard on an immutable value (``type(cfg).__dict__['eps'] is 1e-05``: a
+    class attribute) cannot hold for an object of another process, and need not: the same
+    type and value behave the same. Its check becomes ``same_value(x, v)`` in the saved code."""
+    for name, enc in list(namespace.items()):
+        if enc[0] not in ("v", "float", "complex", "bytes") or _hint(name) in _VALUE_HINTS or \
+                (enc[0] == "v" and type(enc[1]) is bool):
+            continue
+        suffix = f" is {name}"
+        for i, p in enumerate(program["python"]):
+            if p["expr"].endswith(suffix) and p["expr"] in source:
+                new = f"{_SAME}({p['expr'][:-len(suffix)]}, {name})"
+                source = source.replace(p["expr"], new)
+                program["python"][i] = {**p, "expr": new}
+                namespace[_SAME] = ["name", __name__, "same_value"]
+    return source
+
+
+def same_value(a, b) -> bool:
+    """``a`` has the type and value of ``b`` (nan is nan; -0.0 is not 0.0)."""
+    from ..capture.guards import _float_same
+
+    if type(a) is not type(b):
+        return False
+    if type(a) is float:
+        return _float_same(a, b)
+    return a == b
 
 
 def load_entries(saved: list[dict], fn: types.FunctionType, compiled, blobs) -> list[Entry]:

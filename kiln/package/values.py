@@ -52,6 +52,23 @@ def _name_of(obj) -> tuple[str, str] | None:
     return (mod, qual) if found is obj else None
 
 
+# where a builtin function whose own names do not import back (``torch.sin``: its
+# ``__qualname__`` is ``_VariableFunctionsClass.sin``) is found by its ``__name__``
+_BUILTIN_HOMES = ("torch", "torch.nn.functional", "torch.special", "torch.linalg", "torch.fft",
+                  "torch._C", "torch._C._nn", "math", "operator", "builtins")
+
+
+def _builtin_name(obj) -> tuple[str, str] | None:
+    name = getattr(obj, "__name__", None)
+    if not isinstance(obj, types.BuiltinFunctionType) or not isinstance(name, str):
+        return None
+    for mod in _BUILTIN_HOMES:
+        m = sys.modules.get(mod)
+        if m is not None and getattr(m, name, None) is obj:
+            return mod, name
+    return None
+
+
 def resolve_name(mod: str, qual: str):
     obj = importlib.import_module(mod)
     for part in qual.split("."):
@@ -165,7 +182,7 @@ class Encoder:
                 else (["name", *name] if name else None)
             if base is not None and getattr(obj.__self__, obj.__name__, None) == obj:
                 return ["attr", base, obj.__name__]
-        name = _name_of(obj)
+        name = _name_of(obj) or _builtin_name(obj)
         if name is not None:
             return ["name", *name]
         g = self._global_name(obj)
