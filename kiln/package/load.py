@@ -31,7 +31,7 @@ class PackagedFunction(CompiledFunction):
 
     def _miss(self, args: tuple, kwargs: dict):
         mine = [e for e in self._cache.entries if e.key is self._key]
-        reason = mine[0].failure_reason(args, kwargs) if mine else None
+        reason = _nearest_failure(mine, args, kwargs)
         if reason is None:
             reason = "the package has no entry for this function" if not mine else \
                 "guards passed on re-check"
@@ -47,6 +47,24 @@ class PackagedFunction(CompiledFunction):
 
     def __repr__(self):
         return f"<kiln.CompiledFunction {self._fn.__qualname__} from package {self._package}>"
+
+
+# how far a call got through an entry's checks (they run in this order): the nearest entry
+# is the one whose first failing guard comes latest
+_STAGES = ("GLOBAL_STATE", None, "TENSOR_MATCH", "SHAPE_ENV")
+
+
+def _nearest_failure(entries: list, args: tuple, kwargs: dict) -> str | None:
+    best, best_stage = None, -1
+    for e in entries[:16]:
+        why = e.failure_reason(args, kwargs)
+        if why is None:
+            continue
+        kind = why.split(None, 1)[0]
+        stage = _STAGES.index(kind) if kind in _STAGES else 1
+        if stage > best_stage:
+            best, best_stage = why, stage
+    return best
 
 
 def _wrap(target, key: CompileKey, dynamic, on_miss: str, path: str, kind: str):

@@ -45,3 +45,26 @@ def train_step(model, x):
     loss = model(x).pow(2).mean()
     loss.backward()
     return loss
+
+
+def make_scaled(scale):
+    def scaled(x):
+        return x * scale + 1
+    return scaled
+
+
+class Counter:
+    def __init__(self):
+        self.w = torch.ones(4)
+
+    def step(self, x):
+        return x @ self.w
+
+
+def unsupported(x):
+    return torch.tensor(sorted(x.tolist())) + 1     # data-dependent: runs eagerly
+
+
+def generator_frame(x):
+    yield x + 1
+    yield x * 2

@@ -191,3 +191,51 @@ def test_identity_guard_on_a_call_object_is_left_out(tmp_path):
     torch.testing.assert_close(fast(torch.sin, x), apply(torch.sin, x))
     with pytest.raises(PackageMiss, match="ID_MATCH"):
         fast(torch.cos, x)
+
+
+def test_closure_cells_resolve_against_the_loaded_function(tmp_path, monkeypatch):
+    inner = M.make_scaled(2.0)
+    c = kiln.compile(inner, backend="aot_eager")
+    x = torch.randn(3)
+    c(x)
+    assert c.save_package(tmp_path / "c.kiln").entries == 1
+    kiln.reset()
+    _no_capture(monkeypatch)
+    same = M.make_scaled(2.0)          # a new closure, same code and cell value
+    fast = kiln.load_package(tmp_path / "c.kiln", same, on_miss="error")
+    torch.testing.assert_close(fast(x), same(x))
+    other = kiln.load_package(tmp_path / "c.kiln", M.make_scaled(5.0), on_miss="error")
+    with pytest.raises(PackageMiss, match="scale"):
+        other(x)                       # the cell's value is guarded: another value misses
+
+
+def test_method_and_eager_entries(tmp_path, monkeypatch):
+    obj = M.Counter()
+    cm = kiln.compile(obj.step, backend="aot_eager")
+    cu = kiln.compile(M.unsupported, backend="aot_eager")
+    x = torch.randn(4)
+    cm(x)
+    cu(x)
+    cm.save_package(tmp_path / "m.kiln")
+    cu.save_package(tmp_path / "u.kiln")
+    kiln.reset()
+    _no_capture(monkeypatch)
+    fm = kiln.load_package(tmp_path / "m.kiln", obj.step, on_miss="error")
+    fu = kiln.load_package(tmp_path / "u.kiln", M.unsupported, on_miss="error")
+    torch.testing.assert_close(fm(x), obj.step(x))
+    torch.testing.assert_close(fu(x), M.unsupported(x))
+    assert fu.entries[0].graph_break is not None
+
+
+def test_eager_fallback_entry(tmp_path, monkeypatch):
+    c = kiln.compile(M.generator_frame, backend="aot_eager")
+    x = torch.randn(3)
+    list(c(x))
+    assert c.entries[0].is_eager
+    assert c.save_package(tmp_path / "e.kiln").entries == 1
+    kiln.reset()
+    _no_capture(monkeypatch)
+    fast = kiln.load_package(tmp_path / "e.kiln", M.generator_frame, on_miss="error")
+    got = list(fast(x))
+    torch.testing.assert_close(got[1], x * 2)
+    assert fast.entries[0].is_eager and "generator" in str(fast.entries[0].eager_reason)
