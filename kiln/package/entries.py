@@ -62,6 +62,9 @@ def save_entry(entry: Entry, fn: types.FunctionType, add_blob: Callable[[bytes],
 
     program = entry.program
     enc = Encoder(fn)
+    for module, qualname in entry.inlined.values():
+        if module:
+            enc.add_function(module, qualname)
     enc.specials[id(program.global_state)] = ["special", "gs"]
     enc.specials[id(program.tensor_guards)] = ["special", "tg"]
     source = entry.fn.__kiln_source__

@@ -69,6 +69,16 @@ def _builtin_name(obj) -> tuple[str, str] | None:
     return None
 
 
+def _types_name(obj) -> tuple[str, str] | None:
+    """``types.NoneType``, ``types.FunctionType``...: classes whose own names (``builtins.NoneType``,
+    ``builtins.function``) do not import."""
+    if isinstance(obj, type):
+        for name, v in vars(types).items():
+            if v is obj:
+                return "types", name
+    return None
+
+
 def resolve_name(mod: str, qual: str):
     obj = importlib.import_module(mod)
     for part in qual.split("."):
@@ -112,6 +122,30 @@ class Encoder:
         for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ()):
             self._where[id(cell)] = ["cell", name]
         self._globals_by_id: dict[int, str] | None = None
+
+    def add_function(self, module: str, qualname: str) -> None:
+        """Objects of a function the capture inlined, found again through its name: its
+        defaults and kwdefaults (their values too) and its closure cells."""
+        try:
+            f = resolve_name(module, qualname)
+        except Exception:
+            return
+        f = getattr(f, "__func__", f)
+        if not isinstance(f, types.FunctionType):
+            return
+        base = ["name", module, qualname]
+        if f.__defaults__ is not None:
+            where = ["attr", base, "__defaults__"]
+            self._where.setdefault(id(f.__defaults__), where)
+            for i, d in enumerate(f.__defaults__):
+                self._where.setdefault(id(d), ["index", where, i])
+        if f.__kwdefaults__ is not None:
+            where = ["attr", base, "__kwdefaults__"]
+            self._where.setdefault(id(f.__kwdefaults__), where)
+            for k, d in f.__kwdefaults__.items():
+                self._where.setdefault(id(d), ["index", where, k])
+        for name, cell in zip(f.__code__.co_freevars, f.__closure__ or ()):
+            self._where.setdefault(id(cell), ["cell_of", base, name])
 
     def _global_name(self, obj) -> str | None:
         if self._globals_by_id is None:
@@ -182,7 +216,7 @@ class Encoder:
                 else (["name", *name] if name else None)
             if base is not None and getattr(obj.__self__, obj.__name__, None) == obj:
                 return ["attr", base, obj.__name__]
-        name = _name_of(obj) or _builtin_name(obj)
+        name = _name_of(obj) or _builtin_name(obj) or _types_name(obj)
         if name is not None:
             return ["name", *name]
         g = self._global_name(obj)
@@ -265,6 +299,12 @@ class Decoder:
             return resolve_name(enc[1], enc[2])
         if tag == "attr":
             return getattr(self.decode(enc[1]), enc[2])
+        if tag == "index":
+            return self.decode(enc[1])[enc[2]]
+        if tag == "cell_of":
+            f = self.decode(enc[1])
+            f = getattr(f, "__func__", f)
+            return f.__closure__[f.__code__.co_freevars.index(enc[2])]
         if tag == "enum":
             return getattr(resolve_name(enc[1], enc[2]), enc[3])
         if tag == "op":

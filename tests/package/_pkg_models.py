@@ -68,3 +68,17 @@ def unsupported(x):
 def generator_frame(x):
     yield x + 1
     yield x * 2
+
+
+class Masked(torch.nn.Module):
+    """forward has a default the capture reads through the inlined function's __defaults__."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4)
+
+    def forward(self, x, mask=None):
+        y = self.fc(x)
+        if mask is not None:
+            y = y * mask
+        return y

@@ -239,3 +239,18 @@ def test_eager_fallback_entry(tmp_path, monkeypatch):
     got = list(fast(x))
     torch.testing.assert_close(got[1], x * 2)
     assert fast.entries[0].is_eager and "generator" in str(fast.entries[0].eager_reason)
+
+
+def test_module_forward_defaults_resolve_by_name(tmp_path, monkeypatch):
+    m = M.Masked()
+    c = kiln.compile(m, backend="aot_eager", dynamic=False)
+    x = torch.randn(2, 4)
+    c(x)
+    c(x, torch.ones(4))
+    assert c.save_package(tmp_path / "m.kiln").entries == 2     # (None's type: types.NoneType)
+    kiln.reset()
+    _no_capture(monkeypatch)
+    fast = kiln.load_package(tmp_path / "m.kiln", m, on_miss="error")
+    mask = torch.rand(4)
+    torch.testing.assert_close(fast(x), m(x))
+    torch.testing.assert_close(fast(x, mask), m(x, mask))
