@@ -20,7 +20,7 @@ from ..errors import Unsupported
 from .errors import NotPackageable
 from .graphs import load_graph, save_graph
 from .guards import LoadedProgram, save_program
-from .values import Decoder, Encoder
+from .values import Decoder, Encoder, same
 
 _VALUE_HINTS = ("c",)   # names bound by value (constants); every other hint is used by identity
 
@@ -54,6 +54,9 @@ def save_entries(entries: list[Entry], fn: types.FunctionType, add_blob: Callabl
             out.append(save_entry(entry, fn, add_blob, left_out))
         except NotPackageable as e:
             left_out.append((fn.__qualname__, entry.describe_guards(), str(e)))
+        except Exception as e:     # kiln's own failure: the entry is left out, never the save
+            left_out.append((fn.__qualname__, entry.describe_guards(),
+                             f"kiln could not save it ({type(e).__name__}: {e}); please report this"))
     return out
 
 
@@ -82,6 +85,7 @@ def save_entry(entry: Entry, fn: types.FunctionType, add_blob: Callable[[bytes],
                 namespace[name] = enc.encode(obj, identity=_hint(name) not in _VALUE_HINTS)
             except NotPackageable as e:
                 raise NotPackageable(f"generated code reads {name}: {e}") from None
+            _check_comes_back(name, obj, namespace[name], fn)
     source = _equal_for_identical_values(source, saved_program, namespace)
     saved = {"source": source, "readable": entry.source, "name": source.split("(", 1)[0][4:], "namespace": namespace,
              "program": saved_program,
@@ -112,6 +116,19 @@ def install(cache, entries: list[Entry]) -> None:
 
 def _identity(e: Entry) -> tuple:
     return (e.key, e.fn.__kiln_source__, tuple(g.describe() for g in e.guards))
+
+
+def _check_comes_back(name: str, obj, enc: list, fn) -> None:
+    """What is saved must find ``obj`` itself (or an equal value) again: checked here, in the
+    saving process, against the same function."""
+    if enc[0] == "special":
+        return                     # (gs, tg: rebuilt by the guard program)
+    try:
+        back = Decoder(fn).decode(enc)
+    except Exception as e:
+        raise NotPackageable(f"{name} cannot be found again ({type(e).__name__}: {e})") from None
+    if not same(back, obj):
+        raise NotPackageable(f"{name} ({type(obj).__name__}) does not come back as itself")
 
 
 _SAME = "___pkg_same_value"
@@ -148,7 +165,22 @@ def same_value(a, b) -> bool:
 
 
 def load_entries(saved: list[dict], fn: types.FunctionType, compiled, blobs) -> list[Entry]:
-    return [load_entry(s, fn, compiled, blobs) for s in saved]
+    """The entries that load; one that does not (a name it reads is gone from this process, a
+    backend that cannot load its artifact) is skipped with a warning: calls it would have
+    matched compile (or raise PackageMiss)."""
+    out, failed = [], []
+    for s in saved:
+        try:
+            out.append(load_entry(s, fn, compiled, blobs))
+        except Exception as e:
+            failed.append(f"{type(e).__name__}: {e}")
+    if failed:
+        import warnings
+
+        warnings.warn(f"kiln: {len(failed)} entries of {fn.__qualname__} in package {getattr(compiled, '_package', '')} "
+                      f"could not be loaded (first: {failed[0]}); calls they match compile as usual",
+                      RuntimeWarning, stacklevel=4)
+    return out
 
 
 def load_entry(saved: dict, fn: types.FunctionType, compiled, blobs) -> Entry:

@@ -82,3 +82,11 @@ class Masked(torch.nn.Module):
         if mask is not None:
             y = y * mask
         return y
+
+
+def double(x):
+    return x * 2
+
+
+def apply(fn, x):
+    return fn(x) + 1

@@ -254,3 +254,16 @@ def test_module_forward_defaults_resolve_by_name(tmp_path, monkeypatch):
     mask = torch.rand(4)
     torch.testing.assert_close(fast(x), m(x))
     torch.testing.assert_close(fast(x, mask), m(x, mask))
+
+
+def test_entry_that_cannot_load_is_skipped_with_a_warning(tmp_path, monkeypatch):
+    c = kiln.compile(M.apply, backend="eager")
+    x = torch.randn(3)
+    c(M.double, x)              # identity guard on M.double: saved by its qualified name
+    assert c.save_package(tmp_path / "a.kiln").entries == 1
+    kiln.reset()
+    monkeypatch.delattr(M, "double")
+    with pytest.warns(RuntimeWarning, match="could not be loaded"):
+        fast = kiln.load_package(tmp_path / "a.kiln", M.apply, check_source=False)
+    assert not fast.entries
+    torch.testing.assert_close(fast(torch.cos, x), M.apply(torch.cos, x))   # compiles as usual
