@@ -74,7 +74,7 @@ def _child(model: str, compiler: str, device: str, backend: str, package: str | 
     if compiler == "kiln":
         fn = kiln.compile(net, backend=backend)
     elif compiler == "package":
-        fn = kiln.load_package(package, net)
+        fn = kiln.load_package(package, net, on_miss="error")   # (a miss would be a compile)
     elif compiler == "torch":
         fn = torch.compile(net, backend=backend)
     else:
