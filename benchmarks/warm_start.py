@@ -35,6 +35,8 @@ import sys
 import tempfile
 import time
 
+import torch
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
@@ -52,7 +54,7 @@ def _child(model: str, compiler: str, device: str, backend: str, package: str | 
         args = (torch.randn(32, 64),)
         train = model == "mlp-train"
         if train:
-            net = _with_loss(net)
+            net = WithLoss(net)
             args = (*args, torch.randn(32, 10))
     else:
         net = GPT(vocab=8192)
@@ -94,18 +96,16 @@ def _child(model: str, compiler: str, device: str, backend: str, package: str | 
     print("RESULT " + json.dumps({"first": first, **extra}), flush=True)
 
 
-def _with_loss(net):
-    """The MLP that returns its loss (as GPT does given targets): one module for a training step."""
-    import torch
+class WithLoss(torch.nn.Module):
+    """The MLP returning its loss (as GPT does given targets): one module for a training step.
+    (At module level: a package finds a module's class again by its qualified name.)"""
 
-    class WithLoss(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.net = net
+    def __init__(self, net):
+        super().__init__()
+        self.net = net
 
-        def forward(self, x, target):
-            return torch.nn.functional.mse_loss(self.net(x), target)
-    return WithLoss()
+    def forward(self, x, target):
+        return torch.nn.functional.mse_loss(self.net(x), target)
 
 
 def _measure(model, compiler, device, backend, env, package=None) -> dict:
