@@ -87,6 +87,29 @@ def _wrap(target, key: CompileKey, dynamic, on_miss: str, path: str, kind: str):
 
 
 def load_package(path: str, model_or_fn, on_miss: str = "compile", check_source: bool = True):
+    """A compiled ``model_or_fn`` whose entries come from the package at ``path`` (written by
+    ``save_package`` on what ``kiln.compile`` returned), without capturing, tracing or lowering.
+
+    ``model_or_fn``: the function, bound method or nn.Module the package was saved from (in
+    this process: the guards and the generated code read its globals, closure cells,
+    defaults and attributes, so a global tensor is read where it lives now). Returns what
+    ``kiln.compile`` would: a ``CompiledFunction``, ``CompiledMethod`` or ``CompiledModule``,
+    compiled with the package's backend and options.
+
+    ``on_miss``: what a call that matches no saved entry does: ``"compile"`` (default)
+    captures and compiles as usual and logs it (``KILN_LOGS=package``); ``"error"`` raises
+    ``kiln.PackageMiss`` naming the nearest entry's failing guard. (Continuations after a
+    graph break compile on a miss either way.)
+
+    ``check_source``: raise ``kiln.PackageMismatch`` when the qualified name, the signature
+    or the code of the function (or of a function inlined into its graphs) differs from the
+    saved one; ``False`` loads anyway (the saved guards still decide which calls match).
+
+    Raises ``kiln.PackageError`` for a file that is not an intact kiln package (checked by its
+    content hash before anything in it is used) or that was saved with another kiln, torch or
+    Python version or for another device kind. A package holds code: load only packages you
+    trust. ``kiln.reset()`` drops the loaded entries as it drops compiled ones.
+    """
     if on_miss not in _ON_MISS:
         raise ValueError(f"load_package: on_miss must be one of {_ON_MISS}, not {on_miss!r}")
     pkg = fileformat.read(str(path))

@@ -51,6 +51,10 @@ def _walk(entries):
 
 
 def save_package(compiled, path: str) -> SaveReport:
+    """Write every entry of ``compiled`` (what ``kiln.compile`` returned) and of the
+    continuations of its graph breaks to the file ``path`` (replaced atomically). An entry that
+    cannot outlive this process (an identity guard on an object with no importable name, a
+    graph the backend cannot save) is left out; the returned ``SaveReport`` says which and why."""
     target, fn, cf, kind = target_of(compiled)
     key = key_of(cf)
     blobs = fileformat.Blobs()
