@@ -173,8 +173,10 @@ def _global_state_guard(state: str):
 
 
 def _example(meta: dict) -> torch.Tensor:
-    t = torch.empty_strided(meta["size"], meta["stride"], dtype=getattr(torch, meta["dtype"]),
-                            device=meta["device"])
+    """A tensor with the type, dtype, device and requires_grad TensorGuards compares, and no
+    data (its sizes and strides are given to TensorGuards explicitly: a package of a large
+    model does not allocate its parameters again to rebuild the guards)."""
+    t = torch.empty(0, dtype=getattr(torch, meta["dtype"]), device=meta["device"])
     if meta["parameter"]:
         return torch.nn.Parameter(t, requires_grad=meta["requires_grad"])
     return t.requires_grad_(meta["requires_grad"])
@@ -191,8 +193,9 @@ class LoadedProgram(GuardProgram):
         self.shape = None
         self.tensor_dims = saved["tensor_dims"]
         self.global_state = _global_state_guard(saved["global_state"])
-        self.tensor_guards = _torch.make_tensor_guards([_example(m) for m in saved["tensor_metas"]],
-                                                       self.tensor_dims)
+        metas = saved["tensor_metas"]
+        dims = self.tensor_dims or ([m["size"] for m in metas], [m["stride"] for m in metas])
+        self.tensor_guards = _torch.make_tensor_guards([_example(m) for m in metas], dims)
         ctx.namespace["___gs"] = self.global_state
         ctx.namespace["___tg"] = self.tensor_guards
         ctx.namespace["___MISS"] = MISS

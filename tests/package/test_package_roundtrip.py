@@ -129,6 +129,10 @@ def test_miss_error_names_the_failing_guard(tmp_path):
     fast = kiln.load_package(tmp_path / "f.kiln", M.f, on_miss="error")
     with pytest.raises(PackageMiss, match=r"TENSOR_MATCH failed.*size"):
         fast(torch.randn(5), torch.randn(5))
+    with pytest.raises(PackageMiss, match=r"TENSOR_MATCH failed.*stride"):
+        fast(torch.randn(6)[::2], torch.randn(3))
+    with pytest.raises(PackageMiss, match=r"TENSOR_MATCH failed.*(dtype|dispatch)"):
+        fast(torch.randn(3).double(), torch.randn(3))
 
 
 def test_miss_compile_logs_and_compiles(tmp_path, capsys):
