@@ -119,6 +119,10 @@ def load_package(path: str, model_or_fn, on_miss: str = "compile", check_source:
     backend, name = lookup_backend(k["backend"], mode=k["mode"], options=k["options"])
     key = CompileKey.get(backend, name, k["fullgraph"], k["mode"], k["options"], k["dynamic"])
     target = model_or_fn
+    if isinstance(target, CompiledModule):     # (already compiled: its original gets the entries)
+        target = target._orig_mod
+    elif isinstance(target, (CompiledFunction, CompiledMethod)):
+        target = target.original
     if m["kind"] == "method" and isinstance(target, types.MethodType):
         ident_target = target.__func__
     else:

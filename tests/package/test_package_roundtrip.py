@@ -35,7 +35,7 @@ def test_function_several_shapes(tmp_path, monkeypatch, backend):
     assert report.saved == {"f": 3} and not report.left_out
     kiln.reset()
     _no_capture(monkeypatch)
-    fast = kiln.load_package(tmp_path / "f.kiln", M.f, on_miss="error")
+    fast = kiln.load_package(tmp_path / "f.kiln", kiln.compile(M.f, backend=backend), on_miss="error")
     assert len(fast.entries) == 3
     for s in shapes:
         x, y = torch.randn(s), torch.randn(s)
