@@ -94,7 +94,7 @@ def save_entry(entry: Entry, fn: types.FunctionType, add_blob: Callable[[bytes],
              "graph_break": str(entry.graph_break) if entry.graph_break is not None else None,
              "graph": None, "break": None}
     if entry.compiled_graph is not None and "___graph" in namespace:
-        saved["graph"] = save_graph(entry.graph_module, entry.compiled_graph, add_blob)
+        saved["graph"] = save_graph(entry.graph_module, entry.compiled_graph, add_blob, enc)
     if "___break" in namespace:
         code, plan = entry.break_plan
         if code is not fn.__code__:
@@ -192,7 +192,7 @@ def load_entry(saved: dict, fn: types.FunctionType, compiled, blobs) -> Entry:
     made: dict = {}
 
     def graph():
-        made["gm"], made["compiled"] = load_graph(saved["graph"], blobs, key.backend)
+        made["gm"], made["compiled"] = load_graph(saved["graph"], blobs, key.backend, Decoder(fn))
         return made["compiled"]
 
     def break_fn():

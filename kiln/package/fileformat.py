@@ -6,7 +6,7 @@ Layout::
     manifest (UTF-8 JSON)  blobs (concatenated; the manifest gives each one's offset and size)
 
 The manifest holds everything readable (entries, guards as text, graphs as code, sizes, the
-versions it was saved with); the blobs hold the pickled graphs and the backends' artifacts.
+versions it was saved with); the blobs hold the graphs' tensor constants and the backends' artifacts.
 A file with another magic, a length that does not add up (truncated) or another hash
 (changed bytes) is refused before its manifest is even parsed: nothing of it runs.
 """

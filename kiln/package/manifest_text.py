@@ -33,7 +33,7 @@ def _entries(lines: list, entries: list, name: str, pkg, indent: str) -> None:
         lines += [f"{indent}    {g}" for g in e["guards_text"]]
         graph = e["graph"]
         if graph is not None:
-            sizes = [pkg.manifest["blobs"][graph[k]][1] for k in ("graph", "artifact") if k in graph]
+            sizes = [pkg.manifest["blobs"][graph[k]][1] for k in ("constants", "artifact") if k in graph]
             lines.append(f"{indent}  graph ({graph['kind']}, {' + '.join(map(str, sizes))} bytes):")
             lines += [f"{indent}    {ln}" for ln in graph["code"].splitlines()]
         lines.append(f"{indent}  generated code:")
