@@ -198,7 +198,10 @@ def load_entry(saved: dict, fn: types.FunctionType, compiled, blobs) -> Entry:
     def break_fn():
         plan = Decoder(fn).decode(saved["break"]["plan"])
         bfn, resumes = _break_function(fn, fn.__code__, plan, key, compiled._factory)
+        from .load import PackagedFunction
+
         for r, group in zip(resumes, saved["break"]["resumes"]):
+            PackagedFunction.adopt(r, getattr(compiled, "_on_miss", "compile"), getattr(compiled, "_package", ""))
             install(cache_for(r.original), load_entries(group["entries"], r.original, r, blobs))
         made["resumes"] = tuple(resumes)
         return bfn

@@ -29,6 +29,15 @@ class PackagedFunction(CompiledFunction):
         self._on_miss = on_miss
         self._package = path
 
+    @classmethod
+    def adopt(cls, compiled: CompiledFunction, on_miss: str, path: str) -> None:
+        """Make a continuation's CompiledFunction (made by the break function the package
+        rebuilt) miss as the package's functions do."""
+        if type(compiled) is CompiledFunction:
+            compiled.__class__ = cls
+        if isinstance(compiled, cls):
+            compiled._on_miss, compiled._package = on_miss, path
+
     def _miss(self, args: tuple, kwargs: dict):
         mine = [e for e in self._cache.entries if e.key is self._key]
         reason = _nearest_failure(mine, args, kwargs)
@@ -98,8 +107,8 @@ def load_package(path: str, model_or_fn, on_miss: str = "compile", check_source:
 
     ``on_miss``: what a call that matches no saved entry does: ``"compile"`` (default)
     captures and compiles as usual and logs it (``KILN_LOGS=package``); ``"error"`` raises
-    ``kiln.PackageMiss`` naming the nearest entry's failing guard. (Continuations after a
-    graph break compile on a miss either way.)
+    ``kiln.PackageMiss`` naming the nearest entry's failing guard (in the continuation after
+    a graph break too: the call has then run up to the break).
 
     ``check_source``: raise ``kiln.PackageMismatch`` when the qualified name, the signature
     or the code of the function (or of a function inlined into its graphs) differs from the

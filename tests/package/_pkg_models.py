@@ -90,3 +90,12 @@ def double(x):
 
 def apply(fn, x):
     return fn(x) + 1
+
+
+FLAG = 2.0
+
+
+def with_break_flag(x):
+    y = x.sin()
+    print("", end="")          # a graph break; the continuation reads FLAG
+    return y * FLAG

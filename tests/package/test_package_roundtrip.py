@@ -271,3 +271,16 @@ def test_entry_that_cannot_load_is_skipped_with_a_warning(tmp_path, monkeypatch)
         fast = kiln.load_package(tmp_path / "a.kiln", M.apply, check_source=False)
     assert not fast.entries
     torch.testing.assert_close(fast(torch.cos, x), M.apply(torch.cos, x))   # compiles as usual
+
+
+def test_continuation_miss_follows_on_miss(tmp_path, monkeypatch):
+    c = kiln.compile(M.with_break_flag, backend="eager")
+    x = torch.randn(3)
+    c(x)
+    c.save_package(tmp_path / "b.kiln")
+    kiln.reset()
+    fast = kiln.load_package(tmp_path / "b.kiln", M.with_break_flag, on_miss="error")
+    torch.testing.assert_close(fast(x), M.with_break_flag(x))
+    monkeypatch.setattr(M, "FLAG", 3.0)      # the continuation's guard fails, not the entry's
+    with pytest.raises(PackageMiss, match="__kiln_resume_with_break_flag.*FLAG"):
+        fast(x)
