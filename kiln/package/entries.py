@@ -12,10 +12,9 @@ from __future__ import annotations
 import types
 from typing import Callable
 
-from ..capture.codegen import _global_names, compile_function, readable_source
+from ..capture.codegen import _global_names, alias_parameters, compile_function, readable_source
 from ..capture.frame import Entry, _break_function, _make_check
 from ..capture.sources import RenderContext
-from ..capture.codegen import alias_parameters
 from ..errors import Unsupported
 from .errors import NotPackageable
 from .graphs import load_graph, save_graph

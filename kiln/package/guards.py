@@ -11,7 +11,7 @@ otherwise the entry is left out and the save report says why.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 
