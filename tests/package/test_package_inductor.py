@@ -34,7 +34,10 @@ def test_inductor_inference_and_training(packages, monkeypatch):
     d, model, reports = packages
     assert all(not r.left_out for r in reports) and [r.entries for r in reports] == [1, 2]
 
+    called = []
+
     def refuse(*a, **k):
+        called.append(a)
         raise AssertionError("compiled again")
     monkeypatch.setattr(kiln.api, "capture", refuse)
     monkeypatch.setattr(kiln.aot.dynamic, "compile_graph", refuse)
@@ -50,3 +53,4 @@ def test_inductor_inference_and_training(packages, monkeypatch):
     torch.testing.assert_close(loss, M.train_step(model, x))
     for g, p in zip(grads, model.parameters()):
         torch.testing.assert_close(g, p.grad)
+    assert not called
