@@ -299,6 +299,9 @@ class TensorMeta:
     requires_grad: bool
     symbolic_size: tuple | None = None     # sizes as the graph sees them ("s4821"), if dynamic
     symbolic_stride: tuple | None = None
+    # what else TENSOR_MATCH's dispatch keys tell apart (a conjugate or negative view, an
+    # inference tensor, a layout other than strided), or None: a package cannot rebuild those
+    special: str | None = None
 
     @staticmethod
     def of(t: torch.Tensor, fake: torch.Tensor | None = None) -> "TensorMeta":
@@ -307,7 +310,15 @@ class TensorMeta:
             sym_size = tuple(str(s) for s in fake.size())
             sym_stride = tuple(str(s) for s in fake.stride())
         return TensorMeta(type(t), t.dtype, t.device, tuple(t.size()), tuple(t.stride()),
-                          t.requires_grad, sym_size, sym_stride)
+                          t.requires_grad, sym_size, sym_stride, _special(t))
+
+
+def _special(t: torch.Tensor) -> str | None:
+    kinds = [what for what, test in (("a conjugate view", t.is_conj), ("a negative view", t.is_neg),
+                                     ("an inference tensor", t.is_inference)) if test()]
+    if t.layout != torch.strided:
+        kinds.append(f"layout {t.layout}")
+    return ", ".join(kinds) or None
 
 
 def describe_tensor(m: TensorMeta) -> str:

@@ -49,6 +49,9 @@ def _tensor(g: Guard, enc: Encoder) -> dict:
     if m.type not in (torch.Tensor, torch.nn.Parameter):
         raise NotPackageable(f"tensor guard on {g.source.describe()}: a {m.type.__name__} (only "
                              "torch.Tensor and nn.Parameter inputs are rebuilt on load)")
+    if m.special is not None:
+        raise NotPackageable(f"tensor guard on {g.source.describe()}: {m.special} (a package rebuilds "
+                             "plain strided tensors only)")
     return {"meta": {"parameter": m.type is torch.nn.Parameter, "dtype": str(m.dtype).replace("torch.", ""),
                      "device": str(m.device), "size": list(m.size), "stride": list(m.stride),
                      "requires_grad": m.requires_grad}}

@@ -55,7 +55,7 @@ def _name_of(obj) -> tuple[str, str] | None:
 # where a builtin function whose own names do not import back (``torch.sin``: its
 # ``__qualname__`` is ``_VariableFunctionsClass.sin``) is found by its ``__name__``
 _BUILTIN_HOMES = ("torch", "torch.nn.functional", "torch.special", "torch.linalg", "torch.fft",
-                  "torch._C", "torch._C._nn", "math", "operator", "builtins")
+                  "torch._C", "torch._C._nn", "torch._C._autograd", "math", "operator", "builtins")
 
 
 def _builtin_name(obj) -> tuple[str, str] | None:

@@ -75,3 +75,18 @@ def test_global_read_resolves_against_the_loaded_function(tmp_path, monkeypatch)
     monkeypatch.setattr(M, "_helper", lambda x: x)
     with pytest.raises(PackageMiss, match="_helper"):
         fast(x)
+
+
+def test_tensor_kinds_a_package_cannot_rebuild_are_left_out(tmp_path):
+    """TENSOR_MATCH also tells conjugate and negative views and inference tensors apart (their
+    dispatch keys); a rebuilt guard would not, so such entries are left out with the reason."""
+    def twice(x):
+        return x * 2
+    z = torch.randn(3, dtype=torch.complex64).conj()
+    with torch.inference_mode():
+        inf = torch.randn(3)
+    for arg, why in ((z, "conjugate view"), (inf, "inference tensor")):
+        report, fast = _roundtrip(tmp_path, twice, (arg,))
+        assert report.entries == 0 and why in str(report), str(report)
+        with pytest.raises(PackageMiss):
+            fast(arg)
