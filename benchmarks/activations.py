@@ -2,8 +2,9 @@
 
 A GPT-2-style training step (token + position embeddings, pre-LayerNorm blocks with causal
 self-attention written out (q @ k^T, mask, softmax, @ v) and a GELU MLP, tied LM head,
-cross-entropy, AdamW), 20 steps on a fixed random batch, the same initial weights for every
-case. Cases:
+cross-entropy), trained as GPT-2 is (AdamW lr 6e-4 with betas 0.9/0.95 and weight decay 0.1,
+linear warm-up over 5 steps, gradients clipped at norm 1.0), 20 steps on a fixed random batch,
+the same initial weights for every case. Cases:
 
 * ``none``: no hooks (eager, torch.compile, kiln);
 * for each policy (``cast`` = ``kiln.activations.cast(torch.bfloat16)``, ``fp8`` =
@@ -113,7 +114,12 @@ def run_case(args, compiler: str, policy: str | None, init_state, data) -> dict:
     torch.manual_seed(0)
     model = GPT(args.vocab, args.dim, args.layers, args.heads, args.seq).to(dev)
     model.load_state_dict(init_state)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    # GPT-2's recipe: AdamW (betas 0.9/0.95, weight decay 0.1), linear warm-up, gradient
+    # clipping at 1.0. Without warm-up and clipping (lr 1e-3 from step 0) the no-hook run itself
+    # spikes (its loss rose at steps 4, 6 and 17), and a spike amplifies any difference, even
+    # bfloat16's rounding, into several percent of loss.
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: min(1.0, (i + 1) / args.warmup))
     if compiler == "kiln":
         kiln.reset()
         kiln.activations.report(reset=True)
@@ -128,6 +134,7 @@ def run_case(args, compiler: str, policy: str | None, init_state, data) -> dict:
     compile_s = 0.0
     for i in range(args.steps):
         hooks = policy_for(policy, args.min_bytes) if policy else _NoHooks()
+        opt.zero_grad(set_to_none=True)     # (before the baseline: freed grads are not "saved")
         if cuda:
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
@@ -135,13 +142,14 @@ def run_case(args, compiler: str, policy: str | None, init_state, data) -> dict:
             base = torch.cuda.memory_allocated()
             start_ev.record()
         t0 = time.perf_counter()
-        opt.zero_grad(set_to_none=True)
         with hooks:
             loss = fwd(idx, targets)
         if cuda:
             saved.append(torch.cuda.memory_allocated() - base)
         loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
+        sched.step()
         if cuda:
             end_ev.record()
             torch.cuda.synchronize()
@@ -177,6 +185,8 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default=None)
     ap.add_argument("--backend", default="inductor", help="kiln backend (default inductor)")
     ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--lr", type=float, default=6e-4, help="peak learning rate (GPT-2's: 6e-4)")
+    ap.add_argument("--warmup", type=int, default=5, help="steps of linear learning-rate warm-up")
     ap.add_argument("--policies", default=",".join(POLICIES))
     ap.add_argument("--compilers", default=",".join(COMPILERS))
     ap.add_argument("--layers", type=int, default=None)

@@ -1,6 +1,6 @@
 """Warm start: the time a compiler adds to a program's first output, cold and warm.
 
-    python benchmarks/warm_start.py [--device cuda] [--json PATH] [--models gpt2-infer,gpt2-train,mlp]
+    python benchmarks/warm_start.py [--device cuda] [--json PATH] [--models gpt2-infer,gpt2-train,mlp,mlp-train]
                                     [--backend inductor|aot_eager]
 
 Every measurement runs in a fresh process. Per model and compiler (kiln, torch.compile):
@@ -15,8 +15,15 @@ every library is imported (the clock starts before ``kiln.compile``/``torch.comp
 the model: torch.compile imports torch._dynamo there). "exit" is the time from the child's last line to its exit. The
 target of issue 11: warm kiln adds <= 0.5x what warm torch.compile adds.
 
+"package" (issue 12): the cold kiln process saves a package (``save_package``) after its first
+output; a fresh process with an empty KILN_CACHE_DIR then times ``kiln.load_package`` plus the
+first call: "pkg" with empty Inductor/Triton caches too (a new machine: Inductor's kernels are
+built again from the generated source, nothing is traced or lowered), "pkg+k" with the kernel
+caches the kiln runs filled. Target: <= 0.1 s added to eager's first output.
+
 Models (no downloads): ``gpt2-infer`` / ``gpt2-train`` a GPT-2-style decoder (6 layers, d=512,
-8 heads; batch 2, sequence 64) inference and one training step; ``mlp`` a small MLP on CPU.
+8 heads; batch 2, sequence 64) inference and one training step; ``mlp`` / ``mlp-train`` a small
+MLP on CPU, inference and one training step.
 """
 from __future__ import annotations
 
@@ -28,22 +35,27 @@ import sys
 import tempfile
 import time
 
+import torch
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
 
-def _child(model: str, compiler: str, device: str, backend: str) -> None:
+def _child(model: str, compiler: str, device: str, backend: str, package: str | None = None) -> None:
     import torch
     sys.path.insert(0, HERE)
     import kiln
     from inductor import GPT
 
     torch.manual_seed(0)
-    if model == "mlp":
+    if model in ("mlp", "mlp-train"):
         device = "cpu"
         net = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 10))
         args = (torch.randn(32, 64),)
-        train = False
+        train = model == "mlp-train"
+        if train:
+            net = WithLoss(net)
+            args = (*args, torch.randn(32, 10))
     else:
         net = GPT(vocab=8192)
         args = (torch.randint(0, 8192, (2, 64)),)
@@ -63,6 +75,8 @@ def _child(model: str, compiler: str, device: str, backend: str) -> None:
     start = time.perf_counter()
     if compiler == "kiln":
         fn = kiln.compile(net, backend=backend)
+    elif compiler == "package":
+        fn = kiln.load_package(package, net, on_miss="error")   # (a miss would be a compile)
     elif compiler == "torch":
         fn = torch.compile(net, backend=backend)
     else:
@@ -77,13 +91,27 @@ def _child(model: str, compiler: str, device: str, backend: str) -> None:
     extra = {}
     if compiler == "kiln":
         extra = kiln.cache.stats()
+        if package:
+            fn.save_package(package)
     print("RESULT " + json.dumps({"first": first, **extra}), flush=True)
 
 
-def _measure(model, compiler, device, backend, env) -> dict:
+class WithLoss(torch.nn.Module):
+    """The MLP returning its loss (as GPT does given targets): one module for a training step.
+    (At module level: a package finds a module's class again by its qualified name.)"""
+
+    def __init__(self, net):
+        super().__init__()
+        self.net = net
+
+    def forward(self, x, target):
+        return torch.nn.functional.mse_loss(self.net(x), target)
+
+
+def _measure(model, compiler, device, backend, env, package=None) -> dict:
     start = time.perf_counter()
     p = subprocess.Popen([sys.executable, __file__, "--child", model, compiler, "--device", device,
-                          "--backend", backend], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          "--backend", backend, *(["--package", package] if package else [])], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          env=env)
     result, printed = None, None
     for line in p.stdout:
@@ -105,9 +133,10 @@ def main() -> None:
     ap.add_argument("--models", default="gpt2-infer,gpt2-train,mlp")
     ap.add_argument("--backend", default="inductor")
     ap.add_argument("--child", nargs=2)
+    ap.add_argument("--package")
     a = ap.parse_args()
     if a.child:
-        _child(a.child[0], a.child[1], a.device, a.backend)
+        _child(a.child[0], a.child[1], a.device, a.backend, a.package)
         return
     rows = []
     for model in a.models.split(","):
@@ -118,20 +147,34 @@ def main() -> None:
             with tempfile.TemporaryDirectory() as d:
                 env = {**base, "KILN_CACHE_DIR": os.path.join(d, "kiln"),
                        "TORCHINDUCTOR_CACHE_DIR": os.path.join(d, "inductor"), "TRITON_CACHE_DIR": os.path.join(d, "triton")}
+                package = os.path.join(d, "model.kiln") if compiler == "kiln" else None
                 for phase in ("cold", "warm"):
-                    r = _measure(model, compiler, a.device, a.backend, env)
+                    r = _measure(model, compiler, a.device, a.backend, env, package if phase == "cold" else None)
                     row[f"{compiler}_{phase}_added_s"] = r["first"] - eager["first"]
                     row[f"{compiler}_{phase}_exit_s"] = r["exit"]
                     if compiler == "kiln":
                         row[f"kiln_{phase}_cache"] = {k: r[k] for k in ("hits", "misses", "bypasses")}
+                if compiler == "kiln":
+                    # an empty kiln cache dir, Inductor's kernel caches as the runs above left them
+                    r = _measure(model, "package", a.device, a.backend,
+                                 {**env, "KILN_CACHE_DIR": os.path.join(d, "kiln-empty")}, package)
+                    row["package_kernels_added_s"] = r["first"] - eager["first"]
+                    # a fresh place: empty kiln and Inductor caches, only the package
+                    with tempfile.TemporaryDirectory() as d2:
+                        env2 = {**base, "KILN_CACHE_DIR": os.path.join(d2, "kiln"),
+                                "TORCHINDUCTOR_CACHE_DIR": os.path.join(d2, "inductor"),
+                                "TRITON_CACHE_DIR": os.path.join(d2, "triton")}
+                        r = _measure(model, "package", a.device, a.backend, env2, package)
+                        row["package_added_s"] = r["first"] - eager["first"]
         row["warm_ratio"] = row["kiln_warm_added_s"] / max(row["torch_warm_added_s"], 1e-9)
         rows.append(row)
         print(f"# {model} done", file=sys.stderr, flush=True)
-    hdr = f"{'model':<11} {'eager 1st':>9} | {'kiln cold':>9} {'kiln warm':>9} | {'torch cold':>10} {'torch warm':>10} | {'warm k/t':>8} | {'exit kiln/torch (warm)':>22} | kiln warm cache"
+    hdr = f"{'model':<11} {'eager 1st':>9} | {'kiln cold':>9} {'kiln warm':>9} {'pkg':>7} {'pkg+k':>7} | {'torch cold':>10} {'torch warm':>10} | {'warm k/t':>8} | {'exit kiln/torch (warm)':>22} | kiln warm cache"
     print(f"added to first output over eager, seconds (device {a.device}, backend {a.backend})")
     print(hdr)
     for r in rows:
-        print(f"{r['model']:<11} {r['eager_first_s']:>9.3f} | {r['kiln_cold_added_s']:>9.3f} {r['kiln_warm_added_s']:>9.3f} | "
+        print(f"{r['model']:<11} {r['eager_first_s']:>9.3f} | {r['kiln_cold_added_s']:>9.3f} {r['kiln_warm_added_s']:>9.3f} "
+              f"{r['package_added_s']:>7.3f} {r['package_kernels_added_s']:>7.3f} | "
               f"{r['torch_cold_added_s']:>10.3f} {r['torch_warm_added_s']:>10.3f} | {r['warm_ratio']:>8.2f} | "
               f"{r['kiln_warm_exit_s']:>10.3f} / {r['torch_warm_exit_s']:<9.3f} | {r['kiln_warm_cache']}")
     if a.json:

@@ -14,7 +14,8 @@ Public API: ``compile``, ``reset``, ``explain``, ``comptime``, ``config``, ``Uns
 ``mark_dynamic``, ``mark_static``, ``ConstraintViolation``; for activation memory
 ``saved_tensors_hooks`` / ``inline_saved_tensors_hooks`` (saved-tensor hooks inlined into the
 compiled graphs) and ``activations`` (the cast, fp8 and offload policies and their report);
-``CudagraphError`` for CUDA graphs (``mode="reduce-overhead"``, ``kiln.config.cudagraphs``; see
+``load_package`` (with ``save_package`` on what ``compile`` returns), ``PackageError``,
+``PackageMismatch``, ``PackageMiss`` for packages (``kiln.package``); ``CudagraphError`` for CUDA graphs (``mode="reduce-overhead"``, ``kiln.config.cudagraphs``; see
 ``kiln.cudagraphs``).
 """
 from . import aot, backends, cache, testing
@@ -24,6 +25,7 @@ from .config import config
 from .errors import ConstraintViolation, CudagraphError, Unsupported
 from .explain import explain
 from .logs import set_logs
+from .package import PackageError, PackageMismatch, PackageMiss, load_package
 from .shapes import mark_dynamic, mark_static
 from . import activations
 from .activations.hooks import inline_saved_tensors_hooks, saved_tensors_hooks
@@ -31,5 +33,6 @@ from .activations.hooks import inline_saved_tensors_hooks, saved_tensors_hooks
 __all__ = ["compile", "reset", "explain", "comptime", "config", "Unsupported", "aot", "backends",
            "testing", "set_logs", "CompiledFunction", "CompiledMethod", "CompiledModule",
            "mark_dynamic", "mark_static", "ConstraintViolation", "activations",
-           "saved_tensors_hooks", "inline_saved_tensors_hooks", "CudagraphError"]
+           "saved_tensors_hooks", "inline_saved_tensors_hooks", "CudagraphError",
+           "load_package", "PackageError", "PackageMismatch", "PackageMiss"]
 __version__ = "0.1.0"

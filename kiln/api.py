@@ -28,6 +28,7 @@ from .backends.registry import lookup_backend
 from .capture.codegen import MISS
 from .capture.frame import ArgumentsDoNotBind, Entry, capture, eager_entry, eager_entry_for
 from .config import config
+from .cudagraphs import steps as _steps
 from .errors import KilnError, Unsupported
 from .internal_errors import failed_before_effects, internal_error, is_users
 
@@ -239,6 +240,7 @@ class CompiledFunction:
         return list(self._cache.recompile_reasons)
 
     def __call__(self, *args, **kwargs):
+        _steps.count += 1       # (CUDA graphs record in call order: kiln/cudagraphs/steps.py)
         key = self._key
         entries = self._cache.entries
         for entry in entries:
@@ -372,6 +374,14 @@ class CompiledFunction:
             return self
         return CompiledMethod(self, obj)
 
+    def save_package(self, path: str):
+        """Save every entry compiled so far (and those of the continuations after graph
+        breaks) to the file ``path``, for ``kiln.load_package``. Returns a
+        ``kiln.package.SaveReport``: entries saved, and entries left out with the reason."""
+        from .package import save_package
+
+        return save_package(self, path)
+
     def __repr__(self):
         return f"<kiln.CompiledFunction {self._fn.__qualname__} backend={self._key!r}>"
 
@@ -399,6 +409,14 @@ class CompiledMethod:
     @property
     def original(self):
         return types.MethodType(self._compiled.original, self._self)
+
+    def save_package(self, path: str):
+        """Save every entry compiled so far (and those of the continuations after graph
+        breaks) to the file ``path``, for ``kiln.load_package``. Returns a
+        ``kiln.package.SaveReport``: entries saved, and entries left out with the reason."""
+        from .package import save_package
+
+        return save_package(self, path)
 
     def __repr__(self):
         return f"<kiln.CompiledMethod {self._compiled._fn.__qualname__} of {type(self._self).__name__}>"
@@ -524,6 +542,14 @@ class CompiledModule(torch.nn.Module):
     @property
     def entries(self):
         return self._kiln_compiled.entries
+
+    def save_package(self, path: str):
+        """Save every entry compiled so far (and those of the continuations after graph
+        breaks) to the file ``path``, for ``kiln.load_package``. Returns a
+        ``kiln.package.SaveReport``: entries saved, and entries left out with the reason."""
+        from .package import save_package
+
+        return save_package(self, path)
 
     @property
     def recompile_reasons(self):

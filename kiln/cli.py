@@ -3,6 +3,7 @@
     kiln info        versions of kiln, torch, bytecode and Python; CUDA; registered backends
     kiln backends    the registered backend names
     kiln cache ls | why [FUNCTION] | clear     the compile cache (kiln/cache)
+    kiln package inspect FILE    a package's manifest: entries, guards, graphs, generated code
 """
 from __future__ import annotations
 
@@ -33,6 +34,18 @@ def _backends() -> int:
     return 0
 
 
+def _inspect(path: str) -> int:
+    from kiln.package import PackageError
+    from kiln.package.manifest_text import manifest_text
+
+    try:
+        print(manifest_text(path))
+    except PackageError as e:
+        print(f"kiln: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="kiln", description="kiln: a compiler for PyTorch programs")
     sub = p.add_subparsers(dest="command", required=True)
@@ -44,7 +57,13 @@ def main(argv: list[str] | None = None) -> int:
     w = csub.add_parser("why", help="how a function's entries differ (why they missed)")
     w.add_argument("function", nargs="?")
     csub.add_parser("clear", help="remove every entry")
+    pkg = sub.add_parser("package", help="packages (kiln.load_package): inspect FILE")
+    psub = pkg.add_subparsers(dest="action", required=True)
+    ins = psub.add_parser("inspect", help="print a package's manifest (nothing in it runs)")
+    ins.add_argument("file")
     args = p.parse_args(argv)
+    if args.command == "package":
+        return _inspect(args.file)
     if args.command == "cache":
         from .cache import cli
 

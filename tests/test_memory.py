@@ -61,6 +61,15 @@ class Holder:
     pass
 
 
+def parts_saving_each_other(w):
+    # a graph of independent parts (autograd nodes) whose saved values include each other's
+    # outputs; the break makes every output dead after the call (fuzz seed 3629)
+    t2 = w.mul(-1.5)
+    t8 = w.transpose(0, 1).exp()
+    f = round(float(t2.abs().max()), 3)
+    return f
+
+
 class Block(torch.nn.Module):
     def __init__(self):
         super().__init__()
@@ -110,6 +119,8 @@ CASES = [
     ("generator runs eagerly", lambda x: list(runs_eagerly(x)), lambda: (torch.randn(3),)),
     ("break in a callee", calls_callee, lambda: (torch.randn(5),)),
     ("side effect on an argument", attr_store, lambda: (Holder(), torch.randn(3))),
+    ("parts saving each other's outputs", parts_saving_each_other,
+     lambda: (torch.randn(4, 4, dtype=torch.float64, requires_grad=True),)),
 ]
 
 

@@ -15,6 +15,8 @@ Python code (for reading), tensor constants with ``torch.save``; loading uses
 """
 from __future__ import annotations
 
+import importlib
+
 import io
 import json
 import math
@@ -64,7 +66,21 @@ def _decode_target(s: str) -> Any:
     if len(parts) != 5 or parts[:2] != ["torch", "ops"]:
         raise ValueError(f"artifact: unknown call target {s!r}")
     _, _, ns, op, overload = parts
-    return getattr(getattr(getattr(torch.ops, ns), op), overload)
+    packet = getattr(getattr(torch.ops, ns), op, None)
+    if packet is None and ns == "prims":
+        # prims ops are registered by the modules that define them, which compiling imports
+        # (decompositions) and a process that only loads an artifact has not
+        for module in _PRIMS_MODULES:
+            importlib.import_module(module)
+            packet = getattr(torch.ops.prims, op, None)
+            if packet is not None:
+                break
+    if packet is None:
+        raise ValueError(f"artifact: this torch has no op {ns}::{op}")
+    return getattr(packet, overload)
+
+
+_PRIMS_MODULES = ("torch._prims", "torch._inductor.inductor_prims")
 
 
 def _encode_arg(a: Any) -> Any:

@@ -120,6 +120,16 @@ def make_training_core(fw: Callable, bw: Callable, parts, compile_bw: Callable[[
             [(i, s) for i, s in enumerate(saved) if not isinstance(s, torch.Tensor)]
         # saved only so that backward() checks their version counters, as eager's does
         tensors += [args[i] for i in check_inputs] + [fw_outs[k] for k in check_outputs]
+        if several_nodes:
+            # a node that saves another node's output (or a view of it) keeps that node alive:
+            # autograd saves a tensor that is not the node's own output with its grad_fn, which
+            # the other node's apply sets later. Two nodes that save each other's outputs are a
+            # cycle through C++ that the gc never frees, and with them the call's inputs (fuzz
+            # seed 3629). An alias shares the memory and the version counter (the checks stay)
+            # but not the autograd history. The call's inputs stay as they are (their history
+            # is older than these nodes).
+            arg_ids = {id(a) for a in args}
+            tensors = [t if id(t) in arg_ids else t.detach() for t in tensors]
         sizes = None if static_zeros is not None else \
             {k: (fw_outs[k].shape, fw_outs[k].dtype, fw_outs[k].device) for k in tangent_positions}
         call.result = (fw_outs, tensors, other, sizes)
@@ -199,6 +209,7 @@ def make_training_core(fw: Callable, bw: Callable, parts, compile_bw: Callable[[
         return KilnAOTFunction
 
     groups = P.components(parts, U.flat_outputs(parts.forward.graph)[:nfw])
+    several_nodes = len(groups) > 1
     nodes = [node_class(t, o, p).apply for t, o, p in groups]
     if len(groups) == 1:
         apply, (_, _, primals) = nodes[0], groups[0]

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 import torch.fx
 from torch._subclasses.functional_tensor import FunctionalTensorMode
+from torch.fx import traceback as fx_traceback
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from ..errors import Unsupported
@@ -233,7 +234,10 @@ def mark_user_visible(gm: torch.fx.GraphModule, n: int, nfw: int, meta, saved_in
 
 def _trace(state: AOTState, f, args) -> torch.fx.GraphModule:
     try:
-        with U.preserve_rng_state(), FunctionalTensorMode(_allow_token_discovery=True):
+        # preserve_node_meta: each node records the ATen op it was decomposed from
+        # (meta "original_aten"), which the activation policies read (saved_hooks.py)
+        with U.preserve_rng_state(), FunctionalTensorMode(_allow_token_discovery=True), \
+                fx_traceback.preserve_node_meta():
             gm = make_fx(f, decomposition_table=state.decompositions)(*args)
     except U_DATA_DEPENDENT as e:
         raise Unsupported(f"AOT autograd: data-dependent operation ({type(e).__name__}: {e})") from e

@@ -294,8 +294,10 @@ def _same_meta(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 def inline(hooks: tuple, fw: torch.fx.GraphModule, bw: torch.fx.GraphModule, nfw: int,
            decompositions: dict | None, fake_mode=None) -> InlinedHooks:
-    """Inline ``pack`` after each saved activation of ``fw`` and ``unpack`` before its first
-    use in ``bw``, in place. Raises HookNotTraceable when a hook cannot be inlined for one of
+    """Inline ``pack`` after the last forward use of each saved activation of ``fw`` and
+    ``unpack`` before its first use in ``bw``, in place. A pack with a ``kiln_hooks_for(node,
+    backward_users)`` attribute (kiln's lossy policies) chooses per saved value: other hooks
+    (a pair), or None to leave it as it is. Raises HookNotTraceable when a hook cannot be inlined for one of
     them (then none is; the graphs may be half-edited: pass copies). A hook is traced once per
     static tensor metadata; with ``fake_mode``, the graphs' values are then recomputed so that
     no two nodes share one fake tensor."""
@@ -310,20 +312,26 @@ def inline(hooks: tuple, fw: torch.fx.GraphModule, bw: torch.fx.GraphModule, nfw
     plans = []
     memo: dict = {}       # static metadata -> (pack, unpack) traced for it
     reused = False
+    hooks_for = getattr(pack, "kiln_hooks_for", None)
     for j, s in enumerate(saved):
-        if s not in acts:
+        mine = (pack, unpack)
+        if s in acts and hooks_for is not None:
+            mine = hooks_for(s, list(bw_phs[j].users))
+        if s not in acts or mine is None:
             if isinstance(s, torch.fx.Node) and isinstance(s.meta.get("val"), torch.Tensor):
                 info.kept.append(s.name)
             continue
         val = s.meta["val"]
         key = _meta_key(val)
+        if key is not None:
+            key = (key, id(mine[0]), id(mine[1]))
         if key is not None and key in memo:
             p, u = memo[key]
             reused = True
         else:
-            p = trace_hook(pack, val, decompositions, "pack")
+            p = trace_hook(mine[0], val, decompositions, "pack")
             packed_vals = [n.meta.get("val") for n in U.flat_outputs(p.graph.graph)]
-            u = trace_hook(unpack, p.rebuild(packed_vals), decompositions, "unpack")
+            u = trace_hook(mine[1], p.rebuild(packed_vals), decompositions, "unpack")
             if key is not None:
                 memo[key] = (p, u)
         outs = [n.meta.get("val") for n in U.flat_outputs(u.graph.graph)]
@@ -337,11 +345,14 @@ def inline(hooks: tuple, fw: torch.fx.GraphModule, bw: torch.fx.GraphModule, nfw
         plans.append((j, s, p, u))
     new_saved = list(saved)
     out_node = next(n for n in reversed(fw.graph.nodes) if n.op == "output")
+    order = {n: i for i, n in enumerate(fw.graph.nodes)}
     for j, s, p, u in plans:
-        # forward: pack(s) just before the output
+        # forward: pack(s) right after the last use of s in the forward, so that the graph
+        # frees s there (an offloaded or narrowed copy replaces it from that point on)
         p_phs = [n for n in p.graph.graph.nodes if n.op == "placeholder"]
         before_fw = set(fw.graph.nodes)
-        with fw.graph.inserting_before(out_node):
+        last = max((n for n in s.users if n.op != "output" and n in order), key=order.__getitem__, default=s)
+        with fw.graph.inserting_before(last.next):
             packed = fw.graph.graph_copy(p.graph.graph, {p_phs[0]: s})
         _tag(fw.graph, before_fw, ("pack", s.name))
         packed = list(packed) if isinstance(packed, (list, tuple)) else [packed]

@@ -95,6 +95,15 @@ def aot_backend(fw_compiler: Callable | None = None, bw_compiler: Callable | Non
         return cache.cached(gm, example_inputs, backend="aot_eager" if user_key is None else "aot_backend",
                             options=options, compile=compile, load=load, dump=_dump_artifact)
 
+    def load_artifact(payload: bytes, g: torch.fx.GraphModule):
+        """The AOT result rebuilt from a cache payload (a package's artifact): no tracing."""
+        from ..config import config
+
+        compilers = _with_cudagraphs(fw_compiler, bw_compiler, inference_compiler) if config.cudagraphs \
+            else (fw_compiler, bw_compiler, inference_compiler)
+        return _load_artifact(payload, g, compilers, {})
+
+    kiln_aot_backend.load_artifact = load_artifact
     kiln_aot_backend.__name__ = "aot_backend"
     kiln_aot_backend.cache_key = cache_key
     kiln_aot_backend.fw_compiler = getattr(fw_compiler, "__wrapped__", fw_compiler)

@@ -105,16 +105,24 @@ class InductorBackend:
         except Exception as e:       # an Inductor config kiln cannot key: compile, uncached
             cache.bypass(gm, f"the Inductor config cannot be keyed ({type(e).__name__}: {e})")
             return graph.run(example_inputs)
+        records = graph.records     # (kept by the dump a package may ask for after a cache bypass)
         try:
             return cache.cached(
                 gm, example_inputs, backend="inductor", options=options,
                 compile=lambda: graph.run(example_inputs),
                 load=lambda payload, g, rename: inductor_entry.load(payload, g, self._graph_compile,
                                                                     self.cudagraphs, rename),
-                dump=lambda compiled: inductor_entry.dump(compiled, graph.records, graph._fw_output_strides,
+                dump=lambda compiled: inductor_entry.dump(compiled, records, graph._fw_output_strides,
                                                            graph.split_graphs))
         finally:
             graph.records = {}      # (the generated code is on disk now; the callable keeps its module)
+
+    def load_artifact(self, payload: bytes, gm: torch.fx.GraphModule) -> Callable:
+        """The compiled graph rebuilt from a cache payload (a package's artifact): no AOT
+        tracing, no Inductor lowering."""
+        from . import inductor_entry
+
+        return inductor_entry.load(payload, gm, self._graph_compile, self.cudagraphs, {})
 
     def _graph_compile(self, gm: torch.fx.GraphModule) -> "GraphCompile":
         return GraphCompile(self.config_patches, gm, cudagraphs=self.cudagraphs)

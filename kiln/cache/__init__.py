@@ -66,13 +66,13 @@ def cached(gm, example_inputs: list, *, backend: str, options: dict, compile: Ca
     it raises ValueError for a result it cannot store)."""
     fn = function_name(gm)
     if not config.cache:
-        return compile()
+        return offer(compile(), lambda c: dump(c))
     try:
         parts = K.key_parts(gm, example_inputs, backend, options)
         key = K.digest(parts)
     except Exception as e:          # a graph kiln cannot key: compile it, uncached
         _bypass(fn, f"cannot compute the key: {type(e).__name__}: {e}")
-        return compile()
+        return offer(compile(), lambda c: dump(c))
     from ..aot.symbolic_codec import EntryDoesNotFit
 
     not_fit = None
@@ -85,7 +85,7 @@ def cached(gm, example_inputs: list, *, backend: str, options: dict, compile: Ca
                 compiled = load(payload, gm, _renames(header.get("inputs"), input_names(gm)))
                 store.count("hits")
                 _log(f"hit {fn} ({key[:12]}, {len(payload)} bytes)")
-                return compiled
+                return offer(compiled, _stored(key, lambda c: dump(c)))
             store.warn_once(("mismatch", key), f"entry {key[:12]} does not match its key; recompiling")
     except EntryDoesNotFit as e:    # a dynamic entry traced under guards these sizes fail
         not_fit = str(e)
@@ -99,7 +99,39 @@ def cached(gm, example_inputs: list, *, backend: str, options: dict, compile: Ca
         payload = dump(compiled)
     except Exception as e:
         _log(f"not stored {fn}: {type(e).__name__}: {e}")
-        return compiled
+        return offer(compiled, _failed(f"{type(e).__name__}: {e}"))
     store.write(key, {"key": key, "function": fn, "backend": backend, "parts": parts,
                       "inputs": input_names(gm)}, payload)
+    return offer(compiled, _stored(key, lambda c: payload))
+
+
+# -- what a package (kiln/package) saves of a compiled graph -------------------------------------
+
+PAYLOAD_ATTR = "kiln_package_payload"
+
+
+def offer(compiled: Callable, payload: Callable[[Callable], bytes]) -> Callable:
+    """Let ``kiln.package`` save ``compiled``: ``payload(compiled)`` returns the bytes the
+    backend's ``load_artifact(payload, gm)`` rebuilds it from (the cache entry's payload), or
+    raises ValueError saying why it cannot be saved. Called lazily, at save time."""
+    try:
+        setattr(compiled, PAYLOAD_ATTR, payload)
+    except (AttributeError, TypeError):   # (a bound method: the package saves what it is)
+        pass
     return compiled
+
+
+def _stored(key: str, fallback: Callable[[Callable], bytes]) -> Callable[[Callable], bytes]:
+    """The payload as the cache stored it (read back at save time: not kept in memory)."""
+    def payload(compiled):
+        found = store.read(key)
+        if found is not None and found[0].get("key") == key:
+            return found[1]
+        return fallback(compiled)
+    return payload
+
+
+def _failed(reason: str) -> Callable[[Callable], bytes]:
+    def payload(compiled):
+        raise ValueError(reason)
+    return payload

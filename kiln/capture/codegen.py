@@ -161,6 +161,7 @@ class GuardProgram:
                  global_state, ctx: RenderContext, params: str, shape=None, fwd: str = ""):
         self.guards = guards
         self.fwd = fwd       # the call arguments that forward the parameters (``x, *a, k=k``)
+        self.tensor_dims = None   # TensorGuards' (sizes, strides) with None where symbolic
         self.shape = shape   # shape_guards.ShapeGuards of a dynamic capture, else None
         self.tensor_sources = tensor_sources
         self.tensor_guards = tensor_guards

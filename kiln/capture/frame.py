@@ -47,6 +47,8 @@ class Entry:
     graph_break: Unsupported | None = None    # set when the frame breaks: why, and where
     resumes: tuple = ()                       # the continuations' CompiledFunctions
     replaced_by: "Entry | None" = None        # its generated code failed: the eager entry now used
+    inlined: dict = dataclasses.field(default_factory=dict)   # code -> (module, qualname) inlined
+    break_plan: tuple | None = None           # (code, resume.BreakPlan) of a graph break
 
     @property
     def is_eager(self) -> bool:
@@ -189,7 +191,7 @@ def _finish(fn, output: OutputGraph, result, key, backend, backend_name) -> Entr
         logs.log("guards", f"guards of {fn.__qualname__}:\n" + "\n".join(
             "  " + g.describe() for g in guards))
     return Entry(key, backend_name, entry_fn, _make_check(fn, program), program.guards, program,
-                 gm, compiled, readable_source(src, cg.ctx.local_alias))
+                 gm, compiled, readable_source(src, cg.ctx.local_alias), inlined=dict(output.inlined))
 
 
 def _compile_entry(fn, src: str, ctx: RenderContext, lines: dict[int, int] | None = None):
@@ -399,10 +401,11 @@ def _program(fn, output: OutputGraph, guards: list[Guard], ctx: RenderContext):
     # was called in, not inside an autocast/no_grad block the capture is still in.
     output.restore_grad_mode()
     params, fwd = signature_text(fn.__code__, fn.__defaults__, fn.__kwdefaults__, ctx)
-    tg = _torch.make_tensor_guards([_real_input(inp) for inp in output.tensor_inputs],
-                                   shape_guards.tensor_guard_dims(output))
+    dims = shape_guards.tensor_guard_dims(output)
+    tg = _torch.make_tensor_guards([_real_input(inp) for inp in output.tensor_inputs], dims)
     program = GuardProgram(guards, [inp.source for inp in output.tensor_inputs], tg,
                            output.global_state, ctx, params, output.shape_guards, fwd)
+    program.tensor_dims = dims      # (a package rebuilds the TensorGuards from them)
     return program, params, fwd
 
 
@@ -510,6 +513,8 @@ def _finish_break(fn, output: OutputGraph, tx, ip: int, reason: Unsupported, key
     forget_frames(reason)   # kept by the entry: without the capture's frames
     entry.graph_break = reason
     entry.resumes = tuple(resumes)
+    entry.inlined = dict(output.inlined)
+    entry.break_plan = (code, plan)          # (a package rebuilds the break function from it)
     return entry
 
 

@@ -122,7 +122,12 @@ class Guard:
         if k is GuardKind.SAVED_TENSOR_HOOKS:
             from ..aot.saved_hooks_guard import hooks_are
 
-            return f"{ctx.bind(hooks_are, 'hooks')}({ctx.bind(self.expected, 'c')})"
+            check = f"{ctx.bind(hooks_are, 'hooks')}({ctx.bind(self.expected, 'c')})"
+            top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+            if self.expected is None and top is not None:
+                # no hooks at all (the usual case): one C call, on every call of the entry
+                return f"({ctx.bind(top, 'tophooks')}(True) is None or {check})"
+            return check
         if k is GuardKind.FUNCTION_MATCH:
             # the function by weak reference: its entries (which it owns) must not keep it alive
             fn_ref, code, d, kwd = self.expected
@@ -294,6 +299,9 @@ class TensorMeta:
     requires_grad: bool
     symbolic_size: tuple | None = None     # sizes as the graph sees them ("s4821"), if dynamic
     symbolic_stride: tuple | None = None
+    # what else TENSOR_MATCH's dispatch keys tell apart (a conjugate or negative view, an
+    # inference tensor, a layout other than strided), or None: a package cannot rebuild those
+    special: str | None = None
 
     @staticmethod
     def of(t: torch.Tensor, fake: torch.Tensor | None = None) -> "TensorMeta":
@@ -302,7 +310,15 @@ class TensorMeta:
             sym_size = tuple(str(s) for s in fake.size())
             sym_stride = tuple(str(s) for s in fake.stride())
         return TensorMeta(type(t), t.dtype, t.device, tuple(t.size()), tuple(t.stride()),
-                          t.requires_grad, sym_size, sym_stride)
+                          t.requires_grad, sym_size, sym_stride, _special(t))
+
+
+def _special(t: torch.Tensor) -> str | None:
+    kinds = [what for what, test in (("a conjugate view", t.is_conj), ("a negative view", t.is_neg),
+                                     ("an inference tensor", t.is_inference)) if test()]
+    if t.layout != torch.strided:
+        kinds.append(f"layout {t.layout}")
+    return ", ".join(kinds) or None
 
 
 def describe_tensor(m: TensorMeta) -> str:

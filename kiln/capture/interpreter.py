@@ -346,6 +346,7 @@ class FrameInterpreter(PythonSemantics):
         if self.depth >= config.max_inline_depth:
             raise Unsupported(f"inlining deeper than config.max_inline_depth={config.max_inline_depth}")
         f_locals = bind_arguments(self, code, fn.name(), args, kwargs, fn.defaults(self), fn.kwdefaults(self))
+        self.output.inlined.setdefault(code, (fn.globals().get("__name__"), code.co_qualname))
         cells: dict[str, CellValue] = {}
         for name, cell in zip(code.co_freevars, fn.closure_cells(self)):
             cells[name] = cell

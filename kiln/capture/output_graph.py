@@ -89,6 +89,9 @@ class OutputGraph:
         self.replaying = False   # a restarted capture, replaying up to a graph break
         self.autocast_stack: list = []
         self.constant_attrs: dict[str, object] = {}   # get_attr name -> constant (to_fx)
+        # the functions inlined into this capture: code -> (module name, qualname); a package
+        # checks on load that their code is still the same (kiln/package/identity.py)
+        self.inlined: dict = {}
         self._constant_nodes: dict[str, torch.fx.Node] = {}
         # autocast's dtype is not part of the tensor dispatch keys that TENSOR_MATCH checks:
         # a capture that starts inside autocast also guards the autocast state

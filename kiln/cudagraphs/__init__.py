@@ -8,7 +8,8 @@ device (``tree.py``) and replays them. Modules, one idea each:
 * ``reasons.py``: what keeps a graph or a call out of a CUDA graph; logging, or-error;
 * ``tree.py``: the pool and its ordered recordings; stale outputs, pending backwards;
 * ``recording.py``: one recording: inputs read in place or copied, outputs per replay;
-* ``function.py``: the per-call decisions (warm-up, replay, re-record, fall back).
+* ``function.py``: the per-call decisions (warm-up, replay, re-record, fall back);
+* ``steps.py``: the step counter that makes recordings follow the order graphs run in.
 """
 from ..errors import CudagraphError
 from .function import CudagraphFunction, cudagraph_compiler, cudagraphify, live_functions, skip_reasons, stats

@@ -1,8 +1,8 @@
 """``CudagraphFunction``: a compiled graph (inference, forward or backward) that runs as CUDA
 graph replays.
 
-Per call (the fast path is a dict lookup, an address comparison per input read in place, the
-copies of the other inputs, one ``replay()``):
+Per call (the fast path is a dict lookup, one C call comparing the addresses of the inputs read
+in place, the copies of the other inputs, one ``replay()``):
 
 1. a graph the compile-time check refused (``reasons.graph_facts``) runs as compiled;
 2. the recordings for this input size (dynamic graphs: one per concrete size, up to
@@ -10,10 +10,13 @@ copies of the other inputs, one ``replay()``):
    whose in-place inputs are at their recorded addresses replays, unless that would overwrite
    tensors a pending backward needs (``tree.conflict``: that call runs as compiled);
 3. a size seen for the first time runs as compiled (warm-up: kernels autotune, libraries
-   initialize outside the capture); the second call records;
+   initialize outside the capture); it records on a later call, in a step (``steps.py``) in
+   which no graph warmed up, so that recordings follow the order the graphs run in;
 4. in-place inputs at new addresses (a new module instance, a replaced parameter) record
    again, up to ``kiln.config.cudagraph_max_recording`` recordings per size; after that the
-   graph runs as compiled for good, with one warning naming the input.
+   graph runs as compiled for good, with one warning naming the input. An input read in place
+   only because the caller passed it again, unmoved (``recording.py``, optimistic), records
+   once more when it moves, and is copied from then on.
 
 Whether an input may be written is checked once, when recording (the seed's optimistic check:
 the slow path when recording, trusted afterwards: a recording exists only for inputs it found
@@ -32,8 +35,9 @@ import torch.fx
 from .. import logs
 from ..config import config
 from .reasons import GraphFacts, graph_facts, skip
-from .recording import CannotRecord, Recording
-from .tree import consume, tree_for
+from .recording import CannotRecord, Recording, _ptrs_equal
+from . import steps
+from .tree import _pending, consume, tree_for
 
 
 # Calls by outcome ("warmup", "record", "replay", "skip"), and skips by reason, for tests
@@ -48,15 +52,9 @@ def live_functions() -> list:
     return list(_live)
 
 
-_is_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None)
-
-
-def _capturing() -> bool:
-    """Whether the current stream is capturing a CUDA graph (the caller's own)."""
-    try:
-        return bool(_is_capturing()) if _is_capturing is not None else False
-    except RuntimeError:        # a build without CUDA
-        return False
+# whether the current stream is capturing a CUDA graph (the caller's own); never on a CPU build
+# (whose binding is a placeholder that raises)
+_is_capturing = torch._C._cuda_isCurrentStreamCapturing if torch._C._has_cuda else (lambda: False)
 
 
 def _caller(fn: Callable) -> Callable[[list], Any]:
@@ -74,11 +72,14 @@ class CudagraphFunction:
         self.inner = _caller(inner)
         self.facts = facts
         self.kind = facts.kind
+        self.backward = facts.kind == "backward"
         self.static_idxs = frozenset(facts.static_inputs)
         self.protected_from = facts.saved_from
         self.key_positions = list(facts.size_inputs)
         self.recordings: dict = {}
-        self.warmed: set = set()
+        self.warmed: dict = {}      # size key -> inputs of its warm-up, weakly, and addresses (None: backward)
+        self.rewarmed: set = set()
+        self.copy_always: set = set()   # inputs that moved after being read in place optimistically
         self.disabled: str | None = self.facts.skip
         self.logged: set = set()
         self.probes: list = []      # (backward) inputs that held the forward's saved tensors
@@ -95,18 +96,19 @@ class CudagraphFunction:
         return tuple(key)
 
     def __call__(self, args: list):
-        if self.kind == "backward":
+        if self.backward:
             consume(args, self.probes)
         if self.disabled is not None:
             return self._without(args, self.disabled, "disabled")
-        if _capturing():        # inside the caller's own CUDA-graph capture: its graph records us
+        if _is_capturing():     # inside the caller's own CUDA-graph capture: its graph records us
             return self.inner(args)
         key = self._key(args) if self.key_positions else None
         recs = self.recordings.get(key)
         if recs is not None:
             for rec in recs:
-                if rec.matches(args):
-                    why = rec.tree.conflict(rec)
+                if (_ptrs_equal(args, rec.ptr_list, rec.inplace) if rec.simple_match else rec.matches(args)):
+                    # (a conflict needs a pending backward, or a backward's live gradients)
+                    why = rec.tree.conflict(rec) if self.backward or _pending else None
                     if why is None:
                         stats["replay"] += 1
                         return rec.replay(args)
@@ -116,13 +118,24 @@ class CudagraphFunction:
             if len(self.warmed) >= config.cudagraph_max_sizes:
                 return self._without(args, f"more than kiln.config.cudagraph_max_sizes="
                                            f"{config.cudagraph_max_sizes} input sizes recorded", "sizes")
-            self.warmed.add(key)
-            stats["warmup"] += 1
-            if logs.enabled.cudagraphs:
-                logs.log("cudagraphs", f"warm-up run of the {self.facts.name}"
-                                       f"{' for sizes ' + str(key) if key else ''} (recorded on the next call)")
-            return self.inner(args)
+            # (forward and inference graphs) each input tensor and its address: one the caller
+            # passes again, unmoved, when recording is read in place (recording.py, optimistic)
+            self.warmed[key] = None if self.backward else \
+                [(weakref.ref(a), a.data_ptr()) if isinstance(a, torch.Tensor) else None for a in args]
+            return self._warm_up(args, key, "")
+        if steps.warming == steps.count and key not in self.rewarmed:
+            # another graph warmed up in this step: record in the next one (steps.py)
+            self.rewarmed.add(key)
+            return self._warm_up(args, key, " again (a graph of this step warmed up)")
         return self._record(args, key)
+
+    def _warm_up(self, args: list, key, why: str):
+        steps.warming = steps.count
+        stats["warmup"] += 1
+        if logs.enabled.cudagraphs:
+            logs.log("cudagraphs", f"warm-up run of the {self.facts.name}{why}"
+                                   f"{' for sizes ' + str(key) if key else ''} (recorded on a later call)")
+        return self.inner(args)
 
     def _without(self, args: list, reason: str, kind: str):
         stats["skip"] += 1
@@ -134,12 +147,21 @@ class CudagraphFunction:
         last = recs[-1]
         moved = last.mismatched(args)
         tree = last.tree
-        unstable = [i for i in moved if not (isinstance(args[i], torch.Tensor) and
-                                               (i in self.static_idxs or tree.owns(args[i], self.kind == "backward")))]
+        optimistic = set(last.optimistic)
+        unstable = [i for i in moved if i not in optimistic and not (
+            isinstance(args[i], torch.Tensor) and (i in self.static_idxs or tree.owns(args[i], self.backward)))]
         if unstable:
             names = ", ".join(self.facts.input_names[i] for i in unstable)
             return self._without(args, f"input(s) {names} are not at the address the recording reads them "
                                        "from, and are not outputs of another CUDA-graph replay", "moved")
+        if any(i in optimistic for i in moved):
+            # inputs that stayed put until now: copied from now on (one more recording)
+            self.copy_always.update(i for i in moved if i in optimistic)
+            if logs.enabled.cudagraphs:
+                names = ", ".join(self.facts.input_names[i] for i in moved if i in optimistic)
+                logs.log("cudagraphs", f"re-recording the {self.facts.name}: input(s) {names} moved; "
+                                       "they are copied into the recording from now on")
+            return self._record(args, key)
         if len(recs) >= config.cudagraph_max_recording:
             names = ", ".join(self.facts.input_names[i] for i in moved) or "(copied inputs' layout)"
             self.disabled = (f"recorded {len(recs)} times (kiln.config.cudagraph_max_recording) for new addresses "
@@ -159,9 +181,13 @@ class CudagraphFunction:
     def _record(self, args: list, key):
         device = next(a.device for a in args if isinstance(a, torch.Tensor) and a.device.type == "cuda")
         tree = tree_for(device)
-        rec = Recording(self.facts, tree, self.static_idxs, self.protected_from, self.kind == "backward")
+        rec = Recording(self.facts, tree, self.static_idxs, self.protected_from, self.backward)
+        warm = self.warmed.get(key)
+        stable = frozenset() if warm is None else frozenset(
+            i for i, w in enumerate(warm) if w is not None and i not in self.copy_always and i < len(args)
+            and w[0]() is args[i] and args[i].data_ptr() == w[1])
         try:
-            rec.classify(args)
+            rec.classify(args, stable)
         except CannotRecord as e:
             return self._without(args, str(e), "classify")
         try:

@@ -8,6 +8,12 @@ Inputs (decided when recording, as the seed's "static inputs"):
   saved tensors in the backward; inputs read in place by another recording). A replay needs
   each at the address it was recorded with (``matches``); a new address means a new
   recording.
+* read in place, optimistically (inference and forward graphs): another input the caller
+  passed on the warm-up call and passes again, at the same address, on the recording call (a
+  batch tensor it keeps and refills). Reading it in place is right for whatever tensor is at
+  that address; an input at another address later makes the graph record once more, copying
+  that input from then on (``CudagraphFunction._record_again``). This saves a copy kernel per
+  input and call.
 * copied: any other tensor is copied, before each replay, into a buffer the recording owns
   (no copy when the caller passes that buffer itself).
 
@@ -15,8 +21,16 @@ Outputs live in the device's pool (``tree.py``). Each replay returns new tensors
 storage objects over that memory, so that the next replay can make the previous ones raise
 when read (``Generation.invalidate``). Outputs that are inputs (a parameter saved for the
 backward) are returned as the caller's tensors.
+
+A recording holds the memory of its outputs (the tensors its capture returned). A forward's
+saved tensors are held only until its backward is recorded (``tree.release_saved``): after
+that, between steps, they are dead memory of the pool, as in torch's tree; recordings captured
+later may place memory there and overlap the forward.
 """
 from __future__ import annotations
+
+import bisect
+import functools
 
 import torch
 
@@ -25,6 +39,12 @@ from .tree import Generation, PoolTree
 
 # one C++ call comparing the data pointers of many inputs (torch >= 2.4)
 _ptrs_equal = getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", None)
+# the C replay, without the Python wrapper of torch.cuda.CUDAGraph (its input-liveness
+# tracker is never turned on here); resolved lazily: CPU builds have no CUDAGraph
+_replay_graph = getattr(getattr(torch._C, "_CUDAGraph", None), "replay", None)
+# a storage over pool memory, a tensor on it (a replay's outputs; CUDA builds)
+_make_storage = getattr(torch._C, "_construct_storage_from_data_pointer", None)
+_make_tensor = getattr(torch._C, "_construct_CUDA_Tensor_From_Storage_And_Metadata", None)
 
 
 class CannotRecord(Exception):
@@ -61,31 +81,47 @@ class Recording:
         self.graph = None
 
     # -- recording ---------------------------------------------------------------------------
-    def classify(self, args: list) -> None:
-        """Which inputs are read in place and which are copied (before any allocation)."""
+    def classify(self, args: list, stable: frozenset = frozenset()) -> None:
+        """Which inputs are read in place and which are copied (before any allocation).
+        ``stable``: the other inputs that may be read in place (optimistically)."""
         self.inplace: list[int] = []
         self.ptrs: list[int] = []
         self.copied: list[int] = []
+        self.optimistic: list[int] = []
+        written = self.facts.written_inputs
+        held = None
         for i, a in enumerate(args):
             if not isinstance(a, torch.Tensor):
                 continue
             if a.device.type != "cuda":
                 raise CannotRecord(f"input {self.facts.input_names[i]} is a {a.device.type} tensor")
             if i in self.static_idxs or self.tree.owns(a, self.backward):
+                if i not in self.static_idxs and a.data_ptr() not in self.tree.static_ptrs and a.numel():
+                    # pool memory: the capture may allocate there unless a recording holds it (a
+                    # forward's saved tensors after its backward was recorded are not held)
+                    held = self.tree.held_blocks() if held is None else held
+                    k = bisect.bisect_right(held, (a.data_ptr(), float("inf"))) - 1
+                    if k < 0 or not held[k][0] <= a.data_ptr() < held[k][1]:
+                        raise CannotRecord(f"input {self.facts.input_names[i]} lies in pool memory no recording "
+                                           "holds (a saved tensor of a forward whose backward was recorded already)")
                 self.inplace.append(i)
                 self.ptrs.append(a.data_ptr())
+            elif i in stable and i not in written:
+                self.inplace.append(i)
+                self.ptrs.append(a.data_ptr())
+                self.optimistic.append(i)
             else:
                 self.copied.append(i)
         copied = set(self.copied)
-        for i in self.facts.written_inputs:
+        for i in written:
             if i in copied:
                 raise CannotRecord(f"the graph writes to input {self.facts.input_names[i]}, which is neither a "
                                    "parameter/buffer nor an output of another CUDA-graph replay (a replay would "
                                    "write to a copy)")
 
-    def record(self, inner, args: list) -> list:
-        """Capture ``inner`` (a boxed compiled graph) for ``args``, replay it once, return
-        this call's outputs."""
+    def _static_args(self, args: list) -> tuple[list, dict]:
+        """The arguments of the capture (copied inputs replaced by the recording's buffers)
+        and, per input read in place, (storage pointer, data pointer, the tensor)."""
         self.copies = []      # (index, buffer, flat buffer or None, span, strides)
         static_args = list(args)
         for i in self.copied:
@@ -102,33 +138,62 @@ class Recording:
                 buf = flat.as_strided(a.shape, a.stride())
                 self.copies.append((i, buf, flat, span, a.stride()))
             static_args[i] = buf
+        inplace = {}
+        for i in self.inplace:
+            a = static_args[i]
+            inplace[i] = (a.untyped_storage().data_ptr(), a.data_ptr(), a)
+        return static_args, inplace
+
+    def record(self, inner, args: list) -> list:
+        """Capture ``inner`` (a boxed compiled graph) for ``args``, replay it once, return
+        this call's outputs."""
+        # memory given up by forwards whose backward was recorded may be reused by this capture:
+        # their saved tensors must not be waiting for a backward (then the call runs as compiled
+        # and a later one records)
+        for ref in self.tree._released:
+            fw = ref()
+            if fw is not None and fw.generation is not None and fw.generation.pending():
+                raise CannotRecord(f"the {fw.facts.name}'s saved tensors wait for their backward, in memory "
+                                   "this recording may reuse")
+        static_args, inplace = self._static_args(args)
         # (for the one-call address check of ``matches``: None where nothing is checked)
         self.ptr_list = [None] * len(args)
         for i, p in zip(self.inplace, self.ptrs):
             self.ptr_list[i] = p
         self.strided_copies = [(i, strides) for i, buf, flat, span, strides in self.copies if flat is not None]
+        # ``matches`` is one C call (the caller makes it directly)
+        self.simple_match = _ptrs_equal is not None and bool(self.inplace) and not self.strided_copies
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.tree.handle):
             outs = inner(list(static_args))
+        del static_args
         self.graph = graph
-        self._plan_outputs(list(outs), static_args)
+        self._replay = graph.replay if _replay_graph is None else functools.partial(_replay_graph, graph)
+        self._plan_outputs(list(outs), inplace)
+        del outs
         self.tree.static_ptrs.update(self.ptrs)
         self.position = self.tree.add(self)
+        if self.backward:       # its forwards' saved tensors are dead memory between steps now
+            self.tree.release_saved_at(self.ptrs, self)
         keep = [args[i] for i in self.alias_args]
         args.clear()
+        for ref in self.overlaps:     # (what a retained graph still holds there: an error to read)
+            fw = ref()
+            if fw is not None and fw.generation is not None:
+                fw.generation.invalidate_saved()
         graph.replay()
         return self._outputs(keep)
 
-    def _plan_outputs(self, outs: list, static_args: list) -> None:
+    def _plan_outputs(self, outs: list, inplace: dict) -> None:
         inplace_storage = {}
-        for i in self.inplace:
-            inplace_storage.setdefault(static_args[i].untyped_storage().data_ptr(), i)
+        for i, (sp, _, _) in inplace.items():
+            inplace_storage.setdefault(sp, i)
         self.template = list(outs)
         self.alias_args: list[int] = []      # inputs some outputs alias
         self.arg_outputs: list = []          # (output, position in alias_args, view or None)
         groups: dict[int, list] = {}         # storage pointer -> [(k, tensor)]
-        held = []
+        held: list = []
         for k, o in enumerate(outs):
             if not isinstance(o, torch.Tensor):
                 continue
@@ -138,7 +203,7 @@ class Recording:
             sp = o.untyped_storage().data_ptr()
             i = inplace_storage.get(sp)
             if i is not None:
-                a = static_args[i]
+                _, a_ptr, a = inplace[i]
                 if i not in self.alias_args:
                     self.alias_args.append(i)
                 pos = self.alias_args.index(i)
@@ -147,13 +212,16 @@ class Recording:
                 else:
                     if o.dtype != a.dtype:
                         raise CannotRecord(f"output {k} views input {self.facts.input_names[i]} as another dtype")
-                    rel = (o.data_ptr() - a.data_ptr()) // o.element_size()
+                    rel = (o.data_ptr() - a_ptr) // o.element_size()
                     self.arg_outputs.append((k, pos, (tuple(o.shape), tuple(o.stride()), rel)))
                 continue
             groups.setdefault(sp, []).append((k, o))
-            held.append(o)
-        # memory the recording owns: its pool outputs (and copied-input buffers an output is)
-        self.held = held
+            held.append((k, o))
+        # memory the recording owns: its pool outputs (and copied-input buffers an output is);
+        # the saved tensors until the backward is recorded (``tree.release_saved_at``)
+        saved_from = self.protected_from if self.protected_from is not None else len(outs)
+        self.held = [o for k, o in held if k < saved_from]
+        self.held_saved = [o for k, o in held if k >= saved_from]
         device = self.tree.device
         self.visible: list = []      # (pointer, nbytes, [(k, metadata)])
         protected: list = []
@@ -184,6 +252,8 @@ class Recording:
                     m["data_ptr"], m["nbytes"] = base, end - base
                     metas.append((k, m))
             self.protected = (base, end - base, metas)
+            blocks = {o.untyped_storage().data_ptr(): o.untyped_storage().nbytes() for o in self.held_saved}
+            self.tree.saved_blocks(self, [(p, p + n) for p, n in blocks.items()])
         self.tree.owned_bases.update(sp for sp, _, _ in self.visible)
         if self.protected is not None:
             self.tree.owned_bases.add(self.protected[0])
@@ -223,13 +293,12 @@ class Recording:
         keep = [args[i] for i in self.alias_args] if self.alias_args else None
         args.clear()
         self.tree.invalidate_from(self)
-        self.graph.replay()
+        self._replay()
         return self._outputs(keep)
 
     def _outputs(self, keep) -> list:
         outs = list(self.template)
-        make_storage = torch._C._construct_storage_from_data_pointer
-        make_tensor = torch._C._construct_CUDA_Tensor_From_Storage_And_Metadata
+        make_storage, make_tensor = _make_storage, _make_tensor
         device = self.tree.device
         storages = []
         for sp, nbytes, metas in self.visible:

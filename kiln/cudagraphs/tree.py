@@ -17,13 +17,20 @@ R, ``prepare_replay`` looks at the last outputs of R and of every later recordin
   the call runs without the CUDA graph instead (``conflict``);
 * outputs the user may still hold ("visible") are invalidated: reading them afterwards
   raises a clear error instead of returning overwritten data.
+
+One exception to the order, for memory: the tensors a forward saves for its backward are held
+by the forward's recording only until its backward is recorded (``release_saved_at``); from
+then on they are dead memory of the pool between steps (as in torch's tree: the peak memory of
+a step no longer counts them twice) and every recording captured later may place memory there.
+Such a recording "overlaps" that forward: its replay needs the forward's saved tensors consumed
+(``conflict``) and invalidates what a retained graph still holds of them; and no capture may
+read pool memory in place that no recording holds (``held_blocks``).
 """
 from __future__ import annotations
 
 import weakref
 
 import torch
-from torch.multiprocessing.reductions import StorageWeakRef
 
 _STALE = ("kiln: this tensor is an output of a CUDA-graph replay ({name}) and its memory was "
           "overwritten by a later replay. Outputs of a compiled function run with CUDA graphs "
@@ -36,14 +43,17 @@ _GRAD_HINT = ("; for gradients (as with torch's CUDA graphs): set .grad to None 
 
 class Generation:
     """The outputs of one replay: storages for those the user may hold, one for those a
-    pending backward needs ("protected"). Weak: they die with the last tensor on them. The
-    backward's call marks its forward's generation ``consumed`` (``consume``): what autograd
-    still holds after that (a retained graph) is invalidated, not protected, by a replay."""
+    pending backward needs ("protected"). The storages are the replay's own objects over pool
+    memory (they own nothing): a tensor on one is alive while the storage has another user
+    than this Generation (``_uses``). The backward's call marks its forward's generation
+    ``consumed`` (``consume``): what autograd still holds after that (a retained graph) is
+    invalidated, not protected, by a replay. (No weak references: one replay makes one
+    Generation, on every call.)"""
     __slots__ = ("visible", "protected", "name", "backward", "consumed", "cdata")
 
     def __init__(self, visible: list, protected, name: str, backward: bool):
-        self.visible = [StorageWeakRef(s) for s in visible]
-        self.protected = StorageWeakRef(protected) if protected is not None else None
+        self.visible = visible
+        self.protected = protected
         self.name = name
         self.backward = backward
         self.consumed = False
@@ -53,20 +63,41 @@ class Generation:
             _pending[self.cdata] = self
 
     def pending(self) -> bool:
-        return self.protected is not None and not self.consumed and not self.protected.expired()
+        return self.protected is not None and not self.consumed and _uses(self.cdata) > 1
+
+    def alive(self) -> bool:
+        """Whether the user still holds one of the visible outputs."""
+        for s in self.visible:
+            if _uses(s._cdata) > 1:
+                return True
+        return False
 
     def invalidate(self) -> None:
         msg = None
-        refs = self.visible if self.protected is None else [*self.visible, self.protected]
-        for ref in refs:
-            if not ref.expired():
+        storages = self.visible if self.protected is None else [*self.visible, self.protected]
+        for s in storages:
+            if _uses(s._cdata) > 1:
                 if msg is None:
                     msg = _STALE.format(name=self.name, grad=_GRAD_HINT if self.backward else "")
-                _poison(ref.cdata, msg)
+                _poison(s._cdata, msg)
         if self.cdata is not None and _pending.get(self.cdata) is self:
             del _pending[self.cdata]
         self.visible, self.protected = [], None
 
+    def invalidate_saved(self) -> None:
+        """Only the saved tensors (a recording that overlaps their memory replays)."""
+        s = self.protected
+        if s is None:
+            return
+        if _uses(s._cdata) > 1:
+            _poison(s._cdata, _STALE.format(name=self.name, grad=""))
+        if _pending.get(self.cdata) is self:
+            del _pending[self.cdata]
+        self.protected = None
+
+
+# how many holders a StorageImpl has (its users: tensors, storage objects)
+_uses = torch._C._storage_Use_Count
 
 # makes reading a storage's data raise ``msg`` (a CUDA build's binding)
 _poison = getattr(torch._C, "_set_storage_data_ptr_access_error_msg", None)
@@ -112,6 +143,9 @@ class PoolTree:
         # place too (no copy), e.g. the forward's saved tensors in the backward
         self.static_ptrs: set[int] = set()
         self.owned_bases: set[int] = set()
+        # forwards whose saved tensors' memory a backward's capture took over (weak)
+        self._released: list = []
+        self._saved: list = []             # (forward, its saved tensors' blocks)
 
     @property
     def handle(self):
@@ -122,9 +156,46 @@ class PoolTree:
 
     def add(self, recording) -> int:
         """Append a new recording; returns its position (dead ones keep theirs: positions
-        never move)."""
+        never move). It overlaps every forward whose saved tensors' memory was given up before
+        (``release_saved``)."""
         self._recordings.append(weakref.ref(recording))
+        recording.overlaps = list(self._released)
         return len(self._recordings) - 1
+
+    def saved_blocks(self, forward, blocks: list) -> None:
+        """``forward`` holds its saved tensors in ``blocks`` ([start, end) pointers)."""
+        self._saved = [(r, b) for r, b in self._saved if r() is not None]
+        self._saved.append((weakref.ref(forward), blocks))
+
+    def release_saved_at(self, ptrs: list, backward) -> None:
+        """``backward`` was recorded reading ``ptrs`` in place: each forward whose saved tensors
+        are among them stops holding them (``release_saved``)."""
+        for ref, blocks in self._saved:
+            fw = ref()
+            if fw is None or fw is backward or not fw.held_saved:
+                continue
+            if any(b <= p < e for p in ptrs for b, e in blocks):
+                fw.held_saved = []
+                self.release_saved(fw)
+
+    def held_blocks(self) -> list:
+        """[start, end) of the memory the recordings hold (their outputs; saved tensors until
+        released), sorted: a capture may read pool memory in place only there."""
+        blocks = set()
+        for ref in self._recordings:
+            r = ref()
+            if r is not None:
+                for h in (*r.held, *r.held_saved):
+                    s = h.untyped_storage()
+                    blocks.add((s.data_ptr(), s.data_ptr() + s.nbytes()))
+        return sorted(blocks)
+
+    def release_saved(self, forward) -> None:
+        """``forward``'s saved tensors are no longer held by its recording: later captures
+        may place memory there (they overlap it: ``add``)."""
+        ref = weakref.ref(forward)
+        if ref not in self._released:
+            self._released.append(ref)
 
     def _from(self, recording) -> list:
         """``recording`` and every recording captured after it, alive."""
@@ -139,10 +210,13 @@ class PoolTree:
         """Why replaying ``recording`` now would overwrite tensors still needed: saved for a
         pending backward, or (a backward graph run twice in one backward pass) the gradients
         of its previous replay, which autograd is still accumulating."""
-        g = recording.generation
-        if recording.backward and g is not None and any(not ref.expired() for ref in g.visible):
-            return ("its previous replay's gradients are still alive (one backward pass runs this backward "
-                    "graph twice, e.g. a module called twice before backward())")
+        if recording.backward:
+            g = recording.generation
+            if g is not None and g.alive():
+                return ("its previous replay's gradients are still alive (one backward pass runs this backward "
+                        "graph twice, e.g. a module called twice before backward())")
+        if not _pending:        # (the common case: nothing saved is waiting for a backward)
+            return None
         for r in self._from(recording):
             g = r.generation
             if g is not None and g.pending():
@@ -150,15 +224,28 @@ class PoolTree:
                 return (f"{what} outputs are saved for a backward that has not run yet (the replay "
                         "would overwrite them; run backward() before calling again, or run under "
                         "torch.no_grad() when no backward will follow)")
+        for ref in recording.overlaps:
+            r = ref()
+            g = r.generation if r is not None else None
+            if g is not None and g.pending():
+                return (f"the {r.facts.name}'s outputs are saved for a backward that has not run yet, in memory "
+                        "this recording reuses (run backward() before calling it)")
         return None
 
     def invalidate_from(self, recording) -> None:
         """``recording`` is about to replay: outputs it may overwrite become errors to read."""
-        for r in self._from(recording):
-            g = r.generation
-            if g is not None:
-                g.invalidate()
-                r.generation = None
+        recs = self._recordings
+        for k in range(recording.position, len(recs)):
+            r = recs[k]()
+            if r is not None:
+                g = r.generation
+                if g is not None:
+                    g.invalidate()
+                    r.generation = None
+        for ref in recording.overlaps:
+            r = ref()
+            if r is not None and r.generation is not None:
+                r.generation.invalidate_saved()
 
     def owns(self, t: torch.Tensor, backward: bool = False) -> bool:
         """Whether ``t`` is stable memory: an output of a replay, or (for a backward, whose

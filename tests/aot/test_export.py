@@ -141,3 +141,17 @@ def test_load_in_a_fresh_process(tmp_path):
     assert_same(res["out"], out)
     assert_same(res["grads"], grads)
     assert_same(res["bufs"], bufs)
+
+
+def test_artifact_ops_from_prims_resolve_in_a_fresh_process():
+    """Inductor's decompositions put prims ops (prims.fma, defined by torch._inductor) in the
+    graphs; a process that only loads an artifact has not registered them yet (a cache entry
+    of a GPT-2 step with an activation policy failed to load, seen in issue 14's benchmark)."""
+    import subprocess
+    import sys
+
+    code = ("from kiln.aot.export import _decode_target\n"
+            "print(_decode_target('torch.ops.prims.fma.default'), _decode_target('torch.ops.prims.convert_element_type.default'))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "prims.fma.default" in out.stdout and "prims.convert_element_type.default" in out.stdout

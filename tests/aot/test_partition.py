@@ -120,3 +120,53 @@ def test_partition_fn_returning_the_wrong_graphs_is_an_error():
     st, cap = _capture(lambda x: x.sin(), [rg(3)])
     with st, pytest.raises(ValueError, match="backward takes"):
         stage2_compile(st, cap, partition_fn=bad)
+
+
+def _clamp_then_shift(t):
+    t.clamp_(-1.0, 1.0)        # the backward reads the input as it was (its clamp mask)
+    t.add_(0.5)
+    return t
+
+
+def _exp_then_transpose(t):
+    y = (t * 2).exp()          # the min-cut saves t and recomputes exp in the backward
+    t.t_()                     # a metadata mutation: the copy-back restrides the input
+    return y
+
+
+def _min_cut_without_input_clones(joint, joint_inputs, *, num_fwd_outputs):
+    """Inductor's joint-graph passes drop the functional graph's clones of inputs (no-ops in a
+    functional graph); the min-cut then saves the mutated input itself."""
+    from kiln.aot.partition import min_cut_rematerialization_partition
+
+    for n in list(joint.graph.nodes):
+        if n.op == "call_function" and n.target is aten.clone.default and n.args[0].op == "placeholder":
+            n.replace_all_uses_with(n.args[0])
+            joint.graph.erase_node(n)
+    joint.recompile()
+    return min_cut_rematerialization_partition(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs)
+
+
+@pytest.mark.parametrize("partition", ["default", "min_cut", _min_cut_without_input_clones])
+@pytest.mark.parametrize("fn", [_clamp_then_shift, _exp_then_transpose])
+def test_a_saved_mutated_input_keeps_the_value_the_forward_read(fn, partition):
+    """The runtime copies a mutated input's new value (or strides) into it after the forward;
+    a partition that saves the input itself must keep the value the forward read (fuzz seed
+    3826: after Inductor's joint-graph passes the min-cut saved it, and backward raised a
+    version error)."""
+    import kiln
+    from kiln._torch import inductor_decompositions
+    from kiln.backends import aot_backend
+
+    w = rg(4, 4)
+    x_e, x_k = w * 1.0, w * 1.0
+    out_e = fn(x_e)
+    (out_e * torch.linspace(0, 1, 16, dtype=out_e.dtype).view(4, 4)).sum().backward()
+    g_e = w.grad.clone()
+    w.grad = None
+    compiled = kiln.compile(fn, backend=aot_backend(partition_fn=partition, decompositions=inductor_decompositions()))
+    out_k = compiled(x_k)
+    assert_same(out_k, out_e)
+    assert_same(x_k, x_e)
+    (out_k * torch.linspace(0, 1, 16, dtype=out_k.dtype).view(4, 4)).sum().backward()
+    assert_same(w.grad, g_e)

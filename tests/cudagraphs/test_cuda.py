@@ -65,19 +65,39 @@ def test_inference_replays_with_params_in_place(backend):
 def test_stale_output_raises_and_clone_survives():
     m = MLP().to(DEV).eval()
     cm = kiln.compile(m, mode="reduce-overhead")
+    x = torch.randn(8, 64, device=DEV)
     with torch.no_grad():
         for _ in range(2):
-            cm(torch.randn(8, 64, device=DEV))
-        x1, x2 = torch.randn(8, 64, device=DEV), torch.randn(8, 64, device=DEV)
-        y1 = cm(x1)
+            cm(x)
+        x1, x2 = x.clone(), torch.randn(8, 64, device=DEV)
+        y1 = cm(x)
         kept = y1.clone()
         view = y1[:2]
         del y1
-        y2 = cm(x2)
+        x.copy_(x2)             # (x is read in place: it stayed at one address)
+        y2 = cm(x)
         close(y2, m(x2))
         close(kept, m(x1))
         with pytest.raises(RuntimeError, match="overwritten by a later replay"):
             view + 1
+    (rec,) = recordings("inference")
+    assert rec.optimistic and not rec.copied, (rec.optimistic, rec.copied)
+
+
+def test_an_input_at_a_new_address_is_copied_from_then_on():
+    m = MLP().to(DEV).eval()
+    cm = kiln.compile(m, mode="reduce-overhead")
+    x = torch.randn(8, 64, device=DEV)
+    with torch.no_grad():
+        for _ in range(3):
+            close(cm(x), m(x))
+        keep = [torch.randn(8, 64, device=DEV) for _ in range(4)]     # other addresses
+        for xi in keep:
+            close(cm(xi), m(xi))
+        close(cm(x), m(x))
+    recs = recordings("inference")
+    assert len(recs) == 2 and recs[0].optimistic and not recs[1].optimistic and len(recs[1].copied) == 1
+    assert stats["skip"] == 0, skip_reasons
 
 
 def test_training_forward_and_backward_share_the_pool():
@@ -106,6 +126,9 @@ def test_training_forward_and_backward_share_the_pool():
     assert stats["replay"] >= 6, stats
     # the backward reads the forward's saved tensors in place: only the tangent is copied
     assert len(bw[0].copied) <= 1, bw[0].copied
+    # once the backward is recorded, the forward no longer holds its saved tensors (dead
+    # memory between steps); the backward itself was captured before and does not overlap
+    assert fw[0].held_saved == [] and bw[0].overlaps == []
 
 
 def test_two_forwards_before_backward_are_correct():
@@ -152,7 +175,7 @@ def test_dynamic_shapes_one_recording_per_size():
     for n in (4, 6, 4, 6, 9, 9, 4, 6, 9):
         x = torch.randn(n, 32, device=DEV)
         close(cf(x, w), f(x, w))
-    assert stats["record"] == 3, stats
+    assert stats["record"] == 3, stats      # (a new x each call: copied, never read in place)
     assert stats["replay"] == 3, stats
 
 
@@ -279,3 +302,58 @@ def test_output_fed_back_as_input():
         h, he = cf(h, w), f(he, w)
         close(h, he)
     assert stats["replay"] >= 3, (stats, skip_reasons)
+
+
+def test_chained_graph_training_matches_eager():
+    """A differentiable output that feeds another compiles as a chain of two graphs
+    (kiln/aot/chain.py): both parts record; gradients reach the first part's output."""
+    def f(x, w):
+        y = torch.log_softmax(x @ w, -1)
+        return y, (y * y).sum()
+
+    w = torch.randn(32, 16, device=DEV, requires_grad=True)
+    we = w.detach().clone().requires_grad_()
+    cf = kiln.compile(f, mode="reduce-overhead")
+    for _ in range(5):
+        x = torch.randn(8, 32, device=DEV)
+        (y, loss), (ye, le) = cf(x, w), f(x, we)
+        close(y, ye), close(loss, le)
+        (g,), (ge,) = torch.autograd.grad(loss, [y], retain_graph=True), torch.autograd.grad(le, [ye], retain_graph=True)
+        close(g, ge)
+        (loss + y.sum()).backward()
+        (le + ye.sum()).backward()
+        close(w.grad, we.grad)
+        w.grad = we.grad = None
+    assert stats["replay"] >= 4, (stats, skip_reasons)
+
+
+def test_chained_graph_inference_and_partition_under_grad():
+    """An inference call of a chained graph and a split graph (CPU op in the middle) called
+    with grad on but no input requiring grad: correct, and the CUDA parts replay."""
+    def f(x):
+        y = torch.sin(x) * 2
+        n = torch.ones(4).sum()
+        return torch.cos(y) + n, y
+
+    cf = kiln.compile(f, mode="reduce-overhead")
+    for _ in range(4):
+        x = torch.randn(64, device=DEV)
+        for got, exp in zip(cf(x), f(x)):
+            close(got, exp)
+    assert stats["replay"] >= 2, (stats, skip_reasons)
+
+
+def test_training_graph_with_a_cpu_op_runs_without_cuda_graphs_correctly():
+    def f(x, w):
+        return (torch.tanh(x @ w) * torch.ones(1).sum().to(x.device)).sum()
+
+    w = torch.randn(16, 16, device=DEV, requires_grad=True)
+    we = w.detach().clone().requires_grad_()
+    cf = kiln.compile(f, mode="reduce-overhead")
+    for _ in range(3):
+        x = torch.randn(4, 16, device=DEV)
+        loss, le = cf(x, w), f(x, we)
+        close(loss, le)
+        loss.backward(), le.backward()
+        close(w.grad, we.grad)
+        w.grad = we.grad = None

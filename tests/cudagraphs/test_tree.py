@@ -99,3 +99,48 @@ def test_backward_run_twice_in_one_pass_keeps_its_gradients(poisoned):
     (g,), _ = bw.replay(visible=1)
     bw.generation.invalidate()
     assert "zero_grad" in poisoned[cd(g)]      # the gradient message says what to do
+
+
+def test_a_recording_after_a_release_overlaps_the_forward(poisoned):
+    """The backward's capture took the forward's saved memory: it and later recordings may
+    overwrite the saved tensors, so they wait for the backward (conflict) and invalidate what a
+    retained graph holds; recordings made before the release do not."""
+    tree = T.PoolTree(torch.device("cpu"))
+    early, fw = FakeRecording("inference"), FakeRecording("forward")
+    early.position, fw.position = tree.add(early), tree.add(fw)
+    tree.release_saved(fw)
+    bw, later = FakeRecording("backward", backward=True), FakeRecording("other")
+    bw.position, later.position = tree.add(bw), tree.add(later)
+    assert early.overlaps == [] and [r() for r in bw.overlaps] == [fw] and [r() for r in later.overlaps] == [fw]
+    _, saved = fw.replay(visible=1, saved=True)
+    assert "saved for a backward" in tree.conflict(later)
+    T.consume([saved], [])
+    assert tree.conflict(later) is None
+    tree.invalidate_from(later)          # the retained graph's saved tensors: an error to read
+    assert cd(saved) in poisoned
+
+
+def test_recording_the_backward_releases_the_forwards_saved_memory():
+    """Once a backward reading a forward's saved tensors is recorded, the forward stops holding
+    them: their blocks leave ``held_blocks`` (no later capture reads them in place) and later
+    recordings overlap the forward."""
+    tree = T.PoolTree(torch.device("cpu"))
+    fw, bw = FakeRecording("forward"), FakeRecording("backward", backward=True)
+    out, saved = torch.randn(4), torch.randn(8)
+    fw.held, fw.held_saved = [out], [saved]
+    bw.held, bw.held_saved = [], []
+    fw.position = tree.add(fw)
+    s = saved.untyped_storage()
+    tree.saved_blocks(fw, [(s.data_ptr(), s.data_ptr() + s.nbytes())])
+
+    def starts():
+        return [b for b, _ in tree.held_blocks()]
+    assert s.data_ptr() in starts() and out.untyped_storage().data_ptr() in starts()
+    bw.position = tree.add(bw)
+    tree.release_saved_at([saved[2:].data_ptr()], bw)       # reads a view of it in place
+    assert fw.held_saved == [] and s.data_ptr() not in starts()
+    assert bw.overlaps == []                                # captured before the release
+    later = FakeRecording("later")
+    later.held = later.held_saved = []
+    later.position = tree.add(later)
+    assert [r() for r in later.overlaps] == [fw]

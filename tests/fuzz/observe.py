@@ -249,8 +249,19 @@ def observe(fn, args, ns: dict, grad: bool = True, kwargs=None, filename=None) -
             loss.backward()
         except Exception as e:  # noqa: BLE001
             obs.backward_exception, obs.backward_msg = type(e).__name__, _first_line(e)
+            _flush_failed_backward()
         obs.grads = snapshot(list(args))
     return obs
+
+
+def _flush_failed_backward() -> None:
+    """A backward that raised leaves the rest of its graph's tasks (and through them its nodes
+    and the leaves that AccumulateGrad holds) in torch's thread-local CPU ready queue until the
+    next backward on this thread runs and drops them. That is eager's behaviour too; without a
+    flush the run observed first would have its leftovers dropped by the second run's backward,
+    and only the second would look as if it kept its inputs alive (fuzz seed 3467)."""
+    leaf = torch.ones((), requires_grad=True)
+    leaf.backward()
 
 
 def _raised_at(e: BaseException, filename):

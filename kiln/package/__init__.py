@@ -1,0 +1,18 @@
+"""Packages: compiled functions saved to one file and loaded in a fresh process with no
+capture, tracing or lowering (issue 12).
+
+    report = compiled.save_package("model.kiln")      # SaveReport: saved and left-out entries
+    fast = kiln.load_package("model.kiln", model)    # matched by the saved guards first
+
+Modules: ``fileformat`` (the file, its hash, versions), ``values`` (the objects generated code
+reads, by value, by location or by name), ``guards`` (each guard kind's saved form; the
+rebuilt guard program), ``graphs`` (captured graph + backend artifact), ``entries`` (one
+entry and its continuations), ``identity`` (is it the same function), ``save``, ``load``,
+``report``. A package holds code: load only packages you trust.
+"""
+from .errors import PackageError, PackageMismatch, PackageMiss
+from .load import load_package
+from .report import SaveReport
+from .save import save_package
+
+__all__ = ["save_package", "load_package", "SaveReport", "PackageError", "PackageMismatch", "PackageMiss"]

@@ -1,0 +1,228 @@
+"""One compiled entry in a package, and back.
+
+Saved: the generated code (the entry's Python source, as compiled), every name it reads
+(its namespace, ``values``), its guard program (``guards``), its graph (``graphs``), and for
+an entry that ends in a graph break, the break plan and the entries of each continuation
+(recursively: they are compiled functions of their own). Loaded: the same source compiled
+again over the decoded namespace (``codegen.compile_function``, as at capture): no capture,
+no tracing.
+"""
+from __future__ import annotations
+
+import types
+from typing import Callable
+
+from ..capture.codegen import _global_names, alias_parameters, compile_function, readable_source
+from ..capture.frame import Entry, _break_function, _make_check
+from ..capture.sources import RenderContext
+from ..errors import Unsupported
+from .errors import NotPackageable
+from .graphs import load_graph, save_graph
+from .guards import LoadedProgram, save_program
+from .values import Decoder, Encoder, same
+
+_VALUE_HINTS = ("c",)   # names bound by value (constants); every other hint is used by identity
+
+
+def _hint(name: str) -> str:
+    return name.strip("_").rstrip("0123456789")
+
+
+def _namespace_of(entry: Entry) -> dict:
+    """The names an entry's generated code reads, with their objects: those bound in its
+    closure by ``compile_function``, and its parameters' default values (read once, when the
+    function was made: from the guard program's namespace)."""
+    fn = entry.fn
+    ns = {n: c.cell_contents for n, c in zip(fn.__code__.co_freevars, fn.__closure__ or ())}
+    more = entry.program.ctx.namespace
+    for n in _global_names(compile(fn.__kiln_source__, "<kiln entry>", "exec")):
+        if n not in ns and n in more:
+            ns[n] = more[n]
+    return ns
+
+
+def save_entries(entries: list[Entry], fn: types.FunctionType, add_blob: Callable[[bytes], int],
+                 left_out: list) -> list[dict]:
+    """The saved form of ``fn``'s entries; one that cannot be saved is appended to
+    ``left_out`` as (function, guard text, reason)."""
+    out = []
+    for entry in entries:
+        if entry.replaced_by is not None:
+            continue
+        try:
+            out.append(save_entry(entry, fn, add_blob, left_out))
+        except NotPackageable as e:
+            left_out.append((fn.__qualname__, entry.describe_guards(), str(e)))
+        except Exception as e:     # kiln's own failure: the entry is left out, never the save
+            left_out.append((fn.__qualname__, entry.describe_guards(),
+                             f"kiln could not save it ({type(e).__name__}: {e}); please report this"))
+    return out
+
+
+def save_entry(entry: Entry, fn: types.FunctionType, add_blob: Callable[[bytes], int], left_out: list) -> dict:
+    from ..api import _CompiledFactory
+
+    program = entry.program
+    enc = Encoder(fn)
+    for module, qualname in entry.inlined.values():
+        if module:
+            enc.add_function(module, qualname)
+    enc.specials[id(program.global_state)] = ["special", "gs"]
+    enc.specials[id(program.tensor_guards)] = ["special", "tg"]
+    source = entry.fn.__kiln_source__
+    saved_program = save_program(program, enc)   # (first: a guard that cannot be saved says so)
+    namespace = {}
+    for name, obj in _namespace_of(entry).items():
+        if name == "___graph":
+            namespace[name] = ["special", "graph"]
+        elif name == "___break":
+            namespace[name] = ["special", "break"]
+        elif isinstance(obj, types.MethodType) and isinstance(obj.__self__, _CompiledFactory):
+            namespace[name] = ["special", "callee"]
+        else:
+            try:
+                namespace[name] = enc.encode(obj, identity=_hint(name) not in _VALUE_HINTS)
+            except NotPackageable as e:
+                raise NotPackageable(f"generated code reads {name}: {e}") from None
+            _check_comes_back(name, obj, namespace[name], fn)
+    source = _equal_for_identical_values(source, saved_program, namespace)
+    saved = {"source": source, "readable": entry.source, "name": source.split("(", 1)[0][4:], "namespace": namespace,
+             "program": saved_program,
+             "guards_text": [g.describe() for g in entry.guards],
+             "eager_reason": str(entry.eager_reason) if entry.eager_reason is not None else None,
+             "graph_break": str(entry.graph_break) if entry.graph_break is not None else None,
+             "graph": None, "break": None}
+    if entry.compiled_graph is not None and "___graph" in namespace:
+        saved["graph"] = save_graph(entry.graph_module, entry.compiled_graph, add_blob, enc)
+    if "___break" in namespace:
+        code, plan = entry.break_plan
+        if code is not fn.__code__:
+            raise NotPackageable("a graph break inside an inlined function's frame")
+        saved["break"] = {"plan": enc.encode(plan), "resumes": [
+            {"function": r.original.__qualname__,
+             "entries": save_entries(r.entries, r.original, add_blob, left_out)} for r in entry.resumes]}
+    return saved
+
+
+def install(cache, entries: list[Entry]) -> None:
+    """Add loaded entries to a function's cache, after those it has (an entry the function
+    has already, the same code under the same guards, is not added twice)."""
+    have = {_identity(e) for e in cache.entries}
+    for e in entries:
+        if _identity(e) not in have:
+            cache.entries.append(e)
+
+
+def _identity(e: Entry) -> tuple:
+    return (e.key, e.fn.__kiln_source__, tuple(g.describe() for g in e.guards))
+
+
+def _check_comes_back(name: str, obj, enc: list, fn) -> None:
+    """What is saved must find ``obj`` itself (or an equal value) again: checked here, in the
+    saving process, against the same function."""
+    if enc[0] == "special":
+        return                     # (gs, tg: rebuilt by the guard program)
+    try:
+        back = Decoder(fn).decode(enc)
+    except Exception as e:
+        raise NotPackageable(f"{name} cannot be found again ({type(e).__name__}: {e})") from None
+    if not same(back, obj):
+        raise NotPackageable(f"{name} ({type(obj).__name__}) does not come back as itself")
+
+
+_SAME = "___pkg_same_value"
+_VALUE_TYPES = (int, float, complex, str, bytes)
+
+
+def _equal_for_identical_values(source: str, program: dict, namespace: dict) -> str:
+    """An identity guard on an immutable value (``type(cfg).__dict__['eps'] is 1e-05``: a
+    class attribute) cannot hold for an object of another process, and need not: the same
+    type and value behave the same. Its check becomes ``same_value(x, v)`` in the saved code."""
+    for name, enc in list(namespace.items()):
+        if enc[0] not in ("v", "float", "complex", "bytes") or _hint(name) in _VALUE_HINTS or \
+                (enc[0] == "v" and type(enc[1]) is bool):
+            continue
+        suffix = f" is {name}"
+        for i, p in enumerate(program["python"]):
+            if p["expr"].endswith(suffix) and p["expr"] in source:
+                new = f"{_SAME}({p['expr'][:-len(suffix)]}, {name})"
+                source = source.replace(p["expr"], new)
+                program["python"][i] = {**p, "expr": new}
+                namespace[_SAME] = ["name", __name__, "same_value"]
+    return source
+
+
+def same_value(a, b) -> bool:
+    """``a`` has the type and value of ``b`` (nan is nan; -0.0 is not 0.0)."""
+    from ..capture.guards import _float_same
+
+    if type(a) is not type(b):
+        return False
+    if type(a) is float:
+        return _float_same(a, b)
+    return a == b
+
+
+def load_entries(saved: list[dict], fn: types.FunctionType, compiled, blobs) -> list[Entry]:
+    """The entries that load; one that does not (a name it reads is gone from this process, a
+    backend that cannot load its artifact) is skipped with a warning: calls it would have
+    matched compile (or raise PackageMiss)."""
+    out, failed = [], []
+    for s in saved:
+        try:
+            out.append(load_entry(s, fn, compiled, blobs))
+        except Exception as e:
+            failed.append(f"{type(e).__name__}: {e}")
+    if failed:
+        import warnings
+
+        warnings.warn(f"kiln: {len(failed)} entries of {fn.__qualname__} in package {getattr(compiled, '_package', '')} "
+                      f"could not be loaded (first: {failed[0]}); calls they match compile as usual",
+                      RuntimeWarning, stacklevel=4)
+    return out
+
+
+def load_entry(saved: dict, fn: types.FunctionType, compiled, blobs) -> Entry:
+    """``compiled``: the CompiledFunction of ``fn`` these entries go to (its key, backend and
+    continuation factory)."""
+    from ..api import cache_for
+
+    key = compiled._key
+    made: dict = {}
+
+    def graph():
+        made["gm"], made["compiled"] = load_graph(saved["graph"], blobs, key.backend, Decoder(fn))
+        return made["compiled"]
+
+    def break_fn():
+        plan = Decoder(fn).decode(saved["break"]["plan"])
+        bfn, resumes = _break_function(fn, fn.__code__, plan, key, compiled._factory)
+        from .load import PackagedFunction
+
+        for r, group in zip(resumes, saved["break"]["resumes"]):
+            PackagedFunction.adopt(r, getattr(compiled, "_on_miss", "compile"), getattr(compiled, "_package", ""))
+            install(cache_for(r.original), load_entries(group["entries"], r.original, r, blobs))
+        made["resumes"] = tuple(resumes)
+        return bfn
+
+    ctx = RenderContext()
+    alias_parameters(fn.__code__, ctx)
+    specials = {"graph": graph, "break": break_fn, "callee": lambda: compiled._factory.callee}
+    dec = Decoder(fn, specials)
+    for name, enc in saved["namespace"].items():
+        if enc[:2] in (["special", "gs"], ["special", "tg"]):
+            continue                               # (made by the program, below)
+        ctx.namespace[name] = dec.decode(enc)
+    program = LoadedProgram(saved["program"], ctx)
+    src = saved["source"]
+    entry_fn = compile_function(src, saved["name"], ctx.namespace, aliases=ctx.local_alias,
+                                like=fn.__code__, f_globals=fn.__globals__)
+    entry = Entry(key, key.backend_name, entry_fn, _make_check(fn, program), program.guards, program,
+                  made.get("gm"), made.get("compiled"), readable_source(src, ctx.local_alias))
+    if saved["eager_reason"] is not None:
+        entry.eager_reason = Unsupported(saved["eager_reason"])
+    if saved["graph_break"] is not None:
+        entry.graph_break = Unsupported(saved["graph_break"])
+    entry.resumes = made.get("resumes", ())
+    entry.loaded_from_package = True
+    return entry

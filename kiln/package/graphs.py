@@ -1,0 +1,164 @@
+"""The compiled graph of an entry in a package: the captured FX graph (as data: its nodes,
+targets by name, tensor constants) and the backend's artifact, the same bytes the compile cache stores for it
+(``kiln.cache.offer``), loaded by the backend's own ``load_artifact`` (no AOT tracing, no
+Inductor lowering). A graph whose compiled form has no saved form (a dynamic graph before
+the cache stores those, a user backend) leaves its entry out, with the backend's reason."""
+from __future__ import annotations
+
+import io
+from typing import Callable
+
+import torch
+
+from ..cache import PAYLOAD_ATTR
+from .errors import NotPackageable
+from .values import Decoder, Encoder
+
+
+def save_graph(gm: torch.fx.GraphModule, compiled: Callable, add_blob: Callable[[bytes], int],
+               enc: Encoder) -> dict:
+    if compiled is gm or getattr(compiled, "__self__", None) is gm:
+        kind = "module" if compiled is gm else "forward"   # the eager backend: the graph as it is
+        payload = None
+    else:
+        dump = getattr(compiled, PAYLOAD_ATTR, None)
+        if dump is None:
+            raise NotPackageable(f"the backend's compiled graph ({type(compiled).__name__}) has no saved "
+                                 "form (only kiln's eager, aot_eager and inductor backends have one)")
+        try:
+            payload = dump(compiled)
+        except ValueError as e:
+            raise NotPackageable(f"its graph cannot be saved: {e}") from None
+        kind = "artifact"
+    graph, tensors = _graph_to_data(gm, enc)
+    buf = io.BytesIO()
+    torch.save(tensors, buf)
+    out = {"kind": kind, "graph": graph, "constants": add_blob(buf.getvalue()), "code": gm.code.strip()}
+    if payload is not None:
+        out["artifact"] = add_blob(payload)
+    return out
+
+
+def load_graph(saved: dict, blobs: Callable[[int], bytes], backend, dec: Decoder
+               ) -> tuple[torch.fx.GraphModule, Callable]:
+    tensors = torch.load(io.BytesIO(blobs(saved["constants"])), weights_only=True)
+    gm = _graph_from_data(saved["graph"], tensors, dec)
+    if saved["kind"] == "module":
+        return gm, gm
+    if saved["kind"] == "forward":
+        return gm, gm.forward
+    loader = getattr(backend, "load_artifact", None)
+    if loader is None:
+        raise ValueError(f"backend {backend!r} cannot load a saved graph")
+    return gm, loader(blobs(saved["artifact"]), gm)
+
+
+# -- the captured graph as data -----------------------------------------------------------------
+# Not pickled: unpickling a GraphModule traces its code again, which runs (and drops) calls
+# such as torch._C._set_grad_enabled instead of recording them. Each node is kept as it is:
+# its op, name, target (by name, see ``values``) and arguments.
+
+_META = ("kiln_static", "kiln_source", "kiln_mutated", "kiln_requires_grad")
+
+
+def _arg(a, enc: Encoder):
+    if isinstance(a, torch.fx.Node):
+        return ["node", a.name]
+    if type(a) in (tuple, list):
+        return [type(a).__name__ + "_of", [_arg(x, enc) for x in a]]
+    if type(a) is dict:
+        return ["dict_of", [[enc.encode(k), _arg(v, enc)] for k, v in a.items()]]
+    if type(a) is slice:
+        return ["slice_of", [_arg(x, enc) for x in (a.start, a.stop, a.step)]]
+    return enc.encode(a)
+
+
+def _unarg(a, env: dict, dec: Decoder):
+    tag = a[0]
+    if tag == "node":
+        return env[a[1]]
+    if tag == "tuple_of":
+        return tuple(_unarg(x, env, dec) for x in a[1])
+    if tag == "list_of":
+        return [_unarg(x, env, dec) for x in a[1]]
+    if tag == "dict_of":
+        return {dec.decode(k): _unarg(v, env, dec) for k, v in a[1]}
+    if tag == "slice_of":
+        return slice(*(_unarg(x, env, dec) for x in a[1]))
+    return dec.decode(a)
+
+
+def _graph_to_data(gm: torch.fx.GraphModule, enc: Encoder) -> tuple[dict, dict]:
+    nodes, tensors, objects = [], {}, {}
+    for n in gm.graph.nodes:
+        d = {"op": n.op, "name": n.name}
+        if n.op == "placeholder":
+            d["meta"] = {k: (v if isinstance(v, (bool, int, str)) else str(v))
+                         for k, v in n.meta.items() if k in _META}
+        elif n.op == "get_attr":
+            obj = gm
+            for part in n.target.split("."):
+                obj = getattr(obj, part)
+            if isinstance(obj, torch.Tensor):
+                if type(obj) not in (torch.Tensor, torch.nn.Parameter):
+                    raise NotPackageable(f"graph constant {n.target} is a {type(obj).__name__}")
+                tensors[n.target] = obj.detach()
+            else:
+                try:
+                    objects[n.target] = enc.encode(obj, identity=True)
+                except NotPackageable as e:
+                    raise NotPackageable(f"graph constant {n.target}: {e}") from None
+            d["target"] = n.target
+        elif n.op in ("call_function", "call_method"):
+            try:
+                d["target"] = n.target if n.op == "call_method" else enc.encode(n.target, identity=True)
+                d["args"], d["kwargs"] = _arg(tuple(n.args), enc), _arg(dict(n.kwargs), enc)
+            except NotPackageable as e:
+                raise NotPackageable(f"graph node {n.name}: {e}") from None
+        elif n.op == "output":
+            d["args"] = _arg(tuple(n.args), enc)
+        else:
+            raise NotPackageable(f"a {n.op} node in the captured graph ({n.name})")
+        nodes.append(d)
+    meta = {k: v for k, v in gm.meta.items() if isinstance(v, (bool, int, str, list)) and k.startswith("kiln_")}
+    return {"class": type(gm).__name__, "nodes": nodes, "objects": objects, "meta": meta}, tensors
+
+
+def _graph_from_data(data: dict, tensors: dict, dec: Decoder) -> torch.fx.GraphModule:
+    root = torch.nn.Module()
+    g = torch.fx.Graph()
+    env: dict = {}
+    for target, t in tensors.items():
+        _set_path(root, target, t)
+    for target, enc in data["objects"].items():
+        _set_path(root, target, dec.decode(enc))
+    for d in data["nodes"]:
+        op = d["op"]
+        if op == "placeholder":
+            n = g.placeholder(d["name"])
+            n.meta.update(d["meta"])
+        elif op == "get_attr":
+            n = g.get_attr(d["target"])
+        elif op == "output":
+            n = g.output(*_unarg(d["args"], env, dec))
+        else:
+            target = d["target"] if op == "call_method" else dec.decode(d["target"])
+            n = g.create_node(op, target, _unarg(d["args"], env, dec), _unarg(d["kwargs"], env, dec),
+                              name=d["name"])
+        env[d["name"]] = n
+    gm = torch.fx.GraphModule(root, g, class_name=data["class"])
+    gm.meta.update(data["meta"])
+    return gm
+
+
+def _set_path(root: torch.nn.Module, target: str, obj) -> None:
+    *path, last = target.split(".")
+    mod = root
+    for p in path:
+        if not hasattr(mod, p):
+            mod.add_module(p, torch.nn.Module())
+        mod = getattr(mod, p)
+    if isinstance(obj, torch.Tensor):
+        mod.register_buffer(last, obj) if not isinstance(obj, torch.nn.Parameter) else setattr(mod, last, obj)
+    else:
+        object.__setattr__(mod, last, obj)

@@ -1,0 +1,105 @@
+"""Is the function given to ``load_package`` the one the package was saved from?
+
+Compared: the qualified name, the signature, and a hash of the code of the function and of
+every function the capture inlined into its graphs (recorded at capture time, see
+``OutputGraph.inlined``). The hash is over the bytecode, names and constants (not the file
+name or line numbers: a package moved elsewhere, or a comment added, still loads).
+"""
+from __future__ import annotations
+
+import hashlib
+import inspect
+import types
+
+from .errors import PackageMismatch
+from .values import resolve_name
+
+
+def code_hash(code: types.CodeType) -> str:
+    h = hashlib.sha256()
+    _feed(h, code)
+    return h.hexdigest()[:20]
+
+
+def _feed(h, code: types.CodeType) -> None:
+    h.update(code.co_code)
+    for part in (code.co_names, code.co_varnames, code.co_freevars, code.co_cellvars,
+                 (code.co_argcount, code.co_posonlyargcount, code.co_kwonlyargcount, code.co_flags)):
+        h.update(repr(part).encode())
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType):
+            _feed(h, c)
+        else:
+            h.update(f"{type(c).__name__}:{c!r}".encode())
+
+
+def signature_of(fn) -> str:
+    try:
+        return str(inspect.signature(fn))
+    except (TypeError, ValueError):
+        return "?"
+
+
+def describe(target, fn: types.FunctionType, inlined: dict) -> dict:
+    """The identity of what was compiled: ``target`` (the user's function or module) and
+    ``fn`` (the function kiln compiled for it), with the callees inlined into any entry."""
+    callees = {}
+    for code, (module, qualname) in inlined.items():
+        callees[f"{module}:{qualname}"] = code_hash(code)
+    return {"qualname": qualname_of(target), "signature": signature_of(_user_callable(target)),
+            "code": code_hash(fn.__code__), "inlined": dict(sorted(callees.items()))}
+
+
+def qualname_of(target) -> str:
+    if isinstance(target, types.FunctionType):
+        return f"{target.__module__}.{target.__qualname__}"
+    t = type(target)
+    return f"{t.__module__}.{t.__qualname__}"
+
+
+def _user_callable(target):
+    import torch
+
+    if isinstance(target, torch.nn.Module):
+        return type(target).forward
+    return target
+
+
+def _code_of(obj) -> types.CodeType | None:
+    """The code of a function found by its qualified name: a plain function, a method, or the
+    getter of a property."""
+    if isinstance(obj, property):
+        obj = obj.fget
+    obj = getattr(obj, "__func__", obj)
+    code = getattr(obj, "__code__", None)
+    return code if isinstance(code, types.CodeType) else None
+
+
+def check(saved: dict, target, fn: types.FunctionType) -> None:
+    """Raise PackageMismatch naming every difference between ``saved`` and ``target``."""
+    diffs = []
+    name = qualname_of(target)
+    if name != saved["qualname"]:
+        diffs.append(f"qualified name: package has {saved['qualname']}, given {name}")
+    sig = signature_of(_user_callable(target))
+    if sig != saved["signature"]:
+        diffs.append(f"signature of {name}: package has {saved['signature']}, given {sig}")
+    if code_hash(fn.__code__) != saved["code"]:
+        diffs.append(f"the code of {name} changed")
+    for key, h in saved["inlined"].items():
+        module, qualname = key.split(":", 1)
+        if "<" in qualname:               # (a nested function has no name to find it by)
+            continue
+        try:
+            callee = resolve_name(module, qualname)
+        except Exception:
+            diffs.append(f"inlined function {module}.{qualname} is not found")
+            continue
+        code = _code_of(callee)
+        if code is None:                  # (found, but not as Python code: nothing to compare)
+            continue
+        if code_hash(code) != h:
+            diffs.append(f"the code of inlined function {module}.{qualname} changed")
+    if diffs:
+        raise PackageMismatch("the package was saved from a different function: " + "; ".join(diffs) +
+                              " (save the package again, or pass check_source=False to load anyway)")

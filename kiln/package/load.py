@@ -1,0 +1,146 @@
+"""``load_package``: a compiled function whose entries come from a package file.
+
+Calls are matched by the package's guards first, as any compiled function's entries are
+(``CompiledFunction.__call__``); nothing is captured, traced or lowered for a call that
+matches. A call that matches no entry compiles as usual and is logged (``on_miss="compile"``,
+``KILN_LOGS=package``) or raises ``PackageMiss`` (``on_miss="error"``).
+"""
+from __future__ import annotations
+
+import types
+
+import torch
+
+from .. import logs
+from ..api import CompiledFunction, CompiledMethod, CompiledModule, CompileKey, _module_caller, cache_for
+from ..backends.registry import lookup_backend
+from . import fileformat, identity
+from .entries import install, load_entries
+from .errors import PackageMiss
+
+_ON_MISS = ("compile", "error")
+
+
+class PackagedFunction(CompiledFunction):
+    """A CompiledFunction loaded from a package: its misses are logged, or raise."""
+
+    def __init__(self, fn, key, dynamic, on_miss: str, path: str):
+        super().__init__(fn, key, dynamic)
+        self._on_miss = on_miss
+        self._package = path
+
+    @classmethod
+    def adopt(cls, compiled: CompiledFunction, on_miss: str, path: str) -> None:
+        """Make a continuation's CompiledFunction (made by the break function the package
+        rebuilt) miss as the package's functions do."""
+        if type(compiled) is CompiledFunction:
+            compiled.__class__ = cls
+        if isinstance(compiled, cls):
+            compiled._on_miss, compiled._package = on_miss, path
+
+    def _miss(self, args: tuple, kwargs: dict):
+        mine = [e for e in self._cache.entries if e.key is self._key]
+        reason = _nearest_failure(mine, args, kwargs)
+        if reason is None:
+            reason = "the package has no entry for this function" if not mine else \
+                "guards passed on re-check"
+        if self._on_miss == "error":
+            raise PackageMiss(f"{self._fn.__qualname__}: this call matches none of the {len(mine)} entries "
+                              f"of package {self._package}; the nearest entry's failing guard: {reason}. "
+                              "Call it as when the package was saved, save a package that covers this "
+                              "call, or load with on_miss='compile'")
+        if logs.enabled.package:
+            logs.log("package", f"miss in package {self._package} for {self._fn.__qualname__} "
+                     f"({reason}); compiling")
+        return super()._miss(args, kwargs)
+
+    def __repr__(self):
+        return f"<kiln.CompiledFunction {self._fn.__qualname__} from package {self._package}>"
+
+
+# how far a call got through an entry's checks (they run in this order): the nearest entry
+# is the one whose first failing guard comes latest
+_STAGES = ("GLOBAL_STATE", None, "TENSOR_MATCH", "SHAPE_ENV")
+
+
+def _nearest_failure(entries: list, args: tuple, kwargs: dict) -> str | None:
+    best, best_stage = None, -1
+    for e in entries[:16]:
+        why = e.failure_reason(args, kwargs)
+        if why is None:
+            continue
+        kind = why.split(None, 1)[0]
+        stage = _STAGES.index(kind) if kind in _STAGES else 1
+        if stage > best_stage:
+            best, best_stage = why, stage
+    return best
+
+
+def _wrap(target, key: CompileKey, dynamic, on_miss: str, path: str, kind: str):
+    """(what load_package returns, the function kiln compiles, its PackagedFunction)."""
+    if kind == "module":
+        if not isinstance(target, torch.nn.Module):
+            raise TypeError(f"load_package: the package holds a compiled nn.Module; pass the module "
+                            f"(an instance of it), not {type(target).__name__}")
+        fn = _module_caller(type(target))
+        cf = PackagedFunction(fn, key, dynamic, on_miss, path)
+        return CompiledModule(target, cf), fn, cf
+    if isinstance(target, types.MethodType) and isinstance(target.__func__, types.FunctionType):
+        cf = PackagedFunction(target.__func__, key, dynamic, on_miss, path)
+        return CompiledMethod(cf, target.__self__), target.__func__, cf
+    if isinstance(target, types.FunctionType):
+        cf = PackagedFunction(target, key, dynamic, on_miss, path)
+        return cf, target, cf
+    raise TypeError(f"load_package: pass the function, bound method or nn.Module the package was saved "
+                    f"from, not {type(target).__name__}")
+
+
+def load_package(path: str, model_or_fn, on_miss: str = "compile", check_source: bool = True):
+    """A compiled ``model_or_fn`` whose entries come from the package at ``path`` (written by
+    ``save_package`` on what ``kiln.compile`` returned), without capturing, tracing or lowering.
+
+    ``model_or_fn``: the function, bound method or nn.Module the package was saved from (in
+    this process: the guards and the generated code read its globals, closure cells,
+    defaults and attributes, so a global tensor is read where it lives now). Returns what
+    ``kiln.compile`` would: a ``CompiledFunction``, ``CompiledMethod`` or ``CompiledModule``,
+    compiled with the package's backend and options.
+
+    ``on_miss``: what a call that matches no saved entry does: ``"compile"`` (default)
+    captures and compiles as usual and logs it (``KILN_LOGS=package``); ``"error"`` raises
+    ``kiln.PackageMiss`` naming the nearest entry's failing guard (in the continuation after
+    a graph break too: the call has then run up to the break).
+
+    ``check_source``: raise ``kiln.PackageMismatch`` when the qualified name, the signature
+    or the code of the function (or of a function inlined into its graphs) differs from the
+    saved one; ``False`` loads anyway (the saved guards still decide which calls match).
+
+    Raises ``kiln.PackageError`` for a file that is not an intact kiln package (checked by its
+    content hash before anything in it is used) or that was saved with another kiln, torch or
+    Python version or for another device kind. A package holds code: load only packages you
+    trust. ``kiln.reset()`` drops the loaded entries as it drops compiled ones.
+    """
+    if on_miss not in _ON_MISS:
+        raise ValueError(f"load_package: on_miss must be one of {_ON_MISS}, not {on_miss!r}")
+    pkg = fileformat.read(str(path))
+    m = pkg.manifest
+    fileformat.check_environment(str(path), m["environment"])
+    k = m["key"]
+    backend, name = lookup_backend(k["backend"], mode=k["mode"], options=k["options"])
+    key = CompileKey.get(backend, name, k["fullgraph"], k["mode"], k["options"], k["dynamic"])
+    target = model_or_fn
+    if isinstance(target, CompiledModule):     # (already compiled: its original gets the entries)
+        target = target._orig_mod
+    elif isinstance(target, (CompiledFunction, CompiledMethod)):
+        target = target.original
+    if m["kind"] == "method" and isinstance(target, types.MethodType):
+        ident_target = target.__func__
+    else:
+        ident_target = target
+    result, fn, cf = _wrap(target, key, k["dynamic"], on_miss, str(path), m["kind"])
+    if check_source:
+        identity.check(m["identity"], ident_target, fn)
+    entries = load_entries(m["entries"], fn, cf, pkg.blob)
+    install(cache_for(fn), entries)
+    if logs.enabled.package:
+        logs.log("package", f"loaded {len(entries)} entries of {fn.__qualname__} from {path}")
+    return result

@@ -1,0 +1,92 @@
+"""``save_package``: every entry of a compiled function (and of the continuations of its
+graph breaks) in one file, with what identifies the function and the setup it is valid for."""
+from __future__ import annotations
+
+import types
+
+from .. import logs
+from . import fileformat, identity
+from .entries import save_entries
+from .report import LeftOut, SaveReport
+
+
+def target_of(compiled) -> tuple[object, types.FunctionType, object, str]:
+    """(the user's object, the function kiln compiles for it, its CompiledFunction, kind)."""
+    from ..api import CompiledFunction, CompiledMethod, CompiledModule
+
+    if isinstance(compiled, CompiledModule):
+        cf = compiled._kiln_compiled
+        return compiled._orig_mod, cf.original, cf, "module"
+    if isinstance(compiled, CompiledMethod):
+        cf = compiled._compiled
+        return cf.original, cf.original, cf, "method"
+    if isinstance(compiled, CompiledFunction):
+        return compiled.original, compiled.original, compiled, "function"
+    raise TypeError(f"save_package: expected what kiln.compile returned (a CompiledFunction, "
+                    f"CompiledMethod or CompiledModule), got {type(compiled).__name__}")
+
+
+def key_of(cf) -> dict:
+    from ..backends.registry import lookup_backend
+
+    key = cf._key
+    name = key.backend_name
+    try:
+        same = lookup_backend(name, mode=key.mode, options=key.options)[0] is key.backend
+    except Exception:
+        same = False
+    if not same:
+        raise ValueError(f"save_package: backend {name!r} is not a registered kiln backend name; a "
+                         "package records its backend by name (register it with kiln.backends.register_backend)")
+    return {"backend": name, "mode": key.mode, "options": key.options, "fullgraph": key.fullgraph,
+            "dynamic": cf.dynamic}
+
+
+def _walk(entries):
+    """Every entry, with those of the continuations of graph breaks."""
+    for e in entries:
+        yield e
+        for r in e.resumes:
+            yield from _walk(r.entries)
+
+
+def save_package(compiled, path: str) -> SaveReport:
+    """Write every entry of ``compiled`` (what ``kiln.compile`` returned) and of the
+    continuations of its graph breaks to the file ``path`` (replaced atomically). An entry that
+    cannot outlive this process (an identity guard on an object with no importable name, a
+    graph the backend cannot save) is left out; the returned ``SaveReport`` says which and why."""
+    target, fn, cf, kind = target_of(compiled)
+    key = key_of(cf)
+    blobs = fileformat.Blobs()
+    left: list = []
+    entries = cf.entries
+    saved = save_entries(entries, fn, blobs.add, left)
+    inlined: dict = {}
+    for e in _walk(entries):
+        inlined.update(e.inlined)
+    counts: dict[str, int] = {}
+
+    def count(fn_name, saved_entries):
+        counts[fn_name] = counts.get(fn_name, 0) + len(saved_entries)
+        for s in saved_entries:
+            for group in (s["break"] or {}).get("resumes", ()):
+                count(group["function"], group["entries"])
+    count(fn.__qualname__, saved)
+    env = fileformat.environment()
+    env["device_kind"] = "cuda" if any(m["device"].startswith("cuda") for m in _metas(saved)) else "cpu"
+    manifest = {"environment": env, "kind": kind, "identity": identity.describe(target, fn, inlined),
+                "key": key, "entries": saved,
+                "left_out": [{"function": f, "guards": g, "reason": r} for f, g, r in left]}
+    size = fileformat.write(path, manifest, blobs)
+    report = SaveReport(path, size, counts, [LeftOut(f, g, r) for f, g, r in left])
+    if logs.enabled.package:
+        logs.log("package", str(report))
+    return report
+
+
+def _metas(saved: list):
+    for s in saved:
+        yield from s["program"]["tensor_metas"]
+        if s["break"]:
+            for group in s["break"]["resumes"]:
+                yield from _metas(group["entries"])

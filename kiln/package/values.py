@@ -1,0 +1,349 @@
+"""The objects generated code refers to, written as JSON and found again in a fresh process.
+
+An entry's generated code reads kiln's values from its namespace (``___G0``, ``___t3``...,
+see ``capture.sources.RenderContext``). A package cannot keep those objects; it keeps how
+to find each one again:
+
+* plain values (numbers, strings, dtypes, devices, and tuples of them) by value;
+* an object of the compiled function (its globals dict, a closure cell, a default, a
+  global it reads) by where it is in the function given to ``load_package``;
+* a module, class or function by its qualified name (import + attributes), checked at
+  save time to give back the very object;
+* a torch operator by its name.
+
+Anything else (an object made in the call, a class defined inside a function) has no name
+that outlives the process: ``encode`` raises ``NotPackageable`` and the entry is left out.
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+import importlib
+import math
+import sys
+import types
+import weakref
+from typing import Any, Callable
+
+import torch
+
+from .errors import NotPackageable
+
+_SCALARS = (bool, int, str)
+
+
+def _name_of(obj) -> tuple[str, str] | None:
+    """(module, qualname) that imports back to ``obj`` itself, else None."""
+    if isinstance(obj, types.ModuleType):
+        return None
+    qual = getattr(obj, "__qualname__", None)
+    mod = getattr(obj, "__module__", None)
+    if mod is None and hasattr(obj, "__objclass__"):     # list.__getitem__ and friends
+        mod = getattr(obj.__objclass__, "__module__", None)
+    if mod is None and isinstance(obj, types.BuiltinFunctionType) and obj.__self__ is not None:
+        self = obj.__self__
+        mod = self.__name__ if isinstance(self, types.ModuleType) else None
+    if not isinstance(qual, str) or not isinstance(mod, str) or "<" in qual:
+        return None
+    try:
+        found = resolve_name(mod, qual)
+    except Exception:
+        return None
+    return (mod, qual) if found is obj else None
+
+
+# where a builtin function whose own names do not import back (``torch.sin``: its
+# ``__qualname__`` is ``_VariableFunctionsClass.sin``) is found by its ``__name__``
+_BUILTIN_HOMES = ("torch", "torch.nn.functional", "torch.special", "torch.linalg", "torch.fft",
+                  "torch._C", "torch._C._nn", "torch._C._autograd", "math", "operator", "builtins")
+
+
+def _builtin_name(obj) -> tuple[str, str] | None:
+    name = getattr(obj, "__name__", None)
+    if not isinstance(obj, types.BuiltinFunctionType) or not isinstance(name, str):
+        return None
+    for mod in _BUILTIN_HOMES:
+        m = sys.modules.get(mod)
+        if m is not None and getattr(m, name, None) is obj:
+            return mod, name
+    return None
+
+
+def _types_name(obj) -> tuple[str, str] | None:
+    """``types.NoneType``, ``types.FunctionType``...: classes whose own names (``builtins.NoneType``,
+    ``builtins.function``) do not import."""
+    if isinstance(obj, type):
+        for name, v in vars(types).items():
+            if v is obj:
+                return "types", name
+    return None
+
+
+def resolve_name(mod: str, qual: str):
+    obj = importlib.import_module(mod)
+    for part in qual.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _op_name(obj) -> list | None:
+    if isinstance(obj, torch._ops.OpOverload):
+        return ["op", obj._schema.name, obj._overloadname]
+    if isinstance(obj, torch._ops.OpOverloadPacket):
+        return ["op", obj._qualified_op_name, None]
+    return None
+
+
+def _resolve_op(qualified: str, overload: str | None):
+    ns, name = qualified.split("::", 1)
+    packet = getattr(getattr(torch.ops, ns), name)
+    return packet if overload is None else getattr(packet, overload)
+
+
+class Encoder:
+    """Encodes the objects of one function's entries (``fn``: the function the package is
+    loaded against: a top-level function, a module's caller, or a continuation)."""
+
+    def __init__(self, fn: types.FunctionType, specials: dict[int, list] | None = None):
+        self.fn = fn
+        self.specials = dict(specials or {})     # id(obj) -> encoding (the factory's callee...)
+        self._where: dict[int, list] = {}
+        self._where[id(fn)] = ["fn"]
+        self._where[id(fn.__code__)] = ["fn_code"]
+        self._where[id(fn.__globals__)] = ["globals"]
+        if fn.__defaults__ is not None:
+            self._where[id(fn.__defaults__)] = ["defaults"]
+        if fn.__kwdefaults__ is not None:
+            self._where[id(fn.__kwdefaults__)] = ["kwdefaults"]
+        for i, d in enumerate(fn.__defaults__ or ()):
+            self._where.setdefault(id(d), ["default", i])
+        for k, d in (fn.__kwdefaults__ or {}).items():
+            self._where.setdefault(id(d), ["kwdefault", k])
+        for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ()):
+            self._where[id(cell)] = ["cell", name]
+        self._globals_by_id: dict[int, str] | None = None
+
+    def add_function(self, module: str, qualname: str) -> None:
+        """Objects of a function the capture inlined, found again through its name: its
+        defaults and kwdefaults (their values too) and its closure cells."""
+        try:
+            f = resolve_name(module, qualname)
+        except Exception:
+            return
+        f = getattr(f, "__func__", f)
+        if not isinstance(f, types.FunctionType):
+            return
+        base = ["name", module, qualname]
+        if f.__defaults__ is not None:
+            where = ["attr", base, "__defaults__"]
+            self._where.setdefault(id(f.__defaults__), where)
+            for i, d in enumerate(f.__defaults__):
+                self._where.setdefault(id(d), ["index", where, i])
+        if f.__kwdefaults__ is not None:
+            where = ["attr", base, "__kwdefaults__"]
+            self._where.setdefault(id(f.__kwdefaults__), where)
+            for k, d in f.__kwdefaults__.items():
+                self._where.setdefault(id(d), ["index", where, k])
+        for name, cell in zip(f.__code__.co_freevars, f.__closure__ or ()):
+            self._where.setdefault(id(cell), ["cell_of", base, name])
+
+    def _global_name(self, obj) -> str | None:
+        if self._globals_by_id is None:
+            self._globals_by_id = {}
+            for k, v in list(self.fn.__globals__.items()):
+                if isinstance(k, str):
+                    self._globals_by_id.setdefault(id(v), k)
+        return self._globals_by_id.get(id(obj))
+
+    def encode(self, obj: Any, identity: bool = False) -> list:
+        """The JSON form of ``obj``. ``identity``: the code compares it with ``is``, so only
+        an encoding that finds the object itself again will do."""
+        from ..capture.codegen import MISS
+
+        hit = self.specials.get(id(obj))
+        if hit is not None:
+            return hit
+        if obj is MISS:
+            return ["miss"]
+        if obj is None or obj is Ellipsis:
+            return ["const", repr(obj)]
+        if type(obj) in _SCALARS:
+            return ["v", obj]
+        if type(obj) is float:
+            return ["float", repr(obj)]
+        if type(obj) is complex:
+            return ["complex", repr(obj.real), repr(obj.imag)]
+        if type(obj) is bytes:
+            return ["bytes", obj.hex()]
+        if isinstance(obj, torch.dtype):
+            return ["dtype", str(obj).replace("torch.", "")]
+        if type(obj) is torch.device:
+            return ["device", str(obj)]
+        if type(obj) is torch.Size:
+            return ["size", list(obj)]
+        if isinstance(obj, (torch.layout, torch.memory_format)):
+            return ["torch_attr", str(obj).replace("torch.", "")]
+        where = self._where.get(id(obj))
+        if where is not None:
+            return where
+        if type(obj) is tuple and not identity:
+            return ["tuple", [self.encode(x) for x in obj]]
+        if isinstance(obj, types.ModuleType):
+            if sys.modules.get(obj.__name__) is obj:
+                return ["module", obj.__name__]
+            raise NotPackageable(f"module {obj.__name__} is not importable by its name")
+        if type(obj) is dict and obj.get("__name__") and \
+                getattr(sys.modules.get(obj["__name__"]), "__dict__", None) is obj:
+            return ["module_dict", obj["__name__"]]
+        if isinstance(obj, weakref.ref) and type(obj) is weakref.ref:
+            target = obj()
+            if target is None:
+                raise NotPackageable("a weakly held object was freed")
+            return ["weakref", self.encode(target, identity=True)]
+        op = _op_name(obj)
+        if op is not None:
+            return op
+        if isinstance(obj, enum.Enum):
+            name = _name_of(type(obj))
+            if name is not None:
+                return ["enum", *name, obj.name]
+        if isinstance(obj, types.CellType):
+            raise NotPackageable("a closure cell that is not the compiled function's own (of a "
+                                 "function it inlined)")
+        if isinstance(obj, types.MethodType) and isinstance(obj.__self__, (type, types.ModuleType)):
+            name = _name_of(obj.__self__)
+            base = ["module", obj.__self__.__name__] if isinstance(obj.__self__, types.ModuleType) \
+                else (["name", *name] if name else None)
+            if base is not None and getattr(obj.__self__, obj.__name__, None) == obj:
+                return ["attr", base, obj.__name__]
+        name = _name_of(obj) or _builtin_name(obj) or _types_name(obj)
+        if name is not None:
+            return ["name", *name]
+        g = self._global_name(obj)
+        if g is not None:
+            return ["global", g]
+        if not identity:
+            if type(obj) is list:
+                return ["list", [self.encode(x) for x in obj]]
+            if type(obj) is dict:
+                return ["dict", [[self.encode(k), self.encode(v)] for k, v in obj.items()]]
+            if type(obj) in (set, frozenset):
+                return ["set" if type(obj) is set else "frozenset", [self.encode(x) for x in obj]]
+            if type(obj) is slice:
+                return ["slice", [self.encode(x) for x in (obj.start, obj.stop, obj.step)]]
+            if type(obj) is range:
+                return ["range", [obj.start, obj.stop, obj.step]]
+            if dataclasses.is_dataclass(obj) and not isinstance(obj, type) and \
+                    type(obj).__module__.startswith("kiln.") and _name_of(type(obj)):
+                return ["dataclass", *_name_of(type(obj)),
+                        {f.name: self.encode(getattr(obj, f.name)) for f in dataclasses.fields(obj)}]
+        what = getattr(obj, "__qualname__", None) or type(obj).__qualname__
+        raise NotPackageable(f"{type(obj).__name__} {what!s:.60} has no name that finds it in "
+                             "another process (made in the call, or defined inside a function)")
+
+
+class Decoder:
+    """Finds the encoded objects again, for the function the package is loaded against."""
+
+    def __init__(self, fn: types.FunctionType, specials: dict[str, Callable[[], Any]] | None = None):
+        self.fn = fn
+        self.specials = specials or {}
+
+    def decode(self, enc: list) -> Any:
+        tag = enc[0]
+        fn = self.fn
+        if tag == "v":
+            return enc[1]
+        if tag == "const":
+            return {"None": None, "Ellipsis": Ellipsis}[enc[1]]
+        if tag == "float":
+            return float(enc[1])
+        if tag == "complex":
+            return complex(float(enc[1]), float(enc[2]))
+        if tag == "bytes":
+            return bytes.fromhex(enc[1])
+        if tag == "dtype":
+            return getattr(torch, enc[1])
+        if tag == "device":
+            return torch.device(enc[1])
+        if tag == "size":
+            return torch.Size(enc[1])
+        if tag == "torch_attr":
+            return getattr(torch, enc[1])
+        if tag == "miss":
+            from ..capture.codegen import MISS
+            return MISS
+        if tag == "fn":
+            return fn
+        if tag == "fn_code":
+            return fn.__code__
+        if tag == "globals":
+            return fn.__globals__
+        if tag == "defaults":
+            return fn.__defaults__
+        if tag == "kwdefaults":
+            return fn.__kwdefaults__
+        if tag == "default":
+            return fn.__defaults__[enc[1]]
+        if tag == "kwdefault":
+            return fn.__kwdefaults__[enc[1]]
+        if tag == "cell":
+            return fn.__closure__[fn.__code__.co_freevars.index(enc[1])]
+        if tag == "global":
+            return fn.__globals__[enc[1]]
+        if tag == "module":
+            return importlib.import_module(enc[1])
+        if tag == "module_dict":
+            return importlib.import_module(enc[1]).__dict__
+        if tag == "name":
+            return resolve_name(enc[1], enc[2])
+        if tag == "attr":
+            return getattr(self.decode(enc[1]), enc[2])
+        if tag == "index":
+            return self.decode(enc[1])[enc[2]]
+        if tag == "cell_of":
+            f = self.decode(enc[1])
+            f = getattr(f, "__func__", f)
+            return f.__closure__[f.__code__.co_freevars.index(enc[2])]
+        if tag == "enum":
+            return getattr(resolve_name(enc[1], enc[2]), enc[3])
+        if tag == "op":
+            return _resolve_op(enc[1], enc[2])
+        if tag == "weakref":
+            return weakref.ref(self.decode(enc[1]))
+        if tag == "tuple":
+            return tuple(self.decode(x) for x in enc[1])
+        if tag == "list":
+            return [self.decode(x) for x in enc[1]]
+        if tag == "dict":
+            return {self.decode(k): self.decode(v) for k, v in enc[1]}
+        if tag == "set":
+            return {self.decode(x) for x in enc[1]}
+        if tag == "frozenset":
+            return frozenset(self.decode(x) for x in enc[1])
+        if tag == "slice":
+            return slice(*(self.decode(x) for x in enc[1]))
+        if tag == "range":
+            return range(*enc[1])
+        if tag == "dataclass":
+            cls = resolve_name(enc[1], enc[2])
+            return cls(**{k: self.decode(v) for k, v in enc[3].items()})
+        if tag == "special":
+            return self.specials[enc[1]]()
+        raise ValueError(f"unknown encoding {tag!r}")
+
+
+def same(a: Any, b: Any) -> bool:
+    """Whether a decoded object stands for the original (itself, or an equal plain value)."""
+    if a is b:
+        return True
+    if isinstance(a, weakref.ref) and isinstance(b, weakref.ref):
+        return a() is b()
+    if type(a) is not type(b):
+        return False
+    if type(a) is float and math.isnan(a):
+        return math.isnan(b)
+    try:
+        return bool(a == b)
+    except Exception:
+        return False

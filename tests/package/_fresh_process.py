@@ -1,0 +1,87 @@
+"""Run in a fresh Python process by test_package_fresh_process.py:
+
+    python _fresh_process.py save DIR BACKEND   compile, call and save packages into DIR
+    python _fresh_process.py load DIR BACKEND   load them with capture, AOT and Inductor
+                                                 compilation made to fail; check against eager
+"""
+import os
+import sys
+
+import torch
+
+import kiln
+import _pkg_models as M
+
+
+def _models():
+    torch.manual_seed(0)
+    return M.MLP()
+
+
+def save(d, backend):
+    model = _models()
+    x = torch.randn(2, 4)
+    f = kiln.compile(M.f, backend=backend, dynamic=False)
+    f(x, torch.randn(2, 4))
+    f(torch.randn(3, 4), x[:1])
+    g = kiln.compile(M.g, backend=backend)
+    g(torch.randn(4))
+    b = kiln.compile(M.with_break, backend=backend)
+    b(x)
+    m = kiln.compile(model, backend=backend)
+    m(x)
+    step = kiln.compile(M.train_step, backend=backend)
+    step(model, x)
+    for name, c in [("f", f), ("g", g), ("b", b), ("m", m), ("step", step)]:
+        report = c.save_package(os.path.join(d, f"{name}.kiln"))
+        assert not report.left_out, report
+    print("SAVED")
+
+
+CALLED = []     # (kiln turns its own failures into eager runs: the calls are recorded too)
+
+
+def _refuse(what):
+    def refuse(*a, **k):
+        CALLED.append(what)
+        raise AssertionError(f"{what} ran in the process that loaded packages")
+    return refuse
+
+
+def load(d, backend):
+    import kiln.api
+    import kiln.aot.dynamic
+    import kiln.aot.graph_capture
+    import kiln.backends.inductor
+
+    kiln.api.capture = _refuse("capture")
+    kiln.aot.dynamic.compile_graph = _refuse("AOT autograd")
+    kiln.aot.graph_capture.stage1_graph_capture = _refuse("AOT tracing")
+    kiln.backends.inductor.GraphCompile.run = _refuse("Inductor")
+    model = _models()
+    p = lambda n: os.path.join(d, f"{n}.kiln")       # noqa: E731
+    f = kiln.load_package(p("f"), M.f, on_miss="error")
+    g = kiln.load_package(p("g"), M.g, on_miss="error")
+    b = kiln.load_package(p("b"), M.with_break, on_miss="error")
+    m = kiln.load_package(p("m"), model, on_miss="error")
+    step = kiln.load_package(p("step"), M.train_step, on_miss="error")
+    for x, y in [(torch.randn(2, 4), torch.randn(2, 4)), (torch.randn(3, 4), torch.randn(1, 4))]:
+        torch.testing.assert_close(f(x, y), M.f(x, y))
+    x = torch.randn(2, 4)
+    v = torch.randn(4)
+    torch.testing.assert_close(g(v), M.g(v))
+    torch.testing.assert_close(b(x), M.with_break(x))
+    torch.testing.assert_close(m(x), model(x))
+    loss = step(model, x)
+    grads = [q.grad.clone() for q in model.parameters()]
+    model.zero_grad()
+    torch.testing.assert_close(loss, M.train_step(model, x))
+    for a, q in zip(grads, model.parameters()):
+        torch.testing.assert_close(a, q.grad)
+    assert "torch._inductor.lowering" not in sys.modules or backend == "inductor"
+    assert not CALLED, CALLED
+    print("LOADED OK")
+
+
+if __name__ == "__main__":
+    {"save": save, "load": load}[sys.argv[1]](sys.argv[2], sys.argv[3])

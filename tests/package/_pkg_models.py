@@ -1,0 +1,101 @@
+"""Functions and modules the package tests compile, save and load again (in this process and
+in fresh subprocesses, which import this file by name)."""
+import torch
+
+SCALE = torch.tensor([0.5, -1.0, 2.0, 3.0])    # a global tensor the functions read
+
+
+def f(x, y):
+    return torch.relu(x) * y + 1
+
+
+def g(x):
+    return torch.sin(x) + SCALE
+
+
+def _helper(x):
+    return x * 2 - 1
+
+
+def uses_helper(x):
+    return _helper(x).cos()
+
+
+def with_break(x):
+    y = x.sin() * 2
+    print("", end="")          # a graph break
+    return y.cos() + 1
+
+
+def with_default(x, k=3):
+    return x * k
+
+
+class MLP(torch.nn.Module):
+    def __init__(self, d=4, h=8):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(d, h)
+        self.fc2 = torch.nn.Linear(h, d)
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+def train_step(model, x):
+    loss = model(x).pow(2).mean()
+    loss.backward()
+    return loss
+
+
+def make_scaled(scale):
+    def scaled(x):
+        return x * scale + 1
+    return scaled
+
+
+class Counter:
+    def __init__(self):
+        self.w = torch.ones(4)
+
+    def step(self, x):
+        return x @ self.w
+
+
+def unsupported(x):
+    return torch.tensor(sorted(x.tolist())) + 1     # data-dependent: runs eagerly
+
+
+def generator_frame(x):
+    yield x + 1
+    yield x * 2
+
+
+class Masked(torch.nn.Module):
+    """forward has a default the capture reads through the inlined function's __defaults__."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4)
+
+    def forward(self, x, mask=None):
+        y = self.fc(x)
+        if mask is not None:
+            y = y * mask
+        return y
+
+
+def double(x):
+    return x * 2
+
+
+def apply(fn, x):
+    return fn(x) + 1
+
+
+FLAG = 2.0
+
+
+def with_break_flag(x):
+    y = x.sin()
+    print("", end="")          # a graph break; the continuation reads FLAG
+    return y * FLAG

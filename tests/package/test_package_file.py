@@ -1,0 +1,85 @@
+"""The package file: one file with a content hash; truncated, changed or foreign files are
+refused before anything in them runs; ``kiln package inspect`` prints the manifest."""
+import json
+
+import pytest
+import torch
+
+import kiln
+from kiln.cli import main as cli
+from kiln.package import PackageError, fileformat
+
+import _pkg_models as M
+
+
+@pytest.fixture
+def package(tmp_path):
+    kiln.reset()
+    c = kiln.compile(M.with_break, backend="aot_eager")
+    c(torch.randn(3))
+    path = tmp_path / "b.kiln"
+    c.save_package(path)
+    kiln.reset()
+    yield path
+    kiln.reset()
+
+
+def _refused(path, match, monkeypatch):
+    import kiln.package.load as load
+
+    # nothing of a refused package may run: rebuilding its entries is the first thing that would
+    monkeypatch.setattr(load, "load_entries", lambda *a: pytest.fail("a refused package ran"))
+    with pytest.raises(PackageError, match=match):
+        kiln.load_package(path, M.with_break)
+    assert cli(["package", "inspect", str(path)]) == 1
+
+
+def test_truncated(package, monkeypatch):
+    data = package.read_bytes()
+    for n in (len(data) - 1, len(data) // 2, 20):
+        package.write_bytes(data[:n])
+        _refused(package, "truncated|damaged", monkeypatch)
+
+
+def test_bit_flipped(package, monkeypatch):
+    data = bytearray(package.read_bytes())
+    for pos in (len(data) - 5, len(data) // 2, 60):
+        flipped = bytearray(data)
+        flipped[pos] ^= 0x10
+        package.write_bytes(bytes(flipped))
+        _refused(package, "damaged", monkeypatch)
+
+
+def test_foreign_file(package, monkeypatch):
+    package.write_bytes(b"PK\x03\x04 a zip file, not a kiln package" * 10)
+    _refused(package, "not a kiln package", monkeypatch)
+    torch.save({"x": torch.ones(2)}, package)
+    _refused(package, "not a kiln package", monkeypatch)
+
+
+def test_other_versions_are_refused_clearly(package):
+    pkg = fileformat.read(str(package))
+    m = dict(pkg.manifest)
+    blobs = fileformat.Blobs()
+    for i in range(len(m.pop("blobs"))):
+        blobs.add(pkg.blob(i))
+    for field, value, match in [("torch", "1.0.0", "torch 1.0.0"), ("kiln", "0.0.1", "kiln 0.0.1"),
+                                ("device_kind", "cuda", "CUDA")]:
+        if field == "device_kind" and torch.cuda.is_available():
+            continue
+        m2 = {**m, "environment": {**m["environment"], field: value}}
+        fileformat.write(str(package), m2, blobs)
+        with pytest.raises(PackageError, match=match):
+            kiln.load_package(package, M.with_break)
+
+
+def test_inspect_prints_the_manifest(package, capsys):
+    assert cli(["package", "inspect", str(package)]) == 0
+    out = capsys.readouterr().out
+    assert "_pkg_models.with_break(x)" in out and "backend='aot_eager'" in out
+    assert "TENSOR_MATCH   L['x']: float32[3]" in out          # guards as text
+    assert "def forward(self, l_x):" in out                     # graphs as code
+    assert "__kiln_resume_with_break" in out and "def __kiln_entry(x):" in out
+    # the manifest itself is JSON with the sizes of the artifacts
+    m = fileformat.read(str(package)).manifest
+    assert all(size > 0 for _, size in m["blobs"]) and json.dumps(m)

@@ -1,0 +1,56 @@
+"""Inductor entries in a package: the AOT artifact and Inductor's generated code, loaded by
+the backend's own loader (no AOT tracing, no lowering). Few, tiny graphs: Inductor compiles
+C++ for each."""
+import pytest
+import torch
+
+import kiln
+
+import _pkg_models as M
+
+
+@pytest.fixture(scope="module")
+def packages(tmp_path_factory):
+    d = tmp_path_factory.mktemp("inductor-packages")
+    kiln.reset()
+    torch.manual_seed(0)
+    model = M.MLP()
+    f = kiln.compile(M.f, backend="inductor", dynamic=False)
+    step = kiln.compile(M.train_step, backend="inductor", dynamic=False)
+    x = torch.randn(2, 4)
+    f(x, torch.randn(2, 4))
+    step(model, x)
+    reports = [f.save_package(d / "f.kiln"), step.save_package(d / "step.kiln")]
+    kiln.reset()
+    yield d, model, reports
+    kiln.reset()
+
+
+def test_inductor_inference_and_training(packages, monkeypatch):
+    import kiln.aot.dynamic
+    import kiln.api
+    import kiln.backends.inductor
+
+    d, model, reports = packages
+    assert all(not r.left_out for r in reports) and [r.entries for r in reports] == [1, 2]
+
+    called = []
+
+    def refuse(*a, **k):
+        called.append(a)
+        raise AssertionError("compiled again")
+    monkeypatch.setattr(kiln.api, "capture", refuse)
+    monkeypatch.setattr(kiln.aot.dynamic, "compile_graph", refuse)
+    monkeypatch.setattr(kiln.backends.inductor.GraphCompile, "run", refuse)
+    f = kiln.load_package(d / "f.kiln", M.f, on_miss="error")
+    step = kiln.load_package(d / "step.kiln", M.train_step, on_miss="error")
+    x, y = torch.randn(2, 4), torch.randn(2, 4)
+    torch.testing.assert_close(f(x, y), M.f(x, y))
+    model.zero_grad()
+    loss = step(model, x)
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    torch.testing.assert_close(loss, M.train_step(model, x))
+    for g, p in zip(grads, model.parameters()):
+        torch.testing.assert_close(g, p.grad)
+    assert not called

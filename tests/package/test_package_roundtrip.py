@@ -1,0 +1,286 @@
+"""save_package / load_package in one process: every entry comes back, matched by its saved
+guards before any capture (kiln.reset() first: the loaded function has no entries of its own)."""
+import pytest
+import torch
+
+import kiln
+from kiln.package import PackageMiss
+
+import _pkg_models as M
+
+
+@pytest.fixture(autouse=True)
+def _fresh():
+    kiln.reset()
+    yield
+    kiln.reset()
+
+
+def _no_capture(monkeypatch):
+    """Capturing now fails the test: a loaded entry must answer the call."""
+    import kiln.api
+
+    def refuse(*a, **k):
+        pytest.fail("capture ran for a call the package covers")
+    monkeypatch.setattr(kiln.api, "capture", refuse)
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_function_several_shapes(tmp_path, monkeypatch, backend):
+    c = kiln.compile(M.f, backend=backend, dynamic=False)
+    shapes = [(3, 4), (5, 4), (2, 7)]
+    for s in shapes:
+        c(torch.randn(s), torch.randn(s))
+    report = c.save_package(tmp_path / "f.kiln")
+    assert report.saved == {"f": 3} and not report.left_out
+    kiln.reset()
+    _no_capture(monkeypatch)
+    fast = kiln.load_package(tmp_path / "f.kiln", kiln.compile(M.f, backend=backend), on_miss="error")
+    assert len(fast.entries) == 3
+    for s in shapes:
+        x, y = torch.randn(s), torch.randn(s)
+        torch.testing.assert_close(fast(x, y), M.f(x, y))
+
+
+def test_global_tensor_and_default(tmp_path, monkeypatch):
+    cg = kiln.compile(M.g, backend="aot_eager")
+    cd = kiln.compile(M.with_default, backend="aot_eager", dynamic=False)
+    x = torch.randn(4)
+    cg(x), cd(x), cd(x, k=5)
+    cg.save_package(tmp_path / "g.kiln")
+    assert cd.save_package(tmp_path / "d.kiln").entries == 2
+    kiln.reset()
+    _no_capture(monkeypatch)
+    fg = kiln.load_package(tmp_path / "g.kiln", M.g, on_miss="error")
+    fd = kiln.load_package(tmp_path / "d.kiln", M.with_default, on_miss="error")
+    x = torch.randn(4)
+    torch.testing.assert_close(fg(x), M.g(x))
+    torch.testing.assert_close(fd(x), M.with_default(x))
+    torch.testing.assert_close(fd(x, k=5), M.with_default(x, k=5))
+    # the global tensor is read again in this process: a new value is seen, not a saved copy
+    old = M.SCALE.clone()
+    try:
+        M.SCALE.add_(10)
+        torch.testing.assert_close(fg(x), M.g(x))
+    finally:
+        M.SCALE.copy_(old)
+
+
+def test_graph_break_continuations(tmp_path, monkeypatch):
+    c = kiln.compile(M.with_break, backend="aot_eager")
+    x = torch.randn(3)
+    c(x)
+    report = c.save_package(tmp_path / "b.kiln")
+    assert report.entries == 2 and len(report.saved) == 2   # the function and its continuation
+    kiln.reset()
+    _no_capture(monkeypatch)
+    fast = kiln.load_package(tmp_path / "b.kiln", M.with_break, on_miss="error")
+    x = torch.randn(3)
+    torch.testing.assert_close(fast(x), M.with_break(x))
+    assert fast.entries[0].graph_break is not None and fast.entries[0].resumes[0].entries
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_module_inference_and_training_step(tmp_path, monkeypatch, backend):
+    torch.manual_seed(0)
+    m = M.MLP()
+    cm = kiln.compile(m, backend=backend, dynamic=False)
+    step = kiln.compile(M.train_step, backend=backend, dynamic=False)
+    x = torch.randn(2, 4)
+    cm(x)
+    step(m, x)
+    m.zero_grad()
+    cm.save_package(tmp_path / "m.kiln")
+    step.save_package(tmp_path / "t.kiln")
+    kiln.reset()
+    _no_capture(monkeypatch)
+    fm = kiln.load_package(tmp_path / "m.kiln", m, on_miss="error")
+    fstep = kiln.load_package(tmp_path / "t.kiln", M.train_step, on_miss="error")
+    x = torch.randn(2, 4)
+    torch.testing.assert_close(fm(x), m(x))
+    loss = fstep(m, x)
+    grads = [p.grad.clone() for p in m.parameters()]
+    m.zero_grad()
+    ref = M.train_step(m, x)
+    torch.testing.assert_close(loss, ref)
+    for a, p in zip(grads, m.parameters()):
+        torch.testing.assert_close(a, p.grad)
+
+
+def test_several_functions_of_one_file(tmp_path, monkeypatch):
+    fns = [M.f, M.uses_helper]
+    x = torch.randn(3)
+    for i, fn in enumerate(fns):
+        c = kiln.compile(fn, backend="aot_eager")
+        c(*([x, x] if fn is M.f else [x]))
+        c.save_package(tmp_path / f"{i}.kiln")
+    kiln.reset()
+    _no_capture(monkeypatch)
+    loaded = [kiln.load_package(tmp_path / f"{i}.kiln", fn, on_miss="error") for i, fn in enumerate(fns)]
+    torch.testing.assert_close(loaded[0](x, x), M.f(x, x))
+    torch.testing.assert_close(loaded[1](x), M.uses_helper(x))
+
+
+def test_miss_error_names_the_failing_guard(tmp_path):
+    c = kiln.compile(M.f, backend="aot_eager", dynamic=False)
+    c(torch.randn(3), torch.randn(3))
+    c.save_package(tmp_path / "f.kiln")
+    kiln.reset()
+    fast = kiln.load_package(tmp_path / "f.kiln", M.f, on_miss="error")
+    with pytest.raises(PackageMiss, match=r"TENSOR_MATCH failed.*size"):
+        fast(torch.randn(5), torch.randn(5))
+    with pytest.raises(PackageMiss, match=r"TENSOR_MATCH failed.*stride"):
+        fast(torch.randn(6)[::2], torch.randn(3))
+    with pytest.raises(PackageMiss, match=r"TENSOR_MATCH failed.*(dtype|dispatch)"):
+        fast(torch.randn(3).double(), torch.randn(3))
+
+
+def test_miss_compile_logs_and_compiles(tmp_path, capsys):
+    c = kiln.compile(M.f, backend="aot_eager", dynamic=False)
+    c(torch.randn(3), torch.randn(3))
+    c.save_package(tmp_path / "f.kiln")
+    kiln.reset()
+    fast = kiln.load_package(tmp_path / "f.kiln", M.f)
+    kiln.set_logs("package")
+    try:
+        x = torch.randn(5)
+        torch.testing.assert_close(fast(x, x), M.f(x, x))
+    finally:
+        kiln.set_logs(None)
+    assert "miss in package" in capsys.readouterr().err
+    assert len(fast.entries) == 2
+
+
+def test_dynamic_aot_entry_is_left_out_with_reason(tmp_path):
+    c = kiln.compile(M.f, backend="aot_eager", dynamic=True)
+    c(torch.randn(3, 4), torch.randn(3, 4))
+    report = c.save_package(tmp_path / "f.kiln")
+    assert report.entries == 0 and "dynamic" in report.left_out[0].reason
+    kiln.reset()
+    fast = kiln.load_package(tmp_path / "f.kiln", M.f)       # on_miss="compile"
+    x = torch.randn(6, 4)
+    torch.testing.assert_close(fast(x, x), M.f(x, x))
+
+
+def test_dynamic_eager_entry_serves_new_sizes(tmp_path, monkeypatch):
+    c = kiln.compile(M.f, backend="eager", dynamic=True)
+    c(torch.randn(3, 4), torch.randn(3, 4))
+    assert c.save_package(tmp_path / "f.kiln").entries == 1
+    kiln.reset()
+    _no_capture(monkeypatch)
+    fast = kiln.load_package(tmp_path / "f.kiln", M.f, on_miss="error")
+    for n in (5, 9):
+        x, y = torch.randn(n, 4), torch.randn(n, 4)
+        torch.testing.assert_close(fast(x, y), M.f(x, y))
+    with pytest.raises(PackageMiss):
+        fast(torch.randn(5, 4).double(), torch.randn(5, 4).double())    # another dtype
+
+
+def test_identity_guard_on_a_call_object_is_left_out(tmp_path):
+    def apply(fn, x):
+        return fn(x) + 1
+
+    def local(x):
+        return x * 3
+    c = kiln.compile(apply, backend="eager")
+    x = torch.randn(3)
+    c(local, x)
+    c(torch.sin, x)
+    report = c.save_package(tmp_path / "a.kiln")
+    # torch.sin has a qualified name: its entry is saved; the local function has none
+    assert report.entries == 1 and len(report.left_out) == 1
+    assert "no name" in report.left_out[0].reason and "ID_MATCH" in report.left_out[0].guards
+    kiln.reset()
+    fast = kiln.load_package(tmp_path / "a.kiln", apply, on_miss="error")
+    torch.testing.assert_close(fast(torch.sin, x), apply(torch.sin, x))
+    with pytest.raises(PackageMiss, match="ID_MATCH"):
+        fast(torch.cos, x)
+
+
+def test_closure_cells_resolve_against_the_loaded_function(tmp_path, monkeypatch):
+    inner = M.make_scaled(2.0)
+    c = kiln.compile(inner, backend="aot_eager")
+    x = torch.randn(3)
+    c(x)
+    assert c.save_package(tmp_path / "c.kiln").entries == 1
+    kiln.reset()
+    _no_capture(monkeypatch)
+    same = M.make_scaled(2.0)          # a new closure, same code and cell value
+    fast = kiln.load_package(tmp_path / "c.kiln", same, on_miss="error")
+    torch.testing.assert_close(fast(x), same(x))
+    other = kiln.load_package(tmp_path / "c.kiln", M.make_scaled(5.0), on_miss="error")
+    with pytest.raises(PackageMiss, match="scale"):
+        other(x)                       # the cell's value is guarded: another value misses
+
+
+def test_method_and_eager_entries(tmp_path, monkeypatch):
+    obj = M.Counter()
+    cm = kiln.compile(obj.step, backend="aot_eager")
+    cu = kiln.compile(M.unsupported, backend="aot_eager")
+    x = torch.randn(4)
+    cm(x)
+    cu(x)
+    cm.save_package(tmp_path / "m.kiln")
+    cu.save_package(tmp_path / "u.kiln")
+    kiln.reset()
+    _no_capture(monkeypatch)
+    fm = kiln.load_package(tmp_path / "m.kiln", obj.step, on_miss="error")
+    fu = kiln.load_package(tmp_path / "u.kiln", M.unsupported, on_miss="error")
+    torch.testing.assert_close(fm(x), obj.step(x))
+    torch.testing.assert_close(fu(x), M.unsupported(x))
+    assert fu.entries[0].graph_break is not None
+
+
+def test_eager_fallback_entry(tmp_path, monkeypatch):
+    c = kiln.compile(M.generator_frame, backend="aot_eager")
+    x = torch.randn(3)
+    list(c(x))
+    assert c.entries[0].is_eager
+    assert c.save_package(tmp_path / "e.kiln").entries == 1
+    kiln.reset()
+    _no_capture(monkeypatch)
+    fast = kiln.load_package(tmp_path / "e.kiln", M.generator_frame, on_miss="error")
+    got = list(fast(x))
+    torch.testing.assert_close(got[1], x * 2)
+    assert fast.entries[0].is_eager and "generator" in str(fast.entries[0].eager_reason)
+
+
+def test_module_forward_defaults_resolve_by_name(tmp_path, monkeypatch):
+    m = M.Masked()
+    c = kiln.compile(m, backend="aot_eager", dynamic=False)
+    x = torch.randn(2, 4)
+    c(x)
+    c(x, torch.ones(4))
+    assert c.save_package(tmp_path / "m.kiln").entries == 2     # (None's type: types.NoneType)
+    kiln.reset()
+    _no_capture(monkeypatch)
+    fast = kiln.load_package(tmp_path / "m.kiln", m, on_miss="error")
+    mask = torch.rand(4)
+    torch.testing.assert_close(fast(x), m(x))
+    torch.testing.assert_close(fast(x, mask), m(x, mask))
+
+
+def test_entry_that_cannot_load_is_skipped_with_a_warning(tmp_path, monkeypatch):
+    c = kiln.compile(M.apply, backend="eager")
+    x = torch.randn(3)
+    c(M.double, x)              # identity guard on M.double: saved by its qualified name
+    assert c.save_package(tmp_path / "a.kiln").entries == 1
+    kiln.reset()
+    monkeypatch.delattr(M, "double")
+    with pytest.warns(RuntimeWarning, match="could not be loaded"):
+        fast = kiln.load_package(tmp_path / "a.kiln", M.apply, check_source=False)
+    assert not fast.entries
+    torch.testing.assert_close(fast(torch.cos, x), M.apply(torch.cos, x))   # compiles as usual
+
+
+def test_continuation_miss_follows_on_miss(tmp_path, monkeypatch):
+    c = kiln.compile(M.with_break_flag, backend="eager")
+    x = torch.randn(3)
+    c(x)
+    c.save_package(tmp_path / "b.kiln")
+    kiln.reset()
+    fast = kiln.load_package(tmp_path / "b.kiln", M.with_break_flag, on_miss="error")
+    torch.testing.assert_close(fast(x), M.with_break_flag(x))
+    monkeypatch.setattr(M, "FLAG", 3.0)      # the continuation's guard fails, not the entry's
+    with pytest.raises(PackageMiss, match="__kiln_resume_with_break_flag.*FLAG"):
+        fast(x)
