@@ -65,14 +65,17 @@ def cached(gm, example_inputs: list, *, backend: str, options: dict, compile: Ca
     input names to the caller's) or compiled (``compile()``) and stored (``dump(compiled)``;
     it raises ValueError for a result it cannot store)."""
     fn = function_name(gm)
+    # a dynamic entry loads into the capture's ShapeEnv (its symbols, the guards the compile
+    # added); a package load runs no capture, so kiln.package leaves such graphs out
+    offered = _offer_dynamic if K.is_dynamic(gm, example_inputs) else offer
     if not config.cache:
-        return offer(compile(), lambda c: dump(c))
+        return offered(compile(), lambda c: dump(c))
     try:
         parts = K.key_parts(gm, example_inputs, backend, options)
         key = K.digest(parts)
     except Exception as e:          # a graph kiln cannot key: compile it, uncached
         _bypass(fn, f"cannot compute the key: {type(e).__name__}: {e}")
-        return offer(compile(), lambda c: dump(c))
+        return offered(compile(), lambda c: dump(c))
     from ..aot.symbolic_codec import EntryDoesNotFit
 
     not_fit = None
@@ -85,7 +88,7 @@ def cached(gm, example_inputs: list, *, backend: str, options: dict, compile: Ca
                 compiled = load(payload, gm, _renames(header.get("inputs"), input_names(gm)))
                 store.count("hits")
                 _log(f"hit {fn} ({key[:12]}, {len(payload)} bytes)")
-                return offer(compiled, _stored(key, lambda c: dump(c)))
+                return offered(compiled, _stored(key, lambda c: dump(c)))
             store.warn_once(("mismatch", key), f"entry {key[:12]} does not match its key; recompiling")
     except EntryDoesNotFit as e:    # a dynamic entry traced under guards these sizes fail
         not_fit = str(e)
@@ -99,10 +102,10 @@ def cached(gm, example_inputs: list, *, backend: str, options: dict, compile: Ca
         payload = dump(compiled)
     except Exception as e:
         _log(f"not stored {fn}: {type(e).__name__}: {e}")
-        return offer(compiled, _failed(f"{type(e).__name__}: {e}"))
+        return offered(compiled, _failed(f"{type(e).__name__}: {e}"))
     store.write(key, {"key": key, "function": fn, "backend": backend, "parts": parts,
                       "inputs": input_names(gm)}, payload)
-    return offer(compiled, _stored(key, lambda c: payload))
+    return offered(compiled, _stored(key, lambda c: payload))
 
 
 # -- what a package (kiln/package) saves of a compiled graph -------------------------------------
@@ -119,6 +122,11 @@ def offer(compiled: Callable, payload: Callable[[Callable], bytes]) -> Callable:
     except (AttributeError, TypeError):   # (a bound method: the package saves what it is)
         pass
     return compiled
+
+
+def _offer_dynamic(compiled: Callable, payload: Callable[[Callable], bytes]) -> Callable:
+    return offer(compiled, _failed("a dynamic (symbolic-shape) graph: its entry loads into a capture's "
+                                   "ShapeEnv, which a package load does not have (not saved yet)"))
 
 
 def _stored(key: str, fallback: Callable[[Callable], bytes]) -> Callable[[Callable], bytes]:
