@@ -62,7 +62,7 @@ def _read_facts() -> dict:
 
 def _path(cache_dir: str, facts: dict) -> str:
     digest = hashlib.sha256(json.dumps(facts, sort_keys=True, default=repr).encode()).hexdigest()[:32]
-    return os.path.join(cache_dir, "vec_isa", digest + ".json")
+    return os.path.join(os.path.expanduser(cache_dir), "vec_isa", digest + ".json")
 
 
 def _computed(fn) -> bool:

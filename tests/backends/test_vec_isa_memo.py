@@ -61,3 +61,10 @@ def test_another_machine_or_a_bad_record_probes_again(isa, tmp_path, monkeypatch
     path.write_text("{not json")
     assert not M.prime(str(tmp_path))            # unreadable: ignored
     assert isa.valid_vec_isa_list() == isa.answer and isa.runs == [1, 1]
+
+
+def test_the_default_cache_dir_is_under_home_not_a_literal_tilde():
+    from kiln.backends import vec_isa_memo
+
+    path = vec_isa_memo._path(os.path.join("~", ".cache", "kiln"), {"cpu": "x"})
+    assert not path.startswith("~") and path.startswith(os.path.expanduser("~"))
