@@ -168,7 +168,10 @@ def main() -> None:
                         row["package_added_s"] = r["first"] - eager["first"]
         row["warm_ratio"] = row["kiln_warm_added_s"] / max(row["torch_warm_added_s"], 1e-9)
         rows.append(row)
-        print(f"# {model} done", file=sys.stderr, flush=True)
+        print(f"# {model} done: {json.dumps(row)}", file=sys.stderr, flush=True)
+        if a.json:       # after each model: a run stopped at its time limit keeps what it measured
+            with open(a.json, "w") as f:
+                json.dump({"device": a.device, "backend": a.backend, "rows": rows}, f, indent=1)
     hdr = f"{'model':<11} {'eager 1st':>9} | {'kiln cold':>9} {'kiln warm':>9} {'pkg':>7} {'pkg+k':>7} | {'torch cold':>10} {'torch warm':>10} | {'warm k/t':>8} | {'exit kiln/torch (warm)':>22} | kiln warm cache"
     print(f"added to first output over eager, seconds (device {a.device}, backend {a.backend})")
     print(hdr)
