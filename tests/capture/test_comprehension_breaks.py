@@ -131,6 +131,41 @@ def closure_over_loop_variable(x, xs):
     return [f() * x for f in fs]
 
 
+def raise_if_small(v):
+    print("checking")
+    if v.sum() > -100:
+        raise ValueError("too small")
+    return v
+
+
+def inside_try(x, xs):
+    try:
+        out = [raise_if_small(t) for t in xs]     # the helper's error reaches the handler
+    except ValueError as e:
+        out = [str(e)]
+    return out, x + 1
+
+
+def inside_for_loop(x, xs):
+    acc = x
+    for i in range(2):
+        acc = acc + sum([say(t * i) for t in xs])
+    return acc
+
+
+def walrus_binds_outer(x, xs):
+    r = [y for t in xs if (y := say(t * 2)).sum() > -100]
+    return r, y + x
+
+
+def starred_into_call(x, xs):
+    return torch.cat([*[say(t) for t in xs], x])
+
+
+def keyword_argument_of_call(x, xs):
+    return torch.stack(tensors=[say(t) for t in xs], dim=0) + x
+
+
 def _tensors(n, *shape):
     return [R(*shape) for _ in range(n)]
 
@@ -171,6 +206,11 @@ CASES = ids_unique([
     case(ops_before_and_after, A(R(3), _tensors(2, 3)), 3, marks=CLOSURE_RECOMPILES_311),
     case(under_no_grad, A(R(3, requires_grad=True), _tensors(2, 3)), 3, marks=CLOSURE_RECOMPILES_311),
     case(closure_over_loop_variable, A(R(3), _tensors(2, 3)), 2, marks=CLOSURE_RECOMPILES_311),
+    case(inside_try, A(R(3), _tensors(2, 2)), 1),
+    case(inside_for_loop, A(R(3), _tensors(2, 3)), 5, marks=CLOSURE_RECOMPILES_311),
+    case(walrus_binds_outer, A(R(3), _tensors(2, 3)), 5, marks=CLOSURE_RECOMPILES_311),
+    case(starred_into_call, A(R(3), _tensors(2, 3)), on(1, 0)),
+    case(keyword_argument_of_call, A(R(3), _tensors(2, 3)), 1),
 ])
 
 
