@@ -889,6 +889,16 @@ def genexpr_item(x, ks):
     return x * sum(k.item() for k in ks)
 
 
+def branch_inside_call_args(x, y):
+    # a branch on a tensor while a call's NULL and callable are on the stack: the
+    # continuations get the NULL (it used to make the frame run eagerly)
+    return torch.add(x, y if x.sum() > 0 else -y) * 2
+
+
+def conditional_list_into_call(x):
+    return torch.stack([x, x * 2] if x.sum() > 0 else [x, -x]).sum(0)
+
+
 def recursive_breaks(x, n):
     if n == 0:
         print("bottom")
@@ -1109,6 +1119,10 @@ CASES = ids_unique([
     case(listcomp_print, A([R(2), R(2)]), 2, id="helper_break_inside_list_comprehension"),
     case(genexpr_item, A(R(4), [fixed(1.0), fixed(2.0)]), 1, id="break_inside_generator_expression",
          marks=BAD_LOCAL_NAME_BUG),
+    case(branch_inside_call_args, A(pos(3), R(3)), 2, id="branch_inside_call_args_true"),
+    case(branch_inside_call_args, A(neg(3), R(3)), 2, id="branch_inside_call_args_false"),
+    case(conditional_list_into_call, A(pos(3)), 2, id="conditional_list_into_call_true"),
+    case(conditional_list_into_call, A(neg(3)), 2, id="conditional_list_into_call_false"),
     case(recursive_breaks, A(R(4), 2), 3),
     case(user_context_manager_print, A(R(4), Fresh(Recorder, "Recorder()")), 2),
     case(assert_on_tensor, A(pos(4)), 2),
