@@ -134,6 +134,8 @@ def plan_break(instrs: list[bu.Instr], index: int, layout: list[str], local_name
             # the native part raises: the frame's own handlers (kept in the break function)
             # take it, and the rest of the frame runs natively from there
             break
+        if ins.opname in ("SWAP", "COPY") and ins.arg > len(kinds):
+            raise Unsupported("stack underflow while planning a graph break")
         if ins.opname == "SWAP":
             kinds[-1], kinds[-ins.arg] = kinds[-ins.arg], kinds[-1]
         elif ins.opname == "COPY":
