@@ -429,7 +429,6 @@ def _finish_break(fn, output: OutputGraph, tx, ip: int, reason: Unsupported, key
                   backend_name: str, compiled_factory: Callable) -> Entry:
     """The entry of a frame that breaks before instruction ``ip``: graph, side effects, the
     live stack and locals rebuilt, then the break function (see ``resume``)."""
-    from .values.base import NullValue
     from .values.containers import IteratorValue
     from .values.functions import MethodValue
     from .values.objects import GradModeValue
@@ -440,13 +439,7 @@ def _finish_break(fn, output: OutputGraph, tx, ip: int, reason: Unsupported, key
         raise Unsupported(f"{reason} (and no graph break is possible after a min()/max() of "
                           "tensors in the same graph)").located(*tx.location())
     code = tx.code
-    layout, stack_values = [], []
-    for v in tx.stack:
-        if isinstance(v, NullValue):
-            layout.append(resume.NULL)
-        else:
-            layout.append(resume.slot_kind(v))
-            stack_values.append(v)
+    layout = [resume.slot_kind(v) for v in tx.stack]
     try:
         local_names = resume.handover_locals(code, tx.locals)   # (first parameter first)
         plan = resume.plan_break(tx.instructions, ip, layout, local_names)
@@ -474,7 +467,7 @@ def _finish_break(fn, output: OutputGraph, tx, ip: int, reason: Unsupported, key
         else:
             call_args.append(tx.locals[name].reconstruct(cg))
     for k, v in enumerate(tx.stack):
-        if isinstance(v, NullValue):
+        if layout[k] in (resume.NULL, resume.UNBOUND):   # (pushed back by the prologue)
             continue
         if isinstance(v, IteratorValue):
             expr = v.reconstruct_remaining(cg)

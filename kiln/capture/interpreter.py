@@ -615,14 +615,16 @@ class FrameInterpreter(PythonSemantics):
         v = self.pop()
         self.peek(ins.arg).base_method(self, "append", [v], {})
 
+    # (through the containers' methods: a set or dict being built that a graph break handed
+    # to a continuation has a source, and its mutation is a side effect to write back)
     def SET_ADD(self, ins):
         v = self.pop()
-        self.peek(ins.arg).items.setdefault(self.dict_key(v), v)
+        self.peek(ins.arg).call_method(self, "add", [v], {})
 
     def MAP_ADD(self, ins):
         value = self.pop()
         key = self.pop()
-        self.peek(ins.arg).items[self.dict_key(key)] = value
+        self.peek(ins.arg).base_method(self, "__setitem__", [key, value], {})
 
     def LIST_EXTEND(self, ins):
         v = self.pop()

@@ -30,6 +30,16 @@ NULL, VALUE, ITER = "null", "value", "iter"
 # the handler with PUSH_EXC_INFO, so that ``raise``, ``sys.exc_info()`` and exception
 # chaining see it, and the epilogue restores the caller's before the continuation runs.
 PREV_EXC = "prev_exc"
+# The slot a 3.12 inlined comprehension (PEP 709) keeps below its iterator for the whole
+# loop: LOAD_FAST_AND_CLEAR saved the loop variable's outer binding there, and the variable
+# was unbound, so the slot is a NULL that the STORE_FAST after the loop writes back (which
+# unbinds the variable again). Nothing is handed over for it: an epilogue spills the stack to
+# locals (STORE_FAST takes a NULL), and a prologue pushes it back with LOAD_FAST_AND_CLEAR of
+# a local that is never bound. (A saved binding that exists is an ordinary VALUE slot.)
+UNBOUND = "unbound"
+_NEVER_BOUND = "___kiln_unbound"
+# slots that are not parameters of a break function or continuation
+_NOT_HANDED = (NULL, UNBOUND)
 
 # Instructions that cannot start a break: their successor is not a plain fall-through, or
 # they belong to machinery that must stay whole (generators, with-entry, loops' FOR_ITER,
@@ -44,6 +54,9 @@ _NATIVE_OK = {"KW_NAMES", "LOAD_CLOSURE"}
 _COND_JUMPS = {"POP_JUMP_IF_FALSE", "POP_JUMP_IF_TRUE", "POP_JUMP_IF_NONE", "POP_JUMP_IF_NOT_NONE",
                "JUMP_IF_FALSE_OR_POP", "JUMP_IF_TRUE_OR_POP"}
 _PUSHES_NULL = {"PUSH_NULL"}
+# where a continuation may start with NULLs on its stack: plain control flow inside an
+# expression, not exception or generator machinery
+_RESUMABLE_WITH_NULLS = {"JUMP", "FOR_ITER", "LOAD_FAST_AND_CLEAR"} | _COND_JUMPS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,61 +94,66 @@ def _effect(ins: bu.Instr) -> tuple[int, int, bool]:
         return 0, 1, True
     if op in ("KW_NAMES", "NOP", "RESUME"):
         return 0, 0, False
-    raw = ins.raw
-    pre, post = raw.pre_and_post_stack_effect()
-    return -pre, post, False
+    # (the library gives (-pops, pushes) where it knows them, else (net effect, 0): a net
+    # growth is counted as pushes, the slots below it untouched)
+    pre, post = ins.raw.pre_and_post_stack_effect()
+    return max(0, -pre), post + max(0, pre), False
 
 
 def plan_break(instrs: list[bu.Instr], index: int, layout: list[str], local_names: list[str]) -> BreakPlan:
-    """Decide how far native execution runs from ``index`` and what each exit hands over."""
+    """Decide how far native execution runs from ``index`` and what each exit hands over.
+
+    Native execution runs to the end of the expression around the break (until no NULL is
+    left on the stack). Where that expression goes on with a jump (a 3.12 inlined
+    comprehension inside a call: ``torch.stack([f(t) for t in xs])``, or a conditional
+    expression as an argument), the exit is at the jump and its NULLs are handed over as
+    such (spilled by the epilogue, pushed back by the continuation's prologue)."""
     first = instrs[index]
     if first.opname in _NOT_BREAKABLE:
         raise Unsupported(f"cannot resume after {first.opname}")
     start = index - 1 if index > 0 and instrs[index - 1].opname == "KW_NAMES" else index
-    depth = len(layout)
-    nulls = {k for k, s in enumerate(layout) if s == NULL}
-    lowest = depth
+    kinds = list(layout)   # the kind of each stack slot as native execution goes on
     names = list(local_names)
     exits: list[Exit] = []
-
-    def after_layout(d: int) -> tuple[str, ...]:
-        return tuple(layout[k] if k < lowest and k < len(layout) else VALUE for k in range(d))
 
     k = index
     while True:
         ins = instrs[k]
-        if k > index and not nulls:
-            exits.append(Exit("fallthrough", k, after_layout(depth), tuple(names)))
+        if k > index and NULL not in kinds:
+            exits.append(Exit("fallthrough", k, tuple(kinds), tuple(names)))
             break
         if k > index and (ins.target is not None or (ins.opname in _NOT_BREAKABLE
                                                      and ins.opname not in _NATIVE_OK)):
-            raise Unsupported(f"the expression around a graph break continues with {ins.opname}")
+            if ins.opname not in _RESUMABLE_WITH_NULLS:
+                raise Unsupported(f"the expression around a graph break continues with {ins.opname}")
+            exits.append(Exit("fallthrough", k, tuple(kinds), tuple(names)))
+            break
         if ins.opname in ("RETURN_VALUE", "RETURN_CONST"):
             break  # the native part returns the frame's result
         if ins.opname == "RAISE_VARARGS":
             # the native part raises: the frame's own handlers (kept in the break function)
             # take it, and the rest of the frame runs natively from there
             break
-        pops, pushes, null = _effect(ins)
-        low = depth - pops
-        if low < 0:
+        if ins.opname in ("SWAP", "COPY") and ins.arg > len(kinds):
             raise Unsupported("stack underflow while planning a graph break")
-        lowest = min(lowest, low)
-        nulls = {p for p in nulls if p < low}
-        if k == index and ins.opname in _COND_JUMPS:
-            keep = 1 if ins.opname.startswith("JUMP_IF_") else 0
-            jump_depth = low + keep
-            if nulls:
-                raise Unsupported("a branch on a tensor inside an unfinished call expression")
-            exits.append(Exit("jump", ins.target, after_layout(jump_depth), tuple(names)))
-            depth = low
-            if k + 1 >= len(instrs):
-                break
-            k += 1
-            continue
-        if null:
-            nulls.add(low)
-        depth = low + pushes
+        if ins.opname == "SWAP":
+            kinds[-1], kinds[-ins.arg] = kinds[-ins.arg], kinds[-1]
+        elif ins.opname == "COPY":
+            kinds.append(kinds[-ins.arg])
+        else:
+            pops, pushes, null = _effect(ins)
+            low = len(kinds) - pops
+            if low < 0:
+                raise Unsupported("stack underflow while planning a graph break")
+            del kinds[low:]
+            if k == index and ins.opname in _COND_JUMPS:
+                keep = 1 if ins.opname.startswith("JUMP_IF_") else 0
+                exits.append(Exit("jump", ins.target, tuple(kinds) + (VALUE,) * keep, tuple(names)))
+                if k + 1 >= len(instrs):
+                    break
+                k += 1
+                continue
+            kinds += [NULL if null and p == 0 else VALUE for p in range(pushes)]
         if ins.opname == "STORE_FAST" and ins.arg not in names:
             names.append(ins.arg)
         elif ins.opname == "DELETE_FAST" and ins.arg in names:
@@ -150,12 +168,14 @@ def plan_break(instrs: list[bu.Instr], index: int, layout: list[str], local_name
 
 def slot_kind(value) -> str:
     """How a stack slot of the interpreter is handed over (NULL, ITER, PREV_EXC, VALUE)."""
-    from .interpreter import PrevExcValue
+    from .interpreter import UNBOUND as UNBOUND_VALUE, PrevExcValue
     from .values.base import NullValue
     from .values.containers import IteratorValue
 
     if isinstance(value, NullValue):
         return NULL
+    if value is UNBOUND_VALUE:
+        return UNBOUND
     if isinstance(value, IteratorValue) and not getattr(value, "infinite", False):
         return ITER     # (an infinite itertools iterator is handed over as itself)
     if isinstance(value, PrevExcValue):
@@ -189,7 +209,7 @@ def handover_locals(code: types.CodeType, bound) -> list[str]:
 def _param_names(layout, local_names) -> list[str]:
     """Parameters of a break function or continuation: the locals first (the frame's first
     local stays first, for ``super()``), then the stack slots."""
-    return list(local_names) + [f"___stack{k}" for k, s in enumerate(layout) if s != NULL]
+    return list(local_names) + [f"___stack{k}" for k, s in enumerate(layout) if s not in _NOT_HANDED]
 
 
 CELL_PREFIX = "___cell_"
@@ -282,16 +302,17 @@ def _new_bytecode(code: types.CodeType, items: list, params: list[str], name: st
     return bc.to_code(stacksize=max(computed, bound), compute_exception_stack_depths=False)
 
 
-def _prologue(code, layout, push_nulls: bool, target: Label, lineno: int) -> list:
+def _prologue(code, layout, target: Label, lineno: int) -> list:
     out = []
     if code.co_freevars:
         out.append(Instr("COPY_FREE_VARS", len(code.co_freevars), lineno=lineno))
     out.append(Instr("RESUME", 0, lineno=lineno))
     for k, kind in enumerate(layout):
         if kind == NULL:
-            if not push_nulls:
-                raise AssertionError("continuations receive no NULLs")
             out.append(Instr("PUSH_NULL", lineno=lineno))
+        elif kind == UNBOUND:
+            # a NULL that kiln's interpreter also reads as an unbound saved variable
+            out.append(Instr("LOAD_FAST_AND_CLEAR", _NEVER_BOUND, lineno=lineno))
         else:
             out.append(Instr("LOAD_FAST", f"___stack{k}", lineno=lineno))
             if kind == ITER:
@@ -301,7 +322,8 @@ def _prologue(code, layout, push_nulls: bool, target: Label, lineno: int) -> lis
                 # (the caller's, or the enclosing handler's), the handled one is current
                 out += [Instr("PUSH_EXC_INFO", lineno=lineno), Instr("POP_TOP", lineno=lineno)]
     # the stack parameters are dead now: locals() must not show them
-    out += [Instr("DELETE_FAST", f"___stack{k}", lineno=lineno) for k, kind in enumerate(layout) if kind != NULL]
+    out += [Instr("DELETE_FAST", f"___stack{k}", lineno=lineno) for k, kind in enumerate(layout)
+            if kind not in _NOT_HANDED]
     out.append(Instr("JUMP_FORWARD", target, lineno=lineno))
     return out
 
@@ -331,7 +353,7 @@ def build_continuation(code: types.CodeType, exit: Exit, name: str) -> types.Cod
     lineno = target.lineno or code.co_firstlineno
     items.insert(pos, entry_label)
     params = _param_names(exit.layout, exit.local_names)
-    prologue = _prologue(code, exit.layout, False, entry_label, lineno)
+    prologue = _prologue(code, exit.layout, entry_label, lineno)
     out = _new_bytecode(code, prologue + items, params, name)
     _register(out, code)
     return out
@@ -358,7 +380,7 @@ def build_break_function(code: types.CodeType, plan: BreakPlan, continue_fns: li
     start_label = Label()
     items.insert(_position_of(items, start_raw), start_label)
     params = _param_names(plan.layout, plan.local_names)
-    prologue = _prologue(code, plan.layout, True, start_label, lineno)
+    prologue = _prologue(code, plan.layout, start_label, lineno)
     out = _new_bytecode(code, prologue + items + epilogues, params, name)
     _register(out, code)
     return out
@@ -376,10 +398,23 @@ def _position_of(items, raw) -> int:
     return p
 
 
+def _pack_stack(layout: tuple[str, ...], lineno: int) -> list:
+    """Instructions that pop the whole stack into ``___kiln_stack``, a tuple of the handed
+    slots (not the NULL and UNBOUND ones: NULLs, which BUILD_TUPLE must not see)."""
+    if not any(s in _NOT_HANDED for s in layout):
+        return [Instr("BUILD_TUPLE", len(layout), lineno=lineno),
+                Instr("STORE_FAST", "___kiln_stack", lineno=lineno)]
+    out = [Instr("STORE_FAST", f"___kiln_slot{k}", lineno=lineno) for k in reversed(range(len(layout)))]
+    handed = [k for k, s in enumerate(layout) if s not in _NOT_HANDED]
+    out += [Instr("LOAD_FAST", f"___kiln_slot{k}", lineno=lineno) for k in handed]
+    return out + [Instr("BUILD_TUPLE", len(handed), lineno=lineno),
+                  Instr("STORE_FAST", "___kiln_stack", lineno=lineno)]
+
+
 def _epilogue(exit: Exit, cont: Callable, lineno: int) -> list:
-    out = [Instr("BUILD_TUPLE", len(exit.layout), lineno=lineno),
-           Instr("STORE_FAST", "___kiln_stack", lineno=lineno)]
-    prev = [k for k, s in enumerate(exit.layout) if s == PREV_EXC]
+    out = _pack_stack(exit.layout, lineno)
+    # positions in the packed tuple
+    prev = [i for i, s in enumerate(s for s in exit.layout if s not in _NOT_HANDED) if s == PREV_EXC]
     if prev:
         # the exception being handled (for the continuation), then the caller's restored
         # (the outermost handler's slot holds it) before the continuation runs
@@ -409,8 +444,9 @@ def make_continue(resume: Callable, layout: tuple[str, ...]) -> Callable:
     remaining items (the continuation's prologue turns them back into iterators), and each
     handler's slot as the exception that handler handles (the next handler's slot holds it;
     the innermost one is the exception being handled)."""
-    iter_slots = [k for k, s in enumerate(layout) if s == ITER]
-    prev_slots = [k for k, s in enumerate(layout) if s == PREV_EXC]
+    handed = [s for s in layout if s not in _NOT_HANDED]   # (what the epilogue packs)
+    iter_slots = [k for k, s in enumerate(handed) if s == ITER]
+    prev_slots = [k for k, s in enumerate(handed) if s == PREV_EXC]
     if not iter_slots and not prev_slots:
         def ___kiln_continue(stack, local_values):
             return resume(*local_values, *stack)

@@ -51,6 +51,8 @@ _BINARY = {
 _COMPARE = {"LT": operator.lt, "LE": operator.le, "EQ": operator.eq, "NE": operator.ne,
             "GT": operator.gt, "GE": operator.ge}
 # in-place operator -> its out-of-place twin and the dunder names Python tries
+_SET_INPLACE = {operator.ior: "update", operator.iand: "intersection_update",
+                operator.isub: "difference_update", operator.ixor: "symmetric_difference_update"}
 _INPLACE_TO_BINARY = {
     operator.iadd: operator.add, operator.iand: operator.and_, operator.ifloordiv: operator.floordiv,
     operator.ilshift: operator.lshift, operator.imatmul: operator.matmul, operator.imul: operator.mul,
@@ -259,6 +261,10 @@ class PythonSemantics:
         if isinstance(a, _SYMBOLIC) or isinstance(b, _SYMBOLIC):
             r = sym_binary(self, op, a, b)
             return r if r is not None else self.binary(op, specialize(a), specialize(b))
+        if op in _SET_INPLACE and isinstance(a, SetValue) and a.cls is set and isinstance(b, SetValue):
+            # ``s |= t`` mutates s (every alias sees it; an input set is written back)
+            a.call_method(self, _SET_INPLACE[op], [b], {})
+            return a
         if a.is_constant() and b.is_constant() and not isinstance(a, (ListValue, DictValue)) \
                 and not isinstance(b, (ListValue, DictValue)):
             try:

@@ -18,7 +18,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 class SideEffects:
     def __init__(self) -> None:
-        self.containers: list[Value] = []          # ListValue / DictValue with a source
+        self.containers: list[Value] = []          # ListValue / DictValue / SetValue with a source
         self.attrs: dict[tuple[int, str], tuple[Value, str, Value]] = {}
         self.cells: dict[int, tuple[object, str, Value]] = {}
         # module globals assigned (STORE_GLOBAL, module.attr = v): (globals dict, name) -> value
@@ -66,7 +66,7 @@ class SideEffects:
         """(prepare, apply): statements that evaluate every final state into locals, and
         statements that then write them back. All reads happen before any write, so a value
         read through a container (``xs[2]``) is read before that container changes."""
-        from .values.containers import DictValue, ListValue
+        from .values.containers import DictValue, ListValue, SetValue
 
         prepare, apply = [], []
 
@@ -89,6 +89,9 @@ class SideEffects:
                 body = temp("{" + ", ".join(f"{cg.key_expr(k)}: {v.reconstruct(cg)}"
                                             for k, v in c.items.items()) + "}")
                 apply.append(f"{cg.bind(_dict_replace)}({target}, {body})")
+            elif isinstance(c, SetValue):
+                body = temp("[" + ", ".join(v.reconstruct(cg) for v in c.items.values()) + "]")
+                apply.append(f"{cg.bind(_set_replace)}({target}, {body})")
         for obj, name, value, setter in self.attrs.values():
             target, v = temp(cg.source_expr(obj.source)), temp(value.reconstruct(cg))
             apply.append(f"{cg.bind(setter)}({target}, {name!r}, {v})")
@@ -104,6 +107,11 @@ class SideEffects:
 def _advance(it, n: int) -> None:
     for _ in range(n):
         next(it)
+
+
+def _set_replace(s: set, new: list) -> None:
+    set.clear(s)
+    set.update(s, new)
 
 
 def _dict_replace(d: dict, new: dict) -> None:

@@ -530,8 +530,15 @@ def builtins_id_type_equality(x):
     return x * (t is torch.Tensor) + (type(3) is int)
 
 
+def call_tensor_bound_method(m, y):
+    # a tensor's bound method as an argument (a continuation gets one from the stack of a
+    # call that a graph break interrupted)
+    return m(y) * 2 + m.__self__
+
+
 CASES = ids_unique([
     # calls
+    case(call_tensor_bound_method, A(fresh(lambda: torch.randn(3).add), R(3))),
     case(call_positional, A(R(3, 4), R(3, 4))),
     case(call_keyword, A(R(3, 4), R(3, 4))),
     case(call_defaults, A(R(3, 4))),

@@ -889,6 +889,16 @@ def genexpr_item(x, ks):
     return x * sum(k.item() for k in ks)
 
 
+def branch_inside_call_args(x, y):
+    # a branch on a tensor while a call's NULL and callable are on the stack: the
+    # continuations get the NULL (it used to make the frame run eagerly)
+    return torch.add(x, y if x.sum() > 0 else -y) * 2
+
+
+def conditional_list_into_call(x):
+    return torch.stack([x, x * 2] if x.sum() > 0 else [x, -x]).sum(0)
+
+
 def recursive_breaks(x, n):
     if n == 0:
         print("bottom")
@@ -983,14 +993,6 @@ def no_grad_print_first(x):
 # (a break in a keyword-argument call, autocast guards built inside the block, graphs with
 # only mode toggles, locals that are not identifiers, set_grad_enabled's __exit__)
 KW_NAMES_BUG = AUTOCAST_GUARD_BUG = STATE_ONLY_GRAPH_BUG = BAD_LOCAL_NAME_BUG = SET_GRAD_ENABLED_BUG = ()
-# Known 3.12 gap: a comprehension inlined by PEP 709 keeps a NULL (its saved loop variable) on
-# the stack for the whole loop, and continuations cannot take NULL slots yet: a break inside
-# it makes the frame run eagerly (correct, but no graph). A way to close it (not testable on
-# 3.11): hand that slot over as a placeholder, spill the stack to locals in the epilogue
-# (STORE_FAST accepts a NULL), and push it back in the prologue with LOAD_FAST_AND_CLEAR of a
-# local that is never bound, so the STORE_FAST after the loop unbinds the variable again.
-PY312_INLINED_COMPREHENSION = pytest.mark.xfail(sys.version_info >= (3, 12), strict=True, reason=(
-    "3.12 inlined comprehension: a break inside it runs the frame eagerly"))
 
 
 # =========================================================================== cases
@@ -1111,13 +1113,16 @@ CASES = ids_unique([
     case(maybe_unbound_local, A(R(4), False), 1, id="maybe_unbound_local_raises_unboundlocalerror",
          expect_raise=UnboundLocalError),
     case(unbound_but_unused, A(R(4), False), 1),
-    case(listcomp_item, A(R(4), [fixed(1.0), fixed(2.0)]), 1, id="break_inside_list_comprehension",
-         marks=PY312_INLINED_COMPREHENSION),
-    # the comprehension's continuation (the list being built handed over) is compiled too
-    case(listcomp_print, A([R(2), R(2)]), 2, id="helper_break_inside_list_comprehension",
-         marks=PY312_INLINED_COMPREHENSION),
+    case(listcomp_item, A(R(4), [fixed(1.0), fixed(2.0)]), 1, id="break_inside_list_comprehension"),
+    # the comprehension's continuation (the list being built handed over) is compiled too;
+    # on 3.12 the comprehension is inlined (PEP 709): tests/capture/test_comprehension_breaks.py
+    case(listcomp_print, A([R(2), R(2)]), 2, id="helper_break_inside_list_comprehension"),
     case(genexpr_item, A(R(4), [fixed(1.0), fixed(2.0)]), 1, id="break_inside_generator_expression",
          marks=BAD_LOCAL_NAME_BUG),
+    case(branch_inside_call_args, A(pos(3), R(3)), 2, id="branch_inside_call_args_true"),
+    case(branch_inside_call_args, A(neg(3), R(3)), 2, id="branch_inside_call_args_false"),
+    case(conditional_list_into_call, A(pos(3)), 2, id="conditional_list_into_call_true"),
+    case(conditional_list_into_call, A(neg(3)), 2, id="conditional_list_into_call_false"),
     case(recursive_breaks, A(R(4), 2), 3),
     case(user_context_manager_print, A(R(4), Fresh(Recorder, "Recorder()")), 2),
     case(assert_on_tensor, A(pos(4)), 2),

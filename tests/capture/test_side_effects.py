@@ -244,6 +244,35 @@ def list_subclass_append_break(x, xs):
     return x
 
 
+# =========================================================================== sets
+def set_add_discard(x, s):
+    s.add("a")
+    s.discard("gone")
+    return x * len(s)
+
+
+def set_add_break(x, s):
+    s.add(1)
+    print("size", len(s))
+    s.update({2, 3})
+    s.remove(1)
+    return x + len(s)
+
+
+def set_returned_after_mutation(x, s):
+    s |= {7}
+    s.add(8)
+    return s, x - 1
+
+
+def set_ior_seen_through_alias(x):
+    s = {1}
+    t = s
+    s |= {2, 3}
+    s -= {1}
+    return x * len(t)
+
+
 # =========================================================================== dicts
 def dict_set(x, d):
     d["a"] = x * 2
@@ -565,6 +594,11 @@ CASES = ids_unique([
     case(list_pop_then_break_then_push, A(R(4), S([2.0, 3.0])), 1, id="list_pop_break_push_order"),
     case(list_of_tensors_inplace_break, A(R(4), [R(4), R(4)]), 2),
     case(list_subclass_append_break, A(R(4), S(MyList([1]))), 2),
+    # sets
+    case(set_add_discard, A(R(4), S({"gone", "kept"})), 1),
+    case(set_add_break, A(R(4), S({0})), 1),
+    case(set_returned_after_mutation, A(R(4), S({1})), 1),
+    case(set_ior_seen_through_alias, A(R(4)), 1),
     # dicts
     case(dict_set, A(R(4), S({"n": 1})), 1),
     case(dict_set_break, A(R(4), S({"z": 0})), 2),

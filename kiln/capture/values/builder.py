@@ -136,6 +136,16 @@ def wrap_callable(fn, source) -> Value:
     return BuiltinValue(fn, source)
 
 
+def _is_tensor_method(obj) -> bool:
+    """``x.add`` of a tensor ``x``: a builtin bound to the tensor, named like a method of
+    torch.Tensor that is one of its C methods (not a Python override of a subclass)."""
+    if not isinstance(obj, types.BuiltinMethodType) or not isinstance(obj.__self__, torch.Tensor):
+        return False
+    attr = getattr(torch.Tensor, obj.__name__, None)
+    return isinstance(attr, (types.MethodDescriptorType, types.WrapperDescriptorType)) and \
+        getattr(type(obj.__self__), obj.__name__, None) is attr
+
+
 class Builder:
     """Wraps objects for one capture; remembers what it wrapped (by source and by identity)
     so that one object read twice is one value (mutations and aliasing stay consistent)."""
@@ -282,6 +292,14 @@ class Builder:
             return ClassValue(obj, source)
         if type(obj) is types.FunctionType and _made_by_the_caller(source, obj):
             return self._function_of_the_call(obj, source)
+        if _is_tensor_method(obj) and source is not None:
+            # a tensor's bound method (``x.add``: a continuation gets one from the stack of a
+            # call that a graph break interrupted): that tensor's method, as LOAD_ATTR gives it
+            g(GuardKind.TYPE_MATCH, source, t)
+            g(GuardKind.EQUALS_MATCH, AttrSource(source, "__name__"), obj.__name__)
+            from .functions import MethodValue
+
+            return MethodValue(self.wrap(obj.__self__, AttrSource(source, "__self__")), obj.__name__)
         if isinstance(obj, (types.FunctionType, types.BuiltinFunctionType, types.MethodDescriptorType,
                             types.WrapperDescriptorType, torch._ops.OpOverload,
                             torch._ops.OpOverloadPacket)):

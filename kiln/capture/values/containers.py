@@ -615,7 +615,9 @@ class SetValue(Value):
         mutating = name in ("add", "discard", "remove", "pop", "update", "clear",
                             "difference_update", "intersection_update", "symmetric_difference_update")
         if mutating and self.source is not None:
-            raise Unsupported(f"mutating a set that existed before the call ({name})")
+            if self.cls is not set:   # (a subclass's own methods are not modelled)
+                raise Unsupported(f"mutating a {self.cls.__name__} that existed before the call ({name})")
+            tx.output.side_effects.mutated(self)   # written back after the graph
         if name == "__contains__":
             return ConstantValue(tx.dict_key(args[0]) in self.items)
         if name == "__len__":

@@ -324,6 +324,14 @@ class MethodValue(Value):
     def describe(self):
         return f"Method({self.obj.describe()}.{self.name})"
 
+    def getattr(self, tx, name):
+        # what a bound method says of itself
+        if name == "__self__":
+            return self.obj
+        if name == "__name__":
+            return ConstantValue(self.name)
+        return super().getattr(tx, name)
+
     def call(self, tx, args, kwargs):
         return self.obj.call_method(tx, self.name, args, kwargs)
 
