@@ -35,6 +35,7 @@ from typing import Any
 
 from .. import _torch
 from .guards import Guard, GuardKind, without_call_objects
+from .guard_cse import straight_line
 from .sources import RenderContext, Source
 
 MISS = type("KilnMiss", (), {"__repr__": lambda self: "<kiln MISS>", "__slots__": ()})()
@@ -174,6 +175,9 @@ class GuardProgram:
         self.python_guards = [g for g in guards if g.kind not in (
             GuardKind.TENSOR_MATCH, GuardKind.GLOBAL_STATE, GuardKind.BACKEND_MATCH, GuardKind.SHAPE_ENV)]
         self.exprs = [g.render(ctx) for g in self.python_guards]
+        # the check itself: shared reads in locals, shared conditions once (guard_cse.py)
+        self.check_lines, self.check_tensor_exprs, self.check_exprs = straight_line(
+            self.python_guards, tensor_sources, ctx)
         # rendered: what is kept from here on holds the call's objects weakly
         self.guards = without_call_objects(guards)
         self.python_guards = without_call_objects(self.python_guards)
@@ -191,12 +195,17 @@ class GuardProgram:
 
     def prelude(self, indent: str = "    ") -> list[str]:
         """Lines that return ___MISS when a guard fails; leave tensors in ___t0.. locals."""
-        lines = [f"{indent}try:"]
-        conds = ["___gs.check()", *self.exprs]
-        lines.append(f"{indent}    if not ({' and '.join(conds)}):")
-        lines.append(f"{indent}        return ___MISS")
-        if self.tensor_exprs:
-            for i, e in enumerate(self.tensor_exprs):
+        lines = [f"{indent}try:", f"{indent}    if not ___gs.check():", f"{indent}        return ___MISS"]
+        check_lines = getattr(self, "check_lines", None)
+        if check_lines is None:     # (a program rebuilt from a package's expressions)
+            check_lines, tensor_exprs = [f"if not ({' and '.join(self.exprs)}):", "    return ___MISS"], self.tensor_exprs
+            if not self.exprs:
+                check_lines = []
+        else:
+            tensor_exprs = self.check_tensor_exprs
+        lines += [f"{indent}    {line}" for line in check_lines]
+        if tensor_exprs:
+            for i, e in enumerate(tensor_exprs):
                 lines.append(f"{indent}    ___in{i} = {e}")
             names = ", ".join(f"___in{i}" for i in range(len(self.tensor_exprs)))
             lines.append(f"{indent}    if not ___tg.check({names}):")

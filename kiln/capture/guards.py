@@ -78,47 +78,54 @@ class Guard:
     # -- rendering ---------------------------------------------------------------------
     def render(self, ctx: RenderContext) -> str:
         """A Python boolean expression; raises nothing for the expected objects."""
+        return " and ".join(self.render_parts(ctx))
+
+    def render_parts(self, ctx: RenderContext) -> list[str]:
+        """The conditions ``render`` joins with ``and``, in order (a check that holds several
+        guards states a condition that two of them share once: ``guard_cse``)."""
         k = self.kind
         e = self.source.render(ctx) if self.source is not None else None
         if k is GuardKind.TYPE_MATCH:
-            return f"type({e}) is {ctx.bind(self.expected, 't')}"
+            return [f"type({e}) is {ctx.bind(self.expected, 't')}"]
         if k is GuardKind.ID_MATCH:
             ref = _weak_identity(self.source, self.expected)
             if ref is not None:   # an object of the call: the entry must not keep it alive
-                return f"{e} is {ctx.bind(ref, 'wref')}()"
-            return f"{e} is {ctx.bind(self.expected, 'o')}"
+                return [f"{e} is {ctx.bind(ref, 'wref')}()"]
+            return [f"{e} is {ctx.bind(self.expected, 'o')}"]
         if k is GuardKind.EQUALS_MATCH:
             v = self.expected
             if v is None or isinstance(v, bool):
-                return f"{e} is {v!r}"
+                return [f"{e} is {v!r}"]
             t = ctx.bind(type(v), 't')
             if type(v) is float and (v != v or v == 0.0):
-                return f"type({e}) is {t} and {ctx.bind(_float_same, 'feq')}({e}, {ctx.bind(v, 'c')})"
+                return [f"type({e}) is {t}", f"{ctx.bind(_float_same, 'feq')}({e}, {ctx.bind(v, 'c')})"]
             if type(v) in (set, frozenset):
-                return f"type({e}) is {t} and {ctx.bind(_typed_set, 'tset')}({e}) == {ctx.bind(_typed_set(v), 'c')}"
+                return [f"type({e}) is {t}", f"{ctx.bind(_typed_set, 'tset')}({e}) == {ctx.bind(_typed_set(v), 'c')}"]
             lit = repr(v) if type(v) in (int, str) else ctx.bind(v, "c")
-            return f"type({e}) is {t} and {e} == {lit}"
+            return [f"type({e}) is {t}", f"{e} == {lit}"]
         if k is GuardKind.LENGTH_MATCH:
             n, how = self.expected
             fn = ctx.bind({"list": list.__len__, "tuple": tuple.__len__,
                            "dict": dict.__len__}.get(how, len), "len")
-            return f"{fn}({e}) == {n}"
+            return [f"{fn}({e}) == {n}"]
         if k is GuardKind.DICT_KEYS:
-            return f"{ctx.bind(_dict_keys_list, 'keys')}({e}) == {ctx.bind(typed_keys(self.expected), 'c')}"
+            return [f"{ctx.bind(_dict_keys_list, 'keys')}({e}) == {ctx.bind(typed_keys(self.expected), 'c')}"]
         if k is GuardKind.HASATTR:
             name, present = self.expected
-            return f"{'' if present else 'not '}hasattr({e}, {name!r})"
+            return [f"{'' if present else 'not '}hasattr({e}, {name!r})"]
         if k is GuardKind.GLOBAL_ABSENT:
             gdict, name = self.expected
-            return f"{name!r} not in {ctx.bind(gdict, 'G')}"
+            return [f"{name!r} not in {ctx.bind(gdict, 'G')}"]
         if k is GuardKind.NO_HOOKS:
             if self.source is None:
-                return f"{ctx.bind(_no_global_module_hooks, 'nohooks')}()"
-            return f"{ctx.bind(_module_has_no_hooks, 'nohooks')}({e})"
+                return [f"{ctx.bind(_no_global_module_hooks, 'nohooks')}()"]
+            if e.isidentifier():     # (a local: four attribute reads cost less than a call)
+                return ["not (" + " or ".join(f"{e}.{h}" for h in _MODULE_HOOK_DICTS) + ")"]
+            return [f"{ctx.bind(_module_has_no_hooks, 'nohooks')}({e})"]
         if k is GuardKind.ALIAS_MATCH:
-            return f"{e} is {self.expected.render(ctx)}"
+            return [f"{e} is {self.expected.render(ctx)}"]
         if k is GuardKind.AUTOCAST_STATE:
-            return f"{ctx.bind(_autocast_state, 'autocast')}() == {ctx.bind(self.expected, 'c')}"
+            return [f"{ctx.bind(_autocast_state, 'autocast')}() == {ctx.bind(self.expected, 'c')}"]
         if k is GuardKind.SAVED_TENSOR_HOOKS:
             from ..aot.saved_hooks_guard import hooks_are
 
@@ -126,13 +133,13 @@ class Guard:
             top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
             if self.expected is None and top is not None:
                 # no hooks at all (the usual case): one C call, on every call of the entry
-                return f"({ctx.bind(top, 'tophooks')}(True) is None or {check})"
-            return check
+                return [f"({ctx.bind(top, 'tophooks')}(True) is None or {check})"]
+            return [check]
         if k is GuardKind.FUNCTION_MATCH:
             # the function by weak reference: its entries (which it owns) must not keep it alive
             fn_ref, code, d, kwd = self.expected
-            return (f"{ctx.bind(_function_unchanged, 'fnok')}({ctx.bind(fn_ref, 'fnref')}, "
-                    f"{ctx.bind(code, 'code')}, {ctx.bind(d, 'd')}, {ctx.bind(kwd, 'd')})")
+            return [f"{ctx.bind(_function_unchanged, 'fnok')}({ctx.bind(fn_ref, 'fnref')}, "
+                    f"{ctx.bind(code, 'code')}, {ctx.bind(d, 'd')}, {ctx.bind(kwd, 'd')})"]
         raise AssertionError(f"{k} is rendered by its own mechanism")
 
     def describe(self) -> str:
@@ -252,6 +259,9 @@ def _weak_identity(source, obj):
         return weakref.ref(obj)
     except TypeError:   # not weakly referenceable (builtins, dtypes): kept
         return None
+
+
+_MODULE_HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
 
 
 def _module_has_no_hooks(m: torch.nn.Module) -> bool:

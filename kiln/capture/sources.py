@@ -19,6 +19,16 @@ class RenderContext:
         self._by_id: dict[int, str] = {}
         # parameter names that are not identifiers (pytest's "@py_assert1") -> aliases
         self.local_alias: dict[str, str] = {}
+        # sources already read into a local of the code being generated (guard_cse.py)
+        self.locals: dict["Source", str] = {}
+
+    def with_locals(self) -> "RenderContext":
+        """A view that binds into the same namespace and renders the sources in ``locals``
+        (filled by the caller) as those local names."""
+        view = RenderContext.__new__(RenderContext)
+        view.__dict__.update(self.__dict__)
+        view.locals = {}
+        return view
 
     def bind(self, obj: Any, hint: str = "k") -> str:
         name = self._by_id.get(id(obj))
@@ -32,6 +42,28 @@ class RenderContext:
 class Source:
     def render(self, ctx: RenderContext) -> str:
         raise NotImplementedError
+
+    def __init_subclass__(cls, **kwargs):
+        # every source renders as the local it was read into, when the code being generated
+        # has one (``RenderContext.locals``): a chain read once serves every guard below it
+        super().__init_subclass__(**kwargs)
+        own = cls.__dict__.get("render")
+        if own is None or getattr(own, "_reads_locals", False):
+            return
+
+        def render(self, ctx, _own=own):
+            known = ctx.locals if ctx.__class__ is RenderContext else getattr(ctx, "locals", None)
+            if known:
+                try:
+                    name = known.get(self)
+                except TypeError:        # (an unhashable source: never read into a local)
+                    name = None
+                if name is not None:
+                    return name
+            return _own(self, ctx)
+        render._reads_locals = True
+        render.__doc__ = own.__doc__
+        cls.render = render
 
     def describe(self) -> str:
         """Readable name used in logs and explain output: ``L['x'].weight``."""

@@ -35,9 +35,18 @@ def _namespace_of(entry: Entry) -> dict:
     fn = entry.fn
     ns = {n: c.cell_contents for n, c in zip(fn.__code__.co_freevars, fn.__closure__ or ())}
     more = entry.program.ctx.namespace
-    for n in _global_names(compile(fn.__kiln_source__, "<kiln entry>", "exec")):
-        if n not in ns and n in more:
-            ns[n] = more[n]
+    program = entry.program
+    # the entry's code, and the per-guard expressions that explain a failure after a load
+    texts = [fn.__kiln_source__, *program.exprs, *program.tensor_exprs,
+             *getattr(program, "shape_binds", []), *getattr(program, "shape_conds", [])]
+    for text in texts:
+        try:
+            names = _global_names(compile(text, "<kiln entry>", "exec"))
+        except SyntaxError:
+            continue
+        for n in names:
+            if n not in ns and n in more:
+                ns[n] = more[n]
     return ns
 
 
@@ -144,12 +153,28 @@ def _equal_for_identical_values(source: str, program: dict, namespace: dict) -> 
             continue
         suffix = f" is {name}"
         for i, p in enumerate(program["python"]):
-            if p["expr"].endswith(suffix) and p["expr"] in source:
-                new = f"{_SAME}({p['expr'][:-len(suffix)]}, {name})"
-                source = source.replace(p["expr"], new)
-                program["python"][i] = {**p, "expr": new}
-                namespace[_SAME] = ["name", __name__, "same_value"]
+            if not p["expr"].endswith(suffix):
+                continue
+            # the failure explanation's expression, and the condition as the entry's check
+            # states it (over the check's locals)
+            for key in ("expr", "check_expr"):
+                text = p.get(key)
+                if text is None or not text.endswith(suffix):
+                    continue
+                new = f"{_SAME}({text[:-len(suffix)]}, {name})"
+                source = _replace_condition(source, text, new)
+                p = {**p, key: new}
+            program["python"][i] = p
+            namespace[_SAME] = ["name", __name__, "same_value"]
     return source
+
+
+def _replace_condition(source: str, text: str, new: str) -> str:
+    """``source`` with the condition ``text`` replaced (not where it is the start of a longer
+    name: ``x is ___o5`` is not in ``x is ___o50``)."""
+    import re
+
+    return re.sub(re.escape(text) + r"(?![\w])", lambda _: new, source)
 
 
 def same_value(a, b) -> bool:

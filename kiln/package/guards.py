@@ -121,8 +121,10 @@ def save_program(program: GuardProgram, enc: Encoder) -> dict:
             raise NotPackageable(f"tensor input {src.describe()} has no TENSOR_MATCH guard")
         tensor_metas.append(save_guard(g, enc)["meta"])
     shape = program.shape
-    python = [{"text": g.describe(), "expr": e, "source_expr": _source_expr(g.source, program)}
-              for g, e in zip(program.python_guards, program.exprs)]
+    # (check_expr: the guard's condition as the entry's straight-line check states it)
+    stated = getattr(program, "check_exprs", None) or program.exprs
+    python = [{"text": g.describe(), "expr": e, "check_expr": c, "source_expr": _source_expr(g.source, program)}
+              for g, e, c in zip(program.python_guards, program.exprs, stated)]
     return {
         "params": program.params, "fwd": program.fwd, "guards": guards, "python": python,
         "tensor_exprs": program.tensor_exprs, "tensor_names": [s.describe() for s in program.tensor_sources],
