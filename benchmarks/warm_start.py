@@ -15,6 +15,11 @@ every library is imported (the clock starts before ``kiln.compile``/``torch.comp
 the model: torch.compile imports torch._dynamo there). "exit" is the time from the child's last line to its exit. The
 target of issue 11: warm kiln adds <= 0.5x what warm torch.compile adds.
 
+Bytecode: the children share one PYTHONPYCACHEPREFIX, primed by an untimed cold run of each
+compiler per model, so that no measured process compiles library sources to bytecode (on a
+machine whose site-packages holds no .pyc files that costs several seconds per process, the
+same for every compiler, and a normal installation does not pay it).
+
 "package" (issue 12): the cold kiln process saves a package (``save_package``) after its first
 output; a fresh process with an empty KILN_CACHE_DIR then times ``kiln.load_package`` plus the
 first call: "pkg" with empty Inductor/Triton caches too (a new machine: Inductor's kernels are
@@ -126,6 +131,19 @@ def _measure(model, compiler, device, backend, env, package=None) -> dict:
     return result
 
 
+def _prime_bytecode(model, device, backend, base) -> None:
+    """One untimed cold run of each compiler (and a package save) over throwaway caches: the
+    modules they import leave their bytecode in PYTHONPYCACHEPREFIX."""
+    for compiler in ("kiln", "torch"):
+        with tempfile.TemporaryDirectory() as d:
+            env = {**base, "KILN_CACHE_DIR": os.path.join(d, "kiln"),
+                   "TORCHINDUCTOR_CACHE_DIR": os.path.join(d, "inductor"), "TRITON_CACHE_DIR": os.path.join(d, "triton")}
+            package = os.path.join(d, "model.kiln") if compiler == "kiln" else None
+            _measure(model, compiler, device, backend, env, package)
+            if package:
+                _measure(model, "package", device, backend, env, package)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cpu")
@@ -139,8 +157,15 @@ def main() -> None:
         _child(a.child[0], a.child[1], a.device, a.backend, a.package)
         return
     rows = []
+    pycache = tempfile.TemporaryDirectory(prefix="kiln-bench-pycache-")
     for model in a.models.split(","):
         base = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        # Every fresh process reads Python's bytecode caches, as it does wherever packages are
+        # installed normally. Without them (a read-only site-packages, PYTHONDONTWRITEBYTECODE)
+        # each process compiles torch's sources again, seconds that belong to neither compiler.
+        base.pop("PYTHONDONTWRITEBYTECODE", None)
+        base.setdefault("PYTHONPYCACHEPREFIX", pycache.name)
+        _prime_bytecode(model, a.device, a.backend, base)
         eager = _measure(model, "eager", a.device, a.backend, base)
         row = {"model": model, "eager_first_s": eager["first"]}
         for compiler in ("kiln", "torch"):
