@@ -2,7 +2,8 @@
 keep replays from overwriting memory that is still needed.
 
 All recordings of a device (the forward and backward of a step, the graphs one after another
-in a step, the recordings for other sizes) are captured into one graph pool, in order. A
+in a step, the recordings for other sizes) are captured into one graph pool (a fresh one only
+when ``new_pool`` says so), in order. A
 capture's intermediates go back to the pool at once, and later captures may place memory there.
 Hence:
 
@@ -27,11 +28,13 @@ capture may place memory there. Such a capture "reuses" those outputs (``reused_
 
 * while the caller holds a replay's output there, the capture goes to a fresh pool instead
   (``new_pool``: a pool per device at a time; a recording keeps the pool it was captured in);
-* its replay waits (``conflict``) while the caller holds an output of a later replay there,
-  since a replay's outputs stay valid until that graph (or one recorded before it) replays.
+* its call runs without its CUDA graph (``conflict``) while the caller holds an output of a
+  later replay there, since a replay's outputs stay valid until that graph (or one recorded
+  before it) replays.
 
 The same holds for a forward's saved tensors, which its recording holds until the backward is
-recorded (``release_saved_at``): every recording captured later "overlaps" that forward: its
+recorded (``release_saved_at``): every recording captured later in its pool "overlaps" that
+forward: its
 replay needs the forward's saved tensors consumed (``conflict``) and invalidates what a
 retained graph still holds of them; and no capture may read pool memory in place that no
 recording holds (``held_blocks``).
