@@ -35,7 +35,7 @@ import torch.fx
 from .. import logs
 from ..config import config
 from .reasons import GraphFacts, graph_facts, skip
-from .recording import CannotRecord, Recording, _ptrs_equal
+from .recording import CannotRecord, Recording, _ptrs_equal, clear_cublas_workspaces
 from . import steps
 from .tree import _pending, consume, tree_for
 
@@ -107,8 +107,9 @@ class CudagraphFunction:
         if recs is not None:
             for rec in recs:
                 if (_ptrs_equal(args, rec.ptr_list, rec.inplace) if rec.simple_match else rec.matches(args)):
-                    # (a conflict needs a pending backward, or a backward's live gradients)
-                    why = rec.tree.conflict(rec) if self.backward or _pending else None
+                    # (a conflict needs a pending backward, a backward's live gradients, or
+                    # outputs of an earlier replay held in memory this recording reuses)
+                    why = rec.tree.conflict(rec) if self.backward or _pending or rec.reuses else None
                     if why is None:
                         stats["replay"] += 1
                         return rec.replay(args)
@@ -135,7 +136,11 @@ class CudagraphFunction:
         if logs.enabled.cudagraphs:
             logs.log("cudagraphs", f"warm-up run of the {self.facts.name}{why}"
                                    f"{' for sizes ' + str(key) if key else ''} (recorded on a later call)")
-        return self.inner(args)
+        clear_cublas_workspaces()       # (none made here stays allocated: recording.py)
+        try:
+            return self.inner(args)
+        finally:
+            clear_cublas_workspaces()
 
     def _without(self, args: list, reason: str, kind: str):
         stats["skip"] += 1

@@ -22,10 +22,14 @@ storage objects over that memory, so that the next replay can make the previous 
 when read (``Generation.invalidate``). Outputs that are inputs (a parameter saved for the
 backward) are returned as the caller's tensors.
 
-A recording holds the memory of its outputs (the tensors its capture returned). A forward's
-saved tensors are held only until its backward is recorded (``tree.release_saved``): after
-that, between steps, they are dead memory of the pool, as in torch's tree; recordings captured
-later may place memory there and overlap the forward.
+The call that records returns the tensors its capture made: the allocator counts their memory
+as in use while they (or that call's generation) are alive, and as the pool's again after that,
+as with torch's tree (``PoolTree.reused_outputs``). A forward's saved tensors are held by its
+recording until its backward is recorded (``tree.release_saved``): after that, between steps,
+they are dead memory of the pool; recordings captured later may place memory there and overlap
+the forward. cuBLAS keeps a workspace per stream: it is dropped before and after each capture
+(and warm-up), so that the one a capture makes is pool memory its graph reuses, not memory
+held for good (torch's tree does the same).
 """
 from __future__ import annotations
 
@@ -33,7 +37,9 @@ import bisect
 import functools
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 
+from .. import logs
 from .tree import Generation, PoolTree
 
 
@@ -45,6 +51,18 @@ _replay_graph = getattr(getattr(torch._C, "_CUDAGraph", None), "replay", None)
 # a storage over pool memory, a tensor on it (a replay's outputs; CUDA builds)
 _make_storage = getattr(torch._C, "_construct_storage_from_data_pointer", None)
 _make_tensor = getattr(torch._C, "_construct_CUDA_Tensor_From_Storage_And_Metadata", None)
+
+
+# drops cuBLAS's per-stream workspaces (CUDA builds)
+_clear_cublas = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+
+
+def clear_cublas_workspaces() -> None:
+    """cuBLAS keeps a workspace per (handle, stream) for good: made during a capture it would
+    stay allocated in the pool, made during a warm-up it would stay allocated outside; dropped
+    here, the graph reuses the captured one as pool memory (torch's tree does the same)."""
+    if _clear_cublas is not None and torch.cuda.is_initialized():
+        _clear_cublas()
 
 
 class CannotRecord(Exception):
@@ -79,6 +97,14 @@ class Recording:
         self.backward = backward
         self.generation: Generation | None = None
         self.graph = None
+        # per visible output storage: [start, end) and a weak reference to the tensor memory
+        # the capture made (alive: the allocator counts the block as in use)
+        self.out_blocks: list = []
+        self.held_saved: list = []
+        # outputs of earlier recordings whose memory this capture may have reused
+        # (``PoolTree.reused_outputs``): [(weak recording, [visible output positions])]
+        self.reuses: list = []
+        self.pool = None            # the graph pool it is captured into
 
     # -- recording ---------------------------------------------------------------------------
     def classify(self, args: list, stable: frozenset = frozenset()) -> None:
@@ -102,8 +128,9 @@ class Recording:
                     held = self.tree.held_blocks() if held is None else held
                     k = bisect.bisect_right(held, (a.data_ptr(), float("inf"))) - 1
                     if k < 0 or not held[k][0] <= a.data_ptr() < held[k][1]:
-                        raise CannotRecord(f"input {self.facts.input_names[i]} lies in pool memory no recording "
-                                           "holds (a saved tensor of a forward whose backward was recorded already)")
+                        raise CannotRecord(f"input {self.facts.input_names[i]} lies in pool memory the allocator "
+                                           "has back (an output of an earlier replay, or a saved tensor of a forward "
+                                           "whose backward was recorded already): the capture could allocate there")
                 self.inplace.append(i)
                 self.ptrs.append(a.data_ptr())
             elif i in stable and i not in written:
@@ -147,12 +174,22 @@ class Recording:
     def record(self, inner, args: list) -> list:
         """Capture ``inner`` (a boxed compiled graph) for ``args``, replay it once, return
         this call's outputs."""
+        # outputs of earlier recordings whose memory the pool has back may be reused by this
+        # capture: none the caller still holds may be there, else the capture takes a fresh pool
+        reuses, why = self.tree.reused_outputs(self.tree.handle)
+        if why is not None:     # (e.g. the last inference's logits, held while training starts)
+            if logs.enabled.cudagraphs:
+                logs.log("cudagraphs", f"the {self.facts.name} is captured into a fresh pool: {why}")
+            self.tree.new_pool()
+            reuses = []
+        self.pool = self.tree.handle
+        self.reuses = reuses
         # memory given up by forwards whose backward was recorded may be reused by this capture:
         # their saved tensors must not be waiting for a backward (then the call runs as compiled
         # and a later one records)
         for ref in self.tree._released:
             fw = ref()
-            if fw is not None and fw.generation is not None and fw.generation.pending():
+            if fw is not None and fw.pool == self.pool and fw.generation is not None and fw.generation.pending():
                 raise CannotRecord(f"the {fw.facts.name}'s saved tensors wait for their backward, in memory "
                                    "this recording may reuse")
         static_args, inplace = self._static_args(args)
@@ -165,13 +202,16 @@ class Recording:
         self.simple_match = _ptrs_equal is not None and bool(self.inplace) and not self.strided_copies
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.tree.handle):
-            outs = inner(list(static_args))
+        clear_cublas_workspaces()
+        try:
+            with torch.cuda.graph(graph, pool=self.pool):
+                outs = inner(list(static_args))
+        finally:
+            clear_cublas_workspaces()
         del static_args
         self.graph = graph
         self._replay = graph.replay if _replay_graph is None else functools.partial(_replay_graph, graph)
         self._plan_outputs(list(outs), inplace)
-        del outs
         self.tree.static_ptrs.update(self.ptrs)
         self.position = self.tree.add(self)
         if self.backward:       # its forwards' saved tensors are dead memory between steps now
@@ -183,7 +223,14 @@ class Recording:
             if fw is not None and fw.generation is not None:
                 fw.generation.invalidate_saved()
         graph.replay()
-        return self._outputs(keep)
+        result = self._outputs(keep)
+        # this call returns the capture's own tensors: the memory is counted as in use while
+        # they (or this generation) are alive, not for as long as the recording lives
+        for j, (_, _, metas) in enumerate(self.visible):
+            for k, _ in metas:
+                result[k] = outs[k]
+            self.generation.visible[j] = outs[metas[0][0]].untyped_storage()
+        return result
 
     def _plan_outputs(self, outs: list, inplace: dict) -> None:
         inplace_storage = {}
@@ -217,10 +264,9 @@ class Recording:
                 continue
             groups.setdefault(sp, []).append((k, o))
             held.append((k, o))
-        # memory the recording owns: its pool outputs (and copied-input buffers an output is);
-        # the saved tensors until the backward is recorded (``tree.release_saved_at``)
+        # the saved tensors are held until the backward is recorded (``tree.release_saved_at``);
+        # the other outputs by the caller (``out_blocks``)
         saved_from = self.protected_from if self.protected_from is not None else len(outs)
-        self.held = [o for k, o in held if k < saved_from]
         self.held_saved = [o for k, o in held if k >= saved_from]
         device = self.tree.device
         self.visible: list = []      # (pointer, nbytes, [(k, metadata)])
@@ -234,6 +280,7 @@ class Recording:
                 protected.append((sp, nbytes, metas))
             else:
                 self.visible.append((sp, nbytes, metas))
+                self.out_blocks.append((sp, sp + nbytes, StorageWeakRef(members[0][1].untyped_storage())))
         # Saved tensors are never shown to the user: one storage over all of them (one liveness
         # test per replay). Offsets are re-based on the lowest pointer (blocks are 512-byte
         # aligned, so they stay whole elements).

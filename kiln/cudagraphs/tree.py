@@ -2,29 +2,42 @@
 keep replays from overwriting memory that is still needed.
 
 All recordings of a device (the forward and backward of a step, the graphs one after another
-in a step, the recordings for other sizes) are captured into one graph pool, in order. A
-recording holds the tensors it allocated as outputs for as long as it lives, so no later
-capture can place anything there; the memory it used for intermediates goes back to the pool
-and later captures may use it, for their own intermediates or for their outputs. Hence:
+in a step, the recordings for other sizes) are captured into one graph pool (a fresh one only
+when ``new_pool`` says so), in order. A
+capture's intermediates go back to the pool at once, and later captures may place memory there.
+Hence:
 
     replaying recording R overwrites R's own outputs and, possibly, the outputs of every
-    recording captured after R (never those captured before it).
+    recording captured after R.
 
 This is the path of torch's tree of recordings, kept as one ordered list. Before a replay of
-R, ``prepare_replay`` looks at the last outputs of R and of every later recording:
+R, ``conflict`` and ``invalidate_from`` look at the last outputs of R and of every later
+recording:
 
 * outputs saved for a backward that has not run yet ("protected") must not be overwritten:
   the call runs without the CUDA graph instead (``conflict``);
 * outputs the user may still hold ("visible") are invalidated: reading them afterwards
   raises a clear error instead of returning overwritten data.
 
-One exception to the order, for memory: the tensors a forward saves for its backward are held
-by the forward's recording only until its backward is recorded (``release_saved_at``); from
-then on they are dead memory of the pool between steps (as in torch's tree: the peak memory of
-a step no longer counts them twice) and every recording captured later may place memory there.
-Such a recording "overlaps" that forward: its replay needs the forward's saved tensors consumed
-(``conflict``) and invalidates what a retained graph still holds of them; and no capture may
-read pool memory in place that no recording holds (``held_blocks``).
+Outputs are not held for good, as in torch's tree: the allocator counts a recording's output
+memory as in use only while the tensors its capture returned are alive (the call that recorded
+hands them to the caller; its generation keeps them until the next replay). After that, the
+memory is the pool's again, between steps: the peak memory of a step does not count the
+gradients a backward hands to ``.grad`` (nor the logits of an inference) twice, and a later
+capture may place memory there. Such a capture "reuses" those outputs (``reused_outputs``):
+
+* while the caller holds a replay's output there, the capture goes to a fresh pool instead
+  (``new_pool``: a pool per device at a time; a recording keeps the pool it was captured in);
+* its call runs without its CUDA graph (``conflict``) while the caller holds an output of a
+  later replay there, since a replay's outputs stay valid until that graph (or one recorded
+  before it) replays.
+
+The same holds for a forward's saved tensors, which its recording holds until the backward is
+recorded (``release_saved_at``): every recording captured later in its pool "overlaps" that
+forward: its
+replay needs the forward's saved tensors consumed (``conflict``) and invalidates what a
+retained graph still holds of them; and no capture may read pool memory in place that no
+recording holds (``held_blocks``).
 """
 from __future__ import annotations
 
@@ -83,6 +96,14 @@ class Generation:
         if self.cdata is not None and _pending.get(self.cdata) is self:
             del _pending[self.cdata]
         self.visible, self.protected = [], None
+
+    def visible_alive(self, idxs: list) -> bool:
+        """Whether the user holds one of the visible outputs at positions ``idxs``."""
+        vis = self.visible
+        for j in idxs:
+            if j < len(vis) and _uses(vis[j]._cdata) > 1:
+                return True
+        return False
 
     def invalidate_saved(self) -> None:
         """Only the saved tensors (a recording that overlaps their memory replays)."""
@@ -149,17 +170,24 @@ class PoolTree:
 
     @property
     def handle(self):
-        """The graph pool every recording of this device is captured into."""
+        """The graph pool the next recording of this device is captured into."""
         if self._handle is None:
             self._handle = torch.cuda.graph_pool_handle()
         return self._handle
 
+    def new_pool(self) -> None:
+        """Captures from now on go to a fresh pool: the current one's free memory holds outputs
+        the caller still holds (``reused_outputs``). Recordings keep their own pool; the order
+        of the recordings stays one list (invalidating across pools is only cautious)."""
+        self._handle = None
+
     def add(self, recording) -> int:
         """Append a new recording; returns its position (dead ones keep theirs: positions
         never move). It overlaps every forward whose saved tensors' memory was given up before
-        (``release_saved``)."""
+        (``release_saved``) in its pool."""
         self._recordings.append(weakref.ref(recording))
-        recording.overlaps = list(self._released)
+        recording.overlaps = [ref for ref in self._released
+                              if ref() is not None and ref().pool == recording.pool]
         return len(self._recordings) - 1
 
     def saved_blocks(self, forward, blocks: list) -> None:
@@ -179,16 +207,40 @@ class PoolTree:
                 self.release_saved(fw)
 
     def held_blocks(self) -> list:
-        """[start, end) of the memory the recordings hold (their outputs; saved tensors until
-        released), sorted: a capture may read pool memory in place only there."""
+        """[start, end) of the pool memory the allocator counts as in use: outputs whose
+        capture-time tensors are alive, saved tensors until released; sorted: a capture may
+        read pool memory in place only there."""
         blocks = set()
         for ref in self._recordings:
             r = ref()
             if r is not None:
-                for h in (*r.held, *r.held_saved):
+                for start, end, weak in r.out_blocks:
+                    if not weak.expired():
+                        blocks.add((start, end))
+                for h in r.held_saved:
                     s = h.untyped_storage()
                     blocks.add((s.data_ptr(), s.data_ptr() + s.nbytes()))
         return sorted(blocks)
+
+    def reused_outputs(self, pool) -> tuple[list, str | None]:
+        """Before a capture into ``pool``: the outputs of earlier recordings there whose memory
+        the allocator has back (their capture-time tensors died), which the capture may reuse,
+        as [(weak recording, [visible output positions])]; and why the capture must not be made
+        there (the caller holds a replay's output in that memory), or None."""
+        reuses = []
+        for ref in self._recordings:
+            r = ref()
+            if r is None or r.pool != pool:
+                continue
+            idxs = [j for j, (_, _, weak) in enumerate(r.out_blocks) if weak.expired()]
+            if not idxs:
+                continue
+            g = r.generation
+            if g is not None and g.visible_alive(idxs):
+                return [], (f"an output of the {r.facts.name}'s last replay is still held, in memory the pool "
+                            "has back (a capture there could overwrite it)")
+            reuses.append((ref, idxs))
+        return reuses, None
 
     def release_saved(self, forward) -> None:
         """``forward``'s saved tensors are no longer held by its recording: later captures
@@ -215,6 +267,12 @@ class PoolTree:
             if g is not None and g.alive():
                 return ("its previous replay's gradients are still alive (one backward pass runs this backward "
                         "graph twice, e.g. a module called twice before backward())")
+        for ref, idxs in recording.reuses:
+            r = ref()
+            g = r.generation if r is not None else None
+            if g is not None and g.visible_alive(idxs):
+                return (f"an output of the {r.facts.name}'s last replay is still held, in memory this recording "
+                        "reuses (it was captured after that output died); drop or .clone() it before calling")
         if not _pending:        # (the common case: nothing saved is waiting for a backward)
             return None
         for r in self._from(recording):

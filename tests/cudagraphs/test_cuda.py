@@ -357,3 +357,101 @@ def test_training_graph_with_a_cpu_op_runs_without_cuda_graphs_correctly():
         loss.backward(), le.backward()
         close(w.grad, we.grad)
         w.grad = we.grad = None
+
+
+def test_output_memory_is_the_pools_again_between_steps():
+    """The recordings do not hold their outputs for good (as with torch's CUDA graphs): the
+    gradients a backward hands to .grad, and an inference's outputs, are counted by the
+    allocator only while the caller holds them; cuBLAS workspaces that warm-ups and captures
+    made are dropped. Training still matches eager."""
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(512, 2048), nn.ReLU(), nn.Linear(2048, 512)).to(DEV)
+    ref = copy.deepcopy(m)
+    cm = kiln.compile(m, mode="reduce-overhead")
+    opt = torch.optim.SGD(m.parameters(), lr=0.01)
+    x = torch.randn(16, 512, device=DEV)
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    grads = sum(p.numel() * p.element_size() for p in m.parameters())       # 8 MiB
+    losses = []
+    for _ in range(5):
+        opt.zero_grad(set_to_none=True)
+        loss = cm(x).square().mean()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    opt.zero_grad(set_to_none=True)
+    del loss
+    torch.cuda.synchronize()
+    assert stats["record"] == 2 and stats["replay"] >= 6 and stats["skip"] == 0, (stats, skip_reasons)
+    assert torch.cuda.memory_allocated() - base < grads / 8
+    with torch.no_grad():
+        for _ in range(4):
+            y = cm(x)
+        del y
+    torch.cuda.synchronize()
+    assert stats["skip"] == 0, skip_reasons
+    assert torch.cuda.memory_allocated() - base < grads / 8
+    with torch.no_grad():       # (after the count: an eager matmul makes a cuBLAS workspace)
+        close(cm(x), m(x))
+    opt_ref = torch.optim.SGD(ref.parameters(), lr=0.01)
+    for i in range(5):
+        opt_ref.zero_grad(set_to_none=True)
+        loss = ref(x).square().mean()
+        loss.backward()
+        opt_ref.step()
+        close(torch.tensor(losses[i]), loss.detach().cpu())
+    for p, pr in zip(m.parameters(), ref.parameters()):
+        close(p, pr)
+
+
+def test_a_held_output_is_not_overwritten_by_a_graph_recorded_after_it_died():
+    """g's output memory goes back to the pool once its capture's tensors die, and h, recorded
+    after that, may reuse it: while the caller holds an output of g's last replay, h's replay
+    runs as compiled instead (reason logged) and the held output keeps its value until g's next
+    call. A graph recorded while such an output is held is captured into a fresh pool."""
+    w = torch.randn(256, 256, device=DEV) / 16
+
+    def g(x):
+        return torch.relu(x @ w) + 1
+
+    def h(x):
+        return torch.sigmoid(x @ w) * 3
+
+    def k(x):
+        return torch.tanh(x @ w) - 2
+
+    cg, ch, ck = (kiln.compile(f, mode="reduce-overhead") for f in (g, h, k))
+    x = torch.randn(64, 256, device=DEV)
+    before = recordings()
+    for _ in range(3):
+        close(cg(x), g(x))      # warm-up, record (the capture's output dies), replay
+    (rg,) = new_recordings(before)
+    before = recordings()
+    for _ in range(3):
+        close(ch(x), h(x))      # warm-up, record (in g's pool, reusing its output memory), replay
+    (rh,) = new_recordings(before)
+    assert rh.pool == rg.pool and rg in [r() for r, _ in rh.reuses]
+    y = cg(x)                   # a replay's output, held
+    skips = stats["skip"]
+    close(ch(x), h(x))          # h's replay would overwrite y: runs as compiled
+    close(y, g(x))
+    assert stats["skip"] == skips + 1 and any("still held" in r for r in skip_reasons), skip_reasons
+    del y
+    replays = stats["replay"]
+    close(ch(x), h(x))
+    assert stats["replay"] == replays + 1, (stats, skip_reasons)
+    y = cg(x)
+    before = recordings()
+    for _ in range(3):
+        close(ck(x), k(x))      # recorded while y is held: into a fresh pool
+    close(y, g(x))
+    (rk,) = new_recordings(before)
+    assert rk.pool != rg.pool and rk.reuses == []
+    assert stats["record"] == 3 and stats["skip"] == skips + 1, (stats, skip_reasons)
+
+
+def new_recordings(before: list) -> list:
+    """The recordings alive now that were not in ``before``."""
+    seen = {id(r) for r in before}
+    return [r for r in recordings() if id(r) not in seen]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from kiln.cudagraphs import function as F
 from kiln.cudagraphs import steps
@@ -24,6 +25,7 @@ class FakeTree:
 class FakeRecording:
     """Reads in place what ``classify`` finds stable (static or optimistic), copies the rest."""
     simple_match = False
+    reuses: list = []
     def __init__(self, facts, tree, static_idxs, protected_from, backward):
         self.facts, self.tree, self.static_idxs = facts, FakeTree(), static_idxs
 
@@ -139,7 +141,9 @@ def test_a_backward_input_in_released_saved_memory_is_not_recorded():
 
     class Held:
         def __init__(self, held, saved):
-            self.held, self.held_saved, self.generation = held, saved, None
+            self.out_blocks = [(t.untyped_storage().data_ptr(), t.untyped_storage().data_ptr()
+                                + t.untyped_storage().nbytes(), StorageWeakRef(t.untyped_storage())) for t in held]
+            self.held_saved, self.generation, self.pool = saved, None, None
 
     tree = PoolTree(torch.device("cpu"))
     saved = torch.randn(16)
@@ -156,5 +160,5 @@ def test_a_backward_input_in_released_saved_memory_is_not_recorded():
     first_bw = Held([], [])
     first_bw.position = tree.add(first_bw)
     tree.release_saved_at([saved.data_ptr()], first_bw)
-    with pytest.raises(CannotRecord, match="no recording holds"):
+    with pytest.raises(CannotRecord, match="the allocator has back"):
         Recording(facts, tree, frozenset([1]), None, True).classify(args)

@@ -8,6 +8,7 @@ import types
 
 import pytest
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from kiln.cudagraphs import tree as T
 
@@ -17,6 +18,7 @@ class FakeRecording:
         self.facts = types.SimpleNamespace(name=name)
         self.backward = backward
         self.generation = None
+        self.out_blocks, self.held_saved, self.reuses, self.pool = [], [], [], None
 
     def replay(self, visible=0, saved=False):
         """A replay's outputs: new tensors on new storages (as recording.py makes them)."""
@@ -36,6 +38,12 @@ def poisoned(monkeypatch):
     T._pending.clear()
     yield seen
     T._pending.clear()
+
+
+def block(t):
+    """(start, end, weak reference) of ``t``'s storage, as ``Recording.out_blocks`` holds it."""
+    s = t.untyped_storage()
+    return (s.data_ptr(), s.data_ptr() + s.nbytes(), StorageWeakRef(s))
 
 
 def cd(t):
@@ -127,8 +135,7 @@ def test_recording_the_backward_releases_the_forwards_saved_memory():
     tree = T.PoolTree(torch.device("cpu"))
     fw, bw = FakeRecording("forward"), FakeRecording("backward", backward=True)
     out, saved = torch.randn(4), torch.randn(8)
-    fw.held, fw.held_saved = [out], [saved]
-    bw.held, bw.held_saved = [], []
+    fw.out_blocks, fw.held_saved = [block(out)], [saved]
     fw.position = tree.add(fw)
     s = saved.untyped_storage()
     tree.saved_blocks(fw, [(s.data_ptr(), s.data_ptr() + s.nbytes())])
@@ -141,6 +148,36 @@ def test_recording_the_backward_releases_the_forwards_saved_memory():
     assert fw.held_saved == [] and s.data_ptr() not in starts()
     assert bw.overlaps == []                                # captured before the release
     later = FakeRecording("later")
-    later.held = later.held_saved = []
     later.position = tree.add(later)
     assert [r() for r in later.overlaps] == [fw]
+
+
+def test_outputs_whose_capture_tensors_died_are_reused_by_later_captures(poisoned):
+    """A recording's output memory goes back to the pool when the tensors its capture made die
+    (as in torch's tree): a later capture may reuse it. That capture is refused while the caller
+    holds a replay's output there, and its replays wait while the caller holds one."""
+    tree = T.PoolTree(torch.device("cpu"))
+    first = FakeRecording("first")
+    first.position = tree.add(first)
+    captured = torch.randn(4)                      # the tensor the capture made (held by the caller)
+    first.out_blocks = [block(captured)]
+    assert tree.reused_outputs(None) == ([], None)     # still counted as in use: nothing to reuse
+    assert [s for s, _ in tree.held_blocks()] == [captured.untyped_storage().data_ptr()]
+    del captured                                   # the allocator has the memory back
+    assert tree.held_blocks() == []
+    (y,), _ = first.replay(visible=1)              # a replay's output, held by the caller
+    reuses, why = tree.reused_outputs(None)
+    assert reuses == [] and "first's last replay is still held" in why
+    assert tree.reused_outputs("another pool") == ([], None)      # (a capture there cannot reuse it)
+    del y
+    reuses, why = tree.reused_outputs(None)
+    assert why is None and [(r(), idxs) for r, idxs in reuses] == [(first, [0])]
+    later = FakeRecording("later")
+    later.position = tree.add(later)
+    later.reuses = reuses
+    assert tree.conflict(later) is None
+    (y,), _ = first.replay(visible=1)
+    assert "still held, in memory this recording reuses" in tree.conflict(later)
+    assert tree.conflict(first) is None            # its own replay just invalidates
+    tree.invalidate_from(first)
+    assert cd(y) in poisoned and tree.conflict(later) is None
