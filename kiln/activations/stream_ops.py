@@ -9,21 +9,24 @@ tensor that holds the copy in flight as a Python attribute), and one that FINISH
 the compute stream wait for the copy's event) and returns the copied tensor. The graphs order
 the two only through data dependencies, which Inductor keeps:
 
-* forward: ``offload_start(t)`` after t's last use; ``offload_finish(token, t, order)`` runs
-  ``ahead`` offloads later (``order`` holds that later op's token, so that no scheduler moves
-  it earlier). t is an input of the finish, so that Inductor reuses t's memory for other
-  buffers only after the compute stream has waited for the copy (Inductor's own buffer reuse
-  does not see the side stream; ``record_stream`` covers the caching allocator).
+* forward: ``offload_start(t)`` after t's last use copies t to a staging buffer of its own
+  (on the compute stream) and starts the copy to the CPU from there; ``offload_finish(token,
+  ..., order)`` runs ``ahead`` offloads later (``order`` holds that later op's token) and
+  makes the compute stream wait for the copy. The side stream never touches a buffer of the
+  graph: Inductor reuses buffers, and recomputes cheap values into a buffer per consumer,
+  without seeing streams.
 * backward: ``prefetch(cpu)`` starts the copy back ``ahead`` saved tensors before the first
   use (``prefetch_wait`` of an earlier tensor lists its token in ``order``), and
   ``prefetch_wait(token, ...)`` makes the compute stream wait just before the first use.
 
-The finishing op returns a tensor that no graph value aliases (the one created by the start),
-so a scheduler that reuses its inputs' memory afterwards is safe. On devices other than CUDA
+The finishing op returns a tensor that no graph value aliases (the one created by the start):
+the graph owns it only once the compute stream has waited for its copy. On devices other than CUDA
 the copies are plain synchronous copies (no stream; a token holds the result). The ops are
 registered when this module is imported (``kiln.activations`` does; a process that loads an
 artifact using them imports it from ``aot/export.py``'s target decoding).
 """
+from typing import Sequence
+
 import torch
 
 _side_streams: dict = {}
@@ -67,15 +70,23 @@ def offload_start(t: torch.Tensor, ahead: int) -> torch.Tensor:
     if t.device.type != "cuda":
         return _token(t.to("cpu", copy=True), None)
     compute = torch.cuda.current_stream(t.device)
+    # The side stream reads a copy that only this op owns, never t itself: Inductor manages
+    # its buffers without seeing the side stream (it writes a later kernel's output into t's
+    # memory as soon as this op, t's last user, has run, and it may even hand this op a
+    # buffer of its own, recomputed for it). A device-to-device copy on the compute stream is
+    # cheap next to the copy over PCIe, and its memory goes back to the caching allocator,
+    # which does not reallocate it before the side stream is done with it (record_stream).
+    staged = _empty_like_strided(t, t.device)
+    staged.copy_(t)
     side = side_stream(t.device)
-    side.wait_stream(compute)                 # t is written by the compute stream
+    side.wait_stream(compute)
     buf = _empty_like_strided(t, "cpu", pin=True)
     with torch.cuda.stream(side):
-        buf.copy_(t, non_blocking=True)       # (the pinned allocator records the copy's event)
+        buf.copy_(staged, non_blocking=True)      # (the pinned allocator records the copy's event)
         done = torch.cuda.Event()
         done.record(side)
-    t.record_stream(side)                     # t's block is not reallocated before the copy ends
-    return _token(buf, done)
+    staged.record_stream(side)
+    return _token(buf, (done, t.device))
 
 
 @offload_start.register_fake
@@ -84,19 +95,22 @@ def _(t, ahead):
 
 
 @torch.library.custom_op("kiln::offload_finish", mutates_args=())
-def offload_finish(token: torch.Tensor, t: torch.Tensor, order: list[torch.Tensor]) -> torch.Tensor:
-    """The CPU copy of ``t`` that ``token`` holds; the compute stream waits for the copy from
-    here on (so t's memory may be reused after this op). ``order``: tokens of ops that must
-    be issued first (only an ordering)."""
+def offload_finish(token: torch.Tensor, size: Sequence[int], stride: Sequence[int], dtype: torch.dtype,
+                   order: list[torch.Tensor]) -> torch.Tensor:
+    """The CPU copy that ``token`` holds (of ``size``, ``stride``, ``dtype``: its metadata for
+    tracing); the compute stream waits for the copy from here on, which bounds the device
+    memory that copies in flight hold. ``order``: tokens of ops that must be issued first
+    (only an ordering)."""
     buf, done = _take(token, "offload_finish")
     if done is not None:
-        torch.cuda.current_stream(t.device).wait_event(done)
+        event, device = done
+        torch.cuda.current_stream(device).wait_event(event)
     return buf
 
 
 @offload_finish.register_fake
-def _(token, t, order):
-    return _empty_like_strided(t, "cpu")
+def _(token, size, stride, dtype, order):
+    return torch.empty_strided(size, stride, dtype=dtype, device="cpu")
 
 
 # -- backward: CPU -> device -------------------------------------------------------------------
@@ -149,7 +163,8 @@ def to_cpu(t: torch.Tensor, ahead: int) -> torch.Tensor:
     """``t`` copied to pinned CPU memory on the side stream (inlined, the finish is scheduled
     ``ahead`` offloads later; as an eager hook it finishes at once)."""
     t = t.detach()
-    return torch.ops.kiln.offload_finish(torch.ops.kiln.offload_start(t, ahead), t, [])
+    token = torch.ops.kiln.offload_start(t, ahead)
+    return torch.ops.kiln.offload_finish(token, t.size(), t.stride(), t.dtype, [])
 
 
 def to_device(cpu: torch.Tensor, device, ahead: int) -> torch.Tensor:

@@ -57,7 +57,7 @@ def schedule_forward(graph: torch.fx.Graph) -> int:
             continue
         if later is not None:
             later.append(finish)
-            finish.args = (finish.args[0], finish.args[1], list(finish.args[2]) + [later])
+            finish.args = (*finish.args[:-1], list(finish.args[-1]) + [later])
         else:
             out.prepend(finish)
         moved += 1
@@ -84,7 +84,7 @@ def schedule_backward(graph: torch.fx.Graph) -> int:
             continue
         anchor.prepend(start)
         if j >= ahead:
-            anchor.args = (*anchor.args[:3], list(anchor.args[3]) + [start])
+            anchor.args = (*anchor.args[:-1], list(anchor.args[-1]) + [start])
         moved += 1
     return moved
 
