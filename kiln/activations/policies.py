@@ -13,10 +13,11 @@ when a new policy object with the same settings is entered (the hooks are guarde
   code) they cannot see which op saved a tensor, and round every one.
 * ``fp8()``: float8_e4m3fn with one scale per tensor (amax-based); where the device cannot
   convert to float8 the tensor is saved unchanged, with the reason logged.
-* ``offload()``: accelerator activations are copied to pinned CPU memory (non-blocking, on the
-  compute stream) and copied back just before the backward uses them (on the same stream: the
-  copy back is not yet overlapped with compute on a side stream); tensors already on the CPU
-  stay (on a CPU-only run the policy changes nothing, and says so).
+* ``offload()``: accelerator activations are copied to pinned CPU memory and back on a side
+  stream (kiln::offload_start/finish, kiln::prefetch/prefetch_wait, stream_ops.py), so that
+  the copies overlap compute; the copy back starts ``ahead`` saved tensors before the first
+  use (saved_hooks_schedule.py). Tensors already on the CPU stay (on a CPU-only run the
+  policy changes nothing, and says so).
 """
 from __future__ import annotations
 
@@ -200,32 +201,46 @@ def fp8(*, min_bytes: int = DEFAULT_MIN_BYTES) -> Policy:
 
 # -- offload ------------------------------------------------------------------------------------
 
+DEFAULT_AHEAD = 2
+
+
 @functools.lru_cache(maxsize=None)
-def _offload_hooks(min_bytes: int) -> tuple:
+def _offload_hooks(min_bytes: int, ahead: int) -> tuple:
+    from . import stream_ops
+    from torch._prims_common import is_non_overlapping_and_dense_or_false as dense
+
     def pack(t):
-        if t.device.type == "cpu" or _nbytes(t) < min_bytes:
+        # (a tensor with overlapping or unknown strides is kept: its CPU copy and the copy
+        # back must have t's strides, which only a dense layout allows)
+        if t.device.type == "cpu" or _nbytes(t) < min_bytes or not dense(t):
             return (t, None)
-        # a non-blocking device-to-CPU copy lands in pinned memory (ATen's _to_copy pins it)
-        # and runs on the compute stream, whose order keeps the device memory alive until
-        # the copy is done; the copy back is ordered after it on the same stream
-        return (t.to("cpu", non_blocking=True), t.device)
+        return (stream_ops.to_cpu(t, ahead), t.device)
 
     def unpack(packed):
         t, device = packed
         if device is None:
             return t
-        return t.to(device, non_blocking=True)
+        return stream_ops.to_device(t, device, ahead)
     pack.__qualname__ = "offload.pack"
     unpack.__qualname__ = "offload.unpack"
     return mark_inline(pack), mark_inline(unpack)
 
 
-def offload(*, min_bytes: int = DEFAULT_MIN_BYTES) -> Policy:
-    """Save accelerator activations in pinned CPU memory (copied back in the backward, just
-    before their first use). On a CPU-only run nothing is moved (logged under
-    ``KILN_LOGS=activations``)."""
+def offload(*, min_bytes: int = DEFAULT_MIN_BYTES, ahead: int = DEFAULT_AHEAD) -> Policy:
+    """Save accelerator activations in pinned CPU memory, copied on a side stream both ways so
+    that the copies overlap compute. ``ahead`` bounds the device memory the copies hold: in
+    the forward a tensor's memory is released (the compute stream waits for its copy) when the
+    ``ahead``-th next tensor starts its copy; in the backward a tensor's copy back starts when
+    the ``ahead``-th previous one is first used (the first ``ahead`` at the start of the
+    backward), and the compute stream waits for it just before its own first use. As eager
+    hooks (uncompiled code) each copy finishes at once. Lossless: results equal eager bitwise.
+    On a CPU-only run nothing is moved (logged under ``KILN_LOGS=activations``); a graph with
+    offloaded activations runs without CUDA graphs (the reason is logged)."""
     min_bytes = _check_min_bytes(min_bytes)
+    if isinstance(ahead, bool) or not isinstance(ahead, int) or ahead < 1:
+        raise ValueError(f"ahead must be an int >= 1 (saved tensors whose copies may be in flight at once), "
+                         f"got {ahead!r}")
     if not torch.cuda.is_available() and logs.enabled.activations:
         logs.log("activations", "offload: no accelerator; activations already live in CPU memory "
                                 "(the policy changes nothing)")
-    return Policy(f"offload(min_bytes={min_bytes})", _offload_hooks(min_bytes), min_bytes)
+    return Policy(f"offload(min_bytes={min_bytes}, ahead={ahead})", _offload_hooks(min_bytes, ahead), min_bytes)

@@ -75,12 +75,17 @@ def _decode_target(s: str) -> Any:
             packet = getattr(torch.ops.prims, op, None)
             if packet is not None:
                 break
+    if packet is None and ns in _KILN_OP_MODULES:
+        # kiln's own ops are registered when their module is imported
+        importlib.import_module(_KILN_OP_MODULES[ns])
+        packet = getattr(getattr(torch.ops, ns), op, None)
     if packet is None:
         raise ValueError(f"artifact: this torch has no op {ns}::{op}")
     return getattr(packet, overload)
 
 
 _PRIMS_MODULES = ("torch._prims", "torch._inductor.inductor_prims")
+_KILN_OP_MODULES = {"kiln": "kiln.activations.stream_ops"}      # namespace -> module registering it
 
 
 def _encode_arg(a: Any) -> Any:

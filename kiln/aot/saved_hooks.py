@@ -385,6 +385,10 @@ def inline(hooks: tuple, fw: torch.fx.GraphModule, bw: torch.fx.GraphModule, nfw
     for x in new_saved:
         flat_saved.extend(x if isinstance(x, list) else [x])
     out_node.args = (tuple(list(fw_outs[:nfw]) + flat_saved),)
+    # offload copies (kiln::offload_start...): finish and prefetch where they overlap compute
+    from .saved_hooks_schedule import schedule
+
+    schedule(fw, bw)
     fw.graph.lint()
     bw.graph.lint()
     fw.recompile()

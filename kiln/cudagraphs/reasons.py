@@ -112,6 +112,10 @@ def _devices(value) -> list:
 def op_reason(n: torch.fx.Node) -> str | None:
     """Why one op of a graph cannot be in a CUDA graph (None: it can). Placeholders and
     outputs are not ops."""
+    if n.op == "call_function" and getattr(n.target, "namespace", None) == "kiln":
+        # stream_ops.py: copies on a side stream, timed by events, into pinned CPU memory
+        return f"op {_op_name(n.target)} moves saved activations on a side stream (kiln.activations." \
+               f"offload), which a CUDA graph does not record{_where(n)}"
     for d in _devices(n.meta.get("val")):
         if d.type not in ("cuda", "meta"):      # meta tensors compute nothing
             return f"op {_op_name(n.target)} is on the {d.type} device (a CUDA graph records only CUDA work){_where(n)}"
