@@ -54,3 +54,37 @@ def test_inductor_inference_and_training(packages, monkeypatch):
     for g, p in zip(grads, model.parameters()):
         torch.testing.assert_close(g, p.grad)
     assert not called
+
+
+def test_dynamic_inductor_package_serves_new_sizes(tmp_path, monkeypatch):
+    """A dynamic=True Inductor entry (its generated code takes the sizes as ints) loads with
+    no capture ShapeEnv and runs for sizes the guards allow; one they do not is a miss."""
+    import kiln.aot.dynamic
+    import kiln.api
+    import kiln.backends.inductor
+
+    kiln.reset()
+    c = kiln.compile(M.branchy, backend="inductor", dynamic=True)
+    c(torch.randn(3, 4, requires_grad=True)).sum().backward()
+    c(torch.randn(5, 4, requires_grad=True)).sum().backward()
+    report = c.save_package(tmp_path / "b.kiln")
+    assert report.entries == 1 and not report.left_out
+    kiln.reset()
+
+    def refuse(*a, **k):
+        raise AssertionError("compiled again")
+    monkeypatch.setattr(kiln.api, "capture", refuse)
+    monkeypatch.setattr(kiln.aot.dynamic, "compile_graph", refuse)
+    monkeypatch.setattr(kiln.backends.inductor.GraphCompile, "run", refuse)
+    fast = kiln.load_package(tmp_path / "b.kiln", M.branchy, on_miss="error")
+    for n in (4, 7):
+        x = torch.randn(n, 4, requires_grad=True)
+        rx = x.detach().clone().requires_grad_(True)
+        out, ref = fast(x), M.branchy(rx)
+        torch.testing.assert_close(out, ref)
+        out.sum().backward()
+        ref.sum().backward()
+        torch.testing.assert_close(x.grad, rx.grad)
+    with pytest.raises(kiln.PackageMiss, match="<= 8"):
+        fast(torch.randn(12, 4, requires_grad=True))
+    kiln.reset()
