@@ -88,3 +88,34 @@ def test_dynamic_inductor_package_serves_new_sizes(tmp_path, monkeypatch):
     with pytest.raises(kiln.PackageMiss, match="<= 8"):
         fast(torch.randn(12, 4, requires_grad=True))
     kiln.reset()
+
+
+def test_package_carries_the_cpu_simd_answer(packages, tmp_path):
+    """Inductor probes the CPU's SIMD sets (seconds per process) before loading C++ kernels;
+    a package carries this machine's answer, and a fresh process with the same facts and an
+    empty cache dir takes it instead of probing."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from kiln.backends import vec_isa_memo
+    from kiln.package import fileformat
+
+    d, _, _ = packages
+    m = fileformat.read(str(d / "f.kiln")).manifest
+    assert m["vec_isa"] and m["vec_isa"][0]["facts"] == vec_isa_memo._facts()
+    here = os.path.dirname(os.path.abspath(__file__))
+    code = ("import torch, kiln, _pkg_models as M\n"
+            f"f = kiln.load_package({str(d / 'f.kiln')!r}, M.f, on_miss='error')\n"
+            "x, y = torch.randn(2, 4), torch.randn(2, 4)\n"
+            "torch.testing.assert_close(f(x, y), M.f(x, y))\n"
+            "import torch._inductor.cpu_vec_isa as isa\n"
+            "print('REMEMBERED', getattr(isa.valid_vec_isa_list, 'kiln_remembered', False))\n")
+    env = {**os.environ, "KILN_CACHE_DIR": str(tmp_path / "empty"),
+           "PYTHONPATH": os.pathsep.join([os.path.dirname(os.path.dirname(here)), here])}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "REMEMBERED True" in out.stdout, out.stdout
+    assert not (tmp_path / "empty" / "aot").exists()
+    json.dumps(m["vec_isa"])          # (plain data)
