@@ -194,9 +194,9 @@ def graph_from_data(data: dict, constants: dict, fake_mode=None, class_name: str
                     decoder=None, shared: dict | None = None) -> torch.fx.GraphModule:
     """``decoder`` (``symbolic_codec.Decoder``) rebuilds symbolic values (dynamic graphs).
     ``fake_mode``: where the static placeholders' fake values are made; None: made on first
-    need (``_utils.ensure_vals``), in one mode shared through ``lazy`` (the graphs of one
-    artifact pass the same dict)."""
-    lazy = {} if fake_mode is None else None
+    need (``_utils.ensure_vals``), in one mode for all graphs given the same ``shared`` dict
+    (the graphs of one artifact)."""
+    lazy = ({} if shared is None else shared) if fake_mode is None else None
     g = torch.fx.Graph()
     env: dict = {}
     root = torch.nn.Module()
@@ -240,7 +240,7 @@ def graph_from_data(data: dict, constants: dict, fake_mode=None, class_name: str
     g.lint()
     gm = torch.fx.GraphModule(root, g, class_name=class_name)
     if lazy is not None and any(U.LAZY_VAL in n.meta for n in g.nodes):
-        gm.meta[U.LAZY_MODE] = shared if shared is not None else lazy
+        gm.meta[U.LAZY_MODE] = lazy
     return gm
 
 
@@ -317,9 +317,12 @@ class AOTArtifact(PartsView):
 
     @classmethod
     def from_dict(cls, meta: dict, constants: dict, fake_mode=None) -> "AOTArtifact":
-        """A dynamic artifact needs ``fake_mode`` (see ``from_bytes``); loading it adds the
+        """A dynamic artifact loads into ``fake_mode`` (see ``from_bytes``): loading adds the
         compile's guards to that mode's ShapeEnv, or raises ``symbolic_codec.EntryDoesNotFit``
-        (nothing added) when one does not hold for the capture's sizes."""
+        (nothing added) when one does not hold for the capture's sizes. Without one (a
+        package load: no capture) its symbols get a ShapeEnv of their own
+        (``symbolic_codec.standalone_fake_mode``) and nothing is replayed: the per-call input
+        check tests the guards. A static artifact makes no fake tensors until read."""
         decoder, shared, standalone = None, None, False
         if meta.get("symbolic") is not None:
             from .symbolic_codec import Decoder, standalone_fake_mode
