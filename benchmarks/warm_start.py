@@ -24,7 +24,10 @@ same for every compiler, and a normal installation does not pay it).
 output; a fresh process with an empty KILN_CACHE_DIR then times ``kiln.load_package`` plus the
 first call: "pkg" with empty Inductor/Triton caches too (a new machine: Inductor's kernels are
 built again from the generated source, nothing is traced or lowered), "pkg+k" with the kernel
-caches the kiln runs filled. Target: <= 0.1 s added to eager's first output.
+caches the kiln runs filled. Target: <= 0.1 s added to eager's first output. "pkg imported"
+lists which of torch._dynamo and torch._inductor that process imported (a static aot_eager
+package needs neither; Inductor's generated code imports torch._inductor, which imports
+torch._dynamo).
 
 Models (no downloads): ``gpt2-infer`` / ``gpt2-train`` a GPT-2-style decoder (6 layers, d=512,
 8 heads; batch 2, sequence 64) inference and one training step; ``mlp`` / ``mlp-train`` a small
@@ -93,7 +96,8 @@ def _child(model: str, compiler: str, device: str, backend: str, package: str | 
             fn(*args)
     sync()
     first = time.perf_counter() - start
-    extra = {}
+    # the heavy torch modules the first output needed (a static aot_eager package: none)
+    extra = {"imported": [m for m in ("torch._dynamo", "torch._inductor") if m in sys.modules]}
     if compiler == "kiln":
         extra = kiln.cache.stats()
         if package:
@@ -191,20 +195,22 @@ def main() -> None:
                                 "TRITON_CACHE_DIR": os.path.join(d2, "triton")}
                         r = _measure(model, "package", a.device, a.backend, env2, package)
                         row["package_added_s"] = r["first"] - eager["first"]
+                    row["package_imported"] = r["imported"]
         row["warm_ratio"] = row["kiln_warm_added_s"] / max(row["torch_warm_added_s"], 1e-9)
         rows.append(row)
         print(f"# {model} done: {json.dumps(row)}", file=sys.stderr, flush=True)
         if a.json:       # after each model: a run stopped at its time limit keeps what it measured
             with open(a.json, "w") as f:
                 json.dump({"device": a.device, "backend": a.backend, "rows": rows}, f, indent=1)
-    hdr = f"{'model':<11} {'eager 1st':>9} | {'kiln cold':>9} {'kiln warm':>9} {'pkg':>7} {'pkg+k':>7} | {'torch cold':>10} {'torch warm':>10} | {'warm k/t':>8} | {'exit kiln/torch (warm)':>22} | kiln warm cache"
+    hdr = f"{'model':<11} {'eager 1st':>9} | {'kiln cold':>9} {'kiln warm':>9} {'pkg':>7} {'pkg+k':>7} | {'torch cold':>10} {'torch warm':>10} | {'warm k/t':>8} | {'exit kiln/torch (warm)':>22} | kiln warm cache | pkg imported"
     print(f"added to first output over eager, seconds (device {a.device}, backend {a.backend})")
     print(hdr)
     for r in rows:
         print(f"{r['model']:<11} {r['eager_first_s']:>9.3f} | {r['kiln_cold_added_s']:>9.3f} {r['kiln_warm_added_s']:>9.3f} "
               f"{r['package_added_s']:>7.3f} {r['package_kernels_added_s']:>7.3f} | "
               f"{r['torch_cold_added_s']:>10.3f} {r['torch_warm_added_s']:>10.3f} | {r['warm_ratio']:>8.2f} | "
-              f"{r['kiln_warm_exit_s']:>10.3f} / {r['torch_warm_exit_s']:<9.3f} | {r['kiln_warm_cache']}")
+              f"{r['kiln_warm_exit_s']:>10.3f} / {r['torch_warm_exit_s']:<9.3f} | {r['kiln_warm_cache']} | "
+              f"{','.join(r['package_imported']) or '-'}")
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"device": a.device, "backend": a.backend, "rows": rows}, f, indent=1)

@@ -32,6 +32,31 @@ def new_fake_mode() -> FakeTensorMode:
     return FakeTensorMode(allow_non_fake_inputs=True)
 
 
+# A static graph loaded from an artifact (``export.graph_from_data``) gets its placeholders'
+# fake values only when something reads them: a compiler that looks at its example inputs, a
+# partial backward, the CUDA-graph checks. Running the graph needs none, and making a
+# FakeTensorMode imports torch._dynamo (seconds), which a package load must not pay for.
+LAZY_VAL = "kiln_val_spec"        # node meta: {shape, stride, dtype, device, requires_grad}
+LAZY_MODE = "kiln_lazy_fakes"     # graph meta: {"mode": the FakeTensorMode once made}, shared
+
+
+def ensure_vals(gm: torch.fx.GraphModule) -> None:
+    """Give a loaded static graph's placeholders their fake ``meta['val']`` (made once, in one
+    FakeTensorMode shared by the graphs of one artifact); nothing for any other graph."""
+    shared = gm.meta.get(LAZY_MODE)
+    if shared is None:
+        return
+    if shared.get("mode") is None:
+        shared["mode"] = FakeTensorMode()
+    mode = shared["mode"]
+    for n in gm.graph.nodes:
+        m = n.meta.pop(LAZY_VAL, None) if n.op == "placeholder" else None
+        if m is not None and "val" not in n.meta:
+            n.meta["val"] = fake_like(mode, m["shape"], m["stride"], dtype_from_str(m["dtype"]),
+                                      torch.device(m["device"]), m.get("requires_grad", False))
+    del gm.meta[LAZY_MODE]
+
+
 def fake_mode_of(inputs: Iterable[Any]) -> FakeTensorMode | None:
     for t in inputs:
         if isinstance(t, FakeTensor):

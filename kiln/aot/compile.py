@@ -42,6 +42,9 @@ def run_as_fx(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
     return boxed
 
 
+run_as_fx.kiln_reads_example_inputs = False   # (assemble: a loaded graph's fakes are not made for it)
+
+
 @dataclass
 class CompiledParts:
     """The graphs and every piece of metadata needed to build the callable (what an exported
@@ -180,7 +183,17 @@ def copy_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     return new
 
 
+def _examples_for(compiler: Callable, gm: torch.fx.GraphModule) -> list:
+    """The example inputs ``compiler`` gets: none (an empty list) for one that declares it does
+    not read them (``kiln_reads_example_inputs = False``: running a loaded graph then makes no
+    fake tensors, see ``_utils.ensure_vals``)."""
+    if getattr(compiler, "kiln_reads_example_inputs", True) is False:
+        return []
+    return _example_inputs(gm)
+
+
 def _example_inputs(gm: torch.fx.GraphModule) -> list:
+    U.ensure_vals(gm)       # (a loaded graph's are made on first need)
     return [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
 
 
@@ -323,12 +336,12 @@ def assemble(parts: CompiledParts, fw_compiler: Callable | None = None, bw_compi
     fw_compiler = fw_compiler or run_as_fx
     if parts.kind == "inference":
         comp = inference_compiler or fw_compiler
-        fw = comp(parts.forward, _example_inputs(parts.forward))
+        fw = comp(parts.forward, _examples_for(comp, parts.forward))
         core = _make_inference_core(fw, parts)
     else:
-        fw = fw_compiler(parts.forward, _example_inputs(parts.forward))
+        fw = fw_compiler(parts.forward, _examples_for(fw_compiler, parts.forward))
         bw_compiler = bw_compiler or fw_compiler
-        bw = bw_compiler(parts.backward, _example_inputs(parts.backward))
+        bw = bw_compiler(parts.backward, _examples_for(bw_compiler, parts.backward))
         core = F.make_training_core(fw, bw, parts, lambda gm: bw_compiler(gm, _example_inputs(gm)),
                                     _grad_mode_check(parts))
         if parts.hooks is not None:     # (compiled or loaded from the cache)

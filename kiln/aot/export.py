@@ -196,11 +196,12 @@ def graph_to_data(gm: torch.fx.GraphModule) -> tuple[dict, dict]:
 
 
 def graph_from_data(data: dict, constants: dict, fake_mode=None, class_name: str = "KilnGraph",
-                    decoder=None) -> torch.fx.GraphModule:
-    """``decoder`` (``symbolic_codec.Decoder``) rebuilds symbolic values (dynamic graphs)."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    fake_mode = fake_mode or FakeTensorMode()
+                    decoder=None, shared: dict | None = None) -> torch.fx.GraphModule:
+    """``decoder`` (``symbolic_codec.Decoder``) rebuilds symbolic values (dynamic graphs).
+    ``fake_mode``: where the static placeholders' fake values are made; None: made on first
+    need (``_utils.ensure_vals``), in one mode for all graphs given the same ``shared`` dict
+    (the graphs of one artifact)."""
+    lazy = ({} if shared is None else shared) if fake_mode is None else None
     g = torch.fx.Graph()
     env: dict = {}
     root = torch.nn.Module()
@@ -213,6 +214,8 @@ def graph_from_data(data: dict, constants: dict, fake_mode=None, class_name: str
                 if decoder is None:
                     raise ValueError("artifact: a dynamic graph loads into a capture's FakeTensorMode (none given)")
                 n.meta["val"] = decoder.value(m["sym"])
+            elif m is not None and lazy is not None:
+                n.meta[U.LAZY_VAL] = m
             elif m is not None:
                 n.meta["val"] = U.fake_like(fake_mode, m["shape"], m["stride"], U.dtype_from_str(m["dtype"]),
                                             torch.device(m["device"]), m.get("requires_grad", False))
@@ -240,7 +243,10 @@ def graph_from_data(data: dict, constants: dict, fake_mode=None, class_name: str
             raise ValueError(f"artifact: node name {d['name']!r} is taken")
         env[d["name"]] = n
     g.lint()
-    return torch.fx.GraphModule(root, g, class_name=class_name)
+    gm = torch.fx.GraphModule(root, g, class_name=class_name)
+    if lazy is not None and any(U.LAZY_VAL in n.meta for n in g.nodes):
+        gm.meta[U.LAZY_MODE] = lazy
+    return gm
 
 
 # ------------------------------------------------------------------------------------------------
@@ -252,6 +258,7 @@ class AOTArtifact(PartsView):
 
     def __init__(self, parts: CompiledParts):
         self.parts = parts
+        self.fake_mode = None
 
 
     # serialization -------------------------------------------------------------------------
@@ -315,20 +322,28 @@ class AOTArtifact(PartsView):
 
     @classmethod
     def from_dict(cls, meta: dict, constants: dict, fake_mode=None) -> "AOTArtifact":
-        """A dynamic artifact needs ``fake_mode`` (see ``from_bytes``); loading it adds the
+        """A dynamic artifact loads into ``fake_mode`` (see ``from_bytes``): loading adds the
         compile's guards to that mode's ShapeEnv, or raises ``symbolic_codec.EntryDoesNotFit``
-        (nothing added) when one does not hold for the capture's sizes."""
-        from torch._subclasses.fake_tensor import FakeTensorMode
-
-        decoder = None
+        (nothing added) when one does not hold for the capture's sizes. Without one (a
+        package load: no capture) its symbols get a ShapeEnv of their own
+        (``symbolic_codec.standalone_fake_mode``) and nothing is replayed: the per-call input
+        check tests the guards. A static artifact makes no fake tensors until read."""
+        decoder, shared, standalone = None, None, False
         if meta.get("symbolic") is not None:
-            from .symbolic_codec import Decoder
+            from .symbolic_codec import Decoder, standalone_fake_mode
 
+            if fake_mode is None:
+                # no capture loads it (a package): the symbols get a ShapeEnv of their own
+                if "symbols" not in meta["symbolic"]:
+                    raise ValueError("a dynamic artifact from an older kiln loads only into a capture")
+                fake_mode, standalone = standalone_fake_mode(meta["symbolic"]["symbols"]), True
             decoder = Decoder(fake_mode)
         else:
-            fake_mode = FakeTensorMode()
+            # a static artifact: its graphs run on real tensors; their placeholders' fake
+            # values (one FakeTensorMode for both graphs) are made when something reads them
+            fake_mode, shared = None, {}
         graphs = {name: graph_from_data(d, constants.get(name, {}), fake_mode,
-                                        class_name="Kiln" + name.capitalize(), decoder=decoder)
+                                        class_name="Kiln" + name.capitalize(), decoder=decoder, shared=shared)
                   for name, d in meta["graphs"].items()}
         parts = CompiledParts(
             kind=meta["kind"], forward=graphs["forward"], backward=graphs.get("backward"),
@@ -343,8 +358,10 @@ class AOTArtifact(PartsView):
             late_demand=meta.get("late_demand", []), saved_demand=meta.get("saved_demand", []),
             hooks=_hooks_from(meta.get("hooks")))
         if decoder is not None:
-            _symbolic_from_dict(parts, meta["symbolic"], decoder)
-        return cls(parts)
+            _symbolic_from_dict(parts, meta["symbolic"], decoder, replay=not standalone)
+        art = cls(parts)
+        art.fake_mode = fake_mode       # (a dynamic one's: the Inductor entry decodes its strides there)
+        return art
 
     def save(self, path: str) -> None:
         with open(path, "wb") as f:
@@ -397,15 +414,16 @@ def stage2_export(state, capture, partition_fn: Any = None) -> AOTArtifact:
 
 
 def _symbolic_to_dict(p: CompiledParts) -> dict:
-    from .symbolic_codec import encode_expr, encode_value
+    from .symbolic_codec import encode_expr, encode_symbols, encode_value
 
     return {"input_fakes": encode_value(list(p.input_fakes)),
             "trace_guards": [encode_expr(g) for g in p.trace_guards],
             "input_guards": [encode_expr(g) for g in p.input_guards],
-            "input_ranges": [[encode_expr(s), lo, hi] for s, (lo, hi) in p.input_ranges.items()]}
+            "input_ranges": [[encode_expr(s), lo, hi] for s, (lo, hi) in p.input_ranges.items()],
+            "symbols": encode_symbols(list(p.input_fakes))}
 
 
-def _symbolic_from_dict(parts: CompiledParts, d: dict, decoder) -> None:
+def _symbolic_from_dict(parts: CompiledParts, d: dict, decoder, replay: bool = True) -> None:
     from .symbolic_codec import replay_guards
 
     parts.symbolic = True
@@ -414,7 +432,9 @@ def _symbolic_from_dict(parts: CompiledParts, d: dict, decoder) -> None:
     parts.input_ranges = {decoder.expr(s): (lo, hi) for s, lo, hi in d["input_ranges"]}
     parts.trace_guards = [decoder.expr(g) for g in d["trace_guards"]]
     # last: the capture's ShapeEnv gets the compile's guards only for an artifact that loaded
-    replay_guards(decoder.shape_env, parts.trace_guards)
+    # (a standalone load has no capture: each call's input check tests them)
+    if replay:
+        replay_guards(decoder.shape_env, parts.trace_guards)
 
 
 def fake_mode_of_graph(gm: torch.fx.GraphModule):

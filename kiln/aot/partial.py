@@ -47,6 +47,7 @@ def without_tangents(backward: torch.fx.GraphModule, num_tangents: int, given: f
     """A copy of ``backward`` (saved values + tangents -> gradients) in which a value computed
     from missing tangents only is replaced by ``zeros_like`` of it where a value computed from
     a given tangent uses it, and gradients computed from missing tangents only are None."""
+    U.ensure_vals(backward)     # (a loaded graph's: the zeros are sized from them)
     gm = torch.fx.GraphModule(backward, _copy(backward.graph), class_name=type(backward).__name__)
     g = gm.graph
     phs = [n for n in g.nodes if n.op == "placeholder"]

@@ -204,3 +204,66 @@ def replay_guards(shape_env, exprs: list) -> None:
             raise EntryDoesNotFit(f"the stored graph was traced under {e}, which does not hold for these sizes")
     for e in exprs:
         shape_env.evaluate_expr(e)
+
+
+# -- a dynamic entry with no capture to load into (a package load) ------------------------------
+
+def encode_symbols(fakes: list) -> list:
+    """``[symbol, hint, lower, upper]`` (JSON) for every symbol in the sizes of ``fakes`` (a
+    dynamic graph's traced inputs): what ``standalone_fake_mode`` needs to rebuild them with
+    no capture's ShapeEnv. The hint is the size when traced (used only for estimates: each
+    call binds its symbols from its own arguments)."""
+    from torch.fx.experimental.symbolic_shapes import free_symbols
+
+    syms: dict = {}
+    env = None
+    for f in fakes:
+        for v in ([f] if isinstance(f, torch.SymInt) else
+                  [*f.shape, *f.stride(), f.storage_offset()] if isinstance(f, torch.Tensor) else []):
+            if isinstance(v, torch.SymInt):
+                env = v.node.shape_env
+                for s in free_symbols(v):
+                    syms[s.name] = s
+    if env is None:
+        return []
+    out = []
+    for name in sorted(syms):
+        s = syms[name]
+        vr = env.var_to_range.get(s)
+        bound = [None, None]
+        if vr is not None:
+            bound = [int(b) if isinstance(b, sympy.Integer) and abs(b) != _int_oo() else None
+                     for b in (vr.lower, vr.upper)]
+        out.append([encode_expr(s), int(hints(env)[s]), *bound])
+    return out
+
+
+def _int_oo():
+    from torch.utils._sympy.numbers import int_oo
+
+    return int_oo
+
+
+def standalone_fake_mode(symbols: list):
+    """A FakeTensorMode over a ShapeEnv of its own that knows ``symbols`` (from
+    ``encode_symbols``), with their hints and value ranges: a dynamic artifact's symbolic
+    sizes are rebuilt there when no capture loads it (a package). Nothing is replayed into it:
+    the artifact's per-call input check binds each symbol from the call's arguments and checks
+    the ranges and the guards tracing added."""
+    from torch.utils._sympy.value_ranges import ValueRanges
+
+    from .._torch import new_fake_mode
+
+    mode = new_fake_mode()
+    env = mode.shape_env
+    values = getattr(env, "backed_var_to_val", None)
+    if values is None:
+        values = env.var_to_val
+    for enc, hint, lower, upper in symbols:
+        s = decode_expr(enc)
+        if not isinstance(s, sympy.Symbol):
+            raise ValueError(f"not a symbol: {s}")
+        values[s] = sympy.Integer(hint)
+        env.var_to_range[s] = ValueRanges(sympy.Integer(lower) if lower is not None else -_int_oo(),
+                                          sympy.Integer(upper) if upper is not None else _int_oo())
+    return mode

@@ -119,8 +119,9 @@ def load(payload: bytes, gm: torch.fx.GraphModule, make_compile: Callable[[torch
         raise ValueError(f"Inductor entry version {obj.get('version')} (this kiln reads {VERSION})")
     from ..aot.export import fake_mode_of_graph
 
-    fake_mode = fake_mode_of_graph(gm)      # (a dynamic entry loads into the capture's ShapeEnv)
-    parts = AOTArtifact.from_bytes(obj["artifact"], rename, fake_mode=fake_mode).parts
+    # a dynamic entry loads into the capture's ShapeEnv, or (a package: no capture) its own
+    artifact = AOTArtifact.from_bytes(obj["artifact"], rename, fake_mode=fake_mode_of_graph(gm))
+    parts, fake_mode = artifact.parts, artifact.fake_mode
     for name, meta in obj["graph_meta"].items():
         getattr(parts, name).meta.update(meta)
     loaded = _load_generated(obj["graphs"])

@@ -70,6 +70,45 @@ def _computed(fn) -> bool:
     return info is not None and info().currsize > 0
 
 
+# records a package carries (``offer``): tried after the cache dir's, under the same check
+_offered: list = []
+
+
+def offer(records: list) -> None:
+    """Records saved with a package (``record()``): a load on a machine with the same facts
+    takes one instead of probing, even with an empty cache dir; another machine's facts
+    differ, and it probes."""
+    _offered.extend(r for r in records if isinstance(r, dict) and r not in _offered)
+
+
+def record() -> dict | None:
+    """This process's ISA record (as ``remember`` writes it), for a package to carry; None
+    when Inductor's ISA module was never used here (nothing is imported to find out)."""
+    isa = sys.modules.get("torch._inductor.cpu_vec_isa")
+    if isa is None:
+        return None
+    current = isa.valid_vec_isa_list
+    if not (getattr(current, "kiln_remembered", False) or _computed(current)):
+        return None
+    try:
+        valid = current()
+        return {"facts": _facts(), "valid": [isa.supported_vec_isa_list.index(i) for i in valid],
+                "names": [str(i) for i in valid]}
+    except (ValueError, OSError):
+        return None
+
+
+def _read_record(cache_dir: str, facts: dict) -> list:
+    """The stored records for these facts: the cache dir's, then those packages offered."""
+    out = []
+    try:
+        with open(_path(cache_dir, facts), encoding="utf-8") as f:
+            out.append(json.load(f))
+    except (OSError, ValueError):
+        pass
+    return out + list(_offered)
+
+
 def prime(cache_dir: str) -> bool:
     """Make Inductor take this machine's stored ISA list instead of probing (True when it
     does from now on, or already computed it in this process)."""
@@ -77,19 +116,25 @@ def prime(cache_dir: str) -> bool:
     current = isa.valid_vec_isa_list
     if getattr(current, "kiln_remembered", False) or _computed(current):
         return True
+    isas = None
     try:
         facts = _facts()
-        with open(_path(cache_dir, facts), encoding="utf-8") as f:
-            record = json.load(f)
-        if record.get("facts") != facts:
-            return False
-        supported = isa.supported_vec_isa_list
-        # by position in torch's list of the ISAs it supports (two can print alike), checked
-        # against the names
-        isas = [supported[i] for i in record["valid"]]
-        if [str(i) for i in isas] != record["names"]:
-            return False
-    except (OSError, ValueError, KeyError, TypeError, IndexError):
+    except (OSError, ValueError):
+        return False
+    for rec in _read_record(cache_dir, facts):
+        try:
+            if rec.get("facts") != facts:
+                continue
+            supported = isa.supported_vec_isa_list
+            # by position in torch's list of the ISAs it supports (two can print alike),
+            # checked against the names
+            found = [supported[i] for i in rec["valid"]]
+            if [str(i) for i in found] == rec["names"]:
+                isas = found
+                break
+        except (AttributeError, KeyError, TypeError, IndexError):
+            continue
+    if isas is None:
         return False
 
     @functools.cache

@@ -8,7 +8,8 @@ Cached: graphs from the ``inductor`` backend (AOT result + Inductor's generated 
 ``cache_key`` (``kiln.aot.AOTArtifact``): a load rebuilds the callable without tracing or
 lowering. Dynamic graphs are keyed with their symbolic sizes and the capture's shape facts;
 their entries hold the symbolic sizes and the guards the compile added, which a load adds to
-the capture's ShapeEnv (``kiln.aot.symbolic_codec``). Everything else is a *bypass*, logged
+the capture's ShapeEnv (``kiln.aot.symbolic_codec``); a package load, which has no capture,
+rebuilds the sizes in a ShapeEnv of their own and each call's input check tests the guards. Everything else is a *bypass*, logged
 with its reason under ``KILN_LOGS=cache``. A cache failure never fails the call: it compiles instead.
 
 ``kiln.config.cache = False`` (or ``KILN_CACHE=0``) turns the cache off.
@@ -65,9 +66,7 @@ def cached(gm, example_inputs: list, *, backend: str, options: dict, compile: Ca
     input names to the caller's) or compiled (``compile()``) and stored (``dump(compiled)``;
     it raises ValueError for a result it cannot store)."""
     fn = function_name(gm)
-    # a dynamic entry loads into the capture's ShapeEnv (its symbols, the guards the compile
-    # added); a package load runs no capture, so kiln.package leaves such graphs out
-    offered = _offer_dynamic if K.is_dynamic(gm, example_inputs) else offer
+    offered = offer
     if not config.cache:
         return offered(compile(), lambda c: dump(c))
     try:
@@ -124,11 +123,7 @@ def offer(compiled: Callable, payload: Callable[[Callable], bytes]) -> Callable:
     return compiled
 
 
-def _offer_dynamic(compiled: Callable, payload: Callable[[Callable], bytes]) -> Callable:
-    return offer(compiled, _failed("a dynamic (symbolic-shape) graph: its entry loads into a capture's "
-                                   "ShapeEnv, which a package load does not have (not saved yet)"))
-
-
+    offered = offer
 def _stored(key: str, fallback: Callable[[Callable], bytes]) -> Callable[[Callable], bytes]:
     """The payload as the cache stored it (read back at save time: not kept in memory)."""
     def payload(compiled):

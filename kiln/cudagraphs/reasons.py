@@ -136,6 +136,9 @@ def op_reason(n: torch.fx.Node) -> str | None:
 
 def graph_facts(gm: torch.fx.GraphModule, kind: str) -> GraphFacts:
     """Check one ATen graph (``kind``: inference, forward, backward) at compile time."""
+    from ..aot._utils import ensure_vals
+
+    ensure_vals(gm)             # (a graph loaded from an artifact: its inputs' fakes, made now)
     facts = GraphFacts(name=f"{kind} graph {type(gm).__name__}", kind=kind)
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     facts.static_inputs = [i for i, p in enumerate(placeholders) if p.meta.get("kiln_static")]

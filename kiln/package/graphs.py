@@ -1,8 +1,11 @@
 """The compiled graph of an entry in a package: the captured FX graph (as data: its nodes,
 targets by name, tensor constants) and the backend's artifact, the same bytes the compile cache stores for it
 (``kiln.cache.offer``), loaded by the backend's own ``load_artifact`` (no AOT tracing, no
-Inductor lowering). A graph whose compiled form has no saved form (a dynamic graph before
-the cache stores those, a user backend) leaves its entry out, with the backend's reason."""
+Inductor lowering). A dynamic (symbolic-shape) artifact loads with no capture: its symbols
+get a ShapeEnv of their own (``symbolic_codec.standalone_fake_mode``), the entry's guard
+program checks the capture's shape guards and the artifact's input check the trace's, on
+every call. A graph whose compiled form has no saved form (a user backend without a cache
+key, a graph compiled per shape) leaves its entry out, with the backend's reason."""
 from __future__ import annotations
 
 import io

@@ -139,6 +139,11 @@ def load_package(path: str, model_or_fn, on_miss: str = "compile", check_source:
     result, fn, cf = _wrap(target, key, k["dynamic"], on_miss, str(path), m["kind"])
     if check_source:
         identity.check(m["identity"], ident_target, fn)
+    if m.get("vec_isa"):
+        # a machine with the same CPU, compiler and torch skips Inductor's SIMD probe (seconds)
+        from ..backends import vec_isa_memo
+
+        vec_isa_memo.offer(m["vec_isa"])
     entries = load_entries(m["entries"], fn, cf, pkg.blob)
     install(cache_for(fn), entries)
     if logs.enabled.package:

@@ -77,6 +77,11 @@ def save_package(compiled, path: str) -> SaveReport:
     manifest = {"environment": env, "kind": kind, "identity": identity.describe(target, fn, inlined),
                 "key": key, "entries": saved,
                 "left_out": [{"function": f, "guards": g, "reason": r} for f, g, r in left]}
+    from ..backends import vec_isa_memo
+
+    isa = vec_isa_memo.record()
+    if isa is not None:     # (Inductor's CPU SIMD probe, answered for this machine: see load)
+        manifest["vec_isa"] = [isa]
     size = fileformat.write(path, manifest, blobs)
     report = SaveReport(path, size, counts, [LeftOut(f, g, r) for f, g, r in left])
     if logs.enabled.package:

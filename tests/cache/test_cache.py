@@ -425,3 +425,38 @@ def test_a_hit_across_a_rename_names_the_callers_inputs(monkeypatch):
     # one pass: swapped names stay swapped; a name is never matched inside a longer one
     assert rename_sources("L['a'] L['b'] L['ab'] L['a'].w", {"L['a']": "L['b']", "L['b']": "L['a']"}) == \
         "L['b'] L['a'] L['ab'] L['b'].w"
+
+
+def test_loaded_static_graph_makes_fake_inputs_only_when_read(monkeypatch, traces):
+    """A loaded static artifact runs with no fake tensors (making a FakeTensorMode imports
+    torch._dynamo); a partial backward, which sizes its zeros from them, makes them then."""
+    from kiln.aot import _utils as U
+
+    results = []
+    real_cached = kiln.cache.cached
+
+    def capture_cached(*a, **kw):
+        results.append(real_cached(*a, **kw))
+        return results[-1]
+    monkeypatch.setattr(kiln.cache, "cached", capture_cached)
+
+    def two(x, w):
+        y = x @ w
+        return y.relu(), y.sin()
+    args = lambda: (torch.randn(3, 4, requires_grad=True), torch.randn(4, 5, requires_grad=True))
+    kiln.compile(two, backend="aot_eager", dynamic=False)(*args())
+    kiln.reset()
+    x, w = args()
+    a, b = kiln.compile(two, backend="aot_eager", dynamic=False)(x, w)
+    assert kiln.cache.stats()["hits"] == 1 and len(traces) == 1
+    parts = results[-1].parts
+    phs = lambda gm: [n for n in gm.graph.nodes if n.op == "placeholder"]    # noqa: E731
+    assert all("val" not in n.meta and U.LAZY_VAL in n.meta for n in phs(parts.backward))
+    a.sum().backward()                      # only one output: a partial backward
+    assert all(isinstance(n.meta.get("val"), torch.Tensor) for n in phs(parts.backward))
+    rx, rw = (t.detach().clone().requires_grad_(True) for t in (x, w))
+    ra, _ = two(rx, rw)
+    ra.sum().backward()
+    torch.testing.assert_close(a, ra)
+    torch.testing.assert_close(x.grad, rx.grad)
+    torch.testing.assert_close(w.grad, rw.grad)

@@ -3,6 +3,13 @@
     python _fresh_process.py save DIR BACKEND   compile, call and save packages into DIR
     python _fresh_process.py load DIR BACKEND   load them with capture, AOT and Inductor
                                                  compilation made to fail; check against eager
+    python _fresh_process.py save_light DIR BACKEND / load_light DIR BACKEND
+                                                 a static inference function and a training
+                                                 step; the load imports no torch._dynamo and
+                                                 no torch._inductor
+    python _fresh_process.py save_dynamic DIR BACKEND / load_dynamic DIR BACKEND
+                                                 a dynamic=True package: two new sizes are
+                                                 served, a third that breaks a guard misses
 """
 import os
 import sys
@@ -83,5 +90,74 @@ def load(d, backend):
     print("LOADED OK")
 
 
+def save_light(d, backend):
+    torch.manual_seed(0)
+    model = M.MLP()
+    f = kiln.compile(M.f, backend=backend, dynamic=False)
+    f(torch.randn(2, 4), torch.randn(2, 4))
+    step = kiln.compile(M.train_step, backend=backend, dynamic=False)
+    step(model, torch.randn(2, 4))
+    for name, c in [("f", f), ("step", step)]:
+        report = c.save_package(os.path.join(d, f"{name}.kiln"))
+        assert not report.left_out and report.entries, report
+    print("SAVED")
+
+
+def load_light(d, backend):
+    heavy = ("torch._dynamo", "torch._inductor")
+    assert not any(m in sys.modules for m in heavy)      # (not by importing kiln either)
+    torch.manual_seed(0)
+    model = M.MLP()
+    f = kiln.load_package(os.path.join(d, "f.kiln"), M.f, on_miss="error")
+    step = kiln.load_package(os.path.join(d, "step.kiln"), M.train_step, on_miss="error")
+    x, y = torch.randn(2, 4), torch.randn(2, 4)
+    torch.testing.assert_close(f(x, y), M.f(x, y))
+    loss = step(model, x)
+    grads = [q.grad.clone() for q in model.parameters()]
+    model.zero_grad()
+    torch.testing.assert_close(loss, M.train_step(model, x))
+    for a, q in zip(grads, model.parameters()):
+        torch.testing.assert_close(a, q.grad)
+    loaded = [m for m in heavy if m in sys.modules]
+    assert not loaded, f"a static package load imported {loaded}"
+    print("LOADED LIGHT")
+
+
+def save_dynamic(d, backend):
+    c = kiln.compile(M.branchy, backend=backend, dynamic=True)
+    for n in (3, 5):
+        c(torch.randn(n, 4, requires_grad=True)).sum().backward()
+    report = c.save_package(os.path.join(d, "branchy.kiln"))
+    assert report.entries == 1 and not report.left_out, report
+    print("SAVED")
+
+
+def load_dynamic(d, backend):
+    import kiln.api
+    import kiln.aot.dynamic
+
+    kiln.api.capture = _refuse("capture")
+    kiln.aot.dynamic.compile_graph = _refuse("AOT autograd")
+    fast = kiln.load_package(os.path.join(d, "branchy.kiln"), M.branchy, on_miss="error")
+    for n in (4, 7):                  # sizes the package never saw, within its guards
+        x = torch.randn(n, 4, requires_grad=True)
+        out = fast(x)
+        ref_x = x.detach().clone().requires_grad_(True)
+        ref = M.branchy(ref_x)
+        torch.testing.assert_close(out, ref)
+        out.sum().backward()
+        ref.sum().backward()
+        torch.testing.assert_close(x.grad, ref_x.grad)
+    try:
+        fast(torch.randn(12, 4, requires_grad=True))      # breaks the guard size <= 8
+    except kiln.PackageMiss as e:
+        assert "<= 8" in str(e), e
+    else:
+        raise AssertionError("a size outside the guards was served")
+    assert not CALLED, CALLED
+    print("LOADED DYNAMIC")
+
+
 if __name__ == "__main__":
-    {"save": save, "load": load}[sys.argv[1]](sys.argv[2], sys.argv[3])
+    {"save": save, "load": load, "save_light": save_light, "load_light": load_light,
+     "save_dynamic": save_dynamic, "load_dynamic": load_dynamic}[sys.argv[1]](sys.argv[2], sys.argv[3])

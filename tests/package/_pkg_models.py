@@ -99,3 +99,11 @@ def with_break_flag(x):
     y = x.sin()
     print("", end="")          # a graph break; the continuation reads FLAG
     return y * FLAG
+
+
+def branchy(x):
+    """A shape branch (a SHAPE_ENV guard ``size <= 8`` under dynamic=True), a slice whose size
+    is symbolic (``s - 1``) and the size itself in the result."""
+    if x.shape[0] > 8:
+        return x.sin() * 2
+    return (x.cos() + 1)[1:] * x.shape[0]

@@ -35,3 +35,19 @@ def test_package_loads_elsewhere_without_compiling(tmp_path, backend):
     assert "LOADED OK" in _run(b, "load", str(b / "elsewhere"), backend)
     cache = b / "kiln-cache"
     assert not cache.exists() or not any((cache / "aot").glob("**/*"))   # the cache was not used
+
+
+def test_static_aot_eager_package_loads_without_dynamo_or_inductor(tmp_path):
+    """A static aot_eager package needs no FakeTensorMode, ShapeEnv or Inductor: its load and
+    first calls (inference, and a training step with its backward) import neither
+    torch._dynamo nor torch._inductor (seconds of imports; issue 12's 0.1 s target)."""
+    (tmp_path / "pkgs").mkdir()
+    assert "SAVED" in _run(tmp_path, "save_light", str(tmp_path / "pkgs"), "aot_eager")
+    assert "LOADED LIGHT" in _run(tmp_path / "load", "load_light", str(tmp_path / "pkgs"), "aot_eager")
+
+
+@pytest.mark.parametrize("backend", ["aot_eager"])
+def test_dynamic_package_serves_new_sizes_and_misses_outside_its_guards(tmp_path, backend):
+    (tmp_path / "pkgs").mkdir()
+    assert "SAVED" in _run(tmp_path, "save_dynamic", str(tmp_path / "pkgs"), backend)
+    assert "LOADED DYNAMIC" in _run(tmp_path / "load", "load_dynamic", str(tmp_path / "pkgs"), backend)

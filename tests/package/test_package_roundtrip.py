@@ -151,15 +151,44 @@ def test_miss_compile_logs_and_compiles(tmp_path, capsys):
     assert len(fast.entries) == 2
 
 
-def test_dynamic_aot_entry_is_left_out_with_reason(tmp_path):
-    c = kiln.compile(M.f, backend="aot_eager", dynamic=True)
-    c(torch.randn(3, 4), torch.randn(3, 4))
-    report = c.save_package(tmp_path / "f.kiln")
-    assert report.entries == 0 and "dynamic" in report.left_out[0].reason
+def test_dynamic_aot_entry_serves_the_sizes_its_guards_allow(tmp_path, monkeypatch):
+    """A dynamic=True aot_eager entry is packaged with its symbolic sizes; a load (no capture
+    ShapeEnv) rebuilds the same AOT result, field by field, and serves new sizes."""
+    from kiln.aot.runtime import wrapper_to_dict
+    from kiln.aot import symbolic_codec as C
+
+    c = kiln.compile(M.branchy, backend="aot_eager", dynamic=True)
+    c(torch.randn(3, 4, requires_grad=True))
+    c(torch.randn(5, 4, requires_grad=True))
+    assert len(c.entries) == 1
+    compiled = c.entries[0].compiled_graph
+    report = c.save_package(tmp_path / "b.kiln")
+    assert report.entries == 1 and not report.left_out
     kiln.reset()
-    fast = kiln.load_package(tmp_path / "f.kiln", M.f)       # on_miss="compile"
-    x = torch.randn(6, 4)
-    torch.testing.assert_close(fast(x, x), M.f(x, x))
+    _no_capture(monkeypatch)
+    fast = kiln.load_package(tmp_path / "b.kiln", M.branchy, on_miss="error")
+    loaded = fast.entries[0].compiled_graph
+    p, q = compiled.parts, loaded.parts
+    assert p.symbolic and q.symbolic
+    for field in ("kind", "num_fw_outputs", "tangent_positions", "fw_output_requires_grad",
+                  "primal_requires_grad", "grad_enabled", "saved", "saved_bytes", "saved_input_bytes",
+                  "partitioner", "grad_dependencies", "check_inputs", "check_outputs", "copy_saved",
+                  "watch", "late_demand", "saved_demand", "trace_guards", "input_guards", "input_ranges"):
+        assert getattr(p, field) == getattr(q, field), field
+    assert [wrapper_to_dict(w) for w in p.wrappers] == [wrapper_to_dict(w) for w in q.wrappers]
+    assert p.forward.code == q.forward.code and p.backward.code == q.backward.code
+    assert [C.encode_value(v) for v in p.input_fakes] == [C.encode_value(v) for v in q.input_fakes]
+    assert compiled.input_check.conditions == loaded.input_check.conditions
+    for n in (4, 6, 8):         # (2 would make the slice's size 1: a guard says != 1)
+        x = torch.randn(n, 4, requires_grad=True)
+        rx = x.detach().clone().requires_grad_(True)
+        out, ref = fast(x), M.branchy(rx)
+        torch.testing.assert_close(out, ref)
+        out.sum().backward()
+        ref.sum().backward()
+        torch.testing.assert_close(x.grad, rx.grad)
+    with pytest.raises(PackageMiss, match="<= 8"):
+        fast(torch.randn(9, 4, requires_grad=True))
 
 
 def test_dynamic_eager_entry_serves_new_sizes(tmp_path, monkeypatch):
