@@ -25,7 +25,10 @@ Rows, per model:
   parameters and optimizer state included; CPU: not measured).
 
 Times are medians over ``--iters`` steps after warm-up, measured with CUDA events on GPU. The
-first compiled step's loss is compared with eager's (same weights, same batch; dropout is 0).
+steps are timed in ``--rounds`` rounds that visit every column in turn, so that a drift of the
+machine touches all columns alike. A column's peak memory counts from what the other columns
+hold (all stay alive for the interleaved timing). The first compiled step's loss is compared
+with eager's (same weights, same batch; dropout is 0).
 """
 from __future__ import annotations
 
@@ -225,7 +228,8 @@ def sync(device):
         torch.cuda.synchronize(device)
 
 
-def median_ms(fn, device, iters: int, warmup: int = 3) -> float:
+def step_times_ms(fn, device, iters: int, warmup: int = 3) -> list[float]:
+    """Wall times of ``iters`` calls of ``fn`` after ``warmup`` (CUDA events on GPU)."""
     for _ in range(warmup):
         fn()
     times = []
@@ -242,7 +246,11 @@ def median_ms(fn, device, iters: int, warmup: int = 3) -> float:
             t0 = time.perf_counter()
             fn()
             times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+    return times
+
+
+def median_ms(fn, device, iters: int, warmup: int = 3) -> float:
+    return statistics.median(step_times_ms(fn, device, iters, warmup))
 
 
 @contextlib.contextmanager
@@ -266,7 +274,13 @@ COMPILERS = {
 }
 
 
-def measure(name: str, column: str, base: nn.Module, idx, tgt, device, iters: int) -> dict:
+def measure(name: str, column: str, base: nn.Module, idx, tgt, device) -> tuple[dict, dict]:
+    """Cold compile times, the first results and the peak memory of a training step, for one
+    column; and its step functions (timed later, interleaved with the other columns')."""
+    free_memory(device)
+    # what is allocated now belongs to other columns (kept alive for the interleaved timing):
+    # this column's peak is counted from here, its own parameters and optimizer state included
+    baseline = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
     model = copy.deepcopy(base)
     compiled = COMPILERS[column](model)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
@@ -300,22 +314,51 @@ def measure(name: str, column: str, base: nn.Module, idx, tgt, device, iters: in
         res["compile_training_s"] = time.perf_counter() - t0
         opt.zero_grad(set_to_none=True)
         res["first_loss"] = loss.item()
-        res["first_logits"] = first.float()
-        model.eval()
-        res["inference_ms"] = median_ms(inference, device, iters)
-        model.train()
-        res["training_ms"] = median_ms(train_step, device, iters)
+        res["first_logits"] = first.float().cpu()    # (not on the device: later columns' peaks)
+        del first, loss
+        for _ in range(3):          # the optimizer's state exists from the first step on
+            train_step()
         if device.type == "cuda":
             sync(device)
+            opt.zero_grad(set_to_none=True)
             torch.cuda.reset_peak_memory_stats(device)
             train_step()
             sync(device)
-            res["peak_training_mib"] = torch.cuda.max_memory_allocated(device) / 2**20
+            res["peak_training_mib"] = (torch.cuda.max_memory_allocated(device) - baseline) / 2**20
     if column == "kiln inductor":
         res["kiln_fallbacks"] = sum(len(getattr(e.compiled_graph, "kiln_inductor_fallbacks", []) or [])
                                     for e in compiled.entries)
         res["kiln_graphs"] = sum(1 for e in compiled.entries if e.compiled_graph is not None)
-    return res
+
+    def timed_inference():
+        model.eval()
+        return inference()
+
+    def timed_training():
+        model.train()
+        return train_step()
+    return res, {"inference_ms": timed_inference, "training_ms": timed_training}
+
+
+def interleaved_medians(steps: dict, device, iters: int, rounds: int) -> dict:
+    """Median step time per column and step kind, from ``rounds`` rounds that time every
+    column in turn (``iters`` steps per column per round, split evenly): a drift of the
+    machine (clocks, a neighbour's load) touches every column alike."""
+    per_round = max(1, iters // rounds)
+    times = {(c, k): [] for c in steps for k in steps[c]}
+    for _ in range(rounds):
+        for column, fns in steps.items():
+            for kind, fn in fns.items():
+                times[column, kind] += step_times_ms(fn, device, per_round, warmup=2)
+    return {key: statistics.median(v) for key, v in times.items()}
+
+
+def free_memory(device) -> None:
+    import gc
+
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
 
 
 def fmt(v, unit):
@@ -329,7 +372,8 @@ def main(argv=None) -> int:
     p.add_argument("--device", default="cpu")
     p.add_argument("--json", default=None)
     p.add_argument("--models", default="gpt2-16,gpt2-512,bert,resnet")
-    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--iters", type=int, default=40, help="timed steps per column and step kind")
+    p.add_argument("--rounds", type=int, default=5, help="rounds over the columns the steps are split into")
     p.add_argument("--quick", action="store_true", help="tiny models (a smoke run on CPU)")
     args = p.parse_args(argv)
     device = torch.device(args.device)
@@ -347,10 +391,15 @@ def main(argv=None) -> int:
         torch.manual_seed(0)
         base, idx, tgt, desc = make(name, device, args.quick)
         print(f"\n== {name}: {desc}", flush=True)
-        cols = {}
+        cols, steps = {}, {}
         for column in COMPILERS:
-            cols[column] = measure(name, column, base, idx, tgt, device, args.iters)
-            print(f"   {column}: done", flush=True)
+            cols[column], steps[column] = measure(name, column, base, idx, tgt, device)
+            print(f"   {column}: compiled", flush=True)
+        for (column, kind), ms in interleaved_medians(steps, device, args.iters, args.rounds).items():
+            cols[column][kind] = ms
+        del steps
+        reset_compilers()
+        free_memory(device)
         ref = cols["eager"]
         for column in ("torch.compile", "kiln inductor"):
             c = cols[column]
