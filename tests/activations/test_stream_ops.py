@@ -38,7 +38,7 @@ def test_ops_are_registered_with_schemas():
         return [a.name for a in schema.arguments]
     assert args(torch.ops.kiln.offload_start) == ["t", "ahead"]
     assert args(torch.ops.kiln.offload_finish) == ["token", "size", "stride", "dtype", "order"]
-    assert args(torch.ops.kiln.prefetch) == ["cpu", "device", "ahead"]
+    assert args(torch.ops.kiln.prefetch) == ["cpu", "device", "ahead", "after"]
     assert args(torch.ops.kiln.prefetch_wait) == ["token", "cpu", "device", "order"]
 
 
@@ -78,7 +78,7 @@ def test_fake_impls_give_the_metadata_of_the_real_ones():
         x = torch.empty_strided((4, 3), (1, 4))
         c = torch.ops.kiln.offload_finish(torch.ops.kiln.offload_start(x, 2), x.size(), x.stride(), x.dtype, [])
         assert c.device.type == "cpu" and c.stride() == (1, 4)
-        d = torch.ops.kiln.prefetch_wait(torch.ops.kiln.prefetch(c, "cpu", 2), c, "cpu", [])
+        d = torch.ops.kiln.prefetch_wait(torch.ops.kiln.prefetch(c, "cpu", 2, []), c, "cpu", [])
         assert d.shape == (4, 3) and d.stride() == (1, 4)
 
 
@@ -151,13 +151,19 @@ def test_inlined_offload_ops_match_eager_bitwise_and_are_scheduled():
     for j, w in enumerate(waits):
         p = w.args[0]
         if j < 2:       # the first two prefetches start with the backward
-            assert nodes.index(p) < first_compute
-        else:           # the others before the wait two first uses earlier, which lists them
-            assert p in waits[j - 2].args[-1] and nodes.index(p) < nodes.index(waits[j - 2])
-        # the wait comes right before the first use of the copied tensor
-        first_use = min(nodes.index(u) for u in w.users)
+            assert nodes.index(p) < first_compute and p.args[3] == []
+        else:           # the others depend on the wait two first uses earlier (not only follow it:
+                        # a scheduler keeps dependencies, not the order of the nodes)
+            assert waits[j - 2] in p.args[3] and nodes.index(p) > nodes.index(waits[j - 2])
+        # the wait comes right before the first use of the copied tensor, and depends on the
+        # values that use reads, so that it cannot be hoisted
+        uses = [u for u in w.users if u not in prefetches]
+        first_use = min(nodes.index(u) for u in uses)
         between = [n for n in nodes[nodes.index(w) + 1:first_use] if n not in waits and n not in prefetches]
         assert not between, between
+        computed = [a for a in nodes[first_use].all_input_nodes
+                    if a is not w and a.op != "placeholder" and a not in waits]
+        assert all(a in w.args[-1] for a in computed), (computed, w.args[-1])
 
 
 def test_other_hooks_with_the_ops_in_user_graphs_are_inlined_with_inductor():
@@ -409,7 +415,11 @@ def test_offload_of_values_inductor_recomputes_is_exact(monkeypatch):
             m.setattr(S, "side_stream", lambda device: torch.cuda.current_stream(device))
             loss_s, grads_s = step(compiled, kiln.activations.offload(min_bytes=0))
         assert torch.equal(loss, loss_0) and torch.equal(loss, loss_s)
-        assert _same(grads, grads_s)            # overlapped copies: the same bits as serialized ones
+        # overlapped copies against serialized ones: a copy that read a buffer being reused
+        # would be off by whole values, not by the last bits (the embedding's backward sums
+        # with atomics on CUDA: two runs of one graph differ in the last bits)
+        for a, b in zip(grads, grads_s):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
         for a, b in zip(grads, grads_0):
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
 
