@@ -341,15 +341,17 @@ def measure(name: str, column: str, base: nn.Module, idx, tgt, device) -> tuple[
 
 
 def interleaved_medians(steps: dict, device, iters: int, rounds: int) -> dict:
-    """Median step time per column and step kind, from ``rounds`` rounds that time every
-    column in turn (``iters`` steps per column per round, split evenly): a drift of the
-    machine (clocks, a neighbour's load) touches every column alike."""
+    """Median step time per column and step kind, from ``rounds`` rounds per kind that time
+    every column in turn (``iters`` steps per column split evenly over the rounds): a drift of
+    the machine (clocks, a neighbour's load) touches every column alike."""
     per_round = max(1, iters // rounds)
     times = {(c, k): [] for c in steps for k in steps[c]}
-    for _ in range(rounds):
-        for column, fns in steps.items():
-            for kind, fn in fns.items():
-                times[column, kind] += step_times_ms(fn, device, per_round, warmup=2)
+    kinds = list(next(iter(steps.values())))
+    # one kind at a time (a program that trains does not switch to inference every few steps)
+    for kind in kinds:
+        for _ in range(rounds):
+            for column, fns in steps.items():
+                times[column, kind] += step_times_ms(fns[kind], device, per_round, warmup=2)
     return {key: statistics.median(v) for key, v in times.items()}
 
 
