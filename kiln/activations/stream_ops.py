@@ -116,11 +116,8 @@ def _(token, size, stride, dtype, order):
 # -- backward: CPU -> device -------------------------------------------------------------------
 
 @torch.library.custom_op("kiln::prefetch", mutates_args=())
-def prefetch(cpu: torch.Tensor, device: str, ahead: int, after: list[torch.Tensor]) -> torch.Tensor:
-    """Start copying ``cpu`` back to ``device`` on the side stream; the token holds the copy.
-    ``after``: values this copy must not start before (only an ordering: without it a
-    scheduler may issue every copy back at the start of the backward, and each holds device
-    memory from then on)."""
+def prefetch(cpu: torch.Tensor, device: str, ahead: int) -> torch.Tensor:
+    """Start copying ``cpu`` back to ``device`` on the side stream; the token holds the copy."""
     dev = torch.device(device)
     if dev.type != "cuda":
         return _token(cpu.to(dev, copy=True), None)
@@ -137,7 +134,7 @@ def prefetch(cpu: torch.Tensor, device: str, ahead: int, after: list[torch.Tenso
 
 
 @prefetch.register_fake
-def _(cpu, device, ahead, after):
+def _(cpu, device, ahead):
     return torch.empty(0)
 
 
@@ -174,4 +171,4 @@ def to_device(cpu: torch.Tensor, device, ahead: int) -> torch.Tensor:
     """``cpu`` copied back to ``device`` (inlined, the copy starts ``ahead`` saved tensors
     before this one's first use)."""
     device = str(device)
-    return torch.ops.kiln.prefetch_wait(torch.ops.kiln.prefetch(cpu, device, ahead, []), cpu, device, [])
+    return torch.ops.kiln.prefetch_wait(torch.ops.kiln.prefetch(cpu, device, ahead), cpu, device, [])

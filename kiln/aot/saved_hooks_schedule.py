@@ -8,14 +8,10 @@ compute stream wait for each copy at once. After inlining, this pass spreads the
   (the last ones: to the end of the forward), with that start's token in its ``order``
   argument so that no later scheduler (Inductor) moves it back. Up to ``ahead`` saved
   tensors then stay in device memory while their copies run; each is freed at its finish.
-* backward: the wait of each saved tensor stays right before its first use and lists, in its
-  ``order`` argument, the other values that use reads (computed just before it), so that no
-  scheduler hoists it. The ``prefetch`` of the j-th saved tensor (in order of first use) moves
-  right after the wait of tensor j-ahead (the first ``ahead`` ones: to the start of the
-  backward) and lists that wait's result in its ``after`` argument. So at most ``ahead``
-  copies back are in flight ahead of the compute, and device memory holds at most about
-  ``ahead`` prefetched tensors before their use: the dependencies say so, not only the order
-  of the graph's nodes, which Inductor's scheduler may change.
+* backward: the ``prefetch`` of the j-th saved tensor (in order of first use) moves before
+  the wait of tensor j-ahead (the first ``ahead`` ones: to the start of the backward), whose
+  ``order`` lists it. So at most ``ahead`` copies back are in flight ahead of the compute,
+  and device memory holds at most ``ahead`` prefetched tensors before their use.
 
 Only moves that keep the graph valid are made (inputs before, users after); the others stay
 where the hook put them, which is correct, only without overlap. Any graph with these ops
@@ -69,52 +65,28 @@ def schedule_forward(graph: torch.fx.Graph) -> int:
 
 
 def schedule_backward(graph: torch.fx.Graph) -> int:
-    """Pin each ``prefetch_wait`` to its first use and each ``prefetch`` after the wait
-    ``ahead`` first uses earlier; the number of prefetches moved."""
+    """Move each ``prefetch`` ``ahead`` first uses earlier; the number moved."""
     waits = [n for n in graph.nodes if _op(n) == "kiln::prefetch_wait"]
-    for wait in waits:
-        _pin_to_first_use(graph, wait)
-    waits.sort(key=_positions(graph).__getitem__)       # (in order of first use)
     first_op = next((n for n in graph.nodes if n.op != "placeholder"), None)
     moved = 0
     for j, wait in enumerate(waits):
         start = wait.args[0]
-        if not isinstance(start, torch.fx.Node) or _op(start) != "kiln::prefetch" or len(start.args) < 4:
+        if not isinstance(start, torch.fx.Node) or _op(start) != "kiln::prefetch":
             continue
         ahead = _ahead(start, 2)
         if ahead is None or first_op is None:
             continue
-        anchor = waits[j - ahead] if j >= ahead else None
+        anchor = waits[j - ahead] if j >= ahead else first_op
+        if anchor is start:
+            continue
         pos = _positions(graph)
-        if anchor is None:
-            # one of the first ``ahead``: issued at the start of the backward
-            if pos[start] > pos[first_op] and all(pos[a] < pos[first_op] for a in start.all_input_nodes):
-                first_op.prepend(start)
-                moved += 1
+        if pos[start] <= pos[anchor] or any(pos[a] >= pos[anchor] for a in start.all_input_nodes):
             continue
-        if anchor is start or pos[anchor] >= pos[wait]:
-            continue
-        anchor.append(start)      # (its inputs, placeholders and earlier values, come before)
-        start.args = (*start.args[:3], list(start.args[3]) + [anchor])
+        anchor.prepend(start)
+        if j >= ahead:
+            anchor.args = (*anchor.args[:-1], list(anchor.args[-1]) + [start])
         moved += 1
     return moved
-
-
-def _pin_to_first_use(graph: torch.fx.Graph, wait: torch.fx.Node) -> None:
-    """``wait`` right before its first user, ordered after the values that user reads."""
-    pos = _positions(graph)
-    users = sorted((u for u in wait.users if not (_op(u) or "").startswith("kiln::")), key=pos.__getitem__)
-    if not users or users[0].op == "output":
-        return
-    use = users[0]
-    if pos[wait] + 1 < pos[use] and all(pos[a] < pos[use] for a in wait.all_input_nodes):
-        use.prepend(wait)
-    pos = _positions(graph)
-    pins = [a for a in use.all_input_nodes
-            if a is not wait and a.op != "placeholder" and pos[a] < pos[wait]
-            and isinstance(a.meta.get("val"), torch.Tensor) and a not in wait.args[-1]]
-    if pins:
-        wait.args = (*wait.args[:-1], list(wait.args[-1]) + pins)
 
 
 def schedule(fw: torch.fx.GraphModule, bw: torch.fx.GraphModule) -> tuple[int, int]:
