@@ -324,6 +324,7 @@ class OutputGraph:
         fx_kwargs = {k: self.to_fx(v) for k, v in kwargs.items()}
         fake_args = tuple(_to_fake(a) for a in args)
         fake_kwargs = {k: _to_fake(v) for k, v in kwargs.items()}
+        out_layouts = _out_layouts(fake_kwargs)
         try:
             # the python dispatcher lets decompositions and meta functions keep sizes symbolic
             # (without it some ops read sizes as ints, specializing them)
@@ -342,6 +343,10 @@ class OutputGraph:
             from .interpreter import UserException
 
             raise UserException(e)
+        if out_layouts and out_layouts != _out_layouts(fake_kwargs):
+            # eager resizes (or restrides) an out= tensor of the wrong size; functionalizing
+            # that metadata change on an input or a view is not modelled: run it eagerly
+            raise Unsupported(f"{_op_name(kind, target)} with an out= tensor it resizes")
         # An op that returns one of its tensor arguments (in-place ops, x.contiguous() on a
         # contiguous x) returns the same value: identity is preserved as in eager.
         for a in args:
@@ -518,6 +523,15 @@ def _to_fx(v: Value):
     """The FX argument for a value: nodes for tensors and symbolic numbers, containers
     rebuilt, constants as is."""
     return _map_leaves(v, _node_of)
+
+
+def _out_layouts(fake_kwargs: dict) -> list:
+    """Sizes and strides of the ``out=`` tensors of a call (a tensor or a tuple of them)."""
+    out = fake_kwargs.get("out")
+    outs = out if isinstance(out, (tuple, list)) else [out]
+    def exprs(ints):   # compared as expressions: comparing SymInts would add guards
+        return tuple(i.node.expr if isinstance(i, torch.SymInt) else i for i in ints)
+    return [(exprs(t.shape), exprs(t.stride())) for t in outs if isinstance(t, torch.Tensor)]
 
 
 def _to_fake(v: Value):
