@@ -322,10 +322,14 @@ def collect_metadata(flat_fn: Callable, fake_args: list, *, static: Sequence[boo
                                              (*a.shape, *a.stride(), a.storage_offset()))
             mutates_metadata = bool(torch._functionalize_has_metadata_mutation(elem)) and meta_changed
             hidden = False
-            if mutates_data:
+            if mutates_data and a.requires_grad and fa.grad_fn is not grad_fn_before[i]:
+                # autograd recorded it: an in-place op, or a custom Function's ctx.mark_dirty
+                # (whose forward runs under no_grad, so functionalization calls it hidden)
+                hidden = False
+            elif mutates_data:
                 hidden = bool(torch._functionalize_are_all_mutations_hidden_from_autograd(elem)) or \
                     bool(torch._functionalize_are_all_mutations_under_no_grad_or_inference_mode(elem)) or \
-                    (a.requires_grad and fa.grad_fn is grad_fn_before[i])
+                    a.requires_grad
             inputs.append(InputInfo(
                 index=i, requires_grad=a.requires_grad, is_leaf=a.is_leaf, is_static=bool(static[i]),
                 mutates_data=mutates_data, mutates_metadata=mutates_metadata,
