@@ -381,6 +381,12 @@ def collect_metadata(flat_fn: Callable, fake_args: list, *, static: Sequence[boo
                 b = inp_storage[st]
                 if rg and o._base is None:
                     raise Unsupported(_SEPARATE_HISTORY.format(k=k, what=f"input {b}"))
+                if rg and _made_by_custom_function(grad_fn):
+                    # a custom Function returned (a view of) its input: eager's output is a
+                    # view whose grad_fn is the user's backward; re-taking the view from the
+                    # input at runtime would differentiate it as a plain view
+                    raise Unsupported(f"AOT autograd: output {k} is a view of input {b} returned by a "
+                                      "custom autograd.Function")
                 outputs.append(OutputInfo(
                     "alias_of_input", base=b, requires_grad=rg, differentiable=diff,
                     size=tuple(o.shape), stride=tuple(o.stride()),
@@ -441,6 +447,12 @@ def collect_metadata(flat_fn: Callable, fake_args: list, *, static: Sequence[boo
 # own; the runtime can re-take views of a tensor, not give its memory another history.
 _SEPARATE_HISTORY = ("AOT autograd: output {k} shares the memory of {what} without being a view of it, "
                      "and has an autograd history of its own (an in-place write through .detach())")
+
+
+def _made_by_custom_function(grad_fn) -> bool:
+    """Whether ``grad_fn`` is the node of a custom autograd.Function (Python or C++)."""
+    return isinstance(grad_fn, torch.autograd.function.BackwardCFunction) or \
+        type(grad_fn).__name__ == "CppFunction"
 
 
 def _creation_meta(t: torch.Tensor) -> str | None:

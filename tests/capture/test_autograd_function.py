@@ -611,6 +611,27 @@ def test_mark_dirty_of_a_non_leaf_input(backend):
     assert leaf.grad is not None
 
 
+class ReturnsItsInput(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 3
+
+
+@pytest.mark.parametrize("dynamic", DYNAMIC)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_returned_input_is_an_output_next_to_the_input(backend, dynamic):
+    """Eager's output is a view of x whose grad_fn is the user's backward; the AOT runtime
+    re-took it as a plain view of x (gradient 1 where the backward says 3)."""
+    def f(x):
+        return ReturnsItsInput.apply(x), x
+
+    check(f, lambda i: (rg(4),), backend, dynamic=dynamic)
+
+
 MODULE = nn.Linear(3, 2).double()
 W_BACKWARD = torch.randn(3, dtype=DT)
 
