@@ -363,6 +363,11 @@ class OutputGraph:
                 node = self.graph.create_node(kind, target, fx_args, fx_kwargs)
                 node.meta["example_value"] = result
             return _wrap_nontensor(result, _op_name(kind, target))
+        if isinstance(result, torch.Tensor) and result.requires_grad and result.grad_fn is None \
+                and not result._is_view():   # (a view made under no_grad keeps requires_grad)
+            # a new leaf that requires grad (``torch.zeros(..., requires_grad=True)``): the AOT
+            # stage makes a graph one autograd node, and cannot hand out a leaf of its own
+            raise Unsupported(f"{_op_name(kind, target)} creates a tensor that requires grad (a new leaf)")
         node = self.graph.create_node(kind, target, fx_args, fx_kwargs)
         return self._wrap_result(node, result)
 
