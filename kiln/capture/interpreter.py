@@ -8,6 +8,8 @@ with guards on everything read from the outside world. Anything not modelled rai
 """
 from __future__ import annotations
 
+import contextlib
+
 import linecache
 import operator
 import types
@@ -97,6 +99,9 @@ class PrevExcValue(Value):
 
     def reconstruct(self, cg):
         return self.handled.reconstruct(cg)
+
+
+_CONTEXTMANAGER_INIT = contextlib._GeneratorContextManagerBase.__init__.__code__
 
 
 class GraphBreakRequest(Exception):
@@ -350,8 +355,14 @@ class FrameInterpreter(PythonSemantics):
         cells: dict[str, CellValue] = {}
         for name, cell in zip(code.co_freevars, fn.closure_cells(self)):
             cells[name] = cell
+        if bu.is_generator_code(code) and self.code is _CONTEXTMANAGER_INIT:
+            # a generator is materialized (run to its end) where it is created; the with body
+            # of @contextlib.contextmanager must run between its enter and exit parts
+            raise Unsupported(f"@contextlib.contextmanager {fn.name()} (its generator cannot be run "
+                              "ahead of the with body)")
         child = FrameInterpreter(self.output, code, fn.globals(), f_locals, cells, parent=self,
                                  name=fn.name())
+        effects_before = self.output.effects_epoch() if bu.is_generator_code(code) else None
         try:
             result = child.run()
         except Unsupported as e:
@@ -360,7 +371,15 @@ class FrameInterpreter(PythonSemantics):
             e.inside_callee = True
             raise
         if child.generator_items is not None:
-            return IteratorValue(child.generator_items)
+            if self.output.effects_epoch() != effects_before:
+                # materialized, its effects would all happen before the consumer reads the first
+                # item (eager interleaves them, and runs none past the last item read)
+                raise Unsupported(f"generator {fn.name()} with side effects (materialized ahead of "
+                                  "its consumer)")
+            items = IteratorValue(child.generator_items)
+            # what it read must not change before the consumer has read all the items
+            items.effects_at = effects_before
+            return items
         return result
 
     # -- opcode handlers ---------------------------------------------------------------------

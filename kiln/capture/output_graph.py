@@ -64,6 +64,7 @@ class OutputGraph:
     def __init__(self, fn_name: str, policy=None):
         self.graph = torch.fx.Graph()
         self.fake_mode = _torch.new_fake_mode()
+        self.inplace_ops = 0                       # in-place tensor ops recorded (effects_epoch)
         self.shape_env = self.fake_mode.shape_env
         self.shape_env.location = self._location   # the user's line behind each shape guard
         self.tx_stack: list = []                   # the frames being interpreted, innermost last
@@ -318,6 +319,8 @@ class OutputGraph:
 
     def call_op(self, kind: str, target, args: tuple, kwargs: dict, inplace_of: TensorValue | None = None,
                 expect_tensor: bool = True) -> Value:
+        if _mutates(kind, target) or "out" in kwargs:
+            self.inplace_ops += 1
         if self.frozen_storages and (_mutates(kind, target) or "out" in kwargs):
             self._refuse_frozen_write(args, kwargs, _op_name(kind, target))
         fx_args = tuple(self.to_fx(a) for a in args)
@@ -370,6 +373,11 @@ class OutputGraph:
             raise Unsupported(f"{_op_name(kind, target)} creates a tensor that requires grad (a new leaf)")
         node = self.graph.create_node(kind, target, fx_args, fx_kwargs)
         return self._wrap_result(node, result)
+
+    def effects_epoch(self) -> tuple:
+        """Changes whenever the capture records an effect: a side effect on an existing object
+        or an in-place tensor op."""
+        return (*self.side_effects.count(), self.inplace_ops)
 
     def is_frozen(self, t: TensorValue) -> bool:
         from torch.multiprocessing.reductions import StorageWeakRef
