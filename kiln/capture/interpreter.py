@@ -14,9 +14,11 @@ import linecache
 import operator
 import types
 
+import torch
+
 
 from ..config import config
-from ..errors import Unsupported
+from ..errors import FrameRunsEagerly, Unsupported
 from . import bytecode_utils as bu
 from .values.base import NULL, ConstantValue, LazyArgument, NullValue, Value, is_constant_object
 from .values.containers import DictValue, IteratorValue, ListValue, SetValue, TupleValue
@@ -102,6 +104,25 @@ class PrevExcValue(Value):
 
 
 _CONTEXTMANAGER_INIT = contextlib._GeneratorContextManagerBase.__init__.__code__
+
+
+# torch functions that differentiate: code -> position of create_graph among their arguments
+_DIFFERENTIATING = {torch.autograd.grad.__code__: 4, torch.autograd.backward.__code__: 3}
+
+
+def refuse_higher_order_grad(name: str, args: list, kwargs: dict, position: int) -> None:
+    """``create_graph=True`` differentiates through the backward of the graphs before it;
+    the AOT backends' backward graphs are not differentiable, so the frame runs eagerly (a
+    graph break would still have compiled the graph the gradient goes through)."""
+    flag = kwargs.get("create_graph", args[position] if len(args) > position else None)
+    if flag is None:
+        return
+    try:
+        on = bool(flag.as_constant())
+    except Exception:   # not a constant: it may be on
+        on = True
+    if on:
+        raise FrameRunsEagerly(f"{name}(create_graph=True) (a higher-order gradient)")
 
 
 class GraphBreakRequest(Exception):
@@ -194,7 +215,7 @@ class FrameInterpreter(PythonSemantics):
                         raise self._break_request(ins, e)
                     raise
                 except Unsupported as e:
-                    if self.can_break and self.generator_items is None:
+                    if self.can_break and self.generator_items is None and not isinstance(e, FrameRunsEagerly):
                         e.located(*self.location())
                         raise self._break_request(ins, e)
                     raise
@@ -355,6 +376,8 @@ class FrameInterpreter(PythonSemantics):
         cells: dict[str, CellValue] = {}
         for name, cell in zip(code.co_freevars, fn.closure_cells(self)):
             cells[name] = cell
+        if code in _DIFFERENTIATING:
+            refuse_higher_order_grad(fn.name(), args, kwargs, _DIFFERENTIATING[code])
         if bu.is_generator_code(code) and self.code is _CONTEXTMANAGER_INIT:
             # a generator is materialized (run to its end) where it is created; the with body
             # of @contextlib.contextmanager must run between its enter and exit parts

@@ -74,8 +74,8 @@ class TensorValue(Value):
             raise Unsupported("reading tensor.grad inside a compiled function")
         if name == "data":
             return tx.output.call_op("call_method", "detach", (self,), {})
-        if name == "numpy":   # traced: see numpy_values
-            from .functions import MethodValue
+        if name == "numpy" or name == "backward":   # numpy traced (numpy_values); backward
+            from .functions import MethodValue      # breaks at the call, which sees create_graph
 
             return MethodValue(self, name)
         if name in DATA_DEPENDENT_METHODS and name != "untyped_storage":
@@ -144,6 +144,10 @@ class TensorValue(Value):
             from .numpy_conversions import tensor_numpy_method
 
             return tensor_numpy_method(tx, self, args, kwargs)
+        if name == "backward":
+            from ..interpreter import refuse_higher_order_grad
+
+            refuse_higher_order_grad("Tensor.backward", list(args), kwargs, 2)
         if name in DATA_DEPENDENT_METHODS:
             raise Unsupported(f"Tensor.{name}() needs the tensor's data")
         if name in METADATA_METHODS:
