@@ -287,7 +287,7 @@ def collect_metadata(flat_fn: Callable, fake_args: list, *, static: Sequence[boo
                      sources: Sequence[str | None] | None = None) -> ViewAndMutationMeta:
     """Run ``flat_fn`` once, functionalized, on fake inputs and record what it does."""
     prior_grad = torch.is_grad_enabled()
-    with U.preserve_rng_state(), U.exclude_functionalize_key(), \
+    with U.preserve_rng_state(), U.no_mkldnn_decompositions(), U.exclude_functionalize_key(), \
             FunctionalTensorMode(_allow_token_discovery=True):
         f_args = [U.to_fun(a) for a in fake_args]
         # an in-place op autograd records gives the input a new grad_fn; one through a detached
