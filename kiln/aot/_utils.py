@@ -64,8 +64,12 @@ def no_mkldnn_decompositions():
     even where the weights do; its backward then fails on the missing workspace. With mkldnn
     off it decomposes into differentiable ATen ops. (Only the trace: kernels at run time are
     unaffected.)"""
-    with torch.backends.mkldnn.flags(enabled=False):
+    prior = torch._C._get_mkldnn_enabled()   # (torch.backends.mkldnn.flags warns about TF32)
+    torch._C._set_mkldnn_enabled(False)
+    try:
         yield
+    finally:
+        torch._C._set_mkldnn_enabled(prior)
 
 
 @contextlib.contextmanager
