@@ -553,7 +553,7 @@ class FrameInterpreter(PythonSemantics):
     def LOAD_ATTR(self, ins):
         is_method, name = ins.arg
         obj = self.pop()
-        attr = obj.getattr(self, name)
+        attr = self.getattr(obj, name)
         if is_method:
             self.push(NULL)
         self.push(attr)

@@ -68,6 +68,11 @@ class TensorValue(Value):
             return self._metadata(tx, "size" if name == "shape" else name, (), v)
         if name in TENSOR_ATTRS:
             return tx.output.call_op("call_function", getattr, (self, ConstantValue(name)), {})
+        if name == "__class__":   # what type(x) gives (torch.Tensor's own __class__ is its metaclass)
+            from ..sources import TypeSource
+            from .objects import ClassValue
+
+            return ClassValue(self.python_type(), TypeSource(self.source) if self.source is not None else None)
         if name in ("is_leaf", "grad_fn"):
             return self._leafness(tx, name)
         if name == "grad":
