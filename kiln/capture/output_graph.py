@@ -323,6 +323,10 @@ class OutputGraph:
             self.inplace_ops += 1
         if self.frozen_storages and (_mutates(kind, target) or "out" in kwargs):
             self._refuse_frozen_write(args, kwargs, _op_name(kind, target))
+        if kind == "call_method" and target in _RESIZES and args and self._is_input_memory(args[0]):
+            # an input's new size would have to be written back (functionalization copies
+            # values into the old size): run it eagerly
+            raise Unsupported(f"Tensor.{target}() of a graph input (or a view of one)")
         fx_args = tuple(self.to_fx(a) for a in args)
         fx_kwargs = {k: self.to_fx(v) for k, v in kwargs.items()}
         fake_args = tuple(_to_fake(a) for a in args)
@@ -373,6 +377,15 @@ class OutputGraph:
             raise Unsupported(f"{_op_name(kind, target)} creates a tensor that requires grad (a new leaf)")
         node = self.graph.create_node(kind, target, fx_args, fx_kwargs)
         return self._wrap_result(node, result)
+
+    def _is_input_memory(self, v) -> bool:
+        """Whether ``v`` is a tensor sharing the memory of a tensor read from outside."""
+        from torch.multiprocessing.reductions import StorageWeakRef
+
+        if not isinstance(v, TensorValue):
+            return False
+        st = StorageWeakRef(v.fake.untyped_storage())
+        return any(StorageWeakRef(t.value_fake.untyped_storage()) == st for t in self.tensor_inputs)
 
     def effects_epoch(self) -> tuple:
         """Changes whenever the capture records an effect: a side effect on an existing object
@@ -536,6 +549,9 @@ def _to_fx(v: Value):
     """The FX argument for a value: nodes for tensors and symbolic numbers, containers
     rebuilt, constants as is."""
     return _map_leaves(v, _node_of)
+
+
+_RESIZES = frozenset({"resize_", "resize_as_"})
 
 
 def _out_layouts(fake_kwargs: dict) -> list:

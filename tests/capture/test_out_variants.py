@@ -74,3 +74,28 @@ def test_out_intermediate_resized(backend, dynamic):
         return out * 2
 
     check(f, lambda: (torch.randn(3, 4),), backend, dynamic)
+
+
+@pytest.mark.parametrize("backend,dynamic", SETTINGS)
+def test_resize_of_an_input(backend, dynamic):
+    """``resize_``/``resize_as_`` of an input (the AOT epilogue copied the new values into the
+    old size: a shape error) run eagerly; of an intermediate they stay in the graph."""
+    def f(x, y):
+        x.resize_as_(y)
+        x.fill_(1)
+        z = torch.empty(0)
+        z.resize_(3)
+        z.fill_(2)
+        return x * 2, z
+
+    check(f, lambda: (torch.randn(2), torch.randn(4)), backend, dynamic)
+
+
+@pytest.mark.parametrize("backend,dynamic", SETTINGS)
+def test_resize_of_a_view_of_an_input(backend, dynamic):
+    def f(x):
+        v = x[1:]
+        v.resize_(2)
+        return x + 1, v * 2
+
+    check(f, lambda: (torch.randn(4),), backend, dynamic)
