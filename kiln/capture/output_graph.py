@@ -327,6 +327,8 @@ class OutputGraph:
             # an input's new size would have to be written back (functionalization copies
             # values into the old size): run it eagerly
             raise Unsupported(f"Tensor.{target}() of a graph input (or a view of one)")
+        if kind == "call_method" and target in _ARITHMETIC_INPLACE and len(args) >= 2:
+            _check_inplace_result_type(target, args)
         fx_args = tuple(self.to_fx(a) for a in args)
         fx_kwargs = {k: self.to_fx(v) for k, v in kwargs.items()}
         fake_args = tuple(_to_fake(a) for a in args)
@@ -552,6 +554,43 @@ def _to_fx(v: Value):
 
 
 _RESIZES = frozenset({"resize_", "resize_as_"})
+_ARITHMETIC_INPLACE = frozenset({"add_", "sub_", "mul_", "div_", "true_divide_", "pow_", "remainder_",
+                                 "fmod_", "floor_divide_"})
+
+
+def _check_inplace_result_type(name: str, args: tuple) -> None:
+    """Eager's error for ``int_tensor.mul_(2.5)``: the result type cannot be cast to the
+    tensor's own. Fake tensors let it pass, and a functionalized graph (``mul`` then ``copy_``)
+    casts silently: a result where eager raises."""
+    self, other = args[0], args[1]
+    if not isinstance(self, TensorValue):
+        return
+    if isinstance(other, TensorValue):
+        o = other.fake
+    else:
+        try:
+            c = other.as_constant()
+        except Exception:
+            py = other.python_type() if hasattr(other, "python_type") else None
+            c = {float: 1.5, int: 1, bool: True}.get(py)
+        if not isinstance(c, (bool, int, float, complex)):
+            return
+        o = c
+    try:
+        result = torch.result_type(self.fake, o)
+    except Exception:
+        return
+    if name in ("div_", "true_divide_") and not (result.is_floating_point or result.is_complex):
+        result = torch.get_default_dtype()
+    if not torch.can_cast(result, self.fake.dtype):
+        from .interpreter import UserException
+
+        raise UserException(RuntimeError(f"result type {_scalar_name(result)} can't be cast to the "
+                                         f"desired output type {_scalar_name(self.fake.dtype)}"))
+
+
+def _scalar_name(dtype: torch.dtype) -> str:
+    return torch.empty(0, dtype=dtype, device="meta").type().rsplit(".", 1)[-1].replace("Tensor", "")
 
 
 def _out_layouts(fake_kwargs: dict) -> list:
