@@ -36,6 +36,10 @@ class Unsupported(KilnError):
 
 
 
+class FrameRunsEagerly(Unsupported):
+    """(internal) A construct no graph break can isolate: the whole frame runs eagerly."""
+
+
 class ConstraintViolation(KilnError):
     """A dim marked dynamic (``kiln.mark_dynamic``) that the program forces to a constant.
 

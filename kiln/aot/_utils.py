@@ -83,6 +83,21 @@ def fake_like(mode: FakeTensorMode, shape, stride, dtype, device, requires_grad=
 
 
 @contextlib.contextmanager
+def no_mkldnn_decompositions():
+    """While tracing: torch's ``aten.lstm`` decomposition picks ``mkldnn_rnn_layer`` on CPU
+    in inference mode (``train=False``: no workspace) when the input does not require grad,
+    even where the weights do; its backward then fails on the missing workspace. With mkldnn
+    off it decomposes into differentiable ATen ops. (Only the trace: kernels at run time are
+    unaffected.)"""
+    prior = torch._C._get_mkldnn_enabled()   # (torch.backends.mkldnn.flags warns about TF32)
+    torch._C._set_mkldnn_enabled(False)
+    try:
+        yield
+    finally:
+        torch._C._set_mkldnn_enabled(prior)
+
+
+@contextlib.contextmanager
 def preserve_rng_state():
     """Tracing must not consume random numbers: restore the CPU (and CUDA) generators after."""
     from torch.utils._python_dispatch import _disable_current_modes

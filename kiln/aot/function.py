@@ -160,6 +160,7 @@ def make_training_core(fw: Callable, bw: Callable, parts, compile_bw: Callable[[
                 # the user's eager saved-tensor hooks pack what this node saves (not inlined)
                 ctx.kiln_user_hooks = applied_saved_tensors_hooks() is not None
                 ctx.save_for_backward(*tensors)
+                ctx.kiln_saved_count = len(tensors)
                 if watch:
                     ctx.kiln_watch = V.record(tensors, watch)
                 mine_out = tuple(fw_outs[k] for k in outputs)

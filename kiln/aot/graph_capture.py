@@ -236,8 +236,8 @@ def _trace(state: AOTState, f, args) -> torch.fx.GraphModule:
     try:
         # preserve_node_meta: each node records the ATen op it was decomposed from
         # (meta "original_aten"), which the activation policies read (saved_hooks.py)
-        with U.preserve_rng_state(), FunctionalTensorMode(_allow_token_discovery=True), \
-                fx_traceback.preserve_node_meta():
+        with U.preserve_rng_state(), U.no_mkldnn_decompositions(), \
+                FunctionalTensorMode(_allow_token_discovery=True), fx_traceback.preserve_node_meta():
             gm = make_fx(f, decomposition_table=state.decompositions)(*args)
     except U_DATA_DEPENDENT as e:
         raise Unsupported(f"AOT autograd: data-dependent operation ({type(e).__name__}: {e})") from e

@@ -287,7 +287,7 @@ def collect_metadata(flat_fn: Callable, fake_args: list, *, static: Sequence[boo
                      sources: Sequence[str | None] | None = None) -> ViewAndMutationMeta:
     """Run ``flat_fn`` once, functionalized, on fake inputs and record what it does."""
     prior_grad = torch.is_grad_enabled()
-    with U.preserve_rng_state(), U.exclude_functionalize_key(), \
+    with U.preserve_rng_state(), U.no_mkldnn_decompositions(), U.exclude_functionalize_key(), \
             FunctionalTensorMode(_allow_token_discovery=True):
         f_args = [U.to_fun(a) for a in fake_args]
         # an in-place op autograd records gives the input a new grad_fn; one through a detached
@@ -322,10 +322,14 @@ def collect_metadata(flat_fn: Callable, fake_args: list, *, static: Sequence[boo
                                              (*a.shape, *a.stride(), a.storage_offset()))
             mutates_metadata = bool(torch._functionalize_has_metadata_mutation(elem)) and meta_changed
             hidden = False
-            if mutates_data:
+            if mutates_data and a.requires_grad and fa.grad_fn is not grad_fn_before[i]:
+                # autograd recorded it: an in-place op, or a custom Function's ctx.mark_dirty
+                # (whose forward runs under no_grad, so functionalization calls it hidden)
+                hidden = False
+            elif mutates_data:
                 hidden = bool(torch._functionalize_are_all_mutations_hidden_from_autograd(elem)) or \
                     bool(torch._functionalize_are_all_mutations_under_no_grad_or_inference_mode(elem)) or \
-                    (a.requires_grad and fa.grad_fn is grad_fn_before[i])
+                    a.requires_grad
             inputs.append(InputInfo(
                 index=i, requires_grad=a.requires_grad, is_leaf=a.is_leaf, is_static=bool(static[i]),
                 mutates_data=mutates_data, mutates_metadata=mutates_metadata,
@@ -377,6 +381,12 @@ def collect_metadata(flat_fn: Callable, fake_args: list, *, static: Sequence[boo
                 b = inp_storage[st]
                 if rg and o._base is None:
                     raise Unsupported(_SEPARATE_HISTORY.format(k=k, what=f"input {b}"))
+                if rg and _made_by_custom_function(grad_fn):
+                    # a custom Function returned (a view of) its input: eager's output is a
+                    # view whose grad_fn is the user's backward; re-taking the view from the
+                    # input at runtime would differentiate it as a plain view
+                    raise Unsupported(f"AOT autograd: output {k} is a view of input {b} returned by a "
+                                      "custom autograd.Function")
                 outputs.append(OutputInfo(
                     "alias_of_input", base=b, requires_grad=rg, differentiable=diff,
                     size=tuple(o.shape), stride=tuple(o.stride()),
@@ -437,6 +447,12 @@ def collect_metadata(flat_fn: Callable, fake_args: list, *, static: Sequence[boo
 # own; the runtime can re-take views of a tensor, not give its memory another history.
 _SEPARATE_HISTORY = ("AOT autograd: output {k} shares the memory of {what} without being a view of it, "
                      "and has an autograd history of its own (an in-place write through .detach())")
+
+
+def _made_by_custom_function(grad_fn) -> bool:
+    """Whether ``grad_fn`` is the node of a custom autograd.Function (Python or C++)."""
+    return isinstance(grad_fn, torch.autograd.function.BackwardCFunction) or \
+        type(grad_fn).__name__ == "CppFunction"
 
 
 def _creation_meta(t: torch.Tensor) -> str | None:

@@ -250,6 +250,8 @@ def unpack(ctx, given: set | None, watch: list, demand: list, everything: frozen
         saved = list(ctx.saved_tensors)      # still there: retain_graph=True
     except RuntimeError:
         stash = getattr(ctx, "kiln_stash", None)
+        if stash is None and getattr(ctx, "kiln_saved_count", None) == 0:
+            return []    # nothing was saved (``x - y``): eager's nodes backward any number of times
         if stash is None:
             raise
         saved = []

@@ -8,13 +8,17 @@ with guards on everything read from the outside world. Anything not modelled rai
 """
 from __future__ import annotations
 
+import contextlib
+
 import linecache
 import operator
 import types
 
+import torch
+
 
 from ..config import config
-from ..errors import Unsupported
+from ..errors import FrameRunsEagerly, Unsupported
 from . import bytecode_utils as bu
 from .values.base import NULL, ConstantValue, LazyArgument, NullValue, Value, is_constant_object
 from .values.containers import DictValue, IteratorValue, ListValue, SetValue, TupleValue
@@ -97,6 +101,28 @@ class PrevExcValue(Value):
 
     def reconstruct(self, cg):
         return self.handled.reconstruct(cg)
+
+
+_CONTEXTMANAGER_INIT = contextlib._GeneratorContextManagerBase.__init__.__code__
+
+
+# torch functions that differentiate: code -> position of create_graph among their arguments
+_DIFFERENTIATING = {torch.autograd.grad.__code__: 4, torch.autograd.backward.__code__: 3}
+
+
+def refuse_higher_order_grad(name: str, args: list, kwargs: dict, position: int) -> None:
+    """``create_graph=True`` differentiates through the backward of the graphs before it;
+    the AOT backends' backward graphs are not differentiable, so the frame runs eagerly (a
+    graph break would still have compiled the graph the gradient goes through)."""
+    flag = kwargs.get("create_graph", args[position] if len(args) > position else None)
+    if flag is None:
+        return
+    try:
+        on = bool(flag.as_constant())
+    except Exception:   # not a constant: it may be on
+        on = True
+    if on:
+        raise FrameRunsEagerly(f"{name}(create_graph=True) (a higher-order gradient)")
 
 
 class GraphBreakRequest(Exception):
@@ -189,7 +215,7 @@ class FrameInterpreter(PythonSemantics):
                         raise self._break_request(ins, e)
                     raise
                 except Unsupported as e:
-                    if self.can_break and self.generator_items is None:
+                    if self.can_break and self.generator_items is None and not isinstance(e, FrameRunsEagerly):
                         e.located(*self.location())
                         raise self._break_request(ins, e)
                     raise
@@ -350,8 +376,16 @@ class FrameInterpreter(PythonSemantics):
         cells: dict[str, CellValue] = {}
         for name, cell in zip(code.co_freevars, fn.closure_cells(self)):
             cells[name] = cell
+        if code in _DIFFERENTIATING:
+            refuse_higher_order_grad(fn.name(), args, kwargs, _DIFFERENTIATING[code])
+        if bu.is_generator_code(code) and self.code is _CONTEXTMANAGER_INIT:
+            # a generator is materialized (run to its end) where it is created; the with body
+            # of @contextlib.contextmanager must run between its enter and exit parts
+            raise Unsupported(f"@contextlib.contextmanager {fn.name()} (its generator cannot be run "
+                              "ahead of the with body)")
         child = FrameInterpreter(self.output, code, fn.globals(), f_locals, cells, parent=self,
                                  name=fn.name())
+        effects_before = self.output.effects_epoch() if bu.is_generator_code(code) else None
         try:
             result = child.run()
         except Unsupported as e:
@@ -360,7 +394,15 @@ class FrameInterpreter(PythonSemantics):
             e.inside_callee = True
             raise
         if child.generator_items is not None:
-            return IteratorValue(child.generator_items)
+            if self.output.effects_epoch() != effects_before:
+                # materialized, its effects would all happen before the consumer reads the first
+                # item (eager interleaves them, and runs none past the last item read)
+                raise Unsupported(f"generator {fn.name()} with side effects (materialized ahead of "
+                                  "its consumer)")
+            items = IteratorValue(child.generator_items)
+            # what it read must not change before the consumer has read all the items
+            items.effects_at = effects_before
+            return items
         return result
 
     # -- opcode handlers ---------------------------------------------------------------------
@@ -511,7 +553,7 @@ class FrameInterpreter(PythonSemantics):
     def LOAD_ATTR(self, ins):
         is_method, name = ins.arg
         obj = self.pop()
-        attr = obj.getattr(self, name)
+        attr = self.getattr(obj, name)
         if is_method:
             self.push(NULL)
         self.push(attr)

@@ -64,6 +64,7 @@ class OutputGraph:
     def __init__(self, fn_name: str, policy=None):
         self.graph = torch.fx.Graph()
         self.fake_mode = _torch.new_fake_mode()
+        self.inplace_ops = 0                       # in-place tensor ops recorded (effects_epoch)
         self.shape_env = self.fake_mode.shape_env
         self.shape_env.location = self._location   # the user's line behind each shape guard
         self.tx_stack: list = []                   # the frames being interpreted, innermost last
@@ -318,12 +319,21 @@ class OutputGraph:
 
     def call_op(self, kind: str, target, args: tuple, kwargs: dict, inplace_of: TensorValue | None = None,
                 expect_tensor: bool = True) -> Value:
+        if _mutates(kind, target) or "out" in kwargs:
+            self.inplace_ops += 1
         if self.frozen_storages and (_mutates(kind, target) or "out" in kwargs):
             self._refuse_frozen_write(args, kwargs, _op_name(kind, target))
+        if kind == "call_method" and target in _RESIZES and args and self._is_input_memory(args[0]):
+            # an input's new size would have to be written back (functionalization copies
+            # values into the old size): run it eagerly
+            raise Unsupported(f"Tensor.{target}() of a graph input (or a view of one)")
+        if kind == "call_method" and target in _ARITHMETIC_INPLACE and len(args) >= 2:
+            _check_inplace_result_type(target, args)
         fx_args = tuple(self.to_fx(a) for a in args)
         fx_kwargs = {k: self.to_fx(v) for k, v in kwargs.items()}
         fake_args = tuple(_to_fake(a) for a in args)
         fake_kwargs = {k: _to_fake(v) for k, v in kwargs.items()}
+        out_layouts = _out_layouts(fake_kwargs)
         try:
             # the python dispatcher lets decompositions and meta functions keep sizes symbolic
             # (without it some ops read sizes as ints, specializing them)
@@ -342,6 +352,10 @@ class OutputGraph:
             from .interpreter import UserException
 
             raise UserException(e)
+        if out_layouts and out_layouts != _out_layouts(fake_kwargs):
+            # eager resizes (or restrides) an out= tensor of the wrong size; functionalizing
+            # that metadata change on an input or a view is not modelled: run it eagerly
+            raise Unsupported(f"{_op_name(kind, target)} with an out= tensor it resizes")
         # An op that returns one of its tensor arguments (in-place ops, x.contiguous() on a
         # contiguous x) returns the same value: identity is preserved as in eager.
         for a in args:
@@ -358,8 +372,27 @@ class OutputGraph:
                 node = self.graph.create_node(kind, target, fx_args, fx_kwargs)
                 node.meta["example_value"] = result
             return _wrap_nontensor(result, _op_name(kind, target))
+        if isinstance(result, torch.Tensor) and result.requires_grad and result.grad_fn is None \
+                and not result._is_view():   # (a view made under no_grad keeps requires_grad)
+            # a new leaf that requires grad (``torch.zeros(..., requires_grad=True)``): the AOT
+            # stage makes a graph one autograd node, and cannot hand out a leaf of its own
+            raise Unsupported(f"{_op_name(kind, target)} creates a tensor that requires grad (a new leaf)")
         node = self.graph.create_node(kind, target, fx_args, fx_kwargs)
         return self._wrap_result(node, result)
+
+    def _is_input_memory(self, v) -> bool:
+        """Whether ``v`` is a tensor sharing the memory of a tensor read from outside."""
+        from torch.multiprocessing.reductions import StorageWeakRef
+
+        if not isinstance(v, TensorValue):
+            return False
+        st = StorageWeakRef(v.fake.untyped_storage())
+        return any(StorageWeakRef(t.value_fake.untyped_storage()) == st for t in self.tensor_inputs)
+
+    def effects_epoch(self) -> tuple:
+        """Changes whenever the capture records an effect: a side effect on an existing object
+        or an in-place tensor op."""
+        return (*self.side_effects.count(), self.inplace_ops)
 
     def is_frozen(self, t: TensorValue) -> bool:
         from torch.multiprocessing.reductions import StorageWeakRef
@@ -518,6 +551,55 @@ def _to_fx(v: Value):
     """The FX argument for a value: nodes for tensors and symbolic numbers, containers
     rebuilt, constants as is."""
     return _map_leaves(v, _node_of)
+
+
+_RESIZES = frozenset({"resize_", "resize_as_"})
+_ARITHMETIC_INPLACE = frozenset({"add_", "sub_", "mul_", "div_", "true_divide_", "pow_", "remainder_",
+                                 "fmod_", "floor_divide_"})
+
+
+def _check_inplace_result_type(name: str, args: tuple) -> None:
+    """Eager's error for ``int_tensor.mul_(2.5)``: the result type cannot be cast to the
+    tensor's own. Fake tensors let it pass, and a functionalized graph (``mul`` then ``copy_``)
+    casts silently: a result where eager raises."""
+    self, other = args[0], args[1]
+    if not isinstance(self, TensorValue):
+        return
+    if isinstance(other, TensorValue):
+        o = other.fake
+    else:
+        try:
+            c = other.as_constant()
+        except Exception:
+            py = other.python_type() if hasattr(other, "python_type") else None
+            c = {float: 1.5, int: 1, bool: True}.get(py)
+        if not isinstance(c, (bool, int, float, complex)):
+            return
+        o = c
+    try:
+        result = torch.result_type(self.fake, o)
+    except Exception:
+        return
+    if name in ("div_", "true_divide_") and not (result.is_floating_point or result.is_complex):
+        result = torch.get_default_dtype()
+    if not torch.can_cast(result, self.fake.dtype):
+        from .interpreter import UserException
+
+        raise UserException(RuntimeError(f"result type {_scalar_name(result)} can't be cast to the "
+                                         f"desired output type {_scalar_name(self.fake.dtype)}"))
+
+
+def _scalar_name(dtype: torch.dtype) -> str:
+    return torch.empty(0, dtype=dtype, device="meta").type().rsplit(".", 1)[-1].replace("Tensor", "")
+
+
+def _out_layouts(fake_kwargs: dict) -> list:
+    """Sizes and strides of the ``out=`` tensors of a call (a tensor or a tuple of them)."""
+    out = fake_kwargs.get("out")
+    outs = out if isinstance(out, (tuple, list)) else [out]
+    def exprs(ints):   # compared as expressions: comparing SymInts would add guards
+        return tuple(i.node.expr if isinstance(i, torch.SymInt) else i for i in ints)
+    return [(exprs(t.shape), exprs(t.stride())) for t in outs if isinstance(t, torch.Tensor)]
 
 
 def _to_fake(v: Value):

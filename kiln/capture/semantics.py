@@ -126,6 +126,10 @@ class PythonSemantics:
         return obj.call_method(self, name, args, kwargs)
 
     def getattr(self, obj: Value, name: str) -> Value:
+        if name == "__class__":
+            cls = exact_class(obj)
+            if cls is not None:
+                return cls
         return obj.getattr(self, name)
 
     def setattr(self, obj: Value, name: str, value: Value) -> None:
@@ -536,3 +540,16 @@ def bind_arguments(tx, code: types.CodeType, name: str, args: list[Value], kwarg
     if varkw_name is not None:
         bound[varkw_name] = DictValue(varkw)
     return bound
+
+
+def exact_class(obj: Value) -> Value | None:
+    """``obj.__class__`` for values whose Python type is known exactly (the builtin containers
+    and constants: their own attribute lookup found a method named ``__class__``), else None."""
+    if not isinstance(obj, (BaseSequenceValue, DictValue, SetValue, ConstantValue)):
+        return None
+    cls = obj.python_type()
+    if static_lookup(cls, "__class__") is not object.__dict__["__class__"]:
+        return None
+    from .sources import TypeSource
+
+    return ClassValue(cls, TypeSource(obj.source) if obj.source is not None else None)

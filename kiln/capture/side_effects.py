@@ -52,6 +52,10 @@ class SideEffects:
         hit = self.globals.get((id(fn_globals), name))
         return hit[2] if hit is not None else None
 
+    def count(self) -> tuple:
+        """How many effects of each kind are recorded (changes when one is added)."""
+        return (len(self.containers), len(self.attrs), len(self.cells), len(self.globals))
+
     def __bool__(self) -> bool:
         return bool(self.containers or self.attrs or self.cells or self.globals)
 

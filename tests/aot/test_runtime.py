@@ -299,3 +299,22 @@ def test_cuda_dropout_and_batchnorm_match_eager():
         for a, b in zip(m.parameters(), ref.parameters()):
             assert_same(a.grad, b.grad)
         assert_same(m.state_dict(), ref.state_dict())
+
+
+def test_node_that_saves_nothing_backwards_twice_like_eager():
+    """``t = v - w`` saves nothing in eager: a second backward() through t after one through
+    ``(t * t).sum()`` works. kiln's node read ``ctx.saved_tensors`` (freed by the first
+    backward) and raised "backward through the graph a second time" (fuzz seed 6271)."""
+    def f(w, v):
+        t = v - w
+        return t, (t * t).sum()
+
+    grads = []
+    for fn in (f, kiln.compile(f, backend="aot_eager")):
+        torch.manual_seed(0)
+        w, v = torch.randn(4, 4, requires_grad=True), torch.randn(4, requires_grad=True)
+        t, loss = fn(w, v)
+        loss.backward()
+        t.sum().backward()
+        grads.append((w.grad, v.grad))
+    torch.testing.assert_close(grads[1], grads[0])

@@ -832,3 +832,18 @@ def test_sequence_times_a_float_raises_type_error():
     def f(x):
         return [x] * 2.0
     compare(f, T(2))
+
+
+def test_dunder_class_of_tensors_containers_and_constants():
+    """``x.__class__`` was a method value named "__class__" for tensors and builtin containers
+    (``x.__class__.__name__`` gave "__class__"): it is the value's class, as type(x)."""
+    import kiln as _kiln
+    from torch import nn as _nn
+
+    def f(x, p, xs, n):
+        return (x.__class__.__name__, x.__class__ is torch.Tensor, p.__class__ is _nn.Parameter,
+                p.__class__.__name__, xs.__class__.__name__, xs.__class__ is list, n.__class__.__name__,
+                (x * 2).__class__.__name__)
+
+    args = (torch.randn(3), _nn.Parameter(torch.randn(2)), [torch.randn(2)], 3)
+    assert _kiln.compile(f, backend="eager")(*args) == f(*args)

@@ -583,6 +583,17 @@ def fn(x, y):
     return inner15(x)
 ''', found="seed 3068, aot_eager, dynamic None and True", backends=("aot_eager",),
         dynamic=(None, True)),
+    "output_backwarded_again_after_a_backward_inside": Case('''
+def make_inputs(seed, n, k, s, flag):
+    return (randn(seed, 4, 4, rg=True), randn(seed + 1, 4, rg=True))
+
+def fn(w, v):
+    t = v - w
+    loss = (t * t).sum()
+    loss.backward()
+    return t
+''', found="seed 6271, aot_eager (the node of t saves nothing: eager backwards it again)",
+        backends=("aot_eager",), dynamic=(None, True)),
 }
 
 

@@ -673,6 +673,13 @@ class IteratorValue(Value):
         self.pos = 0
         self.real = real        # a real iterator passed in: advanced afterwards (side effect)
         self.source = source
+        # a materialized generator's: the capture's effects_epoch when its items were computed
+        self.effects_at = None
+
+    def _check_materialized(self, tx) -> None:
+        if self.effects_at is not None and tx.output.effects_epoch() != self.effects_at:
+            raise Unsupported("a generator advanced after an effect that it could see (its items were "
+                              "computed when it was created)")
 
     def python_type(self):
         return type(iter([]))
@@ -684,6 +691,7 @@ class IteratorValue(Value):
         items = self._items()
         if self.pos >= len(items):
             return None
+        self._check_materialized(tx)
         v = items[self.pos]
         self.pos += 1
         if self.real is not None:
@@ -692,6 +700,8 @@ class IteratorValue(Value):
 
     def unpack(self, tx):
         items = self._items()[self.pos:]
+        if items:
+            self._check_materialized(tx)
         self.pos = len(self._items())
         if self.real is not None and items:
             tx.output.side_effects.mutated(self)

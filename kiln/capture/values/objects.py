@@ -307,6 +307,13 @@ def can_create_symbolically(cls) -> bool:
     return isinstance(init, types.FunctionType) or init is object.__init__
 
 
+def _changed_in_capture(tx, obj) -> bool:
+    """Whether the capture mutated the symbolic value of the existing container ``obj``."""
+    prior = tx.output.builder.by_id.get(id(obj))
+    return prior is not None and prior[0] is obj and \
+        any(c is prior[1] for c in tx.output.side_effects.containers)
+
+
 class NNModuleValue(ObjectValue):
     """An nn.Module instance. Parameters and buffers become graph inputs (tagged static), so
     one compiled body serves every instance of the same layer class."""
@@ -329,6 +336,11 @@ class NNModuleValue(ObjectValue):
             return tx.wrap(d[name], AttrSource(self.source, name))
         for store in ("_parameters", "_buffers", "_modules"):
             table = d.get(store)
+            if table is not None and _changed_in_capture(tx, table):
+                # (torch.func.functional_call swaps parameters by writing these dicts): the
+                # real table, read below, no longer says what the module holds
+                raise Unsupported(f"reading {name!r} of a module whose {store} were changed inside the "
+                                  "compiled function")
             if table is not None and name in table:
                 self._require_source(name)
                 return tx.wrap(table[name], ItemSource(AttrSource(self.source, store), name),

@@ -68,14 +68,19 @@ class TensorValue(Value):
             return self._metadata(tx, "size" if name == "shape" else name, (), v)
         if name in TENSOR_ATTRS:
             return tx.output.call_op("call_function", getattr, (self, ConstantValue(name)), {})
+        if name == "__class__":   # what type(x) gives (torch.Tensor's own __class__ is its metaclass)
+            from ..sources import TypeSource
+            from .objects import ClassValue
+
+            return ClassValue(self.python_type(), TypeSource(self.source) if self.source is not None else None)
         if name in ("is_leaf", "grad_fn"):
             return self._leafness(tx, name)
         if name == "grad":
             raise Unsupported("reading tensor.grad inside a compiled function")
         if name == "data":
             return tx.output.call_op("call_method", "detach", (self,), {})
-        if name == "numpy":   # traced: see numpy_values
-            from .functions import MethodValue
+        if name == "numpy" or name == "backward":   # numpy traced (numpy_values); backward
+            from .functions import MethodValue      # breaks at the call, which sees create_graph
 
             return MethodValue(self, name)
         if name in DATA_DEPENDENT_METHODS and name != "untyped_storage":
@@ -144,6 +149,10 @@ class TensorValue(Value):
             from .numpy_conversions import tensor_numpy_method
 
             return tensor_numpy_method(tx, self, args, kwargs)
+        if name == "backward":
+            from ..interpreter import refuse_higher_order_grad
+
+            refuse_higher_order_grad("Tensor.backward", list(args), kwargs, 2)
         if name in DATA_DEPENDENT_METHODS:
             raise Unsupported(f"Tensor.{name}() needs the tensor's data")
         if name in METADATA_METHODS:
