@@ -48,6 +48,7 @@ def without_tangents(backward: torch.fx.GraphModule, num_tangents: int, given: f
     from missing tangents only is replaced by ``zeros_like`` of it where a value computed from
     a given tangent uses it, and gradients computed from missing tangents only are None."""
     U.ensure_vals(backward)     # (a loaded graph's: the zeros are sized from them)
+    _ensure_node_vals(backward)
     gm = torch.fx.GraphModule(backward, _copy(backward.graph), class_name=type(backward).__name__)
     g = gm.graph
     phs = [n for n in g.nodes if n.op == "placeholder"]
@@ -75,6 +76,24 @@ def without_tangents(backward: torch.fx.GraphModule, num_tangents: int, given: f
     g.lint()
     gm.recompile()
     return gm
+
+
+def _ensure_node_vals(gm: torch.fx.GraphModule) -> None:
+    """Fake values for the nodes of a graph that has them on its placeholders only (a loaded
+    static artifact's): the zeros that replace a value are sized from it. Without one they
+    would be ``zeros_like``, which a compiler that lowers decomposed graphs (Inductor) has no
+    kernel for: it would fail and the partial backward would run as ATen ops."""
+    nodes = [n for n in gm.graph.nodes if n.op == "call_function"]
+    if all("val" in n.meta for n in nodes):
+        return
+    vals = [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
+    mode = U.fake_mode_of(vals)
+    if mode is None or any(v is None for v in vals):
+        return
+    try:
+        U.propagate_fake(gm, vals, mode)
+    except Exception:         # (the zeros are then zeros_like: correct, only slower)
+        return
 
 
 def _zeros_of(g: torch.fx.Graph, a: torch.fx.Node) -> torch.fx.Node:

@@ -454,6 +454,11 @@ def test_loaded_static_graph_makes_fake_inputs_only_when_read(monkeypatch, trace
     assert all("val" not in n.meta and U.LAZY_VAL in n.meta for n in phs(parts.backward))
     a.sum().backward()                      # only one output: a partial backward
     assert all(isinstance(n.meta.get("val"), torch.Tensor) for n in phs(parts.backward))
+    # its zeros are sized from fake values, not zeros_like (Inductor has no kernel for that
+    # decomposed-away op: it failed on such a graph and ran it as ATen ops)
+    from kiln.aot import partial as P
+    part = P.without_tangents(parts.backward, 2, frozenset({0}))
+    assert not any(n.target is torch.ops.aten.zeros_like.default for n in part.graph.nodes)
     rx, rw = (t.detach().clone().requires_grad_(True) for t in (x, w))
     ra, _ = two(rx, rw)
     ra.sum().backward()
