@@ -49,7 +49,9 @@ class RuntimeWrapper:
         return {}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "RuntimeWrapper":
+    def from_dict(cls, d: dict, decoder=None) -> "RuntimeWrapper":
+        """``decoder`` (``symbolic_codec.Decoder``): rebuilds a dynamic graph's symbolic sizes,
+        for the wrappers that hold any."""
         return cls(**d)
 
 
@@ -67,10 +69,7 @@ def wrapper_to_dict(w: RuntimeWrapper) -> dict:
 
 def wrapper_from_dict(d: dict, decoder=None) -> RuntimeWrapper:
     """``decoder`` (``symbolic_codec.Decoder``): rebuilds a dynamic graph's symbolic sizes."""
-    cls = _WRAPPERS[d["kind"]]
-    if cls is MutationsAndAliases:
-        return cls.from_dict(d["data"], decoder)
-    return cls.from_dict(d["data"])
+    return _WRAPPERS[d["kind"]].from_dict(d["data"], decoder)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -196,16 +196,9 @@ class GuardProgram:
     def prelude(self, indent: str = "    ") -> list[str]:
         """Lines that return ___MISS when a guard fails; leave tensors in ___t0.. locals."""
         lines = [f"{indent}try:", f"{indent}    if not ___gs.check():", f"{indent}        return ___MISS"]
-        check_lines = getattr(self, "check_lines", None)
-        if check_lines is None:     # (a program rebuilt from a package's expressions)
-            check_lines, tensor_exprs = [f"if not ({' and '.join(self.exprs)}):", "    return ___MISS"], self.tensor_exprs
-            if not self.exprs:
-                check_lines = []
-        else:
-            tensor_exprs = self.check_tensor_exprs
-        lines += [f"{indent}    {line}" for line in check_lines]
-        if tensor_exprs:
-            for i, e in enumerate(tensor_exprs):
+        lines += [f"{indent}    {line}" for line in self.check_lines]
+        if self.check_tensor_exprs:
+            for i, e in enumerate(self.check_tensor_exprs):
                 lines.append(f"{indent}    ___in{i} = {e}")
             names = ", ".join(f"___in{i}" for i in range(len(self.tensor_exprs)))
             lines.append(f"{indent}    if not ___tg.check({names}):")

@@ -52,7 +52,7 @@ class Source:
             return
 
         def render(self, ctx, _own=own):
-            known = ctx.locals if ctx.__class__ is RenderContext else getattr(ctx, "locals", None)
+            known = getattr(ctx, "locals", None)
             if known:
                 try:
                     name = known.get(self)

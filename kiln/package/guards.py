@@ -122,9 +122,8 @@ def save_program(program: GuardProgram, enc: Encoder) -> dict:
         tensor_metas.append(save_guard(g, enc)["meta"])
     shape = program.shape
     # (check_expr: the guard's condition as the entry's straight-line check states it)
-    stated = getattr(program, "check_exprs", None) or program.exprs
     python = [{"text": g.describe(), "expr": e, "check_expr": c, "source_expr": _source_expr(g.source, program)}
-              for g, e, c in zip(program.python_guards, program.exprs, stated)]
+              for g, e, c in zip(program.python_guards, program.exprs, program.check_exprs)]
     return {
         "params": program.params, "fwd": program.fwd, "guards": guards, "python": python,
         "tensor_exprs": program.tensor_exprs, "tensor_names": [s.describe() for s in program.tensor_sources],
@@ -214,6 +213,11 @@ class LoadedProgram(GuardProgram):
         self.exprs = [p["expr"] for p in saved["python"]]
         self.tensor_exprs = saved["tensor_exprs"]
         self.tensor_sources = [RenderedSource(e, n) for e, n in zip(saved["tensor_exprs"], saved["tensor_names"])]
+        # the check: one condition per guard (the entry's own code, saved whole, has the
+        # straight-line form; this serves ``make_check``)
+        self.check_lines = [f"if not ({' and '.join(self.exprs)}):", "    return ___MISS"] if self.exprs else []
+        self.check_tensor_exprs = self.tensor_exprs
+        self.check_exprs = [p.get("check_expr", p["expr"]) for p in saved["python"]]
         self.shape_binds, self.shape_conds = saved["shape_binds"], saved["shape_conds"]
         self._shape_texts = saved["shape_texts"]
 
