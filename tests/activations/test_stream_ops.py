@@ -286,6 +286,10 @@ def test_offload_on_cuda_is_bitwise_lossless(backend, monkeypatch):
         loss_e, grads_e = _cuda_step(model, x, kiln.activations.offload(min_bytes=0), retain=retain)
         loss_n, grads_n = _cuda_step(model, x, retain=retain)
         assert torch.equal(loss_e, loss_n) and _same(grads_e, grads_n)
+        # and the compiled step with offload against eager
+        torch.testing.assert_close(loss, loss_n, rtol=1e-5, atol=1e-6)
+        for a, b in zip(grads, grads_n):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
     # a new policy object with the same settings: no recompile (one entry with hooks, one without)
     assert sorted(e.compiled_graph.parts.hooks is not None for e in compiled.entries) == [False, True]
     rep = kiln.activations.report()
@@ -444,6 +448,11 @@ def test_offload_of_values_inductor_recomputes_is_exact(monkeypatch):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
         for a, b in zip(grads, grads_0):
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+        # and the reference: eager, with the same hooks
+        loss_e, grads_e = step(model, kiln.activations.offload(min_bytes=0))
+        torch.testing.assert_close(loss, loss_e, rtol=1e-5, atol=1e-6)
+        for a, b in zip(grads, grads_e):
+            torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-5)
 
 
 class _none:
