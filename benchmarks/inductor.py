@@ -249,10 +249,6 @@ def step_times_ms(fn, device, iters: int, warmup: int = 3) -> list[float]:
     return times
 
 
-def median_ms(fn, device, iters: int, warmup: int = 3) -> float:
-    return statistics.median(step_times_ms(fn, device, iters, warmup))
-
-
 @contextlib.contextmanager
 def fresh_caches():
     """Empty Inductor and Triton caches (a new directory), so a compile is cold."""

@@ -135,13 +135,18 @@ def _measure(model, compiler, device, backend, env, package=None) -> dict:
     return result
 
 
+def _caches_in(d: str, base: dict) -> dict:
+    """``base`` with kiln's, Inductor's and Triton's caches in the directory ``d``."""
+    return {**base, "KILN_CACHE_DIR": os.path.join(d, "kiln"),
+            "TORCHINDUCTOR_CACHE_DIR": os.path.join(d, "inductor"), "TRITON_CACHE_DIR": os.path.join(d, "triton")}
+
+
 def _prime_bytecode(model, device, backend, base) -> None:
     """One untimed cold run of each compiler (and a package save) over throwaway caches: the
     modules they import leave their bytecode in PYTHONPYCACHEPREFIX."""
     for compiler in ("kiln", "torch"):
         with tempfile.TemporaryDirectory() as d:
-            env = {**base, "KILN_CACHE_DIR": os.path.join(d, "kiln"),
-                   "TORCHINDUCTOR_CACHE_DIR": os.path.join(d, "inductor"), "TRITON_CACHE_DIR": os.path.join(d, "triton")}
+            env = _caches_in(d, base)
             package = os.path.join(d, "model.kiln") if compiler == "kiln" else None
             _measure(model, compiler, device, backend, env, package)
             if package:
@@ -174,8 +179,7 @@ def main() -> None:
         row = {"model": model, "eager_first_s": eager["first"]}
         for compiler in ("kiln", "torch"):
             with tempfile.TemporaryDirectory() as d:
-                env = {**base, "KILN_CACHE_DIR": os.path.join(d, "kiln"),
-                       "TORCHINDUCTOR_CACHE_DIR": os.path.join(d, "inductor"), "TRITON_CACHE_DIR": os.path.join(d, "triton")}
+                env = _caches_in(d, base)
                 package = os.path.join(d, "model.kiln") if compiler == "kiln" else None
                 for phase in ("cold", "warm"):
                     r = _measure(model, compiler, a.device, a.backend, env, package if phase == "cold" else None)
@@ -190,10 +194,7 @@ def main() -> None:
                     row["package_kernels_added_s"] = r["first"] - eager["first"]
                     # a fresh place: empty kiln and Inductor caches, only the package
                     with tempfile.TemporaryDirectory() as d2:
-                        env2 = {**base, "KILN_CACHE_DIR": os.path.join(d2, "kiln"),
-                                "TORCHINDUCTOR_CACHE_DIR": os.path.join(d2, "inductor"),
-                                "TRITON_CACHE_DIR": os.path.join(d2, "triton")}
-                        r = _measure(model, "package", a.device, a.backend, env2, package)
+                        r = _measure(model, "package", a.device, a.backend, _caches_in(d2, base), package)
                         row["package_added_s"] = r["first"] - eager["first"]
                     row["package_imported"] = r["imported"]
         row["warm_ratio"] = row["kiln_warm_added_s"] / max(row["torch_warm_added_s"], 1e-9)
