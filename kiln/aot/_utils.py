@@ -302,8 +302,22 @@ def remove_aliases(gm: torch.fx.GraphModule) -> None:
             gm.graph.erase_node(n)
 
 
-def dce(gm: torch.fx.GraphModule, keep: Callable[[torch.fx.Node], bool] = is_random) -> None:
-    """Dead code elimination that never drops random ops (eager draws their numbers)."""
+def is_input_write(n: torch.fx.Node) -> bool:
+    """An ``aten.copy_`` into a placeholder: the graph's write of a mutated input's new value
+    (a functional graph has no other mutation; ``state.mark_mutations_in_graph``)."""
+    return n.op == "call_function" and n.target is aten.copy_.default and \
+        isinstance(n.args[0], torch.fx.Node) and n.args[0].op == "placeholder"
+
+
+def is_effect(n: torch.fx.Node) -> bool:
+    """Nodes a graph runs for more than their value: random ops (eager draws their numbers)
+    and writes into inputs."""
+    return is_random(n) or is_input_write(n)
+
+
+def dce(gm: torch.fx.GraphModule, keep: Callable[[torch.fx.Node], bool] = is_effect) -> None:
+    """Dead code elimination that never drops random ops (eager draws their numbers) or the
+    graph's writes into its inputs."""
     for n in reversed(list(gm.graph.nodes)):
         if n.op in ("placeholder", "output") or n.users or keep(n):
             continue

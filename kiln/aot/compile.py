@@ -123,18 +123,72 @@ def build_parts(state, capture, partition_fn: Any = None) -> CompiledParts:
                   grad_enabled=state.grad_enabled, wrappers=list(state.wrappers), symbolic=state.symbolic)
     if not capture.is_joint:
         fw = torch.fx.GraphModule(gm, gm.graph, class_name="KilnInference")
+        check_input_writes(fw, state.meta.in_graph_mutated_indices)
         return CompiledParts(kind="inference", forward=fw, backward=None, **common)
     n = capture.num_primals
     ex = capture.example_inputs
     deps = P.grad_dependencies(gm, capture.num_fw_outputs)
     p = partition_joint(gm, (ex[:n], ex[n:]), capture.num_fw_outputs, capture.num_tangents, partition_fn)
+    check_input_writes(p.forward, state.meta.in_graph_mutated_indices)
+    clone_saved_before_writes(p, state.fake_mode)
     hooks = _inline_saved_hooks(state, p, capture.num_fw_outputs)
-    mutated = set(state.meta.mutated_data_indices) | set(state.meta.metadata_only_mutated_indices)
-    checks = V.version_checks(p.forward, p.backward, capture, mutated, len(state.meta.mutated_data_indices))
+    checks = V.version_checks(p.forward, p.backward, capture, state.meta)
     return CompiledParts(kind="training", forward=p.forward, backward=p.backward, saved=p.saved,
                          saved_bytes=p.saved_bytes, saved_input_bytes=p.saved_input_bytes,
                          partitioner=_partitioner_name(partition_fn), grad_dependencies=deps,
                          hooks=hooks, **checks, **common)
+
+
+def check_input_writes(fw: torch.fx.GraphModule, expected: list[int]) -> None:
+    """The forward (or inference) graph writes exactly the inputs the metadata says it writes:
+    a partitioner that drops a write, or a pass that adds one, would make the runtime skip a
+    mutation or miss one."""
+    phs = {p: i for i, p in enumerate(n for n in fw.graph.nodes if n.op == "placeholder")}
+    got = sorted(phs[n.args[0]] for n in fw.graph.nodes if U.is_input_write(n))
+    if got != sorted(expected):
+        raise Unsupported(f"AOT autograd: the forward graph writes inputs {got}, expected {sorted(expected)} "
+                          "(a partitioner that drops the graph's writes into its inputs)")
+
+
+def clone_saved_before_writes(p, fake_mode) -> None:
+    """A saved value that is an input the forward writes (or a view of one) would reach the
+    backward with the new value: the forward saves a copy taken before its first write instead
+    (the runtime's copy-back used to come after the forward, ``versions.version_checks``)."""
+    fw, bw = p.forward, p.backward
+    writes = [n for n in fw.graph.nodes if U.is_input_write(n)]
+    if not writes:
+        return
+    written = {w.args[0] for w in writes}
+    out = U.output_node(fw.graph)
+    outs = U.flat_outputs(fw.graph)
+    bw_phs = [n for n in bw.graph.nodes if n.op == "placeholder"]
+    changed = False
+    for j in range(p.num_fw_outputs, len(outs)):
+        s = outs[j]
+        if not isinstance(s, torch.fx.Node):
+            continue
+        root = s
+        while U.is_view(root) and root.args and isinstance(root.args[0], torch.fx.Node):
+            root = root.args[0]
+        if root not in written:
+            continue
+        with fw.graph.inserting_before(writes[0]):
+            c = fw.graph.call_function(torch.ops.aten.clone.default, (s,))
+        val = s.meta.get("val")
+        c.meta = {k: v for k, v in s.meta.items() if k != "val"}
+        if isinstance(val, torch.Tensor):
+            with fake_mode:
+                c.meta["val"] = torch.ops.aten.clone.default(val)
+            k = j - p.num_fw_outputs          # (the backward takes the saved values first)
+            if k < len(bw_phs):
+                bw_phs[k].meta["val"] = c.meta["val"]
+        outs[j] = c
+        changed = True
+    if changed:
+        out.args = (tuple(outs),)
+        p.saved = [s.name for s in outs[p.num_fw_outputs:] if isinstance(s, torch.fx.Node)]
+        fw.recompile()
+        bw.recompile()
 
 
 def _inline_saved_hooks(state, p, nfw: int):

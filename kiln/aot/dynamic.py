@@ -39,7 +39,7 @@ PER_SHAPE_CACHE_SIZE = 16
 
 
 def _run_stages(gm, example_inputs, *, dynamic, decompositions, fw_compiler, bw_compiler,
-                partition_fn, inference_compiler):
+                partition_fn, inference_compiler, keep_input_mutations=False):
     from .graph_capture import stage1_graph_capture
     from .compile import stage2_compile
     from .state import create_aot_state
@@ -48,7 +48,8 @@ def _run_stages(gm, example_inputs, *, dynamic, decompositions, fw_compiler, bw_
 
     # (a per-shape compile runs during a call, inside the user's saved-tensor hooks)
     with _torch.saved_tensors_hooks_paused():
-        state = create_aot_state(gm, example_inputs, decompositions=decompositions, dynamic=dynamic)
+        state = create_aot_state(gm, example_inputs, decompositions=decompositions, dynamic=dynamic,
+                                 keep_input_mutations=keep_input_mutations)
         capture = stage1_graph_capture(state)
         return stage2_compile(state, capture, fw_compiler=fw_compiler, bw_compiler=bw_compiler,
                               partition_fn=partition_fn, inference_compiler=inference_compiler)
@@ -136,14 +137,16 @@ class PerShapeCompiled:
 
 def compile_graph(gm: torch.fx.GraphModule, example_inputs: list, *, decompositions: dict | None = None,
                   fw_compiler: Callable | None = None, bw_compiler: Callable | None = None,
-                  partition_fn: Any = None, inference_compiler: Callable | None = None) -> Callable:
+                  partition_fn: Any = None, inference_compiler: Callable | None = None,
+                  keep_input_mutations: bool = False) -> Callable:
     """The ``aot_backend``'s work for one graph: an ``AOTCompiled`` (symbolic for a dynamic
     graph, with a per-shape fallback), or a ``PerShapeCompiled``; the graph as captured when
-    the stages fail on it (see the module's docstring)."""
+    the stages fail on it (see the module's docstring). ``keep_input_mutations``: see
+    ``create_aot_state``."""
     try:
         return _compile_graph(gm, example_inputs, decompositions=decompositions, fw_compiler=fw_compiler,
                               bw_compiler=bw_compiler, partition_fn=partition_fn,
-                              inference_compiler=inference_compiler)
+                              inference_compiler=inference_compiler, keep_input_mutations=keep_input_mutations)
     except Exception as e:
         return as_captured(gm, e)
 

@@ -8,7 +8,9 @@ functionalized (FunctionalTensorMode) and decomposed to core ATen:
   the function and then ``torch.autograd.grad`` on its differentiable outputs.
 
 The fw outputs are the new values of data-mutated inputs followed by the outputs the graph
-computes (see ``runtime.MutationsAndAliases``); the joint then returns one gradient per primal
+computes (see ``runtime.MutationsAndAliases``); inputs the graph writes itself
+(``state.mark_mutations_in_graph``) get an ``aten.copy_`` into their placeholder at the end of
+the forward instead of an output. The joint then returns one gradient per primal
 (``None`` where the primal needs none). ``capture.graph`` is an ordinary ``torch.fx.Graph``: edit
 it (``capture.graph_module.recompile()`` is done by stage 2) and hand the capture to stage 2.
 """
@@ -124,6 +126,15 @@ def _capture(state: AOTState) -> AOTGraphCapture:
     prior_grad = torch.is_grad_enabled()
     entry_grad = state.grad_enabled
 
+    in_graph = meta.in_graph_mutated_indices
+
+    def write_inputs(p, fp):
+        """The graph's own writes into the inputs it mutates (``mark_mutations_in_graph``),
+        after everything the function computes: ``aten.copy_(primal, new value)``."""
+        for i in in_graph:
+            with torch.no_grad():
+                p[i].copy_(U.from_fun(fp[i]))
+
     if not state.needs_autograd:
         def inference(*p):
             with U.exclude_functionalize_key():
@@ -131,6 +142,7 @@ def _capture(state: AOTState) -> AOTGraphCapture:
                 try:
                     with torch.no_grad():
                         outs = fn(*fp)
+                        write_inputs(p, fp)
                 finally:
                     torch._C._set_grad_enabled(prior_grad)
                 return [U.from_fun(o) for o in outs]
@@ -156,6 +168,7 @@ def _capture(state: AOTState) -> AOTGraphCapture:
                     # and turns grad mode on records autograd only from there
                     torch._C._set_grad_enabled(entry_grad)
                     outs = fn(*fp)
+                    write_inputs(p, fp)
                     _mark_forward_nodes()
                     d_outs, d_tangents = [], []
                     for j, k in enumerate(tangent_positions):
@@ -184,7 +197,7 @@ def _capture(state: AOTState) -> AOTGraphCapture:
 
     U.rename_placeholders(gm, names)
     phs = [p for p in gm.graph.nodes if p.op == "placeholder"]
-    mutated = set(meta.mutated_data_indices) | set(meta.metadata_only_mutated_indices)
+    mutated = meta.all_mutated_indices
     for i, p in enumerate(phs):
         if i < n:
             p.meta["kiln_primal"] = True

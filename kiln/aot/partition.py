@@ -119,7 +119,7 @@ class _Joint:
         saved = self.order(saved)
         fw_set = self.fw
         fw_graph = U.extract_graph(self.graph, self.primals, list(self.fw_outs) + saved,
-                                   keep=lambda n: U.is_random(n) and n in fw_set)
+                                   keep=lambda n: U.is_effect(n) and n in fw_set)
         bw_graph = _recompute_at_first_use(U.extract_graph(self.graph, saved + self.tangents, list(self.grads)))
         fw = torch.fx.GraphModule(gm, fw_graph, class_name="KilnForward")
         bw = torch.fx.GraphModule(gm, bw_graph, class_name="KilnBackward")

@@ -359,6 +359,8 @@ class MutationsAndAliases(RuntimeWrapper):
     Pre-capture: the traced function returns, in this order, the new value of every input
     whose data it mutates, then its outputs that the graph computes; outputs that are inputs,
     views of inputs, repeats of other outputs or constants are not graph outputs.
+    Inputs the graph writes itself (``InputInfo.mutation_in_graph``) are neither: the runtime
+    only bumps their version counters.
     Post-compile: ``copy_`` each new value back into its input (under no_grad when every
     mutation was hidden from autograd), replay metadata mutations with ``as_strided_``, then
     regenerate the aliased outputs from the (updated) inputs and rebuild the output structure.
@@ -445,13 +447,15 @@ class MutationsAndAliases(RuntimeWrapper):
         # several outputs of unbind/split...): eager raises at the write, after the ops before
         # it ran; the graph as captured does exactly that.
         check_views = [i for i in mutated + meta_only if infos[i].requires_grad or infos[i].mutation_needs_grad]
+        # inputs the graph writes itself: eager's in-place op bumps their version counters
+        written = meta.in_graph_mutated_indices
         # mutated inputs whose memory eager saves: backward() checks their version after the
-        # copy-back (versions.py)
-        late_checks = [(j, i) for j, i in enumerate(mutated) if infos[i].saved_by_eager]
+        # write (versions.py)
+        late_checks = [i for i in mutated + written if infos[i].saved_by_eager]
         # Mutated inputs that are not parameters/buffers must not share memory with another
         # input: the graph was traced with them independent (a frontend guard should prevent
         # it; this check turns a silent wrong answer into an error).
-        check_alias = [i for i in mutated + meta_only if not infos[i].is_static]
+        check_alias = [i for i in mutated + meta_only + written if not infos[i].is_static]
         check_against = [i.index for i in infos if not i.is_static]
         do_check = bool(check_alias) and len(check_against) > 1
         runtime_shapes = self._runtime_shapes()
@@ -460,7 +464,7 @@ class MutationsAndAliases(RuntimeWrapper):
 
         unflatten = _unflattener(spec)
         if simple_outputs and not mutated and not meta_only and not check_views and not do_check \
-                and not late_checks and grad_after is None:
+                and not late_checks and grad_after is None and not written:
             # nothing to write back, check or regenerate: only the output structure (this runs
             # on every call; a CUDA-graph replay is a few microseconds)
             def outputs_only(*args):
@@ -486,6 +490,8 @@ class MutationsAndAliases(RuntimeWrapper):
                         raise RunAsCaptured(f"AOT autograd: input {i} is mutated and shares memory with another "
                                             "input, which it did not at compile time; recompile")
             outs = compiled(*args)
+            if written:
+                torch.autograd.graph.increment_version([args[i] for i in written])
             for j, i in enumerate(mutated):
                 inp, new, info = args[i], outs[j], infos[i]
                 if info.mutates_metadata:
@@ -498,7 +504,7 @@ class MutationsAndAliases(RuntimeWrapper):
             if late_checks:
                 from .versions import attach_late_checks
 
-                attach_late_checks(outs, [(j, args[i]) for j, i in late_checks])
+                attach_late_checks(outs, [(i, args[i]) for i in late_checks])
             if grad_after is not None:
                 torch._C._set_grad_enabled(grad_after)
             if simple_outputs:
@@ -533,6 +539,8 @@ class MutationsAndAliases(RuntimeWrapper):
         parts = []
         if m.mutated_data_indices:
             parts.append(f"copy_ back {m.mutated_data_indices}")
+        if m.in_graph_mutated_indices:
+            parts.append(f"written by the graph {m.in_graph_mutated_indices}")
         if m.metadata_only_mutated_indices:
             parts.append(f"as_strided_ {m.metadata_only_mutated_indices}")
         al = [k for k, o in enumerate(m.outputs) if o.kind != "graph"]

@@ -51,6 +51,10 @@ class InputInfo:
     # eager's autograd saves this memory for the backward of the live outputs: backward()
     # after the user changes it in place raises "modified by an inplace operation"
     saved_by_eager: bool = False
+    # the graph itself writes the new value (``aten.copy_`` into the placeholder at the end of
+    # the forward) instead of returning it for the runtime to copy back: see
+    # ``mark_mutations_in_graph``
+    mutation_in_graph: bool = False
 
     @property
     def mutated(self) -> bool:
@@ -111,7 +115,17 @@ class ViewAndMutationMeta:
 
     @property
     def mutated_data_indices(self) -> list[int]:
-        return [i.index for i in self.inputs if i.mutates_data]
+        """Inputs whose new value the graph returns and the runtime copies back."""
+        return [i.index for i in self.inputs if i.mutates_data and not i.mutation_in_graph]
+
+    @property
+    def in_graph_mutated_indices(self) -> list[int]:
+        """Inputs the graph writes itself (their new value is not a graph output)."""
+        return [i.index for i in self.inputs if i.mutation_in_graph]
+
+    @property
+    def all_mutated_indices(self) -> set[int]:
+        return {i.index for i in self.inputs if i.mutated}
 
     @property
     def metadata_only_mutated_indices(self) -> list[int]:
@@ -170,7 +184,8 @@ class ViewAndMutationMeta:
             if i.requires_grad:
                 flags.append("requires_grad")
             if i.mutates_data:
-                flags.append("data mutated" + (" (under no_grad)" if i.mutations_hidden_from_autograd else ""))
+                flags.append("data mutated" + (" (under no_grad)" if i.mutations_hidden_from_autograd else "")
+                             + (", written by the graph" if i.mutation_in_graph else ""))
             if i.mutates_metadata:
                 flags.append("metadata mutated")
             src = f" {i.source}" if i.source else ""
@@ -443,6 +458,29 @@ def collect_metadata(flat_fn: Callable, fake_args: list, *, static: Sequence[boo
                                grad_after if grad_after != prior_grad else None)
 
 
+def mark_mutations_in_graph(meta: ViewAndMutationMeta) -> None:
+    """Let the graph write the new value of the inputs it can write itself (as torch's
+    ``keep_input_mutations``): a BatchNorm's running statistics, a buffer updated under
+    no_grad. The compiler then fuses the write into the kernel that computes the value, and the
+    runtime neither gets the value as an extra output nor launches a ``copy_`` per input (a
+    ResNet-50 training step updates 159 buffers).
+
+    Only plain data writes to inputs autograd does not track: the input does not require grad,
+    and neither does its new value or every write was hidden from autograd (under no_grad,
+    through ``.detach()``, BatchNorm's own update): a write autograd records must stay the
+    runtime's ``copy_`` under the autograd.Function. And its metadata is unchanged (sizes, strides:
+    ``as_strided_`` is the runtime's). The runtime still bumps the input's version counter
+    (as eager's in-place op) and, for memory eager saved (BatchNorm saves its running stats),
+    records the version for backward()'s check (``versions.attach_late_checks``). A backward
+    that would read the input (a partitioner saved it) gets a copy made before the write
+    (``compile.clone_saved_before_writes``)."""
+    for info in meta.inputs:
+        if not info.mutates_data or info.mutates_metadata:
+            continue
+        if not info.requires_grad and (not info.new_requires_grad or info.mutations_hidden_from_autograd):
+            info.mutation_in_graph = True
+
+
 # ``t = x.detach(); t.copy_(w)``: ``t`` shares x's memory but has an autograd history of its
 # own; the runtime can re-take views of a tensor, not give its memory another history.
 _SEPARATE_HISTORY = ("AOT autograd: output {k} shares the memory of {what} without being a view of it, "
@@ -538,7 +576,8 @@ def _static_indices_from_graph(fn: Any, n: int) -> tuple[list[int], list[str | N
 
 def create_aot_state(fn: Callable, example_inputs: Sequence[Any], *,
                      static_input_indices: Sequence[int] | None = None,
-                     decompositions: dict | None = None, dynamic: bool | None = None) -> AOTState:
+                     decompositions: dict | None = None, dynamic: bool | None = None,
+                     keep_input_mutations: bool = False) -> AOTState:
     """Prepare ``fn`` (a GraphModule or any function of flat tensor inputs) for AOT tracing.
 
     ``example_inputs`` are real tensors (or fake tensors of one FakeTensorMode); their
@@ -552,6 +591,11 @@ def create_aot_state(fn: Callable, example_inputs: Sequence[Any], *,
     those, in their FakeTensorMode and ShapeEnv, and the SymInt inputs stay graph inputs
     (``state.symbolic``). ``dynamic=False`` traces the real example inputs with static shapes
     instead (the per-shape fallback); ``dynamic=True`` requires symbolic inputs.
+
+    ``keep_input_mutations``: the graph writes the inputs it mutates where it can
+    (``mark_mutations_in_graph``; the forward and inference graphs then contain
+    ``aten.copy_`` into placeholders, which the compilers must run); otherwise every new value
+    is a graph output that the runtime copies back.
     """
     from . import runtime as R
 
@@ -623,6 +667,9 @@ def create_aot_state(fn: Callable, example_inputs: Sequence[Any], *,
             state.wrappers.append(w)
             fake_args = [U.to_fake(fake_mode, a) for a in args]
             meta = collect_metadata(flat_fn, fake_args, static=static, sources=srcs)
+        elif keep_input_mutations:
+            # (not with synthetic bases: the traced inputs are then bases the runtime builds)
+            mark_mutations_in_graph(meta)
         w = R.MutationsAndAliases(meta, fakes=fake_args if state.symbolic else None)
         flat_fn, args, static, srcs = w.pre_capture(flat_fn, args, static, srcs)
         state.wrappers.append(w)

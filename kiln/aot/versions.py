@@ -57,11 +57,12 @@ def tangent_uses(graph: torch.fx.Graph, tangents: list, backward_phase_only: boo
     return uses
 
 
-def version_checks(forward: torch.fx.GraphModule, backward: torch.fx.GraphModule, capture,
-                   mutated: set, n_mut: int) -> dict:
+def version_checks(forward: torch.fx.GraphModule, backward: torch.fx.GraphModule, capture, meta) -> dict:
     """The ``check_inputs``/``check_outputs``/``copy_saved``/``watch`` fields of
     CompiledParts (see the module's docstring). ``watch``: ``[position among the tensors the
     Function saves, tangents that need it]``."""
+    mutated = meta.all_mutated_indices
+    n_mut = len(meta.mutated_data_indices)
     nfw = capture.num_fw_outputs
     n_tangents = capture.num_tangents
     everything = frozenset(range(n_tangents))
@@ -133,8 +134,10 @@ def version_checks(forward: torch.fx.GraphModule, backward: torch.fx.GraphModule
         demand.append([sorted(need)])
         if need != everything:
             watch.append([position + e, sorted(need)])
-    # mutated inputs: their new values are the first forward outputs
-    late = [[j, sorted(eager_need(j_outs[j]) or everything)] for j in range(n_mut)]
+    # mutated inputs, by input index: those copied back have their new values as the first
+    # forward outputs; eager's backward reads the inputs the graph writes as they were
+    late = [[i, sorted(eager_need(j_outs[j]) or everything)] for j, i in enumerate(meta.mutated_data_indices)]
+    late += [[i, sorted(eager_need(j_phs[i]) or everything)] for i in meta.in_graph_mutated_indices]
     return {"check_inputs": check_inputs, "check_outputs": check_outputs, "copy_saved": copy,
             "watch": watch, "late_demand": late, "saved_demand": demand}
 
@@ -273,9 +276,9 @@ def unpack(ctx, given: set | None, watch: list, demand: list, everything: frozen
 
 
 def attach_late_checks(outputs, mutated: list) -> None:
-    """After the copy-back into mutated inputs whose memory eager saved (``mutated``: (index
-    among the mutated inputs, tensor)): their versions now, checked when the compiled
-    backward runs (found through the outputs' grad_fn: every node of the call)."""
+    """After the writes into mutated inputs whose memory eager saved (``mutated``: (input
+    index, tensor)): their versions now, checked when the compiled backward runs (found
+    through the outputs' grad_fn: every node of the call)."""
     checks = None
     for o in outputs:
         node = o.grad_fn if isinstance(o, torch.Tensor) else None

@@ -15,7 +15,8 @@ from .registry import register_backend
 
 def aot_backend(fw_compiler: Callable | None = None, bw_compiler: Callable | None = None,
                 partition_fn: Any = None, inference_compiler: Callable | None = None,
-                decompositions: dict | None = None, cache_key: str | None = None) -> Callable:
+                decompositions: dict | None = None, cache_key: str | None = None,
+                keep_input_mutations: bool = False) -> Callable:
     """A kiln backend ``(gm, example_inputs) -> callable`` running kiln's AOT autograd.
 
     ``fw_compiler``/``bw_compiler``/``inference_compiler`` are ``(gm, example_inputs) ->
@@ -23,6 +24,12 @@ def aot_backend(fw_compiler: Callable | None = None, bw_compiler: Callable | Non
     inputs; ``bw_compiler`` and ``inference_compiler`` default to ``fw_compiler``, which defaults
     to running the graph as FX. ``partition_fn``: ``"default"``, ``"min_cut"`` or a callable
     (see ``kiln.aot.partition``); None means ``kiln.aot.config.partition_fn``.
+
+    ``keep_input_mutations``: the graphs write the inputs they mutate where autograd does not
+    track the write (BatchNorm running statistics, buffers updated under no_grad): the forward
+    and inference graphs then end with ``aten.copy_(placeholder, new_value)`` nodes, which your
+    compilers must run, instead of returning the new values for the runtime to copy back (as
+    torch's ``keep_inference_input_mutations``; ``aot_eager`` and ``inductor`` do it).
 
     ``cache_key``: a string that names what your compilers, partitioner and decompositions do
     (change it when their code changes). With it the AOT result (graphs and runtime wrappers) is
@@ -66,7 +73,7 @@ def aot_backend(fw_compiler: Callable | None = None, bw_compiler: Callable | Non
 
         fw, bw, inf = compilers
         stages = dict(decompositions=decompositions, fw_compiler=fw, bw_compiler=bw, partition_fn=partition_fn,
-                      inference_compiler=inf)
+                      inference_compiler=inf, keep_input_mutations=keep_input_mutations)
 
         def compile():
             return compile_graph(gm, example_inputs, **stages)
@@ -84,7 +91,8 @@ def aot_backend(fw_compiler: Callable | None = None, bw_compiler: Callable | Non
             return compile()
         options = {"partition_fn": partitioner if isinstance(partitioner, str) else _name_of(partitioner),
                    "decompositions": decomposition_name if decomposition_name is not None
-                   else sorted(str(op) for op in decompositions)}
+                   else sorted(str(op) for op in decompositions),
+                   "input_mutations": "written by the graph" if keep_input_mutations else "copied back"}
         if user_key is not None:
             options["cache_key"] = str(user_key)
             options["compilers"] = [_name_of(c) for c in (fw_compiler, bw_compiler, inference_compiler)]
@@ -101,7 +109,12 @@ def aot_backend(fw_compiler: Callable | None = None, bw_compiler: Callable | Non
 
         compilers = _with_cudagraphs(fw_compiler, bw_compiler, inference_compiler) if config.cudagraphs \
             else (fw_compiler, bw_compiler, inference_compiler)
-        return _load_artifact(payload, g, compilers, {})
+        return _load_artifact(payload, g, compilers, {}, stages_for(compilers))
+
+    def stages_for(compilers: tuple) -> dict:
+        fw, bw, inf = compilers
+        return dict(decompositions=decompositions, fw_compiler=fw, bw_compiler=bw, partition_fn=partition_fn,
+                    inference_compiler=inf, keep_input_mutations=keep_input_mutations)
 
     kiln_aot_backend.load_artifact = load_artifact
     kiln_aot_backend.__name__ = "aot_backend"
@@ -153,9 +166,8 @@ def _load_artifact(payload: bytes, gm: torch.fx.GraphModule, compilers: tuple = 
     compiled = AOTArtifact.from_bytes(payload, rename, fake_mode=fake_mode_of_graph(gm)).load(*compilers)
     compiled.run_as_captured = gm       # as stage2_compile: eager's answer for RunAsCaptured
     if compiled.input_check is not None:
-        if stages is None:          # (aot_eager's)
-            stages = dict(decompositions={}, partition_fn="min_cut", fw_compiler=compilers[0],
-                          bw_compiler=compilers[1], inference_compiler=compilers[2])
+        if stages is None:
+            raise ValueError("a dynamic AOT result loads with the stages' options for its per-shape fallback")
         compiled.fallback = per_shape(gm, OUTSIDE_THE_TRACE, **stages)
     return compiled
 
@@ -163,4 +175,5 @@ def _load_artifact(payload: bytes, gm: torch.fx.GraphModule, compilers: tuple = 
 # As torch.compile's aot_eager: no decompositions (ops stay whole, as eager runs them: the core
 # ATen decompositions made kiln's aot_eager slower than eager and kept more for the backward)
 # and the min-cut partitioner (saves less; recomputes cheap ops in the backward).
-aot_eager = register_backend("aot_eager", aot_backend(partition_fn="min_cut", decompositions={}))
+aot_eager = register_backend("aot_eager", aot_backend(partition_fn="min_cut", decompositions={},
+                                                      keep_input_mutations=True))

@@ -138,7 +138,7 @@ class InductorBackend:
             portable = cfg.save_config_portable()
         text = json.dumps(portable, sort_keys=True, default=repr)
         return {"mode": self.mode, "options": json.dumps(self.options, sort_keys=True, default=repr),
-                "cudagraphs": self.cudagraphs,
+                "cudagraphs": self.cudagraphs, "input_mutations": "written by the graph",
                 "inductor_config": hashlib.sha256(text.encode()).hexdigest()}
 
     def __repr__(self) -> str:
@@ -195,8 +195,11 @@ class GraphCompile:
         """The options of kiln's AOT stages for this graph (``compile_graph``'s)."""
         with _torch.inductor_config().patch(self.patches):
             decompositions = decomposition_table()
+        # (the graphs write the inputs they mutate: Inductor fuses the write into the kernel
+        # that computes the value, as torch.compile's graphs do)
         return dict(decompositions=decompositions, fw_compiler=self.forward, bw_compiler=self.backward,
-                    inference_compiler=self.inference, partition_fn=self._partitioner())
+                    inference_compiler=self.inference, partition_fn=self._partitioner(),
+                    keep_input_mutations=True)
 
     # -- the AOT stages' hooks -------------------------------------------------------------------
     def _partitioner(self) -> Callable:
