@@ -341,13 +341,14 @@ def interleaved_medians(steps: dict, device, iters: int, rounds: int) -> dict:
     every column in turn (``iters`` steps per column split evenly over the rounds): a drift of
     the machine (clocks, a neighbour's load) touches every column alike."""
     per_round = max(1, iters // rounds)
+    warmup = 2 if per_round > 1 else 1
     times = {(c, k): [] for c in steps for k in steps[c]}
     kinds = list(next(iter(steps.values())))
     # one kind at a time (a program that trains does not switch to inference every few steps)
     for kind in kinds:
         for _ in range(rounds):
             for column, fns in steps.items():
-                times[column, kind] += step_times_ms(fns[kind], device, per_round, warmup=2)
+                times[column, kind] += step_times_ms(fns[kind], device, per_round, warmup=warmup)
     return {key: statistics.median(v) for key, v in times.items()}
 
 
@@ -371,7 +372,9 @@ def main(argv=None) -> int:
     p.add_argument("--json", default=None)
     p.add_argument("--models", default="gpt2-16,gpt2-512,bert,resnet")
     p.add_argument("--iters", type=int, default=40, help="timed steps per column and step kind")
-    p.add_argument("--rounds", type=int, default=5, help="rounds over the columns the steps are split into")
+    p.add_argument("--rounds", type=int, default=None,
+                   help="rounds over the columns the steps are split into (default: one step per column per "
+                        "round, the fairest on a machine whose load drifts)")
     p.add_argument("--quick", action="store_true", help="tiny models (a smoke run on CPU)")
     args = p.parse_args(argv)
     device = torch.device(args.device)
@@ -393,7 +396,7 @@ def main(argv=None) -> int:
         for column in COMPILERS:
             cols[column], steps[column] = measure(name, column, base, idx, tgt, device)
             print(f"   {column}: compiled", flush=True)
-        for (column, kind), ms in interleaved_medians(steps, device, args.iters, args.rounds).items():
+        for (column, kind), ms in interleaved_medians(steps, device, args.iters, args.rounds or args.iters).items():
             cols[column][kind] = ms
         del steps
         reset_compilers()

@@ -269,15 +269,19 @@ def inductor_generated_code(compiled: Any) -> dict | None:
     }
 
 
-def inductor_load_generated_code(code: dict) -> Any:
-    """The callable of an Inductor-generated module stored by ``inductor_generated_code``
-    (boxed: one list of arguments). Importing the module builds its kernels from their source
-    (C++ or Triton: from the compilers' own disk caches when they are warm); nothing is
-    lowered again. Inputs Inductor assumed aligned are realigned as its own wrapper does."""
+def inductor_module_globals(compiled: Any) -> dict | None:
+    """The globals of the generated module behind an Inductor result (its kernels, built)."""
+    call = getattr(compiled, "current_callable", None)
+    return getattr(getattr(call, "__func__", call), "__globals__", None)
+
+
+def inductor_load_generated_module(code: dict) -> Any:
+    """The Inductor-generated module stored by ``inductor_generated_code``, imported as
+    Inductor imports it: that builds its kernels from their source (C++ or Triton: from the
+    compilers' own disk caches when they are warm); nothing is lowered again."""
     import os
 
     from torch._inductor.codecache import PyCodeCache, get_path, write_atomic
-    from torch._inductor.utils import align_inputs_from_check_idxs
 
     key, source = code["cache_key"], code["source_code"]
     path = get_path(key, "py")[2]
@@ -288,19 +292,7 @@ def inductor_load_generated_code(code: dict) -> Any:
     if existing != source:          # absent, or not ours: the entry's code is what runs
         write_atomic(path, source, make_dirs=True)
     linemap = [tuple(x) for x in code["linemap"]] or None
-    module = PyCodeCache.load_by_key_path(key, path, linemap, dict(code["constants"]))
-    call = module.call
-    check = list(code["inputs_to_check"])
-    mutated = set(code["mutated_input_idxs"])
-    if code["defers_input_alignment"]:
-        check = [i for i in check if i in mutated]
-    if check:
-        call = align_inputs_from_check_idxs(call, check, mutated)
-
-    def boxed(args: list):
-        return call(args)
-    boxed._boxed_call = True
-    return boxed
+    return PyCodeCache.load_by_key_path(key, path, linemap, dict(code["constants"]))
 
 
 def inductor_wake_up_workers() -> None:

@@ -344,7 +344,14 @@ class GraphCompile:
                     self._fw_output_strides = list(tracing.output_strides or [])
         if self._in_run:            # (a partial backward compiled later is not stored)
             from .inductor_entry import GeneratedCode
-            self.records[kind] = GeneratedCode(kind, _torch.inductor_generated_code(compiled), donated)
+
+            code = _torch.inductor_generated_code(compiled)
+            if code is not None:
+                from . import generated_module
+
+                # (how a later process loads the module and its kernels without Inductor)
+                code["fast"] = generated_module.describe(code["source_code"], _torch.inductor_module_globals(compiled))
+            self.records[kind] = GeneratedCode(kind, code, donated)
         return copies_when_graph_kept(compiled, donated) if donated else compiled
 
     def _restride_saved(self, bw: torch.fx.GraphModule, example_inputs: list, mode) -> list:

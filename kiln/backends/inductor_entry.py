@@ -13,9 +13,12 @@ partitioning or lowering again. It holds
   that the partitioner left for the backward compiler (a partial backward, for outputs some
   backward() did not reach, is compiled on demand, as after a compile).
 
-A load imports the generated modules: their kernels come from the C++ / Triton compilers' own
-disk caches (compiled again from the stored source if those were cleared). A graph Inductor
-failed on (it runs as FX) is not stored: the next process tries again.
+A load runs the generated modules. On the machine that built them, kiln loads each module and
+its C++ kernel libraries itself, without importing Inductor (``generated_module``: the entry
+keeps the libraries). Otherwise (another machine, Triton kernels) the module is imported as
+Inductor imports it: its kernels come from the C++ / Triton compilers' own disk caches
+(compiled again from the stored source if those were cleared). A graph Inductor failed on (it
+runs as FX) is not stored: the next process tries again.
 """
 from __future__ import annotations
 
@@ -91,17 +94,43 @@ def _load_generated(graphs: dict) -> dict:
     compilers' disk caches, and asking for Inductor's worker pool would start its worker
     processes (seconds of CPU, and more at exit) for nothing. Parallelism is all that
     setting changes: a kernel missing from those caches is compiled here, one at a time."""
-    from ..config import config
-    from . import vec_isa_memo
+    import os
 
-    cpp = any("async_compile.cpp" in code["source_code"] for code in graphs.values())
+    from ..config import config
+    from . import generated_module, vec_isa_memo
+
+    kernel_dir = os.path.join(os.path.expanduser(config.cache_dir), "kernels")
+    modules = {kind: generated_module.load(code.get("fast"), code["constants"], kernel_dir)
+               for kind, code in graphs.items()}
+    rest = {kind: code for kind, code in graphs.items() if modules[kind] is None}
+    cpp = any("async_compile.cpp" in code["source_code"] for code in rest.values())
     if cpp:
         vec_isa_memo.prime(config.cache_dir)
-    with _torch.inductor_config().patch(compile_threads=1):
-        loaded = {kind: _torch.inductor_load_generated_code(code) for kind, code in graphs.items()}
+    if rest:
+        with _torch.inductor_config().patch(compile_threads=1):
+            modules.update({kind: _torch.inductor_load_generated_module(code) for kind, code in rest.items()})
     if cpp:
         vec_isa_memo.remember(config.cache_dir)
-    return loaded
+    return {kind: _entry_point(modules[kind], code) for kind, code in graphs.items()}
+
+
+def _entry_point(module: Any, code: dict) -> Callable:
+    """The module's ``call`` (boxed: one list of arguments), inputs Inductor assumed aligned
+    realigned as its own wrapper does."""
+    from .generated_module import realign_inputs
+
+    call = module.call
+    check = list(code["inputs_to_check"])
+    mutated = set(code["mutated_input_idxs"])
+    if code["defers_input_alignment"]:
+        check = [i for i in check if i in mutated]
+    if check:
+        call = realign_inputs(call, check, mutated)
+
+    def boxed(args: list):
+        return call(args)
+    boxed._boxed_call = True
+    return boxed
 
 
 def load(payload: bytes, gm: torch.fx.GraphModule, make_compile: Callable[[torch.fx.GraphModule], Any],
@@ -130,33 +159,43 @@ def load(payload: bytes, gm: torch.fx.GraphModule, make_compile: Callable[[torch
             from .inductor import copies_when_graph_kept
             loaded[kind] = copies_when_graph_kept(loaded[kind], code["donated"])
 
-    later = make_compile(gm)          # (compiles partial backwards, as after a compile)
     strides = obj["fw_output_strides"]
     if isinstance(strides, dict):
         from ..aot.symbolic_codec import Decoder
 
-        later._fw_output_strides = [None if s is None else tuple(s) for s in Decoder(fake_mode).value(strides["sym"])]
-    else:
-        later._fw_output_strides = None if strides is None else [None if s is None else [int(x) for x in s]
-                                                                  for s in strides]
-    later._fw_num_outputs = parts.num_fw_outputs
+        strides = [None if s is None else tuple(s) for s in Decoder(fake_mode).value(strides["sym"])]
+    elif strides is not None:
+        strides = [None if s is None else [int(x) for x in s] for s in strides]
+    made: list = []
+
+    def later():
+        """The GraphCompile that compiles partial backwards, as after a compile (made when
+        first needed: making it reads Inductor's config, which imports Inductor)."""
+        if not made:
+            c = make_compile(gm)
+            c._fw_output_strides, c._fw_num_outputs = strides, parts.num_fw_outputs
+            made.append(c)
+        return made[0]
 
     def stored(kind: str) -> Callable:
         def compiler(graph: torch.fx.GraphModule, example_inputs: list):
             if kind == "backward" and graph is not parts.backward:
-                return later.backward(graph, example_inputs)
+                return later().backward(graph, example_inputs)
             if cudagraphs:
                 from ..cudagraphs import cudagraphify, graph_facts
 
                 return cudagraphify(loaded[kind], graph, kind, facts=graph_facts(graph, kind))
             return loaded[kind]
+        # (the stored graph needs no example inputs: none are made, no FakeTensorMode, which
+        # imports torch._dynamo; a partial backward gets its own when it is compiled)
+        compiler.kiln_reads_example_inputs = False
         return compiler
 
     compiled = assemble(parts, stored("forward"), stored("backward"), stored("inference"), run_as_captured=gm)
     if compiled.input_check is not None:    # (a dynamic graph: as after a compile)
         from ..aot.dynamic import OUTSIDE_THE_TRACE, per_shape
 
-        compiled.fallback = per_shape(gm, OUTSIDE_THE_TRACE, **later.stage_options())
+        compiled.fallback = per_shape(gm, OUTSIDE_THE_TRACE, **later().stage_options())
     compiled.kiln_compile_seconds = {"aot": 0.0, "inductor": 0.0}
     compiled.kiln_inductor_fallbacks = []
     return compiled

@@ -18,8 +18,12 @@ def packages(tmp_path_factory):
     f = kiln.compile(M.f, backend="inductor", dynamic=False)
     step = kiln.compile(M.train_step, backend="inductor", dynamic=False)
     x = torch.randn(2, 4)
-    f(x, torch.randn(2, 4))
-    step(model, x)
+    cached, kiln.config.cache = kiln.config.cache, False     # (compiled here: Inductor probes the ISA)
+    try:
+        f(x, torch.randn(2, 4))
+        step(model, x)
+    finally:
+        kiln.config.cache = cached
     reports = [f.save_package(d / "f.kiln"), step.save_package(d / "step.kiln")]
     kiln.reset()
     yield d, model, reports
@@ -93,7 +97,9 @@ def test_dynamic_inductor_package_serves_new_sizes(tmp_path, monkeypatch):
 def test_package_carries_the_cpu_simd_answer(packages, tmp_path):
     """Inductor probes the CPU's SIMD sets (seconds per process) before loading C++ kernels;
     a package carries this machine's answer, and a fresh process with the same facts and an
-    empty cache dir takes it instead of probing."""
+    empty cache dir takes it instead of probing. (Here kiln's own loader of the kernel
+    libraries is told the machine differs, so that the kernels load through Inductor: on the
+    same machine kiln loads them itself and Inductor's ISA module is never imported.)"""
     import json
     import os
     import subprocess
@@ -107,6 +113,8 @@ def test_package_carries_the_cpu_simd_answer(packages, tmp_path):
     assert m["vec_isa"] and m["vec_isa"][0]["facts"] == vec_isa_memo._facts()
     here = os.path.dirname(os.path.abspath(__file__))
     code = ("import torch, kiln, _pkg_models as M\n"
+            "import kiln.backends.generated_module as G\n"
+            "G.machine_facts = lambda: 'another machine'\n"
             f"f = kiln.load_package({str(d / 'f.kiln')!r}, M.f, on_miss='error')\n"
             "x, y = torch.randn(2, 4), torch.randn(2, 4)\n"
             "torch.testing.assert_close(f(x, y), M.f(x, y))\n"
