@@ -136,6 +136,10 @@ def _install_records(cf, fk: str) -> tuple[int, str]:
         got = store.read_path(path)           # (a damaged file: None, warned once)
         if got is None:
             ignored.append(f"{os.path.basename(path)}: damaged or unreadable")
+            try:
+                os.unlink(path)               # (never usable: records are replaced whole)
+            except OSError:
+                pass
             continue
         header, payload = got
         if header.get("kind") != "frame" or header.get("frame_key") != fk or header.get("environment") != env:
