@@ -287,7 +287,7 @@ class CompiledFunction:
 
     def _miss(self, args: tuple, kwargs: dict):
         fn, key, cache = self._fn, self._key, self._cache
-        if self._records_frames and key not in cache.frames_tried and not _explain._recorder.stack:
+        if self._records_frames and config.cache and key not in cache.frames_tried and not _explain._recorder.stack:
             # a warm process: the entries a former process recorded, before any capture
             result = _frames.lookup(self, args, kwargs)
             if result is not MISS:

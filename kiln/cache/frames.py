@@ -45,9 +45,7 @@ def _log(message: str) -> None:
 
 
 def _not_recorded(cf) -> str | None:
-    """Why ``cf``'s frames are not recorded (None: they are)."""
-    if not config.cache:
-        return "the cache is off"
+    """Why ``cf``'s frames are not recorded (None: they are), the cache being on."""
     key = cf._key
     if key.backend_name not in _CACHEABLE and getattr(key.backend, "cache_key", None) is None:
         return f"backend {key.backend_name!r} declares no cache_key"
@@ -62,6 +60,8 @@ def _not_recorded(cf) -> str | None:
 
 def frame_key(cf) -> str | None:
     """The key of ``cf``'s records (cached on it), None when they are not kept (logged once)."""
+    if not config.cache:
+        return None
     fk = cf._frame_key
     if fk is None:
         why = _not_recorded(cf)
