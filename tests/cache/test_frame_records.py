@@ -158,3 +158,41 @@ def test_inductor_warm_process_installs_entries_without_capture(tmp_path):
     assert cold["captures"] == 1 and cold["misses"] == 1
     warm, err = _run(tmp_path, "static", backend="inductor")
     assert warm["captures"] == 0 and warm["frame_hits"] == 1 and warm["misses"] == 0
+
+
+def _make_inner():
+    def inner(x):
+        return x * 2
+    return inner
+
+
+INNER = _make_inner()
+
+
+def uses_inner(x):
+    return INNER(x) + 1
+
+
+def plain(x):
+    return x.sin() + 1
+
+
+def test_an_entry_that_cannot_be_checked_is_not_recorded(capsys):
+    """A nested function defined outside the compiled one has no name a new process could
+    check its source by: its entry is not recorded, and KILN_LOGS=cache says why."""
+    import torch
+    kiln.set_logs("cache")
+    x = torch.randn(3)
+    torch.testing.assert_close(kiln.compile(uses_inner, backend="aot_eager")(x), uses_inner(x))
+    err = capsys.readouterr().err
+    assert "not recorded: an entry of uses_inner: it inlines" in err and "_make_inner.<locals>.inner" in err
+    assert store.records() == []
+
+
+def test_a_backend_without_cache_key_keeps_no_records(capsys):
+    import torch
+    kiln.set_logs("cache")
+    x = torch.randn(3)
+    torch.testing.assert_close(kiln.compile(plain, backend=lambda gm, ex: gm.forward)(x), plain(x))
+    assert "frame records off for plain: backend '<lambda>' declares no cache_key" in capsys.readouterr().err
+    assert store.records() == []
