@@ -152,6 +152,10 @@ def _install_records(cf, fk: str) -> tuple[int, str]:
         except PackageError as e:
             ignored.append(f"{os.path.basename(path)}: {e}")
             continue
+        changed = _changed_defaults(m.get("callable_defaults", {}), fn)
+        if changed:
+            ignored.append(f"{os.path.basename(path)}: {changed}")
+            continue
         if m.get("vec_isa"):
             from ..backends import vec_isa_memo
 
@@ -215,6 +219,7 @@ def _write(cf, fk: str, name: str) -> None:
         _log(f"not recorded: an entry of {function}: {reason}")
     if not manifest["entries"]:
         return
+    manifest["callable_defaults"] = {name: _callable_defaults(f) for name, f in _defining(fn, entries).items()}
     header = {"kind": "frame", "frame_key": fk, "function": name, "backend": cf._key.backend_name,
               "entries": sum(counts.values()), "environment": _environment()}
     payload = fileformat.pack(manifest, blobs)
@@ -259,3 +264,68 @@ def _uncheckable_callee(fn: types.FunctionType, entry) -> str | None:
         if "<" in qualname and id(code) not in reachable:
             return f"it inlines {module}.{qualname}, a nested function whose code a new process cannot check"
     return None
+
+
+# -- functions held by defaults --------------------------------------------------------------------
+# An entry finds the default values of the compiled function (and of the functions it inlined)
+# where they are, so its identity guard on a default holds whatever the default is now. For a
+# function that is a default (``def f(x, act=gelu)``), what the entry inlined is its code: the
+# record keeps each callable default's name and code hash, and a load compares them.
+
+def _callable_defaults(f: types.FunctionType) -> dict:
+    out = {}
+    items = [(str(i), d) for i, d in enumerate(f.__defaults__ or ())] + \
+        [(k, d) for k, d in (f.__kwdefaults__ or {}).items()]
+    for where, d in items:
+        if callable(d) and not isinstance(d, type):
+            from ..package.identity import code_hash
+
+            code = getattr(getattr(d, "__func__", d), "__code__", None)
+            out[where] = [getattr(d, "__module__", None), getattr(d, "__qualname__", type(d).__qualname__),
+                          code_hash(code) if isinstance(code, types.CodeType) else None]
+    return out
+
+
+def _defining(fn: types.FunctionType, entries: list) -> dict:
+    """The compiled function and the named functions its entries inlined, by name."""
+    from ..package.save import _walk
+    from ..package.values import resolve_name
+
+    found = {"": fn}
+    for e in _walk(entries):
+        for module, qualname in e.inlined.values():
+            if "<" in qualname:
+                continue
+            try:
+                f = _function_of(resolve_name(module, qualname))
+            except Exception:
+                continue
+            if isinstance(f, types.FunctionType):
+                found[f"{module}:{qualname}"] = f
+    return found
+
+
+def _changed_defaults(saved: dict, fn: types.FunctionType | None = None) -> str | None:
+    from ..package.values import resolve_name
+
+    for name, defaults in saved.items():
+        if not defaults:
+            continue
+        if name == "":
+            f = fn
+        else:
+            try:
+                module, qualname = name.split(":", 1)
+                f = _function_of(resolve_name(module, qualname))
+            except Exception:
+                return f"inlined function {name} is not found"
+        if not isinstance(f, types.FunctionType) or _callable_defaults(f) != defaults:
+            return f"a function given as a default argument of {name or 'the function'} changed"
+    return None
+
+
+def _function_of(obj):
+    """The Python function behind a name: a function, a method, a property's getter."""
+    if isinstance(obj, property):
+        obj = obj.fget
+    return getattr(obj, "__func__", obj)

@@ -41,6 +41,12 @@ _CHILD = textwrap.dedent("""
     def dyn(x, w):
         return (x @ w).relu().sum(0) * 2
 
+    import frhelpers2
+    ACT = frhelpers2.helper if os.environ.get("ACT") == "2" else H.helper   # (two functions named helper)
+
+    def with_default(x, w, act=ACT):
+        return act(x @ w).sum(1)
+
     def check(fn, compiled, x, w):
         x2, w2 = x.detach().clone(), w.detach().clone().requires_grad_()
         out, ref = compiled(x, w), fn(x2, w2)
@@ -50,7 +56,8 @@ _CHILD = textwrap.dedent("""
 
     mode, backend = sys.argv[1], sys.argv[2]
     torch.manual_seed(len(sys.argv))
-    fn = {{"static": f, "renamed": f_renamed, "break": with_break, "dynamic": dyn}}[mode]
+    fn = {{"static": f, "renamed": f_renamed, "break": with_break, "dynamic": dyn,
+           "default": with_default}}[mode]
     compiled = kiln.compile(fn, backend=backend, dynamic=True if mode == "dynamic" else None)
     for n in map(int, sys.argv[3:] or ["3"]):
         check(fn, compiled, torch.randn(n, 4), torch.randn(4, 5, requires_grad=True))
@@ -61,6 +68,7 @@ _CHILD = textwrap.dedent("""
 
 def _setup(tmp_path, helper_c="2.0", own="0.0"):
     (tmp_path / "frhelpers.py").write_text(_HELPERS.format(c=helper_c))
+    (tmp_path / "frhelpers2.py").write_text(_HELPERS.format(c=helper_c).replace("relu", "tanh"))
     (tmp_path / "child.py").write_text(_CHILD.format(own=own))
 
 
@@ -119,6 +127,18 @@ def test_changed_global_fails_the_guard_and_recompiles(tmp_path):
     r, err = _run(tmp_path, "static", env={"SCALE": "5.0"})   # compared with eager at SCALE=5
     assert r["captures"] == 1 and r["frame_hits"] == 0 and r["frame_misses"] == 1
     assert "EQUALS_MATCH failed: G['SCALE'] == 2.0" in err
+
+
+def test_a_function_given_as_default_argument_is_checked(tmp_path):
+    """The entry finds the default where it is (its guard holds for any default): the
+    default function's name and code are checked instead."""
+    _setup(tmp_path)
+    _run(tmp_path, "default")
+    again, _ = _run(tmp_path, "default")
+    assert again["captures"] == 0 and again["frame_hits"] == 1
+    r, err = _run(tmp_path, "default", env={"ACT": "2"})     # (compared with eager's tanh)
+    assert r["captures"] == 1 and r["frame_hits"] == 0
+    assert "a function given as a default argument of the function changed" in err
 
 
 def test_graph_break_continuations_come_from_the_record(tmp_path):
