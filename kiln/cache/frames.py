@@ -219,7 +219,7 @@ def _write(cf, fk: str, name: str) -> None:
         _log(f"not recorded: an entry of {function}: {reason}")
     if not manifest["entries"]:
         return
-    manifest["callable_defaults"] = {name: _callable_defaults(f) for name, f in _defining(fn, entries).items()}
+    manifest["callable_defaults"] = {where: _callable_defaults(f) for where, f in _defining(fn, entries).items()}
     header = {"kind": "frame", "frame_key": fk, "function": name, "backend": cf._key.backend_name,
               "entries": sum(counts.values()), "environment": _environment()}
     payload = fileformat.pack(manifest, blobs)

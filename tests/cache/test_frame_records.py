@@ -216,3 +216,16 @@ def test_a_backend_without_cache_key_keeps_no_records(capsys):
     torch.testing.assert_close(kiln.compile(plain, backend=lambda gm, ex: gm.forward)(x), plain(x))
     assert "frame records off for plain: backend '<lambda>' declares no cache_key" in capsys.readouterr().err
     assert store.records() == []
+
+
+def test_a_record_from_another_kiln_or_torch_is_ignored(tmp_path):
+    """A whole record (its hash matches) written by another kiln, torch or device: ignored."""
+    _setup(tmp_path)
+    _run(tmp_path, "static")
+    [(_, record)] = store.records()
+    header, payload = store.decode(open(record, "rb").read())
+    header["environment"]["torch"] = "0.0.0+other"
+    open(record, "wb").write(store.encode(header, payload))
+    r, err = _run(tmp_path, "static")
+    assert r["captures"] == 1 and r["frame_hits"] == 0 and r["hits"] == 1
+    assert "written for another frame, kiln, torch or device" in err
