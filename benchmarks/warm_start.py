@@ -9,6 +9,9 @@ Every measurement runs in a fresh process. Per model and compiler (kiln, torch.c
 * warm: a second fresh process over the caches the cold one filled (torch's FX graph and AOT
   autograd caches warm too).
 
+"kiln warm cache" counts the warm process's graph-level hits and its frame hits (a frame
+record's entries served the call: no capture at all, see kiln/cache/frames.py).
+
 "added" is the wall time from the first call to its first output (inference: the output;
 training: the loss and its backward) minus the same for eager in its own fresh process, after
 every library is imported (the clock starts before ``kiln.compile``/``torch.compile`` wraps
@@ -99,7 +102,7 @@ def _child(model: str, compiler: str, device: str, backend: str, package: str | 
     # the heavy torch modules the first output needed (a static aot_eager package: none)
     extra = {"imported": [m for m in ("torch._dynamo", "torch._inductor") if m in sys.modules]}
     if compiler == "kiln":
-        extra = kiln.cache.stats()
+        extra = {**extra, **kiln.cache.stats()}
         if package:
             fn.save_package(package)
     print("RESULT " + json.dumps({"first": first, **extra}), flush=True)
@@ -186,7 +189,8 @@ def main() -> None:
                     row[f"{compiler}_{phase}_added_s"] = r["first"] - eager["first"]
                     row[f"{compiler}_{phase}_exit_s"] = r["exit"]
                     if compiler == "kiln":
-                        row[f"kiln_{phase}_cache"] = {k: r[k] for k in ("hits", "misses", "bypasses")}
+                        row[f"kiln_{phase}_cache"] = {k: r[k] for k in ("hits", "misses", "bypasses", "frame_hits")}
+                        row[f"kiln_{phase}_imported"] = r["imported"]
                 if compiler == "kiln":
                     # an empty kiln cache dir, Inductor's kernel caches as the runs above left them
                     r = _measure(model, "package", a.device, a.backend,

@@ -25,6 +25,7 @@ from . import _torch
 from . import explain as _explain
 from . import logs
 from .backends.registry import lookup_backend
+from .cache import frames as _frames
 from .capture.codegen import MISS
 from .capture.frame import ArgumentsDoNotBind, Entry, capture, eager_entry, eager_entry_for
 from .config import config
@@ -40,12 +41,15 @@ _MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-c
 class FunctionCache:
     """All compiled entries of one Python function."""
 
-    __slots__ = ("entries", "limit_warned", "recompile_reasons", "__weakref__")
+    __slots__ = ("entries", "limit_warned", "recompile_reasons", "frames_tried", "__weakref__")
 
     def __init__(self) -> None:
         self.entries: list[Entry] = []
         self.limit_warned = False
         self.recompile_reasons: list[str] = []   # why each capture after the first happened
+        # compile keys whose frame records (kiln.cache.frames) were loaded: once per process,
+        # not again after reset() (whose next call captures)
+        self.frames_tried: set = set()
 
     def promote(self, entry: Entry) -> None:
         self.entries.remove(entry)
@@ -217,6 +221,9 @@ _callee_objects: dict = {}
 class CompiledFunction:
     """A function compiled by kiln. Call it like the original."""
 
+    _records_frames = False   # kiln.compile's functions keep frame records (not continuations)
+    _frame_key = None         # their key, once computed ("" when they are not kept)
+
     def __init__(self, fn: types.FunctionType, key: CompileKey, dynamic):
         self._fn = fn
         self._key = key
@@ -261,8 +268,30 @@ class CompiledFunction:
                     return result
         return self._miss(args, kwargs)
 
+    def _retry_entries(self, args: tuple, kwargs: dict):
+        """The lookup of ``__call__`` once more (after frame records added entries): the
+        result of the first entry whose guards hold, or MISS."""
+        key = self._key
+        for entry in list(self._cache.entries):
+            if entry.key is key:
+                try:
+                    result = entry.fn(*args, **kwargs)
+                except Exception as e:
+                    if not failed_before_effects(entry.fn.__code__, e):
+                        raise
+                    return self._recover(entry, f"{type(e).__name__}: {e}", args, kwargs)
+                if result is not MISS:
+                    self._cache.promote(entry)
+                    return result
+        return MISS
+
     def _miss(self, args: tuple, kwargs: dict):
         fn, key, cache = self._fn, self._key, self._cache
+        if self._records_frames and config.cache and key not in cache.frames_tried and not _explain._recorder.stack:
+            # a warm process: the entries a former process recorded, before any capture
+            result = _frames.lookup(self, args, kwargs)
+            if result is not MISS:
+                return result
         mine = [e for e in cache.entries if e.key is key]
         others = [e for e in cache.entries if e.key is not key]
         reason = None
@@ -330,6 +359,8 @@ class CompiledFunction:
             return self._recover(entry, why, args, kwargs)
         if result is MISS:  # the guards do not hold for the arguments they were built from
             return fn(*args, **kwargs)
+        if config.cache:
+            _frames.record(self)     # (a function's own record, or its owner's for a continuation)
         return result
 
     def _eager_entry(self, e: Unsupported) -> Entry | None:
@@ -612,6 +643,11 @@ def compile(fn=None, *, backend="inductor", mode=None, fullgraph=False, dynamic=
     backend_fn, backend_name = lookup_backend(backend, mode=mode, options=options)
     key = CompileKey.get(backend_fn, backend_name, fullgraph, mode, options, dynamic)
 
+    def compiled(fn):
+        cf = CompiledFunction(fn, key, dynamic)
+        cf._records_frames = True
+        return cf
+
     def wrap(target):
         if isinstance(target, (CompiledFunction, CompiledMethod, CompiledModule, EagerCallable)):
             raise TypeError("kiln.compile: this object is already compiled by kiln; "
@@ -619,14 +655,14 @@ def compile(fn=None, *, backend="inductor", mode=None, fullgraph=False, dynamic=
         if isinstance(target, functools.partial):
             return functools.partial(wrap(target.func), *target.args, **target.keywords)
         if isinstance(target, torch.nn.Module):
-            return CompiledModule(target, CompiledFunction(_module_caller(type(target)), key, dynamic))
+            return CompiledModule(target, compiled(_module_caller(type(target))))
         if isinstance(target, types.MethodType) and isinstance(target.__func__, types.FunctionType):
-            return CompiledMethod(CompiledFunction(target.__func__, key, dynamic), target.__self__)
+            return CompiledMethod(compiled(target.__func__), target.__self__)
         if isinstance(target, types.FunctionType):
-            return CompiledFunction(target, key, dynamic)
+            return compiled(target)
         if not isinstance(target, type) and isinstance(getattr(type(target), "__call__", None),
                                                        types.FunctionType):
-            return CompiledMethod(CompiledFunction(type(target).__call__, key, dynamic), target)
+            return CompiledMethod(compiled(type(target).__call__), target)
         if callable(target):
             # a builtin, a class, a C function or method: no Python bytecode to capture
             return EagerCallable(target)

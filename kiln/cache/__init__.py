@@ -12,6 +12,9 @@ the capture's ShapeEnv (``kiln.aot.symbolic_codec``); a package load, which has 
 rebuilds the sizes in a ShapeEnv of their own and each call's input check tests the guards. Everything else is a *bypass*, logged
 with its reason under ``KILN_LOGS=cache``. A cache failure never fails the call: it compiles instead.
 
+Frame records (``frames.py``): each compiled function also keeps its entries in package form,
+so that a warm process installs them before capturing at all.
+
 ``kiln.config.cache = False`` (or ``KILN_CACHE=0``) turns the cache off.
 """
 from __future__ import annotations

@@ -15,6 +15,15 @@ def ls() -> int:
         total += size
         print(f"{key[:16]}  {size:>9}  {header.get('backend', '?'):<10} {header.get('function', '? (unreadable)')}")
     print(f"{len(rows)} entries, {total} bytes in {store.aot_dir()}")
+    records = store.records()
+    total = 0
+    for key, path in records:          # (frame records: what a warm process installs before capture)
+        header = store.read_header(path) or {}
+        size = os.path.getsize(path)
+        total += size
+        print(f"frame {key[:10]}  {size:>9}  {header.get('backend', '?'):<10} "
+              f"{header.get('function', '? (unreadable)')} ({header.get('entries', '?')} entries)")
+    print(f"{len(records)} frame records, {total} bytes in {store.frames_dir()}")
     return 0
 
 
@@ -42,5 +51,7 @@ def why(function: str | None) -> int:
 def clear() -> int:
     from . import store
 
-    print(f"removed {store.clear()} entries from {store.aot_dir()}")
+    entries, records = len(store.entries()), len(store.records())
+    store.clear()
+    print(f"removed {entries} entries and {records} frame records from {os.path.dirname(store.aot_dir())}")
     return 0

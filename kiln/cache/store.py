@@ -7,8 +7,10 @@ absent, with one warning; the compile that follows rewrites it. Writes go to a t
 file in the same directory and are renamed into place (atomic on POSIX), so concurrent
 writers of one key leave one whole entry, never a mix.
 
-The directory is kept under ``kiln.config.cache_size_limit`` bytes by removing the least
-recently used entries (a hit touches its file's mtime).
+Frame records (``frames.py``) live in ``<cache_dir>/frames/<frame key>/<writer>.rec`` in the
+same envelope. The directory (entries and records together) is kept under
+``kiln.config.cache_size_limit`` bytes by removing the least recently used files (a hit
+touches its file's mtime).
 """
 from __future__ import annotations
 
@@ -23,7 +25,8 @@ from .. import logs
 from ..config import config
 
 MAGIC = b"KILNAOT1"
-_stats = {"hits": 0, "misses": 0, "bypasses": 0, "bytes_read": 0, "bytes_written": 0}
+_stats = {"hits": 0, "misses": 0, "bypasses": 0, "bytes_read": 0, "bytes_written": 0,
+          "frame_hits": 0, "frame_misses": 0}
 _warned: set = set()
 
 
@@ -33,7 +36,8 @@ class CorruptEntry(Exception):
 
 def stats() -> dict:
     """Counters since the process started (or ``reset_stats()``): hits, misses, bypasses,
-    bytes_read, bytes_written."""
+    bytes_read, bytes_written (graphs), frame_hits, frame_misses (frame records: a hit skipped
+    capture)."""
     return dict(_stats)
 
 
@@ -61,6 +65,14 @@ def entry_path(key: str) -> str:
     return os.path.join(aot_dir(), f"{key}.entry")
 
 
+def frames_dir() -> str:
+    return os.path.join(os.path.expanduser(config.cache_dir), "frames")
+
+
+def record_path(frame_key: str, writer: str) -> str:
+    return os.path.join(frames_dir(), frame_key, f"{writer}.rec")
+
+
 def encode(header: dict, payload: bytes) -> bytes:
     head = json.dumps(header, sort_keys=True, default=str).encode()
     body = struct.pack("<I", len(head)) + head + payload
@@ -85,7 +97,11 @@ def decode(blob: bytes, header_only: bool = False) -> tuple[dict, bytes]:
 
 def read(key: str) -> tuple[dict, bytes] | None:
     """(header, payload) of a whole entry, or None (absent, or corrupt: warned once)."""
-    path = entry_path(key)
+    return read_path(entry_path(key))
+
+
+def read_path(path: str) -> tuple[dict, bytes] | None:
+    """(header, payload) of a whole entry or record file, or None (absent, or corrupt: warned once)."""
     try:
         with open(path, "rb") as f:
             blob = f.read()
@@ -109,18 +125,27 @@ def read(key: str) -> tuple[dict, bytes] | None:
 
 def write(key: str, header: dict, payload: bytes) -> bool:
     """Write atomically; False (warned once) when the directory is not writable."""
-    directory = aot_dir()
-    blob = encode(header, payload)
+    return _write_file(entry_path(key), encode(header, payload))
+
+
+def write_record(frame_key: str, writer: str, header: dict, payload: bytes) -> bool:
+    """Write a frame record atomically; False (warned once) when the directory is not writable."""
+    return _write_file(record_path(frame_key, writer), encode(header, payload))
+
+
+def _write_file(path: str, blob: bytes) -> bool:
+    directory = os.path.dirname(path)
     tmp = None
     try:
         os.makedirs(directory, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".entry")
         with os.fdopen(fd, "wb") as f:
             f.write(blob)
-        os.replace(tmp, entry_path(key))
+        os.replace(tmp, path)
         tmp = None
     except OSError as e:
-        warn_once(("write", directory), f"cannot write to {directory} ({e}); running without a cache")
+        root = os.path.expanduser(config.cache_dir)
+        warn_once(("write", root), f"cannot write to {directory} ({e}); running without a cache")
         return False
     finally:
         if tmp is not None:
@@ -135,20 +160,39 @@ def write(key: str, header: dict, payload: bytes) -> bool:
 
 def entries() -> list[tuple[str, str]]:
     """(key, path) of every entry, most recently used first."""
-    d = aot_dir()
+    return [(k, p) for _, k, p in _files_in(aot_dir(), ".entry")]
+
+
+def records(frame_key: str | None = None) -> list[tuple[str, str]]:
+    """(frame key, path) of every frame record (or of one frame's), most recently used first."""
+    keys = [frame_key] if frame_key is not None else _frame_dirs()
+    found = [(t, k, p) for k in keys for t, _, p in _files_in(os.path.join(frames_dir(), k), ".rec")]
+    found.sort(reverse=True)
+    return [(k, p) for _, k, p in found]
+
+
+def _files_in(d: str, suffix: str) -> list[tuple[float, str, str]]:
+    """(mtime, name without suffix, path) of the files of ``d`` ending in ``suffix``, newest first."""
     try:
-        names = [n for n in os.listdir(d) if n.endswith(".entry") and not n.startswith(".")]
+        names = [n for n in os.listdir(d) if n.endswith(suffix) and not n.startswith(".")]
     except OSError:
         return []
     items = []
     for n in names:
         p = os.path.join(d, n)
         try:
-            items.append((os.stat(p).st_mtime, n[:-6], p))
-        except OSError:
+            items.append((os.stat(p).st_mtime, n[:-len(suffix)], p))
+        except OSError:          # (removed meanwhile by another process)
             continue
     items.sort(reverse=True)
-    return [(k, p) for _, k, p in items]
+    return items
+
+
+def _frame_dirs() -> list[str]:
+    try:
+        return [k for k in os.listdir(frames_dir()) if not k.startswith(".")]
+    except OSError:
+        return []
 
 
 def read_header(path: str) -> dict | None:
@@ -159,12 +203,24 @@ def read_header(path: str) -> dict | None:
         return None
 
 
+def _all_files() -> list[tuple[str, str]]:
+    """(key, path) of every entry and frame record, most recently used first."""
+    files = []
+    for key, path in entries() + records():
+        try:
+            files.append((os.stat(path).st_mtime, key, path))
+        except OSError:
+            continue
+    files.sort(reverse=True)
+    return [(k, p) for _, k, p in files]
+
+
 def evict() -> None:
     limit = config.cache_size_limit
     if not limit or limit <= 0:
         return
     total = 0
-    for key, path in entries():              # most recent first: keep until the limit
+    for key, path in _all_files():           # most recent first: keep until the limit
         try:
             size = os.stat(path).st_size
         except OSError:
@@ -180,11 +236,17 @@ def evict() -> None:
 
 
 def clear() -> int:
+    """Remove every entry and frame record; returns how many files went."""
     n = 0
-    for _, path in entries():
+    for _, path in _all_files():
         try:
             os.unlink(path)
             n += 1
+        except OSError:
+            pass
+    for key in _frame_dirs():              # (empty now, unless a writer just added a record)
+        try:
+            os.rmdir(os.path.join(frames_dir(), key))
         except OSError:
             pass
     return n

@@ -51,15 +51,16 @@ def _namespace_of(entry: Entry) -> dict:
 
 
 def save_entries(entries: list[Entry], fn: types.FunctionType, add_blob: Callable[[bytes], int],
-                 left_out: list) -> list[dict]:
+                 left_out: list, keep: Callable[[Entry], bool] | None = None) -> list[dict]:
     """The saved form of ``fn``'s entries; one that cannot be saved is appended to
-    ``left_out`` as (function, guard text, reason)."""
+    ``left_out`` as (function, guard text, reason). ``keep``: which entries to save (also
+    among the continuations'), default all."""
     out = []
     for entry in entries:
-        if entry.replaced_by is not None:
+        if entry.replaced_by is not None or (keep is not None and not keep(entry)):
             continue
         try:
-            out.append(save_entry(entry, fn, add_blob, left_out))
+            out.append(save_entry(entry, fn, add_blob, left_out, keep))
         except NotPackageable as e:
             left_out.append((fn.__qualname__, entry.describe_guards(), str(e)))
         except Exception as e:     # kiln's own failure: the entry is left out, never the save
@@ -68,7 +69,8 @@ def save_entries(entries: list[Entry], fn: types.FunctionType, add_blob: Callabl
     return out
 
 
-def save_entry(entry: Entry, fn: types.FunctionType, add_blob: Callable[[bytes], int], left_out: list) -> dict:
+def save_entry(entry: Entry, fn: types.FunctionType, add_blob: Callable[[bytes], int], left_out: list,
+               keep: Callable[[Entry], bool] | None = None) -> dict:
     from ..api import _CompiledFactory
 
     program = entry.program
@@ -109,7 +111,7 @@ def save_entry(entry: Entry, fn: types.FunctionType, add_blob: Callable[[bytes],
             raise NotPackageable("a graph break inside an inlined function's frame")
         saved["break"] = {"plan": enc.encode(plan), "resumes": [
             {"function": r.original.__qualname__,
-             "entries": save_entries(r.entries, r.original, add_blob, left_out)} for r in entry.resumes]}
+             "entries": save_entries(r.entries, r.original, add_blob, left_out, keep)} for r in entry.resumes]}
     return saved
 
 
@@ -188,26 +190,28 @@ def same_value(a, b) -> bool:
     return a == b
 
 
-def load_entries(saved: list[dict], fn: types.FunctionType, compiled, blobs) -> list[Entry]:
+def load_entries(saved: list[dict], fn: types.FunctionType, compiled, blobs, origin: str | None = None) -> list[Entry]:
     """The entries that load; one that does not (a name it reads is gone from this process, a
     backend that cannot load its artifact) is skipped with a warning: calls it would have
-    matched compile (or raise PackageMiss)."""
+    matched compile (or raise PackageMiss). ``origin``: where they come from, for the warning
+    (default: ``compiled``'s package)."""
     out, failed = [], []
     for s in saved:
         try:
-            out.append(load_entry(s, fn, compiled, blobs))
+            out.append(load_entry(s, fn, compiled, blobs, origin))
         except Exception as e:
             failed.append(f"{type(e).__name__}: {e}")
     if failed:
         import warnings
 
-        warnings.warn(f"kiln: {len(failed)} entries of {fn.__qualname__} in package {getattr(compiled, '_package', '')} "
+        where = origin or f"package {getattr(compiled, '_package', '')}"
+        warnings.warn(f"kiln: {len(failed)} entries of {fn.__qualname__} in {where} "
                       f"could not be loaded (first: {failed[0]}); calls they match compile as usual",
                       RuntimeWarning, stacklevel=4)
     return out
 
 
-def load_entry(saved: dict, fn: types.FunctionType, compiled, blobs) -> Entry:
+def load_entry(saved: dict, fn: types.FunctionType, compiled, blobs, origin: str | None = None) -> Entry:
     """``compiled``: the CompiledFunction of ``fn`` these entries go to (its key, backend and
     continuation factory)."""
     from ..api import cache_for
@@ -225,8 +229,9 @@ def load_entry(saved: dict, fn: types.FunctionType, compiled, blobs) -> Entry:
         from .load import PackagedFunction
 
         for r, group in zip(resumes, saved["break"]["resumes"]):
-            PackagedFunction.adopt(r, getattr(compiled, "_on_miss", "compile"), getattr(compiled, "_package", ""))
-            install(cache_for(r.original), load_entries(group["entries"], r.original, r, blobs))
+            if isinstance(compiled, PackagedFunction):   # (a frame record's continuations stay plain)
+                PackagedFunction.adopt(r, compiled._on_miss, compiled._package)
+            install(cache_for(r.original), load_entries(group["entries"], r.original, r, blobs, origin))
         made["resumes"] = tuple(resumes)
         return bfn
 

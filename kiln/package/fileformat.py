@@ -49,8 +49,8 @@ def environment() -> dict:
     return env
 
 
-def write(path: str, manifest: dict, blobs: Blobs) -> int:
-    """Write the package atomically (a reader never sees half a file); returns its size."""
+def pack(manifest: dict, blobs: Blobs) -> bytes:
+    """The bytes of a package (also the payload of a frame record, ``kiln.cache.frames``)."""
     offsets, pos = [], 0
     for b in blobs.parts:
         offsets.append([pos, len(b)])
@@ -58,7 +58,12 @@ def write(path: str, manifest: dict, blobs: Blobs) -> int:
     manifest = {**manifest, "format": FORMAT_VERSION, "blobs": offsets}
     text = json.dumps(manifest, sort_keys=True).encode()
     body = struct.pack(">Q", len(text)) + text + b"".join(blobs.parts)
-    data = MAGIC + hashlib.sha256(body).digest() + body
+    return MAGIC + hashlib.sha256(body).digest() + body
+
+
+def write(path: str, manifest: dict, blobs: Blobs) -> int:
+    """Write the package atomically (a reader never sees half a file); returns its size."""
+    data = pack(manifest, blobs)
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "wb") as f:
         f.write(data)
@@ -87,6 +92,11 @@ def read(path: str) -> Package:
             data = f.read()
     except OSError as e:
         raise PackageError(f"cannot read package {path}: {e}") from None
+    return unpack(data, path)
+
+
+def unpack(data: bytes, path: str) -> Package:
+    """The verified package in ``data`` (read from ``path``, named in errors)."""
     if not data.startswith(MAGIC):
         raise PackageError(f"{path} is not a kiln package (no kiln package header); "
                            "save one with compiled.save_package(path)")

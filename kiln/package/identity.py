@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+import re
 import types
 
 from .errors import PackageMismatch
@@ -34,8 +35,10 @@ def _feed(h, code: types.CodeType) -> None:
 
 
 def signature_of(fn) -> str:
+    """The signature as text, without the addresses object reprs carry (a default
+    ``act=<function gelu at 0x7f...>`` is at another address in every process)."""
     try:
-        return str(inspect.signature(fn))
+        return re.sub(r" at 0x[0-9a-fA-F]+", "", str(inspect.signature(fn)))
     except (TypeError, ValueError):
         return "?"
 

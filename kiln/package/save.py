@@ -56,11 +56,24 @@ def save_package(compiled, path: str) -> SaveReport:
     cannot outlive this process (an identity guard on an object with no importable name, a
     graph the backend cannot save) is left out; the returned ``SaveReport`` says which and why."""
     target, fn, cf, kind = target_of(compiled)
-    key = key_of(cf)
     blobs = fileformat.Blobs()
     left: list = []
-    entries = cf.entries
-    saved = save_entries(entries, fn, blobs.add, left)
+    manifest, counts = build_manifest(target, fn, cf, kind, cf.entries, blobs, left)
+    size = fileformat.write(path, manifest, blobs)
+    report = SaveReport(path, size, counts, [LeftOut(f, g, r) for f, g, r in left])
+    if logs.enabled.package:
+        logs.log("package", str(report))
+    return report
+
+
+def build_manifest(target, fn: types.FunctionType, cf, kind: str, entries: list, blobs: fileformat.Blobs,
+                   left: list, keep=None) -> tuple[dict, dict]:
+    """(the manifest of ``entries`` of ``cf``, entries saved per function). Their artifacts go
+    to ``blobs``; an entry that cannot be saved goes to ``left`` as (function, guards, reason).
+    ``keep(entry)``: which entries of the continuations to save (default: all). Shared by
+    packages and frame records (``kiln.cache.frames``)."""
+    key = key_of(cf)
+    saved = save_entries(entries, fn, blobs.add, left, keep)
     inlined: dict = {}
     for e in _walk(entries):
         inlined.update(e.inlined)
@@ -82,11 +95,7 @@ def save_package(compiled, path: str) -> SaveReport:
     isa = vec_isa_memo.record()
     if isa is not None:     # (Inductor's CPU SIMD probe, answered for this machine: see load)
         manifest["vec_isa"] = [isa]
-    size = fileformat.write(path, manifest, blobs)
-    report = SaveReport(path, size, counts, [LeftOut(f, g, r) for f, g, r in left])
-    if logs.enabled.package:
-        logs.log("package", str(report))
-    return report
+    return manifest, counts
 
 
 def _metas(saved: list):

@@ -79,7 +79,7 @@ def test_second_compile_loads_without_tracing(traces):
     assert len(traces) == 1                       # loaded: no AOT trace
     s = kiln.cache.stats()
     assert s["hits"] == 1 and s["misses"] == 1 and s["bytes_read"] > 0
-    assert set(s) == {"hits", "misses", "bypasses", "bytes_read", "bytes_written"}
+    assert set(s) == {"hits", "misses", "bypasses", "bytes_read", "bytes_written", "frame_hits", "frame_misses"}
 
 
 def test_local_names_share_an_entry_real_changes_do_not(traces):
@@ -237,17 +237,24 @@ def test_cache_off(traces):
         kiln.reset()
         run(mlp, inputs())
     assert len(traces) == 2 and store.entries() == []
-    assert kiln.cache.stats() == {"hits": 0, "misses": 0, "bypasses": 0, "bytes_read": 0, "bytes_written": 0}
+    assert kiln.cache.stats() == {"hits": 0, "misses": 0, "bypasses": 0, "bytes_read": 0, "bytes_written": 0,
+                                  "frame_hits": 0, "frame_misses": 0}
+    assert store.records() == []
 
 
 def test_lru_eviction():
+    """The size limit covers entries and frame records together: the least recently used go."""
     run(mlp, inputs())
-    size = os.path.getsize(store.entries()[0][1])
+    first = [p for _, p in store.entries() + store.records()]
+    assert len(first) == 2                        # the graph's entry and the frame's record
+    size = sum(os.path.getsize(p) for p in first)
     with kiln.config.patch(cache_size_limit=int(size * 1.5)):
         run(mlp_other_op, inputs())
     remaining = store.entries()
-    assert len(remaining) == 1
+    assert len(remaining) == 1 and not any(os.path.exists(p) for p in first)
     assert store.read_header(remaining[0][1])["parts"]["graph"].count("sigmoid") == 1
+    [(_, record)] = store.records()
+    assert store.read_header(record)["function"] == "mlp_other_op"
 
 
 def test_user_compilers_are_not_cached(traces):
@@ -274,7 +281,7 @@ _CHILD = textwrap.dedent("""
     torch.testing.assert_close(out1, f(x, w))
     torch.testing.assert_close(out2, g(x))
     s = kiln.cache.stats()
-    print("RESULT", len(traces), s["hits"], s["misses"])
+    print("RESULT", len(traces), s["hits"], s["misses"], s["frame_hits"])
 """)
 
 
@@ -294,8 +301,11 @@ def _result(p):
 
 
 def test_fresh_process_with_warm_cache_traces_nothing(tmp_path):
-    assert _result(_child(tmp_path, 2, 0)) == (2, 0, 2)
-    assert _result(_child(tmp_path, 2, 1)) == (0, 2, 0)
+    assert _result(_child(tmp_path, 2, 0)) == (2, 0, 2, 0)
+    assert _result(_child(tmp_path, 2, 1)) == (0, 0, 0, 2)       # frame records: no capture at all
+    for _, path in store.records():                             # without them: graph-level hits
+        os.unlink(path)
+    assert _result(_child(tmp_path, 2, 2)) == (0, 2, 0, 0)
 
 
 def test_eight_processes_share_one_dir(tmp_path):
@@ -307,6 +317,11 @@ def test_eight_processes_share_one_dir(tmp_path):
     for key, path in entries:
         assert store.read(key) is not None        # every entry whole (hash checked)
     assert not [n for n in os.listdir(store.aot_dir()) if n.startswith(".tmp-")]
+    records = store.records()
+    assert len({k for k, _ in records}) == 6      # and the frame records: 3 constants x 2 functions
+    for _, path in records:
+        assert store.read_path(path) is not None
+        assert not [n for n in os.listdir(os.path.dirname(path)) if n.startswith(".tmp-")]
 
 
 def test_cli_ls_why_clear():
@@ -316,11 +331,13 @@ def test_cli_ls_why_clear():
     cmd = [sys.executable, "-m", "kiln", "cache"]
     env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(kiln.__file__))}
     out = subprocess.run(cmd + ["ls"], capture_output=True, text=True, env=env, timeout=120)
-    assert out.returncode == 0 and "2 entries" in out.stdout and out.stdout.count("mlp") == 2
+    assert out.returncode == 0 and "2 entries" in out.stdout and out.stdout.count("mlp") == 3
+    assert "1 frame records" in out.stdout
     out = subprocess.run(cmd + ["why", "mlp"], capture_output=True, text=True, env=env, timeout=120)
     assert "entry 2 missed: input 0 dtype: float32 -> float64" in out.stdout
     out = subprocess.run(cmd + ["clear"], capture_output=True, text=True, env=env, timeout=120)
-    assert "removed 2 entries" in out.stdout and store.entries() == []
+    assert "removed 2 entries and 1 frame records" in out.stdout and store.entries() == []
+    assert store.records() == []
 
 
 def test_bypasses_are_counted_and_say_why(capsys):
@@ -354,7 +371,7 @@ def test_stats_is_public_after_import_kiln():
                          capture_output=True, text=True, timeout=120,
                          env={**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(kiln.__file__))})
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "['bypasses', 'bytes_read', 'bytes_written', 'hits', 'misses']"
+    assert out.stdout.strip() == "['bypasses', 'bytes_read', 'bytes_written', 'frame_hits', 'frame_misses', 'hits', 'misses']"
 
 
 def test_user_aot_backend_with_cache_key_is_cached_and_its_compilers_run_on_load(traces):

@@ -230,7 +230,7 @@ _CHILD = textwrap.dedent("""
         out.sum().backward(); ref.sum().backward()
         torch.testing.assert_close(w.grad, w2.grad)
     s = kiln.cache.stats()
-    print("RESULT", traces.count(True), traces.count(False), s["hits"], s["misses"])
+    print("RESULT", traces.count(True), traces.count(False), s["hits"], s["misses"], s["frame_hits"])
 """)
 
 
@@ -246,9 +246,14 @@ def test_fresh_process_hits_after_automatic_dynamic_made_dims_symbolic(tmp_path)
         line = [l for l in p.stdout.splitlines() if l.startswith("RESULT")][0]
         return tuple(int(v) for v in line.split()[1:])
     # first process: static, then the size changes and dim 0 becomes symbolic (one dynamic trace)
-    assert child(3, 5, 6) == (1, 1, 0, 2)
-    # next process: the profile makes dim 0 symbolic at once, and that entry is loaded
-    assert child(7, 8) == (0, 0, 1, 0)
+    assert child(3, 5, 6) == (1, 1, 0, 2, 0)
+    # next process: the frame record's dynamic entry serves the new sizes (no capture at all)
+    assert child(7, 8) == (0, 0, 0, 0, 1)
+    # without frame records: the profile makes dim 0 symbolic at once, and that entry is loaded
+    from kiln.cache import store
+    for _, path in store.records():
+        os.unlink(path)
+    assert child(7, 8) == (0, 0, 1, 0, 0)
 
 
 def test_an_entry_whose_trace_guards_fail_for_the_new_sizes_is_a_miss(traces, capsys):

@@ -109,6 +109,12 @@ def test_inductor_config_is_part_of_the_key():
     assert InductorBackend(mode="max-autotune-no-cudagraphs").cache_options() != base
 
 
+def _drop_frame_records():
+    from kiln.cache import store
+    for _, path in store.records():
+        os.unlink(path)
+
+
 _CHILD = textwrap.dedent("""
     import sys, torch, kiln
     import kiln.aot.dynamic as D
@@ -128,7 +134,7 @@ _CHILD = textwrap.dedent("""
     out.sum().backward(); ref.sum().backward()
     torch.testing.assert_close(w.grad, w2.grad)
     s = kiln.cache.stats()
-    print("RESULT", work.count("trace"), work.count("inductor"), s["hits"], s["misses"])
+    print("RESULT", work.count("trace"), work.count("inductor"), s["hits"], s["misses"], s["frame_hits"])
 """)
 
 
@@ -143,8 +149,10 @@ def test_fresh_process_with_warm_cache_lowers_nothing(tmp_path):
         assert p.returncode == 0, p.stderr
         line = [l for l in p.stdout.splitlines() if l.startswith("RESULT")][0]
         return tuple(int(v) for v in line.split()[1:])
-    assert child(0) == (1, 2, 0, 1)
-    assert child(1) == (0, 0, 1, 0)
+    assert child(0) == (1, 2, 0, 1, 0)
+    assert child(1) == (0, 0, 0, 0, 1)       # the frame record: not even a capture
+    _drop_frame_records()
+    assert child(1) == (0, 0, 1, 0, 0)       # captured, and the graph loaded
 
 
 def test_dynamic_inductor_entry_loads_without_tracing_or_lowering(monkeypatch, work):
@@ -214,7 +222,7 @@ _DYNAMIC_CHILD = textwrap.dedent("""
         x = torch.randn(n, 4)
         torch.testing.assert_close(g(x, w), f(x, w))
     s = kiln.cache.stats()
-    print("RESULT", work.count("trace"), work.count("inductor"), s["hits"], s["misses"])
+    print("RESULT", work.count("trace"), work.count("inductor"), s["hits"], s["misses"], s["frame_hits"])
 """)
 
 
@@ -229,5 +237,7 @@ def test_fresh_process_loads_the_dynamic_graph_automatic_dynamic_made(tmp_path):
         assert p.returncode == 0, p.stderr
         line = [l for l in p.stdout.splitlines() if l.startswith("RESULT")][0]
         return tuple(int(v) for v in line.split()[1:])
-    assert child(3, 5, 6) == (2, 2, 0, 2)     # static, then dim 0 symbolic: two inference graphs
-    assert child(7, 9) == (0, 0, 1, 0)        # symbolic at once (the profile), and loaded
+    assert child(3, 5, 6) == (2, 2, 0, 2, 0)  # static, then dim 0 symbolic: two inference graphs
+    assert child(7, 9) == (0, 0, 0, 0, 1)     # the frame record's dynamic entry: no capture
+    _drop_frame_records()
+    assert child(7, 9) == (0, 0, 1, 0, 0)     # symbolic at once (the profile), and loaded
