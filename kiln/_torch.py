@@ -311,7 +311,10 @@ def inductor_boxed_bool(value: bool) -> Any:
 
 def inductor_decompositions() -> dict:
     """Inductor's decomposition table for the current Inductor config (it depends on
-    ``fallback_random``)."""
+    ``fallback_random``). Some decompositions read ``torch._inductor.lowering`` as an
+    attribute when they run (max-pool's asks which pools Inductor lowers), which only works
+    once that module is imported: a process that never ran torch.compile has not."""
+    import torch._inductor.lowering  # noqa: F401
     from torch._inductor.decomposition import select_decomp_table
 
     return dict(select_decomp_table())

@@ -94,12 +94,11 @@ def _load_generated(graphs: dict) -> dict:
     compilers' disk caches, and asking for Inductor's worker pool would start its worker
     processes (seconds of CPU, and more at exit) for nothing. Parallelism is all that
     setting changes: a kernel missing from those caches is compiled here, one at a time."""
-    import os
-
+    from ..cache.store import kernels_dir
     from ..config import config
     from . import generated_module, vec_isa_memo
 
-    kernel_dir = os.path.join(os.path.expanduser(config.cache_dir), "kernels")
+    kernel_dir = kernels_dir()
     modules = {kind: generated_module.load(code.get("fast"), code["constants"], kernel_dir)
                for kind, code in graphs.items()}
     rest = {kind: code for kind, code in graphs.items() if modules[kind] is None}

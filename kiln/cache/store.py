@@ -69,6 +69,12 @@ def frames_dir() -> str:
     return os.path.join(os.path.expanduser(config.cache_dir), "frames")
 
 
+def kernels_dir() -> str:
+    """Kernel libraries written out of entries to be loaded (``backends.generated_module``):
+    a copy of bytes an entry holds, so evicting or clearing them loses nothing."""
+    return os.path.join(os.path.expanduser(config.cache_dir), "kernels")
+
+
 def record_path(frame_key: str, writer: str) -> str:
     return os.path.join(frames_dir(), frame_key, f"{writer}.rec")
 
@@ -204,9 +210,10 @@ def read_header(path: str) -> dict | None:
 
 
 def _all_files() -> list[tuple[str, str]]:
-    """(key, path) of every entry and frame record, most recently used first."""
+    """(key, path) of every entry, frame record and kernel library, most recently used first."""
     files = []
-    for key, path in entries() + records():
+    kernels = [(k, p) for _, k, p in _files_in(kernels_dir(), ".so")]
+    for key, path in entries() + records() + kernels:
         try:
             files.append((os.stat(path).st_mtime, key, path))
         except OSError:
@@ -236,7 +243,7 @@ def evict() -> None:
 
 
 def clear() -> int:
-    """Remove every entry and frame record; returns how many files went."""
+    """Remove every entry, frame record and kernel library; returns how many files went."""
     n = 0
     for _, path in _all_files():
         try:

@@ -13,6 +13,7 @@ eager's numbers).
 from __future__ import annotations
 
 import copy
+import os
 import warnings
 
 import pytest
@@ -486,3 +487,34 @@ def test_progress_after_delay(capsys, monkeypatch):
     with p, p.phase("fast"):          # under the delay: nothing
         pass
     assert capsys.readouterr().err == ""
+
+
+def test_max_pool_compiles_in_a_process_that_never_ran_torch_compile(tmp_path):
+    """Inductor's max-pool decomposition reads ``torch._inductor.lowering`` when it runs; a
+    process that never imported it made the whole graph run as captured (no Inductor). The
+    pool's int64 indices are recomputed in the backward from the int8 offsets it saves."""
+    import subprocess
+    import sys
+
+    code = """
+import torch, kiln
+m = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.MaxPool2d(3, 2, 1), torch.nn.ReLU())
+x = torch.randn(2, 3, 10, 10)
+f = kiln.compile(m, backend="inductor")
+out = f(x)
+out.sum().backward()
+ref = m(x)
+torch.testing.assert_close(out, ref)
+(e,) = f.entries
+parts = e.compiled_graph.parts
+assert parts.kind == "training", parts.kind
+outs = list(parts.forward.graph.find_nodes(op="output")[0].args[0])[parts.num_fw_outputs:]
+dtypes = [o.meta["val"].dtype for o in outs if isinstance(o.meta.get("val"), torch.Tensor)]
+assert torch.int8 in dtypes and torch.int64 not in dtypes, dtypes
+print("OK")
+"""
+    env = {**os.environ, "KILN_CACHE": "0", "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__))))}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600,
+                         cwd=tmp_path)
+    assert out.returncode == 0 and "OK" in out.stdout, out.stderr[-3000:]
