@@ -100,6 +100,30 @@ class AOTGraphCapture:
                f"{self.num_tangents} tangents, {len(self.graph.nodes)} nodes>"
 
 
+def _reached_by(outs: list, tangent_ids: list, leaf: torch.Tensor) -> frozenset:
+    """The tangents (of ``outs``) whose output's autograd graph reaches ``leaf``: those a
+    backward() from which gives ``leaf`` a gradient in eager, zeros included. The traced
+    gradient's data flow can say less: a decomposition turns ``zeros_like(grad)`` (the
+    derivative of an overwritten ``copy_``) into a constant (fuzz seed 7348)."""
+    try:
+        edge = torch.autograd.graph.get_gradient_edge(leaf).node
+    except Exception:   # noqa: BLE001 - no edge to find: the traced data flow decides
+        return frozenset()
+    found = set()
+    for o, j in zip(outs, tangent_ids):
+        seen, todo = set(), [o.grad_fn]
+        while todo:
+            node = todo.pop()
+            if node is None or node in seen:
+                continue
+            if node is edge:
+                found.add(j)
+                break
+            seen.add(node)
+            todo.extend(nxt for nxt, _ in node.next_functions)
+    return frozenset(found)
+
+
 def _mark_forward_nodes() -> None:
     from torch.fx.experimental.proxy_tensor import get_proxy_mode
 
@@ -158,6 +182,8 @@ def _capture(state: AOTState) -> AOTGraphCapture:
         tangents = [_tangent_for(state, k) for k in tangent_positions]
         grad_primals = [i for i, p in enumerate(primals) if isinstance(p, torch.Tensor) and p.requires_grad]
 
+        reach: list = []    # per grad primal: the tangents whose outputs' autograd graph reaches it
+
         def joint(*pt):
             p, t = pt[:n], pt[n:]
             with U.exclude_functionalize_key():
@@ -170,15 +196,17 @@ def _capture(state: AOTState) -> AOTGraphCapture:
                     outs = fn(*fp)
                     write_inputs(p, fp)
                     _mark_forward_nodes()
-                    d_outs, d_tangents = [], []
+                    d_outs, d_tangents, d_js = [], [], []
                     for j, k in enumerate(tangent_positions):
                         o = outs[k]
                         if isinstance(o, torch.Tensor) and o.requires_grad and o.grad_fn is not None:
                             d_outs.append(o)
                             d_tangents.append(ft[j])
+                            d_js.append(j)
                     gin = [fp[i] for i in grad_primals]
                     grads: list = [None] * len(gin)
                     if d_outs and gin:
+                        reach[:] = [_reached_by(d_outs, d_js, fp[i]) for i in grad_primals]
                         grads = list(torch.autograd.grad(d_outs, gin, d_tangents, allow_unused=True))
                 finally:
                     torch._C._set_grad_enabled(prior_grad)
@@ -188,6 +216,8 @@ def _capture(state: AOTState) -> AOTGraphCapture:
                 return [U.from_fun(o) for o in outs] + [U.from_fun(g) if g is not None else None for g in full]
 
         gm = _trace(state, joint, primals + tangents)
+        if len(reach) == len(grad_primals):
+            gm.meta["kiln_grad_reach"] = {i: r for i, r in zip(grad_primals, reach)}
         names = [f"primals_{i + 1}" for i in range(n)] + [f"tangents_{j + 1}" for j in range(len(tangents))]
         example = primals + tangents
         kind = "joint"

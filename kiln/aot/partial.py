@@ -40,7 +40,11 @@ def grad_dependencies(joint: torch.fx.GraphModule, num_fw_outputs: int) -> list[
     tangents = [n for n in joint.graph.nodes if n.op == "placeholder" and n.meta.get("kiln_tangent")]
     deps = tangent_sets(joint.graph, tangents)
     grads = U.flat_outputs(joint.graph)[num_fw_outputs:]
-    return [sorted(deps.get(g, ())) if isinstance(g, torch.fx.Node) else [] for g in grads]
+    # eager's autograd reaches a leaf through its graph, whatever the values: a gradient that
+    # is a constant (zeros) still comes from the outputs that reach it (graph_capture._reached_by)
+    reach = joint.meta.get("kiln_grad_reach", {})
+    return [sorted(set(deps.get(g, ())) | set(reach.get(i, ()))) if isinstance(g, torch.fx.Node) else []
+            for i, g in enumerate(grads)]
 
 
 def without_tangents(backward: torch.fx.GraphModule, num_tangents: int, given: frozenset) -> torch.fx.GraphModule:

@@ -587,6 +587,7 @@ def _break_function(fn, code, plan: "resume.BreakPlan", key, compiled_factory):
         conts.append(resume.make_continue(compiled, exit.layout))
     bcode = _named_like(code, resume.build_break_function(code, plan, conts, f"__kiln_break_{base}"))
     break_fn = types.FunctionType(bcode, fn.__globals__, code.co_name, None, closure)
+    break_fn.__kiln_continuations__ = conts   # its code refers to them weakly (resume._epilogue)
     per_fn[cache_key] = (break_fn, resumes)
     return break_fn, resumes
 

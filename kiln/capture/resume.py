@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 import types
+import weakref
 from typing import Callable
 
 import bytecode
@@ -360,6 +361,8 @@ def build_continuation(code: types.CodeType, exit: Exit, name: str) -> types.Cod
 
 
 def build_break_function(code: types.CodeType, plan: BreakPlan, continue_fns: list[Callable], name: str) -> types.CodeType:
+    """The break function's code; it reads ``continue_fns`` through weak references: the
+    function made from it must hold them (``__kiln_continuations__``)."""
     items = _original_items(code)
     decoded = bu.decode_with_raw(code, items)
     start_raw = decoded[plan.start_index].raw
@@ -422,8 +425,14 @@ def _epilogue(exit: Exit, cont: Callable, lineno: int) -> list:
                 *bu.call_instructions(0, lineno), Instr("STORE_FAST", "___kiln_handled", lineno=lineno),
                 Instr("LOAD_FAST", "___kiln_stack", lineno=lineno), Instr("LOAD_CONST", prev[0], lineno=lineno),
                 Instr("BINARY_SUBSCR", lineno=lineno), Instr("POP_EXCEPT", lineno=lineno)]
+    # The code holds the continuation only weakly (calling the weak reference gives it back):
+    # code objects are invisible to the garbage collector, so a strong constant would keep
+    # the continuation, its own break functions' code and theirs (and every closure cell and
+    # tensor they hold) alive for one more collection per level of nesting. The break
+    # function holds the continuations strongly (``__kiln_continuations__``).
     out += [Instr("PUSH_NULL", lineno=lineno),
-            Instr("LOAD_CONST", cont, lineno=lineno),
+            Instr("PUSH_NULL", lineno=lineno), Instr("LOAD_CONST", weakref.ref(cont), lineno=lineno),
+            *bu.call_instructions(0, lineno),
             Instr("LOAD_FAST", "___kiln_stack", lineno=lineno)]
     for n in exit.local_names:
         out.append(Instr("LOAD_FAST", n, lineno=lineno))

@@ -332,11 +332,26 @@ def test_a_tensor_the_backward_needs_changed_in_place_runs_as_captured():
     assert "modified by an inplace operation" in counter.fallbacks[0]
 
 
+def overlapping_inputs_write(x, b):
+    torch.Tensor.add_(b.t(), b)  # eager: RuntimeError (partially overlapping memory; an
+    return x * 2                 # unbound method: capture does not check it, AOT does)
+
+
+def _overlapping_views():
+    return (rg(3), rn(4, 4))
+
+
+def test_writes_eager_refuses_for_overlapping_memory():
+    counter = run_like_eager(overlapping_inputs_write, _overlapping_views, fallbacks=1)
+    assert "eager raises there" in counter.fallbacks[0]
+
+
 @pytest.mark.parametrize("fn,make", [(overlapping_write, lambda: (rg(3), rn(4, 4))),
                                      (expanded_write, lambda: (rn(3, 4),))])
-def test_writes_eager_refuses_for_overlapping_memory(fn, make):
-    counter = run_like_eager(fn, make, fallbacks=1)
-    assert "eager raises there" in counter.fallbacks[0]
+def test_a_write_eager_refuses_is_left_to_eager(fn, make):
+    # capture breaks before it (tests/capture/test_inplace_overlap.py): eager raises its own
+    # error at the user's line, no AOT fallback needed
+    run_like_eager(fn, make, fallbacks=0)
 
 
 def test_fullgraph_turns_an_aot_failure_into_unsupported():
@@ -521,3 +536,35 @@ def test_backward_through_one_output_does_not_free_what_another_needs(backend):
         a.sum().backward()
         return [x.grad, base.grad]
     assert_same(run_unused(kiln.compile(unused_input, backend=BACKENDS[backend])), run_unused(unused_input))
+
+
+# ------------------------------------------------------------------------------------------------
+# A leaf reached only through a derivative that is constant zeros still gets a gradient
+# ------------------------------------------------------------------------------------------------
+def overwritten_by_copy(x, w, scale):
+    h = x @ w
+    h.copy_(scale)               # eager: w.grad is zeros (CopyBackwards still reaches w)
+    return h
+
+
+def _zeros_like_decomposed():
+    # Inductor's decompositions (with FX compilers: fast) make the derivative of the
+    # overwritten value a constant: the traced gradient depends on no tangent (fuzz seed 7348)
+    from kiln.backends.inductor import decomposition_table
+
+    return aot_backend(partition_fn="min_cut", decompositions=decomposition_table())
+
+
+@pytest.mark.parametrize("dynamic", [None, True])
+def test_a_gradient_of_constant_zeros_is_zeros_not_none(dynamic):
+    def make():
+        return (rn(3, 4), rg(4, 4), rg(4))
+    for backend in (aot_eager, _zeros_like_decomposed()):
+        kiln.reset()
+        compiled = kiln.compile(overwritten_by_copy, backend=backend, dynamic=dynamic)
+        for run in (overwritten_by_copy, compiled):
+            torch.manual_seed(0)
+            x, w, s = make()
+            (run(x, w, s) * 2).sum().backward()
+            assert w.grad is not None and not w.grad.any()
+            torch.testing.assert_close(s.grad, torch.full((4,), 6.0, dtype=s.dtype))

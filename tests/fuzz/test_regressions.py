@@ -583,6 +583,33 @@ def fn(x, y):
     return inner15(x)
 ''', found="seed 3068, aot_eager, dynamic None and True", backends=("aot_eager",),
         dynamic=(None, True)),
+    "inputs_outlive_a_chain_of_continuations": Case('''
+def make_inputs(seed, n, k, s, flag):
+    return (randn(seed, n, 4, rg=True, dtype=torch.float64), randn(seed + 1, 4, 4, rg=True, dtype=torch.float64))
+
+def fn(x, w):
+    n1 = len(x)
+    def inner9(t):
+        for i11 in range(n1):
+            loss13 = (x * x).sum()
+            print('w.grad', None if w.grad is None else float(w.grad.sum()), file=LOG)
+    t14 = inner9(x)
+''', found="seed 7046, aot_eager, dynamic None and True (break functions held their continuations "
+              "as code constants: one level freed per collection)",
+        backends=("aot_eager",), calls=[Call(101, 12, 1, 0.5, True)]),
+    "in_place_copy_from_an_overlapping_view": Case('''
+def make_inputs(seed, n, k, s, flag):
+    return (randn(seed, n, 4), randn(seed + 1, n, 4, rg=True))
+
+def fn(x, y):
+    for i3 in range(3):
+        t8 = x.select(0, 0)
+        x.copy_(t8)
+        t9 = x.sum(-1)
+    n10 = int((y > 0).sum())
+    return x * n10
+''', found="seed 7133, aot_eager, dynamic None and True (eager refuses the partial overlap; the "
+              "graph raised it with a traceback at the def line)", backends=("aot_eager",)),
     "output_backwarded_again_after_a_backward_inside": Case('''
 def make_inputs(seed, n, k, s, flag):
     return (randn(seed, 4, 4, rg=True), randn(seed + 1, 4, rg=True))

@@ -162,14 +162,56 @@ class TensorValue(Value):
         if name == "__getitem__":
             return tx.output.call_op("call_function", _getitem, (self, *args), {})
         if name == "__setitem__":
+            if len(args) == 2 and isinstance(args[1], TensorValue) and _same_storage(self.fake, args[1].fake):
+                _refuse_setitem_overlap(tx, self.fake, args[0], args[1].fake)
             tx.output.call_op("call_function", _setitem, (self, *args), {}, expect_tensor=False)
             return ConstantValue(None)
         if name == "type" and not args and not kwargs:
             return ConstantValue(self.fake.type().replace("Fake", ""))
         if name == "requires_grad_" or name == "retain_grad":
             raise Unsupported(f"Tensor.{name}() changes autograd state of a graph value")
+        if _is_inplace_name(name):
+            _refuse_partial_overlap(name, self, [*args, *kwargs.values()])
         return tx.output.call_op("call_method", name, (self, *args), kwargs, inplace_of=self
                                  if _is_inplace_name(name) else None)
+
+
+def _same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
+    try:
+        return a is not b and a.untyped_storage()._cdata == b.untyped_storage()._cdata
+    except Exception:   # noqa: BLE001 - no storage (sparse, nested)
+        return False
+
+
+def _refuse_setitem_overlap(tx, fake: torch.Tensor, index, value: torch.Tensor) -> None:
+    """``tensor[index] = value`` copies into the indexed part: eager may refuse the overlap
+    (overlap.py). ``t[i] += 1`` writes back the very view it read, which eager allows."""
+    from ..output_graph import _to_fake
+    from .overlap import may_partially_overlap
+
+    try:
+        with tx.output.fake_mode:
+            target = fake[_to_fake(index)]   # what eager writes into (a copy if advanced)
+        if not _same_storage(fake, target):
+            target = fake                    # advanced indexing writes into the tensor itself
+    except Exception:   # noqa: BLE001 - an index the fake cannot take: let eager decide
+        target = None
+    if target is None or may_partially_overlap(target, value):
+        raise Unsupported("tensor[...] = a partly overlapping view of the same tensor (eager checks the overlap)")
+
+
+def _refuse_partial_overlap(name: str, target: "TensorValue", args: list) -> None:
+    """An in-place method reading a view of the memory it writes: eager's overlap check
+    decides (a break), see overlap.py."""
+    from .overlap import has_internal_overlap, may_partially_overlap
+
+    if has_internal_overlap(target.fake):
+        raise Unsupported(f"in-place Tensor.{name}() on a tensor whose elements share memory "
+                          f"(an expand: eager checks the overlap)")
+    for a in args:
+        if isinstance(a, TensorValue) and may_partially_overlap(target.fake, a.fake):
+            raise Unsupported(f"in-place Tensor.{name}() reads a partly overlapping view of the "
+                              f"tensor it writes (eager checks the overlap)")
 
 
 def _is_inplace_name(name: str) -> bool:
