@@ -32,6 +32,7 @@ import hashlib
 import importlib
 import os
 import platform
+import re
 import sys
 import tempfile
 import types
@@ -48,15 +49,18 @@ _KERNEL_KINDS = ("cpp_pybinding",)
 
 def describe(source: str, module_globals: dict | None) -> dict | None:
     """What a load needs to skip Inductor for this module, or None when it cannot (a kernel
-    kind kiln does not load itself, a kernel whose library is not found)."""
+    kind kiln does not load itself, a kernel whose library is not found). (Runs after every
+    compile: the source is parsed once and rewritten line by line, never unparsed.)"""
     if module_globals is None:
         return None
+    if any(kind not in _KERNEL_KINDS for kind in set(_KIND_CALL.findall(source))):
+        return None                 # (Triton kernels...: before parsing a large module)
     try:
         tree = ast.parse(source)
     except SyntaxError:
         return None
     kernels: dict[str, bytes] = {}
-    body = []
+    lines = source.splitlines(keepends=True)
     for stmt in tree.body:
         kind = _kernel_kind(stmt)
         if kind is not None:
@@ -72,14 +76,21 @@ def describe(source: str, module_globals: dict | None) -> dict | None:
                     kernels[_digest(src.encode())] = f.read()
             except OSError:
                 return None
-        body.extend(_rewrite_import(stmt))
-    tree.body = body
-    ast.fix_missing_locations(tree)
+        replacement = _rewrite_import(stmt)
+        if replacement is not None:
+            lines[stmt.lineno - 1] = replacement
+            for k in range(stmt.lineno, stmt.end_lineno):
+                lines[k] = "\n"
     extern = {}
-    for name in sorted(_extern_names(tree)):
-        extern[name] = _where(getattr(module_globals.get("extern_kernels"), name, None))
-    return {"format": FORMAT, "source": ast.unparse(tree), "kernels": kernels, "extern": extern,
+    kernel_names = module_globals.get("extern_kernels")
+    for name in sorted(set(_EXTERN_USE.findall(source))):
+        extern[name] = _where(getattr(kernel_names, name, None))
+    return {"format": FORMAT, "source": "".join(lines), "kernels": kernels, "extern": extern,
             "machine": machine_facts()}
+
+
+_KIND_CALL = re.compile(r"^\w+ = async_compile\.(\w+)\(", re.MULTILINE)
+_EXTERN_USE = re.compile(r"\bextern_kernels\.(\w+)")
 
 
 def _kernel_kind(stmt) -> str | None:
@@ -98,25 +109,14 @@ def _kernel_source(stmt) -> str | None:
     return None
 
 
-def _rewrite_import(stmt) -> list:
-    """``from torch._inductor.X import A as B`` -> ``B = __kiln_rt__.get('torch._inductor.X', 'A')``."""
+def _rewrite_import(stmt) -> str | None:
+    """``from torch._inductor.X import A as B`` -> ``B = __kiln_rt__.get('torch._inductor.X', 'A')``
+    (one line), None for other statements."""
     if isinstance(stmt, ast.ImportFrom) and stmt.module and stmt.level == 0 \
             and (stmt.module == "torch._inductor" or stmt.module.startswith("torch._inductor.")):
-        assigns = []
-        for alias in stmt.names:
-            call = ast.Call(func=ast.Attribute(value=ast.Name("__kiln_rt__", ast.Load()), attr="get", ctx=ast.Load()),
-                            args=[ast.Constant(stmt.module), ast.Constant(alias.name)], keywords=[])
-            assigns.append(ast.Assign(targets=[ast.Name(alias.asname or alias.name, ast.Store())], value=call))
-        return assigns
-    return [stmt]
-
-
-def _extern_names(tree) -> set:
-    names = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "extern_kernels":
-            names.add(node.attr)
-    return names
+        return "; ".join(f"{alias.asname or alias.name} = __kiln_rt__.get({stmt.module!r}, {alias.name!r})"
+                         for alias in stmt.names) + "\n"
+    return None
 
 
 def _where(fn) -> list | None:
