@@ -270,7 +270,8 @@ class CompiledFunction:
 
     def _retry_entries(self, args: tuple, kwargs: dict):
         """The lookup of ``__call__`` once more (after frame records added entries): the
-        result of the first entry whose guards hold, or MISS."""
+        result of the first entry whose guards hold, or MISS. (``__call__`` keeps its own copy
+        of this loop inline: it is the per-call hot path, and a call more costs there.)"""
         key = self._key
         for entry in list(self._cache.entries):
             if entry.key is key:
