@@ -7,12 +7,16 @@ import kiln
 @pytest.fixture(autouse=True)
 def _fresh_kiln(tmp_path, monkeypatch):
     """Every test starts with no compiled entries, logs off, default config and its own
-    empty cache directory (dynamic-shape profiles)."""
+    empty cache directory (dynamic-shape profiles), frame records off (tests/cache: on)."""
     kiln.reset()
     kiln.set_logs(None)
     cache = str(tmp_path / "kiln-cache")
     monkeypatch.setattr(kiln.config, "cache_dir", cache)
     monkeypatch.setenv("KILN_CACHE_DIR", cache)   # subprocesses the test starts
+    # Frame records (written after every compile) are tested in tests/cache, which turns
+    # them back on; elsewhere they would only add a write per compile to the suite's time.
+    monkeypatch.setattr(kiln.config, "cache_frames", False)
+    monkeypatch.setenv("KILN_CACHE_FRAMES", "0")
     torch.manual_seed(0)
     yield
     kiln.reset()

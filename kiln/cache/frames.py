@@ -60,7 +60,7 @@ def _not_recorded(cf) -> str | None:
 
 def frame_key(cf) -> str | None:
     """The key of ``cf``'s records (cached on it), None when they are not kept (logged once)."""
-    if not config.cache:
+    if not config.cache or not config.cache_frames:
         return None
     fk = cf._frame_key
     if fk is None:

@@ -24,6 +24,7 @@ def compiled_code(tmp_path_factory):
     _torch.inductor_generated_code = spy
     try:
         kiln.reset()
+        cached, kiln.config.cache = kiln.config.cache, False     # (compiled here, not loaded)
         lin = torch.nn.Linear(4, 3)
 
         def f(x):
@@ -34,6 +35,7 @@ def compiled_code(tmp_path_factory):
             ref = f(x)
     finally:
         _torch.inductor_generated_code = orig
+        kiln.config.cache = cached
         kiln.reset()
     code, module_globals = records[-1]
     return code, module_globals, [x, lin.weight.detach(), lin.bias.detach()], ref
