@@ -43,17 +43,21 @@ def _line_in_this_file(e: BaseException):
     return frames[-1].lineno, frames[-1].line
 
 
-@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
-@pytest.mark.parametrize("dynamic", [None, True])
-@pytest.mark.parametrize("fn", [copy_from_row, shifted_add, transposed_mul, setitem_shift])
-def test_refused_overlap_raises_eagers_error_at_the_users_line(fn, backend, dynamic):
-    x = torch.randn(3, 3)
+def assert_raises_like_eager(fn, x, backend="aot_eager", dynamic=None):
+    """Eager's overlap error, raised by the compiled function at the same user line."""
     with pytest.raises(RuntimeError, match="single memory location") as eager:
         fn(x.clone())
     kiln.reset()
     with pytest.raises(RuntimeError, match="single memory location") as compiled:
         kiln.compile(fn, backend=backend, dynamic=dynamic)(x.clone())
     assert _line_in_this_file(compiled.value) == _line_in_this_file(eager.value)
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("dynamic", [None, True])
+@pytest.mark.parametrize("fn", [copy_from_row, shifted_add, transposed_mul, setitem_shift])
+def test_refused_overlap_raises_eagers_error_at_the_users_line(fn, backend, dynamic):
+    assert_raises_like_eager(fn, torch.randn(3, 3), backend, dynamic)
 
 
 def allowed_overlaps(x):
@@ -90,12 +94,7 @@ def setitem_advanced_overlap(x):
 
 @pytest.mark.parametrize("dynamic", [None, True])
 def test_setitem_with_tensor_index_from_an_overlapping_view(dynamic):
-    x = torch.randn(5, 3)
-    with pytest.raises(RuntimeError, match="single memory location") as eager:
-        setitem_advanced_overlap(x.clone())
-    with pytest.raises(RuntimeError, match="single memory location") as compiled:
-        kiln.compile(setitem_advanced_overlap, backend="aot_eager", dynamic=dynamic)(x.clone())
-    assert _line_in_this_file(compiled.value) == _line_in_this_file(eager.value)
+    assert_raises_like_eager(setitem_advanced_overlap, torch.randn(5, 3), dynamic=dynamic)
 
 
 def augmented_setitem(x):
@@ -126,9 +125,4 @@ def expanded_write(x):
 
 @pytest.mark.parametrize("dynamic", [None, True])
 def test_write_into_an_expanded_tensor_raises_at_the_users_line(dynamic):
-    x = torch.randn(3, 4)
-    with pytest.raises(RuntimeError, match="single memory location") as eager:
-        expanded_write(x.clone())
-    with pytest.raises(RuntimeError, match="single memory location") as compiled:
-        kiln.compile(expanded_write, backend="aot_eager", dynamic=dynamic)(x.clone())
-    assert _line_in_this_file(compiled.value) == _line_in_this_file(eager.value)
+    assert_raises_like_eager(expanded_write, torch.randn(3, 4), dynamic=dynamic)
