@@ -295,6 +295,56 @@ def inductor_load_generated_module(code: dict) -> Any:
     return PyCodeCache.load_by_key_path(key, path, linemap, dict(code["constants"]))
 
 
+def inductor_triton_launch_facts(kernel: Any) -> dict | None:
+    """What launching one of Inductor's Triton kernels (a ``CachingAutotuner`` after its first
+    launch) takes without Triton or Inductor: its one chosen configuration's cubin, function
+    name, shared memory, warps, argument types and lists, and grid expressions, as Inductor's
+    static launcher uses them; None when the kernel is not launched statically by one
+    configuration (not yet launched, several candidates left, a user-defined or non-static
+    kernel) or Inductor's objects are not what this reads."""
+    import os
+
+    try:
+        from torch._inductor.runtime.runtime_utils import triton_hash_to_path_key
+        from torch._inductor.runtime.triton_heuristics import CachingAutotuner, GridExpr, StaticTritonCompileResult
+        try:
+            from torch._inductor.runtime.cache_dir_utils import triton_cache_dir
+        except ImportError:                         # (older layouts)
+            from torch._inductor.runtime.runtime_utils import triton_cache_dir
+    except ImportError:
+        return None
+    if not isinstance(kernel, CachingAutotuner) or len(kernel.launchers) != 1:
+        return None
+    launcher = kernel.launchers[0]
+    if not getattr(launcher, "_is_static", False) or getattr(kernel, "triton_interpret", False):
+        return None
+    if kernel.inductor_meta.get("coordinate_descent_tuning") and \
+            not getattr(launcher.config, "found_by_coordesc", False):
+        return None
+    results = [r for r in kernel.compile_results if r.config is launcher.config]
+    if len(results) != 1 or not isinstance(results[0], StaticTritonCompileResult):
+        return None
+    result = results[0]
+    static = result.kernel
+    device = result.compile_meta.get("device", 0) or 0
+    device = int(getattr(device, "index", device) or 0)
+    cubin_path = os.path.join(triton_cache_dir(device), triton_hash_to_path_key(static.hash), f"{static.name}.cubin")
+    try:
+        with open(cubin_path, "rb") as f:
+            cubin = f.read()
+    except OSError:
+        return None
+    _, def_args, none_args = result._get_arg_lists(static.arg_names, static.declared_constexprs)
+    call_args = [a for i, a in enumerate(static.arg_names) if i not in static.full_constexprs and a not in none_args]
+    grid = GridExpr.from_meta(result.inductor_meta, result.config)
+    return {"device": device, "cubin": cubin, "function": static.name, "shared": int(static.shared),
+            "num_warps": int(static.num_warps), "arg_tys": static.arg_tys,
+            "scratch": int(bool(static.has_global_scratch)) + int(bool(static.has_profile_scratch)),
+            "def_args": list(def_args), "call_args": list(call_args),
+            "grid": {"prefix": list(grid.prefix), "x": str(grid.x_grid), "y": str(grid.y_grid), "z": str(grid.z_grid)},
+            "profile_name": str(kernel.inductor_meta.get("kernel_name", "triton kernel"))}
+
+
 def inductor_wake_up_workers() -> None:
     """Start Inductor's kernel-compiling worker processes now (GPU graphs compile their
     Triton kernels in them), so that they are up by the time the first graph needs them."""

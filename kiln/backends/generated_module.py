@@ -18,11 +18,15 @@ So a cache entry or package keeps, next to the module's source (``describe`` at 
 * where each ``extern_kernels.NAME`` the code calls lives (``torch.addmm``...), so that the
   namespace is filled without ``torch._inductor.select_algorithm``.
 
+* for Triton kernels, the digest of each kernel's source: their cubins and launchers are
+  recorded after the module's first call (``triton_kernels``), not at compile time, because
+  Inductor picks each kernel's launch configuration on its first launch.
+
 ``load`` returns the module's ``call`` from that, or None (the caller then imports the module
-as Inductor does): another machine, a kernel kind kiln does not load itself (Triton kernels
-for now), a library that fails to load. A kernel file is named by the digest of its bytes and
-checked before it is loaded. Nothing about what runs changes: the same source, the same
-kernels, the same extern functions.
+as Inductor does): another machine, a kernel kind kiln does not load itself, Triton kernels not
+recorded yet (``record_after_first_call`` records them then), a library that fails to load. A
+kernel file is named by the digest of its bytes and checked before it is loaded. Nothing about
+what runs changes: the same source, the same kernels, the same extern functions.
 """
 from __future__ import annotations
 
@@ -40,7 +44,7 @@ from typing import Any, Callable
 
 FORMAT = 1
 _IGNORED_FUNCTIONS = ("get_args", "benchmark_compiled_module")
-_KERNEL_KINDS = ("cpp_pybinding",)
+_KERNEL_KINDS = ("cpp_pybinding", "triton")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -60,10 +64,16 @@ def describe(source: str, module_globals: dict | None) -> dict | None:
     except SyntaxError:
         return None
     kernels: dict[str, bytes] = {}
+    triton: dict[str, str] = {}
     lines = source.splitlines(keepends=True)
     for stmt in tree.body:
         kind = _kernel_kind(stmt)
-        if kind is not None:
+        if kind == "triton":
+            src = _kernel_source(stmt)
+            if src is None or _kernel_name(stmt) != stmt.targets[0].id:
+                return None
+            triton[stmt.targets[0].id] = _digest(src.encode())
+        elif kind is not None:
             if kind not in _KERNEL_KINDS:
                 return None
             src = _kernel_source(stmt)
@@ -85,8 +95,8 @@ def describe(source: str, module_globals: dict | None) -> dict | None:
     kernel_names = module_globals.get("extern_kernels")
     for name in sorted(set(_EXTERN_USE.findall(source))):
         extern[name] = _where(getattr(kernel_names, name, None))
-    return {"format": FORMAT, "source": "".join(lines), "kernels": kernels, "extern": extern,
-            "machine": machine_facts()}
+    return {"format": FORMAT, "source": "".join(lines), "kernels": kernels, "triton": triton,
+            "extern": extern, "machine": machine_facts()}
 
 
 _KIND_CALL = re.compile(r"^\w+ = async_compile\.(\w+)\(", re.MULTILINE)
@@ -102,6 +112,13 @@ def _kernel_kind(stmt) -> str | None:
     return None
 
 
+def _kernel_name(stmt) -> str | None:
+    args = stmt.value.args
+    if args and isinstance(args[0], ast.Constant) and isinstance(args[0].value, str):
+        return args[0].value
+    return None
+
+
 def _kernel_source(stmt) -> str | None:
     args = stmt.value.args
     if len(args) >= 2 and isinstance(args[1], ast.Constant) and isinstance(args[1].value, str):
@@ -111,11 +128,16 @@ def _kernel_source(stmt) -> str | None:
 
 def _rewrite_import(stmt) -> str | None:
     """``from torch._inductor.X import A as B`` -> ``B = __kiln_rt__.get('torch._inductor.X', 'A')``
-    (one line), None for other statements."""
+    and ``import triton.language as tl`` -> ``tl = __kiln_rt__.module('triton.language')`` (one
+    line: the kernels are loaded, Triton is imported only if the code really uses it), None
+    for other statements."""
     if isinstance(stmt, ast.ImportFrom) and stmt.module and stmt.level == 0 \
             and (stmt.module == "torch._inductor" or stmt.module.startswith("torch._inductor.")):
         return "; ".join(f"{alias.asname or alias.name} = __kiln_rt__.get({stmt.module!r}, {alias.name!r})"
                          for alias in stmt.names) + "\n"
+    if isinstance(stmt, ast.Import) and all(a.name == "triton" or a.name.startswith("triton.") for a in stmt.names):
+        return "; ".join(f"{a.asname or a.name.split('.')[0]} = __kiln_rt__.module({(a.name if a.asname else a.name.split('.')[0])!r})"
+                         for a in stmt.names) + "\n"
     return None
 
 
@@ -165,13 +187,22 @@ def machine_facts() -> str:
 def load(fast: dict | None, constants: dict, kernel_dir: str) -> Any | None:
     """The generated module loaded from ``describe``'s record (``None``: load it as Inductor
     does). ``kernel_dir``: where kernel libraries are written (kiln's cache directory)."""
-    if not fast or fast.get("format") != FORMAT or fast.get("machine") != machine_facts():
+    if not fast or fast.get("format") != FORMAT:
         return None
+    if fast["kernels"] and fast.get("machine") != machine_facts():
+        return None         # (C++ libraries: built for this machine's CPU, Python and torch)
     try:
         kernels = {key: _load_library(data, kernel_dir) for key, data in fast["kernels"].items()}
     except Exception:       # (an unwritable directory, a library that does not load here)
         return None
-    rt = Runtime(kernels, fast["extern"])
+    triton = {}
+    if fast.get("triton"):
+        from . import triton_kernels
+
+        triton = triton_kernels.load(kernel_dir, module_digest(fast), fast["triton"])
+        if triton is None:          # (not recorded yet, or not for this GPU)
+            return None
+    rt = Runtime(kernels, fast["extern"], triton)
     module = types.ModuleType("kiln_generated_" + _digest(fast["source"].encode())[:16])
     module.__dict__["__kiln_rt__"] = rt
     code = compile(fast["source"], f"<kiln: Inductor's generated module {module.__name__}>", "exec",
@@ -180,6 +211,43 @@ def load(fast: dict | None, constants: dict, kernel_dir: str) -> Any | None:
     for name, value in constants.items():
         setattr(module, name, value)
     return module
+
+
+def module_digest(fast: dict) -> str:
+    """Names the module's recorded Triton kernels (``triton_kernels``)."""
+    return _digest(fast["source"].encode())
+
+
+def record_after_first_call(call: Callable, fast: dict | None, module_globals: dict | None,
+                            kernel_dir: str) -> Callable:
+    """``call`` (boxed), recording the module's Triton kernels after its first call returns,
+    for ``load`` in later processes; ``call`` itself when there is nothing to record or the
+    record exists."""
+    if not fast or not fast.get("triton") or module_globals is None:
+        return call
+    from . import triton_kernels
+
+    digest = module_digest(fast)
+    if os.path.exists(triton_kernels.record_path(kernel_dir, digest)):
+        return call
+    state: list = []
+
+    def first(args: list):
+        out = call(args)
+        if not state:
+            state.append(True)
+            try:
+                recorded = triton_kernels.record(module_globals, fast["triton"])
+                if recorded is not None:
+                    triton_kernels.save(kernel_dir, digest, recorded)
+            except Exception as e:         # (never the user's call: the next load is slower)
+                from .. import logs
+
+                if logs.enabled.cache:
+                    logs.log("cache", f"Triton kernels of module {digest[:12]} not recorded: {type(e).__name__}: {e}")
+        return out
+    first._boxed_call = True
+    return first
 
 
 def _load_library(data: bytes, kernel_dir: str):
@@ -238,6 +306,16 @@ class _Lazy:
         return getattr(self._resolve(), name)
 
 
+class _LazyModule:
+    def __init__(self, name: str):
+        self._name = name
+
+    def __getattr__(self, attr):
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        return getattr(importlib.import_module(self._name), attr)
+
+
 class _ExternKernels:
     """``extern_kernels``: each name from where ``describe`` found it; others from Inductor's
     own namespace, imported then."""
@@ -263,8 +341,9 @@ class _AsyncCompile:
     """Returns the loaded kernels; a kernel it does not have is built by Inductor's own
     ``AsyncCompile`` (imported then)."""
 
-    def __init__(self, kernels: dict):
+    def __init__(self, kernels: dict, triton: dict):
         self._kernels = kernels
+        self._triton = triton
         self._real = None
 
     def _inductor(self):
@@ -280,6 +359,13 @@ class _AsyncCompile:
             return fn
         return self._inductor().cpp_pybinding(argtypes, source_code, *args, **kwargs)
 
+    def triton(self, kernel_name, source_code, *args, **kwargs):
+        # (``load`` checked each recorded kernel's source digest against ``describe``'s)
+        kernel = self._triton.get(kernel_name)
+        if kernel is not None:
+            return kernel
+        return self._inductor().triton(kernel_name, source_code, *args, **kwargs)
+
     def __getattr__(self, name):
         if name.startswith("_"):
             raise AttributeError(name)
@@ -293,8 +379,8 @@ class _AsyncCompile:
 class Runtime:
     """``__kiln_rt__`` in a generated module loaded by kiln."""
 
-    def __init__(self, kernels: dict, extern: dict):
-        self._async = _AsyncCompile(kernels)
+    def __init__(self, kernels: dict, extern: dict, triton: dict | None = None):
+        self._async = _AsyncCompile(kernels, triton or {})
         self._extern = _ExternKernels(extern)
 
     def get(self, module: str, name: str):
@@ -303,6 +389,10 @@ class Runtime:
         if name == "extern_kernels":
             return self._extern
         return _Lazy(module, name)
+
+    def module(self, name: str):
+        """A module (Triton) imported the first time the code reads one of its names."""
+        return _LazyModule(name)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -343,6 +343,8 @@ class GraphCompile:
                 if kind == "forward":
                     self._fw_output_strides = list(tracing.output_strides or [])
         if self._in_run:            # (a partial backward compiled later is not stored)
+            from ..cache import store
+            from ..config import config
             from .inductor_entry import GeneratedCode
 
             code = _torch.inductor_generated_code(compiled)
@@ -350,7 +352,11 @@ class GraphCompile:
                 from . import generated_module
 
                 # (how a later process loads the module and its kernels without Inductor)
-                code["fast"] = generated_module.describe(code["source_code"], _torch.inductor_module_globals(compiled))
+                module_globals = _torch.inductor_module_globals(compiled)
+                code["fast"] = generated_module.describe(code["source_code"], module_globals)
+                if config.cache:
+                    compiled = generated_module.record_after_first_call(compiled, code["fast"], module_globals,
+                                                                        store.kernels_dir())
             self.records[kind] = GeneratedCode(kind, code, donated)
         return copies_when_graph_kept(compiled, donated) if donated else compiled
 

@@ -15,9 +15,10 @@ partitioning or lowering again. It holds
 
 A load runs the generated modules. On the machine that built them, kiln loads each module and
 its C++ kernel libraries itself, without importing Inductor (``generated_module``: the entry
-keeps the libraries). Otherwise (another machine, Triton kernels) the module is imported as
-Inductor imports it: its kernels come from the C++ / Triton compilers' own disk caches
-(compiled again from the stored source if those were cleared). A graph Inductor failed on (it
+keeps the libraries); Triton kernels too, once a process has run the module and recorded them
+(``triton_kernels``: cubins and launchers, on the same GPU and torch). Otherwise the module is
+imported as Inductor imports it: its kernels come from the C++ / Triton compilers' own disk
+caches (compiled again from the stored source if those were cleared). A graph Inductor failed on (it
 runs as FX) is not stored: the next process tries again.
 """
 from __future__ import annotations
@@ -102,6 +103,7 @@ def _load_generated(graphs: dict) -> dict:
     modules = {kind: generated_module.load(code.get("fast"), code["constants"], kernel_dir)
                for kind, code in graphs.items()}
     rest = {kind: code for kind, code in graphs.items() if modules[kind] is None}
+    slow = set(rest)
     cpp = any("async_compile.cpp" in code["source_code"] for code in rest.values())
     if cpp:
         vec_isa_memo.prime(config.cache_dir)
@@ -110,7 +112,11 @@ def _load_generated(graphs: dict) -> dict:
             modules.update({kind: _torch.inductor_load_generated_module(code) for kind, code in rest.items()})
     if cpp:
         vec_isa_memo.remember(config.cache_dir)
-    return {kind: _entry_point(modules[kind], code) for kind, code in graphs.items()}
+    entries = {kind: _entry_point(modules[kind], code) for kind, code in graphs.items()}
+    for kind in slow:           # (its Triton kernels, recorded for the next process)
+        entries[kind] = generated_module.record_after_first_call(
+            entries[kind], graphs[kind].get("fast"), vars(modules[kind]), kernel_dir)
+    return entries
 
 
 def _entry_point(module: Any, code: dict) -> Callable:

@@ -71,7 +71,9 @@ def frames_dir() -> str:
 
 def kernels_dir() -> str:
     """Kernel libraries written out of entries to be loaded (``backends.generated_module``):
-    a copy of bytes an entry holds, so evicting or clearing them loses nothing."""
+    a copy of bytes an entry holds, so evicting or clearing them loses nothing; and the Triton
+    kernels recorded after a module's first call (``backends.triton_kernels``): evicting those
+    only makes the next load go through Inductor, which records them again."""
     return os.path.join(os.path.expanduser(config.cache_dir), "kernels")
 
 
@@ -212,7 +214,7 @@ def read_header(path: str) -> dict | None:
 def _all_files() -> list[tuple[str, str]]:
     """(key, path) of every entry, frame record and kernel library, most recently used first."""
     files = []
-    kernels = [(k, p) for _, k, p in _files_in(kernels_dir(), ".so")]
+    kernels = [(k, p) for suffix in (".so", ".cubin", ".kt") for _, k, p in _files_in(kernels_dir(), suffix)]
     for key, path in entries() + records() + kernels:
         try:
             files.append((os.stat(path).st_mtime, key, path))

@@ -90,7 +90,7 @@ def test_a_damaged_kernel_file_is_replaced_before_it_is_loaded(compiled_code, tm
 
 def test_kernel_kinds_kiln_does_not_load_are_left_to_inductor():
     src = "from torch._inductor.async_compile import AsyncCompile\nasync_compile = AsyncCompile()\n" \
-          "k = async_compile.triton('k', '''src''', device_str='cuda')\n"
+          "k = async_compile.halide('k', '''src''')\n"
     assert G.describe(src, {"k": object()}) is None
 
 

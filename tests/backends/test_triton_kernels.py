@@ -1,0 +1,186 @@
+"""Triton kernels recorded after a module's first call and launched by kiln without Triton or
+Inductor (``kiln.backends.triton_kernels``). The launcher code, the module rewrite and every
+refusal run on CPU; the record and load of real kernels, and a fresh process that imports
+neither Triton nor Inductor, on CUDA."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import kiln
+from kiln.backends import generated_module as G
+from kiln.backends import triton_kernels as T
+from kiln.cache import store
+
+requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+TRITON_MODULE = textwrap.dedent("""\
+    import triton
+    import triton.language as tl
+    from torch._inductor.runtime.triton_heuristics import start_graph, end_graph
+    from torch._inductor.async_compile import AsyncCompile
+    async_compile = AsyncCompile()
+    triton_poi_0 = async_compile.triton('triton_poi_0', '''
+    @triton.jit
+    def triton_poi_0(in_ptr0, out_ptr0, xnumel, XBLOCK: tl.constexpr):
+        pass
+    ''', device_str='cuda')
+    async_compile.wait(globals())
+    del async_compile
+    def call(args):
+        return triton_poi_0.run(*args, stream=0)
+    """)
+
+
+def test_describe_keeps_each_triton_kernels_source_digest_and_makes_triton_lazy():
+    fast = G.describe(TRITON_MODULE, {})
+    assert set(fast["triton"]) == {"triton_poi_0"} and fast["kernels"] == {}
+    assert "triton = __kiln_rt__.module('triton')" in fast["source"]
+    assert "tl = __kiln_rt__.module('triton.language')" in fast["source"]
+    assert "start_graph = __kiln_rt__.get(" in fast["source"]
+    # a kernel whose global and kernel names differ is not described (kiln looks kernels up by name)
+    assert G.describe(TRITON_MODULE.replace("triton_poi_0 = ", "other = "), {}) is None
+
+
+def test_a_module_whose_kernels_were_not_recorded_loads_through_inductor(tmp_path):
+    fast = G.describe(TRITON_MODULE, {})
+    assert G.load(fast, {}, str(tmp_path)) is None
+
+
+def test_a_corrupt_record_is_not_used_and_is_removed(tmp_path):
+    fast = G.describe(TRITON_MODULE, {})
+    path = T.record_path(str(tmp_path), G.module_digest(fast))
+    blob = store.encode({"format": T.FORMAT, "kernels": {}}, b"cubin")
+    with open(path, "wb") as f:
+        f.write(blob[:-2] + b"xx")
+    assert G.load(fast, {}, str(tmp_path)) is None
+    assert not os.path.exists(path)
+
+
+def test_the_launcher_computes_the_grid_and_passes_the_recorded_arguments():
+    k = {"def_args": ["in_ptr0", "out_ptr0", "xnumel"], "call_args": ["in_ptr0", "out_ptr0", "xnumel"],
+         "grid": {"prefix": [], "x": "-((xnumel) // -(128))", "y": "1", "z": "1"},
+         "num_warps": 4, "shared": 16, "arg_tys": "OOi", "scratch": 1, "profile_name": "triton_poi_0"}
+    launches = []
+    scope = {"_kiln_launch": lambda *a: launches.append(a), "_kiln_function": 1234,
+             "_kiln_profiler": torch.autograd.profiler, "_kiln_record": torch._C._profiler._RecordFunctionFast}
+    exec(T.launcher_source(k), scope)
+    scope["launcher"]("a", "b", 1000, stream=7)
+    assert launches == [(1234, 8, 1, 1, 4, 16, "OOiO", ("a", "b", 1000, None), 7)]
+    # under the profiler the launch is named, as Inductor's is
+    x = torch.zeros(3)
+    with torch.profiler.profile() as prof:
+        scope["launcher"](x, x, 3, stream=0)
+    assert any(e.name == "triton_poi_0" for e in prof.events())
+
+
+def test_kernels_are_recorded_once_after_the_first_call(tmp_path, monkeypatch):
+    fast = G.describe(TRITON_MODULE, {})
+    recorded = []
+
+    def record(module_globals, sources):
+        recorded.append(sources)
+        return {"format": T.FORMAT, "kernels": {}, "device": 0, "facts": {}}, b""
+    monkeypatch.setattr(T, "record", record)
+    calls = []
+    first = G.record_after_first_call(lambda args: calls.append(args) or len(args), fast, {}, str(tmp_path))
+    assert first([1, 2]) == 2 and first([3]) == 1
+    assert recorded == [fast["triton"]] and calls == [[1, 2], [3]]
+    assert os.path.exists(T.record_path(str(tmp_path), G.module_digest(fast)))
+    # once recorded, a later slow load records nothing
+    plain = lambda args: 0
+    assert G.record_after_first_call(plain, fast, {}, str(tmp_path)) is plain
+
+
+def test_a_failed_record_never_fails_the_call(tmp_path, monkeypatch):
+    fast = G.describe(TRITON_MODULE, {})
+
+    def record(module_globals, sources):
+        raise RuntimeError("inductor changed")
+    monkeypatch.setattr(T, "record", record)
+    first = G.record_after_first_call(lambda args: 5, fast, {}, str(tmp_path))
+    assert first([]) == 5 and first([]) == 5
+
+
+# ------------------------------------------------------------------------------------------------
+# CUDA: real kernels
+# ------------------------------------------------------------------------------------------------
+
+_CHILD = textwrap.dedent("""\
+    import json, sys, torch, kiln
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.LayerNorm(128)).cuda()
+    x = torch.randn(32, 64, device="cuda", requires_grad=True)
+    f = kiln.compile(net, backend="inductor")
+    out = f(x)
+    out.sum().backward()
+    torch.cuda.synchronize()
+    print(json.dumps({"out": out.detach().cpu().tolist(), "grad": x.grad.cpu().tolist(),
+                      "stats": kiln.cache.stats(),
+                      "imported": [m for m in ("torch._inductor", "triton", "torch._dynamo") if m in sys.modules]}))
+    """)
+
+
+def _child(env) -> dict:
+    p = subprocess.run([sys.executable, "-c", _CHILD], capture_output=True, text=True, env=env, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+@requires_cuda
+def test_a_warm_process_launches_recorded_kernels_without_triton_or_inductor(tmp_path):
+    env = {**os.environ, "KILN_CACHE_DIR": str(tmp_path / "kiln"), "KILN_CACHE_FRAMES": "1",
+           "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"), "TRITON_CACHE_DIR": str(tmp_path / "triton")}
+    cold = _child(env)
+    kernels = tmp_path / "kiln" / "kernels"
+    records = [n for n in os.listdir(kernels) if n.endswith(T.SUFFIX)]
+    assert len(records) == 2               # the forward's and the backward's module
+    warm = _child(env)
+    assert warm["stats"]["frame_hits"] == 1
+    assert warm["imported"] == [], warm["imported"]
+    torch.testing.assert_close(torch.tensor(warm["out"]), torch.tensor(cold["out"]), rtol=0, atol=0)
+    torch.testing.assert_close(torch.tensor(warm["grad"]), torch.tensor(cold["grad"]), rtol=0, atol=0)
+    # a record for another GPU or torch is not used: the module loads through Inductor
+    for n in records:
+        path = kernels / n
+        header, payload = store.decode(path.read_bytes())
+        header["facts"]["torch"] = "0.0"
+        path.write_bytes(store.encode(header, payload))
+    other = _child(env)
+    assert "torch._inductor" in other["imported"]
+    torch.testing.assert_close(torch.tensor(other["out"]), torch.tensor(cold["out"]), rtol=0, atol=0)
+
+
+@requires_cuda
+def test_recorded_kernels_match_inductors_in_process(tmp_path, monkeypatch):
+    """A reduction Inductor autotunes among several configurations, recorded with the one it
+    chose; kiln's loaded module returns what the compiled one returns."""
+    from kiln.backends import inductor_entry
+
+    monkeypatch.setattr(kiln.config, "cache", True)
+
+    def f(x, w):
+        return torch.softmax(x @ w, dim=-1).sum(dim=0) + x.mean()
+
+    x, w = torch.randn(512, 256, device="cuda"), torch.randn(256, 384, device="cuda")
+    compiled = kiln.compile(f, backend="inductor")
+    expected = compiled(x, w)
+    kernels = store.kernels_dir()
+    assert any(n.endswith(T.SUFFIX) for n in os.listdir(kernels))
+    kiln.reset()
+    loaded_calls = []
+    orig = G.load
+
+    def spy(fast, constants, kernel_dir):
+        module = orig(fast, constants, kernel_dir)
+        loaded_calls.append(module is not None)
+        return module
+    monkeypatch.setattr(G, "load", spy)
+    again = kiln.compile(f, backend="inductor")(x, w)
+    assert loaded_calls == [True]
+    torch.testing.assert_close(again, expected, rtol=0, atol=0)
+    torch.testing.assert_close(again, f(x, w), rtol=1e-4, atol=1e-4)
