@@ -270,9 +270,29 @@ def inductor_generated_code(compiled: Any) -> dict | None:
 
 
 def inductor_module_globals(compiled: Any) -> dict | None:
-    """The globals of the generated module behind an Inductor result (its kernels, built)."""
-    call = getattr(compiled, "current_callable", None)
-    return getattr(getattr(call, "__func__", call), "__globals__", None)
+    """The globals of the generated module behind an Inductor result (its kernels, built): the
+    globals of its ``call``, found through the wrappers Inductor may put around it (the input
+    realignment a CUDA graph gets)."""
+    todo, seen = [getattr(compiled, "current_callable", None)], set()
+    while todo:
+        fn = todo.pop()
+        fn = getattr(fn, "__func__", fn)
+        if fn is None or id(fn) in seen:
+            continue
+        seen.add(id(fn))
+        scope = getattr(fn, "__globals__", None)
+        if scope is not None:
+            own = scope.get("call")
+            if getattr(own, "__func__", own) is fn:
+                return scope
+        for cell in getattr(fn, "__closure__", None) or ():
+            try:
+                todo.append(cell.cell_contents)
+            except ValueError:          # (an empty cell)
+                pass
+        if getattr(fn, "__wrapped__", None) is not None:
+            todo.append(fn.__wrapped__)
+    return None
 
 
 def inductor_load_generated_module(code: dict) -> Any:
