@@ -184,9 +184,10 @@ def machine_facts() -> str:
 # Load time
 # ------------------------------------------------------------------------------------------------
 
-def load(fast: dict | None, constants: dict, kernel_dir: str) -> Any | None:
+def load(fast: dict | None, constants: dict, kernel_dir: str, triton_record: bytes | None = None) -> Any | None:
     """The generated module loaded from ``describe``'s record (``None``: load it as Inductor
-    does). ``kernel_dir``: where kernel libraries are written (kiln's cache directory)."""
+    does). ``kernel_dir``: where kernel libraries are written (kiln's cache directory);
+    ``triton_record``: the recorded Triton kernels a package carries (else looked up there)."""
     if not fast or fast.get("format") != FORMAT:
         return None
     if fast["kernels"] and fast.get("machine") != machine_facts():
@@ -199,7 +200,7 @@ def load(fast: dict | None, constants: dict, kernel_dir: str) -> Any | None:
     if fast.get("triton"):
         from . import triton_kernels
 
-        triton = triton_kernels.load(kernel_dir, module_digest(fast), fast["triton"])
+        triton = triton_kernels.load(kernel_dir, module_digest(fast), fast["triton"], triton_record)
         if triton is None:          # (not recorded yet, or not for this GPU)
             return None
     rt = Runtime(kernels, fast["extern"], triton)
@@ -219,16 +220,18 @@ def module_digest(fast: dict) -> str:
 
 
 def record_after_first_call(call: Callable, fast: dict | None, module_globals: dict | None,
-                            kernel_dir: str) -> Callable:
+                            kernel_dir: str | None) -> Callable:
     """``call`` (boxed), recording the module's Triton kernels after its first call returns,
-    for ``load`` in later processes; ``call`` itself when there is nothing to record or the
+    for ``load`` in later processes (written to ``kernel_dir``, the cache's, unless None; kept
+    for packages saved by this process); ``call`` itself when there is nothing to record or the
     record exists."""
     if not fast or not fast.get("triton") or module_globals is None:
         return call
     from . import triton_kernels
 
     digest = module_digest(fast)
-    if os.path.exists(triton_kernels.record_path(kernel_dir, digest)):
+    if digest in triton_kernels._made or (
+            kernel_dir is not None and os.path.exists(triton_kernels.record_path(kernel_dir, digest))):
         return call
     state: list = []
 

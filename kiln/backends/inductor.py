@@ -107,13 +107,13 @@ class InductorBackend:
             return graph.run(example_inputs)
         records = graph.records     # (kept by the dump a package may ask for after a cache bypass)
         try:
-            return cache.cached(
+            return with_triton_records_for_packages(cache.cached(
                 gm, example_inputs, backend="inductor", options=options,
                 compile=lambda: graph.run(example_inputs),
                 load=lambda payload, g, rename: inductor_entry.load(payload, g, self._graph_compile,
                                                                     self.cudagraphs, rename),
                 dump=lambda compiled: inductor_entry.dump(compiled, records, graph._fw_output_strides,
-                                                           graph.split_graphs))
+                                                           graph.split_graphs)))
         finally:
             graph.records = {}      # (the generated code is on disk now; the callable keeps its module)
 
@@ -354,9 +354,8 @@ class GraphCompile:
                 # (how a later process loads the module and its kernels without Inductor)
                 module_globals = _torch.inductor_module_globals(compiled)
                 code["fast"] = generated_module.describe(code["source_code"], module_globals)
-                if config.cache:
-                    compiled = generated_module.record_after_first_call(compiled, code["fast"], module_globals,
-                                                                        store.kernels_dir())
+                compiled = generated_module.record_after_first_call(
+                    compiled, code["fast"], module_globals, store.kernels_dir() if config.cache else None)
             self.records[kind] = GeneratedCode(kind, code, donated)
         return copies_when_graph_kept(compiled, donated) if donated else compiled
 
@@ -403,6 +402,21 @@ class GraphCompile:
 # ------------------------------------------------------------------------------------------------
 # Helpers
 # ------------------------------------------------------------------------------------------------
+
+def with_triton_records_for_packages(compiled: Callable) -> Callable:
+    """``compiled`` whose package payload carries its graphs' recorded Triton kernels (the
+    cache's entry, written before the first call, does not)."""
+    from ..cache import PAYLOAD_ATTR
+    from .inductor_entry import with_triton_records
+
+    payload = getattr(compiled, PAYLOAD_ATTR, None)
+    if payload is not None:
+        try:
+            setattr(compiled, PAYLOAD_ATTR, lambda c: with_triton_records(payload(c)))
+        except (AttributeError, TypeError):
+            pass
+    return compiled
+
 
 def chained_parts(gm: torch.fx.GraphModule, example_inputs: list, backend: Callable) -> Callable | None:
     """A graph whose differentiable output feeds another, compiled as a chain of parts

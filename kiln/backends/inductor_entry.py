@@ -85,6 +85,29 @@ def dump(compiled: Any, records: dict, fw_output_strides: list | None, split_gra
     return buf.getvalue()
 
 
+def with_triton_records(payload: bytes) -> bytes:
+    """The entry's bytes for a package: each graph's recorded Triton kernels added (recorded
+    after the graph's first call, so after the cache stored the entry), for a package load
+    that imports neither Triton nor Inductor."""
+    from ..cache.store import kernels_dir
+    from . import generated_module, triton_kernels
+
+    obj = torch.load(io.BytesIO(payload), weights_only=True)
+    added = False
+    for code in obj.get("graphs", {}).values():
+        fast = code.get("fast")
+        if fast and fast.get("triton") and "triton_record" not in code:
+            blob = triton_kernels.saved_blob(kernels_dir(), generated_module.module_digest(fast))
+            if blob is not None:
+                code["triton_record"] = blob
+                added = True
+    if not added:
+        return payload
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
+
+
 def _load_generated(graphs: dict) -> dict:
     """Each graph's generated module, imported. Modules with C++ kernels take this machine's
     stored vector-ISA answer (``vec_isa_memo``) instead of Inductor's per-process probe.
@@ -100,7 +123,7 @@ def _load_generated(graphs: dict) -> dict:
     from . import generated_module, vec_isa_memo
 
     kernel_dir = kernels_dir()
-    modules = {kind: generated_module.load(code.get("fast"), code["constants"], kernel_dir)
+    modules = {kind: generated_module.load(code.get("fast"), code["constants"], kernel_dir, code.get("triton_record"))
                for kind, code in graphs.items()}
     rest = {kind: code for kind, code in graphs.items() if modules[kind] is None}
     slow = set(rest)
@@ -115,7 +138,7 @@ def _load_generated(graphs: dict) -> dict:
     entries = {kind: _entry_point(modules[kind], code) for kind, code in graphs.items()}
     for kind in slow:           # (its Triton kernels, recorded for the next process)
         entries[kind] = generated_module.record_after_first_call(
-            entries[kind], graphs[kind].get("fast"), vars(modules[kind]), kernel_dir)
+            entries[kind], graphs[kind].get("fast"), vars(modules[kind]), kernel_dir if config.cache else None)
     return entries
 
 

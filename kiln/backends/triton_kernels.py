@@ -88,32 +88,60 @@ def record(module_globals: dict, kernel_sources: dict[str, str]) -> tuple[dict, 
     return header, b"".join(blobs)
 
 
-def save(kernel_dir: str, module_digest: str, recorded: tuple[dict, bytes]) -> bool:
+# The records made in this process, by module digest: a package saved here carries them even
+# with the cache off (then nothing is written to disk).
+_made: dict[str, bytes] = {}
+
+
+def save(kernel_dir: str | None, module_digest: str, recorded: tuple[dict, bytes]) -> None:
+    """Keep the record for packages saved by this process; write it to ``kernel_dir`` (the
+    cache's) unless that is None."""
     from ..cache import store
 
     header, payload = recorded
-    return store._write_file(record_path(kernel_dir, module_digest), store.encode(header, payload))
+    blob = store.encode(header, payload)
+    _made[module_digest] = blob
+    if kernel_dir is not None:
+        store._write_file(record_path(kernel_dir, module_digest), blob)
+
+
+def saved_blob(kernel_dir: str, module_digest: str) -> bytes | None:
+    """The record's bytes, for a package: made here, or found in ``kernel_dir``."""
+    blob = _made.get(module_digest)
+    if blob is not None:
+        return blob
+    try:
+        with open(record_path(kernel_dir, module_digest), "rb") as f:
+            return f.read()
+    except OSError:
+        return None
 
 
 # ------------------------------------------------------------------------------------------------
 # Loading (no Triton, no Inductor)
 # ------------------------------------------------------------------------------------------------
 
-def load(kernel_dir: str, module_digest: str, kernel_sources: dict[str, str]) -> dict | None:
+def load(kernel_dir: str, module_digest: str, kernel_sources: dict[str, str], blob: bytes | None = None
+         ) -> dict | None:
     """The module's kernels by global name, launchable, or None (the module then loads through
-    Inductor)."""
+    Inductor). ``blob``: the record a package carries (else it is read from ``kernel_dir``)."""
     from ..cache import store
 
     path = record_path(kernel_dir, module_digest)
-    try:
-        with open(path, "rb") as f:
-            blob = f.read()
-    except OSError:
-        return None
+    if blob is None:
+        try:
+            with open(path, "rb") as f:
+                blob = f.read()
+        except OSError:
+            return None
+        packaged = False
+    else:
+        packaged = True
     try:
         header, payload = store.decode(blob)
     except store.CorruptEntry:
-        _discard(path)          # (rewritten after the next slow load)
+        if not packaged:
+            _discard(path)      # (rewritten after the next slow load)
         return None
     try:
         if header.get("format") != FORMAT or header.get("facts") != device_facts(header["device"]):

@@ -79,6 +79,7 @@ def test_the_launcher_computes_the_grid_and_passes_the_recorded_arguments():
 
 
 def test_kernels_are_recorded_once_after_the_first_call(tmp_path, monkeypatch):
+    monkeypatch.setattr(T, "_made", {})
     fast = G.describe(TRITON_MODULE, {})
     recorded = []
 
@@ -97,6 +98,7 @@ def test_kernels_are_recorded_once_after_the_first_call(tmp_path, monkeypatch):
 
 
 def test_a_failed_record_never_fails_the_call(tmp_path, monkeypatch):
+    monkeypatch.setattr(T, "_made", {})
     fast = G.describe(TRITON_MODULE, {})
 
     def record(module_globals, sources):
@@ -111,14 +113,20 @@ def test_a_failed_record_never_fails_the_call(tmp_path, monkeypatch):
 # ------------------------------------------------------------------------------------------------
 
 _CHILD = textwrap.dedent("""\
-    import json, sys, torch, kiln
+    import json, os, sys, torch, kiln
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.LayerNorm(128)).cuda()
     x = torch.randn(32, 64, device="cuda", requires_grad=True)
-    f = kiln.compile(net, backend="inductor")
+    package = os.environ.get("PACKAGE")
+    if os.environ.get("LOAD") == "1":
+        f = kiln.load_package(package, net, on_miss="error")
+    else:
+        f = kiln.compile(net, backend="inductor")
     out = f(x)
     out.sum().backward()
     torch.cuda.synchronize()
+    if package and os.environ.get("LOAD") != "1":
+        f.save_package(package)
     print(json.dumps({"out": out.detach().cpu().tolist(), "grad": x.grad.cpu().tolist(),
                       "stats": kiln.cache.stats(),
                       "imported": [m for m in ("torch._inductor", "triton", "torch._dynamo") if m in sys.modules]}))
@@ -184,3 +192,18 @@ def test_recorded_kernels_match_inductors_in_process(tmp_path, monkeypatch):
     assert loaded_calls == [True]
     torch.testing.assert_close(again, expected, rtol=0, atol=0)
     torch.testing.assert_close(again, f(x, w), rtol=1e-4, atol=1e-4)
+
+
+@requires_cuda
+@pytest.mark.parametrize("cache", ["1", "0"])
+def test_a_package_carries_the_recorded_kernels(tmp_path, cache):
+    """Saved after the first call (with the cache on or off), a package loads in a fresh
+    process with an empty cache and imports neither Triton nor Inductor."""
+    package = str(tmp_path / "model.kiln")
+    env = {**os.environ, "KILN_CACHE_DIR": str(tmp_path / "kiln"), "KILN_CACHE": cache, "PACKAGE": package,
+           "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"), "TRITON_CACHE_DIR": str(tmp_path / "triton")}
+    saved = _child(env)
+    loaded = _child({**env, "LOAD": "1", "KILN_CACHE": "1", "KILN_CACHE_DIR": str(tmp_path / "empty")})
+    assert loaded["imported"] == [], loaded["imported"]
+    torch.testing.assert_close(torch.tensor(loaded["out"]), torch.tensor(saved["out"]), rtol=0, atol=0)
+    torch.testing.assert_close(torch.tensor(loaded["grad"]), torch.tensor(saved["grad"]), rtol=0, atol=0)
