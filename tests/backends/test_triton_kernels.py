@@ -183,8 +183,8 @@ def test_recorded_kernels_match_inductors_in_process(tmp_path, monkeypatch):
     loaded_calls = []
     orig = G.load
 
-    def spy(fast, constants, kernel_dir):
-        module = orig(fast, constants, kernel_dir)
+    def spy(*args):
+        module = orig(*args)
         loaded_calls.append(module is not None)
         return module
     monkeypatch.setattr(G, "load", spy)
