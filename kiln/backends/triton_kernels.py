@@ -89,8 +89,10 @@ def record(module_globals: dict, kernel_sources: dict[str, str]) -> tuple[dict, 
 
 
 # The records made in this process, by module digest: a package saved here carries them even
-# with the cache off (then nothing is written to disk).
+# with the cache off (then nothing is written to disk). The newest _MAX_MADE are kept (a
+# record is a few cubins: tens of KB to a few MB); an older one is read back from the cache.
 _made: dict[str, bytes] = {}
+_MAX_MADE = 256
 
 
 def save(kernel_dir: str | None, module_digest: str, recorded: tuple[dict, bytes]) -> None:
@@ -101,6 +103,8 @@ def save(kernel_dir: str | None, module_digest: str, recorded: tuple[dict, bytes
     header, payload = recorded
     blob = store.encode(header, payload)
     _made[module_digest] = blob
+    while len(_made) > _MAX_MADE:
+        del _made[next(iter(_made))]
     if kernel_dir is not None:
         store._write_file(record_path(kernel_dir, module_digest), blob)
 
