@@ -6,7 +6,7 @@ aot_autograd or torch's precompile APIs: those are the peer that kiln is measure
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.fx
@@ -295,6 +295,19 @@ def inductor_module_globals(compiled: Any) -> dict | None:
     return None
 
 
+def inductor_after_first_call(compiled: Any, after: Callable[[], None]) -> None:
+    """Run ``after()`` once, when the first call of an Inductor result has returned; later
+    calls go straight to its module (nothing is left on the call path)."""
+    inner = compiled.current_callable
+
+    def first(args: list):
+        out = inner(args)
+        compiled.current_callable = inner
+        after()
+        return out
+    compiled.current_callable = first
+
+
 def inductor_load_generated_module(code: dict) -> Any:
     """The Inductor-generated module stored by ``inductor_generated_code``, imported as
     Inductor imports it: that builds its kernels from their source (C++ or Triton: from the
@@ -326,11 +339,8 @@ def inductor_triton_launch_facts(kernel: Any) -> dict | None:
 
     try:
         from torch._inductor.runtime.runtime_utils import triton_hash_to_path_key
+        from torch._inductor.runtime.cache_dir_utils import triton_cache_dir
         from torch._inductor.runtime.triton_heuristics import CachingAutotuner, GridExpr, StaticTritonCompileResult
-        try:
-            from torch._inductor.runtime.cache_dir_utils import triton_cache_dir
-        except ImportError:                         # (older layouts)
-            from torch._inductor.runtime.runtime_utils import triton_cache_dir
     except ImportError:
         return None
     if not isinstance(kernel, CachingAutotuner) or len(kernel.launchers) != 1:

@@ -24,7 +24,7 @@ So a cache entry or package keeps, next to the module's source (``describe`` at 
 
 ``load`` returns the module's ``call`` from that, or None (the caller then imports the module
 as Inductor does): another machine, a kernel kind kiln does not load itself, Triton kernels not
-recorded yet (``record_after_first_call`` records them then), a library that fails to load. A
+recorded yet (``triton_recorder`` records them after the first call), a library that fails to load. A
 kernel file is named by the digest of its bytes and checked before it is loaded. Nothing about
 what runs changes: the same source, the same kernels, the same extern functions.
 """
@@ -219,38 +219,30 @@ def module_digest(fast: dict) -> str:
     return _digest(fast["source"].encode())
 
 
-def record_after_first_call(call: Callable, fast: dict | None, module_globals: dict | None,
-                            kernel_dir: str | None) -> Callable:
-    """``call`` (boxed), recording the module's Triton kernels after its first call returns,
-    for ``load`` in later processes (written to ``kernel_dir``, the cache's, unless None; kept
-    for packages saved by this process); ``call`` itself when there is nothing to record or the
-    record exists."""
+def triton_recorder(fast: dict | None, module_globals: dict | None, kernel_dir: str | None
+                    ) -> Callable[[], None] | None:
+    """What records the module's Triton kernels (``triton_kernels``), to run once after its
+    first call returns: written to ``kernel_dir`` (the cache's) unless None, and kept for
+    packages saved by this process. None when there is nothing to record or it is recorded."""
     if not fast or not fast.get("triton") or module_globals is None:
-        return call
+        return None
     from . import triton_kernels
 
     digest = module_digest(fast)
-    if digest in triton_kernels._made or (
-            kernel_dir is not None and os.path.exists(triton_kernels.record_path(kernel_dir, digest))):
-        return call
-    state: list = []
+    if triton_kernels.is_recorded(kernel_dir, digest):
+        return None
 
-    def first(args: list):
-        out = call(args)
-        if not state:
-            state.append(True)
-            try:
-                recorded = triton_kernels.record(module_globals, fast["triton"])
-                if recorded is not None:
-                    triton_kernels.save(kernel_dir, digest, recorded)
-            except Exception as e:         # (never the user's call: the next load is slower)
-                from .. import logs
+    def record() -> None:
+        try:
+            recorded = triton_kernels.record(module_globals, fast["triton"])
+            if recorded is not None:
+                triton_kernels.save(kernel_dir, digest, recorded)
+        except Exception as e:         # (never the user's call: the next load is slower)
+            from .. import logs
 
-                if logs.enabled.cache:
-                    logs.log("cache", f"Triton kernels of module {digest[:12]} not recorded: {type(e).__name__}: {e}")
-        return out
-    first._boxed_call = True
-    return first
+            if logs.enabled.cache:
+                logs.log("cache", f"Triton kernels of module {digest[:12]} not recorded: {type(e).__name__}: {e}")
+    return record
 
 
 def _load_library(data: bytes, kernel_dir: str):

@@ -354,8 +354,10 @@ class GraphCompile:
                 # (how a later process loads the module and its kernels without Inductor)
                 module_globals = _torch.inductor_module_globals(compiled)
                 code["fast"] = generated_module.describe(code["source_code"], module_globals)
-                compiled = generated_module.record_after_first_call(
-                    compiled, code["fast"], module_globals, store.kernels_dir() if config.cache else None)
+                record = generated_module.triton_recorder(code["fast"], module_globals,
+                                                          store.kernels_dir() if config.cache else None)
+                if record is not None:
+                    _torch.inductor_after_first_call(compiled, record)
             self.records[kind] = GeneratedCode(kind, code, donated)
         return copies_when_graph_kept(compiled, donated) if donated else compiled
 

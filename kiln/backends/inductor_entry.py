@@ -135,16 +135,16 @@ def _load_generated(graphs: dict) -> dict:
             modules.update({kind: _torch.inductor_load_generated_module(code) for kind, code in rest.items()})
     if cpp:
         vec_isa_memo.remember(config.cache_dir)
-    entries = {kind: _entry_point(modules[kind], code) for kind, code in graphs.items()}
-    for kind in slow:           # (its Triton kernels, recorded for the next process)
-        entries[kind] = generated_module.record_after_first_call(
-            entries[kind], graphs[kind].get("fast"), vars(modules[kind]), kernel_dir if config.cache else None)
-    return entries
+    # a module loaded through Inductor records its Triton kernels for the next process
+    return {kind: _entry_point(modules[kind], code, generated_module.triton_recorder(
+                code.get("fast"), vars(modules[kind]), kernel_dir if config.cache else None) if kind in slow else None)
+            for kind, code in graphs.items()}
 
 
-def _entry_point(module: Any, code: dict) -> Callable:
+def _entry_point(module: Any, code: dict, after_first_call: Callable[[], None] | None = None) -> Callable:
     """The module's ``call`` (boxed: one list of arguments), inputs Inductor assumed aligned
-    realigned as its own wrapper does."""
+    realigned as its own wrapper does; ``after_first_call()`` runs once, when the first call
+    has returned (then it leaves the call path)."""
     from .generated_module import realign_inputs
 
     call = module.call
@@ -154,6 +154,16 @@ def _entry_point(module: Any, code: dict) -> Callable:
         check = [i for i in check if i in mutated]
     if check:
         call = realign_inputs(call, check, mutated)
+    if after_first_call is not None:
+        inner = call
+
+        def first(args: list):
+            nonlocal call
+            out = inner(args)
+            call = inner
+            after_first_call()
+            return out
+        call = first
 
     def boxed(args: list):
         return call(args)

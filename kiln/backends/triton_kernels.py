@@ -109,6 +109,10 @@ def save(kernel_dir: str | None, module_digest: str, recorded: tuple[dict, bytes
         store._write_file(record_path(kernel_dir, module_digest), blob)
 
 
+def is_recorded(kernel_dir: str | None, module_digest: str) -> bool:
+    return module_digest in _made or (kernel_dir is not None and os.path.exists(record_path(kernel_dir, module_digest)))
+
+
 def saved_blob(kernel_dir: str, module_digest: str) -> bytes | None:
     """The record's bytes, for a package: made here, or found in ``kernel_dir``."""
     blob = _made.get(module_digest)
@@ -132,19 +136,17 @@ def load(kernel_dir: str, module_digest: str, kernel_sources: dict[str, str], bl
     from ..cache import store
 
     path = record_path(kernel_dir, module_digest)
-    if blob is None:
+    from_file = blob is None
+    if from_file:
         try:
             with open(path, "rb") as f:
                 blob = f.read()
         except OSError:
             return None
-        packaged = False
-    else:
-        packaged = True
     try:
         header, payload = store.decode(blob)
     except store.CorruptEntry:
-        if not packaged:
+        if from_file:
             _discard(path)      # (rewritten after the next slow load)
         return None
     try:

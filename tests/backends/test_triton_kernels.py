@@ -13,6 +13,7 @@ import torch
 
 import kiln
 from kiln.backends import generated_module as G
+from kiln.backends import inductor_entry
 from kiln.backends import triton_kernels as T
 from kiln.cache import store
 
@@ -78,7 +79,7 @@ def test_the_launcher_computes_the_grid_and_passes_the_recorded_arguments():
     assert any(e.name == "triton_poi_0" for e in prof.events())
 
 
-def test_kernels_are_recorded_once_after_the_first_call(tmp_path, monkeypatch):
+def test_kernels_are_recorded_once_after_the_first_call_which_then_leaves_the_call_path(tmp_path, monkeypatch):
     monkeypatch.setattr(T, "_made", {})
     fast = G.describe(TRITON_MODULE, {})
     recorded = []
@@ -88,13 +89,15 @@ def test_kernels_are_recorded_once_after_the_first_call(tmp_path, monkeypatch):
         return {"format": T.FORMAT, "kernels": {}, "device": 0, "facts": {}}, b""
     monkeypatch.setattr(T, "record", record)
     calls = []
-    first = G.record_after_first_call(lambda args: calls.append(args) or len(args), fast, {}, str(tmp_path))
-    assert first([1, 2]) == 2 and first([3]) == 1
+    module = type("Module", (), {"call": staticmethod(lambda args: calls.append(list(args)) or len(args))})
+    code = {"inputs_to_check": [], "mutated_input_idxs": [], "defers_input_alignment": False}
+    boxed = inductor_entry._entry_point(module, code, G.triton_recorder(fast, {}, str(tmp_path)))
+    assert boxed([1, 2]) == 2 and boxed([3]) == 1
     assert recorded == [fast["triton"]] and calls == [[1, 2], [3]]
     assert os.path.exists(T.record_path(str(tmp_path), G.module_digest(fast)))
-    # once recorded, a later slow load records nothing
-    plain = lambda args: 0
-    assert G.record_after_first_call(plain, fast, {}, str(tmp_path)) is plain
+    assert boxed.__closure__[0].cell_contents is module.call     # (the recorder is gone)
+    # once recorded, a later slow load has nothing to record
+    assert G.triton_recorder(fast, {}, str(tmp_path)) is None
 
 
 def test_a_failed_record_never_fails_the_call(tmp_path, monkeypatch):
@@ -104,8 +107,11 @@ def test_a_failed_record_never_fails_the_call(tmp_path, monkeypatch):
     def record(module_globals, sources):
         raise RuntimeError("inductor changed")
     monkeypatch.setattr(T, "record", record)
-    first = G.record_after_first_call(lambda args: 5, fast, {}, str(tmp_path))
-    assert first([]) == 5 and first([]) == 5
+    module = type("Module", (), {"call": staticmethod(lambda args: 5)})
+    code = {"inputs_to_check": [], "mutated_input_idxs": [], "defers_input_alignment": False}
+    boxed = inductor_entry._entry_point(module, code, G.triton_recorder(fast, {}, str(tmp_path)))
+    assert boxed([]) == 5 and boxed([]) == 5
+    assert not T.is_recorded(str(tmp_path), G.module_digest(fast))
 
 
 # ------------------------------------------------------------------------------------------------

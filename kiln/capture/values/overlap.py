@@ -12,6 +12,13 @@ from __future__ import annotations
 import torch
 
 
+def same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Two different tensors over one storage."""
+    try:
+        return a is not b and a.untyped_storage()._cdata == b.untyped_storage()._cdata
+    except Exception:   # noqa: BLE001 - no storage to compare (sparse, nested): not ours to refuse
+        return False
+
 
 def _dense(sizes, strides) -> bool:
     """Non-overlapping and dense (some permutation of the dims is contiguous), as ATen's
@@ -39,12 +46,7 @@ def _ints(*values) -> bool:
 def may_partially_overlap(out: torch.Tensor, inp: torch.Tensor) -> bool:
     """Whether writing ``out`` while reading ``inp`` may be refused by eager as a partial
     overlap (both fake tensors of this capture)."""
-    if out is inp:
-        return False
-    try:
-        if out.untyped_storage()._cdata != inp.untyped_storage()._cdata:
-            return False
-    except Exception:   # noqa: BLE001 - no storage to compare (sparse, nested): not ours to refuse
+    if not same_storage(out, inp):
         return False
     if _layout(out) == _layout(inp):
         return False   # the same view (``t[i] += 1`` writes back what it read): allowed

@@ -9,6 +9,7 @@ import torch
 from ...errors import Unsupported
 from .base import ConstantValue, Value
 from .containers import TupleValue
+from .overlap import same_storage
 
 # Tensor methods whose result is metadata, computed from the fake tensor at capture time.
 # Sound because TENSOR_MATCH guards dtype, device, sizes, strides and requires_grad.
@@ -162,7 +163,7 @@ class TensorValue(Value):
         if name == "__getitem__":
             return tx.output.call_op("call_function", _getitem, (self, *args), {})
         if name == "__setitem__":
-            if len(args) == 2 and isinstance(args[1], TensorValue) and _same_storage(self.fake, args[1].fake):
+            if len(args) == 2 and isinstance(args[1], TensorValue) and same_storage(self.fake, args[1].fake):
                 _refuse_setitem_overlap(tx, self.fake, args[0], args[1].fake)
             tx.output.call_op("call_function", _setitem, (self, *args), {}, expect_tensor=False)
             return ConstantValue(None)
@@ -176,13 +177,6 @@ class TensorValue(Value):
                                  if _is_inplace_name(name) else None)
 
 
-def _same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
-    try:
-        return a is not b and a.untyped_storage()._cdata == b.untyped_storage()._cdata
-    except Exception:   # noqa: BLE001 - no storage (sparse, nested)
-        return False
-
-
 def _refuse_setitem_overlap(tx, fake: torch.Tensor, index, value: torch.Tensor) -> None:
     """``tensor[index] = value`` copies into the indexed part: eager may refuse the overlap
     (overlap.py). ``t[i] += 1`` writes back the very view it read, which eager allows."""
@@ -192,7 +186,7 @@ def _refuse_setitem_overlap(tx, fake: torch.Tensor, index, value: torch.Tensor) 
     try:
         with tx.output.fake_mode:
             target = fake[_to_fake(index)]   # what eager writes into (a copy if advanced)
-        if not _same_storage(fake, target):
+        if not same_storage(fake, target):
             target = fake                    # advanced indexing writes into the tensor itself
     except Exception:   # noqa: BLE001 - an index the fake cannot take: let eager decide
         target = None
