@@ -251,10 +251,11 @@ def step_times_ms(fn, device, iters: int, warmup: int = 3) -> list[float]:
 
 @contextlib.contextmanager
 def fresh_caches():
-    """Empty Inductor and Triton caches (a new directory), so a compile is cold."""
+    """Empty Inductor, Triton and kiln caches (new directories), so a compile is cold."""
     from torch._inductor.utils import fresh_cache
 
-    with tempfile.TemporaryDirectory(prefix="kiln-bench-") as d, fresh_cache(dir=d):
+    with tempfile.TemporaryDirectory(prefix="kiln-bench-") as d, fresh_cache(dir=d), \
+            kiln.config.patch(cache_dir=os.path.join(d, "kiln")):
         yield
 
 

@@ -169,6 +169,23 @@ if not isinstance(_inspect.getattr_static(_TorchSource, "name", None), _functool
     SymbolSource.name = lambda self: self.text  # type: ignore[assignment]
 
 
+def lazy_graph_module(root: Any, graph: torch.fx.Graph, class_name: str = "GraphModule") -> torch.fx.GraphModule:
+    """A GraphModule whose Python code is generated when something first runs it or reads its
+    ``code``, not when it is made or ``recompile()``d: the AOT stages build and rewrite large
+    graphs that the kernel generator compiles without ever running their FX code (a
+    transformer's joint graph costs ~50 ms per code generation)."""
+    from torch.fx._lazy_graph_module import _LazyGraphModule
+
+    return _LazyGraphModule(root, graph, class_name)
+
+
+def lazy_graph_modules():
+    """Within: the GraphModules torch's tracers make (``make_fx``) are lazy ones too."""
+    from torch.fx._lazy_graph_module import _use_lazy_graph_module
+
+    return _use_lazy_graph_module(True)
+
+
 def new_fake_mode() -> FakeTensorMode:
     """A fake mode with a ShapeEnv: static inputs have int sizes, dynamic ones symbols."""
     # ops whose output size depends on data (nonzero) or that produce Python numbers from data

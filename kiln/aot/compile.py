@@ -14,6 +14,7 @@ from typing import Any, Callable
 import torch
 import torch.fx
 
+from .. import _torch
 from ..errors import Unsupported
 from . import _utils as U
 from . import function as F
@@ -112,9 +113,9 @@ def build_parts(state, capture, partition_fn: Any = None) -> CompiledParts:
     n_in = sum(1 for n in gm.graph.nodes if n.op == "placeholder")
     if n_in != len(capture.example_inputs):
         raise ValueError(f"stage 2: the graph takes {n_in} inputs, expected {len(capture.example_inputs)}")
-    # Edits may have added nodes or changed ops: recompute every node's fake value.
+    # Edits may have added nodes or changed ops: recompute the fake values of what changed.
     try:
-        U.propagate_fake(gm, capture.example_inputs, state.fake_mode)
+        U.propagate_fake(gm, capture.example_inputs, state.fake_mode, keep_unchanged=True)
     except Exception as e:
         raise ValueError(f"stage 2: the graph does not run on its example inputs: {type(e).__name__}: {e}") from e
     common = dict(num_fw_outputs=capture.num_fw_outputs, tangent_positions=list(capture.tangent_positions),
@@ -122,7 +123,7 @@ def build_parts(state, capture, partition_fn: Any = None) -> CompiledParts:
                   primal_requires_grad=list(capture.primal_requires_grad),
                   grad_enabled=state.grad_enabled, wrappers=list(state.wrappers), symbolic=state.symbolic)
     if not capture.is_joint:
-        fw = torch.fx.GraphModule(gm, gm.graph, class_name="KilnInference")
+        fw = _torch.lazy_graph_module(gm, gm.graph, class_name="KilnInference")
         check_input_writes(fw, state.meta.in_graph_mutated_indices)
         return CompiledParts(kind="inference", forward=fw, backward=None, **common)
     n = capture.num_primals

@@ -26,6 +26,7 @@ from typing import Any, Callable
 import torch
 import torch.fx
 
+from .. import _torch
 from ..errors import Unsupported
 from . import _utils as U
 from .compile import PartsView
@@ -243,7 +244,7 @@ def graph_from_data(data: dict, constants: dict, fake_mode=None, class_name: str
             raise ValueError(f"artifact: node name {d['name']!r} is taken")
         env[d["name"]] = n
     g.lint()
-    gm = torch.fx.GraphModule(root, g, class_name=class_name)
+    gm = _torch.lazy_graph_module(root, g, class_name=class_name)
     if lazy is not None and any(U.LAZY_VAL in n.meta for n in g.nodes):
         gm.meta[U.LAZY_MODE] = lazy
     return gm

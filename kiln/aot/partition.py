@@ -36,6 +36,7 @@ from typing import Any, Callable
 import torch
 import torch.fx
 
+from .. import _torch
 from ..errors import Unsupported
 from . import _utils as U
 from . import symbolic as S
@@ -121,8 +122,8 @@ class _Joint:
         fw_graph = U.extract_graph(self.graph, self.primals, list(self.fw_outs) + saved,
                                    keep=lambda n: U.is_effect(n) and n in fw_set)
         bw_graph = _recompute_at_first_use(U.extract_graph(self.graph, saved + self.tangents, list(self.grads)))
-        fw = torch.fx.GraphModule(gm, fw_graph, class_name="KilnForward")
-        bw = torch.fx.GraphModule(gm, bw_graph, class_name="KilnBackward")
+        fw = _torch.lazy_graph_module(gm, fw_graph, class_name="KilnForward")
+        bw = _torch.lazy_graph_module(gm, bw_graph, class_name="KilnBackward")
         return fw, bw
 
 
@@ -237,13 +238,66 @@ def _is_reduction_to_small(n: torch.fx.Node) -> bool:
     return U.node_nbytes(n) * 4 < ins
 
 
-def _banned(n: torch.fx.Node) -> bool:
+# random ops a kernel generates inside a fused kernel (never recomputed, but fusible)
+_FUSIBLE_RANDOM_OPS = {"native_dropout", "rand_like", "randn_like", "bernoulli", "rand", "randn"}
+
+
+def _fusible(n: torch.fx.Node) -> bool:
+    """A kernel generator fuses this node into its neighbours' kernels (no buffer of its own)."""
+    if n.op != "call_function":
+        return False
+    if _recompute_allowed(n):
+        return True
+    return U.is_random(n) and n.target._opname in _FUSIBLE_RANDOM_OPS
+
+
+def _fuses_into(a: torch.fx.Node, user: torch.fx.Node) -> bool:
+    # (a cat writes its inputs where they go: any producer fuses into it)
+    if user.op == "call_function" and isinstance(user.target, torch._ops.OpOverload) and \
+            user.target._opname == "cat":
+        return True
+    return _fusible(a) and _fusible(user)
+
+
+def _materialized_in_backward(n: torch.fx.Node, bw: set) -> bool:
+    """A backward op that cannot fuse with ``n`` (a matmul's gradient, say) reads it, through
+    views or not: the backward would write it out whole anyway, so recomputing it saves no
+    memory the backward does not spend again and costs a kernel."""
+    if U.is_view(n):
+        return False
+    stack, seen = [n], {n}
+    while stack:
+        cur = stack.pop()
+        for u in cur.users:
+            if u in bw and not _fuses_into(cur, u):
+                return True
+            if U.is_view(u) and u not in seen:
+                seen.add(u)
+                stack.append(u)
+    return False
+
+
+def _materialized(n: torch.fx.Node) -> bool:
+    """``n`` is written to memory in the forward anyway (a user cannot fuse with it)."""
+    return n.op == "placeholder" or not all(_fuses_into(n, u) for u in n.users)
+
+
+def _banned(n: torch.fx.Node, bw: set) -> bool:
     """Never recompute this node in the backward."""
     if n.op != "call_function":
         return False
     if n.target is operator.getitem or U.is_view(n):
         return False
-    return not _recompute_allowed(n) or _is_reduction_to_small(n)
+    return not _recompute_allowed(n) or _is_reduction_to_small(n) or \
+        (_materialized_in_backward(n, bw) and not _widens(n))
+
+
+def _widens(n: torch.fx.Node) -> bool:
+    """``n`` is at least twice the bytes of the activations it is made from (max-pool's int64
+    indices from int8 offsets, an upcast): recomputing it in the backward does save memory."""
+    ins = sum(U.node_nbytes(a) for a in n.all_input_nodes
+              if not (a.op == "placeholder" and a.meta.get("kiln_static")))
+    return 2 * ins <= U.node_nbytes(n)
 
 
 def min_cut_rematerialization_partition(joint_module: torch.fx.GraphModule, joint_inputs: Any = None, *,
@@ -256,7 +310,7 @@ def min_cut_rematerialization_partition(joint_module: torch.fx.GraphModule, join
 
     j = _Joint(joint_module, num_fwd_outputs)
     req = j.required_bw()
-    # distance (in nodes) from each forward node to the backward, for tie-breaking
+    # distance (in nodes) from each forward node to the backward (weights the cut)
     dist: dict = {n: 0 for n in req}
     for n in reversed(list(j.graph.nodes)):
         if n in j.fw:
@@ -275,7 +329,7 @@ def min_cut_rematerialization_partition(joint_module: torch.fx.GraphModule, join
             continue
         if n not in j.fw:
             continue
-        if n.op == "placeholder" or _banned(n):
+        if n.op == "placeholder" or _banned(n, j.bw):
             G.add_edge("source", n.name + "_in")
         val = n.meta.get("val")
         if n.op == "get_attr":
@@ -293,9 +347,13 @@ def min_cut_rematerialization_partition(joint_module: torch.fx.GraphModule, join
         elif n.op == "placeholder" and n.meta.get("kiln_static"):
             w = 0.0                                         # parameters are alive anyway
         else:
-            w = float(U.node_nbytes(n))
+            # Saving a value the forward would only have kept in registers (all its users fuse
+            # with it) costs a write it would not have made: twice the bytes. And the farther
+            # from the backward, the longer a saved value stays alive: 10% more per node.
+            w = float(U.node_nbytes(n)) * (1.0 if _materialized(n) else 2.0)
+            w *= 1.1 ** max(min(dist.get(n, 100), 100), 1)
         if not math.isinf(w):
-            w += 1e-3 * min(dist.get(n, 1000), 1000) + 1e-6   # prefer values near the backward
+            w += 1e-6
             G.add_edge(n.name + "_in", n.name + "_out", capacity=w)
         else:
             G.add_edge(n.name + "_in", n.name + "_out")

@@ -239,9 +239,11 @@ class GraphCompile:
         mode = fake_mode_of(flat_inputs, joint)
         candidate = copy_graph_module(joint)
         try:
+            U.record_val_calls(candidate.graph)
             with _torch.inductor_config().patch(self.patches), _torch.inductor_compile_context(mode):
                 candidate = _torch.inductor_joint_graph_passes(candidate, device_of(flat_inputs))
-                U.propagate_fake(candidate, flat_inputs, mode)   # new nodes need their values
+                # (new nodes need their values; the rest keep theirs)
+                U.propagate_fake(candidate, flat_inputs, mode, keep_unchanged=True)
         except Exception as e:      # the passes only optimize: partition the graph as traced
             self._note_failure("joint-graph passes", e)
             return joint
@@ -552,7 +554,7 @@ def copy_graph_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     """A GraphModule over a copy of ``gm``'s graph (nodes' meta shallow-copied), same attributes."""
     g = torch.fx.Graph()
     g.output(g.graph_copy(gm.graph, {}))
-    new = torch.fx.GraphModule(gm, g, class_name=type(gm).__name__)
+    new = _torch.lazy_graph_module(gm, g, class_name=type(gm).__name__)
     new.meta.update(gm.meta)
     return new
 

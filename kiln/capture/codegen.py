@@ -358,13 +358,29 @@ def readable_source(src: str, aliases: dict[str, str]) -> str:
     return re.sub(r"\b___p\d+\b", lambda m: back.get(m.group(0), m.group(0)), src)
 
 
+_LOAD_GLOBAL, _LOAD_NAME, _EXTENDED_ARG = dis.opmap["LOAD_GLOBAL"], dis.opmap["LOAD_NAME"], dis.EXTENDED_ARG
+
+
 def _global_names(code: types.CodeType) -> list[str]:
     """Names the code (and code nested in it) reads as globals, in first-use order (for the
-    module code of a ``def``: its default values too)."""
+    module code of a ``def``: its default values too).
+
+    Read from the raw instructions, not ``dis.get_instructions``, which builds an object per
+    instruction: the check function of a large model has tens of thousands, and a package
+    load makes one per frame. (CPython 3.11+: two bytes per code unit, the inline caches
+    zeroed in ``co_code``; LOAD_GLOBAL's argument is the name's index shifted left by one.)"""
     out: dict[str, None] = {}
-    for ins in dis.get_instructions(code):
-        if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME"):
-            out[ins.argval] = None
+    raw, names, ext = code.co_code, code.co_names, 0
+    for i in range(0, len(raw), 2):
+        op, arg = raw[i], raw[i + 1] | ext
+        if op == _EXTENDED_ARG:
+            ext = arg << 8
+            continue
+        ext = 0
+        if op == _LOAD_GLOBAL:
+            out[names[arg >> 1]] = None
+        elif op == _LOAD_NAME:
+            out[names[arg]] = None
     for c in code.co_consts:
         if isinstance(c, types.CodeType):
             out.update(dict.fromkeys(_global_names(c)))

@@ -13,6 +13,7 @@ from typing import Callable
 
 import torch
 
+from .. import _torch
 from ..cache import PAYLOAD_ATTR
 from .errors import NotPackageable
 from .values import Decoder, Encoder
@@ -149,7 +150,7 @@ def _graph_from_data(data: dict, tensors: dict, dec: Decoder) -> torch.fx.GraphM
             n = g.create_node(op, target, _unarg(d["args"], env, dec), _unarg(d["kwargs"], env, dec),
                               name=d["name"])
         env[d["name"]] = n
-    gm = torch.fx.GraphModule(root, g, class_name=data["class"])
+    gm = _torch.lazy_graph_module(root, g, class_name=data["class"])
     gm.meta.update(data["meta"])
     return gm
 
