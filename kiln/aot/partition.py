@@ -300,6 +300,18 @@ def _widens(n: torch.fx.Node) -> bool:
     return 2 * ins <= U.node_nbytes(n)
 
 
+def _without_common_subexpressions(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    from .cse import eliminate_common_subexpressions
+
+    g = torch.fx.Graph()
+    g.output(g.graph_copy(gm.graph, {}))
+    if not eliminate_common_subexpressions(g):
+        return gm
+    new = _torch.lazy_graph_module(gm, g, class_name=type(gm).__name__)
+    new.meta.update(gm.meta)
+    return new
+
+
 def min_cut_rematerialization_partition(joint_module: torch.fx.GraphModule, joint_inputs: Any = None, *,
                                         num_fwd_outputs: int) -> tuple[torch.fx.GraphModule, torch.fx.GraphModule]:
     """Save the cheapest cut between the primals and the backward; recompute the rest."""
@@ -308,6 +320,8 @@ def min_cut_rematerialization_partition(joint_module: torch.fx.GraphModule, join
     except ImportError as e:  # pragma: no cover
         raise RuntimeError("the min-cut partitioner needs networkx (pip install networkx)") from e
 
+    # (a copy: the caller's joint graph stays as traced)
+    joint_module = _without_common_subexpressions(joint_module)
     j = _Joint(joint_module, num_fwd_outputs)
     req = j.required_bw()
     # distance (in nodes) from each forward node to the backward (weights the cut)

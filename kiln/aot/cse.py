@@ -1,0 +1,61 @@
+"""Common-subexpression elimination of a joint graph, before it is partitioned.
+
+Tracing the backward re-derives values the forward already computed: a LayerNorm's backward
+recomputes the normalized input ``(x - mean) * rstd`` that its forward made. Left as two
+nodes, the partitioner sees a backward that reads ``x``, ``mean`` and ``rstd`` (and recomputes
+the product in the backward, in a larger backward graph) where the backward could read the
+forward's own product. Merged, the min-cut chooses between them on their cost, as
+torch.compile's partitioner does after its own CSE pass.
+
+Only pure calls merge: ATen ops that neither write their arguments nor draw random numbers,
+with equal arguments (the same nodes, equal constants of the same type).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.fx
+
+from . import _utils as U
+
+
+def eliminate_common_subexpressions(graph: torch.fx.Graph) -> int:
+    """Merge duplicate pure calls of ``graph`` in place (the first one stays); returns how
+    many nodes were removed."""
+    first: dict = {}
+    removed = 0
+    for n in list(graph.nodes):
+        if not _pure(n):
+            continue
+        try:
+            key = (n.target, _key(n.args), _key(n.kwargs))
+            hash(key)
+        except TypeError:       # an argument with no stable identity (a symbolic size)
+            continue
+        kept = first.setdefault(key, n)
+        if kept is not n:
+            n.replace_all_uses_with(kept)
+            graph.erase_node(n)
+            removed += 1
+    return removed
+
+
+def _pure(n: torch.fx.Node) -> bool:
+    if n.op != "call_function" or not isinstance(n.target, torch._ops.OpOverload):
+        return False
+    return not n.target._schema.is_mutable and not U.is_effect(n)
+
+
+def _key(a: Any) -> Any:
+    if isinstance(a, torch.fx.Node):
+        return a                                    # (nodes compare by identity)
+    if isinstance(a, (list, tuple)):
+        return (type(a).__name__, tuple(_key(x) for x in a))
+    if isinstance(a, dict):
+        return ("dict", tuple((k, _key(v)) for k, v in a.items()))
+    if isinstance(a, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        raise TypeError("symbolic")
+    if isinstance(a, float):
+        return ("float", repr(a))                   # (-0.0 and 0.0, nan: told apart)
+    return (type(a), a)
