@@ -300,6 +300,72 @@ def _widens(n: torch.fx.Node) -> bool:
     return 2 * ins <= U.node_nbytes(n)
 
 
+def _banned_by_fusion_structure(j: _Joint) -> set:
+    """Forward nodes not to recompute because of where they sit, as torch's partitioner
+    decides (its ``ban_if_used_far_apart`` and ``ban_if_long_fusible_chains``):
+
+    * a value used on both sides of an op that cannot fuse (a residual stream read by a
+      LayerNorm before a matmul and by the residual add after it): its later fusible users
+      are not recomputed, or the backward would rebuild the whole stream from far back;
+    * a chain of fusible ops longer than 100 nodes is cut at its end, so that the backward
+      never recomputes a pointwise path from the start of the model to its end."""
+    import heapq
+
+    order = {n: i for i, n in enumerate(j.graph.nodes)}
+    fw = j.fw
+    banned: set = set()
+
+    def first_unfusible(starts: list, max_range: int) -> int:
+        heap = [(order[n], True) for n in starts]
+        by_order = {order[n]: n for n in starts}
+        heapq.heapify(heap)
+        seen = set(heap)
+        while heap:
+            pos, fusible = heapq.heappop(heap)
+            if not fusible:
+                return pos
+            node = by_order[pos]
+            for u in node.users:
+                if u in fw and order[u] <= max_range:
+                    item = (order[u], _fuses_into(node, u))
+                    if item not in seen:
+                        seen.add(item)
+                        by_order[order[u]] = u
+                        heapq.heappush(heap, item)
+        return max_range
+
+    for used in fw:
+        users = [u for u in used.users if u in fw]
+        if not users:
+            continue
+        first = first_unfusible(users, max(order[u] for u in users))
+        for u in users:
+            if order[u] > first and _fuses_into(used, u) and not U.is_view(u):
+                banned.add(u)
+
+    visited: set = set()
+    for start in j.graph.nodes:
+        if start not in fw:
+            continue
+        heap = [(order[start], start.name)]
+        nodes = {start.name: start}
+        while heap:
+            pos, name = heapq.heappop(heap)
+            cur = nodes[name]
+            if cur in visited:
+                continue
+            visited.add(cur)
+            if pos > order[start] + 100 and not heap:
+                if not U.is_view(cur):
+                    banned.add(cur)
+                break
+            for u in cur.users:
+                if u in fw and _fuses_into(cur, u) and u not in banned:
+                    nodes[u.name] = u
+                    heapq.heappush(heap, (order[u], u.name))
+    return banned
+
+
 def _without_common_subexpressions(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     from .cse import eliminate_common_subexpressions
 
@@ -332,6 +398,7 @@ def min_cut_rematerialization_partition(joint_module: torch.fx.GraphModule, join
             if ds:
                 dist[n] = min(ds)
 
+    also_banned = _banned_by_fusion_structure(j)
     G = nx.DiGraph()
     G.add_node("source")
     G.add_node("sink")
@@ -343,7 +410,7 @@ def min_cut_rematerialization_partition(joint_module: torch.fx.GraphModule, join
             continue
         if n not in j.fw:
             continue
-        if n.op == "placeholder" or _banned(n, j.bw):
+        if n.op == "placeholder" or n in also_banned or _banned(n, j.bw):
             G.add_edge("source", n.name + "_in")
         val = n.meta.get("val")
         if n.op == "get_attr":

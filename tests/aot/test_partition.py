@@ -196,3 +196,44 @@ def test_a_saved_mutated_input_keeps_the_value_the_forward_read(fn, partition):
     assert_same(x_k, x_e)
     (out_k * torch.linspace(0, 1, 16, dtype=out_k.dtype).view(4, 4)).sum().backward()
     assert_same(w.grad, g_e)
+
+
+def _joint_of(f, args):
+    from kiln.aot.partition import _Joint
+    from kiln.backends.inductor import decomposition_table
+
+    st = create_aot_state(f, args, decompositions=decomposition_table())
+    with st:
+        cap = stage1_graph_capture(st)
+    return _Joint(cap.graph_module, cap.num_fw_outputs)
+
+
+def test_a_residual_add_after_a_matmul_is_not_recomputed():
+    """``x`` is read by a LayerNorm whose fusible chain ends at a matmul, and by the residual
+    add after it: the add is banned from recomputation (torch's ban_if_used_far_apart), so the
+    backward never rebuilds the residual stream from far back."""
+    from kiln.aot.partition import _banned_by_fusion_structure
+
+    def f(inp, w):
+        x = inp * 2                   # (a computed stream: an input is never fused with)
+        return (x + torch.nn.functional.layer_norm(x, (16,)) @ w).sin().sum()
+    j = _joint_of(f, [rg(4, 16), rg(16, 16)])
+    banned = _banned_by_fusion_structure(j)
+    (x,) = [u for u in j.primals[0].users if u.target is torch.ops.aten.mul.Tensor and u in j.fw]
+    residual = [u for u in x.users if u.target is torch.ops.aten.add.Tensor]
+    assert residual and set(residual) <= banned, (residual, banned)
+    assert not [u for u in x.users if u.target is torch.ops.aten.var_mean.correction and u in banned]
+
+
+def test_a_long_fusible_chain_is_cut():
+    from kiln.aot.partition import _banned_by_fusion_structure
+
+    def f(x):
+        for _ in range(60):           # 120 fusible nodes in one chain
+            x = x * 1.01 + 0.01
+        return x.sin().sum()
+    j = _joint_of(f, [rg(4, 16)])
+    banned = _banned_by_fusion_structure(j)
+    order = {n: i for i, n in enumerate(j.graph.nodes)}
+    first = min(order[n] for n in j.fw if n.op == "call_function")
+    assert banned and all(order[n] > first + 100 for n in banned), sorted(n.name for n in banned)
