@@ -58,4 +58,11 @@ def _key(a: Any) -> Any:
         raise TypeError("symbolic")
     if isinstance(a, float):
         return ("float", repr(a))                   # (-0.0 and 0.0, nan: told apart)
-    return (type(a), a)
+    if isinstance(a, _PLAIN):
+        return (type(a), a)
+    # anything else (a constant tensor, an opaque object) only as the same object: its own
+    # == may not return a bool (the graph keeps it alive, so its id stays its own)
+    return ("object", id(a))
+
+
+_PLAIN = (int, bool, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format)

@@ -92,3 +92,16 @@ def test_the_backward_of_a_transformer_block_recomputes_less(monkeypatch):
     block(x2).sum().backward()
     assert_same((gx, gp), (x2.grad, [q.grad for q in params]))
     assert_same((gx0, gp0), (x2.grad, [q.grad for q in params]))
+
+
+def test_calls_on_other_constant_objects_stay_apart():
+    c1, c2 = torch.ones(3), torch.ones(3)
+
+    def build(g, x):
+        a = g.call_function(aten.add.Tensor, (x, c1))
+        b = g.call_function(aten.add.Tensor, (x, c2))
+        same = g.call_function(aten.add.Tensor, (x, c1))
+        return (a, b, same)
+    g = _graph(build)
+    assert eliminate_common_subexpressions(g) == 1        # only the call on the very same c1
+    assert len(_calls(g, aten.add.Tensor)) == 2
