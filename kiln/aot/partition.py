@@ -422,10 +422,7 @@ def min_cut_rematerialization_partition(joint_module: torch.fx.GraphModule, join
         elif U.is_view(n) and _only_tensor_arg(n):
             w = math.inf                                    # save the base: same storage
         elif n.meta.get("kiln_user_visible") and not n.meta.get("kiln_eager_saved"):
-            # the user may change it before backward(): stage 2 copies it if it is cut. For a
-            # parameter (a BatchNorm's bias, which the normalized activations after it are
-            # recomputed from) that copy is worth its bytes; for anything else, never.
-            w = float(U.node_nbytes(n)) if n.op == "placeholder" and n.meta.get("kiln_static") else 1e15
+            w = 1e15                # the user may change it before backward (stage 2 copies it if cut)
         elif n.op == "placeholder" and n.meta.get("kiln_mutated"):
             w = 1e15                                        # copied into after the forward
         elif n.op == "placeholder" and n.meta.get("kiln_static"):
