@@ -397,17 +397,34 @@ def propagate_fake(gm: torch.fx.GraphModule, fake_inputs: list, mode: FakeTensor
     running: after a rewrite of a few nodes of a large graph (Inductor's joint-graph passes),
     only those nodes and what their new values change are run again."""
     changed: set = set()
+    # the storages each re-run node's old value held: a kept value that aliased one of them
+    # (a view of a re-run node) must be re-run too, or it would alias a storage no other value
+    # has any more (the donation of saved buffers reads which values share memory)
+    rerun: dict = {}
     missing = object()
+
+    def keeps(n, old) -> bool:
+        if not (n.op == "call_function" and old is not missing and _same_call(n.meta.get(VAL_OF), n)):
+            return False
+        ins = [a for a in n.all_input_nodes if a in rerun]
+        if any(a in changed for a in ins):
+            return False
+        if ins:
+            mine = _storages(old)
+            if mine and any(mine & rerun[a] for a in ins):
+                return False
+        return True
 
     class _Prop(torch.fx.Interpreter):
         def run_node(self, n):
             old = n.meta.get("val", missing)
-            if keep_unchanged and n.op == "call_function" and old is not missing and \
-                    _same_call(n.meta.get(VAL_OF), n) and not any(a in changed for a in n.all_input_nodes):
+            if keep_unchanged and keeps(n, old):
                 return old
             r = super().run_node(n)
-            if keep_unchanged and (old is missing or not _same_meta(old, r)):
-                changed.add(n)
+            if keep_unchanged:
+                rerun[n] = _storages(old) if old is not missing else set()
+                if old is missing or not _same_meta(old, r):
+                    changed.add(n)
             n.meta["val"] = r
             if n.op == "call_function":
                 n.meta[VAL_OF] = (n.target, n.args, n.kwargs)
@@ -418,6 +435,19 @@ def propagate_fake(gm: torch.fx.GraphModule, fake_inputs: list, mode: FakeTensor
 
 
 _PLAIN = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format)
+
+
+def _storages(v: Any) -> set:
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    if isinstance(v, torch.Tensor):
+        try:
+            return {StorageWeakRef(v.untyped_storage())}
+        except Exception:       # (a tensor without storage)
+            return set()
+    if isinstance(v, (tuple, list)):
+        return set().union(*[_storages(x) for x in v]) if v else set()
+    return set()
 
 
 def _same_call(rec: Any, n: torch.fx.Node) -> bool:

@@ -1,0 +1,67 @@
+"""kiln.aot._utils.propagate_fake(keep_unchanged=True): after an edit, only what changed is
+run again, and the values kept still describe the graph (shapes and memory sharing)."""
+import torch
+import torch.fx
+from torch.multiprocessing.reductions import StorageWeakRef
+
+import kiln.aot._utils as U
+from kiln import _torch
+
+aten = torch.ops.aten
+
+
+def _graph():
+    g = torch.fx.Graph()
+    x = g.placeholder("x")
+    a = g.call_function(aten.sin.default, (x,))
+    v = g.call_function(aten.view.default, (a, [8]))        # a view: shares a's memory
+    b = g.call_function(aten.mul.Tensor, (v, 2.0))
+    g.output((v, b))
+    return torch.fx.GraphModule(torch.nn.Module(), g)
+
+
+def _storage(n):
+    return StorageWeakRef(n.meta["val"].untyped_storage())
+
+
+def test_unchanged_calls_keep_their_values_and_edits_rerun():
+    gm = _graph()
+    mode = _torch.new_fake_mode()
+    with mode:
+        x = torch.empty(2, 4)
+    U.propagate_fake(gm, [x], mode)
+    U.record_val_calls(gm.graph)
+    before = {n: n.meta.get("val") for n in gm.graph.nodes}
+    U.propagate_fake(gm, [x], mode, keep_unchanged=True)
+    for n in gm.graph.nodes:
+        if n.op == "call_function":
+            assert n.meta["val"] is before[n], n.name             # nothing edited: nothing re-run
+    a = next(n for n in gm.graph.nodes if n.target is aten.sin.default)
+    a.target = aten.cos.default                                   # an edit
+    U.propagate_fake(gm, [x], mode, keep_unchanged=True)
+    v = next(n for n in gm.graph.nodes if n.target is aten.view.default)
+    b = next(n for n in gm.graph.nodes if n.target is aten.mul.Tensor)
+    assert a.meta["val"] is not before[a]
+    # the view of the re-run node is re-run too (it must share the new value's memory) ...
+    assert _storage(v) == _storage(a)
+    # ... while the mul, whose inputs kept their shapes and which aliases nothing, keeps its value
+    assert b.meta["val"] is before[b]
+
+
+def test_a_changed_shape_reruns_the_users():
+    gm = _graph()
+    mode = _torch.new_fake_mode()
+    with mode:
+        x = torch.empty(2, 4)
+    U.propagate_fake(gm, [x], mode)
+    U.record_val_calls(gm.graph)
+    a = next(n for n in gm.graph.nodes if n.target is aten.sin.default)
+    with gm.graph.inserting_before(a):
+        t = gm.graph.call_function(aten.sum.dim_IntList, (a.args[0], [1], True))
+    a.args = (t,)                                                 # now the sin of a 2x1 sum
+    v = next(n for n in gm.graph.nodes if n.target is aten.view.default)
+    v.args = (a, [2])
+    U.propagate_fake(gm, [x], mode, keep_unchanged=True)
+    assert tuple(a.meta["val"].shape) == (2, 1)
+    b = next(n for n in gm.graph.nodes if n.target is aten.mul.Tensor)
+    assert tuple(b.meta["val"].shape) == (2,)                     # (its call is unchanged)
