@@ -434,20 +434,32 @@ def propagate_fake(gm: torch.fx.GraphModule, fake_inputs: list, mode: FakeTensor
         _Prop(gm).run(*fake_inputs)
 
 
-_PLAIN = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format)
+PLAIN_CONSTANTS = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format)
+
+
+def fake_storage(v: Any):
+    """The storage of a fake value (equal for values that share memory); None otherwise."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    return StorageWeakRef(v.untyped_storage()) if isinstance(v, FakeTensor) else None
 
 
 def _storages(v: Any) -> set:
-    from torch.multiprocessing.reductions import StorageWeakRef
-
-    if isinstance(v, torch.Tensor):
-        try:
-            return {StorageWeakRef(v.untyped_storage())}
-        except Exception:       # (a tensor without storage)
-            return set()
     if isinstance(v, (tuple, list)):
         return set().union(*[_storages(x) for x in v]) if v else set()
-    return set()
+    s = fake_storage(v)
+    return set() if s is None else {s}
+
+
+def copy_graph_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """A GraphModule over a copy of ``gm``'s graph (nodes' meta shallow-copied), same attributes."""
+    from .. import _torch
+
+    g = torch.fx.Graph()
+    g.output(g.graph_copy(gm.graph, {}))
+    new = _torch.lazy_graph_module(gm, g, class_name=type(gm).__name__)
+    new.meta.update(gm.meta)
+    return new
 
 
 def _same_call(rec: Any, n: torch.fx.Node) -> bool:
@@ -468,7 +480,7 @@ def _same_arg(x: Any, y: Any) -> bool:
         return len(x) == len(y) and all(map(_same_arg, x, y))
     if isinstance(x, dict):
         return x.keys() == y.keys() and all(_same_arg(x[k], y[k]) for k in x)
-    if isinstance(x, _PLAIN):
+    if isinstance(x, PLAIN_CONSTANTS):
         return x == y
     return x is y
 

@@ -58,11 +58,9 @@ def _key(a: Any) -> Any:
         raise TypeError("symbolic")
     if isinstance(a, float):
         return ("float", repr(a))                   # (-0.0 and 0.0, nan: told apart)
-    if isinstance(a, _PLAIN):
+    if isinstance(a, U.PLAIN_CONSTANTS):
         return (type(a), a)
     # anything else (a constant tensor, an opaque object) only as the same object: its own
     # == may not return a bool (the graph keeps it alive, so its id stays its own)
     return ("object", id(a))
 
-
-_PLAIN = (int, bool, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format)

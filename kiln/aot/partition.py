@@ -369,12 +369,10 @@ def _banned_by_fusion_structure(j: _Joint) -> set:
 def _without_common_subexpressions(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     from .cse import eliminate_common_subexpressions
 
-    g = torch.fx.Graph()
-    g.output(g.graph_copy(gm.graph, {}))
-    if not eliminate_common_subexpressions(g):
+    new = U.copy_graph_module(gm)
+    if not eliminate_common_subexpressions(new.graph):
         return gm
-    new = _torch.lazy_graph_module(gm, g, class_name=type(gm).__name__)
-    new.meta.update(gm.meta)
+    new.recompile()         # (lazy: marks the code stale)
     return new
 
 

@@ -213,26 +213,18 @@ class InlinedHooks:
                 + (f" (+{U.format_bytes(self.offloaded_bytes)} offloaded)" if self.offloaded_bytes else ""))
 
 
-def _storage(v: Any):
-    from torch.multiprocessing.reductions import StorageWeakRef
-
-    if isinstance(v, torch.Tensor) and _torch.is_fake(v):
-        return StorageWeakRef(v.untyped_storage())
-    return None
-
-
 def activations(fw: torch.fx.GraphModule, bw: torch.fx.GraphModule, nfw: int) -> set:
     """The saved values (forward-graph nodes) that are activations: tensors sharing memory with
     no forward input, no forward output the user sees and no gradient."""
     fw_outs = U.flat_outputs(fw.graph)
     visible = [n for n in fw.graph.nodes if n.op == "placeholder"] + list(fw_outs[:nfw]) + \
         list(U.flat_outputs(bw.graph))
-    kept = {_storage(n.meta.get("val")) for n in visible if isinstance(n, torch.fx.Node)} - {None}
+    kept = {U.fake_storage(n.meta.get("val")) for n in visible if isinstance(n, torch.fx.Node)} - {None}
     acts = set()
     for n in fw_outs[nfw:]:
         if not isinstance(n, torch.fx.Node) or n.op == "placeholder":
             continue
-        s = _storage(n.meta.get("val"))
+        s = U.fake_storage(n.meta.get("val"))
         if s is not None and s not in kept:
             acts.add(n)
     return acts

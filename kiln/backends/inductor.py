@@ -42,6 +42,7 @@ import torch
 import torch.fx
 
 from .. import _torch, logs
+from ..aot import _utils as U
 from .inductor_options import inductor_config_patches
 from .progress import Progress
 from .registry import register_backend
@@ -234,10 +235,8 @@ class GraphCompile:
 
     # -- internals -------------------------------------------------------------------------------
     def _joint_passes(self, joint: torch.fx.GraphModule, flat_inputs: list) -> torch.fx.GraphModule:
-        from ..aot import _utils as U
-
         mode = fake_mode_of(flat_inputs, joint)
-        candidate = copy_graph_module(joint)
+        candidate = U.copy_graph_module(joint)
         try:
             U.record_val_calls(candidate.graph)
             with _torch.inductor_config().patch(self.patches), _torch.inductor_compile_context(mode):
@@ -306,7 +305,7 @@ class GraphCompile:
     def _inductor_compile(self, gm: torch.fx.GraphModule, example_inputs: list, kind: str):
         cfg = _torch.inductor_config()
         mode = fake_mode_of(example_inputs, gm)
-        graph = copy_graph_module(gm)      # Inductor rewrites the graph it compiles
+        graph = U.copy_graph_module(gm)      # Inductor rewrites the graph it compiles
         if kind == "forward":
             self._fw_output_strides = None
             self._fw_num_outputs = gm.meta.get("kiln_num_fw_outputs", len(_outputs(gm)))
@@ -388,7 +387,7 @@ class GraphCompile:
         from ..aot.compile import run_as_fx
 
         self._note_failure(f"the {kind} graph", error)
-        graph = copy_graph_module(gm)
+        graph = U.copy_graph_module(gm)
         if kind == "backward":
             # saved values may come from an Inductor forward with other strides than traced
             _torch.inductor_view_to_reshape(graph)
@@ -477,19 +476,14 @@ def donatable_saved_tensors(fw: torch.fx.GraphModule, bw: torch.fx.GraphModule, 
     may reuse for its own buffers: those sharing memory with no forward input, no output the
     user sees and no gradient. The autograd.Function hands them to the backward and drops its
     own references first (``retain_graph=True`` gets copies: ``copies_when_graph_kept``)."""
-    from torch.multiprocessing.reductions import StorageWeakRef
-
     def val(n):
         return n.meta.get("val") if isinstance(n, torch.fx.Node) else None
 
-    def storage(t):
-        return StorageWeakRef(t.untyped_storage()) if _torch.is_fake(t) else None
-
     fw_outs = _outputs(fw)
-    kept = {storage(val(n)) for n in (*_placeholders(fw), *fw_outs[:nfw], *_outputs(bw))} - {None}
+    kept = {U.fake_storage(val(n)) for n in (*_placeholders(fw), *fw_outs[:nfw], *_outputs(bw))} - {None}
     donated = []
     for j, n in enumerate(fw_outs[nfw:]):
-        s = storage(val(n))
+        s = U.fake_storage(val(n))
         if s is not None and s not in kept:
             donated.append(j)
     return donated
@@ -548,15 +542,6 @@ def mark_user_visible_outputs(gm: torch.fx.GraphModule, kind: str, cfg: Any) -> 
     else:
         n = len(vals)
     out.meta["user_visible_output_idxs"] = [i for i in range(n) if isinstance(vals[i], torch.fx.Node)]
-
-
-def copy_graph_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
-    """A GraphModule over a copy of ``gm``'s graph (nodes' meta shallow-copied), same attributes."""
-    g = torch.fx.Graph()
-    g.output(g.graph_copy(gm.graph, {}))
-    new = _torch.lazy_graph_module(gm, g, class_name=type(gm).__name__)
-    new.meta.update(gm.meta)
-    return new
 
 
 def fake_mode_of(values: list, gm: torch.fx.GraphModule):

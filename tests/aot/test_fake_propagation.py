@@ -24,13 +24,19 @@ def _storage(n):
     return StorageWeakRef(n.meta["val"].untyped_storage())
 
 
-def test_unchanged_calls_keep_their_values_and_edits_rerun():
+def _propagated():
+    """The graph with its fake values, each noted with the call it was made for; its input."""
     gm = _graph()
     mode = _torch.new_fake_mode()
     with mode:
         x = torch.empty(2, 4)
     U.propagate_fake(gm, [x], mode)
     U.record_val_calls(gm.graph)
+    return gm, mode, x
+
+
+def test_unchanged_calls_keep_their_values_and_edits_rerun():
+    gm, mode, x = _propagated()
     before = {n: n.meta.get("val") for n in gm.graph.nodes}
     U.propagate_fake(gm, [x], mode, keep_unchanged=True)
     for n in gm.graph.nodes:
@@ -49,12 +55,7 @@ def test_unchanged_calls_keep_their_values_and_edits_rerun():
 
 
 def test_a_changed_shape_reruns_the_users():
-    gm = _graph()
-    mode = _torch.new_fake_mode()
-    with mode:
-        x = torch.empty(2, 4)
-    U.propagate_fake(gm, [x], mode)
-    U.record_val_calls(gm.graph)
+    gm, mode, x = _propagated()
     a = next(n for n in gm.graph.nodes if n.target is aten.sin.default)
     with gm.graph.inserting_before(a):
         t = gm.graph.call_function(aten.sum.dim_IntList, (a.args[0], [1], True))
