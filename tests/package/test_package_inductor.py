@@ -121,7 +121,8 @@ def test_package_carries_the_cpu_simd_answer(packages, tmp_path):
             "import torch._inductor.cpu_vec_isa as isa\n"
             "print('REMEMBERED', getattr(isa.valid_vec_isa_list, 'kiln_remembered', False))\n")
     env = {**os.environ, "KILN_CACHE_DIR": str(tmp_path / "empty"),
-           "PYTHONPATH": os.pathsep.join([os.path.dirname(os.path.dirname(here)), here])}
+           "PYTHONPATH": os.pathsep.join([os.path.dirname(os.path.dirname(here)), here,
+                                          os.environ.get("PYTHONPATH", "")])}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "REMEMBERED True" in out.stdout, out.stdout
