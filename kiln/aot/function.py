@@ -81,6 +81,28 @@ class _Call:
         self.result = None
 
 
+def _copies(tensors: list) -> list:
+    """Copies of ``tensors`` (same strides): one multi-tensor copy per device and dtype (a
+    kernel launch, not one per tensor: a ResNet copies a BatchNorm bias per layer), a clone
+    for the rest (overlapping or unusual layouts)."""
+    out = [None] * len(tensors)
+    groups: dict = {}
+    for i, t in enumerate(tensors):
+        if t.is_contiguous() and t.layout == torch.strided and not t.is_sparse:
+            groups.setdefault((t.device, t.dtype), []).append(i)
+        else:
+            out[i] = t.clone()
+    for idx in groups.values():
+        if len(idx) == 1:
+            out[idx[0]] = tensors[idx[0]].clone()
+            continue
+        dst = [torch.empty_like(tensors[i]) for i in idx]
+        torch._foreach_copy_(dst, [tensors[i] for i in idx])
+        for i, d in zip(idx, dst):
+            out[i] = d
+    return out
+
+
 def make_training_core(fw: Callable, bw: Callable, parts, compile_bw: Callable[[torch.fx.GraphModule], Callable],
                        check: Callable[[tuple], None]) -> Callable:
     view_outs = view_outputs(fw, parts)
@@ -113,8 +135,9 @@ def make_training_core(fw: Callable, bw: Callable, parts, compile_bw: Callable[[
         fw_outs = tuple(detach_views(outs[:nfw], view_outs) if view_outs else outs[:nfw])
         if copy_saved:
             saved = list(saved)
-            for j in copy_saved:
-                saved[j] = saved[j].clone()
+            saved_copies = _copies([saved[j] for j in copy_saved])
+            for j, c in zip(copy_saved, saved_copies):
+                saved[j] = c
         tensors = [s for s in saved if isinstance(s, torch.Tensor)]
         other = None if len(tensors) == len(saved) else \
             [(i, s) for i, s in enumerate(saved) if not isinstance(s, torch.Tensor)]

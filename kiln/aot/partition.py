@@ -99,14 +99,21 @@ class _Joint:
             if n in tdep or (n.meta.get("kiln_phase") == "backward" and n not in fw_anc):
                 self.bw.add(n)
         self.fw = {n for n in g.nodes if n.op != "output" and n not in self.bw and not _is_tangent(n)}
+        # Backward ops that read no tangent (ReLU's `x <= 0` mask, a weight's transpose): the
+        # min-cut may run them at the end of the forward and save their result instead of
+        # their inputs (a 1-byte mask for a 4-byte activation), as torch's "unclaimed" nodes.
+        # Only pure ops qualify: a random op or a write stays where eager runs it.
+        self.unclaimed = {n for n in self.bw if n not in tdep and _pure(n)}
 
-    def required_bw(self) -> set:
-        """Backward nodes the gradients need."""
+    def required_bw(self, claimed_only: bool = False) -> set:
+        """Backward nodes the gradients need; ``claimed_only``: only those that must run in the
+        backward (the gradients themselves and what reads a tangent), not the unclaimed ones."""
         req: set = set()
         stack = [o for o in self.grads if isinstance(o, torch.fx.Node)]
+        grads = set(stack)
         while stack:
             n = stack.pop()
-            if n in req or n not in self.bw:
+            if n in req or n not in self.bw or (claimed_only and n in self.unclaimed and n not in grads):
                 continue
             req.add(n)
             stack.extend(n.all_input_nodes)
@@ -125,6 +132,16 @@ class _Joint:
         fw = _torch.lazy_graph_module(gm, fw_graph, class_name="KilnForward")
         bw = _torch.lazy_graph_module(gm, bw_graph, class_name="KilnBackward")
         return fw, bw
+
+
+def _pure(n: torch.fx.Node) -> bool:
+    """A call whose only result is its value (no random draw, no write to anything)."""
+    if n.op != "call_function" or U.is_effect(n):
+        return False
+    t = n.target
+    if t is operator.getitem:
+        return True
+    return isinstance(t, torch._ops.OpOverload) and not t._schema.is_mutable
 
 
 def _recompute_at_first_use(g: torch.fx.Graph) -> torch.fx.Graph:
@@ -387,9 +404,9 @@ def min_cut_rematerialization_partition(joint_module: torch.fx.GraphModule, join
     # (a copy: the caller's joint graph stays as traced)
     joint_module = _without_common_subexpressions(joint_module)
     j = _Joint(joint_module, num_fwd_outputs)
-    req = j.required_bw()
+    req = j.required_bw(claimed_only=True)
     # distance (in nodes) from each forward node to the backward (weights the cut)
-    dist: dict = {n: 0 for n in req}
+    dist: dict = {n: 0 for n in req | j.unclaimed}
     for n in reversed(list(j.graph.nodes)):
         if n in j.fw:
             ds = [dist[u] + 1 for u in n.users if u in dist]
@@ -406,9 +423,10 @@ def min_cut_rematerialization_partition(joint_module: torch.fx.GraphModule, join
         if n in req or _is_tangent(n):
             G.add_edge(n.name + "_in", "sink")            # infinite
             continue
-        if n not in j.fw:
+        if n not in j.fw and n not in j.unclaimed:
             continue
-        if n.op == "placeholder" or n in also_banned or _banned(n, j.bw):
+        # (an unclaimed op is a backward op: running it there is never a recomputation)
+        if n in j.fw and (n.op == "placeholder" or n in also_banned or _banned(n, j.bw)):
             G.add_edge("source", n.name + "_in")
         val = n.meta.get("val")
         if n.op == "get_attr":
@@ -420,7 +438,11 @@ def min_cut_rematerialization_partition(joint_module: torch.fx.GraphModule, join
         elif U.is_view(n) and _only_tensor_arg(n):
             w = math.inf                                    # save the base: same storage
         elif n.meta.get("kiln_user_visible") and not n.meta.get("kiln_eager_saved"):
-            w = 1e15                # the user may change it before backward (stage 2 copies it if cut)
+            # the user may change it before backward(): stage 2 copies it if it is cut (one
+            # multi-tensor copy per call). For a parameter (a BatchNorm's bias, which the
+            # normalized activations after it are recomputed from) that copy is worth its
+            # bytes; for anything else (an input batch, an output), never.
+            w = float(U.node_nbytes(n)) if n.op == "placeholder" and n.meta.get("kiln_static") else 1e15
         elif n.op == "placeholder" and n.meta.get("kiln_mutated"):
             w = 1e15                                        # copied into after the forward
         elif n.op == "placeholder" and n.meta.get("kiln_static"):
@@ -444,7 +466,7 @@ def min_cut_rematerialization_partition(joint_module: torch.fx.GraphModule, join
     except nx.NetworkXUnbounded as e:  # pragma: no cover (every path has a finite edge)
         raise Unsupported(f"min-cut partitioner: no finite cut ({e}); use partition_fn='default'") from e
     saved = set()
-    for n in j.fw:
+    for n in j.fw | j.unclaimed:
         if n.name + "_in" in reach and n.name + "_out" not in reach and G.has_node(n.name + "_out"):
             saved.add(n)
     return j.build(joint_module, list(saved))

@@ -5,6 +5,7 @@ import torch.nn as nn
 
 from kiln.aot import create_aot_state, stage1_graph_capture, stage2_compile
 from kiln.aot.partition import partition_capture
+from kiln.aot import _utils as U
 from kiln.testing import assert_same
 
 from _aot_helpers import DT, rg, rn
@@ -237,3 +238,80 @@ def test_a_long_fusible_chain_is_cut():
     order = {n: i for i, n in enumerate(j.graph.nodes)}
     first = min(order[n] for n in j.fw if n.op == "call_function")
     assert banned and all(order[n] > first + 100 for n in banned), sorted(n.name for n in banned)
+
+
+def test_min_cut_saves_a_relu_mask_not_the_activation():
+    """ReLU's backward reads only ``out <= 0``, which no tangent feeds: the min-cut runs it at
+    the end of the forward and saves the 1-byte mask instead of the activation (as torch's
+    partitioner does with such "unclaimed" backward ops)."""
+    def f(x, w):
+        return (x @ w).relu().mean(dim=1)
+    x, w = rg(16, 32), rg(32, 64)
+    st, cap = _capture(f, [x, w])
+    with st:
+        d = partition_capture(cap, "default")
+        m = partition_capture(cap, "min_cut")
+        compiled = stage2_compile(st, cap, partition_fn="min_cut")
+    masks = [n for n in U.flat_outputs(m.forward.graph)[m.num_fw_outputs:]
+             if n.meta["val"].dtype == torch.bool]
+    assert len(masks) == 1 and m.saved_activation_bytes == 16 * 64, m.saved
+    assert d.saved_activation_bytes == 16 * 64 * 8                  # (the float64 activation)
+    assert not [n for n in m.backward.graph.nodes if n.target is aten.le.Scalar]
+    x2, w2 = x.detach().clone().requires_grad_(True), w.detach().clone().requires_grad_(True)
+    assert_same(_grads(compiled, [x, w], [x, w]), _grads(f, [x2, w2], [x2, w2]))
+
+
+def test_a_random_or_writing_backward_op_stays_in_the_backward():
+    from kiln.aot.partition import _Joint, _pure
+
+    def f(x):
+        return x.relu().sum()
+    st, cap = _capture(f, [rg(8)])
+    j = _Joint(cap.graph_module, cap.num_fw_outputs)
+    assert j.unclaimed and all(_pure(n) for n in j.unclaimed)
+    assert all(n in j.bw for n in j.unclaimed)          # (the default partition keeps them there)
+    g = torch.fx.Graph()
+    p = g.placeholder("x")
+    p.meta["val"] = torch.empty(4)
+    assert not _pure(g.call_function(aten.rand_like.default, (p,)))
+    assert not _pure(g.call_function(aten.add_.Tensor, (p, 1)))
+
+
+def _bn_relu(x, weight, bias):
+    y = torch.nn.functional.batch_norm(x, None, None, weight, bias, training=True)
+    return y.relu().mean()
+
+
+def test_min_cut_recomputes_a_batchnorm_relu_from_a_copy_of_the_bias():
+    """Eager's BatchNorm backward does not read its bias, so kiln's min-cut may save the bias
+    only as a copy (the user may change it in place before backward(), which eager allows):
+    the ReLU after it is then recomputed from the input and the copy, not saved (torch saves
+    the parameter itself). Changing the bias before backward() leaves the gradients eager's."""
+    from kiln.backends.inductor import decomposition_table
+
+    x, weight, bias = rg(64, 16), rg(16), rg(16)
+    st, cap = _capture(_bn_relu, [x, weight, bias], static_input_indices=[1, 2],
+                       decompositions=decomposition_table())      # (BatchNorm as pointwise ops)
+    with st:
+        m = partition_capture(cap, "min_cut")
+        compiled = stage2_compile(st, cap, partition_fn="min_cut")
+    assert "primals_3" in m.saved and m.saved_activation_bytes < 64 * 16, (m.saved, m.saved_activation_bytes)
+    x2, w2, b2 = (t.detach().clone().requires_grad_(True) for t in (x, weight, bias))
+    out_k, out_e = compiled(x, weight, bias), _bn_relu(x2, w2, b2)
+    assert_same(out_k, out_e)
+    with torch.no_grad():
+        bias.add_(5.0)                      # (every normalized value > 0 now: a different mask)
+        b2.add_(5.0)
+    out_k.backward()
+    out_e.backward()
+    assert_same((x.grad, weight.grad, bias.grad), (x2.grad, w2.grad, b2.grad))
+
+
+def test_several_saved_copies_are_one_multi_tensor_copy():
+    from kiln.aot.function import _copies
+
+    ts = [torch.randn(3), torch.randn(2, 2), torch.randn(4, 3).t(), torch.randn(5, dtype=torch.float64)]
+    out = _copies(ts)
+    for a, b in zip(out, ts):
+        assert torch.equal(a, b) and a.stride() == b.stride() and a.dtype == b.dtype
+        assert a.data_ptr() != b.data_ptr()
