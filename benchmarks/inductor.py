@@ -22,7 +22,12 @@ Rows, per model:
   empty Inductor/Triton caches (a fresh cache directory for each) and after every library is
   imported (so it is compile time plus one run);
 * peak memory of a training step (CUDA: ``torch.cuda.max_memory_allocated`` during the step,
-  parameters and optimizer state included; CPU: not measured).
+  parameters and optimizer state included; CPU: not measured);
+* peak memory requested: the same peak in the bytes the tensors asked for
+  (``requested_bytes`` of ``torch.cuda.memory_stats``). The caching allocator hands out a whole
+  cached block when what is left of it would be small, so the row above also counts that slack,
+  which depends on the order of earlier frees (on GPT-2 seq 16, the optimizer state that the
+  first step creates lands in blocks a few MiB larger or smaller from one compiler to another).
 
 Times are medians over ``--iters`` steps after warm-up, measured with CUDA events on GPU. The
 steps are timed in ``--rounds`` rounds that visit every column in turn, so that a drift of the
@@ -271,6 +276,13 @@ COMPILERS = {
 }
 
 
+def _requested(device, which: str) -> int | None:
+    """Bytes the live tensors asked for (``current``) or their peak since the last reset."""
+    if device.type != "cuda":
+        return None
+    return torch.cuda.memory_stats(device).get(f"requested_bytes.all.{which}")
+
+
 def measure(name: str, column: str, base: nn.Module, idx, tgt, device) -> tuple[dict, dict]:
     """Cold compile times, the first results and the peak memory of a training step, for one
     column; and its step functions (timed later, interleaved with the other columns')."""
@@ -278,6 +290,7 @@ def measure(name: str, column: str, base: nn.Module, idx, tgt, device) -> tuple[
     # what is allocated now belongs to other columns (kept alive for the interleaved timing):
     # this column's peak is counted from here, its own parameters and optimizer state included
     baseline = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
+    requested_baseline = _requested(device, "current")
     model = copy.deepcopy(base)
     compiled = COMPILERS[column](model)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
@@ -322,6 +335,8 @@ def measure(name: str, column: str, base: nn.Module, idx, tgt, device) -> tuple[
             train_step()
             sync(device)
             res["peak_training_mib"] = (torch.cuda.max_memory_allocated(device) - baseline) / 2**20
+            if requested_baseline is not None:
+                res["peak_requested_training_mib"] = (_requested(device, "peak") - requested_baseline) / 2**20
     if column == "kiln inductor":
         res["kiln_fallbacks"] = sum(len(getattr(e.compiled_graph, "kiln_inductor_fallbacks", []) or [])
                                     for e in compiled.entries)
@@ -411,7 +426,8 @@ def main(argv=None) -> int:
         rows = [("inference step", "inference_ms", "ms"), ("training step", "training_ms", "ms"),
                 ("cold compile, inference", "compile_inference_s", "s"),
                 ("cold compile, training", "compile_training_s", "s"),
-                ("peak memory, training", "peak_training_mib", "MiB")]
+                ("peak memory, training", "peak_training_mib", "MiB"),
+                ("peak requested, training", "peak_requested_training_mib", "MiB")]
         print(f"   {'':26}{'eager':>14}{'torch.compile':>16}{'kiln inductor':>16}{'kiln/torch.compile':>20}")
         for label, key, unit in rows:
             vals = [cols[c].get(key) for c in COMPILERS]

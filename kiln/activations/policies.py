@@ -232,9 +232,9 @@ def offload(*, min_bytes: int = DEFAULT_MIN_BYTES, ahead: int = DEFAULT_AHEAD) -
     the forward a tensor's memory is released (the compute stream waits for its copy) when the
     ``ahead``-th next tensor starts its copy; in the backward a tensor's copy back starts when
     the ``ahead``-th previous one is first used (the first ``ahead`` at the start of the
-    backward), and the compute stream waits for it just before its own first use (the
-    backward's order is not yet a dependency: a scheduler may start the copies back earlier,
-    and then they all hold device memory at once; see the README). As eager
+    backward), and the compute stream waits for it just before its own first use (Inductor
+    keeps this order: graphs with these copies are compiled without its peak-memory
+    reordering, which cannot see the memory a copy in flight holds). As eager
     hooks (uncompiled code) each copy finishes at once. Lossless: results equal eager bitwise.
     On a CPU-only run nothing is moved (logged under ``KILN_LOGS=activations``); a graph with
     offloaded activations runs without CUDA graphs (the reason is logged)."""
