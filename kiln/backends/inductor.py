@@ -329,16 +329,16 @@ class GraphCompile:
             # Inductor's FX graph cache re-checks, on a hit, only the guards on the graph's SymInt
             # inputs (dynamo lifts every size symbol to one); kiln's graphs read most sizes from
             # tensors, so a hit would drop the shape facts of the first compile: not for them.
-            cache = {"fx_graph_cache": False} if _has_symbols(example_inputs) else {}
+            graph_patches = {"fx_graph_cache": False} if _has_symbols(example_inputs) else {}
             if _has_stream_ops(graph) and hasattr(cfg, "reorder_for_peak_memory"):
                 # Inductor's peak-memory reordering sees no memory in a copy that is in
                 # flight (the device buffer of kiln::prefetch is allocated inside the opaque
                 # op): it would start every copy back at the top of the backward. kiln's
                 # schedule (aot/saved_hooks_schedule.py) is this graph's memory plan.
-                cache["reorder_for_peak_memory"] = False
+                graph_patches["reorder_for_peak_memory"] = False
             static = [] if kind == "backward" else [
                 i for i, p in enumerate(_placeholders(gm)) if p.meta.get("kiln_static")]
-            with _torch.inductor_compile_context(mode) as tracing, cfg.patch(cache):
+            with _torch.inductor_compile_context(mode) as tracing, cfg.patch(graph_patches):
                 if kind == "forward":
                     tracing.output_strides = []
                 if donated:
