@@ -8,7 +8,11 @@ forward's own product. Merged, the min-cut chooses between them on their cost, a
 torch.compile's partitioner does after its own CSE pass.
 
 Only pure calls merge: ATen ops that neither write their arguments nor draw random numbers,
-with equal arguments (the same nodes, equal constants of the same type).
+with equal arguments (the same nodes, equal constants of the same type). A value the graph
+returns is never merged away: two outputs (``[x.erf(), x.erf()]``, or two gradients computed
+alike) are two tensors in eager, and merged they would be one tensor returned twice, so that
+writing into one would change the other (fuzz seed 1097). A later duplicate of an output may
+become the output itself (the partitioner treats outputs the user sees as such).
 """
 from __future__ import annotations
 
@@ -25,8 +29,9 @@ def eliminate_common_subexpressions(graph: torch.fx.Graph) -> int:
     many nodes were removed."""
     first: dict = {}
     removed = 0
+    returned = set(U.flat_outputs(graph))
     for n in list(graph.nodes):
-        if not _pure(n):
+        if not is_pure(n):
             continue
         try:
             key = (n.target, _key(n.args), _key(n.kwargs))
@@ -34,14 +39,15 @@ def eliminate_common_subexpressions(graph: torch.fx.Graph) -> int:
         except TypeError:       # an argument with no stable identity (a symbolic size)
             continue
         kept = first.setdefault(key, n)
-        if kept is not n:
+        if kept is not n and n not in returned:
             n.replace_all_uses_with(kept)
             graph.erase_node(n)
             removed += 1
     return removed
 
 
-def _pure(n: torch.fx.Node) -> bool:
+def is_pure(n: torch.fx.Node) -> bool:
+    """An ATen call whose only result is its value (no write to an argument, no random draw)."""
     if n.op != "call_function" or not isinstance(n.target, torch._ops.OpOverload):
         return False
     return not n.target._schema.is_mutable and not U.is_effect(n)

@@ -136,12 +136,9 @@ class _Joint:
 
 def _pure(n: torch.fx.Node) -> bool:
     """A call whose only result is its value (no random draw, no write to anything)."""
-    if n.op != "call_function" or U.is_effect(n):
-        return False
-    t = n.target
-    if t is operator.getitem:
-        return True
-    return isinstance(t, torch._ops.OpOverload) and not t._schema.is_mutable
+    from .cse import is_pure
+
+    return (n.op == "call_function" and n.target is operator.getitem) or is_pure(n)
 
 
 def _recompute_at_first_use(g: torch.fx.Graph) -> torch.fx.Graph:

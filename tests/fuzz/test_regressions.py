@@ -621,6 +621,15 @@ def fn(w, v):
     return t
 ''', found="seed 6271, aot_eager (the node of t saves nothing: eager backwards it again)",
         backends=("aot_eager",), dynamic=(None, True)),
+    "equal_outputs_are_two_tensors": Case('''
+def make_inputs(seed, n, k, s, flag):
+    return (randn(seed, n, 4, rg=True), [randn(seed + 1, n, 4)])
+
+def fn(x, xs):
+    xs.extend([x, x])
+    return [torch.erf(e) for e in xs], {'p': x}
+''', found="seed 1097, aot_eager, dynamic None and True (the min-cut's CSE merged the two erf(x): one "
+              "tensor returned twice)", backends=("aot_eager",), dynamic=(None, True)),
 }
 
 
