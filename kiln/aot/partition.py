@@ -40,6 +40,7 @@ from .. import _torch
 from ..errors import Unsupported
 from . import _utils as U
 from . import symbolic as S
+from .cse import eliminate_common_subexpressions, is_pure
 
 aten = torch.ops.aten
 
@@ -136,8 +137,6 @@ class _Joint:
 
 def _pure(n: torch.fx.Node) -> bool:
     """A call whose only result is its value (no random draw, no write to anything)."""
-    from .cse import is_pure
-
     return (n.op == "call_function" and n.target is operator.getitem) or is_pure(n)
 
 
@@ -381,8 +380,6 @@ def _banned_by_fusion_structure(j: _Joint) -> set:
 
 
 def _without_common_subexpressions(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
-    from .cse import eliminate_common_subexpressions
-
     new = U.copy_graph_module(gm)
     if not eliminate_common_subexpressions(new.graph):
         return gm
