@@ -159,6 +159,20 @@ def _(token, cpu, device, order):
 OPS = ("kiln::offload_start", "kiln::offload_finish", "kiln::prefetch", "kiln::prefetch_wait")
 
 
+def op_name(n) -> str | None:
+    """The schema name of a graph node's op (``kiln::prefetch``, ``aten::mm``...); None for a
+    node that calls no op with a schema."""
+    if n.op != "call_function":
+        return None
+    schema = getattr(n.target, "_schema", None)
+    return schema.name if schema is not None else None
+
+
+def in_graph(graph) -> bool:
+    """The graph runs these copies (Inductor must keep their schedule: backends/inductor.py)."""
+    return any(op_name(n) in OPS for n in graph.nodes)
+
+
 def to_cpu(t: torch.Tensor, ahead: int) -> torch.Tensor:
     """``t`` copied to pinned CPU memory on the side stream (inlined, the finish is scheduled
     ``ahead`` offloads later; as an eager hook it finishes at once)."""

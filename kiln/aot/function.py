@@ -84,18 +84,15 @@ class _Call:
 def _copies(tensors: list) -> list:
     """Copies of ``tensors`` (same strides): one multi-tensor copy per device and dtype (a
     kernel launch, not one per tensor: a ResNet copies a BatchNorm bias per layer), a clone
-    for the rest (overlapping or unusual layouts)."""
+    for the rest (layouts other than contiguous)."""
     out = [None] * len(tensors)
     groups: dict = {}
     for i, t in enumerate(tensors):
-        if t.is_contiguous() and t.layout == torch.strided and not t.is_sparse:
+        if t.is_contiguous():
             groups.setdefault((t.device, t.dtype), []).append(i)
         else:
             out[i] = t.clone()
     for idx in groups.values():
-        if len(idx) == 1:
-            out[idx[0]] = tensors[idx[0]].clone()
-            continue
         dst = [torch.empty_like(tensors[i]) for i in idx]
         torch._foreach_copy_(dst, [tensors[i] for i in idx])
         for i, d in zip(idx, dst):

@@ -26,12 +26,9 @@ from __future__ import annotations
 import torch
 import torch.fx
 
+from ..activations.stream_ops import op_name
 
-def _op(n: torch.fx.Node) -> str | None:
-    if n.op != "call_function":
-        return None
-    schema = getattr(n.target, "_schema", None)
-    return schema.name if schema is not None else None
+
 
 
 def _positions(graph: torch.fx.Graph) -> dict:
@@ -45,11 +42,11 @@ def _ahead(n: torch.fx.Node, index: int) -> int | None:
 
 def schedule_forward(graph: torch.fx.Graph) -> int:
     """Move each ``offload_finish`` ``ahead`` offloads later; the number moved."""
-    starts = [n for n in graph.nodes if _op(n) == "kiln::offload_start"]
+    starts = [n for n in graph.nodes if op_name(n) == "kiln::offload_start"]
     out = next(n for n in reversed(graph.nodes) if n.op == "output")
     moved = 0
     for i, start in enumerate(starts):
-        finishes = [u for u in start.users if _op(u) == "kiln::offload_finish" and u.args[0] is start]
+        finishes = [u for u in start.users if op_name(u) == "kiln::offload_finish" and u.args[0] is start]
         ahead = _ahead(start, 1)
         if len(finishes) != 1 or ahead is None:
             continue
@@ -70,12 +67,12 @@ def schedule_forward(graph: torch.fx.Graph) -> int:
 
 def schedule_backward(graph: torch.fx.Graph) -> int:
     """Move each ``prefetch`` ``ahead`` first uses earlier; the number moved."""
-    waits = [n for n in graph.nodes if _op(n) == "kiln::prefetch_wait"]
+    waits = [n for n in graph.nodes if op_name(n) == "kiln::prefetch_wait"]
     first_op = next((n for n in graph.nodes if n.op != "placeholder"), None)
     moved = 0
     for j, wait in enumerate(waits):
         start = wait.args[0]
-        if not isinstance(start, torch.fx.Node) or _op(start) != "kiln::prefetch":
+        if not isinstance(start, torch.fx.Node) or op_name(start) != "kiln::prefetch":
             continue
         ahead = _ahead(start, 2)
         if ahead is None or first_op is None:

@@ -330,7 +330,9 @@ class GraphCompile:
             # inputs (dynamo lifts every size symbol to one); kiln's graphs read most sizes from
             # tensors, so a hit would drop the shape facts of the first compile: not for them.
             graph_patches = {"fx_graph_cache": False} if _has_symbols(example_inputs) else {}
-            if _has_stream_ops(graph) and hasattr(cfg, "reorder_for_peak_memory"):
+            from ..activations import stream_ops     # (not at import: a package load needs no ops)
+
+            if stream_ops.in_graph(graph.graph):
                 # Inductor's peak-memory reordering sees no memory in a copy that is in
                 # flight (the device buffer of kiln::prefetch is allocated inside the opaque
                 # op): it would start every copy back at the top of the backward. kiln's
@@ -563,14 +565,6 @@ def fake_mode_of(values: list, gm: torch.fx.GraphModule):
         if _torch.is_symbolic(v):
             return _torch.FakeTensorMode(allow_non_fake_inputs=True, shape_env=v.node.shape_env)
     return _torch.FakeTensorMode(allow_non_fake_inputs=True)
-
-
-def _has_stream_ops(gm: torch.fx.GraphModule) -> bool:
-    """The graph runs kiln's side-stream copies (kiln.activations' offload)."""
-    from ..activations.stream_ops import OPS
-
-    return any(n.op == "call_function" and getattr(getattr(n.target, "_schema", None), "name", None) in OPS
-               for n in gm.graph.nodes)
 
 
 def _has_symbols(values: list) -> bool:

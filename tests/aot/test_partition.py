@@ -307,11 +307,19 @@ def test_min_cut_recomputes_a_batchnorm_relu_from_a_copy_of_the_bias():
     assert_same((x.grad, weight.grad, bias.grad), (x2.grad, w2.grad, b2.grad))
 
 
-def test_several_saved_copies_are_one_multi_tensor_copy():
+def test_several_saved_copies_are_one_multi_tensor_copy(monkeypatch):
     from kiln.aot.function import _copies
 
+    calls = []
+    real = torch._foreach_copy_
+
+    def counting(dst, src):
+        calls.append(len(src))
+        return real(dst, src)
+    monkeypatch.setattr(torch, "_foreach_copy_", counting)
     ts = [torch.randn(3), torch.randn(2, 2), torch.randn(4, 3).t(), torch.randn(5, dtype=torch.float64)]
     out = _copies(ts)
+    assert sorted(calls) == [1, 2]          # one per dtype; the transposed one is cloned
     for a, b in zip(out, ts):
         assert torch.equal(a, b) and a.stride() == b.stride() and a.dtype == b.dtype
         assert a.data_ptr() != b.data_ptr()
