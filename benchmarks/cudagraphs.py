@@ -1,22 +1,27 @@
 """Does kiln's mode="reduce-overhead" (CUDA graphs) remove launch overhead? Eager,
 torch.compile(mode="reduce-overhead") and kiln.compile(mode="reduce-overhead"), side by side.
 
-    python benchmarks/cudagraphs.py --device cuda [--json PATH] [--iters 50]
+    python benchmarks/cudagraphs.py --device cuda [--json PATH] [--iters 50] [--batches 1,8]
 
 Cases:
 
 * ``one-op``: ``x + 1`` on 1024 floats: wall time per call (µs), averaged over 2000 calls after
   warm-up, one synchronize at the end (the CPU cost of a call);
-* ``gpt2 inference``: GPT-2 style, 6 layers, d=512, 8 heads, batch 8, sequence 16, under
-  no_grad (ms, median of CUDA-event times per step after warm-up);
+* ``gpt2 inference``: GPT-2 style, 6 layers, d=512, 8 heads, sequence 16, under no_grad, at
+  each batch size of ``--batches`` (ms, median of CUDA-event times per step after warm-up).
+  Batch 1 is the launch-bound case the CUDA-graph layer exists for (its GPU work is about
+  0.3 ms); at batch 8 the fp32 GEMMs take most of the step, and both compilers run the same
+  kernels;
 * ``gpt2 training``: forward, cross-entropy loss, backward and an AdamW step (the optimizer runs
   eagerly for all three), same model;
 * peak memory (MiB) of one inference step and one training step
   (``torch.cuda.max_memory_allocated``, parameters and optimizer state included).
 
-Each column runs in its own process (torch's CUDA-graph pools outlive ``torch._dynamo.reset``,
-so one process would count one column's memory in the next). Each compiled step's output is
-compared with eager's (same weights, same batch).
+Memory and correctness are measured with each column in its own process (torch's CUDA-graph
+pools outlive ``torch._dynamo.reset``, so one process would count one column's memory in the
+next). Each compiled step's output is compared with eager's (same weights, same batch). Step
+times are measured in one more process that holds all the columns and times them in turn, in
+``--rounds`` rounds, so a drift of the machine touches every column alike.
 """
 from __future__ import annotations
 
@@ -53,7 +58,8 @@ def reset():
     torch._dynamo.reset()
 
 
-def events_ms(fn, iters: int, warmup: int = 5) -> float:
+def events_ms(fn, iters: int, warmup: int = 5, each: bool = False):
+    """Median CUDA-event time (ms) of ``iters`` calls after ``warmup``; with ``each``, the list."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
@@ -65,7 +71,7 @@ def events_ms(fn, iters: int, warmup: int = 5) -> float:
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    return times if each else statistics.median(times)
 
 
 def one_op(column: str) -> dict:
@@ -112,7 +118,8 @@ def gpt(column: str, base, idx, tgt, iters: int) -> dict:
     model.eval()
     first = inference().float().clone()
     res["logits_err"] = (first - base(idx).float()).abs().max().item() if column != "eager" else 0.0
-    res["inference_ms"] = events_ms(inference, iters)
+    for _ in range(5):
+        inference()
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     inference()
@@ -120,7 +127,8 @@ def gpt(column: str, base, idx, tgt, iters: int) -> dict:
     res["peak_inference_mib"] = torch.cuda.max_memory_allocated() / 2**20
     model.train()
     res["first_loss"] = train_step().item()
-    res["training_ms"] = events_ms(train_step, iters)
+    for _ in range(5):
+        train_step()
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     train_step()
@@ -132,13 +140,55 @@ def gpt(column: str, base, idx, tgt, iters: int) -> dict:
     return res
 
 
-def run_column(column: str, iters: int) -> dict:
+def interleaved_step_times(columns: list[str], batch: int, iters: int, rounds: int) -> dict:
+    """Median step times (ms) of every column, timed in one process, in rounds that visit the
+    columns in turn: the machine's drift (clocks, CPU load) touches every column alike, which
+    separate processes do not (their step times differed by up to 10% from run to run)."""
     torch.manual_seed(0)
     base = GPT(vocab=50257, d=512, layers=6, heads=8).cuda()
-    idx = torch.randint(0, 50257, (8, 16), device="cuda")
-    tgt = torch.randint(0, 50257, (8, 16), device="cuda")
-    r = one_op(column)
-    r.update(gpt(column, base, idx, tgt, iters))
+    idx = torch.randint(0, 50257, (batch, 16), device="cuda")
+    tgt = torch.randint(0, 50257, (batch, 16), device="cuda")
+    steps = {}
+    for column in columns:
+        model = copy.deepcopy(base)
+        compiled = compiler(column)(model)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+        def inference(compiled=compiled):
+            with torch.no_grad():
+                return compiled(idx)
+
+        def train_step(compiled=compiled, opt=opt):
+            opt.zero_grad(set_to_none=True)
+            loss = compiled(idx, tgt)
+            loss.backward()
+            opt.step()
+            return loss
+        steps[column] = (model, {"inference_ms": inference, "training_ms": train_step})
+    res: dict = {c: {} for c in columns}
+    per_round = max(1, iters // rounds)
+    for kind in ("inference_ms", "training_ms"):
+        times: dict = {c: [] for c in columns}
+        for column, (model, fns) in steps.items():
+            model.train(kind == "training_ms")
+            for _ in range(5):
+                fns[kind]()
+        torch.cuda.synchronize()
+        for _ in range(rounds):
+            for column, (model, fns) in steps.items():
+                times[column] += events_ms(fns[kind], per_round, warmup=1, each=True)
+        for column in columns:
+            res[column][f"{kind}@b{batch}"] = statistics.median(times[column])
+    return res
+
+
+def run_column(column: str, iters: int, batch: int, with_one_op: bool) -> dict:
+    torch.manual_seed(0)
+    base = GPT(vocab=50257, d=512, layers=6, heads=8).cuda()
+    idx = torch.randint(0, 50257, (batch, 16), device="cuda")
+    tgt = torch.randint(0, 50257, (batch, 16), device="cuda")
+    r = one_op(column) if with_one_op else {}
+    r.update({f"{k}@b{batch}": v for k, v in gpt(column, base, idx, tgt, iters).items()})
     if column.startswith("kiln"):
         from kiln.cudagraphs import skip_reasons, stats
 
@@ -153,33 +203,58 @@ def main(argv=None) -> int:
     p.add_argument("--json", default=None)
     p.add_argument("--iters", type=int, default=50)
     p.add_argument("--columns", default=",".join(COLUMNS))
+    p.add_argument("--batches", default="1,8", help="GPT-2 batch sizes, comma-separated")
+    p.add_argument("--rounds", type=int, default=10, help="rounds over the columns the timed steps are split into")
+    p.add_argument("--one-batch", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--timing", type=int, default=None, help=argparse.SUPPRESS)          # (the timing child)
     p.add_argument("--one-column", default=None, help=argparse.SUPPRESS)   # (the child process)
     args = p.parse_args(argv)
     if args.device != "cuda" or not torch.cuda.is_available():
         print("benchmarks/cudagraphs.py measures CUDA graphs: it needs --device cuda and a GPU")
         return 0
+    batches = [int(b) for b in args.batches.split(",")]
+    if args.timing is not None:
+        with open(args.json, "w") as fh:
+            json.dump(interleaved_step_times(args.columns.split(","), args.timing, args.iters, args.rounds), fh)
+        return 0
     if args.one_column:
         with open(args.json, "w") as fh:
-            json.dump(run_column(args.one_column, args.iters), fh)
+            json.dump(run_column(args.one_column, args.iters, args.one_batch, args.one_batch == batches[0]), fh)
         return 0
     columns = args.columns.split(",")
     results: dict = {}
-    for column in columns:
+    def child(what: str, extra: list[str]):
         with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as tmp:
             path = tmp.name
-        proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--one-column", column, "--json", path,
-                               "--iters", str(args.iters)], capture_output=True, text=True)
+        proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--json", path, "--iters", str(args.iters),
+                               "--rounds", str(args.rounds), "--batches", args.batches, "--columns", args.columns]
+                              + extra, capture_output=True, text=True)
         if proc.returncode != 0:
-            print(f"{column}: failed\n{proc.stderr[-3000:]}", flush=True)
-            continue
+            print(f"{what}: failed\n{proc.stderr[-3000:]}", flush=True)
+            return None
         with open(path) as fh:
-            results[column] = json.load(fh)
+            got = json.load(fh)
         os.unlink(path)
-        print(f"{column}: {results[column]}", flush=True)
+        print(f"{what}: {got}", flush=True)
+        return got
+
+    for batch in batches:
+        for column in columns:       # memory and correctness: one process per column
+            got = child(f"{column}, batch {batch}", ["--one-column", column, "--one-batch", str(batch)])
+            if got is not None:
+                results.setdefault(column, {}).update(got)
+        got = child(f"step times, batch {batch}", ["--timing", str(batch)])   # all columns, interleaved
+        for column, times in (got or {}).items():
+            if column in results:
+                results[column].update(times)
     columns = [c for c in columns if c in results]
-    rows = [("one-op call (µs wall)", "one_op_us"), ("GPT-2 inference step (ms)", "inference_ms"),
-            ("GPT-2 training step (ms)", "training_ms"), ("peak memory, inference (MiB)", "peak_inference_mib"),
-            ("peak memory, training (MiB)", "peak_training_mib"), ("first loss", "first_loss")]
+    rows = [("one-op call (µs wall)", "one_op_us")]
+    for b in batches:
+        rows += [(f"GPT-2 batch {b}: inference step (ms)", f"inference_ms@b{b}"),
+                 (f"GPT-2 batch {b}: training step (ms)", f"training_ms@b{b}"),
+                 (f"GPT-2 batch {b}: peak memory, inference (MiB)", f"peak_inference_mib@b{b}"),
+                 (f"GPT-2 batch {b}: peak memory, training (MiB)", f"peak_training_mib@b{b}"),
+                 (f"GPT-2 batch {b}: first loss", f"first_loss@b{b}")]
     print(f"\ndevice: {torch.cuda.get_device_name()}, torch {torch.__version__}")
     print("| case | " + " | ".join(columns) + " |")
     print("|---|" + "---|" * len(columns))

@@ -15,6 +15,21 @@ that two guards state alike (a TYPE_MATCH and an EQUALS_MATCH on one value) is c
 The check raises and fails exactly where the chain did; the ``try`` around the prelude turns
 any exception into a miss, as before. ``GuardProgram.exprs`` (one expression per guard)
 still serves failure reasons and packages.
+
+A tuple of plain constants (a convolution's ``stride``, ``padding``, ``dilation``) costs six
+conditions and two reads: its type, its length, and a type and a value per item. A tuple
+cannot change, and neither can the ints, floats and strings in it, so once a tuple object
+has passed, the same object passes again. Such a tuple is checked in full only when it is
+not the object that passed last (``IdentityMemo``)::
+
+    ___r16 = ___r9.stride
+    if ___r16 is not ___memo7.last:
+        if not (type(___r16) is ___t10 and ___len11(___r16) == 2 and type(___r16[0]) is int ...):
+            return ___MISS
+        ___memo7.last = ___r16
+
+A new tuple equal to the old one still passes (the full check), and becomes the one
+remembered.
 """
 from __future__ import annotations
 
@@ -24,6 +39,25 @@ from .guards import Guard, GuardKind
 from .sources import CellSource, GlobalSource, RenderContext, Source
 
 LOCAL_PREFIX = "___r"
+
+# types whose instances cannot change (a tuple of these cannot either)
+_IMMUTABLE = (int, float, str, bool, type(None), complex, bytes)
+_VALUE_KINDS = (GuardKind.TYPE_MATCH, GuardKind.EQUALS_MATCH, GuardKind.LENGTH_MATCH)
+
+
+class IdentityMemo:
+    """The constant tuple that passed its check last (held strongly: a tuple of constants is
+    small, and holding it keeps its address from being reused by another object)."""
+    __slots__ = ("last",)
+
+    def __init__(self):
+        self.last = _NOTHING
+
+    def __repr__(self):
+        return "<kiln IdentityMemo>"
+
+
+_NOTHING = object()
 
 
 def _path(source: Source | None) -> list[Source]:
@@ -46,12 +80,112 @@ def _reads(guard: Guard) -> list[Source]:
     return reads
 
 
+def _ancestors(source: Source):
+    base = getattr(source, "base", None)
+    while isinstance(base, Source):
+        yield base
+        base = getattr(base, "base", None)
+
+
+def constant_tuples(guards: list[Guard], tensor_sources: list[Source]) -> dict[Source, list[int]]:
+    """Sources that hold a tuple of constants, each with the indices of the guards that only
+    state its value (its type and length; its items' types, values and lengths, nested tuples
+    included). A source qualifies when every guard on it or on a value read from it is such a
+    guard on an exact tuple or an immutable constant, and nothing else (a tensor input, an
+    alias check) reads through it; the outermost qualifying source wins."""
+    on: dict = {}
+    for i, g in enumerate(guards):
+        if g.source is not None and _hashable(g.source):
+            on.setdefault(g.source, []).append(i)
+    tuples = {s for s, idx in on.items()
+              if any(guards[i].kind is GuardKind.TYPE_MATCH and guards[i].expected is tuple for i in idx)}
+    # (a root read from a longer-lived object: ``*args`` and a tuple the caller builds are new
+    # objects on every call, and the memo would only add work)
+    roots = {s for s in tuples if _path(s)}
+    if not tuples:
+        return {}
+    spoiled: set = set()         # tuples something other than a value guard reads through
+    members: dict = {}
+    for i, g in enumerate(guards):
+        src = g.source
+        under = [a for a in ([src] if src in tuples else []) + list(_ancestors(src)) if a in tuples] \
+            if src is not None and _hashable(src) else []
+        if g.kind is GuardKind.ALIAS_MATCH and isinstance(g.expected, Source):
+            spoiled.update(a for a in _ancestors(g.expected) if a in tuples)
+            spoiled.update(under)
+            continue
+        if not under:
+            continue
+        if not _states_a_constant(g, src in tuples) or not _read_through_tuples(src, under[-1], tuples):
+            spoiled.update(under)
+            continue
+        for a in under:
+            members.setdefault(a, []).append(i)
+    for s in tensor_sources:
+        if _hashable(s):
+            spoiled.update(a for a in _ancestors(s) if a in tuples)
+    groups = {}
+    for root, idx in members.items():
+        if root not in roots or root in spoiled or \
+                any(a in members and a in roots and a not in spoiled for a in _ancestors(root)):
+            continue
+        groups[root] = idx
+    return groups
+
+
+def _states_a_constant(g: Guard, on_tuple: bool) -> bool:
+    if g.kind not in _VALUE_KINDS:
+        return False
+    if g.kind is GuardKind.TYPE_MATCH:
+        return g.expected is tuple if on_tuple else g.expected in _IMMUTABLE
+    if g.kind is GuardKind.EQUALS_MATCH:
+        return type(g.expected) in _IMMUTABLE or (type(g.expected) is tuple and _all_immutable(g.expected))
+    return on_tuple           # LENGTH_MATCH: of a tuple only
+
+
+def _all_immutable(t: tuple) -> bool:
+    return all(type(x) in _IMMUTABLE or (type(x) is tuple and _all_immutable(x)) for x in t)
+
+
+def _read_through_tuples(source: Source, root: Source, tuples: set) -> bool:
+    """Every read from ``root`` down to ``source`` is an item of a tuple (a value kept by it)."""
+    from .sources import ItemSource
+
+    while source != root:
+        if not isinstance(source, ItemSource) or source.base not in tuples:
+            return False
+        source = source.base
+    return True
+
+
+def _implied_types(guards: list[Guard]) -> dict[int, int]:
+    """TYPE_MATCH guards (index -> the index of the guard that implies them) that an identity
+    check on the same value implies: EQUALS_MATCH on True, False or None renders ``x is v``."""
+    singletons: dict = {}
+    for j, g in enumerate(guards):
+        if g.kind is GuardKind.EQUALS_MATCH and (g.expected is None or type(g.expected) is bool) \
+                and g.source is not None and _hashable(g.source):
+            singletons.setdefault(g.source, j)
+    out = {}
+    for i, g in enumerate(guards):
+        if g.kind is GuardKind.TYPE_MATCH and _hashable(g.source) and g.source in singletons:
+            j = singletons[g.source]
+            if g.expected is type(guards[j].expected):
+                out[i] = j
+    return out
+
+
 def straight_line(guards: list[Guard], tensor_sources: list[Source], ctx: RenderContext,
                   miss: str = "___MISS") -> tuple[list[str], list[str], list[str]]:
     """(statements, tensor expressions, guard expressions): statements that return ``miss``
     unless every guard holds; the expressions that read the tensor inputs afterwards (over the
     locals the statements bound); and each guard's condition as the statements state it."""
-    reads = [_reads(g) for g in guards]
+    groups = constant_tuples(guards, tensor_sources)
+    in_group = {i: root for root, idx in groups.items() for i in idx}
+    implied = _implied_types(guards)
+    reads = [_reads(g) if i not in in_group else _path(in_group[i]) for i, g in enumerate(guards)]
+    for i, j in implied.items():        # (read by the guard that implies it)
+        reads[i] = []
     tensor_reads = [_path(s) for s in tensor_sources]
     uses: Counter = Counter()
     for r in (*reads, *tensor_reads):
@@ -68,16 +202,41 @@ def straight_line(guards: list[Guard], tensor_sources: list[Source], ctx: Render
             lines.append(f"    return {miss}")
             group.clear()
 
-    def read(path: list[Source]) -> None:
+    def read(path: list[Source], always: Source | None = None) -> None:
         for s in path:
-            if s not in view.locals and uses[s] >= 2:
+            if s not in view.locals and (uses[s] >= 2 or s is always):
                 flush()      # (the guards before this read must hold before it runs)
                 expr = s.render(view)
                 name = f"{LOCAL_PREFIX}{len(view.locals)}"
                 lines.append(f"{name} = {expr}")
                 view.locals[s] = name
 
-    for g, path in zip(guards, reads):
+    stated_as: dict[int, str] = {}
+    for i, (g, path) in enumerate(zip(guards, reads)):
+        root = in_group.get(i)
+        if root is not None:
+            if i not in stated_as:       # the tuple's first guard: its whole check, here
+                read(path, always=root)
+                flush()
+                local, parts = view.locals[root], []
+                for j in groups[root]:
+                    mine = guards[j].render_parts(view)
+                    stated_as[j] = " and ".join(mine)
+                    parts += [p for p in mine if p not in parts]
+                memo = ctx.bind(IdentityMemo(), "memo")
+                lines += [f"if {local} is not {memo}.last:", f"    if not ({' and '.join(parts)}):",
+                          f"        return {miss}", f"    {memo}.last = {local}"]
+            as_stated.append(stated_as[i])
+            continue
+        if i in implied:      # ``x is False`` says ``type(x) is bool``: stated once, as the former
+            read(reads[implied[i]])
+            parts = guards[implied[i]].render_parts(view)
+            as_stated.append(" and ".join(parts))
+            for part in parts:
+                if part not in stated:
+                    stated.add(part)
+                    group.append(part)
+            continue
         read(path)
         parts = g.render_parts(view)
         as_stated.append(" and ".join(parts))

@@ -159,12 +159,15 @@ class Encoder:
         """The JSON form of ``obj``. ``identity``: the code compares it with ``is``, so only
         an encoding that finds the object itself again will do."""
         from ..capture.codegen import MISS
+        from ..capture.guard_cse import IdentityMemo
 
         hit = self.specials.get(id(obj))
         if hit is not None:
             return hit
         if obj is MISS:
             return ["miss"]
+        if type(obj) is IdentityMemo:
+            return ["memo"]          # (what passed a check last: a new process starts empty)
         if obj is None or obj is Ellipsis:
             return ["const", repr(obj)]
         if type(obj) in _SCALARS:
@@ -273,6 +276,9 @@ class Decoder:
         if tag == "miss":
             from ..capture.codegen import MISS
             return MISS
+        if tag == "memo":
+            from ..capture.guard_cse import IdentityMemo
+            return IdentityMemo()
         if tag == "fn":
             return fn
         if tag == "fn_code":

@@ -150,3 +150,114 @@ def test_dict_argument_missing_the_key_a_later_read_needs():
     assert_same(c({"b": 3, "a": (2,)}, x), g({"b": 3, "a": (2,)}, x))
     with pytest.raises(KeyError):
         c({"b": 3}, x)
+
+
+# -- tuples of constants: checked in full only when they are a new object (IdentityMemo) -----
+
+class Padded:
+    def __init__(self, pad):
+        self.pad = pad
+
+
+def padded(h, x):
+    return x * h.pad[0] + h.pad[1]
+
+
+def test_a_tuple_of_constants_is_checked_in_full_only_when_it_is_a_new_object():
+    cnt = CompileCounter()
+    c = kiln.compile(padded, backend=cnt)
+    x = torch.randn(3)
+    h = Padded((2, 3))
+    assert_same(c(h, x), padded(h, x))
+    src = _check_source(c)
+    assert re.search(r"if ___r\d+ is not ___memo\d+\.last:", src), src
+    assert_same(c(h, x), padded(h, x))              # the same tuple object: the memo's path
+    h.pad = (2, 3)                                  # a new, equal tuple: checked in full, passes
+    assert_same(c(h, x), padded(h, x))
+    assert_same(c(Padded((2, 3)), x), padded(Padded((2, 3)), x))
+    assert cnt.frame_count == 1
+    # a changed value, or the same values of other types, is a new program
+    for pad in [(2, 4), (2.0, 3), (True, 3), (2, 3, 4), [2, 3]]:
+        h.pad = pad
+        assert_same(c(h, x), padded(h, x))
+        assert "pad" in c.recompile_reasons[-1], (pad, c.recompile_reasons[-1])
+    n = cnt.frame_count
+    for pad in [(2, 4), (2.0, 3), (True, 3), (2, 3, 4), [2, 3], (2, 3)]:   # each hits its own entry again
+        h.pad = tuple(pad) if isinstance(pad, tuple) else list(pad)
+        assert_same(c(h, x), padded(h, x))
+    assert cnt.frame_count == n
+
+
+def nested(h, x):
+    return x * h.pad[0][0] + h.pad[1]
+
+
+def test_a_tuple_that_holds_a_list_is_never_taken_on_identity():
+    # the list in the tuple can change in place while the tuple stays the same object
+    cnt = CompileCounter()
+    c = kiln.compile(nested, backend=cnt)
+    x = torch.randn(3)
+    h = Padded(([2], 3))
+    assert_same(c(h, x), nested(h, x))
+    assert "___memo" not in _check_source(c)
+    h.pad[0][0] = 5
+    assert_same(c(h, x), nested(h, x))
+    assert cnt.frame_count == 2
+    # a tuple of tuples of constants is one memo
+    h2 = Padded(((2,), 3))
+    assert_same(c(h2, x), nested(h2, x))
+    sources = [e.check.__kiln_source__ for e in c.entries]
+    assert sum(src.count("___memo") == 2 for src in sources) == 1, sources      # (the check and the store)
+
+
+def with_tensor(h, x):
+    return x * h.pad[0] + h.pad[1]
+
+
+def test_a_tuple_that_holds_a_tensor_input_is_read_every_call():
+    cnt = CompileCounter()
+    c = kiln.compile(with_tensor, backend=cnt)
+    x = torch.randn(3)
+    h = Padded((torch.randn(3), 3))
+    assert_same(c(h, x), with_tensor(h, x))
+    assert "___memo" not in _check_source(c)
+    h.pad[0].mul_(2)                      # a tensor's values are inputs, read on every call
+    assert_same(c(h, x), with_tensor(h, x))
+    assert cnt.frame_count == 1
+
+
+def star(x, *sizes):
+    return x * sizes[0] + sizes[1]
+
+
+def test_star_args_are_not_remembered():
+    # *args is a new tuple on every call: a memo would only add work
+    cnt = CompileCounter()
+    c = kiln.compile(star, backend=cnt)
+    x = torch.randn(3)
+    assert_same(c(x, 2, 3), star(x, 2, 3))
+    assert "___memo" not in _check_source(c)
+    assert_same(c(x, 2, 4), star(x, 2, 4))
+    assert cnt.frame_count == 2
+
+
+def test_conv_attributes_are_remembered_and_a_changed_one_recompiles():
+    model = Net().eval()
+    c, cnt = _compiled(model)
+    x = torch.randn(2, 3, 8, 8)
+    with torch.no_grad():
+        c(x)
+        src = _check_source(c)
+        # stride, padding and dilation of each of the 9 convolutions
+        assert src.count("is not ___memo") == 27, src
+        # ``x is False`` says x is a bool: BatchNorm's ``training`` has no type check of its own
+        flags = re.findall(r"([\w.]+) is (?:True|False)\b", src)
+        assert any(f.endswith(".training") for f in flags), src
+        assert not any(f"type({f})" in src for f in flags), src
+        model.layer1[0].conv1.stride = (1, 1)           # equal, new tuple: no recompile
+        assert_same(c(x), model(x))
+        assert cnt.frame_count == 1
+        model.layer1[0].conv2.dilation = (2, 2)          # (a 1x1 convolution: same shapes)
+        assert_same(c(x), model(x))
+    assert cnt.frame_count == 2
+    assert "dilation" in c.recompile_reasons[-1]

@@ -90,3 +90,27 @@ def test_tensor_kinds_a_package_cannot_rebuild_are_left_out(tmp_path):
         assert report.entries == 0 and why in str(report), str(report)
         with pytest.raises(PackageMiss):
             fast(arg)
+
+
+class Padded:
+    def __init__(self, pad):
+        self.pad = pad
+
+
+def padded(x, h):
+    return x * h.pad[0] + h.pad[1]
+
+
+def test_a_remembered_constant_tuple_is_checked_again_after_load(tmp_path):
+    # the entry remembers the tuple that passed last (guard_cse.IdentityMemo); a package
+    # starts with nothing remembered, so the first call checks the values in full
+    x, h = torch.randn(3), Padded((2, 3))
+    report, fast = _roundtrip(tmp_path, padded, (x, h))
+    assert report.entries == 1
+    assert "___memo" in fast.entries[0].fn.__kiln_source__
+    for _ in range(2):
+        torch.testing.assert_close(fast(x, h), padded(x, h))
+    torch.testing.assert_close(fast(x, Padded((2, 3))), padded(x, Padded((2, 3))))
+    for bad in [(2, 4), (2.0, 3), (2, 3, 1)]:
+        with pytest.raises(PackageMiss, match="pad"):
+            fast(x, Padded(bad))
