@@ -120,7 +120,7 @@ def load(cf) -> tuple[int, str]:
 
 def _install_records(cf, fk: str) -> tuple[int, str]:
     from ..package import fileformat, identity
-    from ..package.entries import install, load_entries
+    from ..package.entries import install, link_shared_groups, load_entries
     from ..package.errors import PackageError
 
     fn, cache = cf._fn, cf._cache
@@ -160,6 +160,7 @@ def _install_records(cf, fk: str) -> tuple[int, str]:
             from ..backends import vec_isa_memo
 
             vec_isa_memo.offer(m["vec_isa"])
+        link_shared_groups(m["entries"])
         entries = load_entries(m["entries"], fn, cf, pkg.blob, origin=f"frame record {path}")
         before = len(cache.entries)
         install(cache, entries[:room - installed])

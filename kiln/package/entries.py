@@ -16,7 +16,7 @@ from ..capture.codegen import _global_names, alias_parameters, compile_function,
 from ..capture.frame import Entry, _break_function, _make_check
 from ..capture.sources import RenderContext
 from ..errors import Unsupported
-from .errors import NotPackageable
+from .errors import NotPackageable, PackageError
 from .graphs import load_graph, save_graph
 from .guards import LoadedProgram, save_program
 from .values import Decoder, Encoder, same
@@ -51,16 +51,24 @@ def _namespace_of(entry: Entry) -> dict:
 
 
 def save_entries(entries: list[Entry], fn: types.FunctionType, add_blob: Callable[[bytes], int],
-                 left_out: list, keep: Callable[[Entry], bool] | None = None) -> list[dict]:
+                 left_out: list, keep: Callable[[Entry], bool] | None = None,
+                 shared: dict | None = None) -> list[dict]:
     """The saved form of ``fn``'s entries; one that cannot be saved is appended to
     ``left_out`` as (function, guard text, reason). ``keep``: which entries to save (also
-    among the continuations'), default all."""
+    among the continuations'), default all.
+
+    A continuation that several entries break into (each recompile of a loop body with a
+    graph break in it resumes in the same continuation) is saved once: its first group of
+    entries gets an ``id``, later ones are ``{"function", "ref": id}`` (``shared``: id of
+    the continuation -> its group id). Saved again under every entry, a loop of k breaks
+    with two entries each took 2^k saves (fuzz seed 2248)."""
     out = []
+    shared = {} if shared is None else shared
     for entry in entries:
         if entry.replaced_by is not None or (keep is not None and not keep(entry)):
             continue
         try:
-            out.append(save_entry(entry, fn, add_blob, left_out, keep))
+            out.append(save_entry(entry, fn, add_blob, left_out, keep, shared))
         except NotPackageable as e:
             left_out.append((fn.__qualname__, entry.describe_guards(), str(e)))
         except Exception as e:     # kiln's own failure: the entry is left out, never the save
@@ -70,7 +78,7 @@ def save_entries(entries: list[Entry], fn: types.FunctionType, add_blob: Callabl
 
 
 def save_entry(entry: Entry, fn: types.FunctionType, add_blob: Callable[[bytes], int], left_out: list,
-               keep: Callable[[Entry], bool] | None = None) -> dict:
+               keep: Callable[[Entry], bool] | None = None, shared: dict | None = None) -> dict:
     from ..api import _CompiledFactory
 
     program = entry.program
@@ -109,10 +117,44 @@ def save_entry(entry: Entry, fn: types.FunctionType, add_blob: Callable[[bytes],
         code, plan = entry.break_plan
         if code is not fn.__code__:
             raise NotPackageable("a graph break inside an inlined function's frame")
-        saved["break"] = {"plan": enc.encode(plan), "resumes": [
-            {"function": r.original.__qualname__,
-             "entries": save_entries(r.entries, r.original, add_blob, left_out, keep)} for r in entry.resumes]}
+        shared = {} if shared is None else shared
+        groups = []
+        for r in entry.resumes:
+            if id(r) in shared:
+                groups.append({"function": r.original.__qualname__, "ref": shared[id(r)]})
+                continue
+            shared[id(r)] = gid = len(shared)     # (before its entries: a loop refers back to it)
+            groups.append({"function": r.original.__qualname__, "id": gid,
+                           "entries": save_entries(r.entries, r.original, add_blob, left_out, keep, shared)})
+        saved["break"] = {"plan": enc.encode(plan), "resumes": groups}
     return saved
+
+
+def resume_groups(saved: list[dict]):
+    """Every saved group of continuation entries, once (a ``ref`` is not followed)."""
+    for s in saved:
+        for group in (s.get("break") or {}).get("resumes", ()):
+            if "entries" in group:
+                yield group
+                yield from resume_groups(group["entries"])
+
+
+def link_shared_groups(saved: list[dict]) -> None:
+    """Point each ``ref`` group of a loaded manifest at the group it refers to
+    (``group["linked"]``), for the entries' graph breaks to load."""
+    by_id = {g["id"]: g for g in resume_groups(saved) if "id" in g}
+    stack = list(saved)
+    while stack:
+        s = stack.pop()
+        for group in (s.get("break") or {}).get("resumes", ()):
+            if "ref" in group:
+                target = by_id.get(group["ref"])
+                if target is None:
+                    raise PackageError(f"a graph break refers to continuation group {group['ref']}, "
+                                       "which the package does not have; save the package again")
+                group["linked"] = target
+            else:
+                stack.extend(group.get("entries", ()))
 
 
 def install(cache, entries: list[Entry]) -> None:
@@ -231,6 +273,7 @@ def load_entry(saved: dict, fn: types.FunctionType, compiled, blobs, origin: str
         for r, group in zip(resumes, saved["break"]["resumes"]):
             if isinstance(compiled, PackagedFunction):   # (a frame record's continuations stay plain)
                 PackagedFunction.adopt(r, compiled._on_miss, compiled._package)
+            group = group.get("linked", group)      # (a continuation saved once: link_shared_groups)
             install(cache_for(r.original), load_entries(group["entries"], r.original, r, blobs, origin))
         made["resumes"] = tuple(resumes)
         return bfn

@@ -21,7 +21,8 @@ import struct
 from .errors import PackageError
 
 MAGIC = b"KILNPKG\x01"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2       # 2: a continuation several graph breaks resume in is saved once ("ref")
+READABLE_FORMATS = (1, 2)
 _HEAD = len(MAGIC) + 32 + 8
 
 
@@ -110,9 +111,9 @@ def unpack(data: bytes, path: str) -> Package:
         raise PackageError(f"{path} is damaged: its content hash does not match (truncated or changed "
                            "bytes); nothing of it was run. Save the package again")
     manifest = json.loads(body[8:8 + n])
-    if manifest.get("format") != FORMAT_VERSION:
+    if manifest.get("format") not in READABLE_FORMATS:
         raise PackageError(f"{path} has package format {manifest.get('format')}; this kiln reads "
-                           f"{FORMAT_VERSION}. Save the package again with this kiln")
+                           f"{', '.join(map(str, READABLE_FORMATS))}. Save the package again with this kiln")
     return Package(manifest, data, len(MAGIC) + 32 + 8 + n)
 
 

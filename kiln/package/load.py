@@ -15,7 +15,7 @@ from .. import logs
 from ..api import CompiledFunction, CompiledMethod, CompiledModule, CompileKey, _module_caller, cache_for
 from ..backends.registry import lookup_backend
 from . import fileformat, identity
-from .entries import install, load_entries
+from .entries import install, link_shared_groups, load_entries
 from .errors import PackageMiss
 
 _ON_MISS = ("compile", "error")
@@ -144,6 +144,7 @@ def load_package(path: str, model_or_fn, on_miss: str = "compile", check_source:
         from ..backends import vec_isa_memo
 
         vec_isa_memo.offer(m["vec_isa"])
+    link_shared_groups(m["entries"])
     entries = load_entries(m["entries"], fn, cf, pkg.blob)
     install(cache_for(fn), entries)
     if logs.enabled.package:

@@ -39,4 +39,7 @@ def _entries(lines: list, entries: list, name: str, pkg, indent: str) -> None:
         lines.append(f"{indent}  generated code:")
         lines += [f"{indent}    {ln}" for ln in e["readable"].splitlines()]
         for group in (e["break"] or {}).get("resumes", ()):
+            if "ref" in group:
+                lines.append(f"{indent}  continuation {group['function']}: its entries as listed above")
+                continue
             _entries(lines, group["entries"], group["function"], pkg, indent + "  ")

@@ -42,12 +42,17 @@ def key_of(cf) -> dict:
             "dynamic": cf.dynamic}
 
 
-def _walk(entries):
-    """Every entry, with those of the continuations of graph breaks."""
+def _walk(entries, _seen: set | None = None):
+    """Every entry, with those of the continuations of graph breaks, once (several entries
+    may resume in one continuation, and a loop's continuation may resume in itself)."""
+    seen = set() if _seen is None else _seen
     for e in entries:
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
         yield e
         for r in e.resumes:
-            yield from _walk(r.entries)
+            yield from _walk(r.entries, seen)
 
 
 def save_package(compiled, path: str) -> SaveReport:
@@ -83,7 +88,7 @@ def build_manifest(target, fn: types.FunctionType, cf, kind: str, entries: list,
         counts[fn_name] = counts.get(fn_name, 0) + len(saved_entries)
         for s in saved_entries:
             for group in (s["break"] or {}).get("resumes", ()):
-                count(group["function"], group["entries"])
+                count(group["function"], group.get("entries", ()))    # (a ``ref`` group: counted once)
     count(fn.__qualname__, saved)
     env = fileformat.environment()
     env["device_kind"] = "cuda" if any(m["device"].startswith("cuda") for m in _metas(saved)) else "cpu"
@@ -103,4 +108,4 @@ def _metas(saved: list):
         yield from s["program"]["tensor_metas"]
         if s["break"]:
             for group in s["break"]["resumes"]:
-                yield from _metas(group["entries"])
+                yield from _metas(group.get("entries", ()))

@@ -107,3 +107,12 @@ def branchy(x):
     if x.shape[0] > 8:
         return x.sin() * 2
     return (x.cos() + 1)[1:] * x.shape[0]
+
+
+def loop_with_breaks(x, n: int):
+    """A graph break in each of ``n`` loop iterations: every recompile of the loop's frame
+    resumes in the same chain of continuations."""
+    for i in range(n):
+        print("", end="")          # a graph break
+        x = x * 2 + i
+    return x

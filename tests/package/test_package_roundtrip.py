@@ -313,3 +313,29 @@ def test_continuation_miss_follows_on_miss(tmp_path, monkeypatch):
     monkeypatch.setattr(M, "FLAG", 3.0)      # the continuation's guard fails, not the entry's
     with pytest.raises(PackageMiss, match="__kiln_resume_with_break_flag.*FLAG"):
         fast(x)
+
+
+def test_a_continuation_several_entries_resume_in_is_saved_once(tmp_path, monkeypatch):
+    # two entries (static, then dynamic after a new size) per continuation of a loop with a
+    # graph break per iteration: saved under every entry, it took 2^iterations saves
+    from kiln.package import fileformat
+    from kiln.package.entries import resume_groups
+
+    c = kiln.compile(M.loop_with_breaks, backend="aot_eager")
+    xs = [torch.randn(n) for n in (4, 5, 6)]
+    for x in xs:
+        torch.testing.assert_close(c(x, 8), M.loop_with_breaks(x, 8))
+    report = c.save_package(tmp_path / "p.kiln")
+    assert not report.left_out, report
+    manifest = fileformat.read(str(tmp_path / "p.kiln")).manifest
+    groups = list(resume_groups(manifest["entries"]))
+    refs = [r for s in [*manifest["entries"], *(e for g in groups for e in g["entries"])]
+            for r in (s["break"] or {}).get("resumes", ()) if "ref" in r]
+    # one group per continuation (one per iteration), each saved once; the other entries refer to it
+    assert len(groups) == 8, len(groups)
+    assert len(refs) >= 7, len(refs)
+    kiln.reset()
+    _no_capture(monkeypatch)
+    fast = kiln.load_package(tmp_path / "p.kiln", M.loop_with_breaks, on_miss="error")
+    for x in [*xs, torch.randn(7)]:
+        torch.testing.assert_close(fast(x, 8), M.loop_with_breaks(x, 8))
