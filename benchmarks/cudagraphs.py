@@ -58,8 +58,8 @@ def reset():
     torch._dynamo.reset()
 
 
-def events_ms(fn, iters: int, warmup: int = 5, each: bool = False):
-    """Median CUDA-event time (ms) of ``iters`` calls after ``warmup``; with ``each``, the list."""
+def event_times_ms(fn, iters: int, warmup: int) -> list[float]:
+    """CUDA-event times (ms) of ``iters`` calls of ``fn`` after ``warmup``."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
@@ -71,7 +71,35 @@ def events_ms(fn, iters: int, warmup: int = 5, each: bool = False):
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end))
-    return times if each else statistics.median(times)
+    return times
+
+
+def setup(batch: int):
+    """(model, inputs, targets) of the GPT-2 case, the same in every process."""
+    torch.manual_seed(0)
+    base = GPT(vocab=50257, d=512, layers=6, heads=8).cuda()
+    idx = torch.randint(0, 50257, (batch, 16), device="cuda")
+    tgt = torch.randint(0, 50257, (batch, 16), device="cuda")
+    return base, idx, tgt
+
+
+def steps(column: str, base, idx, tgt):
+    """(model, {"inference_ms": step, "training_ms": step}) of one column, on a copy of ``base``."""
+    model = copy.deepcopy(base)
+    compiled = compiler(column)(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def inference():
+        with torch.no_grad():
+            return compiled(idx)
+
+    def train_step():
+        opt.zero_grad(set_to_none=True)
+        loss = compiled(idx, tgt)
+        loss.backward()
+        opt.step()
+        return loss
+    return model, {"inference_ms": inference, "training_ms": train_step}
 
 
 def one_op(column: str) -> dict:
@@ -97,24 +125,12 @@ def one_op(column: str) -> dict:
     return {"one_op_us": best}
 
 
-def gpt(column: str, base, idx, tgt, iters: int) -> dict:
+def gpt(column: str, base, idx, tgt) -> dict:
+    """Correctness and peak memory of one column."""
     reset()
-    model = copy.deepcopy(base)
-    compiled = compiler(column)(model)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    model, fns = steps(column, base, idx, tgt)
+    inference, train_step = fns["inference_ms"], fns["training_ms"]
     res: dict = {}
-
-    def inference():
-        with torch.no_grad():
-            return compiled(idx)
-
-    def train_step():
-        opt.zero_grad(set_to_none=True)
-        loss = compiled(idx, tgt)
-        loss.backward()
-        opt.step()
-        return loss
-
     model.eval()
     first = inference().float().clone()
     res["logits_err"] = (first - base(idx).float()).abs().max().item() if column != "eager" else 0.0
@@ -134,7 +150,7 @@ def gpt(column: str, base, idx, tgt, iters: int) -> dict:
     train_step()
     torch.cuda.synchronize()
     res["peak_training_mib"] = torch.cuda.max_memory_allocated() / 2**20
-    del compiled, model, opt
+    del model, fns, inference, train_step
     reset()
     torch.cuda.empty_cache()
     return res
@@ -144,51 +160,29 @@ def interleaved_step_times(columns: list[str], batch: int, iters: int, rounds: i
     """Median step times (ms) of every column, timed in one process, in rounds that visit the
     columns in turn: the machine's drift (clocks, CPU load) touches every column alike, which
     separate processes do not (their step times differed by up to 10% from run to run)."""
-    torch.manual_seed(0)
-    base = GPT(vocab=50257, d=512, layers=6, heads=8).cuda()
-    idx = torch.randint(0, 50257, (batch, 16), device="cuda")
-    tgt = torch.randint(0, 50257, (batch, 16), device="cuda")
-    steps = {}
-    for column in columns:
-        model = copy.deepcopy(base)
-        compiled = compiler(column)(model)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-
-        def inference(compiled=compiled):
-            with torch.no_grad():
-                return compiled(idx)
-
-        def train_step(compiled=compiled, opt=opt):
-            opt.zero_grad(set_to_none=True)
-            loss = compiled(idx, tgt)
-            loss.backward()
-            opt.step()
-            return loss
-        steps[column] = (model, {"inference_ms": inference, "training_ms": train_step})
+    base, idx, tgt = setup(batch)
+    made = {column: steps(column, base, idx, tgt) for column in columns}
     res: dict = {c: {} for c in columns}
     per_round = max(1, iters // rounds)
     for kind in ("inference_ms", "training_ms"):
         times: dict = {c: [] for c in columns}
-        for column, (model, fns) in steps.items():
+        for column, (model, fns) in made.items():
             model.train(kind == "training_ms")
             for _ in range(5):
                 fns[kind]()
         torch.cuda.synchronize()
         for _ in range(rounds):
-            for column, (model, fns) in steps.items():
-                times[column] += events_ms(fns[kind], per_round, warmup=1, each=True)
+            for column, (model, fns) in made.items():
+                times[column] += event_times_ms(fns[kind], per_round, warmup=1)
         for column in columns:
             res[column][f"{kind}@b{batch}"] = statistics.median(times[column])
     return res
 
 
-def run_column(column: str, iters: int, batch: int, with_one_op: bool) -> dict:
-    torch.manual_seed(0)
-    base = GPT(vocab=50257, d=512, layers=6, heads=8).cuda()
-    idx = torch.randint(0, 50257, (batch, 16), device="cuda")
-    tgt = torch.randint(0, 50257, (batch, 16), device="cuda")
+def run_column(column: str, batch: int, with_one_op: bool) -> dict:
+    base, idx, tgt = setup(batch)
     r = one_op(column) if with_one_op else {}
-    r.update({f"{k}@b{batch}": v for k, v in gpt(column, base, idx, tgt, iters).items()})
+    r.update({f"{k}@b{batch}": v for k, v in gpt(column, base, idx, tgt).items()})
     if column.startswith("kiln"):
         from kiln.cudagraphs import skip_reasons, stats
 
@@ -219,7 +213,7 @@ def main(argv=None) -> int:
         return 0
     if args.one_column:
         with open(args.json, "w") as fh:
-            json.dump(run_column(args.one_column, args.iters, args.one_batch, args.one_batch == batches[0]), fh)
+            json.dump(run_column(args.one_column, args.one_batch, args.one_batch == batches[0]), fh)
         return 0
     columns = args.columns.split(",")
     results: dict = {}

@@ -99,17 +99,17 @@ def constant_tuples(guards: list[Guard], tensor_sources: list[Source]) -> dict[S
             on.setdefault(g.source, []).append(i)
     tuples = {s for s, idx in on.items()
               if any(guards[i].kind is GuardKind.TYPE_MATCH and guards[i].expected is tuple for i in idx)}
+    if not tuples:
+        return {}
     # (a root read from a longer-lived object: ``*args`` and a tuple the caller builds are new
     # objects on every call, and the memo would only add work)
     roots = {s for s in tuples if _path(s)}
-    if not tuples:
-        return {}
     spoiled: set = set()         # tuples something other than a value guard reads through
     members: dict = {}
     for i, g in enumerate(guards):
         src = g.source
-        under = [a for a in ([src] if src in tuples else []) + list(_ancestors(src)) if a in tuples] \
-            if src is not None and _hashable(src) else []
+        # the tuples this guard's value is read from (itself included), innermost first
+        under = [a for a in (src, *_ancestors(src)) if a in tuples] if _hashable(src) else []
         if g.kind is GuardKind.ALIAS_MATCH and isinstance(g.expected, Source):
             spoiled.update(a for a in _ancestors(g.expected) if a in tuples)
             spoiled.update(under)

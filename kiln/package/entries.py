@@ -68,7 +68,7 @@ def save_entries(entries: list[Entry], fn: types.FunctionType, add_blob: Callabl
         if entry.replaced_by is not None or (keep is not None and not keep(entry)):
             continue
         try:
-            out.append(save_entry(entry, fn, add_blob, left_out, keep, shared))
+            out.append(save_entry(entry, fn, add_blob, left_out, keep, shared=shared))
         except NotPackageable as e:
             left_out.append((fn.__qualname__, entry.describe_guards(), str(e)))
         except Exception as e:     # kiln's own failure: the entry is left out, never the save
@@ -78,7 +78,7 @@ def save_entries(entries: list[Entry], fn: types.FunctionType, add_blob: Callabl
 
 
 def save_entry(entry: Entry, fn: types.FunctionType, add_blob: Callable[[bytes], int], left_out: list,
-               keep: Callable[[Entry], bool] | None = None, shared: dict | None = None) -> dict:
+               keep: Callable[[Entry], bool] | None = None, *, shared: dict) -> dict:
     from ..api import _CompiledFactory
 
     program = entry.program
@@ -117,7 +117,6 @@ def save_entry(entry: Entry, fn: types.FunctionType, add_blob: Callable[[bytes],
         code, plan = entry.break_plan
         if code is not fn.__code__:
             raise NotPackageable("a graph break inside an inlined function's frame")
-        shared = {} if shared is None else shared
         groups = []
         for r in entry.resumes:
             if id(r) in shared:
@@ -142,10 +141,9 @@ def resume_groups(saved: list[dict]):
 def link_shared_groups(saved: list[dict]) -> None:
     """Point each ``ref`` group of a loaded manifest at the group it refers to
     (``group["linked"]``), for the entries' graph breaks to load."""
-    by_id = {g["id"]: g for g in resume_groups(saved) if "id" in g}
-    stack = list(saved)
-    while stack:
-        s = stack.pop()
+    groups = list(resume_groups(saved))
+    by_id = {g["id"]: g for g in groups if "id" in g}
+    for s in (*saved, *(e for g in groups for e in g["entries"])):
         for group in (s.get("break") or {}).get("resumes", ()):
             if "ref" in group:
                 target = by_id.get(group["ref"])
@@ -153,8 +151,6 @@ def link_shared_groups(saved: list[dict]) -> None:
                     raise PackageError(f"a graph break refers to continuation group {group['ref']}, "
                                        "which the package does not have; save the package again")
                 group["linked"] = target
-            else:
-                stack.extend(group.get("entries", ()))
 
 
 def install(cache, entries: list[Entry]) -> None:

@@ -6,7 +6,7 @@ import types
 
 from .. import logs
 from . import fileformat, identity
-from .entries import save_entries
+from .entries import resume_groups, save_entries
 from .report import LeftOut, SaveReport
 
 
@@ -82,14 +82,9 @@ def build_manifest(target, fn: types.FunctionType, cf, kind: str, entries: list,
     inlined: dict = {}
     for e in _walk(entries):
         inlined.update(e.inlined)
-    counts: dict[str, int] = {}
-
-    def count(fn_name, saved_entries):
-        counts[fn_name] = counts.get(fn_name, 0) + len(saved_entries)
-        for s in saved_entries:
-            for group in (s["break"] or {}).get("resumes", ()):
-                count(group["function"], group.get("entries", ()))    # (a ``ref`` group: counted once)
-    count(fn.__qualname__, saved)
+    counts: dict[str, int] = {fn.__qualname__: len(saved)}
+    for group in resume_groups(saved):           # (a continuation saved once is counted once)
+        counts[group["function"]] = counts.get(group["function"], 0) + len(group["entries"])
     env = fileformat.environment()
     env["device_kind"] = "cuda" if any(m["device"].startswith("cuda") for m in _metas(saved)) else "cpu"
     manifest = {"environment": env, "kind": kind, "identity": identity.describe(target, fn, inlined),
@@ -104,8 +99,5 @@ def build_manifest(target, fn: types.FunctionType, cf, kind: str, entries: list,
 
 
 def _metas(saved: list):
-    for s in saved:
+    for s in (*saved, *(e for g in resume_groups(saved) for e in g["entries"])):
         yield from s["program"]["tensor_metas"]
-        if s["break"]:
-            for group in s["break"]["resumes"]:
-                yield from _metas(group.get("entries", ()))
