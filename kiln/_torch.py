@@ -222,6 +222,13 @@ def is_symbolic(v: Any) -> bool:
     return isinstance(v, (torch.SymInt, torch.SymBool, torch.SymFloat))
 
 
+# torch.tensor(data) built from ops (its reference implementation), for data holding symbolic
+# numbers or tensors: it traces where torch.tensor would read the values as Python numbers
+import torch._refs  # noqa: E402
+
+tensor_from_traced_values = torch._refs.tensor
+
+
 def is_fake(t: Any) -> bool:
     return isinstance(t, FakeTensor)
 

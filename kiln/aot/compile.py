@@ -8,6 +8,7 @@ backend convention; the default runs the graph as FX), wraps them in a
 """
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -252,7 +253,7 @@ def _example_inputs(gm: torch.fx.GraphModule) -> list:
     return [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
 
 
-def _grad_mode_check(parts: CompiledParts) -> Callable[[tuple], None]:
+def _grad_mode_check(parts: CompiledParts) -> Callable[[tuple, bool], None]:
     """The graphs were traced for one grad mode (the one the function was entered in) and one
     ``requires_grad`` per input. A call that differs where it matters raises RunAsCaptured:
     another grad mode when an input requires grad or the graph sets grad mode itself, or (grad
@@ -264,12 +265,27 @@ def _grad_mode_check(parts: CompiledParts) -> Callable[[tuple], None]:
     traced_rg = list(parts.primal_requires_grad)
     check_rg = entry or toggles
 
-    def check(args):
-        if torch.is_grad_enabled() is not entry:
+    # the inputs that are tensors, and the requires_grad each had when traced (what the
+    # per-call comparison reads: one list built at C speed, compared at once)
+    values = _placeholder_values(parts.forward)
+    tensor_pos = want_rg = None            # (another layout: the plain loop below)
+    if len(values) == len(traced_rg):
+        tensor_pos = [i for i, v in enumerate(values) if isinstance(v, torch.Tensor)]
+        want_rg = [traced_rg[i] for i in tensor_pos]
+    requires_grad = operator.attrgetter("requires_grad")
+
+    def check(args, grad_enabled: bool):
+        if grad_enabled is not entry:
             if toggles or any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
                 raise RunAsCaptured(f"AOT autograd: compiled with grad mode {'on' if entry else 'off'}, "
                                     "called with it the other way")
         elif check_rg:
+            if tensor_pos is not None:
+                try:
+                    if list(map(requires_grad, map(args.__getitem__, tensor_pos))) == want_rg:
+                        return
+                except (AttributeError, IndexError):
+                    pass            # (not the traced layout: the loop below says what differs)
             for i, (a, want) in enumerate(zip(args, traced_rg)):
                 if isinstance(a, torch.Tensor) and a.requires_grad is not want:
                     raise RunAsCaptured(f"AOT autograd: input {i} {'requires' if a.requires_grad else 'does not require'} "
@@ -277,22 +293,34 @@ def _grad_mode_check(parts: CompiledParts) -> Callable[[tuple], None]:
     return check
 
 
+def _placeholder_values(gm: torch.fx.GraphModule) -> list:
+    return [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
+
+
 def _make_inference_core(fw: Callable, parts: CompiledParts) -> Callable:
     check = _grad_mode_check(parts)
     view_outs = F.view_outputs(fw, parts)
     fw = F.caller(fw)
 
-    set_grad = torch._C._set_grad_enabled
+    set_grad, grad_enabled = torch._C._set_grad_enabled, torch.is_grad_enabled
+    detach_views = F.detach_views
+
+    # (a graph that sets grad mode itself: grad mode is restored after it in every case)
+    always_restore = any(getattr(getattr(w, "meta", None), "grad_enabled_after", None) is not None
+                         for w in parts.wrappers)
 
     def inference_core(*args):
-        check(args)
-        prior = torch.is_grad_enabled()
-        set_grad(False)          # (torch.no_grad() without its per-call objects: this runs every call)
-        try:
+        prior = grad_enabled()
+        check(args, prior)
+        if prior or always_restore:
+            set_grad(False)      # (torch.no_grad() without its per-call objects: this runs every call)
+            try:
+                outs = fw(list(args))
+            finally:
+                set_grad(prior)
+        else:
             outs = fw(list(args))
-            return F.detach_views(outs, view_outs) if view_outs else outs
-        finally:
-            set_grad(prior)
+        return detach_views(outs, view_outs) if view_outs else outs
     return inference_core
 
 

@@ -101,7 +101,7 @@ def _copies(tensors: list) -> list:
 
 
 def make_training_core(fw: Callable, bw: Callable, parts, compile_bw: Callable[[torch.fx.GraphModule], Callable],
-                       check: Callable[[tuple], None]) -> Callable:
+                       check: Callable[[tuple, bool], None]) -> Callable:
     view_outs = view_outputs(fw, parts)
     fw, bw = caller(fw), caller(bw)
     nfw = parts.num_fw_outputs
@@ -257,8 +257,10 @@ def make_training_core(fw: Callable, bw: Callable, parts, compile_bw: Callable[[
             with saved_tensors_hooks_paused():
                 return plain_nodes(args)
 
+    grad_enabled = torch.is_grad_enabled
+
     def training_core(*args):
-        check(args)
+        check(args, grad_enabled())
         if entry_grad:
             return run_nodes(args)
         with torch.enable_grad():     # entered under no_grad; the graph turns grad mode on

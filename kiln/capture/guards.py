@@ -137,9 +137,13 @@ class Guard:
             return [check]
         if k is GuardKind.FUNCTION_MATCH:
             # the function by weak reference: its entries (which it owns) must not keep it alive
+            # (inline, not a call: it runs on every call of the entry; the function is read
+            # once, into a local named after its reference)
             fn_ref, code, d, kwd = self.expected
-            return [f"{ctx.bind(_function_unchanged, 'fnok')}({ctx.bind(fn_ref, 'fnref')}, "
-                    f"{ctx.bind(code, 'code')}, {ctx.bind(d, 'd')}, {ctx.bind(kwd, 'd')})"]
+            ref = ctx.bind(fn_ref, 'fnref')
+            fn = f"{ref}_fn"
+            return [f"(({fn} := {ref}()) is not None and {fn}.__code__ is {ctx.bind(code, 'code')} and "
+                    f"{fn}.__defaults__ is {ctx.bind(d, 'd')} and {fn}.__kwdefaults__ is {ctx.bind(kwd, 'd')})"]
         raise AssertionError(f"{k} is rendered by its own mechanism")
 
     def describe(self) -> str:
@@ -215,12 +219,6 @@ def _typed_set(s) -> frozenset:
 
 def _autocast_state() -> dict:
     return {d: (torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in ("cpu", "cuda")}
-
-
-def _function_unchanged(fn_ref, code, defaults, kwdefaults) -> bool:
-    fn = fn_ref()
-    return (fn is not None and fn.__code__ is code and fn.__defaults__ is defaults
-            and fn.__kwdefaults__ is kwdefaults)
 
 
 class _CallObject:

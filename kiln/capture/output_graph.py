@@ -281,6 +281,11 @@ class OutputGraph:
             from .values.numpy_conversions import torch_function_on_numpy
 
             return torch_function_on_numpy(tx, fn, args, kwargs)   # torch.from_numpy & co.
+        if fn is torch.tensor and _data_is_traced(args[0] if args else kwargs.get("data")):
+            # torch.tensor() reads its data as Python numbers: a symbolic size would become
+            # a constant (one graph per size) and a tensor in a list a data-dependent read.
+            # The reference implementation builds the same tensor from graph ops.
+            fn = _torch.tensor_from_traced_values
         return self.call_op("call_function", fn, tuple(args), kwargs)
 
     def enter_autocast(self, ctx) -> None:
@@ -492,6 +497,28 @@ class OutputGraph:
         by_node = {inp.value.node: inp for inp in self.tensor_inputs if inp.value.node is not None}
         by_node.update({s.node: s for s in self.symbol_inputs if s.node is not None})
         return [by_node[n] for n in self.graph.nodes if n.op == "placeholder"]
+
+
+def _data_is_traced(data) -> bool:
+    """Whether ``torch.tensor``'s data holds a symbolic number, or a one-element tensor inside
+    a list or tuple (a tensor itself traces as a copy; a longer one in a list is eager's error)."""
+    from .values.symbolic import SymNodeValue
+
+    return _traced_data(data) is True
+
+
+def _traced_data(data) -> bool | None:
+    """True: traced values inside; False: none; None: a tensor of more than one element in a
+    list (left to torch.tensor, which raises as eager does)."""
+    from .values.symbolic import SymNodeValue
+
+    if isinstance(data, SymNodeValue):
+        return True
+    if isinstance(data, (ListValue, TupleValue)):
+        items = [_traced_data(i) if not isinstance(i, TensorValue) else
+                 (None if i.fake is None or i.fake.dim() != 0 else True) for i in data.items]
+        return None if None in items else any(items)
+    return False
 
 
 import operator as _operator  # noqa: E402

@@ -726,16 +726,39 @@ def test_bool_of_size_expression_is_guarded_not_specialized():
     assert cnt.frame_count == 1
 
 
-@pytest.mark.xfail(strict=True, reason="kiln bug: torch.tensor(x.size(0)) specializes the size (one graph "
-                   "per size); torch.compile keeps it symbolic")
 def test_tensor_from_size_stays_symbolic():
+    # (torch.tensor reads its data as Python numbers: it is traced as its reference
+    # implementation, torch._refs.tensor, as torch.compile does)
     def f(x):
-        return x + torch.tensor(x.size(0))
+        return x + torch.tensor(x.size(0)) + torch.tensor([x.shape[0], 2.5], dtype=torch.float64)
 
     cf, cnt = compiled(f, dynamic=True, fullgraph=True)
     for b in (6, 7, 8):
-        check(cf, f, r(b, 3))
+        check(cf, f, r(b, 2))
     assert cnt.frame_count == 1
+
+
+def test_tensor_from_a_list_of_one_element_tensors_is_traced():
+    def f(x, y):
+        return torch.tensor([x.sum(), y.max()]) * x.shape[0]
+
+    cf, cnt = compiled(f, dynamic=True, fullgraph=True)
+    for b in (3, 4):
+        check(cf, f, r(b, 2).requires_grad_(), r(5))
+    assert cnt.frame_count == 1
+    out = cf(r(3, 2).requires_grad_(), r(5))
+    assert not out.requires_grad       # (torch.tensor copies the values: no gradient flows)
+
+
+def test_tensor_from_a_list_holding_a_longer_tensor_raises_as_eager():
+    def f(x):
+        return torch.tensor([x, x])
+
+    cf, _ = compiled(f)
+    with pytest.raises(ValueError, match="one element"):
+        f(r(2))
+    with pytest.raises(ValueError, match="one element"):
+        cf(r(2))
 
 
 def test_index_by_int_argument_specializes():
