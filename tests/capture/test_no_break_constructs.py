@@ -643,6 +643,138 @@ def test_new_module_with_parameters_is_unsupported():
     assert_same(kiln.compile(fn, backend=CompileCounter())(torch.ones(3)), expected)
 
 
+# A module class of the user's, created inside (transformers' ACT2FN["gelu"] builds a new
+# GELUActivation on every call): its __init__ only configures the module, so it is built at
+# capture, as torch.nn's are.
+class _Gelu(torch.nn.Module):
+    def __init__(self, use_python: bool = False):
+        super().__init__()
+        self.act = self._python if use_python else torch.nn.functional.gelu
+
+    def _python(self, x):
+        return x * 0.5 * (1.0 + torch.erf(x / 1.4142135623730951))
+
+    def forward(self, x):
+        return self.act(x)
+
+
+class _Scaled(torch.nn.GELU):
+    def __init__(self, k):
+        super().__init__(approximate="tanh")
+        self.k = k
+
+    def forward(self, x):
+        return super().forward(x) * self.k
+
+
+class _Instantier(dict):
+    def __getitem__(self, key):
+        cls, kwargs = super().__getitem__(key)
+        return cls(**kwargs)
+
+
+_ACT = _Instantier({"gelu": (_Gelu, {}), "gelu_python": (_Gelu, {"use_python": True}),
+                    "scaled": (_Scaled, {"k": 3.0})})
+
+
+def new_user_modules(x, y):
+    return _ACT["gelu"](x) + _ACT["gelu_python"](y) + _ACT["scaled"](x) + _Gelu()(y)
+
+
+def test_user_module_created_inside_is_captured():
+    check(new_user_modules, lambda: (torch.randn(3, 4), torch.randn(3, 4)))
+
+
+def test_user_module_created_inside_and_returned_is_new_per_call():
+    def fn(x):
+        m = _Scaled(2.0)
+        return m(x), m
+
+    cc = CompileCounter()
+    compiled = kiln.compile(fn, backend=cc, fullgraph=True)
+    (o1, m1), (o2, m2) = compiled(torch.randn(3)), compiled(torch.randn(3))
+    assert type(m1) is _Scaled and m1.k == 2.0 and m1.approximate == "tanh" and m1 is not m2
+    assert cc.frame_count == 1
+
+
+_made: list = []
+
+
+class _Registers(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        _made.append(self)          # a write to a list that existed before: not only configuring
+
+    def forward(self, x):
+        return x * 2
+
+
+class _Counts(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1             # state on the module: eager starts from a new one each call
+        return x * self.calls
+
+
+class _Drawn(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.scale = torch.rand(())   # a random draw on every call, in eager
+
+    def forward(self, x):
+        return x * self.scale
+
+
+@pytest.mark.parametrize("cls", [_Registers, _Counts, _Drawn], ids=lambda c: c.__name__)
+def test_user_module_whose_init_does_more_breaks_and_matches_eager(cls):
+    def fn(x):
+        return cls()(x) + 1
+
+    with pytest.raises(kiln.Unsupported):
+        kiln.compile(fn, backend=CompileCounter(), fullgraph=True)(torch.randn(3))
+    _made.clear()
+    compiled = kiln.compile(fn, backend=CompileCounter())
+    for _ in range(2):
+        x = torch.randn(3)
+        torch.manual_seed(0)
+        expected = fn(x)
+        torch.manual_seed(0)
+        assert_same(compiled(x), expected)
+    if cls is _Registers:
+        assert len(_made) == 4      # (eager's two calls and the compiled function's two)
+
+
+_SCALE = 1.0
+
+
+class _ReadsGlobal(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.k = _SCALE
+
+    def forward(self, x):
+        return x * self.k
+
+
+def test_user_module_reading_what_the_call_changed_matches_eager():
+    # the call sets the global its __init__ reads: built at capture, it would see the old value
+    def fn(x):
+        global _SCALE
+        _SCALE = _SCALE + 1.0
+        return _ReadsGlobal()(x)
+
+    global _SCALE
+    compiled = kiln.compile(fn, backend=CompileCounter())
+    _SCALE = 1.0
+    expected = [fn(torch.ones(2)) for _ in range(2)]
+    _SCALE = 1.0
+    assert_same([compiled(torch.ones(2)) for _ in range(2)], expected)
+    assert _SCALE == 3.0
+
+
 def test_validated_distribution_breaks_at_its_data_check():
     # validation reads the parameters' values (a ValueError if invalid): a break, as eager
     def fn(x, scale):

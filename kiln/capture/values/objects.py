@@ -545,6 +545,8 @@ class SuperValue(Value):
         for klass in mro[i + 1:]:
             if name in klass.__dict__:
                 attr = klass.__dict__[name]
+                if attr is torch.nn.Module.__init__ and getattr(self.obj, "under_construction", False):
+                    return _ModuleInit(self.obj)   # (new_objects.py: a module being initialized)
                 if isinstance(attr, types.FunctionType):
                     return BoundMethodValue(UserFunctionValue(attr), self.obj)
                 if isinstance(attr, classmethod):
@@ -560,8 +562,6 @@ class SuperValue(Value):
                     return BaseMethodValue(self.obj, name)
                 if attr is object.__init__ and name == "__init__":
                     return _ObjectInit()   # super().__init__() reaching object: nothing to do
-                if attr is torch.nn.Module.__init__ and name == "__init__":
-                    raise Unsupported("super().__init__() inside a compiled function")
                 raise Unsupported(f"super().{name} resolving to {type(attr).__name__}")
         raise tx.user_exception(AttributeError(f"'super' object has no attribute '{name}'"))
 
@@ -574,6 +574,17 @@ class _ObjectInit(Value):
             raise tx.user_exception(TypeError("object.__init__() takes exactly one argument "
                                               "(the instance to initialize)"))
         return ConstantValue(None)
+
+
+class _ModuleInit(Value):
+    """``nn.Module.__init__`` bound by ``super()`` to a module being initialized in the
+    capture (``new_objects.ModuleUnderConstruction``)."""
+
+    def __init__(self, obj):
+        self.obj = obj
+
+    def call(self, tx, args, kwargs):
+        return self.obj.module_init(tx, args, kwargs)
 
 
 class GradModeValue(Value):
