@@ -92,9 +92,78 @@ def no_mkldnn_decompositions():
     prior = torch._C._get_mkldnn_enabled()   # (torch.backends.mkldnn.flags warns about TF32)
     torch._C._set_mkldnn_enabled(False)
     try:
-        yield
+        if lstm_hidden_defect():
+            with _lstm_hidden_shaped_as_given():
+                yield
+        else:
+            yield
     finally:
         torch._C._set_mkldnn_enabled(prior)
+
+
+# aten.lstm's Python kernels (torch._decomp, run by the Python dispatcher while tracing), and
+# where their hidden-state argument is
+_LSTM_OVERLOADS = (("input", 1), ("data", 2))
+_LSTM_KEYS = ("Autograd", "CompositeImplicitAutograd")
+
+
+@functools.lru_cache(None)
+def lstm_hidden_defect() -> bool:
+    """Whether torch's ``aten.lstm`` decomposition, on the path ``no_mkldnn_decompositions``
+    takes, returns h_n and c_n with an extra dimension: torch 2.11's ``one_layer_lstm``
+    squeezes dimension 1 instead of 0, so they came out ``(layers, 1, batch, hidden)`` for
+    ``(layers, batch, hidden)``, a wrong answer. Probed once, on a tiny LSTM."""
+    kernel = torch.ops.aten.lstm.input.py_kernels.get(torch._C.DispatchKey.Autograd)
+    if kernel is None:
+        return False
+    x, h = torch.zeros(3, 2, 4), torch.zeros(1, 2, 5)
+    params = [torch.zeros(20, 4), torch.zeros(20, 5), torch.zeros(20), torch.zeros(20)]
+    prior = torch._C._get_mkldnn_enabled()
+    torch._C._set_mkldnn_enabled(False)
+    try:
+        with torch.no_grad():
+            _, hn, _ = kernel(x, (h, h), params, True, 1, 0.0, False, False, False)
+    except Exception:
+        return False
+    finally:
+        torch._C._set_mkldnn_enabled(prior)
+    return hn.dim() != h.dim()
+
+
+@contextlib.contextmanager
+def _lstm_hidden_shaped_as_given():
+    """While tracing: torch's Python ``aten.lstm`` kernels, with h_n and c_n reshaped to the
+    hidden states passed in (the same elements, layer-major: only the shape was wrong)."""
+    replaced = []
+    for overload, hx_at in _LSTM_OVERLOADS:
+        op = getattr(torch.ops.aten.lstm, overload)
+        for name in _LSTM_KEYS:
+            key = getattr(torch._C.DispatchKey, name)
+            kernel = op.py_kernels.get(key)
+            if kernel is not None:
+                replaced.append((op, key, kernel))
+                op.py_kernels[key] = _hidden_shaped_as_given(kernel, hx_at)
+    for op in {id(op): op for op, _, _ in replaced}.values():
+        op._dispatch_cache.clear()
+    try:
+        yield
+    finally:
+        for op, key, kernel in replaced:
+            op.py_kernels[key] = kernel
+        for op in {id(op): op for op, _, _ in replaced}.values():
+            op._dispatch_cache.clear()
+
+
+def _hidden_shaped_as_given(kernel: Callable, hx_at: int) -> Callable:
+    def lstm(*args, **kwargs):
+        out, h, c = kernel(*args, **kwargs)
+        h0, c0 = args[hx_at]
+        if h.dim() != h0.dim():
+            h = h.reshape(h0.shape)
+        if c.dim() != c0.dim():
+            c = c.reshape(c0.shape)
+        return out, h, c
+    return lstm
 
 
 @contextlib.contextmanager

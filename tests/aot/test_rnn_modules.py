@@ -27,3 +27,36 @@ def test_recurrent_module_outputs_and_grads(make, dynamic):
         (e_out[0].sum() + e_out[1][0].sum() if isinstance(e_out[1], tuple) else e_out[0].sum()).backward()
         for (name, p), q in zip(m.named_parameters(), ref.parameters()):
             assert_same(p.grad, q.grad, rtol=1e-4, atol=1e-5, path=name)
+
+
+def test_lstm_decomposition_hidden_states_keep_their_shape(monkeypatch):
+    # torch 2.11's aten.lstm decomposition (the Python kernel that runs while tracing) returned
+    # h_n and c_n with an extra dimension ((layers, 1, batch, hidden)); kiln reshapes them to
+    # the hidden states passed in. A kernel with that defect stands in for it, on any torch.
+    from kiln.aot import _utils as U
+
+    op = torch.ops.aten.lstm.input
+    called = []
+    for key in (torch._C.DispatchKey.Autograd, torch._C.DispatchKey.CompositeImplicitAutograd):
+        correct = op.py_kernels[key]
+
+        def defective(*args, _correct=correct, **kwargs):
+            called.append(1)
+            out, h, c = _correct(*args, **kwargs)
+            return out, h.unsqueeze(1), c.unsqueeze(1)
+        monkeypatch.setitem(op.py_kernels, key, defective)
+    op._dispatch_cache.clear()
+    U.lstm_hidden_defect.cache_clear()
+    try:
+        assert U.lstm_hidden_defect()
+        torch.manual_seed(0)
+        m = nn.LSTM(4, 5, num_layers=2, batch_first=True)
+        x = torch.randn(2, 3, 4)
+        compiled = kiln.compile(copy.deepcopy(m), backend="aot_eager")
+        out, expected = compiled(x), m(x)
+        assert called
+        assert_same(out, expected, rtol=1e-4, atol=1e-5)
+    finally:
+        monkeypatch.undo()
+        op._dispatch_cache.clear()
+        U.lstm_hidden_defect.cache_clear()
