@@ -61,8 +61,10 @@ class ShapeGuards:
     def code(self, render: Callable[[Source], str]) -> tuple[list[str], list[str]]:
         """(binding statements, boolean expressions) of the entry's shape check."""
         binds = [f"{local_name(s)} = {render(src)}" for s, src in self.bindings]
-        conds = [f"{render(src)} == {self._to_locals(e)}" for src, e in self.checks]
-        conds += [self._to_locals(c) for c in self.conditions]
+        # each in parentheses: they are joined with ``and``, and a condition may be an ``or``
+        # (``a and b or c`` would pass on ``c`` alone)
+        conds = [f"({render(src)} == {self._to_locals(e)})" for src, e in self.checks]
+        conds += [f"({self._to_locals(c)})" for c in self.conditions]
         return binds, conds
 
     def arg_expr(self, symbol: sympy.Symbol) -> str:

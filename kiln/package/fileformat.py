@@ -21,8 +21,11 @@ import struct
 from .errors import PackageError
 
 MAGIC = b"KILNPKG\x01"
-FORMAT_VERSION = 2       # 2: a continuation several graph breaks resume in is saved once ("ref")
-READABLE_FORMATS = (1, 2)
+# 2: a continuation several graph breaks resume in is saved once ("ref"); 3: each shape
+# condition in parentheses (earlier kilns joined an ``or`` condition unparenthesized with
+# ``and``: a check that could pass wrongly, so formats 1 and 2 are not read)
+FORMAT_VERSION = 3
+READABLE_FORMATS = (3,)
 _HEAD = len(MAGIC) + 32 + 8
 
 

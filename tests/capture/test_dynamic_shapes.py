@@ -761,6 +761,42 @@ def test_tensor_from_a_list_holding_a_longer_tensor_raises_as_eager():
         cf(r(2))
 
 
+def test_a_shape_guard_that_is_an_or_does_not_pass_the_whole_check():
+    # a convolution's output size under dynamic shapes guards
+    # ``(-2) + s + 2*p0 > 0 or (-2) + s + 2*p1 > 0``; joined unparenthesized with ``and``, it
+    # passed the check alone, and a conv with stride 2 reused the graph of a conv with stride 1
+    def f(conv, x):
+        return conv(x)
+
+    cf, cnt = compiled(f, dynamic=True)
+    x = r(1, 4, 16, 16)
+    with torch.no_grad():
+        for stride in (1, 2, 1, 2):
+            conv = torch.nn.Conv2d(4, 4, 3, stride=stride, padding=1)
+            check(cf, f, conv, x)
+    assert cnt.frame_count == 2
+
+
+class _Stage(torch.nn.Module):
+    # a graph break between two convolutions: the continuation serves every instance
+    def __init__(self, stride, k):
+        super().__init__()
+        self.pw = torch.nn.Conv2d(4, 4, 1)
+        self.dw = torch.nn.Conv2d(4, 4, k, stride=stride, padding=k // 2, groups=4)
+
+    def forward(self, x):
+        x = self.pw(x)
+        print("", end="")
+        return self.dw(x)
+
+
+def test_continuations_shared_by_instances_keep_each_instance_s_strides():
+    m = torch.nn.Sequential(_Stage(1, 3), _Stage(2, 3), _Stage(1, 5), _Stage(2, 5)).eval()
+    x = r(1, 4, 16, 16)
+    with torch.no_grad():
+        assert_same(kiln.compile(m, backend="eager")(x), m(x))
+
+
 def test_index_by_int_argument_specializes():
     def f(x, n):
         return x[n] * 2

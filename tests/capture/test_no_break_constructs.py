@@ -775,6 +775,46 @@ def test_user_module_reading_what_the_call_changed_matches_eager():
     assert _SCALE == 3.0
 
 
+def torch_assert_on_sizes(x, y):
+    # timm checks input sizes with torch._assert, which asks has_torch_function first
+    torch._assert(x.shape[-1] == y.shape[-1], "sizes differ")
+    torch._assert(x.dim() == 2, "2-d only")
+    return x + y
+
+
+def test_torch_assert_is_captured():
+    check(torch_assert_on_sizes, lambda: (torch.randn(3, 4), torch.randn(3, 4)))
+
+
+def test_torch_assert_that_fails_raises_as_eager():
+    compiled = kiln.compile(torch_assert_on_sizes, backend=CompileCounter())
+    with pytest.raises(AssertionError, match="sizes differ"):
+        compiled(torch.randn(3, 4), torch.randn(3, 5))
+
+
+class _Logged(torch.Tensor):
+    seen: list = []
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        cls.seen.append(func)
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+def test_has_torch_function_of_a_tensor_subclass_runs_its_override():
+    def fn(x):
+        torch._assert(x, "never")
+        return x + 1
+
+    x = torch.ones(1).as_subclass(_Logged)
+    _Logged.seen.clear()
+    expected = fn(x)
+    eager_seen = list(_Logged.seen)
+    _Logged.seen.clear()
+    assert_same(kiln.compile(fn, backend=CompileCounter())(x), expected)
+    assert torch._assert in eager_seen and torch._assert in _Logged.seen
+
+
 def test_validated_distribution_breaks_at_its_data_check():
     # validation reads the parameters' values (a ValueError if invalid): a break, as eager
     def fn(x, scale):

@@ -183,3 +183,49 @@ def decorate_with_grad_mode(tx, mode, args, kwargs) -> Value:
     if code.co_flags & 0x2A0:   # generator, coroutine, async generator: eager wraps differently
         raise Unsupported(f"{mode.cls.__name__}() decorating a generator or coroutine")
     return GradModeFunctionValue(mode, args[0])
+
+
+# -- torch.overrides.has_torch_function ------------------------------------------------------
+# torch._assert(cond, msg) (timm checks input sizes with it) and other torch functions written
+# in Python ask first whether an argument overrides __torch_function__. For plain tensors,
+# parameters, symbolic numbers and Python constants the answer is no, unless a torch function
+# mode is active.
+
+_PLAIN_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter) + \
+    ((torch.nn.Buffer,) if isinstance(getattr(torch.nn, "Buffer", None), type) else ())
+
+
+def _no_torch_function(tx, values) -> ConstantValue:
+    from .base import is_constant_object
+    from .symbolic import SymNodeValue
+    from .tensor import TensorValue
+
+    if torch._C._is_torch_function_mode_enabled():
+        raise Unsupported("torch.overrides.has_torch_function under a torch function mode")
+    for v in values:
+        plain = (isinstance(v, TensorValue) and v.python_type() in _PLAIN_TENSOR_TYPES) or \
+            isinstance(v, SymNodeValue) or (v.is_constant() and is_constant_object(v.as_constant()))
+        if not plain:
+            raise Unsupported(f"torch.overrides.has_torch_function of {v.describe()}")
+    return ConstantValue(False)
+
+
+@handles(torch._C._has_torch_function)
+def _has_torch_function(tx, fn, args, kwargs):
+    if len(args) != 1 or kwargs:
+        raise Unsupported("torch._C._has_torch_function with other than one argument")
+    return _no_torch_function(tx, tx.unpack_iterable(args[0]))
+
+
+@handles(torch._C._has_torch_function_unary)
+def _has_torch_function_unary(tx, fn, args, kwargs):
+    if len(args) != 1 or kwargs:
+        raise Unsupported("torch._C._has_torch_function_unary with other than one argument")
+    return _no_torch_function(tx, args)
+
+
+@handles(torch._C._has_torch_function_variadic)
+def _has_torch_function_variadic(tx, fn, args, kwargs):
+    if kwargs:
+        raise Unsupported("torch._C._has_torch_function_variadic with keyword arguments")
+    return _no_torch_function(tx, args)

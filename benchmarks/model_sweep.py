@@ -1,0 +1,248 @@
+"""kiln beside eager and torch.compile on many Hugging Face architectures, built from tiny
+random configs (nothing is downloaded).
+
+    python benchmarks/model_sweep.py [--models gpt2,t5,...] [--backend aot_eager] [--json PATH]
+
+For each model, in its own process: two inference calls (``eval()``, no grad) and two
+training steps (loss, ``backward``) on fresh random inputs, each compared with a deep-copied
+eager model (outputs, loss, every parameter's gradient; the random state is reseeded before
+each side, so dropout and router noise draw the same numbers). Then kiln's graph and break
+counts (``kiln.explain``) beside ``torch._dynamo.explain``'s on the same call. Prints one JSON
+line per model (``inf_err``/``train_err``: the largest difference relative to 1 + the largest
+eager value; ``crash``: the model could not be built or run) and a summary table.
+
+Needs ``pip install transformers``. A model whose tiny config this script gets wrong for
+the installed transformers shows up as a ``crash`` in eager (see its message), not as a kiln
+failure.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import subprocess
+import sys
+import time
+import traceback
+import warnings
+
+import torch
+
+SMALL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, vocab_size=100,
+             max_position_embeddings=64, num_key_value_heads=1, head_dim=16, use_cache=False, pad_token_id=0)
+CAUSAL = ["gpt2", "gpt_neo", "opt", "mistral", "qwen2", "qwen3", "phi", "phi3", "falcon", "bloom", "gpt_bigcode",
+          "gemma", "gemma2", "gptj", "gpt_neox", "mixtral", "olmo", "stablelm", "starcoder2", "codegen", "mpt", "xglm",
+          "biogpt", "cohere", "granite", "granitemoe", "olmoe", "jetmoe", "persimmon", "nemotron", "helium", "glm",
+          "mamba", "falcon_mamba", "rwkv", "ctrl", "olmo2", "phimoe", "qwen2_moe", "exaone4", "smollm3", "gemma3_text"]
+ENCODERS = ["bert", "roberta", "distilbert", "albert", "electra", "deberta-v2", "deberta", "mobilebert", "xlm-roberta",
+            "camembert", "mpnet", "funnel", "convbert", "layoutlm", "megatron-bert", "squeezebert", "xlnet", "fnet",
+            "roformer", "esm", "big_bird", "longformer", "ibert", "nystromformer", "data2vec-text", "ernie", "rembert",
+            "canine", "modernbert"]
+SEQ2SEQ = ["t5", "bart", "mbart", "pegasus", "mt5", "blenderbot"]
+VISION = ["vit", "swin", "convnext", "resnet", "beit", "mobilevit", "regnet", "poolformer", "segformer", "dinov2",
+          "mobilenet_v2", "convnextv2", "focalnet", "swinv2", "pvt_v2", "vit_msn", "mobilenet_v1", "hiera"]
+HEADS = {**{m: "AutoModelForCausalLM" for m in CAUSAL}, **{m: "AutoModelForSequenceClassification" for m in ENCODERS},
+         **{m: "AutoModelForSeq2SeqLM" for m in SEQ2SEQ}, **{m: "AutoModelForImageClassification" for m in VISION}}
+EXTRA = {
+    "t5": dict(d_kv=16, d_ff=64, num_layers=2, num_decoder_layers=2, num_heads=2, decoder_start_token_id=0),
+    "mt5": dict(d_kv=16, d_ff=64, num_layers=2, num_decoder_layers=2, num_heads=2),
+    "distilbert": dict(n_layers=2, n_heads=2, dim=32, hidden_dim=64),
+    "funnel": dict(block_sizes=[1, 1], d_head=16, d_inner=64, n_head=2, d_model=32),
+    "mixtral": dict(num_local_experts=4, num_experts_per_tok=2),
+    "mpt": dict(d_model=32, n_heads=2, n_layers=2, expansion_ratio=2, max_seq_len=64),
+    "gptj": dict(rotary_dim=8), "codegen": dict(rotary_dim=8, n_head=4, n_embd=64),
+    "deberta": dict(pooler_hidden_size=32), "deberta-v2": dict(pooler_hidden_size=32),
+    "squeezebert": dict(embedding_size=32, q_groups=2, k_groups=2, v_groups=2, post_attention_groups=2,
+                        intermediate_groups=2, output_groups=2),
+    "longformer": dict(attention_window=[4, 4]), "big_bird": dict(attention_type="original_full"),
+    "xlnet": dict(d_model=32, n_layer=2, n_head=2, d_inner=64, d_head=16),
+    "rwkv": dict(attention_hidden_size=32, context_length=64),
+    "esm": dict(vocab_size=100, position_embedding_type="absolute"),
+    "vit": dict(image_size=32, patch_size=8), "dinov2": dict(image_size=32, patch_size=8),
+    "beit": dict(image_size=32, patch_size=8), "vit_msn": dict(image_size=32, patch_size=8),
+    "swin": dict(image_size=32, patch_size=4, embed_dim=16, depths=[1, 1], num_heads=[1, 2], window_size=4),
+    "swinv2": dict(image_size=32, patch_size=4, embed_dim=16, depths=[1, 1], num_heads=[1, 2], window_size=4),
+    "convnext": dict(hidden_sizes=[8, 16], depths=[1, 1], num_stages=2),
+    "convnextv2": dict(hidden_sizes=[8, 16], depths=[1, 1], num_stages=2),
+    "resnet": dict(hidden_sizes=[8, 16], depths=[1, 1], embedding_size=8),
+    "regnet": dict(hidden_sizes=[8, 16], depths=[1, 1], embedding_size=8, groups_width=8),
+    "mobilenet_v2": dict(image_size=32, depth_multiplier=0.25), "mobilenet_v1": dict(image_size=32, depth_multiplier=0.25),
+    "focalnet": dict(image_size=32, patch_size=4, embed_dim=16, depths=[1, 1], hidden_sizes=[16, 32]),
+    "pvt_v2": dict(image_size=32, hidden_sizes=[8, 16], depths=[1, 1], num_encoder_blocks=2, sr_ratios=[2, 1],
+                   num_attention_heads=[1, 2], patch_sizes=[7, 3], strides=[4, 2], mlp_ratios=[2, 2]),
+    "hiera": dict(image_size=[32, 32], patch_size=[7, 7], patch_stride=[4, 4], patch_padding=[3, 3], embed_dim=16,
+                  depths=[1, 1], num_heads=[1, 2], query_stride=[2, 2], masked_unit_size=[8, 8]),
+}
+for _m in ("bart", "mbart", "pegasus", "blenderbot"):
+    EXTRA[_m] = dict(encoder_layers=1, decoder_layers=1, encoder_attention_heads=2, decoder_attention_heads=2,
+                     encoder_ffn_dim=64, decoder_ffn_dim=64, d_model=32, max_position_embeddings=64)
+
+
+def make(name: str, device: str):
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    cfg = transformers.AutoConfig.for_model(name)
+    for k, v in SMALL.items():
+        if name in VISION and k == "vocab_size":
+            continue
+        if hasattr(cfg, k) or k in getattr(cfg, "attribute_map", {}):
+            try:
+                setattr(cfg, k, v)
+            except Exception:
+                pass
+    if name not in VISION:
+        for k in ("d_model", "n_embd", "hidden_size", "dim", "embed_dim"):
+            if hasattr(cfg, k):
+                try:
+                    setattr(cfg, k, 32)
+                except Exception:
+                    pass
+    for k, v in EXTRA.get(name, {}).items():
+        setattr(cfg, k, v)
+    for k, v in cfg.to_dict().items():     # dropout off: train and eval then agree on what runs
+        if ("dropout" in k or "pdrop" in k or k.endswith("drop_rate") or k == "drop_path_rate") and isinstance(v, float):
+            setattr(cfg, k, 0.0)
+    if hasattr(cfg, "_attn_implementation"):
+        try:
+            cfg._attn_implementation = "eager"
+        except Exception:
+            pass
+    cfg.num_labels = 3
+    return getattr(transformers, HEADS[name]).from_config(cfg).to(device), cfg
+
+
+def inputs(name: str, cfg, g: torch.Generator, device: str) -> dict:
+    batch, seq = 2, 8
+    if name in VISION:
+        size = getattr(cfg, "image_size", 32)
+        size = size if isinstance(size, int) else 32
+        return {"pixel_values": torch.randn(batch, getattr(cfg, "num_channels", 3), size, size, generator=g).to(device),
+                "labels": torch.randint(0, 3, (batch,), generator=g).to(device)}
+    ids = torch.randint(1, 100, (batch, seq), generator=g).to(device)
+    if name in CAUSAL:
+        return {"input_ids": ids, "labels": ids}
+    if name in SEQ2SEQ:
+        return {"input_ids": ids, "labels": torch.randint(1, 100, (batch, 5), generator=g).to(device)}
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": torch.randint(0, 3, (batch,), generator=g).to(device)}
+
+
+def _flat(o) -> list:
+    if isinstance(o, torch.Tensor):
+        return [o]
+    if hasattr(o, "to_tuple"):
+        o = o.to_tuple()
+    if isinstance(o, (list, tuple)):
+        return [t for x in o for t in _flat(x)]
+    return []
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return (a - b).abs().max().item() / (1 + a.abs().max().item())
+
+
+def run_one(name: str, backend: str, device: str) -> dict:
+    import torch._dynamo
+
+    import kiln
+
+    res: dict = {"model": name}
+    torch.manual_seed(0)
+    model, cfg = make(name, device)
+    ref = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(1)
+    model.eval(), ref.eval()
+    compiled = kiln.compile(model, backend=backend)
+    worst = 0.0
+    for _ in range(2):
+        inp = inputs(name, cfg, g, device)
+        with torch.no_grad():
+            expected, got = _flat(ref(**inp)), _flat(compiled(**inp))
+        if [t.shape for t in expected] != [t.shape for t in got]:
+            res["inf_error"] = "outputs differ in number or shape"
+            break
+        for a, b in zip(expected, got):
+            worst = max(worst, _rel(a.float(), b.float()) if a.is_floating_point() else float(not torch.equal(a, b)))
+    res["inf_err"] = worst
+    for mode in ("inf", "train"):
+        if mode == "train":
+            kiln.reset()
+            model.train(), ref.train()
+            compiled = kiln.compile(model, backend=backend)
+            worst = 0.0
+            for call in range(2):
+                inp = inputs(name, cfg, g, device)
+                model.zero_grad(set_to_none=True), ref.zero_grad(set_to_none=True)
+                torch.manual_seed(100 + call)
+                le = ref(**inp).loss
+                le.backward()
+                torch.manual_seed(100 + call)
+                lk = compiled(**inp).loss
+                lk.backward()
+                worst = max(worst, _rel(le.detach(), lk.detach()))
+                for (pname, p), q in zip(ref.named_parameters(), model.parameters()):
+                    if (p.grad is None) != (q.grad is None):
+                        res["train_error"] = f"a gradient exists on one side only ({pname})"
+                    elif p.grad is not None:
+                        worst = max(worst, _rel(p.grad, q.grad))
+            res["train_err"] = worst
+        probe = copy.deepcopy(ref).train(mode == "train")
+        ctx = torch.no_grad() if mode == "inf" else torch.enable_grad()
+        with ctx:
+            ex = kiln.explain(probe)(**inputs(name, cfg, g, device))
+        res[f"{mode}_kiln"] = [ex.graph_count, ex.graph_break_count]
+        res[f"{mode}_reasons"] = [str(b).split("\n")[0][:160] for b in ex.break_reasons][:3]
+        torch._dynamo.reset()
+        with ctx:
+            tex = torch._dynamo.explain(copy.deepcopy(probe))(**inputs(name, cfg, g, device))
+        res[f"{mode}_torch"] = [tex.graph_count, tex.graph_break_count]
+    return res
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--models", default=",".join(HEADS))
+    p.add_argument("--backend", default="aot_eager")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--json", default=None)
+    p.add_argument("--timeout", type=int, default=300)
+    p.add_argument("--one", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    warnings.filterwarnings("ignore")
+    if args.one:
+        try:
+            r = run_one(args.one, args.backend, args.device)
+        except Exception as e:
+            r = {"model": args.one, "crash": f"{type(e).__name__}: {str(e)[:300]}", "where": traceback.format_exc()[-600:]}
+        print("RESULT " + json.dumps(r))
+        return 0
+    out = []
+    for name in args.models.split(","):
+        start = time.time()
+        try:
+            proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--one", name, "--backend", args.backend,
+                                   "--device", args.device], capture_output=True, text=True, timeout=args.timeout)
+            lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+            r = json.loads(lines[-1][7:]) if lines else {"model": name, "crash": proc.stderr[-600:]}
+        except subprocess.TimeoutExpired:
+            r = {"model": name, "crash": f"timeout ({args.timeout} s)"}
+        r["seconds"] = round(time.time() - start, 1)
+        out.append(r)
+        print(json.dumps({k: v for k, v in r.items() if k != "where"}), flush=True)
+    print("\n| model | inference err | training err | kiln graphs/breaks (inf, train) | torch.compile (inf, train) |")
+    print("|---|---|---|---|---|")
+    for r in out:
+        if "crash" in r:
+            print(f"| {r['model']} | crash: {r['crash'][:60]} | | | |")
+            continue
+        print(f"| {r['model']} | {r['inf_err']:.1e} | {r['train_err']:.1e} | {r['inf_kiln']}, {r['train_kiln']} "
+              f"| {r['inf_torch']}, {r['train_torch']} |")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(out, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
