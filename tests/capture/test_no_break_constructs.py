@@ -815,6 +815,20 @@ def test_has_torch_function_of_a_tensor_subclass_runs_its_override():
     assert torch._assert in eager_seen and torch._assert in _Logged.seen
 
 
+def typing_constructs(x, y):
+    # timm's CrossViT: torch.jit.annotate(List[torch.Tensor], []); torch's pytree: list[Any]
+    from typing import Any, Dict, List, Optional
+
+    out = torch.jit.annotate(List[torch.Tensor], [])
+    out.append(x + y)
+    kinds = (list[Any], Dict[str, Optional[torch.Tensor]])
+    return out[0] * 2, kinds[0] is not None, List[torch.Tensor] == List[torch.Tensor]
+
+
+def test_typing_constructs_are_built_at_capture():
+    check(typing_constructs, lambda: (torch.randn(3), torch.randn(3)))
+
+
 def test_validated_distribution_breaks_at_its_data_check():
     # validation reads the parameters' values (a ValueError if invalid): a break, as eager
     def fn(x, scale):

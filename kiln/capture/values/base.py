@@ -78,6 +78,19 @@ CONSTANT_TYPES = (int, float, bool, str, bytes, complex, type(None), type(Ellips
                   frozenset, torch.layout, torch.memory_format)
 
 
+def is_type_annotation(v: Any) -> bool:
+    """A typing construct (``List[torch.Tensor]``, ``list[Any]``, ``Optional``, a TypeVar):
+    immutable and hashable, built at capture time as eager builds it (``typing`` caches them)."""
+    import types
+    import typing
+
+    if isinstance(v, (types.GenericAlias, typing.TypeVar, typing.ForwardRef)):
+        return True
+    return type(v).__module__ == "typing" and type(v).__name__ in (
+        "_GenericAlias", "_SpecialGenericAlias", "_UnionGenericAlias", "_LiteralGenericAlias",
+        "_CallableGenericAlias", "_SpecialForm", "_AnnotatedAlias", "_TupleType")
+
+
 def is_constant_object(v: Any) -> bool:
     if isinstance(v, tuple) and not isinstance(v, torch.Size):
         return type(v) is tuple and all(is_constant_object(x) for x in v)

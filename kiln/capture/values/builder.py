@@ -17,7 +17,7 @@ from ..comptime import Comptime, comptime_value
 from ..guards import Guard, GuardKind
 from ..sources import (ITEM_DICT, ITEM_INDEX, ITEM_LIST, ITEM_TUPLE, AttrSource, ItemSource,
                        ReduceSource)
-from .base import CONSTANT_TYPES, ConstantValue, Value, is_constant_object
+from .base import CONSTANT_TYPES, ConstantValue, Value, is_constant_object, is_type_annotation
 from .builtins import _HANDLERS, BuiltinValue
 from .environ import EnvironValue
 from . import itertools_fns  # noqa: F401  (registers the itertools handlers)
@@ -107,8 +107,8 @@ def wrap_pure_result(v: Any) -> Value:
         return SetValue({k: wrap_pure_result(k) for k in v}, type(v))
     if is_constant_object(v) or isinstance(v, (torch.finfo, torch.iinfo)):
         return ConstantValue(v)
-    if type(v) in (inspect.Signature, inspect.Parameter, inspect._ParameterKind):
-        return ConstantValue(v)  # immutable (see functions.signature_of)
+    if type(v) in (inspect.Signature, inspect.Parameter, inspect._ParameterKind) or is_type_annotation(v):
+        return ConstantValue(v)  # immutable (see functions.signature_of; typing constructs)
     if type(v) is types.MappingProxyType:
         return DictValue({k: wrap_pure_result(x) for k, x in v.items()})  # Signature.parameters
     numpy_value = pure_numpy_result(v)   # NumPy scalars, dtypes, finfo: see numpy_values
@@ -233,7 +233,7 @@ class Builder:
             if t is int and self._may_be_dynamic_int(source, obj):
                 return self.output.add_int_input(obj, source)
             return ConstantValue(obj, source, on_use=lambda: g(GuardKind.EQUALS_MATCH, source, obj))
-        if t in (torch.dtype, torch.layout, torch.memory_format) or obj is Ellipsis:
+        if t in (torch.dtype, torch.layout, torch.memory_format) or obj is Ellipsis or is_type_annotation(obj):
             g(GuardKind.ID_MATCH, source, obj)
             return ConstantValue(obj, source)
         if t is torch.device:

@@ -106,11 +106,19 @@ class LruCacheValue(RealCallableValue):
         return True
 
     def call(self, tx, args, kwargs):
-        from .base import is_constant_object
+        from .base import is_constant_object, is_type_annotation
         from .builder import wrap_pure_result
 
+        def constant(v) -> bool:     # (classes and typing constructs: typing's cached [] )
+            if not v.is_constant():
+                return False
+            c = v.as_constant()
+            return is_constant_object(c) or isinstance(c, type) or is_type_annotation(c) or (
+                type(c) is tuple and all(is_constant_object(x) or isinstance(x, type) or is_type_annotation(x)
+                                         for x in c))
+
         vals = [*args, *kwargs.values()]
-        if not all(v.is_constant() and is_constant_object(v.as_constant()) for v in vals):
+        if not all(constant(v) for v in vals):
             raise Unsupported(f"call to {self.describe()} with arguments that are not Python "
                               "constants (runs natively)")
         try:
@@ -118,7 +126,7 @@ class LruCacheValue(RealCallableValue):
                              **{k: v.as_constant() for k, v in kwargs.items()})
         except Exception as e:
             raise tx.user_exception(e)
-        if not is_constant_object(result):
+        if not (is_constant_object(result) or is_type_annotation(result)):
             raise Unsupported(f"{self.describe()} returned a {type(result).__name__} (eager "
                               "shares the cached object; runs natively)")
         return wrap_pure_result(result)
