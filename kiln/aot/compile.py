@@ -268,8 +268,8 @@ def _grad_mode_check(parts: CompiledParts) -> Callable[[tuple, bool], None]:
     # the inputs that are tensors, and the requires_grad each had when traced (what the
     # per-call comparison reads: one list built at C speed, compared at once)
     values = _placeholder_values(parts.forward)
-    tensor_pos = want_rg = None            # (another layout: the plain loop below)
-    if len(values) == len(traced_rg):
+    tensor_pos = want_rg = None            # (another layout, or values unknown: the plain loop)
+    if len(values) == len(traced_rg) and all(v is not None for v in values):
         tensor_pos = [i for i, v in enumerate(values) if isinstance(v, torch.Tensor)]
         want_rg = [traced_rg[i] for i in tensor_pos]
     requires_grad = operator.attrgetter("requires_grad")
