@@ -40,7 +40,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import kiln  # noqa: E402
-from benchmarks.inductor import GPT  # noqa: E402,F401  (the model of benchmarks/inductor.py)
+from benchmarks.inductor import GPT, step_functions  # noqa: E402  (the model and steps of benchmarks/inductor.py)
 
 COLUMNS = ["eager", "torch reduce-overhead", "kiln reduce-overhead"]
 
@@ -88,17 +88,7 @@ def steps(column: str, base, idx, tgt):
     model = copy.deepcopy(base)
     compiled = compiler(column)(model)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-
-    def inference():
-        with torch.no_grad():
-            return compiled(idx)
-
-    def train_step():
-        opt.zero_grad(set_to_none=True)
-        loss = compiled(idx, tgt)
-        loss.backward()
-        opt.step()
-        return loss
+    inference, train_step = step_functions(compiled, opt, idx, tgt)
     return model, {"inference_ms": inference, "training_ms": train_step}
 
 

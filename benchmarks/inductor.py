@@ -283,6 +283,22 @@ def _requested(device, which: str) -> int | None:
     return torch.cuda.memory_stats(device).get(f"requested_bytes.all.{which}")
 
 
+def step_functions(compiled, opt, idx, tgt):
+    """(inference step, training step) of a compiled model: ``compiled(idx)`` under no_grad, and
+    ``compiled(idx, tgt)`` -> loss, backward, optimizer step (also used by benchmarks/cudagraphs.py)."""
+    def inference():
+        with torch.no_grad():
+            return compiled(idx)
+
+    def train_step():
+        opt.zero_grad(set_to_none=True)
+        loss = compiled(idx, tgt)
+        loss.backward()
+        opt.step()
+        return loss
+    return inference, train_step
+
+
 def measure(name: str, column: str, base: nn.Module, idx, tgt, device) -> tuple[dict, dict]:
     """Cold compile times, the first results and the peak memory of a training step, for one
     column; and its step functions (timed later, interleaved with the other columns')."""
@@ -297,16 +313,7 @@ def measure(name: str, column: str, base: nn.Module, idx, tgt, device) -> tuple[
     reset_compilers()
     res: dict = {}
 
-    def inference():
-        with torch.no_grad():
-            return compiled(idx)
-
-    def train_step():
-        opt.zero_grad(set_to_none=True)
-        loss = compiled(idx, tgt)
-        loss.backward()
-        opt.step()
-        return loss
+    inference, train_step = step_functions(compiled, opt, idx, tgt)
 
     with fresh_caches():
         model.eval()

@@ -134,23 +134,22 @@ def lstm_hidden_defect() -> bool:
 def _lstm_hidden_shaped_as_given():
     """While tracing: torch's Python ``aten.lstm`` kernels, with h_n and c_n reshaped to the
     hidden states passed in (the same elements, layer-major: only the shape was wrong)."""
+    ops = [(getattr(torch.ops.aten.lstm, overload), hx_at) for overload, hx_at in _LSTM_OVERLOADS]
     replaced = []
-    for overload, hx_at in _LSTM_OVERLOADS:
-        op = getattr(torch.ops.aten.lstm, overload)
+    for op, hx_at in ops:
         for name in _LSTM_KEYS:
             key = getattr(torch._C.DispatchKey, name)
             kernel = op.py_kernels.get(key)
             if kernel is not None:
                 replaced.append((op, key, kernel))
                 op.py_kernels[key] = _hidden_shaped_as_given(kernel, hx_at)
-    for op in {id(op): op for op, _, _ in replaced}.values():
         op._dispatch_cache.clear()
     try:
         yield
     finally:
         for op, key, kernel in replaced:
             op.py_kernels[key] = kernel
-        for op in {id(op): op for op, _, _ in replaced}.values():
+        for op, _ in ops:
             op._dispatch_cache.clear()
 
 

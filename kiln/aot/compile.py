@@ -260,14 +260,13 @@ def _grad_mode_check(parts: CompiledParts) -> Callable[[tuple, bool], None]:
     mode on) an input whose requires_grad differs: its gradient would be missing, or outputs
     would require grad that eager's do not."""
     entry = parts.grad_enabled
-    toggles = any(getattr(getattr(w, "meta", None), "grad_enabled_after", None) is not None
-                  for w in parts.wrappers)
+    toggles = _sets_grad_mode(parts)
     traced_rg = list(parts.primal_requires_grad)
     check_rg = entry or toggles
 
     # the inputs that are tensors, and the requires_grad each had when traced (what the
     # per-call comparison reads: one list built at C speed, compared at once)
-    values = _placeholder_values(parts.forward)
+    values = _example_inputs(parts.forward)
     tensor_pos = want_rg = None            # (another layout, or values unknown: the plain loop)
     if len(values) == len(traced_rg) and all(v is not None for v in values):
         tensor_pos = [i for i, v in enumerate(values) if isinstance(v, torch.Tensor)]
@@ -293,8 +292,9 @@ def _grad_mode_check(parts: CompiledParts) -> Callable[[tuple, bool], None]:
     return check
 
 
-def _placeholder_values(gm: torch.fx.GraphModule) -> list:
-    return [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
+def _sets_grad_mode(parts: CompiledParts) -> bool:
+    """Whether the graph leaves grad mode other than it found it (a runtime wrapper sets it after)."""
+    return any(getattr(getattr(w, "meta", None), "grad_enabled_after", None) is not None for w in parts.wrappers)
 
 
 def _make_inference_core(fw: Callable, parts: CompiledParts) -> Callable:
@@ -305,9 +305,7 @@ def _make_inference_core(fw: Callable, parts: CompiledParts) -> Callable:
     set_grad, grad_enabled = torch._C._set_grad_enabled, torch.is_grad_enabled
     detach_views = F.detach_views
 
-    # (a graph that sets grad mode itself: grad mode is restored after it in every case)
-    always_restore = any(getattr(getattr(w, "meta", None), "grad_enabled_after", None) is not None
-                         for w in parts.wrappers)
+    always_restore = _sets_grad_mode(parts)   # (then grad mode is restored after it in every case)
 
     def inference_core(*args):
         prior = grad_enabled()

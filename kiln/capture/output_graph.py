@@ -281,7 +281,7 @@ class OutputGraph:
             from .values.numpy_conversions import torch_function_on_numpy
 
             return torch_function_on_numpy(tx, fn, args, kwargs)   # torch.from_numpy & co.
-        if fn is torch.tensor and _data_is_traced(args[0] if args else kwargs.get("data")):
+        if fn is torch.tensor and _traced_data(args[0] if args else kwargs.get("data")) is True:
             # torch.tensor() reads its data as Python numbers: a symbolic size would become
             # a constant (one graph per size) and a tensor in a list a data-dependent read.
             # The reference implementation builds the same tensor from graph ops.
@@ -499,17 +499,10 @@ class OutputGraph:
         return [by_node[n] for n in self.graph.nodes if n.op == "placeholder"]
 
 
-def _data_is_traced(data) -> bool:
-    """Whether ``torch.tensor``'s data holds a symbolic number, or a one-element tensor inside
-    a list or tuple (a tensor itself traces as a copy; a longer one in a list is eager's error)."""
-    from .values.symbolic import SymNodeValue
-
-    return _traced_data(data) is True
-
-
 def _traced_data(data) -> bool | None:
-    """True: traced values inside; False: none; None: a tensor of more than one element in a
-    list (left to torch.tensor, which raises as eager does)."""
+    """Whether ``torch.tensor``'s data holds a symbolic number or a one-element tensor inside a
+    list or tuple (True), neither (False; a tensor itself traces as a copy), or a longer tensor
+    in a list (None: left to torch.tensor, which raises as eager does)."""
     from .values.symbolic import SymNodeValue
 
     if isinstance(data, SymNodeValue):

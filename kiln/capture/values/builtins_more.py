@@ -109,16 +109,12 @@ class LruCacheValue(RealCallableValue):
         from .base import is_constant_object, is_type_annotation
         from .builder import wrap_pure_result
 
-        def constant(v) -> bool:     # (classes and typing constructs: typing's cached [] )
-            if not v.is_constant():
-                return False
-            c = v.as_constant()
+        def constant(c) -> bool:     # (classes and typing constructs too: typing's cached [])
             return is_constant_object(c) or isinstance(c, type) or is_type_annotation(c) or (
-                type(c) is tuple and all(is_constant_object(x) or isinstance(x, type) or is_type_annotation(x)
-                                         for x in c))
+                type(c) is tuple and all(map(constant, c)))
 
         vals = [*args, *kwargs.values()]
-        if not all(constant(v) for v in vals):
+        if not all(v.is_constant() and constant(v.as_constant()) for v in vals):
             raise Unsupported(f"call to {self.describe()} with arguments that are not Python "
                               "constants (runs natively)")
         try:
