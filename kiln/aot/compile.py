@@ -250,6 +250,12 @@ def _examples_for(compiler: Callable, gm: torch.fx.GraphModule) -> list:
 
 def _example_inputs(gm: torch.fx.GraphModule) -> list:
     U.ensure_vals(gm)       # (a loaded graph's are made on first need)
+    return _known_example_inputs(gm)
+
+
+def _known_example_inputs(gm: torch.fx.GraphModule) -> list:
+    """The placeholders' values where the graph has them (None where not): a loaded graph's
+    are not made here, which would import FakeTensorMode and so torch._dynamo."""
     return [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
 
 
@@ -266,7 +272,7 @@ def _grad_mode_check(parts: CompiledParts) -> Callable[[tuple, bool], None]:
 
     # the inputs that are tensors, and the requires_grad each had when traced (what the
     # per-call comparison reads: one list built at C speed, compared at once)
-    values = _example_inputs(parts.forward)
+    values = _known_example_inputs(parts.forward)
     tensor_pos = want_rg = None            # (another layout, or values unknown: the plain loop)
     if len(values) == len(traced_rg) and all(v is not None for v in values):
         tensor_pos = [i for i, v in enumerate(values) if isinstance(v, torch.Tensor)]
