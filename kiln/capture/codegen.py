@@ -35,6 +35,7 @@ from typing import Any
 
 from .. import _torch
 from .guards import Guard, GuardKind, without_call_objects
+from . import module_state
 from .guard_cse import straight_line
 from .sources import RenderContext, Source
 
@@ -178,6 +179,16 @@ class GuardProgram:
         # the check itself: shared reads in locals, shared conditions once (guard_cse.py)
         self.check_lines, self.check_tensor_exprs, self.check_exprs = straight_line(
             self.python_guards, tensor_sources, ctx)
+        # and the check of a call whose module trees did not change (module_state.py)
+        self.unchanged_tree = None
+        cover = module_state.coverage(self.python_guards, tensor_sources)
+        if cover is not None:
+            rest = [g for i, g in enumerate(self.python_guards) if i not in cover.guards]
+            kept = [i for i in range(len(tensor_sources)) if i not in set(cover.tensors)]
+            lines, exprs, _ = straight_line(rest, [tensor_sources[i] for i in kept], ctx)
+            memo = ctx.bind(module_state.ModuleStateMemo(cover.plans), "msm")
+            self.unchanged_tree = (memo, [r.render(ctx) for r in cover.roots], cover.tensors,
+                                   lines, list(zip(kept, exprs)))
         # rendered: what is kept from here on holds the call's objects weakly
         self.guards = without_call_objects(guards)
         self.python_guards = without_call_objects(self.python_guards)
@@ -196,10 +207,25 @@ class GuardProgram:
     def prelude(self, indent: str = "    ") -> list[str]:
         """Lines that return ___MISS when a guard fails; leave tensors in ___t0.. locals."""
         lines = [f"{indent}try:", f"{indent}    if not ___gs.check():", f"{indent}        return ___MISS"]
-        lines += [f"{indent}    {line}" for line in self.check_lines]
+        all_reads = [f"___in{i} = {e}" for i, e in enumerate(self.check_tensor_exprs)]
+        unchanged = getattr(self, "unchanged_tree", None)     # (a loaded program has none)
+        if unchanged is None:
+            lines += [f"{indent}    {line}" for line in (*self.check_lines, *all_reads)]
+        else:
+            memo, roots, cached, fast_lines, fast_reads = unchanged
+            held = "".join(f"___in{i}, " for i in cached)
+            same = " and ".join(f"{memo}.unchanged({r}, ___ms[{k}])" for k, r in enumerate(roots))
+            lines += [f"{indent}    ___ms = {memo}.state",
+                      f"{indent}    if ___ms is not None and {same}:",
+                      f"{indent}        {memo}.used = True",
+                      *([f"{indent}        {held}= ___ms[-1]"] if held else []),
+                      *(f"{indent}        {line}" for line in fast_lines),
+                      *(f"{indent}        ___in{i} = {e}" for i, e in fast_reads),
+                      f"{indent}    else:",
+                      f"{indent}        {memo}.state = None",      # (a changed tree is not held)
+                      *(f"{indent}        {line}" for line in (*self.check_lines, *all_reads)),
+                      f"{indent}        {memo}.record(({''.join(r + ', ' for r in roots)}), ({held}))"]
         if self.check_tensor_exprs:
-            for i, e in enumerate(self.check_tensor_exprs):
-                lines.append(f"{indent}    ___in{i} = {e}")
             names = ", ".join(f"___in{i}" for i in range(len(self.tensor_exprs)))
             lines.append(f"{indent}    if not ___tg.check({names}):")
             lines.append(f"{indent}        return ___MISS")

@@ -169,7 +169,7 @@ def _identity(e: Entry) -> tuple:
 def _check_comes_back(name: str, obj, enc: list, fn) -> None:
     """What is saved must find ``obj`` itself (or an equal value) again: checked here, in the
     saving process, against the same function."""
-    if enc[0] in ("special", "memo"):
+    if enc[0] in ("special", "memo", "module_state"):
         return                     # (gs, tg: rebuilt by the guard program; a memo starts empty)
     try:
         back = Decoder(fn).decode(enc)

@@ -155,11 +155,23 @@ class Encoder:
                     self._globals_by_id.setdefault(id(v), k)
         return self._globals_by_id.get(id(obj))
 
+    def _plans(self, plans) -> list | None:
+        """A ModuleStateMemo's plans (``module_state``): nested tuples of kinds, classes (by
+        name), attribute names and keys."""
+        def plan(p):
+            if p is None:
+                return None
+            if p[0] == 0:
+                return [0, self.encode(p[1], identity=True), [[k, plan(c)] for k, c in p[2]]]
+            return [1, [[k, plan(c)] for k, c in p[1]]]
+        return None if plans is None else [plan(p) for p in plans]
+
     def encode(self, obj: Any, identity: bool = False) -> list:
         """The JSON form of ``obj``. ``identity``: the code compares it with ``is``, so only
         an encoding that finds the object itself again will do."""
         from ..capture.codegen import MISS
         from ..capture.guard_cse import IdentityMemo
+        from ..capture.module_state import ModuleStateMemo
 
         hit = self.specials.get(id(obj))
         if hit is not None:
@@ -168,6 +180,8 @@ class Encoder:
             return ["miss"]
         if type(obj) is IdentityMemo:
             return ["memo"]          # (what passed a check last: a new process starts empty)
+        if type(obj) is ModuleStateMemo:   # (its plans; the snapshot: a new process takes its own)
+            return ["module_state", self._plans(obj.plans)]
         if obj is None or obj is Ellipsis:
             return ["const", repr(obj)]
         if type(obj) in _SCALARS:
@@ -252,6 +266,13 @@ class Decoder:
         self.fn = fn
         self.specials = specials or {}
 
+    def _plan(self, p):
+        if p is None:
+            return None
+        if p[0] == 0:
+            return (0, self.decode(p[1]), tuple((k, self._plan(c)) for k, c in p[2]))
+        return (1, tuple((k, self._plan(c)) for k, c in p[1]))
+
     def decode(self, enc: list) -> Any:
         tag = enc[0]
         fn = self.fn
@@ -279,6 +300,9 @@ class Decoder:
         if tag == "memo":
             from ..capture.guard_cse import IdentityMemo
             return IdentityMemo()
+        if tag == "module_state":
+            from ..capture.module_state import ModuleStateMemo
+            return ModuleStateMemo(None if enc[1] is None else tuple(self._plan(p) for p in enc[1]))
         if tag == "fn":
             return fn
         if tag == "fn_code":

@@ -339,3 +339,31 @@ def test_a_continuation_several_entries_resume_in_is_saved_once(tmp_path, monkey
     fast = kiln.load_package(tmp_path / "p.kiln", M.loop_with_breaks, on_miss="error")
     for x in [*xs, torch.randn(7)]:
         torch.testing.assert_close(fast(x, 8), M.loop_with_breaks(x, 8))
+
+
+def test_loaded_module_entry_skips_guards_of_an_unchanged_tree(tmp_path, monkeypatch):
+    """A loaded entry takes its own snapshot of the module tree (kiln/capture/module_state.py)
+    and still sees a change made after it."""
+    from kiln.capture import module_state
+
+    m = M.MLP()
+    cm = kiln.compile(m, backend="eager", dynamic=False)
+    cm(torch.randn(2, 4))
+    cm.save_package(tmp_path / "m.kiln")
+    kiln.reset()
+    _no_capture(monkeypatch)
+    fm = kiln.load_package(tmp_path / "m.kiln", m, on_miss="error")
+    for _ in range(3):
+        x = torch.randn(2, 4)
+        torch.testing.assert_close(fm(x), m(x))
+    memos = [v for e in fm.entries for v in _closure_values(e.fn) if isinstance(v, module_state.ModuleStateMemo)]
+    if module_state.NATIVE is not None:
+        assert memos and all(mm.used for mm in memos)
+    monkeypatch.undo()                  # (a changed tree: capture may run again)
+    m.fc1.weight = torch.nn.Parameter(torch.randn(m.fc1.weight.shape))
+    x = torch.randn(2, 4)
+    torch.testing.assert_close(fm(x), m(x))
+
+
+def _closure_values(fn):
+    return [c.cell_contents for c in fn.__closure__ or ()]
