@@ -234,3 +234,24 @@ class TensorPropertySource(Source):
         if self.prop == STORAGE_OFFSET:
             return f"{self.base.describe()}.storage_offset()"
         return f"{self.base.describe()}.{self.prop}()[{self.idx}]"
+
+
+def _remember_hash(cls: type) -> None:
+    """A source is hashed again and again while an entry's check is generated (every guard
+    of a ResNet-50 looks up its whole access chain): the generated ``__hash__`` of a chain
+    hashes every link below it each time. The hash of a frozen source cannot change, so it
+    is computed once and kept on the instance."""
+    computed = cls.__hash__
+
+    def __hash__(self):
+        try:
+            return self.__dict__["_hash"]
+        except KeyError:
+            h = computed(self)        # (raises for an unhashable key: not kept, raised again)
+            object.__setattr__(self, "_hash", h)
+            return h
+    cls.__hash__ = __hash__
+
+
+for _cls in (LocalSource, AttrSource, ItemSource, TypeSource, ReduceSource, TensorPropertySource):
+    _remember_hash(_cls)
