@@ -319,12 +319,14 @@ def cold_compile(compiled, model: nn.Module, idx, tgt, device) -> tuple[float, f
 
 
 def more_cold_compiles(base: nn.Module, idx, tgt, device, repeats: int) -> dict:
-    """``repeats`` more cold compiles per compiler column, the columns taking turns: a single
+    """``repeats`` more cold compiles per compiler column, the columns taking turns (and turns
+    at going first; ``measure`` then compiles torch.compile before kiln): a single
     compile of 10-60 s moves by 10-30% with the load of a shared machine, and the reported cold
     compile is the median of these and the one ``measure`` times."""
     samples: dict = {c: {"compile_inference_s": [], "compile_training_s": []} for c in COMPILERS if c != "eager"}
-    for _ in range(repeats):
-        for column in samples:
+    for r in range(repeats):
+        # (each goes first in turn: the first after another's compile may meet its leftovers)
+        for column in (list(samples) if r % 2 else list(samples)[::-1]):
             free_memory(device)
             model = copy.deepcopy(base)
             compiled = COMPILERS[column](model)
