@@ -19,6 +19,8 @@ pytestmark = pytest.mark.skipif(module_state.NATIVE is None, reason="kiln's C ex
 
 
 class Block(nn.Module):
+    gain = 1.0                  # a class attribute read through the instance
+
     def __init__(self, c):
         super().__init__()
         self.conv = nn.Conv2d(c, c, 3, padding=1, bias=False)
@@ -26,7 +28,7 @@ class Block(nn.Module):
         self.scale = 0.5
 
     def forward(self, x):
-        return x + self.scale * torch.relu(self.bn(self.conv(x)))
+        return x + self.scale * self.gain * torch.relu(self.bn(self.conv(x)))
 
 
 class Net(nn.Module):
@@ -221,3 +223,69 @@ def test_without_the_extension_every_guard_is_checked(monkeypatch):
         model.blocks[0].scale = 2.0
         assert_same(c(x), model(x))
     assert c._kiln_counter.frame_count == 2
+
+
+def _mutations(model, rng, hooks):
+    blocks = model.blocks
+
+    def dilate():
+        d = rng.choice([1, 2])
+        conv = blocks[rng.randrange(2)].conv
+        conv.dilation, conv.padding = (d, d), (d, d)
+
+    def hook():
+        hooks.append(blocks[rng.randrange(2)].register_forward_hook(lambda m, i, o: o * 0.5))
+
+    def unhook():
+        if hooks:
+            hooks.pop(rng.randrange(len(hooks))).remove()
+
+    def replace():
+        b = Block(4)
+        b.train(model.training)
+        blocks[rng.randrange(2)] = b
+
+    def strides():
+        w = model.head.weight
+        w.data = w.data.t().contiguous().t() if w.is_contiguous() else w.data.contiguous()
+
+    def swap_dict():
+        b = blocks[rng.randrange(2)]
+        b.__dict__ = dict(b.__dict__)
+
+    return [
+        lambda: None,
+        lambda: setattr(blocks[rng.randrange(2)], "scale", rng.choice([0.5, 2.0, 3])),
+        lambda: model.train(rng.random() < 0.5),
+        dilate, hook, unhook, replace, strides, swap_dict,
+        lambda: model.head.weight.requires_grad_(rng.random() < 0.5),
+        lambda: setattr(Block, "gain", rng.choice([1.0, 2.0])),
+        lambda: setattr(blocks[rng.randrange(2)], "gain", rng.choice([1.0, -1.0])),
+        lambda: blocks[rng.randrange(2)].__dict__.pop("gain", None),
+    ]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_random_changes_between_calls_match_eager(seed):
+    """Random sequences of the changes above, each followed by calls that must equal eager
+    (outputs, and whether they require grad)."""
+    import random
+
+    rng = random.Random(seed)
+    model = Net().eval()
+    c = kiln.compile(model, backend="eager")
+    hooks = []
+    changes = _mutations(model, rng, hooks)
+    try:
+        for _ in range(30):
+            rng.choice(changes)()
+            for _ in range(rng.randrange(1, 3)):
+                x = torch.randn(2, 3, 8, 8)
+                torch.manual_seed(0)
+                out = c(x)
+                torch.manual_seed(0)
+                ref = model(x)
+                assert_same(out, ref)
+                assert out.requires_grad == ref.requires_grad
+    finally:
+        Block.gain = 1.0
