@@ -189,6 +189,7 @@ class GuardProgram:
             memo = ctx.bind(module_state.ModuleStateMemo(cover.plans), "msm")
             self.unchanged_tree = (memo, [r.render(ctx) for r in cover.roots], cover.tensors,
                                    lines, list(zip(kept, exprs)))
+            self.tree_covered = (len(cover.guards), len(self.python_guards))   # (for the guards log)
         # rendered: what is kept from here on holds the call's objects weakly
         self.guards = without_call_objects(guards)
         self.python_guards = without_call_objects(self.python_guards)

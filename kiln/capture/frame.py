@@ -188,8 +188,7 @@ def _finish(fn, output: OutputGraph, result, key, backend, backend_name) -> Entr
     src = "\n".join(lines)
     entry_fn = _compile_entry(fn, src, cg.ctx)
     if logs.enabled.guards:
-        logs.log("guards", f"guards of {fn.__qualname__}:\n" + "\n".join(
-            "  " + g.describe() for g in guards))
+        _log_guards(fn, guards, program)
     return Entry(key, backend_name, entry_fn, _make_check(fn, program), program.guards, program,
                  gm, compiled, readable_source(src, cg.ctx.local_alias), inlined=dict(output.inlined))
 
@@ -396,6 +395,15 @@ def eager_entry_for(fn, program: GuardProgram, guards: list[Guard], key, backend
                  None, None, readable_source(src, ctx.local_alias), eager_reason=exc)
 
 
+def _log_guards(fn, guards: list[Guard], program: GuardProgram) -> None:
+    lines = [f"guards of {fn.__qualname__}:", *("  " + g.describe() for g in guards)]
+    if program.unchanged_tree is not None:
+        covered, of = program.tree_covered
+        lines.append(f"  ({covered} of these {of} Python-level guards are skipped on a call that finds the "
+                     "module tree unchanged since its last check: kiln/capture/module_state.py)")
+    logs.log("guards", "\n".join(lines))
+
+
 def _program(fn, output: OutputGraph, guards: list[Guard], ctx: RenderContext):
     # TensorGuards snapshots thread-local dispatch state: build it in the state the frame
     # was called in, not inside an autocast/no_grad block the capture is still in.
@@ -500,7 +508,7 @@ def _finish_break(fn, output: OutputGraph, tx, ip: int, reason: Unsupported, key
     if logs.enabled.graph_breaks:
         logs.log("graph_breaks", f"graph break in {fn.__qualname__}: {reason}")
     if logs.enabled.guards:
-        logs.log("guards", f"guards of {fn.__qualname__}:\n" + "\n".join("  " + g.describe() for g in guards))
+        _log_guards(fn, guards, program)
     entry = Entry(key, backend_name, entry_fn, _make_check(fn, program), program.guards, program,
                   gm, compiled, readable_source(src, cg.ctx.local_alias))
     forget_frames(reason)   # kept by the entry: without the capture's frames

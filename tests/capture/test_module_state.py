@@ -88,6 +88,22 @@ def test_an_unchanged_tree_checks_only_what_it_does_not_answer():
     assert c._kiln_counter.frame_count == 1
 
 
+def test_the_guards_log_says_how_many_guards_an_unchanged_tree_skips(capsys):
+    kiln.set_logs("guards")
+    try:
+        model = Net().eval()
+        c = kiln.compile(model, backend="eager")
+        with torch.no_grad():
+            c(torch.randn(2, 3, 8, 8))
+    finally:
+        kiln.set_logs("")
+    err = capsys.readouterr().err
+    import re
+
+    covered, total = map(int, re.search(r"\((\d+) of these (\d+) Python-level guards are skipped", err).groups())
+    assert 0 < covered < total
+
+
 CHANGES = {
     "rebound attribute (dilation)": (lambda m: (setattr(m.blocks[1].conv, "dilation", (2, 2)),
                                                 setattr(m.blocks[1].conv, "padding", (2, 2))), 2),
