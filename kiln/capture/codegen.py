@@ -31,7 +31,7 @@ import importlib
 import math
 import re
 import types
-from typing import Any
+from typing import Any, NamedTuple
 
 from .. import _torch
 from .guards import Guard, GuardKind, without_call_objects
@@ -156,6 +156,19 @@ def signature_text(code: types.CodeType, defaults: tuple | None, kwdefaults: dic
     return ", ".join(params), ", ".join(fwd)
 
 
+class UnchangedTreeCheck(NamedTuple):
+    """The check of a call whose module trees did not change since its last full check
+    (``module_state``): the memo's name, the roots' expressions, the tensor inputs taken from
+    the snapshot, the statements and tensor reads of the guards it does not cover, and how many
+    guards it covers."""
+    memo: str
+    roots: list[str]
+    cached: list[int]
+    lines: list[str]
+    reads: list[tuple[int, str]]
+    covered: int
+
+
 class GuardProgram:
     """The guards of an entry, compiled: check code, and failure explanation."""
 
@@ -184,12 +197,12 @@ class GuardProgram:
         cover = module_state.coverage(self.python_guards, tensor_sources)
         if cover is not None:
             rest = [g for i, g in enumerate(self.python_guards) if i not in cover.guards]
-            kept = [i for i in range(len(tensor_sources)) if i not in set(cover.tensors)]
+            cached = set(cover.tensors)
+            kept = [i for i in range(len(tensor_sources)) if i not in cached]
             lines, exprs, _ = straight_line(rest, [tensor_sources[i] for i in kept], ctx)
-            memo = ctx.bind(module_state.ModuleStateMemo(cover.plans), "msm")
-            self.unchanged_tree = (memo, [r.render(ctx) for r in cover.roots], cover.tensors,
-                                   lines, list(zip(kept, exprs)))
-            self.tree_covered = (len(cover.guards), len(self.python_guards))   # (for the guards log)
+            self.unchanged_tree = UnchangedTreeCheck(
+                ctx.bind(module_state.ModuleStateMemo(cover.plans), "msm"), [r.render(ctx) for r in cover.roots],
+                cover.tensors, lines, list(zip(kept, exprs)), len(cover.guards))
         # rendered: what is kept from here on holds the call's objects weakly
         self.guards = without_call_objects(guards)
         self.python_guards = without_call_objects(self.python_guards)
@@ -213,7 +226,7 @@ class GuardProgram:
         if unchanged is None:
             lines += [f"{indent}    {line}" for line in (*self.check_lines, *all_reads)]
         else:
-            memo, roots, cached, fast_lines, fast_reads = unchanged
+            memo, roots, cached, fast_lines, fast_reads, _ = unchanged
             held = "".join(f"___in{i}, " for i in cached)
             same = " and ".join(f"{memo}.unchanged({r}, ___ms[{k}])" for k, r in enumerate(roots))
             lines += [f"{indent}    ___ms = {memo}.state",

@@ -398,7 +398,7 @@ def eager_entry_for(fn, program: GuardProgram, guards: list[Guard], key, backend
 def _log_guards(fn, guards: list[Guard], program: GuardProgram) -> None:
     lines = [f"guards of {fn.__qualname__}:", *("  " + g.describe() for g in guards)]
     if program.unchanged_tree is not None:
-        covered, of = program.tree_covered
+        covered, of = program.unchanged_tree.covered, len(program.python_guards)
         lines.append(f"  ({covered} of these {of} Python-level guards are skipped on a call that finds the "
                      "module tree unchanged since its last check: kiln/capture/module_state.py)")
     logs.log("guards", "\n".join(lines))

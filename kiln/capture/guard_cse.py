@@ -66,7 +66,7 @@ def _path(source: Source | None) -> list[Source]:
     out = []
     while isinstance(source, Source):
         base = getattr(source, "base", None)
-        if (isinstance(base, Source) or isinstance(source, (GlobalSource, CellSource))) and _hashable(source):
+        if (isinstance(base, Source) or isinstance(source, (GlobalSource, CellSource))) and hashable(source):
             out.append(source)
         source = base
     out.reverse()
@@ -95,7 +95,7 @@ def constant_tuples(guards: list[Guard], tensor_sources: list[Source]) -> dict[S
     alias check) reads through it; the outermost qualifying source wins."""
     on: dict = {}
     for i, g in enumerate(guards):
-        if g.source is not None and _hashable(g.source):
+        if g.source is not None and hashable(g.source):
             on.setdefault(g.source, []).append(i)
     tuples = {s for s, idx in on.items()
               if any(guards[i].kind is GuardKind.TYPE_MATCH and guards[i].expected is tuple for i in idx)}
@@ -109,20 +109,20 @@ def constant_tuples(guards: list[Guard], tensor_sources: list[Source]) -> dict[S
     for i, g in enumerate(guards):
         src = g.source
         # the tuples this guard's value is read from (itself included), innermost first
-        under = [a for a in (src, *_ancestors(src)) if a in tuples] if _hashable(src) else []
+        under = [a for a in (src, *_ancestors(src)) if a in tuples] if hashable(src) else []
         if g.kind is GuardKind.ALIAS_MATCH and isinstance(g.expected, Source):
             spoiled.update(a for a in _ancestors(g.expected) if a in tuples)
             spoiled.update(under)
             continue
         if not under:
             continue
-        if not _states_a_constant(g, src in tuples) or not _read_through_tuples(src, under[-1], tuples):
+        if not states_a_constant(g, src in tuples) or not _read_through_tuples(src, under[-1], tuples):
             spoiled.update(under)
             continue
         for a in under:
             members.setdefault(a, []).append(i)
     for s in tensor_sources:
-        if _hashable(s):
+        if hashable(s):
             spoiled.update(a for a in _ancestors(s) if a in tuples)
     groups = {}
     for root, idx in members.items():
@@ -133,7 +133,7 @@ def constant_tuples(guards: list[Guard], tensor_sources: list[Source]) -> dict[S
     return groups
 
 
-def _states_a_constant(g: Guard, on_tuple: bool) -> bool:
+def states_a_constant(g: Guard, on_tuple: bool) -> bool:
     if g.kind not in _VALUE_KINDS:
         return False
     if g.kind is GuardKind.TYPE_MATCH:
@@ -164,11 +164,11 @@ def _implied_types(guards: list[Guard]) -> dict[int, int]:
     singletons: dict = {}
     for j, g in enumerate(guards):
         if g.kind is GuardKind.EQUALS_MATCH and (g.expected is None or type(g.expected) is bool) \
-                and g.source is not None and _hashable(g.source):
+                and g.source is not None and hashable(g.source):
             singletons.setdefault(g.source, j)
     out = {}
     for i, g in enumerate(guards):
-        if g.kind is GuardKind.TYPE_MATCH and _hashable(g.source) and g.source in singletons:
+        if g.kind is GuardKind.TYPE_MATCH and hashable(g.source) and g.source in singletons:
             j = singletons[g.source]
             if g.expected is type(guards[j].expected):
                 out[i] = j
@@ -252,7 +252,7 @@ def straight_line(guards: list[Guard], tensor_sources: list[Source], ctx: Render
     return lines, tensor_exprs, as_stated
 
 
-def _hashable(source: Source) -> bool:
+def hashable(source: Source) -> bool:
     try:
         hash(source)
         return True

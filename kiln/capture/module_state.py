@@ -51,6 +51,7 @@ from typing import Any
 
 import torch
 
+from .guard_cse import hashable, states_a_constant
 from .guards import _MODULE_HOOK_DICTS, Guard, GuardKind
 from .sources import ITEM_DICT, ITEM_INDEX, ITEM_TUPLE, AttrSource, ItemSource, LocalSource, Source, TypeSource
 
@@ -60,7 +61,6 @@ except ImportError:          # (see the module docstring)
     NATIVE = None
 
 _HEAP_TYPE = 1 << 9          # Py_TPFLAGS_HEAPTYPE: instances may have ``__class__`` reassigned
-_IMMUTABLE = (int, float, str, bool, type(None), complex, bytes)
 _MODULE_DICTS = ("_modules", "_parameters", "_buffers", *_MODULE_HOOK_DICTS)
 _UNUSED_SNAPSHOTS = 4        # snapshots in a row that no call used: the entry stops taking them
 OBJ, DICT = 0, 1             # plan kinds (``_module_state.c``)
@@ -131,7 +131,7 @@ def coverage(guards: list[Guard], tensor_sources: list[Source]) -> Coverage | No
         return None
     types = {}
     for g in guards:
-        if g.kind is GuardKind.TYPE_MATCH and _hashable(g.source):
+        if g.kind is GuardKind.TYPE_MATCH and hashable(g.source):
             types.setdefault(g.source, g.expected)
     tree = _Tree(types)
     covered = []
@@ -171,7 +171,7 @@ class _Tree:
         self._roles: dict = {}
 
     def role(self, s: Any) -> str | None:
-        if not _hashable(s):
+        if not hashable(s):
             return None
         if s not in self._roles:
             self._roles[s] = self._role(s)
@@ -249,8 +249,7 @@ def _covers(g: Guard, tree: _Tree, types: dict) -> bool:
     if k is GuardKind.TYPE_MATCH:
         return role == NODE or (role != CLASS and isinstance(g.expected, type) and not g.expected.__flags__ & _HEAP_TYPE)
     if k is GuardKind.EQUALS_MATCH:
-        v = g.expected
-        return type(v) in _IMMUTABLE or (type(v) is tuple and _all_immutable(v))
+        return states_a_constant(g, on_tuple=False)     # (an immutable constant)
     if k is GuardKind.LENGTH_MATCH:
         return role == DICT_ROLE or types.get(g.source) is tuple
     if k is GuardKind.DICT_KEYS:
@@ -269,15 +268,3 @@ def _computed_by_class(cls: type, name: str) -> bool:
         if name in klass.__dict__:
             return hasattr(type(klass.__dict__[name]), "__get__")
     return False
-
-
-def _all_immutable(t: tuple) -> bool:
-    return all(type(x) in _IMMUTABLE or (type(x) is tuple and _all_immutable(x)) for x in t)
-
-
-def _hashable(s: Any) -> bool:
-    try:
-        hash(s)
-        return True
-    except TypeError:
-        return False

@@ -44,7 +44,7 @@ class Net(nn.Module):
 
 def _memo(compiled, i=-1) -> module_state.ModuleStateMemo:
     program = compiled.entries[i].program
-    return program.ctx.namespace[program.unchanged_tree[0]]
+    return program.ctx.namespace[program.unchanged_tree.memo]
 
 
 def _warm(model, compiled, calls=3):
