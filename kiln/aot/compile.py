@@ -20,6 +20,7 @@ from ..errors import Unsupported
 from . import _utils as U
 from . import function as F
 from . import partial as P
+from . import segments as SG
 from . import versions as V
 from .runtime import RunAsCaptured, apply_post_compile
 
@@ -87,6 +88,15 @@ class CompiledParts:
     trace_guards: list = field(default_factory=list)
     input_guards: list = field(default_factory=list)
     input_ranges: dict = field(default_factory=dict)
+    # a graph whose differentiable output feeds another (segments.py): the autograd nodes,
+    # ``(tangents, forward outputs, inputs)`` each in the order they are applied (None: one
+    # node per component, ``partial.components``); per handoff primal (the inputs after the
+    # function's own), what the runtime hands its reader (``segments.Layout.feeds``); the
+    # forward outputs after the function's that
+    # are handed values (the callable does not return them)
+    segments: list | None = None
+    handoffs: list[int] = field(default_factory=list)
+    num_handed_outputs: int = 0
 
 
 def _partitioner_name(partition_fn: Any) -> str:
@@ -131,6 +141,11 @@ def build_parts(state, capture, partition_fn: Any = None) -> CompiledParts:
     ex = capture.example_inputs
     deps = P.grad_dependencies(gm, capture.num_fw_outputs)
     p = partition_joint(gm, (ex[:n], ex[n:]), capture.num_fw_outputs, capture.num_tangents, partition_fn)
+    layout = gm.meta.get("kiln_segments")
+    segments = None
+    if layout is not None:      # (segments.py: the forward as one graph, a node per segment)
+        SG.fuse_forward(p.forward, layout)
+        segments = SG.nodes_of(gm, layout, capture.num_fw_outputs, capture.tangent_positions, deps)
     check_input_writes(p.forward, state.meta.in_graph_mutated_indices)
     clone_saved_before_writes(p, state.fake_mode)
     hooks = _inline_saved_hooks(state, p, capture.num_fw_outputs)
@@ -138,7 +153,10 @@ def build_parts(state, capture, partition_fn: Any = None) -> CompiledParts:
     return CompiledParts(kind="training", forward=p.forward, backward=p.backward, saved=p.saved,
                          saved_bytes=p.saved_bytes, saved_input_bytes=p.saved_input_bytes,
                          partitioner=_partitioner_name(partition_fn), grad_dependencies=deps,
-                         hooks=hooks, **checks, **common)
+                         hooks=hooks, segments=segments,
+                         handoffs=[tuple(f) for f in layout.feeds] if layout is not None else [],
+                         num_handed_outputs=layout.num_handed_outputs if layout is not None else 0,
+                         **checks, **common)
 
 
 def check_input_writes(fw: torch.fx.GraphModule, expected: list[int]) -> None:
@@ -267,7 +285,7 @@ def _grad_mode_check(parts: CompiledParts) -> Callable[[tuple, bool], None]:
     would require grad that eager's do not."""
     entry = parts.grad_enabled
     toggles = _sets_grad_mode(parts)
-    traced_rg = list(parts.primal_requires_grad)
+    traced_rg = list(parts.primal_requires_grad)[:len(parts.primal_requires_grad) - len(parts.handoffs)]
     check_rg = entry or toggles
 
     # the inputs that are tensors, and the requires_grad each had when traced (what the
@@ -428,7 +446,9 @@ def assemble(parts: CompiledParts, fw_compiler: Callable | None = None, bw_compi
     else:
         fw = fw_compiler(parts.forward, _examples_for(fw_compiler, parts.forward))
         bw_compiler = bw_compiler or fw_compiler
-        bw = bw_compiler(parts.backward, _examples_for(bw_compiler, parts.backward))
+        # (segments: each node compiles the backward for its own tangents instead)
+        bw = None if parts.segments is not None else \
+            bw_compiler(parts.backward, _examples_for(bw_compiler, parts.backward))
         core = F.make_training_core(fw, bw, parts, lambda gm: bw_compiler(gm, _example_inputs(gm)),
                                     _grad_mode_check(parts))
         if parts.hooks is not None:     # (compiled or loaded from the cache)

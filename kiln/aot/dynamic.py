@@ -46,8 +46,12 @@ def _run_stages(gm, example_inputs, *, dynamic, decompositions, fw_compiler, bw_
 
     from .. import _torch
 
+    from .segments import plan
+
     # (a per-shape compile runs during a call, inside the user's saved-tensor hooks)
     with _torch.saved_tensors_hooks_paused():
+        # a differentiable output that feeds another: the graph with its handoffs (segments.py)
+        gm = plan(gm) or gm
         state = create_aot_state(gm, example_inputs, decompositions=decompositions, dynamic=dynamic,
                                  keep_input_mutations=keep_input_mutations)
         capture = stage1_graph_capture(state)

@@ -284,6 +284,7 @@ class AOTArtifact(PartsView):
             "saved": list(p.saved), "saved_bytes": p.saved_bytes, "saved_input_bytes": p.saved_input_bytes,
             "partitioner": p.partitioner,
             "hooks": p.hooks.to_dict() if p.hooks is not None else None,
+            "segments": p.segments, "handoffs": list(p.handoffs), "num_handed_outputs": p.num_handed_outputs,
             "graphs": graphs,
         }
         if p.symbolic:
@@ -357,7 +358,9 @@ class AOTArtifact(PartsView):
             check_inputs=meta.get("check_inputs", []), check_outputs=meta.get("check_outputs", []),
             copy_saved=meta.get("copy_saved", []), watch=meta.get("watch", []),
             late_demand=meta.get("late_demand", []), saved_demand=meta.get("saved_demand", []),
-            hooks=_hooks_from(meta.get("hooks")))
+            hooks=_hooks_from(meta.get("hooks")),
+            segments=[tuple(g) for g in meta["segments"]] if meta.get("segments") is not None else None,
+            handoffs=meta.get("handoffs", []), num_handed_outputs=meta.get("num_handed_outputs", 0))
         if decoder is not None:
             _symbolic_from_dict(parts, meta["symbolic"], decoder, replay=not standalone)
         art = cls(parts)

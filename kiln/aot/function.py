@@ -117,6 +117,8 @@ def make_training_core(fw: Callable, bw: Callable, parts, compile_bw: Callable[[
     saved_demand = [[frozenset(u) for u in uses] for uses in parts.saved_demand]
     n_checked = len(check_inputs) + len(check_outputs)
     partial_bws: dict = {}       # given tangents -> the backward for those only
+    segmented = parts.segments is not None
+    n_saved = len(U.flat_outputs(parts.forward.graph)) - nfw
 
     def backward_for(given: frozenset):
         fn = partial_bws.get(given)
@@ -124,6 +126,15 @@ def make_training_core(fw: Callable, bw: Callable, parts, compile_bw: Callable[[
             gm = P.without_tangents(parts.backward, n_tangents, given)
             fn = partial_bws[given] = caller(compile_bw(gm))
         return fn
+
+    def node_backward_for(given: frozenset):
+        """(segments) The backward for ``given`` with only the inputs it reads, and their
+        positions among the saved values and tangents: a node saves only what it reads."""
+        got = partial_bws.get(given)
+        if got is None:
+            gm, kept = P.reading_only(P.without_tangents(parts.backward, n_tangents, given), n_saved)
+            got = partial_bws[given] = (caller(compile_bw(gm)), kept)
+        return got
 
     def run_forward(call: _Call):
         args = call.args
@@ -138,6 +149,8 @@ def make_training_core(fw: Callable, bw: Callable, parts, compile_bw: Callable[[
         tensors = [s for s in saved if isinstance(s, torch.Tensor)]
         other = None if len(tensors) == len(saved) else \
             [(i, s) for i, s in enumerate(saved) if not isinstance(s, torch.Tensor)]
+        # (segments) the saved position of each tensor, for the nodes that save some only
+        positions = None if other is None else [i for i, s in enumerate(saved) if isinstance(s, torch.Tensor)]
         # saved only so that backward() checks their version counters, as eager's does
         tensors += [args[i] for i in check_inputs] + [fw_outs[k] for k in check_outputs]
         if several_nodes:
@@ -152,7 +165,7 @@ def make_training_core(fw: Callable, bw: Callable, parts, compile_bw: Callable[[
             tensors = [t if id(t) in arg_ids else t.detach() for t in tensors]
         sizes = None if static_zeros is not None else \
             {k: (fw_outs[k].shape, fw_outs[k].dtype, fw_outs[k].device) for k in tangent_positions}
-        call.result = (fw_outs, tensors, other, sizes)
+        call.result = (fw_outs, tensors, other, sizes, positions)
 
     def zeros_for(ctx, k):
         shape, dtype, device = (static_zeros or ctx.kiln_sizes)[k]
@@ -166,6 +179,11 @@ def make_training_core(fw: Callable, bw: Callable, parts, compile_bw: Callable[[
         position_of = {k: p for p, k in enumerate(outputs)}
         my_tangents = [(j, tangent_positions[j]) for j in tangents]
         out_nondiff = [k for k in outputs if k in nondiff]
+        # (segments) the saved values this node's backward reads; its backward compiled now
+        reads = None
+        if segmented:
+            _, kept = node_backward_for(mine)
+            reads = frozenset(i for i in kept if i < n_saved)
 
         class KilnAOTFunction(torch.autograd.Function):
             @staticmethod
@@ -174,11 +192,14 @@ def make_training_core(fw: Callable, bw: Callable, parts, compile_bw: Callable[[
                 ctx.set_materialize_grads(False)
                 if call.result is None:
                     run_forward(call)
-                fw_outs, tensors, other, sizes = call.result
+                fw_outs, tensors, other, sizes, positions = call.result
                 ctx.kiln_other = other
                 ctx.kiln_sizes = sizes
                 # the user's eager saved-tensor hooks pack what this node saves (not inlined)
                 ctx.kiln_user_hooks = applied_saved_tensors_hooks() is not None
+                if reads is not None:
+                    at = positions or range(len(tensors))
+                    tensors = [t if (i >= len(at) or at[i] in reads) else None for i, t in enumerate(tensors)]
                 ctx.save_for_backward(*tensors)
                 ctx.kiln_saved_count = len(tensors)
                 if watch:
@@ -215,11 +236,16 @@ def make_training_core(fw: Callable, bw: Callable, parts, compile_bw: Callable[[
                         args.insert(i, s)
                 args += tangents_
                 del tangents_
+                if segmented:
+                    fn, kept = node_backward_for(mine if partial is None else partial)
+                    args = [args[i] for i in kept]
+                else:
+                    fn = bw if partial is None else backward_for(partial)
                 if ctx.kiln_user_hooks:
                     with saved_tensors_from_user_hooks():
-                        grads = bw(args) if partial is None else backward_for(partial)(args)
+                        grads = fn(args)
                 else:
-                    grads = bw(args) if partial is None else backward_for(partial)(args)
+                    grads = fn(args)
                 if partial is not None and deps is not None:
                     # eager's autograd never reaches a leaf from an output backward() skipped
                     grads = [None if deps[i].isdisjoint(partial) else g for i, g in enumerate(grads)]
@@ -229,10 +255,12 @@ def make_training_core(fw: Callable, bw: Callable, parts, compile_bw: Callable[[
         KilnAOTFunction.kiln_aot = True      # (versions.attach_late_checks finds its nodes by it)
         return KilnAOTFunction
 
-    groups = P.components(parts, U.flat_outputs(parts.forward.graph)[:nfw])
+    groups = parts.segments if segmented else P.components(parts, U.flat_outputs(parts.forward.graph)[:nfw])
     several_nodes = len(groups) > 1
     nodes = [node_class(t, o, p).apply for t, o, p in groups]
-    if len(groups) == 1:
+    if segmented:
+        run_nodes = _segment_runner(parts, nodes, groups, nfw)
+    elif len(groups) == 1:
         apply, (_, _, primals) = nodes[0], groups[0]
 
         def run_nodes(args):
@@ -267,3 +295,42 @@ def make_training_core(fw: Callable, bw: Callable, parts, compile_bw: Callable[[
             return run_nodes(args)
     training_core.autograd_functions = nodes
     return training_core
+
+
+def _segment_runner(parts, nodes: list, groups: list, nfw: int) -> Callable:
+    """(segments) Apply the nodes in order over one call: a later node takes the handed values,
+    as the earlier node returned them, as inputs; a handed output that is a view of an
+    intermediate is rebuilt here, and that very view is what the caller gets
+    (``runtime.OutputsWithViews``), so that its hooks see the later nodes' gradient."""
+    from .runtime import OutputsWithViews, _regenerate_view
+
+    n_args = len(parts.primal_requires_grad) - len(parts.handoffs)
+    feeds = [tuple(f) for f in parts.handoffs]
+    n_user = nfw - parts.num_handed_outputs
+    views = [f for f in feeds if f[0] == "view"]
+    infos, shapes = {}, None
+    if views:
+        w = next(w for w in parts.wrappers if w.kind == "mutations_and_aliases")
+        infos = {f[2]: w.meta.outputs[f[2]] for f in views}
+        shapes = w._runtime_shapes()
+
+    def run_nodes(args):
+        call = _Call(args)
+        results: list = [None] * nfw
+        rebuilt: dict = {}
+        geo = shapes(args) if shapes is not None else {}
+
+        def fed(f):
+            if f[0] == "out":
+                return results[f[1]]
+            v = rebuilt.get(f[2])
+            if v is None:
+                v = rebuilt[f[2]] = _regenerate_view(results[f[1]], infos[f[2]], geo.get(("out", f[2])))
+            return v
+        for apply, (_, outputs, inputs) in zip(nodes, groups):
+            values = [args[i] if i < n_args else fed(feeds[i - n_args]) for i in inputs]
+            for k, o in zip(outputs, apply(call, *values)):
+                results[k] = o
+        out = results[:n_user]
+        return OutputsWithViews(out, rebuilt) if rebuilt else tuple(out)
+    return run_nodes

@@ -28,6 +28,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from .. import _torch
 from ..errors import Unsupported
 from . import _utils as U
+from . import segments as SG
 from . import symbolic as S
 from .state import AOTState, U_DATA_DEPENDENT
 
@@ -125,6 +126,18 @@ def _reached_by(outs: list, tangent_ids: list, leaf: torch.Tensor) -> frozenset:
     return frozenset(found)
 
 
+def _handed_outputs(seg, values: list, outs: list) -> list:
+    """The handed values that are forward outputs of their own (``seg.extra``); each handoff
+    that stands for an output must have been handed that very tensor."""
+    for j, v in enumerate(values):
+        if v is None:
+            raise SG.NotSegmentable(f"handoff {j} was not reached in the trace")
+        src = seg.layout.sources[j]
+        if src < len(outs) and outs[src] is not v:
+            raise SG.NotSegmentable(f"handoff {j} stands for output {src}, which the trace returns as another tensor")
+    return [values[j] for j in seg.extra]
+
+
 def _mark_forward_nodes() -> None:
     from torch.fx.experimental.proxy_tensor import get_proxy_mode
 
@@ -182,19 +195,34 @@ def _capture(state: AOTState) -> AOTGraphCapture:
         tangent_positions = [k for k, d in enumerate(diff) if d]
         tangents = [_tangent_for(state, k) for k in tangent_positions]
         grad_primals = [i for i, p in enumerate(primals) if isinstance(p, torch.Tensor) and p.requires_grad]
+        # a graph whose differentiable output feeds another: traced in segments (segments.py),
+        # with a primal per handoff and the handed values as forward outputs
+        seg = SG.trace_plan(state, nfw)
+        zs = seg.primals if seg is not None else []
+        if seg is not None:
+            tangent_positions += seg.with_tangent
+            tangents += seg.tangents
+        m = len(zs)
 
         reach: list = []    # per grad primal: the tangents whose outputs' autograd graph reaches it
 
         def joint(*pt):
-            p, t = pt[:n], pt[n:]
+            p, z, t = pt[:n], pt[n:n + m], pt[n + m:]
             with U.exclude_functionalize_key():
                 fp = [U.to_fun(x) for x in p]
+                fz = [U.to_fun(x) for x in z]
                 ft = [U.to_fun(x) for x in t]
                 try:
                     # the function runs in its own entry mode: a graph that starts under no_grad
                     # and turns grad mode on records autograd only from there
                     torch._C._set_grad_enabled(entry_grad)
-                    outs = fn(*fp)
+                    if seg is not None:
+                        with SG.handing_over(fz) as slots:
+                            outs = list(fn(*fp))
+                        outs += _handed_outputs(seg, slots.values, outs)
+                        SG.refuse_writes(fz)
+                    else:
+                        outs = fn(*fp)
                     write_inputs(p, fp)
                     _mark_forward_nodes()
                     d_outs, d_tangents, d_js = [], [], []
@@ -204,24 +232,29 @@ def _capture(state: AOTState) -> AOTGraphCapture:
                             d_outs.append(o)
                             d_tangents.append(ft[j])
                             d_js.append(j)
-                    gin = [fp[i] for i in grad_primals]
+                    gin = [fp[i] for i in grad_primals] + fz
                     grads: list = [None] * len(gin)
                     if d_outs and gin:
                         reach[:] = [_reached_by(d_outs, d_js, fp[i]) for i in grad_primals]
                         grads = list(torch.autograd.grad(d_outs, gin, d_tangents, allow_unused=True))
                 finally:
                     torch._C._set_grad_enabled(prior_grad)
-                full: list = [None] * n
+                full: list = [None] * n + grads[len(grad_primals):]
                 for i, g in zip(grad_primals, grads):
                     full[i] = g
                 return [U.from_fun(o) for o in outs] + [U.from_fun(g) if g is not None else None for g in full]
 
-        gm = _trace(state, joint, primals + tangents)
+        gm = _trace(state, joint, primals + zs + tangents)
         if len(reach) == len(grad_primals):
             gm.meta["kiln_grad_reach"] = {i: r for i, r in zip(grad_primals, reach)}
-        names = [f"primals_{i + 1}" for i in range(n)] + [f"tangents_{j + 1}" for j in range(len(tangents))]
-        example = primals + tangents
+        names = [f"primals_{i + 1}" for i in range(n + m)] + [f"tangents_{j + 1}" for j in range(len(tangents))]
+        example = primals + zs + tangents
         kind = "joint"
+        if seg is not None:
+            gm.meta["kiln_segments"] = seg.layout
+            primals = primals + zs
+            n += m
+            nfw += len(seg.extra)
         for node in gm.graph.nodes:
             if node.op not in ("placeholder", "output"):
                 node.meta.setdefault("kiln_phase", "backward")
@@ -229,8 +262,12 @@ def _capture(state: AOTState) -> AOTGraphCapture:
     U.rename_placeholders(gm, names)
     phs = [p for p in gm.graph.nodes if p.op == "placeholder"]
     mutated = meta.all_mutated_indices
+    n_args = len(state.flat_args)
     for i, p in enumerate(phs):
-        if i < n:
+        if n_args <= i < n:         # a handoff primal (segments.py)
+            p.meta.update(kiln_primal=True, kiln_static=False, kiln_mutated=False, kiln_requires_grad=True,
+                          kiln_handoff=True)
+        elif i < n:
             p.meta["kiln_primal"] = True
             p.meta["kiln_static"] = bool(state.static_mask[i])
             p.meta["kiln_mutated"] = i in mutated
@@ -242,21 +279,53 @@ def _capture(state: AOTState) -> AOTGraphCapture:
             p.meta["kiln_tangent"] = True
             p.meta["kiln_phase"] = "backward"
     U.remove_aliases(gm)
+    with_eager_strides(gm, meta)
     U.dce(gm)
     saved_inputs, saved_outputs = [], []
     if kind == "joint":
         saved_inputs, saved_outputs = meta.eager_saved_inputs(), meta.eager_saved_fw_outputs()
-        mark_user_visible(gm, n, nfw, meta, saved_inputs, saved_outputs)
+        mark_user_visible(gm, n_args, meta.num_fw_outputs, meta, saved_inputs, saved_outputs)
     gm.graph.lint()
     gm.recompile()
     U.record_val_calls(gm.graph)     # (stage 2 then re-runs only what an edit changes)
     return AOTGraphCapture(
         graph_module=gm, kind=kind, num_primals=n, num_fw_outputs=nfw,
         tangent_positions=tangent_positions,
-        fw_output_requires_grad=meta.fw_output_requires_grad(),
+        fw_output_requires_grad=meta.fw_output_requires_grad() + [True] * (nfw - meta.num_fw_outputs),
         primal_requires_grad=[bool(isinstance(p, torch.Tensor) and p.requires_grad) for p in primals],
         example_inputs=example, state=state, eager_saved_inputs=saved_inputs,
         eager_saved_outputs=saved_outputs)
+
+
+def with_eager_strides(gm: torch.fx.GraphModule, meta) -> None:
+    """The outputs the caller gets as the graph returns them, with eager's strides: the traced
+    (decomposed) value of an output can have another layout than eager's (a ``cat`` with an
+    empty tensor, say), and the caller may read the strides (``view``, ``is_contiguous``, a
+    stride-specialized graph after a break). Such an output is copied to eager's strides
+    (``prims.copy_strided``, which a compiler fuses into the kernel that computes it). Static
+    layouts only; sizes 0 and 1 do not count."""
+    n_mut = len(meta.mutated_data_indices)
+    out = U.output_node(gm.graph)
+    flat = list(out.args[0])
+    changed = False
+    for j, k in enumerate(meta.graph_output_indices):
+        node, info = flat[n_mut + j], meta.outputs[k]
+        val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+        if not isinstance(val, torch.Tensor) or info.stride is None or len(info.stride) != val.dim() \
+                or not all(isinstance(v, int) for v in (*val.shape, *val.stride(), *info.stride)):
+            continue
+        if all(a == b for a, b, size in zip(val.stride(), info.stride, val.shape) if size > 1) \
+                or any(size == 0 for size in val.shape):
+            continue
+        with gm.graph.inserting_before(out):
+            c = gm.graph.call_function(torch.ops.prims.copy_strided.default, (node, list(info.stride)))
+        c.meta = {key: v for key, v in node.meta.items() if key != "val"}
+        with U.fake_mode_of([val]):
+            c.meta["val"] = torch.ops.prims.copy_strided.default(val, list(info.stride))
+        flat[n_mut + j] = c
+        changed = True
+    if changed:
+        out.args = (tuple(flat),)
 
 
 def mark_user_visible(gm: torch.fx.GraphModule, n: int, nfw: int, meta, saved_inputs, saved_outputs) -> None:

@@ -82,6 +82,26 @@ def without_tangents(backward: torch.fx.GraphModule, num_tangents: int, given: f
     return gm
 
 
+def reading_only(gm: torch.fx.GraphModule, num_saved: int) -> tuple[torch.fx.GraphModule, list[int]]:
+    """``gm`` (saved values + tangents -> gradients) without the inputs it does not read, and the
+    positions of those it keeps. (Inductor: ``kiln_saved_positions`` says which forward outputs
+    the kept saved values are, for their strides.)"""
+    phs = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    kept = []
+    for i, p in enumerate(phs):
+        if p.users:
+            kept.append(i)
+        else:
+            gm.graph.erase_node(p)
+    gm.graph.lint()
+    gm.recompile()
+    saved = [i for i in kept if i < num_saved]
+    gm.meta["kiln_num_saved"] = len(saved)
+    gm.meta["kiln_saved_positions"] = saved
+    gm.meta["kiln_donated"] = []
+    return gm, kept
+
+
 def _ensure_node_vals(gm: torch.fx.GraphModule) -> None:
     """Fake values for the nodes of a graph that has them on its placeholders only (a loaded
     static artifact's): the zeros that replace a value are sized from it. Without one they

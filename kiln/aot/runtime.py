@@ -509,6 +509,8 @@ class MutationsAndAliases(RuntimeWrapper):
                 torch._C._set_grad_enabled(grad_after)
             if simple_outputs:
                 return unflatten(outs[n_mut:])
+            # (segments: views of intermediates the core already rebuilt for later nodes)
+            rebuilt = getattr(outs, "views", None) or {}
             res: list = [None] * len(outputs)
             g = n_mut
             for k, o in enumerate(outputs):
@@ -517,7 +519,8 @@ class MutationsAndAliases(RuntimeWrapper):
                     res[k] = _with_creation_meta(outs[g], o.creation_meta)
                     g += 1
                 elif kind == "alias_of_intermediate":
-                    res[k] = _regenerate_view(outs[n_graph + o.base], o, geo.get(("out", k)))
+                    res[k] = rebuilt[k] if k in rebuilt else \
+                        _regenerate_view(outs[n_graph + o.base], o, geo.get(("out", k)))
                 elif kind == "is_input":
                     res[k] = args[o.base]
                 elif kind == "alias_of_input":
@@ -588,6 +591,16 @@ class MutationsAndAliases(RuntimeWrapper):
                                        pytree.treespec_loads(d["out_spec"]),
                                        [info(OutputInfo, o) for o in d.get("intermediate_bases", [])],
                                        d.get("grad_enabled_after")), fakes=fakes)
+
+
+class OutputsWithViews(tuple):
+    """A training core's outputs, with ``views``: output index -> the view of an intermediate it
+    rebuilt already (segments: a later node took it as an input), which the caller must get."""
+
+    def __new__(cls, outs, views: dict):
+        self = super().__new__(cls, outs)
+        self.views = views
+        return self
 
 
 def _regenerate_view(base: torch.Tensor, o, geometry: tuple | None = None) -> torch.Tensor:

@@ -188,7 +188,8 @@ def record(tensors: list, watch: list) -> list:
     """At forward time: (alias, version) of each watched saved tensor. The alias (``detach``)
     shares the tensor's version counter and memory (which the saved tensor keeps alive anyway)
     and outlives the Python object the user may drop."""
-    return [(tensors[pos].detach(), tensors[pos]._version) for pos, _ in watch]
+    return [(tensors[pos].detach(), tensors[pos]._version) if tensors[pos] is not None else (None, 0)
+            for pos, _ in watch]
 
 
 def relax(recorded: list, watch: list, given: set) -> list:
@@ -198,7 +199,7 @@ def relax(recorded: list, watch: list, given: set) -> list:
     back: (tensor, version now, position, version saved)."""
     undo = []
     for (t, version), (pos, need) in zip(recorded, watch):
-        if given.isdisjoint(need) and t._version != version:
+        if t is not None and given.isdisjoint(need) and t._version != version:
             undo.append((t, t._version, pos, version))
             torch._C._autograd._unsafe_set_version_counter((t,), (version,))
     return undo
@@ -244,7 +245,7 @@ def unpack(ctx, given: set | None, watch: list, demand: list, everything: frozen
         if now != everything:
             # detached: same memory and version counter, no grad_fn (a saved output's grad_fn is
             # this node: a reference cycle through C++ the garbage collector cannot see)
-            stash = [(t.detach(), t._version) for t in saved]
+            stash = [(t.detach(), t._version) if t is not None else (None, 0) for t in saved]
             for t, _, pos, version in undo:
                 stash[pos] = (stash[pos][0], version)    # stale: refused if a later call needs it
             ctx.kiln_stash = stash
@@ -266,7 +267,7 @@ def unpack(ctx, given: set | None, watch: list, demand: list, everything: frozen
             # the eager node that uses it ran in an earlier backward() and freed it
             if any(not u.isdisjoint(done) and not u.isdisjoint(now) for u in uses):
                 raise RuntimeError(_SECOND_TIME) from None
-            if t._version != version:
+            if t is not None and t._version != version:
                 raise _modified(t, version) from None
             saved.append(t)
     ctx.kiln_done = done | now

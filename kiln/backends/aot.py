@@ -57,12 +57,7 @@ def aot_backend(fw_compiler: Callable | None = None, bw_compiler: Callable | Non
              and decomposition_name is not None and (partition_fn is None or isinstance(partition_fn, str)))
 
     def kiln_aot_backend(gm: torch.fx.GraphModule, example_inputs: list):
-        from .inductor import chained_parts
-
         example_inputs = list(example_inputs)
-        chained = chained_parts(gm, example_inputs, kiln_aot_backend)
-        if chained is not None:      # (a differentiable output feeds another: kiln.aot.chain)
-            return chained
         from ..config import config
 
         # kiln.config.cudagraphs: each compiled graph replays as CUDA graphs. A post-compile

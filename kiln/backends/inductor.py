@@ -97,9 +97,6 @@ class InductorBackend:
         from . import inductor_entry
 
         example_inputs = list(example_inputs)
-        chained = chained_parts(gm, example_inputs, self)
-        if chained is not None:
-            return chained
         graph = GraphCompile(self.config_patches, gm, cudagraphs=self.cudagraphs)
         try:
             options = self.cache_options()
@@ -377,9 +374,11 @@ class GraphCompile:
         if not strides:
             return example_inputs
         n_saved = bw.meta.get("kiln_num_saved", 0)
+        # (a backward that reads some saved values only: which forward outputs they are)
+        positions = bw.meta.get("kiln_saved_positions") or range(n_saved)
         out = list(example_inputs)
         for j in range(min(n_saved, len(out))):
-            k = self._fw_num_outputs + j
+            k = self._fw_num_outputs + positions[j]
             t = out[j]
             if k >= len(strides) or strides[k] is None or not isinstance(t, torch.Tensor):
                 continue
@@ -427,19 +426,6 @@ def with_triton_records_for_packages(compiled: Callable) -> Callable:
         except (AttributeError, TypeError):
             pass
     return compiled
-
-
-def chained_parts(gm: torch.fx.GraphModule, example_inputs: list, backend: Callable) -> Callable | None:
-    """A graph whose differentiable output feeds another, compiled as a chain of parts
-    (``kiln.aot.chain``), each by ``backend`` (its own compile state and cache entry); None
-    when the graph needs no chain. kiln's failure here runs the graph as captured."""
-    from ..aot.chain import compile_chained
-    from ..aot.dynamic import as_captured
-
-    try:
-        return compile_chained(gm, example_inputs, backend)
-    except Exception as e:
-        return as_captured(gm, e)
 
 
 def _without_tracebacks(error: BaseException) -> BaseException:

@@ -55,6 +55,8 @@ def dump(compiled: Any, records: dict, fw_output_strides: list | None, split_gra
     if not isinstance(compiled, AOTCompiled):
         raise ValueError(f"not an AOT result ({type(compiled).__name__}): a per-shape or as-captured graph")
     parts = compiled.parts
+    if parts.segments is not None:
+        raise ValueError("a graph compiled in segments (a backward per segment): not stored yet")
     fallbacks = getattr(compiled, "kiln_inductor_fallbacks", None)
     if fallbacks:
         raise ValueError(f"Inductor failed on {fallbacks[0][0]}: not stored, the next process compiles again")

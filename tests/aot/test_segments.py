@@ -1,0 +1,293 @@
+"""A differentiable output that feeds another is on the other's autograd path, as in eager
+(kiln/aot/segments.py): grad() with respect to it, retain_grad() and its hooks see the gradient
+that flows from the later output (fuzz seed 3418); the forward is still one graph."""
+import pytest
+import torch
+
+import kiln
+from kiln.aot.segments import cut_outputs
+
+BACKENDS = ["aot_eager", "inductor"]
+_AS_CAPTURED = kiln.aot.dynamic.as_captured
+
+
+@pytest.fixture(autouse=True)
+def _no_fallback(monkeypatch):
+    """The segments themselves must compile: a graph run as captured would hide a failure here."""
+    import kiln.aot.dynamic as D
+
+    def refuse(gm, error):
+        raise AssertionError(f"the graph ran as captured: {type(error).__name__}: {error}")
+    monkeypatch.setattr(D, "as_captured", refuse)
+
+
+def _grad_wrt_output(x, w):
+    y = torch.log_softmax(x @ w, -1)
+    loss = (y * y).sum()
+    g, = torch.autograd.grad(loss, [y], retain_graph=True)    # a graph break
+    return g * 2, loss
+
+
+def _two_outputs(x, w):
+    logits = torch.tanh(x @ w)
+    loss = (logits ** 2).mean()
+    return logits, loss
+
+
+def _three_levels(x, w, buf):
+    a = (x @ w).sigmoid()
+    b = a * 3 + 1
+    buf.add_(1)                          # an input mutation after the first cut
+    c = (b * b).sum() + buf.sum()
+    return a, b, c
+
+
+def _inputs():
+    return torch.randn(4, 6), torch.randn(6, 5, requires_grad=True)
+
+
+def _clone(args):
+    return [a.detach().clone().requires_grad_(a.requires_grad) for a in args]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_grad_with_respect_to_an_output_that_feeds_another(backend):
+    args = _inputs()
+    ref = _clone(args)
+    got = kiln.compile(_grad_wrt_output, backend=backend)(*args)
+    want = _grad_wrt_output(*ref)
+    torch.testing.assert_close(got[0], want[0])
+    got[1].backward()
+    want[1].backward()
+    torch.testing.assert_close(args[1].grad, ref[1].grad)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_retain_grad_and_hooks_on_an_output_see_the_later_outputs_gradient(backend):
+    args = _inputs()
+    ref = _clone(args)
+    cf = kiln.compile(_two_outputs, backend=backend)
+    for _ in range(2):                   # the compile, then the entry
+        logits, loss = cf(*args)
+        r_logits, r_loss = _two_outputs(*ref)
+        seen = []
+        logits.register_hook(lambda g: seen.append(g))
+        logits.retain_grad()
+        r_logits.retain_grad()
+        loss.backward()
+        r_loss.backward()
+        assert logits.grad is not None and len(seen) == 1
+        torch.testing.assert_close(logits.grad, r_logits.grad)
+        torch.testing.assert_close(seen[0], r_logits.grad)
+        torch.testing.assert_close(args[1].grad, ref[1].grad)
+
+
+def test_chain_of_three_with_a_mutation_between_matches_eager():
+    x, w = _inputs()
+    buf = torch.zeros(3)
+    rx, rw, rbuf = x.clone(), w.detach().clone().requires_grad_(), buf.clone()
+    cf = kiln.compile(_three_levels, backend="aot_eager")
+    a, b, c = cf(x, w, buf)
+    ra, rb, rc = _three_levels(rx, rw, rbuf)
+    torch.testing.assert_close(buf, rbuf)
+    for t, r in ((a, ra), (b, rb), (c, rc)):
+        torch.testing.assert_close(t, r)
+    ga, gb = torch.autograd.grad(c, [a, b], retain_graph=True)
+    rga, rgb = torch.autograd.grad(rc, [ra, rb], retain_graph=True)
+    torch.testing.assert_close(ga, rga)
+    torch.testing.assert_close(gb, rgb)
+    c.backward()
+    rc.backward()
+    torch.testing.assert_close(w.grad, rw.grad)
+
+
+def test_graph_count_is_unchanged_and_inference_is_not_segmented():
+    from kiln.testing import CompileCounter
+
+    seen = []
+
+    def spy(gm, example_inputs):
+        seen.append(bool(torch.is_grad_enabled() and cut_outputs(gm)))
+        return gm.forward
+    counter = CompileCounter()
+    kiln.compile(_two_outputs, backend=counter)(*_inputs())
+    assert counter.frame_count == 1
+    kiln.compile(_two_outputs, backend=spy)(*_inputs())
+    with torch.no_grad():
+        kiln.compile(_two_outputs, backend=spy)(*_inputs())
+    assert seen == [True, False]      # nothing to segment without gradients
+
+
+def test_a_segmented_graph_is_one_cache_entry_that_loads():
+    kiln.cache.reset_stats()
+    kiln.compile(_two_outputs, backend="aot_eager")(*_inputs())
+    assert kiln.cache.stats()["misses"] == 1
+    kiln.reset()
+    args = _inputs()
+    ref = _clone(args)
+    logits, loss = kiln.compile(_two_outputs, backend="aot_eager")(*args)
+    assert kiln.cache.stats()["hits"] == 1
+    r_logits, r_loss = _two_outputs(*ref)
+    logits.retain_grad()
+    r_logits.retain_grad()
+    loss.backward()
+    r_loss.backward()
+    torch.testing.assert_close(logits.grad, r_logits.grad)
+    torch.testing.assert_close(args[1].grad, ref[1].grad)
+
+
+@pytest.mark.parametrize("backend", ["aot_eager"])
+def test_dynamic_graph_chain_matches_eager_for_each_size(backend):
+    cf = kiln.compile(_two_outputs, backend=backend, dynamic=True)
+    for n in (4, 7, 4, 9):
+        args = (torch.randn(n, 6), torch.randn(6, 5, requires_grad=True))
+        ref = _clone(args)
+        logits, loss = cf(*args)
+        r_logits, r_loss = _two_outputs(*ref)
+        logits.retain_grad()
+        r_logits.retain_grad()
+        loss.backward()
+        r_loss.backward()
+        torch.testing.assert_close(logits.grad, r_logits.grad)
+        torch.testing.assert_close(args[1].grad, ref[1].grad)
+
+
+# -- one forward graph, a node per segment ------------------------------------------------------
+
+class _Forwards:
+    """An aot_backend whose forward compiler counts the forward graphs and keeps the AOT result."""
+
+    def __init__(self):
+        from kiln.aot.compile import run_as_fx
+        from kiln.backends import aot_backend
+
+        self.forwards = 0
+        self.backwards = 0
+
+        def fw(gm, ex):
+            self.forwards += 1
+            return run_as_fx(gm, ex)
+
+        def bw(gm, ex):
+            self.backwards += 1
+            return run_as_fx(gm, ex)
+        self.backend = aot_backend(fw_compiler=fw, bw_compiler=bw, partition_fn="min_cut")
+
+
+def _kv_model(layers=3):
+    """A decoder stack that returns each layer's keys and values (a KV cache) and the loss."""
+    torch.manual_seed(0)
+    ws = [torch.nn.Linear(8, 24) for _ in range(layers)]
+    head = torch.nn.Linear(8, 5)
+
+    def f(x, target):
+        cache = []
+        h = x
+        for lin in ws:
+            q, k, v = lin(h).split(8, dim=-1)
+            k = torch.cat([torch.empty(0), k.transpose(0, 1).reshape(-1)]).view(8, -1).t()
+            att = torch.softmax(q @ k.transpose(0, 1), -1)
+            h = h + att @ v
+            cache += [k, v]
+        logits = head(h)
+        loss = torch.nn.functional.cross_entropy(logits, target)
+        return loss, logits, cache
+    return f, ws + [head]
+
+
+def test_kv_cache_graph_is_one_forward_and_grads_match_eager():
+    f, mods = _kv_model()
+    counter = _Forwards()
+    cf = kiln.compile(f, backend=counter.backend)
+    for step in range(2):
+        x = torch.randn(6, 8, requires_grad=True)
+        target = torch.randint(0, 5, (6,))
+        xr = x.detach().clone().requires_grad_()
+        loss, logits, cache = cf(x, target)
+        r_loss, r_logits, r_cache = f(xr, target)
+        torch.testing.assert_close(loss, r_loss)
+        for t, r in zip(cache, r_cache):
+            torch.testing.assert_close(t, r)
+            assert t.stride() == r.stride()
+        # autograd.grad with respect to the cache: the gradient that flows from the loss
+        got = torch.autograd.grad(loss, [logits, *cache], retain_graph=True, allow_unused=True)
+        want = torch.autograd.grad(r_loss, [r_logits, *r_cache], retain_graph=True, allow_unused=True)
+        for g, w in zip(got, want):
+            assert (g is None) == (w is None)
+            if g is not None:
+                torch.testing.assert_close(g, w)
+        grads = [p.grad for m in mods for p in m.parameters()]
+        for m in mods:
+            m.zero_grad()
+        (loss + cache[0].sum()).backward()
+        got_p = [p.grad.clone() for m in mods for p in m.parameters()]
+        for m in mods:
+            m.zero_grad()
+        (r_loss + r_cache[0].sum()).backward()
+        for g, m_p in zip(got_p, [p for m in mods for p in m.parameters()]):
+            torch.testing.assert_close(g, m_p.grad)
+        torch.testing.assert_close(x.grad, xr.grad)
+        del grads
+    assert counter.forwards == 1
+    assert counter.backwards >= 2       # one per segment that has a gradient
+
+
+def test_segments_save_only_what_their_backward_reads():
+    f, mods = _kv_model(layers=4)
+    cf = kiln.compile(f, backend="aot_eager")
+    x = torch.randn(6, 8, requires_grad=True)
+    loss, logits, cache = cf(x, torch.randint(0, 5, (6,)))
+    nodes, todo = {}, [loss.grad_fn]
+    while todo:
+        n = todo.pop()
+        if n is None or n in nodes:
+            continue
+        nodes[n] = None
+        todo.extend(m for m, _ in n.next_functions)
+    kiln_nodes = [n for n in nodes if getattr(getattr(n, "_forward_cls", None), "kiln_aot", False)]
+    assert len(kiln_nodes) >= 3
+    saved = [sum(t is not None for t in n.saved_tensors) for n in kiln_nodes]
+    total = len(next(iter(kiln_nodes)).saved_tensors)
+    assert all(s < total for s in saved), (saved, total)
+
+
+def test_a_view_output_that_feeds_another_gets_its_hooks_gradient():
+    def f(x, w):
+        y = (x @ w).tanh()
+        v = y.t()                       # returned, and a view of an intermediate
+        return v, (v * v).sum()
+
+    for backend in BACKENDS:
+        x, w = torch.randn(4, 6), torch.randn(6, 5, requires_grad=True)
+        wr = w.detach().clone().requires_grad_()
+        v, loss = kiln.compile(f, backend=backend)(x, w)
+        rv, rloss = f(x, wr)
+        assert v._base is not None and v.stride() == rv.stride()
+        seen = []
+        v.register_hook(seen.append)
+        loss.backward()
+        rloss.backward()
+        torch.testing.assert_close(seen[0], 2 * rv.detach())
+        torch.testing.assert_close(w.grad, wr.grad)
+
+
+def test_a_handed_value_written_in_place_later_runs_as_captured_and_matches(monkeypatch):
+    import kiln.aot.dynamic as D
+
+    monkeypatch.setattr(D, "as_captured", _AS_CAPTURED)
+
+    def f(x, w):
+        y = x @ w
+        z = y * 2
+        y.mul_(3)                       # after the cut: eager's y and z see it
+        return y, (z * y).sum()
+
+    x, w = torch.randn(4, 6), torch.randn(6, 5, requires_grad=True)
+    wr = w.detach().clone().requires_grad_()
+    y, loss = kiln.compile(f, backend="aot_eager")(x, w)
+    ry, rloss = f(x, wr)
+    torch.testing.assert_close(y, ry)
+    torch.testing.assert_close(loss, rloss)
+    loss.backward()
+    rloss.backward()
+    torch.testing.assert_close(w.grad, wr.grad)
