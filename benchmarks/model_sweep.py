@@ -1,15 +1,23 @@
 """kiln beside eager and torch.compile on many Hugging Face architectures, built from tiny
-random configs (nothing is downloaded).
+random configs (nothing is downloaded), at the settings their users run: the model's own
+``use_cache``, grouped-query attention with 2 key/value heads where the model has it,
+``labels``, an ``attention_mask`` with padding, ``return_dict``.
 
-    python benchmarks/model_sweep.py [--models gpt2,t5,...] [--backend aot_eager] [--json PATH]
+    python benchmarks/model_sweep.py [--models gpt2,t5,...] [--backend inductor,aot_eager] [--json PATH]
+    python benchmarks/model_sweep.py --decode [--models gpt2,llama,qwen2]
 
-For each model, in its own process: two inference calls (``eval()``, no grad) and two
-training steps (loss, ``backward``) on fresh random inputs, each compared with a deep-copied
-eager model (outputs, loss, every parameter's gradient; the random state is reseeded before
-each side, so dropout and router noise draw the same numbers). Then kiln's graph and break
-counts (``kiln.explain``) beside ``torch._dynamo.explain``'s on the same call. Prints one JSON
-line per model (``inf_err``/``train_err``: the largest difference relative to 1 + the largest
-eager value; ``crash``: the model could not be built or run) and a summary table.
+For each model and backend, in its own process: two inference calls (``eval()``, no grad) and
+two training steps (loss, ``backward``) on fresh random inputs, each compared with a
+deep-copied eager model (every output tensor, the KV cache included; the loss; every
+parameter's gradient; the random state is reseeded before each side, so dropout and router
+noise draw the same numbers). Then kiln's graph and break counts (``kiln.explain``) beside
+``torch._dynamo.explain``'s on the same call. Prints one JSON line per model
+(``inf_err``/``train_err``: the largest difference relative to 1 + the largest eager value;
+``crash``: the model could not be built or run) and a summary table.
+
+``--decode``: a greedy decoding loop of 8 tokens after a padded prompt, with the model's own
+``DynamicCache`` carried from call to call: the tokens must equal eager's, and the graphs kiln
+compiled over the loop are counted beside torch.compile's.
 
 Needs ``pip install transformers``. A model whose tiny config this script gets wrong for
 the installed transformers shows up as a ``crash`` in eager (see its message), not as a kiln
@@ -29,8 +37,10 @@ import warnings
 
 import torch
 
-SMALL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, vocab_size=100,
-             max_position_embeddings=64, num_key_value_heads=1, head_dim=16, use_cache=False, pad_token_id=0)
+# (no use_cache: each model keeps its own default; 4 heads over 2 key/value heads where the model
+# has grouped-query attention)
+SMALL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, vocab_size=100,
+             max_position_embeddings=64, num_key_value_heads=2, head_dim=8, pad_token_id=0)
 CAUSAL = ["gpt2", "gpt_neo", "opt", "mistral", "qwen2", "qwen3", "phi", "phi3", "falcon", "bloom", "gpt_bigcode",
           "gemma", "gemma2", "gptj", "gpt_neox", "mixtral", "olmo", "stablelm", "starcoder2", "codegen", "mpt", "xglm",
           "biogpt", "cohere", "granite", "granitemoe", "olmoe", "jetmoe", "persimmon", "nemotron", "helium", "glm",
@@ -121,20 +131,33 @@ def inputs(name: str, cfg, g: torch.Generator, device: str) -> dict:
         return {"pixel_values": torch.randn(batch, getattr(cfg, "num_channels", 3), size, size, generator=g).to(device),
                 "labels": torch.randint(0, 3, (batch,), generator=g).to(device)}
     ids = torch.randint(1, 100, (batch, seq), generator=g).to(device)
+    mask = padded_mask(batch, seq, device)
     if name in CAUSAL:
-        return {"input_ids": ids, "labels": ids}
+        return {"input_ids": ids, "attention_mask": mask, "labels": ids}
     if name in SEQ2SEQ:
-        return {"input_ids": ids, "labels": torch.randint(1, 100, (batch, 5), generator=g).to(device)}
-    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": torch.randint(0, 3, (batch,), generator=g).to(device)}
+        return {"input_ids": ids, "attention_mask": mask, "labels": torch.randint(1, 100, (batch, 5), generator=g).to(device)}
+    return {"input_ids": ids, "attention_mask": mask, "labels": torch.randint(0, 3, (batch,), generator=g).to(device)}
+
+
+def padded_mask(batch: int, seq: int, device: str) -> torch.Tensor:
+    """All ones but the first two positions of the first row (left padding)."""
+    mask = torch.ones(batch, seq, dtype=torch.long, device=device)
+    mask[0, :2] = 0
+    return mask
 
 
 def _flat(o) -> list:
+    """Every tensor of a model's output: its fields, and the keys and values of its cache."""
     if isinstance(o, torch.Tensor):
         return [o]
     if hasattr(o, "to_tuple"):
         o = o.to_tuple()
     if isinstance(o, (list, tuple)):
         return [t for x in o for t in _flat(x)]
+    if hasattr(o, "self_attention_cache"):         # an encoder-decoder cache
+        return _flat(o.self_attention_cache) + _flat(o.cross_attention_cache)
+    if hasattr(o, "layers"):                       # a DynamicCache: per layer, keys and values
+        return [t for layer in o.layers for t in _flat([getattr(layer, "keys", None), getattr(layer, "values", None)])]
     return []
 
 
@@ -200,10 +223,62 @@ def run_one(name: str, backend: str, device: str) -> dict:
     return res
 
 
+class _Counting:
+    """A kiln backend that counts the graphs it compiles and compiles them with ``backend``."""
+
+    def __init__(self, backend: str):
+        from kiln.backends.registry import lookup_backend
+
+        self.inner = lookup_backend(backend)[0]
+        self.graphs = 0
+        self.__name__ = f"counting {backend}"
+
+    def __call__(self, gm, example_inputs):
+        self.graphs += 1
+        return self.inner(gm, example_inputs)
+
+
+def decode_one(name: str, backend: str, device: str, steps: int = 8) -> dict:
+    """Greedy decoding with the model's own cache: kiln's tokens and graph count beside eager's
+    tokens and torch.compile's graph count."""
+    import torch._dynamo
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    import kiln
+
+    torch.manual_seed(0)
+    model, cfg = make(name, device)
+    model.eval()
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(1, 100, (2, 8), generator=g).to(device)
+    mask = padded_mask(2, 8, device)
+
+    def greedy(m) -> torch.Tensor:
+        out = m(input_ids=ids, attention_mask=mask, use_cache=True)
+        am, tokens = mask, []
+        for _ in range(steps):
+            nxt = out.logits[:, -1].argmax(-1, keepdim=True)
+            tokens.append(nxt)
+            am = torch.cat([am, torch.ones_like(nxt)], dim=1)
+            out = m(input_ids=nxt, attention_mask=am, past_key_values=out.past_key_values, use_cache=True)
+        return torch.cat(tokens, dim=1)
+
+    counting = _Counting(backend)
+    with torch.no_grad():
+        want = greedy(model)
+        got = greedy(kiln.compile(model, backend=counting))
+        torch._dynamo.reset()
+        peer = CompileCounterWithBackend("eager")
+        greedy(torch.compile(model, backend=peer))
+    return {"model": name, "decode_equal": bool(torch.equal(want, got)), "decode_kiln_graphs": counting.graphs,
+            "decode_torch_graphs": peer.frame_count}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--models", default=",".join(HEADS))
-    p.add_argument("--backend", default="aot_eager")
+    p.add_argument("--backend", default="inductor", help="comma-separated: each model runs with each")
+    p.add_argument("--decode", action="store_true", help="greedy decoding with the cache instead")
     p.add_argument("--device", default="cpu")
     p.add_argument("--json", default=None)
     p.add_argument("--timeout", type=int, default=300)
@@ -212,36 +287,56 @@ def main(argv=None) -> int:
     warnings.filterwarnings("ignore")
     if args.one:
         try:
-            r = run_one(args.one, args.backend, args.device)
+            r = (decode_one if args.decode else run_one)(args.one, args.backend, args.device)
         except Exception as e:
             r = {"model": args.one, "crash": f"{type(e).__name__}: {str(e)[:300]}", "where": traceback.format_exc()[-600:]}
+        r["backend"] = args.backend
         print("RESULT " + json.dumps(r))
         return 0
+    if args.decode and args.models == p.get_default("models"):
+        args.models = "gpt2,llama,qwen2"
     out = []
     for name in args.models.split(","):
-        start = time.time()
-        try:
-            proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--one", name, "--backend", args.backend,
-                                   "--device", args.device], capture_output=True, text=True, timeout=args.timeout)
-            lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-            r = json.loads(lines[-1][7:]) if lines else {"model": name, "crash": proc.stderr[-600:]}
-        except subprocess.TimeoutExpired:
-            r = {"model": name, "crash": f"timeout ({args.timeout} s)"}
-        r["seconds"] = round(time.time() - start, 1)
-        out.append(r)
-        print(json.dumps({k: v for k, v in r.items() if k != "where"}), flush=True)
-    print("\n| model | inference err | training err | kiln graphs/breaks (inf, train) | torch.compile (inf, train) |")
-    print("|---|---|---|---|---|")
-    for r in out:
-        if "crash" in r:
-            print(f"| {r['model']} | crash: {r['crash'][:60]} | | | |")
-            continue
-        print(f"| {r['model']} | {r['inf_err']:.1e} | {r['train_err']:.1e} | {r['inf_kiln']}, {r['train_kiln']} "
-              f"| {r['inf_torch']}, {r['train_torch']} |")
+        for backend in args.backend.split(","):
+            start = time.time()
+            try:
+                proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--one", name, "--backend", backend,
+                                       "--device", args.device] + (["--decode"] if args.decode else []),
+                                      capture_output=True, text=True, timeout=args.timeout)
+                lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+                r = json.loads(lines[-1][7:]) if lines else {"model": name, "crash": proc.stderr[-600:]}
+            except subprocess.TimeoutExpired:
+                r = {"model": name, "crash": f"timeout ({args.timeout} s)"}
+            r["backend"] = backend
+            r["seconds"] = round(time.time() - start, 1)
+            out.append(r)
+            print(json.dumps({k: v for k, v in r.items() if k != "where"}), flush=True)
+    print_table(out, args.decode)
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(out, fh, indent=1)
     return 0
+
+
+def print_table(out: list, decode: bool) -> None:
+    if decode:
+        print("\n| model | backend | tokens equal eager's | kiln graphs over the loop | torch.compile graphs |")
+        print("|---|---|---|---|---|")
+        for r in out:
+            if "crash" in r:
+                print(f"| {r['model']} | {r['backend']} | crash: {r['crash'][:60]} | | |")
+                continue
+            print(f"| {r['model']} | {r['backend']} | {r['decode_equal']} | {r['decode_kiln_graphs']} "
+                  f"| {r['decode_torch_graphs']} |")
+        return
+    print("\n| model | backend | inference err | training err | kiln graphs/breaks (inf, train) | torch.compile (inf, train) |")
+    print("|---|---|---|---|---|---|")
+    for r in out:
+        if "crash" in r:
+            print(f"| {r['model']} | {r['backend']} | crash: {r['crash'][:60]} | | | |")
+            continue
+        print(f"| {r['model']} | {r['backend']} | {r['inf_err']:.1e} | {r['train_err']:.1e} | {r['inf_kiln']}, "
+              f"{r['train_kiln']} | {r['inf_torch']}, {r['train_torch']} |")
 
 
 if __name__ == "__main__":

@@ -145,6 +145,7 @@ def build_parts(state, capture, partition_fn: Any = None) -> CompiledParts:
     segments = None
     if layout is not None:      # (segments.py: the forward as one graph, a node per segment)
         SG.fuse_forward(p.forward, layout)
+        SG.contiguous_handoff_grads(p.backward, layout)
         segments = SG.nodes_of(gm, layout, capture.num_fw_outputs, capture.tangent_positions, deps)
     check_input_writes(p.forward, state.meta.in_graph_mutated_indices)
     clone_saved_before_writes(p, state.fake_mode)

@@ -30,6 +30,8 @@ import torch
 import torch.fx
 
 from ..errors import Unsupported
+from .chain import compile_chained
+from .segments import NotSegmentable
 from .symbolic import SymbolicUnsupported, symbolic_inputs
 
 log = logging.getLogger("kiln.aot")
@@ -147,10 +149,21 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list, *, decompositi
     graph, with a per-shape fallback), or a ``PerShapeCompiled``; the graph as captured when
     the stages fail on it (see the module's docstring). ``keep_input_mutations``: see
     ``create_aot_state``."""
+    kw = dict(decompositions=decompositions, fw_compiler=fw_compiler, bw_compiler=bw_compiler,
+              partition_fn=partition_fn, inference_compiler=inference_compiler,
+              keep_input_mutations=keep_input_mutations)
     try:
-        return _compile_graph(gm, example_inputs, decompositions=decompositions, fw_compiler=fw_compiler,
-                              bw_compiler=bw_compiler, partition_fn=partition_fn,
-                              inference_compiler=inference_compiler, keep_input_mutations=keep_input_mutations)
+        return _compile_graph(gm, example_inputs, **kw)
+    except NotSegmentable as e:
+        # (segments.py) the fallback: a chain of graphs compiled on their own
+        log.info("kiln AOT: no segments (%s); compiling a chain of graphs", e)
+        try:
+            return compile_chained(
+                gm, example_inputs, lambda part, args: compile_graph(part, args, **kw),
+                lambda part: PerShapeCompiled(lambda args: compile_graph(part, list(args), **kw),
+                                              "the second part of a chained graph"))
+        except Exception as e2:
+            return as_captured(gm, e2)
     except Exception as e:
         return as_captured(gm, e)
 

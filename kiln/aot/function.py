@@ -150,7 +150,7 @@ def make_training_core(fw: Callable, bw: Callable, parts, compile_bw: Callable[[
         other = None if len(tensors) == len(saved) else \
             [(i, s) for i, s in enumerate(saved) if not isinstance(s, torch.Tensor)]
         # (segments) the saved position of each tensor, for the nodes that save some only
-        positions = None if other is None else [i for i, s in enumerate(saved) if isinstance(s, torch.Tensor)]
+        positions = [i for i, s in enumerate(saved) if isinstance(s, torch.Tensor)] if segmented else None
         # saved only so that backward() checks their version counters, as eager's does
         tensors += [args[i] for i in check_inputs] + [fw_outs[k] for k in check_outputs]
         if several_nodes:
@@ -184,6 +184,9 @@ def make_training_core(fw: Callable, bw: Callable, parts, compile_bw: Callable[[
         if segmented:
             _, kept = node_backward_for(mine)
             reads = frozenset(i for i in kept if i < n_saved)
+            # the inputs eager saved that this node takes (their versions are checked at its
+            # backward), and the outputs eager saved (every node)
+            my_checks = [i in primals for i in check_inputs] + [True] * len(check_outputs)
 
         class KilnAOTFunction(torch.autograd.Function):
             @staticmethod
@@ -197,11 +200,13 @@ def make_training_core(fw: Callable, bw: Callable, parts, compile_bw: Callable[[
                 ctx.kiln_sizes = sizes
                 # the user's eager saved-tensor hooks pack what this node saves (not inlined)
                 ctx.kiln_user_hooks = applied_saved_tensors_hooks() is not None
-                if reads is not None:
-                    at = positions or range(len(tensors))
-                    tensors = [t if (i >= len(at) or at[i] in reads) else None for i, t in enumerate(tensors)]
+                if reads is not None:       # (segments) what this node's backward reads
+                    n_sv = len(positions)
+                    tensors = [t if (positions[i] in reads if i < n_sv else my_checks[i - n_sv]) else None
+                               for i, t in enumerate(tensors)]
                 ctx.save_for_backward(*tensors)
-                ctx.kiln_saved_count = len(tensors)
+                ctx.kiln_saved_count = len(tensors) if reads is None else sum(t is not None for t in tensors)
+                ctx.kiln_slots = len(tensors)
                 if watch:
                     ctx.kiln_watch = V.record(tensors, watch)
                 mine_out = tuple(fw_outs[k] for k in outputs)
@@ -222,12 +227,15 @@ def make_training_core(fw: Callable, bw: Callable, parts, compile_bw: Callable[[
                     if g is not None:
                         given.add(j)
                         tangents_[j] = g if g.is_contiguous() else g.contiguous()
-                for j in range(n_tangents):
-                    if tangents_[j] is None:
-                        tangents_[j] = zeros_for(ctx, tangent_positions[j])
+                if not segmented:       # (a node's own backward reads the given tangents only)
+                    for j in range(n_tangents):
+                        if tangents_[j] is None:
+                            tangents_[j] = zeros_for(ctx, tangent_positions[j])
                 partial = None if whole and len(given) == n_tangents else frozenset(given)
                 V.run_late_checks(ctx, partial, late_demand)
                 args = V.unpack(ctx, partial, watch, saved_demand, mine)
+                if len(args) < ctx.kiln_slots:      # (a node that saved nothing, unpacked again)
+                    args = [None] * ctx.kiln_slots
                 ctx.maybe_clear_saved_tensors()     # the graph frees each after its last use
                 if n_checked:
                     del args[len(args) - n_checked:]

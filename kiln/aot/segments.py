@@ -276,6 +276,32 @@ def fuse_forward(fw: torch.fx.GraphModule, layout: Layout) -> None:
     fw.recompile()
 
 
+def contiguous_handoff_grads(bw: torch.fx.GraphModule, layout: Layout) -> None:
+    """The backward returns each handoff primal's gradient contiguous (in place): it is the
+    tangent of the node that handed the value over, which was traced contiguous (the runtime
+    would otherwise copy it there, a kernel of its own; here the compiler writes it so)."""
+    g = bw.graph
+    out = next(n for n in reversed(g.nodes) if n.op == "output")
+    flat = list(out.args[0])
+    changed = False
+    for i in range(layout.num_args, len(flat)):
+        node = flat[i]
+        val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+        if not isinstance(val, torch.Tensor) or not _static(val) or val.is_contiguous():
+            continue
+        stride = list(torch.empty(tuple(val.shape), device="meta").stride())
+        with g.inserting_before(out):
+            c = g.call_function(torch.ops.prims.copy_strided.default, (node, stride))
+        c.meta = {k: v for k, v in node.meta.items() if k != "val"}
+        c.meta["val"] = val.contiguous()
+        flat[i] = c
+        changed = True
+    if changed:
+        out.args = (tuple(flat),)
+        g.lint()
+        bw.recompile()
+
+
 def _static(t: torch.Tensor) -> bool:
     return not any(isinstance(s, torch.SymInt) for s in (*t.shape, *t.stride()))
 
