@@ -28,10 +28,19 @@ from . import versions as V
 
 
 def caller(fn: Callable) -> Callable[[list], Any]:
-    """Call a compiled graph with a list of arguments, boxed (the list is consumed) or not."""
-    if getattr(fn, "_boxed_call", False):
-        return fn
-    return lambda args: fn(*args)
+    """Call a compiled graph with a list of arguments, boxed (the list is consumed) or not,
+    with autocast off: the graph was traced under the caller's autocast, its casts are ops of
+    the graph, and autocast applied again to its ATen ops would change their dtypes (a
+    ``_safe_softmax`` traced in float32 returns bfloat16 under CPU autocast)."""
+    call = fn if getattr(fn, "_boxed_call", False) else (lambda args: fn(*args))
+    autocast_on, no_autocast = torch._C._is_any_autocast_enabled, torch._C._DisableAutocast
+
+    def graph_call(args):
+        if autocast_on():
+            with no_autocast():
+                return call(args)
+        return call(args)
+    return graph_call
 
 
 def view_outputs(fw: Callable, parts) -> list[int]:
@@ -171,6 +180,13 @@ def make_training_core(fw: Callable, bw: Callable, parts, compile_bw: Callable[[
         shape, dtype, device = (static_zeros or ctx.kiln_sizes)[k]
         return torch.zeros(shape, dtype=dtype, device=device)
 
+    def _missing(ctx, i: int, n_saved_args: int):
+        """(segments) A backward input that is None: a tangent backward() did not give is zeros;
+        a saved value the node did not keep is kiln's error."""
+        if i >= n_saved_args:
+            return zeros_for(ctx, tangent_positions[i - n_saved_args])
+        raise RuntimeError(f"kiln: a segment's backward reads saved value {i}, which its node did not keep")
+
     def node_class(tangents: list[int], outputs: list[int], primals: list[int]):
         """The autograd.Function of one component: ``tangents`` (indices of tangents), the
         forward ``outputs`` it returns, the ``primals`` it takes."""
@@ -242,11 +258,12 @@ def make_training_core(fw: Callable, bw: Callable, parts, compile_bw: Callable[[
                 if ctx.kiln_other is not None:
                     for i, s in ctx.kiln_other:
                         args.insert(i, s)
+                n_saved_args = len(args)
                 args += tangents_
                 del tangents_
                 if segmented:
                     fn, kept = node_backward_for(mine if partial is None else partial)
-                    args = [args[i] for i in kept]
+                    args = [args[i] if args[i] is not None else _missing(ctx, i, n_saved_args) for i in kept]
                 else:
                     fn = bw if partial is None else backward_for(partial)
                 if ctx.kiln_user_hooks:

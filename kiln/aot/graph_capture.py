@@ -236,7 +236,10 @@ def _capture(state: AOTState) -> AOTGraphCapture:
                     grads: list = [None] * len(gin)
                     if d_outs and gin:
                         reach[:] = [_reached_by(d_outs, d_js, fp[i]) for i in grad_primals]
-                        grads = list(torch.autograd.grad(d_outs, gin, d_tangents, allow_unused=True))
+                        # the backward as eager's engine runs it: autocast off (its ops take
+                        # the dtypes of the forward ops they differentiate)
+                        with torch._C._DisableAutocast():
+                            grads = list(torch.autograd.grad(d_outs, gin, d_tangents, allow_unused=True))
                 finally:
                     torch._C._set_grad_enabled(prior_grad)
                 full: list = [None] * n + grads[len(grad_primals):]

@@ -76,6 +76,11 @@ def without_tangents(backward: torch.fx.GraphModule, num_tangents: int, given: f
     out = U.output_node(g)
     flat = list(out.args[0])
     out.args = (tuple(None if isinstance(v, torch.fx.Node) and dead(v) else v for v in flat),)
+    # every user of a dead value is dead now: remove them all (the dead-code pass keeps ops it
+    # cannot prove pure, which would keep reading the missing tangents)
+    for n in reversed(list(g.nodes)):
+        if n.op not in ("placeholder", "output") and dead(n) and not n.users:
+            g.erase_node(n)
     g.eliminate_dead_code()
     g.lint()
     gm.recompile()

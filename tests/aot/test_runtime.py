@@ -318,3 +318,31 @@ def test_node_that_saves_nothing_backwards_twice_like_eager():
         t.sum().backward()
         grads.append((w.grad, v.grad))
     torch.testing.assert_close(grads[1], grads[0])
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_graph_traced_under_autocast_runs_its_own_casts_only(backend):
+    """The graph of a call under CPU bf16 autocast holds autocast's casts; run under autocast
+    again, the ``_safe_softmax`` of its attention (traced in float32) came out bfloat16 and the
+    backward, traced for float32, failed. Compiled graphs run with autocast off."""
+    mask = torch.ones(6, 6, dtype=torch.bool).tril()
+
+    def f(x, w1, w2):
+        q, k, v = (x @ w1).view(2, 6, 3, 8).unbind(2)
+        att = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return (att @ w2).float().pow(2).mean()
+
+    torch.manual_seed(0)
+    x = torch.randn(2, 6, 8)
+    ws = [torch.randn(8, 24, requires_grad=True), torch.randn(8, 5, requires_grad=True)]
+    refs = [w.detach().clone().requires_grad_() for w in ws]
+    cf = kiln.compile(f, backend=backend)
+    for _ in range(2):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = cf(x, *ws)
+            ref = f(x, *refs)
+        loss.backward()
+        ref.backward()
+        torch.testing.assert_close(loss, ref)
+        for w, r in zip(ws, refs):
+            torch.testing.assert_close(w.grad, r.grad)
