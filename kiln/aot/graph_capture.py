@@ -282,7 +282,7 @@ def _capture(state: AOTState) -> AOTGraphCapture:
             p.meta["kiln_tangent"] = True
             p.meta["kiln_phase"] = "backward"
     U.remove_aliases(gm)
-    with_eager_strides(gm, meta)
+    with_eager_layouts(gm, meta)
     U.dce(gm)
     saved_inputs, saved_outputs = [], []
     if kind == "joint":
@@ -300,8 +300,9 @@ def _capture(state: AOTState) -> AOTGraphCapture:
         eager_saved_outputs=saved_outputs)
 
 
-def with_eager_strides(gm: torch.fx.GraphModule, meta) -> None:
-    """The outputs the caller gets as the graph returns them, with eager's strides: the traced
+def with_eager_layouts(gm: torch.fx.GraphModule, meta) -> None:
+    """The outputs the caller gets as the graph returns them, with eager's dtypes and strides
+    (a dtype a decomposition lost is cast back: the tangents are made with eager's). The traced
     (decomposed) value of an output can have another layout than eager's (a ``cat`` with an
     empty tensor, say), and the caller may read the strides (``view``, ``is_contiguous``, a
     stride-specialized graph after a break). Such an output is copied to eager's strides
@@ -314,7 +315,18 @@ def with_eager_strides(gm: torch.fx.GraphModule, meta) -> None:
     for j, k in enumerate(meta.graph_output_indices):
         node, info = flat[n_mut + j], meta.outputs[k]
         val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
-        if not isinstance(val, torch.Tensor) or info.stride is None or len(info.stride) != val.dim() \
+        if not isinstance(val, torch.Tensor):
+            continue
+        dtype = U.dtype_from_str(info.dtype) if info.dtype else val.dtype
+        if dtype != val.dtype:      # (a decomposition that lost eager's type promotion)
+            with gm.graph.inserting_before(out):
+                c = gm.graph.call_function(torch.ops.prims.convert_element_type.default, (node, dtype))
+            c.meta = {key: v for key, v in node.meta.items() if key != "val"}
+            with U.fake_mode_of([val]):
+                c.meta["val"] = val = torch.ops.prims.convert_element_type.default(val, dtype)
+            node = flat[n_mut + j] = c
+            changed = True
+        if info.stride is None or len(info.stride) != val.dim() \
                 or not all(isinstance(v, int) for v in (*val.shape, *val.stride(), *info.stride)):
             continue
         if all(a == b for a, b, size in zip(val.stride(), info.stride, val.shape) if size > 1) \
