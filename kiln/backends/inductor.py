@@ -240,6 +240,9 @@ class GraphCompile:
                 candidate = _torch.inductor_joint_graph_passes(candidate, device_of(flat_inputs))
                 # (new nodes need their values; the rest keep theirs)
                 U.propagate_fake(candidate, flat_inputs, mode, keep_unchanged=True)
+            changed = _changed_outputs(joint, candidate)
+            if changed:
+                raise RuntimeError(f"the passes changed the graph's outputs ({changed})")
         except Exception as e:      # the passes only optimize: partition the graph as traced
             self._note_failure("joint-graph passes", e)
             return joint
@@ -412,6 +415,23 @@ class GraphCompile:
 # ------------------------------------------------------------------------------------------------
 # Helpers
 # ------------------------------------------------------------------------------------------------
+
+def _changed_outputs(before: torch.fx.GraphModule, after: torch.fx.GraphModule) -> str:
+    """Where the outputs of ``after`` differ from ``before``'s in number, shape or dtype ('' where
+    they do not): a graph pass that only optimizes never changes them (on torch 2.11 with CUDA
+    one turned float32 outputs of a training graph under autocast into bfloat16 ones, which the
+    tangents traced for them then did not match)."""
+    a, b = _outputs(before), _outputs(after)
+    if len(a) != len(b):
+        return f"{len(a)} outputs, then {len(b)}"
+    for k, (x, y) in enumerate(zip(a, b)):
+        vx = x.meta.get("val") if isinstance(x, torch.fx.Node) else None
+        vy = y.meta.get("val") if isinstance(y, torch.fx.Node) else None
+        if isinstance(vx, torch.Tensor) and isinstance(vy, torch.Tensor) and \
+                (vx.dtype != vy.dtype or tuple(vx.shape) != tuple(vy.shape)):
+            return f"output {k}: {vx.dtype} {tuple(vx.shape)}, then {vy.dtype} {tuple(vy.shape)}"
+    return ""
+
 
 def with_triton_records_for_packages(compiled: Callable) -> Callable:
     """``compiled`` whose package payload carries its graphs' recorded Triton kernels (the
