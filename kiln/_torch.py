@@ -421,27 +421,7 @@ def inductor_decompositions() -> dict:
     import torch._inductor.lowering  # noqa: F401
     from torch._inductor.decomposition import select_decomp_table
 
-    table = dict(select_decomp_table())
-    cat = table.get(torch.ops.aten.cat.default)
-    if cat is not None:
-        table[torch.ops.aten.cat.default] = _cat_with_promotion(cat)
-    return table
-
-
-def _cat_with_promotion(decomposition):
-    """Inductor's ``cat`` decomposition drops legacy empty 1-D inputs, and some torch versions
-    (2.11) then return the remaining input's dtype: ``cat([empty(0) float32, x bfloat16])`` is
-    float32 in eager (a KV cache's first update, under autocast) and came out bfloat16. The
-    result is cast to eager's promoted dtype."""
-    from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
-
-    def cat(tensors, dim=0):
-        out = decomposition(tensors, dim)
-        if out is NotImplemented or not isinstance(out, torch.Tensor):
-            return out
-        promoted = elementwise_dtypes(*tensors, type_promotion_kind=ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT)[1]
-        return out if out.dtype == promoted else out.to(dtype=promoted)
-    return cat
+    return dict(select_decomp_table())
 
 
 def inductor_joint_graph_passes(gm: torch.fx.GraphModule, input_device=None) -> torch.fx.GraphModule:

@@ -197,12 +197,19 @@ class PoolTree:
 
     def release_saved_at(self, ptrs: list, backward) -> None:
         """``backward`` was recorded reading ``ptrs`` in place: each forward whose saved tensors
-        are among them stops holding them (``release_saved``)."""
+        have all been read by the backward graphs recorded so far stops holding them
+        (``release_saved``). A forward's backward can be several graphs (one per segment,
+        kiln.aot.segments), each reading some of the saved tensors: a block released after the
+        first would lie in memory the allocator has back when the next one is recorded."""
         for ref, blocks in self._saved:
             fw = ref()
             if fw is None or fw is backward or not fw.held_saved:
                 continue
-            if any(b <= p < e for p in ptrs for b, e in blocks):
+            read = {k for k, (b, e) in enumerate(blocks) if any(b <= p < e for p in ptrs)}
+            if not read:
+                continue
+            fw.saved_read = getattr(fw, "saved_read", frozenset()) | read
+            if len(fw.saved_read) == len(blocks):
                 fw.held_saved = []
                 self.release_saved(fw)
 
