@@ -58,24 +58,24 @@ def make_model(name: str) -> torch.nn.Module:
     if name == "gpt2":
         cfg = transformers.GPT2Config(
             n_layer=2, n_head=2, n_embd=32, vocab_size=VOCAB, n_positions=64, resid_pdrop=0.0,
-            embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False, bos_token_id=0, eos_token_id=0,
+            embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0,
             attn_implementation="eager")
         return transformers.GPT2LMHeadModel(cfg)
     if name == "bert":
         cfg = transformers.BertConfig(
             hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
             vocab_size=VOCAB, max_position_embeddings=64, hidden_dropout_prob=0.0,
-            attention_probs_dropout_prob=0.0, use_cache=False, attn_implementation="eager")
+            attention_probs_dropout_prob=0.0, attn_implementation="eager")
         return transformers.BertModel(cfg)
     if name == "llama_gqa_sdpa":
         cfg = transformers.LlamaConfig(
             hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
-            num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=64, use_cache=False,
+            num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=64,
             bos_token_id=0, eos_token_id=0, pad_token_id=0, attn_implementation="sdpa")
         return transformers.LlamaForCausalLM(cfg)
     cfg = transformers.LlamaConfig(
-        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-        num_key_value_heads=1, vocab_size=VOCAB, max_position_embeddings=64, use_cache=False,
+        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=64,
         bos_token_id=0, eos_token_id=0, pad_token_id=0, attn_implementation="eager")
     return transformers.LlamaForCausalLM(cfg)
 
