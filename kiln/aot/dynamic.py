@@ -31,7 +31,7 @@ import torch.fx
 
 from ..errors import Unsupported
 from .chain import compile_chained
-from .segments import NotSegmentable
+from .segments import NotSegmentable, plan
 from .symbolic import SymbolicUnsupported, symbolic_inputs
 
 log = logging.getLogger("kiln.aot")
@@ -47,8 +47,6 @@ def _run_stages(gm, example_inputs, *, dynamic, decompositions, fw_compiler, bw_
     from .state import create_aot_state
 
     from .. import _torch
-
-    from .segments import plan
 
     # (a per-shape compile runs during a call, inside the user's saved-tensor hooks)
     with _torch.saved_tensors_hooks_paused():

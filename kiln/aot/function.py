@@ -25,6 +25,7 @@ from ..errors import Unsupported
 from . import _utils as U
 from . import partial as P
 from . import versions as V
+from .runtime import OutputsWithViews, _regenerate_view
 
 
 def caller(fn: Callable) -> Callable[[list], Any]:
@@ -327,8 +328,6 @@ def _segment_runner(parts, nodes: list, groups: list, nfw: int) -> Callable:
     as the earlier node returned them, as inputs; a handed output that is a view of an
     intermediate is rebuilt here, and that very view is what the caller gets
     (``runtime.OutputsWithViews``), so that its hooks see the later nodes' gradient."""
-    from .runtime import OutputsWithViews, _regenerate_view
-
     n_args = len(parts.primal_requires_grad) - len(parts.handoffs)
     feeds = [tuple(f) for f in parts.handoffs]
     n_user = nfw - parts.num_handed_outputs

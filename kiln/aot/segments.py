@@ -52,6 +52,7 @@ import torch.fx
 from torch.utils import _pytree as pytree
 
 from ..errors import Unsupported
+from . import _utils as U
 
 
 class NotSegmentable(Unsupported):
@@ -103,8 +104,6 @@ class _Slots:
 def refuse_writes(primals: list) -> None:
     """NotSegmentable when the traced function wrote into a handoff primal (in place, or its
     sizes and strides): eager's write would reach the handed value and its aliases too."""
-    from . import _utils as U
-
     for z in primals:
         U.sync(z)
         elem = z.elem
@@ -183,8 +182,7 @@ def plan(gm: torch.fx.GraphModule) -> torch.fx.GraphModule | None:
             level[n] = 0
             continue
         level[n] = max((level[a] + (a in cut) for a in n.all_input_nodes), default=0)
-    new = torch.fx.GraphModule(gm, _copy_graph(gm.graph), class_name=type(gm).__name__)
-    new.meta.update(gm.meta)
+    new = U.copy_graph_module(gm)
     by_name = {n.name: n for n in new.graph.nodes}
     handoffs: list[Handoff] = []
     for a in nodes:
@@ -217,13 +215,6 @@ def plan(gm: torch.fx.GraphModule) -> torch.fx.GraphModule | None:
     new.meta["kiln_handoffs"] = handoffs
     new.meta["kiln_levels"] = {n.name: level[n] for n in nodes}
     return new
-
-
-def _copy_graph(graph: torch.fx.Graph) -> torch.fx.Graph:
-    g = torch.fx.Graph()
-    out = g.graph_copy(graph, {})
-    g.output(out)
-    return g
 
 
 # ------------------------------------------------------------------------------------------------
@@ -271,8 +262,10 @@ def fuse_forward(fw: torch.fx.GraphModule, layout: Layout) -> None:
             repl.meta["val"] = want
         z.replace_all_uses_with(repl)
         g.erase_node(z)
-    _stable_topological_order(g)
-    g.lint()
+    try:
+        g.lint()        # (each handed value is traced before the later segment reads it)
+    except RuntimeError as e:
+        raise NotSegmentable(f"the fused forward reads a handed value before computing it ({e})") from e
     fw.recompile()
 
 
@@ -309,41 +302,6 @@ def _static(t: torch.Tensor) -> bool:
 def _flat_outputs(g: torch.fx.Graph) -> list:
     out = next(n for n in reversed(g.nodes) if n.op == "output")
     return list(out.args[0])
-
-
-def _stable_topological_order(g: torch.fx.Graph) -> None:
-    """Move nodes so that each comes after its inputs (a handed value traced after a node that
-    now reads it directly), keeping the order otherwise."""
-    position = {n: i for i, n in enumerate(g.nodes)}
-    if all(position[a] < position[n] for n in g.nodes for a in n.all_input_nodes):
-        return
-    done: set = set()
-    order: list = []
-
-    def visit(n):
-        stack = [(n, False)]
-        while stack:
-            m, expanded = stack.pop()
-            if m in done:
-                continue
-            if expanded:
-                done.add(m)
-                order.append(m)
-                continue
-            stack.append((m, True))
-            for a in reversed(m.all_input_nodes):
-                if a not in done:
-                    stack.append((a, False))
-    for n in list(g.nodes):
-        visit(n)
-    cursor = None
-    for n in order:
-        if n.op == "placeholder":
-            cursor = n
-            continue
-        if cursor is not None:
-            cursor.append(n)
-        cursor = n
 
 
 def forward_levels(joint: torch.fx.GraphModule, layout: Layout) -> dict:
