@@ -41,7 +41,7 @@ import torch
 # has grouped-query attention)
 SMALL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, vocab_size=100,
              max_position_embeddings=64, num_key_value_heads=2, head_dim=8, pad_token_id=0)
-CAUSAL = ["gpt2", "gpt_neo", "opt", "mistral", "qwen2", "qwen3", "phi", "phi3", "falcon", "bloom", "gpt_bigcode",
+CAUSAL = ["gpt2", "gpt_neo", "opt", "llama", "mistral", "qwen2", "qwen3", "phi", "phi3", "falcon", "bloom", "gpt_bigcode",
           "gemma", "gemma2", "gptj", "gpt_neox", "mixtral", "olmo", "stablelm", "starcoder2", "codegen", "mpt", "xglm",
           "biogpt", "cohere", "granite", "granitemoe", "olmoe", "jetmoe", "persimmon", "nemotron", "helium", "glm",
           "mamba", "falcon_mamba", "rwkv", "ctrl", "olmo2", "phimoe", "qwen2_moe", "exaone4", "smollm3", "gemma3_text"]

@@ -301,8 +301,9 @@ def _capture(state: AOTState) -> AOTGraphCapture:
 
 
 def with_eager_layouts(gm: torch.fx.GraphModule, meta) -> None:
-    """The outputs the caller gets as the graph returns them, with eager's dtypes and strides
-    (a dtype a decomposition lost is cast back: the tangents are made with eager's). The traced
+    """The outputs the caller gets as the graph returns them, and the intermediate bases of the
+    views it takes again, with eager's dtypes and strides (a dtype a decomposition lost is cast
+    back: the tangents are made with eager's). The traced
     (decomposed) value of an output can have another layout than eager's (a ``cat`` with an
     empty tensor, say), and the caller may read the strides (``view``, ``is_contiguous``, a
     stride-specialized graph after a break). Such an output is copied to eager's strides
@@ -312,8 +313,11 @@ def with_eager_layouts(gm: torch.fx.GraphModule, meta) -> None:
     out = U.output_node(gm.graph)
     flat = list(out.args[0])
     changed = False
-    for j, k in enumerate(meta.graph_output_indices):
-        node, info = flat[n_mut + j], meta.outputs[k]
+    # the outputs, and the intermediates whose views the runtime takes again with eager's
+    # strides and offsets (``as_strided``: a base in another layout gives other elements)
+    infos = [meta.outputs[k] for k in meta.graph_output_indices] + list(meta.intermediate_bases)
+    for j, info in enumerate(infos):
+        node = flat[n_mut + j]
         val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
         if not isinstance(val, torch.Tensor):
             continue

@@ -346,3 +346,24 @@ def test_graph_traced_under_autocast_runs_its_own_casts_only(backend):
         torch.testing.assert_close(loss, ref)
         for w, r in zip(ws, refs):
             torch.testing.assert_close(w.grad, r.grad)
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_views_of_an_intermediate_in_another_traced_layout_match_eager(backend):
+    """A sliding-window KV cache returns ``full[:, :, -w:]`` of ``full = cat([empty(0), k])``:
+    eager's ``cat`` keeps ``k``'s transposed layout, the decomposed trace made it contiguous, and
+    the view the runtime takes again from the returned base (with eager's strides) read other
+    elements (Mistral's cache under inductor). The base is returned in eager's layout."""
+    def f(x, w):
+        k = (x @ w).view(2, 8, 2, 4).transpose(1, 2)
+        full = torch.cat([torch.empty(0), k], dim=-2)
+        return full[:, :, -5:, :], (full * 2).sum()
+
+    cf = kiln.compile(f, backend=backend)
+    for _ in range(2):
+        x, w = torch.randn(2, 8, 6), torch.randn(6, 8)
+        with torch.no_grad():
+            got, want = cf(x, w), f(x, w)
+        for g, e in zip(got, want):
+            torch.testing.assert_close(g, e)
+            assert g.stride() == e.stride()
