@@ -130,15 +130,9 @@ def test_a_segmented_graph_is_one_cache_entry_that_loads():
     kiln.reset()
     args = _inputs()
     ref = _clone(args)
-    logits, loss = kiln.compile(_two_outputs, backend="aot_eager")(*args)
+    got = kiln.compile(_two_outputs, backend="aot_eager")(*args)
     assert kiln.cache.stats()["hits"] == 1
-    r_logits, r_loss = _two_outputs(*ref)
-    logits.retain_grad()
-    r_logits.retain_grad()
-    loss.backward()
-    r_loss.backward()
-    torch.testing.assert_close(logits.grad, r_logits.grad)
-    torch.testing.assert_close(args[1].grad, ref[1].grad)
+    _logits_grad_matches_eager(got, args, ref)
 
 
 @pytest.mark.parametrize("backend", ["aot_eager"])
@@ -147,14 +141,20 @@ def test_dynamic_graph_chain_matches_eager_for_each_size(backend):
     for n in (4, 7, 4, 9):
         args = (torch.randn(n, 6), torch.randn(6, 5, requires_grad=True))
         ref = _clone(args)
-        logits, loss = cf(*args)
-        r_logits, r_loss = _two_outputs(*ref)
-        logits.retain_grad()
-        r_logits.retain_grad()
-        loss.backward()
-        r_loss.backward()
-        torch.testing.assert_close(logits.grad, r_logits.grad)
-        torch.testing.assert_close(args[1].grad, ref[1].grad)
+        _logits_grad_matches_eager(cf(*args), args, ref)
+
+
+def _logits_grad_matches_eager(got, args, ref):
+    """``_two_outputs``' (logits, loss) from kiln: backward() from the loss gives the retained
+    logits' gradient and the weight's gradient eager gives on ``ref``."""
+    logits, loss = got
+    r_logits, r_loss = _two_outputs(*ref)
+    logits.retain_grad()
+    r_logits.retain_grad()
+    loss.backward()
+    r_loss.backward()
+    torch.testing.assert_close(logits.grad, r_logits.grad)
+    torch.testing.assert_close(args[1].grad, ref[1].grad)
 
 
 # -- one forward graph, a node per segment ------------------------------------------------------
