@@ -80,6 +80,8 @@ class OutputGraph:
         # storages (of fakes) that must not be written in place: max(a, b) of tensors is a
         # select where eager returns a or b itself (see values/builtins_more.py)
         self.frozen_storages: list = []
+        # id() of values whose identity exists only during the capture: id(object) -> token
+        self.capture_ids: dict = {}
         self.fn_name = fn_name
         self.instructions = 0
         self._names: set[str] = set()

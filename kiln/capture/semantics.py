@@ -15,6 +15,7 @@ from .values.base import ConstantValue, LazyArgument, NullValue, Value
 from .values.containers import (BaseSequenceValue, DictValue, DictViewValue, IteratorValue,
                                 ListValue, SetValue, TupleValue)
 from .values.functions import BoundMethodValue, NestedFunctionValue, UserFunctionValue
+from .values.identity import CaptureIdValue
 from .values.numpy_values import NdarrayValue, numpy_binary, numpy_unary
 from .values.objects import ClassValue, NewObjectValue, ObjectValue, static_lookup
 from .values.symbolic import (SymNodeValue, SymRangeValue, SymSliceValue, specialize, sym_binary,
@@ -193,8 +194,8 @@ class PythonSemantics:
         raise Unsupported(f"equality of {a.describe()} and {b.describe()}")
 
     def dict_key(self, v: Value):
-        if isinstance(v, TensorValue):
-            return v  # tensors hash by identity, and values preserve tensor identity
+        if isinstance(v, (TensorValue, CaptureIdValue)):
+            return v  # hash by identity: values preserve tensor identity, id() tokens are interned
         if isinstance(v, _SYMBOLIC):
             v = specialize(v)
         if v.is_constant():

@@ -38,6 +38,10 @@ class SideEffects:
         hit = self.attrs.get((id(obj), name))
         return hit[2] if hit is not None else None
 
+    def stores_on(self, obj: Value) -> bool:
+        """Whether this capture set or deleted an attribute of ``obj`` (not yet written back)."""
+        return any(entry[0] is obj for entry in self.attrs.values())
+
     def store_cell(self, cell, name: str, value: Value, cell_value: Value | None = None) -> None:
         self.cells[id(cell)] = (cell_value, name, value)
 

@@ -20,7 +20,7 @@ from ..sources import (ITEM_DICT, ITEM_INDEX, ITEM_LIST, ITEM_TUPLE, AttrSource,
 from .base import CONSTANT_TYPES, ConstantValue, Value, is_constant_object, is_type_annotation
 from .builtins import _HANDLERS, BuiltinValue
 from .environ import EnvironValue
-from . import itertools_fns  # noqa: F401  (registers the itertools handlers)
+from . import identity, itertools_fns  # noqa: F401  (register id() and the itertools handlers)
 from .builtins_more import LRU_CACHE_WRAPPER, LruCacheValue
 from . import new_objects  # noqa: F401  (registers collections.namedtuple)
 from .containers import DictValue, IteratorValue, ListValue, NamedTupleValue, SetValue, TupleValue
@@ -265,8 +265,8 @@ class Builder:
             return ListValue(items, source, t)
         if isinstance(obj, dict) and t is not collections.defaultdict or t is collections.defaultdict:
             keys = list(dict.keys(obj))
-            if not all(is_constant_object(k) for k in keys):
-                raise Unsupported("a dict whose keys are not Python constants")
+            if not all(is_constant_object(k) or _is_class_key(k) for k in keys):
+                raise Unsupported("a dict whose keys are not Python constants or classes")
             g(GuardKind.TYPE_MATCH, source, t)
             g(GuardKind.DICT_KEYS, source, keys)
             how = ITEM_INDEX if t in (dict, collections.OrderedDict) else ITEM_DICT
@@ -353,6 +353,12 @@ class Builder:
         if isinstance(source, AttrSource) and isinstance(self.by_source.get(source.base), NNModuleValue):
             return False
         return policy.int_is_dynamic(source.describe(), value)
+
+
+def _is_class_key(k) -> bool:
+    """A class as a dict key (a dispatch table such as ``copy._deepcopy_dispatch``): hashed
+    and compared by identity, unless its metaclass says otherwise."""
+    return isinstance(k, type) and type(k).__eq__ is type.__eq__ and type(k).__hash__ is type.__hash__
 
 
 def _is_immutable_scalar(obj) -> bool:

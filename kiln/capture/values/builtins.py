@@ -23,7 +23,7 @@ from .functions import PartialValue
 from .functions import UserFunctionValue
 from .symbolic import (SymNodeValue, SymRangeValue, SymSliceValue, size_value, specialize,
                        sym_call)
-from .objects import (ClassValue, GradModeValue, NewObjectValue, SuperValue,
+from .objects import (ClassValue, can_allocate_symbolically, GradModeValue, NewObjectValue, SuperValue,
                       can_create_symbolically, static_lookup, user_layers_define)
 
 _HANDLERS: dict[Any, Callable] = {}
@@ -177,6 +177,16 @@ def _tuple_new(tx, fn, args, kwargs):
     if cls is tuple:
         return TupleValue(items)
     raise Unsupported(f"tuple.__new__ of {cls.__name__}")
+
+
+@handles(object.__new__)
+def _object_new(tx, fn, args, kwargs):
+    """``object.__new__(cls)`` (``copyreg.__newobj__`` of a copy): a new instance of a plain
+    Python class, its attributes symbolic, as ``cls(...)`` gives one."""
+    cls = args[0].as_constant() if args and isinstance(args[0], ClassValue) else None
+    if cls is None or len(args) > 1 or kwargs or not can_allocate_symbolically(cls):
+        raise Unsupported(f"object.__new__ of {args[0].describe() if args else 'nothing'}")
+    return NewObjectValue(cls)
 
 
 @handles(print)
@@ -444,11 +454,6 @@ def _super(tx, fn, args, kwargs):
     else:
         cls, obj = tx.zero_arg_super()
     return SuperValue(cls, obj)
-
-
-@handles(id)
-def _id(tx, fn, args, kwargs):
-    raise Unsupported("id() of a value (object identity is not stable across calls)")
 
 
 # -- classes -------------------------------------------------------------------------------

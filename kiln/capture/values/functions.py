@@ -103,7 +103,7 @@ class UserFunctionValue(Value):
 # use in their forward). Others (logging, warnings, threading, ...) are called natively.
 _INLINED_STDLIB = frozenset({"functools", "operator", "collections", "itertools", "typing",
                              "dataclasses", "enum", "copy", "abc", "math", "numbers", "contextlib",
-                             "_collections_abc", "types"})
+                             "_collections_abc", "types", "copyreg"})
 
 
 def signature_of(tx, v: Value) -> Value:

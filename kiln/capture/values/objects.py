@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import abc
 import collections
+import copyreg
 import types
 from typing import Any
 
@@ -129,6 +130,8 @@ class ObjectValue(Value):
             other = args[0].real_object()
             same = other is self.value
             return ConstantValue(same if name == "__eq__" else not same)
+        if name == "__reduce_ex__" and cls_attr is object.__reduce_ex__ and len(args) == 1 and not kwargs:
+            return default_reduce_ex(tx, self, args[0])
         attr = self.getattr(tx, name)
         if isinstance(attr, MethodValue) and attr.obj is self and attr.name == name:
             # a method implemented in C (ContextVar.set, a C type's __bool__): this value
@@ -174,6 +177,36 @@ class ObjectValue(Value):
         if descriptor_delete(tx, self, cls, name, static_lookup(cls, name)):
             return
         raise Unsupported(f"del of attribute {name!r} of an object that existed before the call")
+
+
+def default_reduce_ex(tx, obj: ObjectValue, protocol: Value) -> Value:
+    """``object.__reduce_ex__(obj, protocol)`` for a plain Python class, as CPython builds it
+    (``reduce_newobj``): ``(copyreg.__newobj__, (cls,), state, None, None)``, where the state is
+    what ``__getstate__`` returns (by default the instance ``__dict__``, or None if it is
+    empty). ``copy`` and ``pickle`` then run in Python, inlined. Anything CPython does in C
+    beyond that (slots, ``__getnewargs__``, container subclasses, old protocols) is refused."""
+    from .containers import TupleValue
+
+    cls = obj.python_type()
+    if not protocol.is_constant() or not isinstance(protocol.as_constant(), int) or protocol.as_constant() < 2:
+        raise Unsupported("object.__reduce_ex__ with a protocol below 2")
+    if static_lookup(cls, "__reduce__") is not object.__reduce__:
+        return obj.call_method(tx, "__reduce__", [], {})
+    if any(k.__module__ == "builtins" for k in cls.__mro__[:-1]) or type(cls) not in (type, abc.ABCMeta) or \
+            user_layers_define(cls, ("__slots__", "__getnewargs__", "__getnewargs_ex__")):
+        raise Unsupported(f"object.__reduce_ex__ of a {cls.__name__} (slots, new-args or a builtin base)")
+    if static_lookup(cls, "__getstate__") is not object.__getstate__:
+        state = obj.call_method(tx, "__getstate__", [], {})
+    elif isinstance(obj, NewObjectValue):
+        state = obj.object_getattr(tx, "__dict__") if obj.attrs else ConstantValue(None)
+    else:
+        if obj.source is None or tx.output.side_effects.stores_on(obj):
+            raise Unsupported(f"the state of a {cls.__name__} that this capture changed or cannot guard")
+        state = obj.object_getattr(tx, "__dict__")
+        if not state.truthy(tx):
+            state = ConstantValue(None)
+    newobj = tx.wrap(copyreg.__newobj__, None)
+    return TupleValue([newobj, TupleValue([ClassValue(cls)]), state, ConstantValue(None), ConstantValue(None)])
 
 
 def store_on_new_object(tx, obj, name, value) -> None:
@@ -275,7 +308,7 @@ def class_dict_source(cls: type, name: str):
 
 
 def _new_object(cls, attrs):
-    obj = cls.__new__(cls)
+    obj = object.__new__(cls)
     obj.__dict__.update(attrs)
     return obj
 
@@ -292,16 +325,22 @@ def user_layers_define(cls: type, names: tuple[str, ...], stop: tuple[type, ...]
     return False
 
 
-def can_create_symbolically(cls) -> bool:
-    """A plain Python class: no metaclass, no custom __new__, no slots, not a builtin."""
+def can_allocate_symbolically(cls) -> bool:
+    """``object.__new__(cls)`` gives an instance that only its ``__dict__`` describes: a plain
+    Python class (no metaclass, no slots, no builtin base, not a module or tensor)."""
     # ABCMeta only adds registration-based isinstance checks, which run on the real classes
-    if type(cls) not in (type, abc.ABCMeta) or cls.__module__ == "builtins":
+    if not isinstance(cls, type) or type(cls) not in (type, abc.ABCMeta) or cls.__module__ == "builtins":
         return False
     if issubclass(cls, (torch.nn.Module, torch.Tensor, BaseException)):
         return False
     if any(klass.__module__ == "builtins" for klass in cls.__mro__[:-1]):
         return False
-    if user_layers_define(cls, ("__slots__", "__new__")):
+    return not user_layers_define(cls, ("__slots__",))
+
+
+def can_create_symbolically(cls) -> bool:
+    """A plain Python class whose ``cls(...)`` runs only Python: no custom __new__ either."""
+    if not can_allocate_symbolically(cls) or user_layers_define(cls, ("__new__",)):
         return False
     init = static_lookup(cls, "__init__")
     return isinstance(init, types.FunctionType) or init is object.__init__

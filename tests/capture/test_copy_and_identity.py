@@ -1,0 +1,185 @@
+"""``copy.deepcopy``/``copy.copy`` of plain objects and ``id()``, captured in one graph.
+
+Library code copies configuration objects inside a forward (transformers' ``get_text_config``
+deep-copies an encoder-decoder config when a cache is built). The copy runs as the ``copy``
+module's own Python code, inlined: ``id()`` keys its memo, ``object.__reduce_ex__`` and
+``object.__new__`` are modelled as CPython implements them. Each case is compared with eager
+(outputs and the original object, which a copy must never change) and its graph count asserted.
+"""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import kiln
+from kiln.testing import CompileCounter, assert_same
+
+
+@pytest.fixture(autouse=True)
+def _fresh():
+    kiln.reset()
+    yield
+    kiln.reset()
+
+
+class Config:
+    def __init__(self, scale=2):
+        self.scale = scale
+        self.layers = [1, 2, 3]
+        self.names = {"encoder_layers": 2, "decoder_layers": 3}
+        self.dtype = torch.float32
+        self.is_encoder_decoder = True
+
+
+class WithGetstate(Config):
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["scale"] = state["scale"] * 10
+        return state
+
+
+class WithDeepcopy(Config):
+    def __deepcopy__(self, memo):
+        other = WithDeepcopy(self.scale + 1)
+        return other
+
+
+class Slotted:
+    __slots__ = ("scale",)
+
+    def __init__(self):
+        self.scale = 3
+
+
+def _compile(fn, fullgraph=True):
+    cc = CompileCounter()
+    return cc, kiln.compile(fn, backend=cc, fullgraph=fullgraph)
+
+
+def _text_config(cfg, decoder=True):
+    """The shape of transformers' legacy-config path: copy, then rename keys on the copy."""
+    out = copy.deepcopy(cfg)
+    prefix = "decoder" if decoder else "encoder"
+    for key in list(out.names):
+        if key.startswith(prefix):
+            out.num_layers = out.names[key]
+    del out.layers
+    out.scale = out.scale + 1
+    return out
+
+
+def test_deepcopy_then_mutate_the_copy_is_one_graph_and_leaves_the_original():
+    def f(x, cfg):
+        c = _text_config(cfg)
+        return x * c.scale + c.num_layers + len(c.names)
+
+    cc, g = _compile(f)
+    for scale in (2, 2, 5):
+        cfg, ref = Config(scale), Config(scale)
+        x = torch.randn(4)
+        assert_same(g(x, cfg), f(x, ref))
+        assert vars(cfg).keys() == vars(ref).keys() and cfg.layers == [1, 2, 3] and cfg.scale == scale
+    # one graph per config object: the copy reads the object itself (guarded by identity)
+    assert cc.frame_count == 3
+
+
+def test_deepcopy_result_escapes_as_a_real_object():
+    def f(x, cfg):
+        c = _text_config(cfg)
+        return x + 1, c
+
+    cc, g = _compile(f)
+    cfg = Config()
+    x = torch.randn(3)
+    out, c = g(x, cfg)
+    e_out, e_c = f(x, Config())
+    assert_same(out, e_out)
+    assert type(c) is Config and vars(c) == vars(e_c)
+    assert c is not cfg and c.names is not cfg.names and cfg.layers == [1, 2, 3]
+    assert cc.frame_count == 1
+
+
+def test_deepcopy_shares_a_repeated_object_once():
+    def f(x, cfg):
+        shared = [cfg.scale]
+        c = copy.deepcopy({"a": shared, "b": shared, "cfg": cfg})
+        c["a"].append(7)
+        return x * len(c["b"]), c["cfg"] is cfg, c["a"] is c["b"]
+
+    cc, g = _compile(f)
+    cfg = Config()
+    x = torch.randn(3)
+    assert_same(g(x, cfg), f(x, cfg))
+    assert cc.frame_count == 1
+
+
+def test_copy_copy_is_shallow():
+    def f(x, cfg):
+        c = copy.copy(cfg)
+        c.scale = 9
+        return x * c.scale, c.names is cfg.names
+
+    cc, g = _compile(f)
+    cfg = Config()
+    x = torch.randn(3)
+    assert_same(g(x, cfg), f(x, Config()))
+    assert cfg.scale == 2 and cc.frame_count == 1
+
+
+@pytest.mark.parametrize("cls", [WithGetstate, WithDeepcopy])
+def test_a_class_that_customizes_copying_is_honoured(cls):
+    def f(x, cfg):
+        return x * copy.deepcopy(cfg).scale
+
+    cc, g = _compile(f)
+    x = torch.randn(3)
+    assert_same(g(x, cls()), f(x, cls()))
+    assert cc.frame_count == 1
+
+
+def test_slots_and_a_copy_after_a_store_fall_back_to_eager_and_stay_right():
+    def f(x, obj):
+        return x * copy.deepcopy(obj).scale
+
+    def g_store(x, cfg):
+        cfg.scale = 4            # the copy must see this store, not the object's old state
+        return x * copy.deepcopy(cfg).scale
+
+    for fn, make in ((f, Slotted), (g_store, Config)):
+        cc, g = _compile(fn, fullgraph=False)
+        x = torch.randn(3)
+        a, b = make(), make()
+        assert_same(g(x, a), fn(x, b))
+        assert vars(a) == vars(b) if hasattr(a, "__dict__") else a.scale == b.scale
+
+
+def test_id_of_an_argument_is_guarded_and_of_a_new_object_is_a_token():
+    def f(x, cfg):
+        seen = {id(cfg): "cfg"}
+        new = []
+        seen[id(new)] = "new"
+        same = id(new) == id(new)
+        return x + len(seen), seen[id(cfg)], same
+
+    cc, g = _compile(f)
+    x = torch.randn(3)
+    cfg = Config()
+    assert_same(g(x, cfg), f(x, cfg))
+    assert_same(g(x, Config()), f(x, Config()))    # another object: its id guard fails
+    assert cc.frame_count == 2
+
+
+def test_the_number_of_a_new_objects_id_is_not_made_up():
+    def f(x):
+        new = []
+        return x + 1, id(new) % 7
+
+    cc = CompileCounter()
+    g = kiln.compile(f, backend=cc)
+    x = torch.randn(3)
+    out, _ = g(x)
+    assert_same(out, x + 1)
+    with pytest.raises(Exception, match="id"):
+        kiln.compile(f, backend=CompileCounter(), fullgraph=True)(x)
