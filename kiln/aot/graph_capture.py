@@ -323,7 +323,7 @@ def with_eager_layouts(gm: torch.fx.GraphModule, meta) -> None:
             continue
         dtype = U.dtype_from_str(info.dtype) if info.dtype else val.dtype
         if dtype != val.dtype:      # (a decomposition that lost eager's type promotion)
-            with gm.graph.inserting_before(out):
+            with _right_after(gm.graph, node):
                 c = gm.graph.call_function(torch.ops.prims.convert_element_type.default, (node, dtype))
             c.meta = {key: v for key, v in node.meta.items() if key != "val"}
             with U.fake_mode_of([val]):
@@ -336,7 +336,7 @@ def with_eager_layouts(gm: torch.fx.GraphModule, meta) -> None:
         if all(a == b for a, b, size in zip(val.stride(), info.stride, val.shape) if size > 1) \
                 or any(size == 0 for size in val.shape):
             continue
-        with gm.graph.inserting_before(out):
+        with _right_after(gm.graph, node):
             c = gm.graph.call_function(torch.ops.prims.copy_strided.default, (node, list(info.stride)))
         c.meta = {key: v for key, v in node.meta.items() if key != "val"}
         with U.fake_mode_of([val]):
@@ -345,6 +345,16 @@ def with_eager_layouts(gm: torch.fx.GraphModule, meta) -> None:
         changed = True
     if changed:
         out.args = (tuple(flat),)
+
+
+def _right_after(graph: torch.fx.Graph, node: torch.fx.Node):
+    """Where a node that converts ``node`` goes: right after it (after the placeholders for an
+    input), so that a later segment that reads the converted value in the fused forward comes
+    after it, as a reader of ``node`` does."""
+    if node.op != "placeholder":
+        return graph.inserting_after(node)
+    first = next((n for n in graph.nodes if n.op != "placeholder"), None)
+    return graph.inserting_before(first)
 
 
 def mark_user_visible(gm: torch.fx.GraphModule, n: int, nfw: int, meta, saved_inputs, saved_outputs) -> None:

@@ -294,3 +294,63 @@ def test_a_handed_value_written_in_place_later_compiles_as_a_chain_and_matches(b
         loss.backward()
         rloss.backward()
         torch.testing.assert_close(w.grad, wr.grad)
+
+
+
+def test_a_conversion_to_eagers_layout_sits_right_after_its_value():
+    """An output whose traced layout or dtype is not eager's is converted right after the node
+    that computes it (not at the end of the graph): in a fused forward a later segment reads
+    that converted value, and must come after it (on CUDA, a KV cache read by attention)."""
+    import types
+
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from kiln.aot.graph_capture import with_eager_layouts
+
+    def f(x):
+        k = x * 2
+        return k, (k @ k.t()).sum()
+
+    gm = make_fx(f, tracing_mode="fake")(torch.randn(4, 3))
+    out = lambda stride, dtype: types.SimpleNamespace(stride=stride, dtype=dtype)  # noqa: E731
+    meta = types.SimpleNamespace(mutated_data_indices=[], graph_output_indices=[0, 1], intermediate_bases=[],
+                                 outputs=[out((1, 4), "float64"), out((), None)])
+    with_eager_layouts(gm, meta)
+    nodes = list(gm.graph.nodes)
+    k = next(n for n in nodes if n.target is torch.ops.aten.mul.Tensor)
+    convert, copy = nodes[nodes.index(k) + 1], nodes[nodes.index(k) + 2]
+    assert convert.target is torch.ops.prims.convert_element_type.default and convert.args[0] is k
+    assert copy.target is torch.ops.prims.copy_strided.default and copy.args[0] is convert
+    returned = gm.graph.find_nodes(op="output")[0].args[0][0]
+    assert returned is copy and copy.meta["val"].stride() == (1, 4) and copy.meta["val"].dtype == torch.float64
+    gm.graph.lint()
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_a_handed_value_copied_to_eagers_layout_stays_one_forward(backend):
+    """The trace lays ``cat([empty(0), k])`` out contiguously where eager keeps ``k``'s
+    transposed layout, so the returned cache is copied to eager's strides; the later output
+    reads that copy in the fused forward, which must compute it before its reader (the copy
+    sits right after the value, not at the end of the graph)."""
+    torch.manual_seed(0)
+    w = torch.randn(6, 8, requires_grad=True)
+
+    def f(x):
+        k = (x @ w).view(2, 8, 2, 4).transpose(1, 2)
+        full = torch.cat([torch.empty(0), k], dim=-2)
+        return full, (full * full).sum()
+
+    counter = _Forwards()
+    cf = kiln.compile(f, backend=counter.backend if backend == "aot_eager" else backend)
+    for _ in range(2):
+        x = torch.randn(2, 8, 6)
+        full, loss = cf(x)
+        r_full, r_loss = f(x)
+        assert full.stride() == r_full.stride()
+        torch.testing.assert_close(full, r_full)
+        got = torch.autograd.grad(loss, [full, w])
+        want = torch.autograd.grad(r_loss, [r_full, w])
+        for g, e in zip(got, want):
+            torch.testing.assert_close(g, e)
+    if backend == "aot_eager":
+        assert counter.forwards == 1
