@@ -50,6 +50,13 @@ class Config:
     # KILN_CUDAGRAPH_OR_ERROR=1.
     cudagraph_or_error: bool = False
 
+    # A compiled training graph saves a parameter or buffer its backward reads as it is, even
+    # where eager saves only a function of it (a bf16 cast under autocast). Changing it in
+    # place between the forward and backward() then raises autograd's error where eager does
+    # not. True: save a copy of each such tensor on every step, as for other inputs (eager's
+    # behaviour, at the cost of copying the weights each step). KILN_COPY_SAVED_PARAMETERS=1.
+    copy_saved_parameters: bool = False
+
     def patch(self, **changes: Any) -> contextlib.AbstractContextManager:
         """Temporarily change fields: ``with kiln.config.patch(recompile_limit=1): ...``."""
         return _patch(self, changes)

@@ -16,6 +16,7 @@ import torch
 import torch.fx
 
 from .. import _torch
+from ..config import config
 from ..errors import Unsupported
 from . import _utils as U
 from . import function as F
@@ -150,7 +151,8 @@ def build_parts(state, capture, partition_fn: Any = None) -> CompiledParts:
     check_input_writes(p.forward, state.meta.in_graph_mutated_indices)
     clone_saved_before_writes(p, state.fake_mode)
     hooks = _inline_saved_hooks(state, p, capture.num_fw_outputs)
-    checks = V.version_checks(p.forward, p.backward, capture, state.meta)
+    checks = V.version_checks(p.forward, p.backward, capture, state.meta,
+                              copy_parameters=config.copy_saved_parameters)
     return CompiledParts(kind="training", forward=p.forward, backward=p.backward, saved=p.saved,
                          saved_bytes=p.saved_bytes, saved_input_bytes=p.saved_input_bytes,
                          partitioner=_partitioner_name(partition_fn), grad_dependencies=deps,

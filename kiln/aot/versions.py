@@ -14,7 +14,10 @@ outcome:
   copy-back (``late``, attached by the runtime wrapper);
 * a saved value that aliases an input or output eager does not save is copied at forward time
   (``copy_saved``): the user may change the original, eager allows it; so is a saved value
-  that aliases a mutated input, which the runtime overwrites right after the forward;
+  that aliases a mutated input, which the runtime overwrites right after the forward. A
+  parameter or buffer is the exception (unless ``kiln.config.copy_saved_parameters``): it is
+  saved as it is, and changing it in place before backward() raises autograd's error where
+  eager, which saved a cast of it under autocast, would not;
 * a user-visible saved value needed only for the gradients of some outputs (``watch``) is not
   checked when backward() does not go through those outputs.
 """
@@ -57,10 +60,12 @@ def tangent_uses(graph: torch.fx.Graph, tangents: list, backward_phase_only: boo
     return uses
 
 
-def version_checks(forward: torch.fx.GraphModule, backward: torch.fx.GraphModule, capture, meta) -> dict:
+def version_checks(forward: torch.fx.GraphModule, backward: torch.fx.GraphModule, capture, meta,
+                   copy_parameters: bool = False) -> dict:
     """The ``check_inputs``/``check_outputs``/``copy_saved``/``watch`` fields of
     CompiledParts (see the module's docstring). ``watch``: ``[position among the tensors the
-    Function saves, tangents that need it]``."""
+    Function saves, tangents that need it]``. ``copy_parameters``: copy a saved parameter or
+    buffer that eager does not save, as any other input (else it is saved as it is)."""
     mutated = meta.all_mutated_indices
     n_mut = len(meta.mutated_data_indices)
     nfw = capture.num_fw_outputs
@@ -115,9 +120,13 @@ def version_checks(forward: torch.fx.GraphModule, backward: torch.fx.GraphModule
             continue                   # an intermediate: the user cannot change it
         need = bw_demand.get(bw_phs[j], everything) if j < len(bw_phs) else everything
         eager_needs = eager_need(j_phs[visible[1]] if visible[0] == "in" else j_outs[visible[1]])
-        if not eager or (eager_needs and not need <= eager_needs):
+        if (not eager or (eager_needs and not need <= eager_needs)) and \
+                not (visible[0] == "in" and meta.inputs[visible[1]].is_static and not copy_parameters):
             # eager does not keep it (for these gradients): the user may change it before
-            # backward(), eager allows it
+            # backward(), eager allows it. A parameter is saved as it is (under autocast eager
+            # keeps a cast of each weight instead, and a copy of every weight on every step
+            # costs more than a whole step's kernels): changing it in place before backward()
+            # raises autograd's error, never a wrong gradient (``copy_saved_parameters``).
             copy.append(j)
             continue
         if s is root:
@@ -223,6 +232,13 @@ def _modified(t: torch.Tensor, version: int) -> RuntimeError:
         f"{version} instead.")
 
 
+_SAVED_PARAMETER_HINT = (
+    "kiln: a compiled backward reads the parameters and buffers it needs as they are. If the tensor "
+    "changed in place is one (an optimizer step or a weight update before backward()), eager may "
+    "have allowed it (under autocast it saves a cast of each weight): call backward() first, or set "
+    "kiln.config.copy_saved_parameters = True (KILN_COPY_SAVED_PARAMETERS=1) to save copies, as eager does.")
+
+
 def unpack(ctx, given: set | None, watch: list, demand: list, everything: frozenset) -> list:
     """The saved tensors for this backward call, with eager's checks.
 
@@ -239,6 +255,10 @@ def unpack(ctx, given: set | None, watch: list, demand: list, everything: frozen
         undo = relax(ctx.kiln_watch, watch, given) if given is not None and watch else ()
         try:
             saved = list(ctx.saved_tensors)  # raises if one was changed in place since
+        except RuntimeError as e:
+            if "modified by an inplace operation" in str(e):
+                raise RuntimeError(f"{e}\n{_SAVED_PARAMETER_HINT}") from None
+            raise
         finally:
             restore(undo)
         ctx.kiln_done = now

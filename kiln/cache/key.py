@@ -22,6 +22,8 @@ from typing import Any
 import torch
 import torch.fx
 
+from ..config import config
+
 KEY_VERSION = 1
 
 
@@ -240,6 +242,7 @@ def key_parts(gm: torch.fx.GraphModule, example_inputs: list, backend: str, opti
         "versions": versions(),
         "device": device_info(example_inputs),
         "saved_tensor_hooks": saved_tensor_hooks(),
+        "aot": {"copy_saved_parameters": config.copy_saved_parameters},
     }
 
 

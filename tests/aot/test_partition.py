@@ -3,6 +3,8 @@ import pytest
 import torch
 import torch.nn as nn
 
+import kiln
+
 from kiln.aot import create_aot_state, stage1_graph_capture, stage2_compile
 from kiln.aot.partition import partition_capture
 from kiln.aot import _utils as U
@@ -282,13 +284,20 @@ def _bn_relu(x, weight, bias):
     return y.relu().mean()
 
 
-def test_min_cut_recomputes_a_batchnorm_relu_from_a_copy_of_the_bias():
-    """Eager's BatchNorm backward does not read its bias, so kiln's min-cut may save the bias
-    only as a copy (the user may change it in place before backward(), which eager allows):
-    the ReLU after it is then recomputed from the input and the copy, not saved (torch saves
-    the parameter itself). Changing the bias before backward() leaves the gradients eager's."""
+@pytest.mark.parametrize("copy_parameters", [False, True])
+def test_min_cut_recomputes_a_batchnorm_relu_from_the_bias(copy_parameters):
+    """Eager's BatchNorm backward does not read its bias; kiln's min-cut saves the bias and
+    recomputes the ReLU after it from the input, not saving the mask. The bias is saved as it
+    is: changing it in place before backward() raises autograd's error (never a wrong
+    gradient). With ``copy_saved_parameters`` it is saved as a copy, and the gradients are
+    eager's, which allows the change."""
     from kiln.backends.inductor import decomposition_table
 
+    with kiln.config.patch(copy_saved_parameters=copy_parameters):
+        _batchnorm_relu_case(decomposition_table, copy_parameters)
+
+
+def _batchnorm_relu_case(decomposition_table, copy_parameters):
     x, weight, bias = rg(64, 16), rg(16), rg(16)
     st, cap = _capture(_bn_relu, [x, weight, bias], static_input_indices=[1, 2],
                        decompositions=decomposition_table())      # (BatchNorm as pointwise ops)
@@ -302,8 +311,12 @@ def test_min_cut_recomputes_a_batchnorm_relu_from_a_copy_of_the_bias():
     with torch.no_grad():
         bias.add_(5.0)                      # (every normalized value > 0 now: a different mask)
         b2.add_(5.0)
-    out_k.backward()
     out_e.backward()
+    if not copy_parameters:
+        with pytest.raises(RuntimeError, match="copy_saved_parameters"):
+            out_k.backward()
+        return
+    out_k.backward()
     assert_same((x.grad, weight.grad, bias.grad), (x2.grad, w2.grad, b2.grad))
 
 
