@@ -548,6 +548,44 @@ def test_lru_cache_called_with_tensors_runs_natively():
     assert_same(compiled(x), fn(x))
 
 
+
+class _Recorder:
+    """A logger-like object: hashed and compared by identity, as lru_cache keys it."""
+
+    def __init__(self):
+        self.lines = []
+
+    def warn(self, msg):
+        self.lines.append(msg)
+
+
+@functools.lru_cache(None)
+def warning_once(logger, msg):
+    logger.warn(msg)       # (transformers' logger.warning_once: lru_cache over (logger, message))
+
+
+def test_lru_cache_keyed_by_an_objects_identity_runs_once_and_does_not_break():
+    """``logger.warning_once(msg)`` inside a forward (transformers' ``loss_function``): the
+    cache is keyed by the logger's identity, so the call is made once, at capture, as eager
+    makes it on its first call, and the graph does not break. Another logger is a new key:
+    its identity guard fails and it is called (and captured) again."""
+    log, other = _Recorder(), _Recorder()
+    warning_once.cache_clear()
+
+    def fn(x, logger):
+        warning_once(logger, "the default loss is used")
+        return x * 2
+
+    cc = CompileCounter()
+    compiled = kiln.compile(fn, backend=cc, fullgraph=True)
+    for _ in range(3):
+        x = torch.randn(3)
+        assert_same(compiled(x, log), x * 2)
+    assert log.lines == ["the default loss is used"] and cc.frame_count == 1
+    compiled(torch.randn(3), other)
+    assert other.lines == ["the default loss is used"] and cc.frame_count == 2
+
+
 # ------------------------------------------------------------ objects created inside
 def new_softmax(x, y):
     return torch.nn.Softmax(dim=-1)(x) + torch.nn.ReLU()(y)

@@ -114,12 +114,14 @@ class LruCacheValue(RealCallableValue):
                 type(c) is tuple and all(map(constant, c)))
 
         vals = [*args, *kwargs.values()]
-        if not all(v.is_constant() and constant(v.as_constant()) for v in vals):
+        if not all((v.is_constant() and constant(v.as_constant())) or _keyed_by_identity(tx, v) for v in vals):
             raise Unsupported(f"call to {self.describe()} with arguments that are not Python "
                               "constants (runs natively)")
+
+        def real(v):
+            return v.as_constant() if v.is_constant() else v.real_object()
         try:
-            result = self.fn(*[a.as_constant() for a in args],
-                             **{k: v.as_constant() for k, v in kwargs.items()})
+            result = self.fn(*[real(a) for a in args], **{k: real(v) for k, v in kwargs.items()})
         except Exception as e:
             raise tx.user_exception(e)
         if not (is_constant_object(result) or is_type_annotation(result)):
@@ -136,6 +138,24 @@ class LruCacheValue(RealCallableValue):
         if self.source is not None:
             return cg.source_expr(self.source)
         return cg.bind(self.fn)
+
+
+def _keyed_by_identity(tx, v: Value) -> bool:
+    """An existing object that lru_cache keys by identity (``object``'s hash and ``==``: a
+    logger, as ``logger.warning_once(...)`` passes it), read through a source: guarded by
+    identity, it is the same cache key on every call."""
+    from ..guards import GuardKind
+
+    if v.is_constant() or isinstance(v, RealCallableValue):
+        return False
+    obj, source = v.real_object(), getattr(v, "source", None)
+    if obj is None or source is None or isinstance(obj, torch.Tensor):
+        return False
+    cls = type(obj)
+    if cls.__hash__ is not object.__hash__ or cls.__eq__ is not object.__eq__:
+        return False
+    tx.output.builder.guard(GuardKind.ID_MATCH, source, obj)
+    return tx.output.guards_enabled_for(source)
 
 
 LRU_CACHE_WRAPPER = functools._lru_cache_wrapper
