@@ -498,7 +498,9 @@ def propagate_fake(gm: torch.fx.GraphModule, fake_inputs: list, mode: FakeTensor
                 n.meta[VAL_OF] = (n.target, n.args, n.kwargs)
             return r
 
-    with mode, torch.no_grad():
+    # (the graph's ATen ops already hold autocast's casts: run again under the caller's
+    # autocast, a float32 matmul would get a bfloat16 value)
+    with mode, torch.no_grad(), torch._C._DisableAutocast():
         _Prop(gm).run(*fake_inputs)
 
 

@@ -236,7 +236,10 @@ class GraphCompile:
         candidate = U.copy_graph_module(joint)
         try:
             U.record_val_calls(candidate.graph)
-            with _torch.inductor_config().patch(self.patches), _torch.inductor_compile_context(mode):
+            # (autocast off, as for the compile: the passes trace their replacements, and the
+            # graph's ATen ops already hold the casts)
+            with _torch.inductor_config().patch(self.patches), _torch.inductor_compile_context(mode), \
+                    torch._C._DisableAutocast():
                 candidate = _torch.inductor_joint_graph_passes(candidate, device_of(flat_inputs))
                 # (new nodes need their values; the rest keep theirs)
                 U.propagate_fake(candidate, flat_inputs, mode, keep_unchanged=True)

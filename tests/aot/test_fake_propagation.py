@@ -66,3 +66,23 @@ def test_a_changed_shape_reruns_the_users():
     assert tuple(a.meta["val"].shape) == (2, 1)
     b = next(n for n in gm.graph.nodes if n.target is aten.mul.Tensor)
     assert tuple(b.meta["val"].shape) == (2,)                     # (its call is unchanged)
+
+
+def test_values_are_propagated_without_the_callers_autocast():
+    """A graph's ATen ops already hold autocast's casts (a float32 matmul is one that autocast
+    left alone, such as a rotary embedding's frequencies). A compile runs inside the user's
+    ``torch.autocast``; propagating values again there must not make that matmul bfloat16 (the
+    KV cache of Llama-family models was then seen as a changed output, and Inductor's joint
+    passes were dropped)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from kiln.aot import _utils as U
+
+    def f(a, b):
+        return torch.mm(a, b) + 1
+
+    gm = make_fx(f, tracing_mode="fake")(torch.randn(4, 4), torch.randn(4, 4))
+    fakes = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        U.propagate_fake(gm, fakes, U.fake_mode_of(fakes))
+    assert all(n.meta["val"].dtype == torch.float32 for n in gm.graph.nodes if n.op == "call_function")
