@@ -23,6 +23,8 @@ from . import resume
 from .interpreter import BreakHere, FrameInterpreter, GraphBreakRequest
 from . import shape_guards
 from .output_graph import OutputGraph, SymbolInput
+from .values.attributes import _MISSING, has_user_getattribute, static_lookup
+from .values.base import LazyArgument
 from ..errors import ConstraintViolation
 from ..shapes.policy import ShapePolicy
 from .sources import LocalSource, RenderContext
@@ -433,6 +435,33 @@ def _ident(name: str) -> str:
     return "".join(c if c.isalnum() else "_" for c in name)
 
 
+def _pushed_by_load(tx, ip: int) -> tuple[str, ...] | None:
+    """The stack kinds that the attribute or global read at ``ip`` pushes when it runs
+    natively, where they are certain: a global (NULL first when it is called), a plain
+    attribute, and a property read to be called (CPython pushes NULL and the property's value,
+    not a method and its receiver)."""
+    ins = tx.instructions[ip]
+    if ins.opname == "LOAD_GLOBAL":
+        return (resume.NULL, resume.VALUE) if ins.arg[0] else (resume.VALUE,)
+    if ins.opname != "LOAD_ATTR" or not tx.stack:
+        return None
+    if not ins.arg[0]:
+        return (resume.VALUE,)
+    receiver = tx.stack[-1]
+    try:
+        if isinstance(receiver, LazyArgument):
+            receiver = receiver.realize(tx)       # (its type is guarded, as any argument read)
+        cls = receiver.python_type()
+    except Unsupported:
+        return None
+    attr = static_lookup(cls, ins.arg[1]) if isinstance(cls, type) else _MISSING
+    if isinstance(attr, property) and not has_user_getattribute(cls) and getattr(receiver, "source", None) is not None:
+        # the plan holds while the class still resolves the name to this property
+        tx.output.guard_class_attribute(cls, ins.arg[1], attr)
+        return (resume.NULL, resume.VALUE)
+    return None
+
+
 def _finish_break(fn, output: OutputGraph, tx, ip: int, reason: Unsupported, key, backend,
                   backend_name: str, compiled_factory: Callable) -> Entry:
     """The entry of a frame that breaks before instruction ``ip``: graph, side effects, the
@@ -450,7 +479,7 @@ def _finish_break(fn, output: OutputGraph, tx, ip: int, reason: Unsupported, key
     layout = [resume.slot_kind(v) for v in tx.stack]
     try:
         local_names = resume.handover_locals(code, tx.locals)   # (first parameter first)
-        plan = resume.plan_break(tx.instructions, ip, layout, local_names)
+        plan = resume.plan_break(tx.instructions, ip, layout, local_names, _pushed_by_load(tx, ip))
     except Unsupported as e:
         raise Unsupported(f"{reason} (and no graph break is possible there: {e})").located(*tx.location())
 

@@ -101,14 +101,19 @@ def _effect(ins: bu.Instr) -> tuple[int, int, bool]:
     return max(0, -pre), post + max(0, pre), False
 
 
-def plan_break(instrs: list[bu.Instr], index: int, layout: list[str], local_names: list[str]) -> BreakPlan:
+def plan_break(instrs: list[bu.Instr], index: int, layout: list[str], local_names: list[str],
+               pushed: tuple[str, ...] | None = None) -> BreakPlan:
     """Decide how far native execution runs from ``index`` and what each exit hands over.
 
     Native execution runs to the end of the expression around the break (until no NULL is
     left on the stack). Where that expression goes on with a jump (a 3.12 inlined
     comprehension inside a call: ``torch.stack([f(t) for t in xs])``, or a conditional
     expression as an argument), the exit is at the jump and its NULLs are handed over as
-    such (spilled by the epilogue, pushed back by the continuation's prologue)."""
+    such (spilled by the epilogue, pushed back by the continuation's prologue).
+
+    ``pushed``: the kinds a load at ``index`` pushes, where the caller knows them (a property
+    read in method form pushes NULL and its value). Only that read then runs natively: the
+    call or expression it feeds is the continuation's, and is compiled."""
     first = instrs[index]
     if first.opname in _NOT_BREAKABLE:
         raise Unsupported(f"cannot resume after {first.opname}")
@@ -147,6 +152,11 @@ def plan_break(instrs: list[bu.Instr], index: int, layout: list[str], local_name
             if low < 0:
                 raise Unsupported("stack underflow while planning a graph break")
             del kinds[low:]
+            if k == index and pushed is not None and k + 1 < len(instrs) and instrs[k + 1].target is None \
+                    and instrs[k + 1].opname not in _NOT_BREAKABLE:
+                kinds += list(pushed)
+                exits.append(Exit("fallthrough", k + 1, tuple(kinds), tuple(names)))
+                break
             if k == index and ins.opname in _COND_JUMPS:
                 keep = 1 if ins.opname.startswith("JUMP_IF_") else 0
                 exits.append(Exit("jump", ins.target, tuple(kinds) + (VALUE,) * keep, tuple(names)))

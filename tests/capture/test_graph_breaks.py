@@ -6,6 +6,7 @@ Every case runs compiled and eager on fresh inputs three times (``_breaks.check`
 result, same argument state, same stdout, and exactly ``frames`` graphs compiled by the first
 call (the graph before the break plus the graphs of the continuations) and none after.
 """
+import functools
 import logging
 import math
 import os
@@ -26,7 +27,7 @@ from _breaks import assert_fails_on_tensor, assert_on_tensor  # noqa: E402
 
 import kiln  # noqa: E402
 from kiln import comptime  # noqa: E402
-from kiln.testing import CompileCounter  # noqa: E402
+from kiln.testing import CompileCounter, assert_same  # noqa: E402
 
 log = logging.getLogger("kiln.tests.graph_breaks")
 
@@ -1468,3 +1469,40 @@ def test_comptime_before_a_break_runs_once(capsys):
     cf(torch.randn(2))
     out = capsys.readouterr().out
     assert out.count("comptime ran") == 1 and out.count("real print") == 1
+
+
+class _LossHead(torch.nn.Module):
+    """A module whose loss comes through a property that breaks the graph (transformers'
+    ``loss_function`` logs through a call the capture cannot take)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    @property
+    def loss_fn(self):
+        _native_only(torch.ones(1))
+        return torch.nn.functional.cross_entropy
+
+    def forward(self, x, y):
+        h = self.lin(x).relu()
+        return self.loss_fn(h, y) * 2, h
+
+
+@functools.lru_cache(None)
+def _native_only(t):
+    return None      # (an lru_cache called with a tensor: runs natively, a graph break)
+
+
+def test_a_break_inside_a_property_read_compiles_the_call_it_feeds():
+    """Only the property read runs natively: the call it feeds (the loss) and the rest of the
+    frame are a compiled continuation, as torch.compile resumes after the read."""
+    m = _LossHead()
+    cc = CompileCounter()
+    compiled = kiln.compile(m, backend=cc)
+    for _ in range(2):
+        x, y = torch.randn(3, 4), torch.randint(0, 4, (3,))
+        assert_same(compiled(x, y), m(x, y))
+    assert cc.frame_count == 2
+    ops = [str(n.target) for n in cc.graphs[1].graph.nodes if n.op == "call_function"]
+    assert any("cross_entropy" in o for o in ops), ops
