@@ -15,12 +15,13 @@ autograd would not reach, and checks saved tensors as eager would (``versions.py
 """
 from __future__ import annotations
 
+import warnings
 from typing import Any, Callable
 
 import torch
 import torch.fx
 
-from .._torch import applied_saved_tensors_hooks, saved_tensors_from_user_hooks
+from .._torch import applied_saved_tensors_hooks, inductor_view_to_reshape, saved_tensors_from_user_hooks
 from ..errors import Unsupported
 from . import _utils as U
 from . import partial as P
@@ -42,6 +43,34 @@ def caller(fn: Callable) -> Callable[[list], Any]:
                 return call(args)
         return call(args)
     return graph_call
+
+
+def layout_checked(call: Callable[[list], Any], gm: torch.fx.GraphModule, what: str) -> Callable[[list], Any]:
+    """``call`` (a compiled backward), or the graph run as ATen ops once a saved value comes
+    in another layout than the one it was compiled for. Inductor checks its inputs' strides
+    before it runs anything, so nothing ran; the graph with its views as reshapes reads any
+    layout. Better a slower backward than kiln's layout assumption reaching the user (a
+    dynamic graph whose forward laid a saved value out otherwise)."""
+    fallback = None
+
+    def run(args):
+        nonlocal fallback
+        if fallback is not None:
+            return fallback(args)
+        kept = list(args)        # (a boxed call empties the list it is given)
+        try:
+            return call(args)
+        except AssertionError as e:
+            if "stride" not in str(e):
+                raise
+            g = U.copy_graph_module(gm)
+            inductor_view_to_reshape(g)
+            fallback = caller(g)
+            warnings.warn(f"kiln: {what} got a saved value in another layout than it was compiled "
+                          f"for ({str(e).splitlines()[0][:200]}); it runs as ATen ops from now on.",
+                          RuntimeWarning, stacklevel=2)
+            return fallback(kept)
+    return run
 
 
 def view_outputs(fw: Callable, parts) -> list[int]:
@@ -113,7 +142,7 @@ def _copies(tensors: list) -> list:
 def make_training_core(fw: Callable, bw: Callable, parts, compile_bw: Callable[[torch.fx.GraphModule], Callable],
                        check: Callable[[tuple, bool], None]) -> Callable:
     view_outs = view_outputs(fw, parts)
-    fw, bw = caller(fw), caller(bw)
+    fw, bw = caller(fw), layout_checked(caller(bw), parts.backward, "the backward")
     nfw = parts.num_fw_outputs
     tangent_positions = list(parts.tangent_positions)
     n_tangents = len(tangent_positions)
@@ -134,7 +163,7 @@ def make_training_core(fw: Callable, bw: Callable, parts, compile_bw: Callable[[
         fn = partial_bws.get(given)
         if fn is None:
             gm = P.without_tangents(parts.backward, n_tangents, given)
-            fn = partial_bws[given] = caller(compile_bw(gm))
+            fn = partial_bws[given] = layout_checked(caller(compile_bw(gm)), gm, "a partial backward")
         return fn
 
     def node_backward_for(given: frozenset):
@@ -143,7 +172,7 @@ def make_training_core(fw: Callable, bw: Callable, parts, compile_bw: Callable[[
         got = partial_bws.get(given)
         if got is None:
             gm, kept = P.reading_only(P.without_tangents(parts.backward, n_tangents, given), n_saved)
-            got = partial_bws[given] = (caller(compile_bw(gm)), kept)
+            got = partial_bws[given] = (layout_checked(caller(compile_bw(gm)), gm, "a segment's backward"), kept)
         return got
 
     def run_forward(call: _Call):

@@ -367,3 +367,38 @@ def test_views_of_an_intermediate_in_another_traced_layout_match_eager(backend):
         for g, e in zip(got, want):
             torch.testing.assert_close(g, e)
             assert g.stride() == e.stride()
+
+
+def test_a_backward_given_a_saved_value_in_another_layout_runs_as_aten_ops():
+    """A compiled backward checks its inputs' strides before running anything (Inductor's
+    ``assert_size_stride``). A saved value in another layout than compiled for (a dynamic
+    graph's forward laid it out otherwise) must not reach the user as that assertion: the
+    graph runs as ATen ops, its views as reshapes, and gives the same values."""
+    import warnings
+
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from kiln.aot.function import layout_checked
+
+    gm = make_fx(lambda a: [a.view(-1) * 2])(torch.randn(2, 3))
+    calls = []
+
+    def compiled(args):
+        calls.append(1)
+        raise AssertionError("expected size 3==3, stride 1==3 at dim=1")
+
+    run = layout_checked(compiled, gm, "a test backward")
+    a = torch.randn(3, 2).t()                       # not viewable as (-1,)
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        out = run([a])
+    torch.testing.assert_close(out[0], a.reshape(-1) * 2)
+    assert any("another layout" in str(w.message) for w in rec)
+    out = run([a])                                  # from now on, the ATen graph only
+    torch.testing.assert_close(out[0], a.reshape(-1) * 2)
+    assert len(calls) == 1
+
+    def other_failure(args):
+        raise AssertionError("a kernel's own check")
+    with pytest.raises(AssertionError, match="own check"):
+        layout_checked(other_failure, gm, "a test backward")([a])
