@@ -399,6 +399,18 @@ def output_node(graph: torch.fx.Graph) -> torch.fx.Node:
     raise ValueError("graph has no output node")
 
 
+def ancestors(nodes: Iterable[Any]) -> set:
+    """``nodes`` and every node they are computed from (non-nodes are skipped)."""
+    seen: set = set()
+    todo = [n for n in nodes if isinstance(n, torch.fx.Node)]
+    while todo:
+        n = todo.pop()
+        if n not in seen:
+            seen.add(n)
+            todo.extend(n.all_input_nodes)
+    return seen
+
+
 def flat_outputs(graph: torch.fx.Graph) -> list:
     out = output_node(graph).args[0]
     if isinstance(out, (tuple, list)):

@@ -21,7 +21,8 @@ from typing import Any, Callable
 import torch
 import torch.fx
 
-from .._torch import applied_saved_tensors_hooks, inductor_view_to_reshape, saved_tensors_from_user_hooks
+from .._torch import (applied_saved_tensors_hooks, inductor_view_to_reshape, is_symbolic,
+                      saved_tensors_from_user_hooks)
 from ..errors import Unsupported
 from . import _utils as U
 from . import partial as P
@@ -50,7 +51,11 @@ def layout_checked(call: Callable[[list], Any], gm: torch.fx.GraphModule, what: 
     in another layout than the one it was compiled for. Inductor checks its inputs' strides
     before it runs anything, so nothing ran; the graph with its views as reshapes reads any
     layout. Better a slower backward than kiln's layout assumption reaching the user (a
-    dynamic graph whose forward laid a saved value out otherwise)."""
+    dynamic graph whose forward laid a saved value out otherwise). A static graph is compiled
+    for the layouts its forward really returns (``_restride_saved``) and is called as it is."""
+    if not any(is_symbolic(d) for p in gm.graph.find_nodes(op="placeholder")
+               if isinstance(v := p.meta.get("val"), torch.Tensor) for d in (*v.shape, *v.stride())):
+        return call
     fallback = None
 
     def run(args):

@@ -82,14 +82,7 @@ class _Joint:
         for n in g.nodes:
             if n.op not in ("placeholder", "output") and any(a in tdep for a in n.all_input_nodes):
                 tdep.add(n)
-        fw_anc: set = set()
-        stack = [o for o in self.fw_outs if isinstance(o, torch.fx.Node)]
-        while stack:
-            n = stack.pop()
-            if n in fw_anc:
-                continue
-            fw_anc.add(n)
-            stack.extend(n.all_input_nodes)
+        fw_anc = U.ancestors(self.fw_outs)
         if fw_anc & tdep:
             bad = sorted(x.name for x in fw_anc & tdep)[:3]
             raise Unsupported(f"partition: forward outputs depend on tangents ({', '.join(bad)})")

@@ -155,13 +155,7 @@ def cut_outputs(gm: torch.fx.GraphModule) -> set:
         return set()
     cut = set()
     for later in outs:
-        todo, seen = list(later.all_input_nodes), set()
-        while todo:
-            n = todo.pop()
-            if n in seen:
-                continue
-            seen.add(n)
-            todo.extend(n.all_input_nodes)
+        seen = U.ancestors(later.all_input_nodes)
         cut.update(o for o in outs if o is not later and o in seen)
     return cut
 

@@ -373,14 +373,15 @@ def test_a_backward_given_a_saved_value_in_another_layout_runs_as_aten_ops():
     """A compiled backward checks its inputs' strides before running anything (Inductor's
     ``assert_size_stride``). A saved value in another layout than compiled for (a dynamic
     graph's forward laid it out otherwise) must not reach the user as that assertion: the
-    graph runs as ATen ops, its views as reshapes, and gives the same values."""
+    graph runs as ATen ops, its views as reshapes, and gives the same values. A static graph
+    is called as it is (its saved layouts are the forward's)."""
     import warnings
 
     from torch.fx.experimental.proxy_tensor import make_fx
 
     from kiln.aot.function import layout_checked
 
-    gm = make_fx(lambda a: [a.view(-1) * 2])(torch.randn(2, 3))
+    gm = make_fx(lambda a: [a.view(-1) * 2], tracing_mode="symbolic")(torch.randn(2, 3))
     calls = []
 
     def compiled(args):
@@ -402,3 +403,5 @@ def test_a_backward_given_a_saved_value_in_another_layout_runs_as_aten_ops():
         raise AssertionError("a kernel's own check")
     with pytest.raises(AssertionError, match="own check"):
         layout_checked(other_failure, gm, "a test backward")([a])
+    static = make_fx(lambda a: [a.view(-1) * 2])(torch.randn(2, 3))
+    assert layout_checked(compiled, static, "a test backward") is compiled

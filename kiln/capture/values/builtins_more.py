@@ -10,6 +10,7 @@ import operator
 import torch
 
 from ...errors import Unsupported
+from ..guards import GuardKind
 from .base import ConstantValue, RealCallableValue, Value
 from .builtins import _HANDLERS, handles
 from .containers import DictValue
@@ -144,8 +145,6 @@ def _keyed_by_identity(tx, v: Value) -> bool:
     """An existing object that lru_cache keys by identity (``object``'s hash and ``==``: a
     logger, as ``logger.warning_once(...)`` passes it), read through a source: guarded by
     identity, it is the same cache key on every call."""
-    from ..guards import GuardKind
-
     if v.is_constant() or isinstance(v, RealCallableValue):
         return False
     obj, source = v.real_object(), getattr(v, "source", None)

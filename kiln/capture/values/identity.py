@@ -29,11 +29,9 @@ class CaptureIdValue(Value):
         return "id() of a value created during the capture"
 
     def call_method(self, tx, name, args, kwargs):
-        if name in ("__eq__", "__ne__") and len(args) == 1:
-            other = args[0]
-            if isinstance(other, CaptureIdValue) or (other.is_constant() and isinstance(other.as_constant(), int)):
-                same = other is self
-                return ConstantValue(same if name == "__eq__" else not same)
+        if name in ("__eq__", "__ne__") and len(args) == 1 and isinstance(args[0], CaptureIdValue):
+            same = args[0] is self      # (against a plain int its answer is not known)
+            return ConstantValue(same if name == "__eq__" else not same)
         if name == "__hash__":
             raise Unsupported("hash() of an id() taken during the capture (its number is not known)")
         raise Unsupported(f"{name} on an id() taken during the capture (its number is not known)")

@@ -17,6 +17,7 @@ import torch
 from ...errors import Unsupported
 from ..sources import AttrSource, ItemSource, TypeSource
 from .base import ConstantValue, Value
+from .containers import DictValue, IteratorValue, TupleValue
 from .functions import BoundMethodValue, MethodValue, UserFunctionValue
 
 from .attributes import (_MISSING, RawAttrSource, del_attribute, descriptor_delete,
@@ -185,8 +186,6 @@ def default_reduce_ex(tx, obj: ObjectValue, protocol: Value) -> Value:
     what ``__getstate__`` returns (by default the instance ``__dict__``, or None if it is
     empty). ``copy`` and ``pickle`` then run in Python, inlined. Anything CPython does in C
     beyond that (slots, ``__getnewargs__``, container subclasses, old protocols) is refused."""
-    from .containers import TupleValue
-
     cls = obj.python_type()
     if not protocol.is_constant() or not isinstance(protocol.as_constant(), int) or protocol.as_constant() < 2:
         raise Unsupported("object.__reduce_ex__ with a protocol below 2")
@@ -256,8 +255,6 @@ class NewObjectValue(ObjectValue):
         if name == "__class__":
             return ClassValue(self.cls)
         if name == "__dict__":
-            from .containers import DictValue
-
             view = DictValue({})
             view.items = self.attrs  # a live view of the instance attributes
             return view
@@ -451,8 +448,6 @@ class NewModuleListValue(Value):
 
     def call_method(self, tx, name, args, kwargs):
         import operator
-
-        from .containers import IteratorValue
 
         if name == "__len__" and not args and not kwargs:
             return ConstantValue(len(self.items))
