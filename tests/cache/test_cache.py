@@ -287,7 +287,10 @@ _CHILD = textwrap.dedent("""
 
 def _child(tmp_path, c, seed):
     script = tmp_path / f"child_{c}.py"
-    script.write_text(_CHILD.format(c=c))
+    text = _CHILD.format(c=c)
+    if not script.exists() or script.read_text() != text:
+        # (written once: rewriting it truncates the file a child started earlier may be reading)
+        script.write_text(text)
     return subprocess.Popen([sys.executable, str(script), str(seed)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(kiln.__file__))})
