@@ -15,7 +15,9 @@ autograd would not reach, and checks saved tensors as eager would (``versions.py
 """
 from __future__ import annotations
 
+import collections
 import warnings
+import weakref
 from typing import Any, Callable
 
 import torch
@@ -25,6 +27,7 @@ from .._torch import (applied_saved_tensors_hooks, inductor_view_to_reshape, is_
                       saved_tensors_from_user_hooks)
 from ..errors import Unsupported
 from . import _utils as U
+from . import fused_backward as FB
 from . import partial as P
 from . import versions as V
 from .runtime import OutputsWithViews, _regenerate_view
@@ -118,11 +121,88 @@ def _static_zeros(parts) -> dict | None:
 
 class _Call:
     """One call's forward results, computed by the first node's forward, read by the others."""
-    __slots__ = ("args", "result")
+    __slots__ = ("args", "result", "backward")
 
-    def __init__(self, args):
+    def __init__(self, args, backward=None):
         self.args = args
         self.result = None
+        self.backward = backward
+
+
+class _Backward:
+    """(segments) One call's backward across its nodes. The node that runs first (the last
+    segment's) decides how: ``fused``, one graph for every segment, run by the first segment's
+    node, which takes all of the function's inputs (the nodes before it hand it their saved
+    values and their outputs' gradients, and pass None on to the values handed to them); or
+    one piece per node, eager's order, whose gradients for the function's inputs the first
+    segment's node returns. Holds no output (a reference cycle through autograd's C++ nodes):
+    weak references to the handed outputs the user has."""
+    __slots__ = ("task", "fused", "observed", "handed", "tangents", "saved", "grads")
+
+    def __init__(self):
+        self.task = None
+        self.fused = False
+        self.observed = False    # a hook on a handed output's node (``_observed_by_hooks``)
+        self.handed: list = []
+        self.tangents: dict = {}
+        self.saved: dict = {}
+        self.grads: dict = {}
+
+    def begin(self, task: int, fused: bool) -> None:
+        self.task, self.fused = task, fused
+        self.tangents.clear()
+        self.saved.clear()
+        self.grads.clear()
+
+    def retained(self) -> bool:
+        return any(t is not None and t.retains_grad for t in (r() for r in self.handed))
+
+
+class _WatchedHooks(collections.OrderedDict):
+    """The hook dict of a handed output that is a rebuilt view: a hook put in it (the user's
+    ``register_hook``) makes the call's backward run node by node."""
+
+    def __init__(self, state: _Backward):
+        super().__init__()
+        self.state = state
+
+    def __setitem__(self, key, value):
+        self.state.observed = True
+        super().__setitem__(key, value)
+
+
+def _plain_backward_probe():
+    """A leaf the first segment's node also takes (its gradient is always None), and its
+    gradient node. Autograd runs that node in a backward() without ``inputs=`` only: in
+    ``autograd.grad`` or ``backward(inputs=...)`` a handed output may be one of the inputs,
+    whose gradient autograd captures at its node, so the nodes must each run their own piece."""
+    leaf = torch.zeros((), requires_grad=True)
+    return leaf, leaf.view(()).grad_fn.next_functions[0][0]
+
+
+_PROBE, _PROBE_NODE = _plain_backward_probe()
+
+
+def _observed_by_hooks(node_cls) -> None:
+    """A hook on a node's output (``Tensor.register_hook``, a module's or a multi-grad hook)
+    or on the node must see the gradient the later segments give it: the call's backward then
+    runs node by node."""
+    bw_cls = node_cls._backward_cls
+
+    def _register_hook_dict(self, tensor):
+        self.kiln_backward.observed = True
+        return super(bw_cls, self)._register_hook_dict(tensor)
+
+    def register_hook(self, fn):
+        self.kiln_backward.observed = True
+        return super(bw_cls, self).register_hook(fn)
+
+    def register_prehook(self, fn):
+        self.kiln_backward.observed = True
+        return super(bw_cls, self).register_prehook(fn)
+    bw_cls._register_hook_dict = _register_hook_dict
+    bw_cls.register_hook = register_hook
+    bw_cls.register_prehook = register_prehook
 
 
 def _copies(tensors: list) -> list:
@@ -163,6 +243,9 @@ def make_training_core(fw: Callable, bw: Callable, parts, compile_bw: Callable[[
     partial_bws: dict = {}       # given tangents -> the backward for those only
     segmented = parts.segments is not None
     n_saved = len(U.flat_outputs(parts.forward.graph)) - nfw
+    n_args = len(parts.primal_requires_grad) - len(parts.handoffs)
+    fused = _fused_graph(parts, n_saved, n_args) if segmented else None
+    fused_bws: dict = {}
 
     def backward_for(given: frozenset):
         fn = partial_bws.get(given)
@@ -171,13 +254,28 @@ def make_training_core(fw: Callable, bw: Callable, parts, compile_bw: Callable[[
             fn = partial_bws[given] = layout_checked(caller(compile_bw(gm)), gm, "a partial backward")
         return fn
 
-    def node_backward_for(given: frozenset):
-        """(segments) The backward for ``given`` with only the inputs it reads, and their
-        positions among the saved values and tangents: a node saves only what it reads."""
+    def node_piece(given: frozenset) -> list:
+        """(segments) The backward for ``given`` with only the inputs it reads, the positions
+        of those among the saved values and tangents (a node saves only what it reads), and
+        its compiled form once a backward ran it."""
         got = partial_bws.get(given)
         if got is None:
             gm, kept = P.reading_only(P.without_tangents(parts.backward, n_tangents, given), n_saved)
-            got = partial_bws[given] = (layout_checked(caller(compile_bw(gm)), gm, "a segment's backward"), kept)
+            got = partial_bws[given] = [gm, kept, None]
+        return got
+
+    def node_backward_for(given: frozenset):
+        got = node_piece(given)
+        if got[2] is None:
+            got[2] = layout_checked(caller(compile_bw(got[0])), got[0], "a segment's backward")
+        return got[2], got[1]
+
+    def fused_backward_for(given: frozenset):
+        """(segments) The whole backward as one graph, for the tangents ``given``."""
+        got = fused_bws.get(given)
+        if got is None:
+            gm, kept = P.reading_only(P.without_tangents(fused, n_tangents, given), n_saved)
+            got = fused_bws[given] = (layout_checked(caller(compile_bw(gm)), gm, "the backward"), kept)
         return got
 
     def run_forward(call: _Call):
@@ -222,18 +320,20 @@ def make_training_core(fw: Callable, bw: Callable, parts, compile_bw: Callable[[
             return zeros_for(ctx, tangent_positions[i - n_saved_args])
         raise RuntimeError(f"kiln: a segment's backward reads saved value {i}, which its node did not keep")
 
-    def node_class(tangents: list[int], outputs: list[int], primals: list[int]):
+    def node_class(tangents: list[int], outputs: list[int], primals: list[int], first: bool = True,
+                   last: bool = True):
         """The autograd.Function of one component: ``tangents`` (indices of tangents), the
-        forward ``outputs`` it returns, the ``primals`` it takes."""
+        forward ``outputs`` it returns, the ``primals`` it takes. (segments: ``first`` and
+        ``last``, the node of the first and of the last segment.)"""
         mine = frozenset(tangents)
         whole = len(mine) == n_tangents
         position_of = {k: p for p, k in enumerate(outputs)}
         my_tangents = [(j, tangent_positions[j]) for j in tangents]
         out_nondiff = [k for k in outputs if k in nondiff]
-        # (segments) the saved values this node's backward reads; its backward compiled now
+        # (segments) the saved values this node's backward reads
         reads = None
         if segmented:
-            _, kept = node_backward_for(mine)
+            kept = node_piece(mine)[1]
             reads = frozenset(i for i in kept if i < n_saved)
             # the inputs eager saved that this node takes (their versions are checked at its
             # backward), and the outputs eager saved (every node)
@@ -249,6 +349,8 @@ def make_training_core(fw: Callable, bw: Callable, parts, compile_bw: Callable[[
                 fw_outs, tensors, other, sizes, positions = call.result
                 ctx.kiln_other = other
                 ctx.kiln_sizes = sizes
+                ctx.kiln_backward = call.backward
+                ctx.kiln_mine = mine
                 # the user's eager saved-tensor hooks pack what this node saves (not inlined)
                 ctx.kiln_user_hooks = applied_saved_tensors_hooks() is not None
                 if reads is not None:       # (segments) what this node's backward reads
@@ -278,6 +380,16 @@ def make_training_core(fw: Callable, bw: Callable, parts, compile_bw: Callable[[
                     if g is not None:
                         given.add(j)
                         tangents_[j] = g if g.is_contiguous() else g.contiguous()
+                if segmented:
+                    state = ctx.kiln_backward
+                    task = torch._C._current_graph_task_id()
+                    if state.task != task:      # the first node this backward runs
+                        state.begin(task, last and fused is not None and not state.observed and
+                                    not ctx.kiln_user_hooks and torch._C._will_engine_execute_node(_PROBE_NODE)
+                                    and not state.retained())
+                    if state.fused:
+                        return hand_to_first(ctx, state, tangents_, given, primals) if not first else \
+                            run_fused(ctx, state, tangents_, given, primals)
                 if not segmented:       # (a node's own backward reads the given tangents only)
                     for j in range(n_tangents):
                         if tangents_[j] is None:
@@ -309,15 +421,79 @@ def make_training_core(fw: Callable, bw: Callable, parts, compile_bw: Callable[[
                 if partial is not None and deps is not None:
                     # eager's autograd never reaches a leaf from an output backward() skipped
                     grads = [None if deps[i].isdisjoint(partial) else g for i, g in enumerate(grads)]
+                if segmented:
+                    return segment_grads(ctx.kiln_backward, grads, primals, first)
                 return (None, *[grads[i] for i in primals])
 
         KilnAOTFunction.__name__ = "KilnAOTFunction"
         KilnAOTFunction.kiln_aot = True      # (versions.attach_late_checks finds its nodes by it)
+        if segmented:
+            _observed_by_hooks(KilnAOTFunction)
         return KilnAOTFunction
 
+    def saved_values(ctx, state) -> None:
+        """(segments, fused) This node's saved values, checked as eager would, into ``state``."""
+        V.run_late_checks(ctx, None, late_demand)
+        args = V.unpack(ctx, None, watch, saved_demand, ctx.kiln_mine)
+        ctx.maybe_clear_saved_tensors()
+        if n_checked:
+            del args[len(args) - n_checked:]
+        if ctx.kiln_other is not None:
+            for i, s in ctx.kiln_other:
+                args.insert(i, s)
+        for i, v in enumerate(args):
+            if v is not None:
+                # (a saved output would hold its node, and that node this state: a cycle)
+                state.saved[i] = v.detach() if isinstance(v, torch.Tensor) and v.grad_fn is not None else v
+
+    def hand_to_first(ctx, state, tangents_: list, given: set, primals: list) -> tuple:
+        for j in given:
+            state.tangents[j] = tangents_[j]
+        saved_values(ctx, state)
+        return (None,) + (None,) * len(primals)
+
+    def run_fused(ctx, state, tangents_: list, given: set, primals: list) -> tuple:
+        for j in given:
+            state.tangents[j] = tangents_[j]
+        saved_values(ctx, state)
+        todo = frozenset(state.tangents)
+        if not todo:
+            state.begin(None, False)
+            return (None,) + (None,) * len(primals)
+        fn, kept = fused_backward_for(todo)
+        values = [state.saved.get(i) for i in range(n_saved)] + [state.tangents.get(j) for j in range(n_tangents)]
+        state.begin(None, False)
+        args = [values[i] if values[i] is not None else _missing(ctx, i, n_saved) for i in kept]
+        del values
+        grads = fn(args)
+        return (None, *[grads[i] if i < n_args else None for i in primals])
+
+    def segment_grads(state, grads: list, primals: list, first: bool) -> tuple:
+        """(segments, node by node) A later node's gradients for the function's inputs wait for
+        the first node, which takes those inputs."""
+        if not first:
+            for i, g in enumerate(grads[:n_args]):
+                if g is not None:
+                    have = state.grads.get(i)
+                    state.grads[i] = g if have is None else have + g
+            return (None, *[grads[i] for i in primals])
+        out = []
+        for i in primals:
+            g = grads[i] if i < len(grads) else None
+            more = state.grads.pop(i, None)
+            out.append(g if more is None else more if g is None else g + more)
+        return (None, *out)
+
     groups = parts.segments if segmented else P.components(parts, U.flat_outputs(parts.forward.graph)[:nfw])
+    if segmented:
+        # the first segment's node takes every input of the function (and the probe, last);
+        # a later one the values handed to it only
+        owned = sorted({i for _, _, ins in groups for i in ins if i < n_args})
+        groups = [(t, o, owned + [len(parts.primal_requires_grad)] if c == 0 else [i for i in ins if i >= n_args])
+                  for c, (t, o, ins) in enumerate(groups)]
     several_nodes = len(groups) > 1
-    nodes = [node_class(t, o, p).apply for t, o, p in groups]
+    nodes = [node_class(t, o, p, first=c == 0, last=c == len(groups) - 1).apply
+             for c, (t, o, p) in enumerate(groups)]
     if segmented:
         run_nodes = _segment_runner(parts, nodes, groups, nfw)
     elif len(groups) == 1:
@@ -362,7 +538,8 @@ def _segment_runner(parts, nodes: list, groups: list, nfw: int) -> Callable:
     as the earlier node returned them, as inputs; a handed output that is a view of an
     intermediate is rebuilt here, and that very view is what the caller gets
     (``runtime.OutputsWithViews``), so that its hooks see the later nodes' gradient."""
-    n_args = len(parts.primal_requires_grad) - len(parts.handoffs)
+    n_in = len(parts.primal_requires_grad)
+    n_args = n_in - len(parts.handoffs)
     feeds = [tuple(f) for f in parts.handoffs]
     n_user = nfw - parts.num_handed_outputs
     views = [f for f in feeds if f[0] == "view"]
@@ -372,8 +549,11 @@ def _segment_runner(parts, nodes: list, groups: list, nfw: int) -> Callable:
         infos = {f[2]: w.meta.outputs[f[2]] for f in views}
         shapes = w._runtime_shapes()
 
+    handed = sorted({f[1] for f in feeds if f[0] == "out" and f[1] < n_user})
+
     def run_nodes(args):
-        call = _Call(args)
+        state = _Backward()
+        call = _Call(args, state)
         results: list = [None] * nfw
         rebuilt: dict = {}
         geo = shapes(args) if shapes is not None else {}
@@ -386,9 +566,38 @@ def _segment_runner(parts, nodes: list, groups: list, nfw: int) -> Callable:
                 v = rebuilt[f[2]] = _regenerate_view(results[f[1]], infos[f[2]], geo.get(("out", f[2])))
             return v
         for apply, (_, outputs, inputs) in zip(nodes, groups):
-            values = [args[i] if i < n_args else fed(feeds[i - n_args]) for i in inputs]
+            values = [args[i] if i < n_args else fed(feeds[i - n_args]) if i < n_in else _PROBE for i in inputs]
             for k, o in zip(outputs, apply(call, *values)):
                 results[k] = o
+        state.handed = [weakref.ref(results[k]) for k in handed if isinstance(results[k], torch.Tensor)]
+        for k, v in rebuilt.items():
+            if k < n_user and v.requires_grad:
+                state.handed.append(weakref.ref(v))
+                # (its node is autograd's view node: a hook on it is seen by this dict)
+                v._backward_hooks = _WatchedHooks(state)
+                v.grad_fn._register_hook_dict(v)
         out = results[:n_user]
         return OutputsWithViews(out, rebuilt) if rebuilt else tuple(out)
     return run_nodes
+
+
+def _fused_graph(parts, n_saved: int, n_args: int) -> torch.fx.GraphModule | None:
+    """(segments) The backward as one graph (``fused_backward.fuse``); None where it cannot be
+    one, and the nodes always run one piece each."""
+    views = {}
+    feeds = [tuple(f) for f in parts.handoffs]
+    if any(f[0] == "view" for f in feeds):
+        w = next(w for w in parts.wrappers if w.kind == "mutations_and_aliases")
+        for f in feeds:
+            if f[0] == "view":
+                o = w.meta.outputs[f[2]]
+                geo = (o.size, o.stride, o.rel_offset)
+                views[f[2]] = None if any(is_symbolic(d) for d in (*geo[0], *geo[1], geo[2])) else \
+                    (tuple(int(d) for d in geo[0]), tuple(int(d) for d in geo[1]), int(geo[2]))
+    try:
+        return FB.fuse(parts.backward, num_saved=n_saved, num_args=n_args, feeds=feeds,
+                       tangent_positions=list(parts.tangent_positions), views=views)
+    except Exception as e:      # (kiln's own failure: the pieces are exact without it)
+        warnings.warn(f"kiln: the segmented backward could not be fused ({type(e).__name__}: {e}); its nodes "
+                      f"run one piece each", RuntimeWarning, stacklevel=2)
+        return None

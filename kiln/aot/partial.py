@@ -63,6 +63,14 @@ def without_tangents(backward: torch.fx.GraphModule, num_tangents: int, given: f
         d = deps.get(n)
         return bool(d) and d.isdisjoint(given)
 
+    # a symbolic size of a missing value, read from an input the graph keeps
+    sizes = {}
+    for p in phs:
+        v = p.meta.get("val")
+        if isinstance(v, torch.Tensor) and not dead(p):
+            for i, d in enumerate(v.shape):
+                if isinstance(d, torch.SymInt):
+                    sizes.setdefault(d.node.expr, (p, i))
     zeros: dict = {}
     for n in list(g.nodes):
         if n.op == "output" or not deps.get(n) or dead(n):
@@ -71,7 +79,7 @@ def without_tangents(backward: torch.fx.GraphModule, num_tangents: int, given: f
             if dead(a):
                 z = zeros.get(a)
                 if z is None:
-                    z = zeros[a] = _zeros_of(g, a)
+                    z = zeros[a] = _zeros_of(g, a, sizes)
                 n.replace_input_with(a, z)
     out = U.output_node(g)
     flat = list(out.args[0])
@@ -125,8 +133,10 @@ def _ensure_node_vals(gm: torch.fx.GraphModule) -> None:
         return
 
 
-def _zeros_of(g: torch.fx.Graph, a: torch.fx.Node) -> torch.fx.Node:
-    """A node for zeros with ``a``'s shape, dtype and device, inserted after ``a``."""
+def _zeros_of(g: torch.fx.Graph, a: torch.fx.Node, size_sources: dict | None = None) -> torch.fx.Node:
+    """A node for zeros with ``a``'s shape, dtype and device, inserted after ``a``.
+    ``size_sources``: symbolic size -> (placeholder, dim) to read it from instead of ``a``
+    (``a`` a placeholder that is not read otherwise: a missing tangent)."""
     val = a.meta.get("val")
     if not isinstance(val, torch.Tensor):
         with g.inserting_after(a):
@@ -137,8 +147,9 @@ def _zeros_of(g: torch.fx.Graph, a: torch.fx.Node) -> torch.fx.Node:
     sizes = []
     for i, s in enumerate(val.shape):
         if isinstance(s, torch.SymInt):
+            src = size_sources.get(s.node.expr) if size_sources and a.op == "placeholder" else None
             with g.inserting_after(last):
-                last = g.call_function(aten.sym_size.int, (a, i))
+                last = g.call_function(aten.sym_size.int, src or (a, i))
             last.meta["val"] = s
             sizes.append(last)
         else:

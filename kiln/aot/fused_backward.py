@@ -1,0 +1,180 @@
+"""The backward of a segmented graph (segments.py) as one graph.
+
+A segmented graph's backward (saved values + tangents -> one gradient per primal, the handoff
+primals included) stops at each handoff primal: the segment that reads a handed value returns
+its gradient, and autograd adds it to the tangent of the node that handed the value over. The
+runtime's chain of nodes then runs one compiled piece per segment: a generated module, its
+launches and the copies at its edges, per segment, where torch.compile runs one.
+
+``fuse`` joins the pieces inside the graph: the tangent of each forward output that handoff
+primals stand for becomes ``tangent + grad(handoff) + ...``, and the graph returns the
+function's own gradients only::
+
+    tangents_3 -> add(tangents_3, grad_of_handoff_0)      # the cache value layer 1 handed over
+
+Compiled once, it is the whole backward, with fusion across the segments' edges. The runtime
+(``function.py``) runs it when nothing can see the gradient at a handed output's node; the
+gradient a handed output gets from outside the graph arrives there later and is added then, by
+the linearity of the backward (see there).
+"""
+from __future__ import annotations
+
+import torch
+import torch.fx
+
+from . import _utils as U
+
+_COPY_STRIDED = torch.ops.prims.copy_strided.default
+
+
+def fuse(backward: torch.fx.GraphModule, *, num_saved: int, num_args: int, feeds: list,
+         tangent_positions: list, views: dict) -> torch.fx.GraphModule | None:
+    """The backward with each handoff primal's gradient added into the tangent of the output it
+    stands for, returning the gradients of the function's ``num_args`` inputs only. A handed
+    value the runtime rebuilds as a view of an output (``("view", base, k)`` feeds; ``views``:
+    output k's size, stride and offset in its base, None where symbolic) adds its gradient
+    scattered into the base's, as autograd's view node does. None where that cannot be one
+    graph: a symbolic view, an output without a tangent, values without fake tensors."""
+    gm = U.copy_graph_module(backward)
+    g = gm.graph
+    phs = [n for n in g.nodes if n.op == "placeholder"]
+    tangents = phs[num_saved:]
+    out = next(n for n in reversed(g.nodes) if n.op == "output")
+    flat = list(out.args[0])
+    tangent_of = {k: j for j, k in enumerate(tangent_positions)}
+    into: dict = {}
+    for h, feed in enumerate(feeds):
+        grad = flat[num_args + h]
+        if grad is None:
+            continue
+        j = tangent_of.get(feed[1])
+        if j is None or not isinstance(grad, torch.fx.Node):
+            return None
+        if grad.op == "call_function" and grad.target is _COPY_STRIDED:
+            grad = grad.args[0]     # (made contiguous for the node that took it; here it is added)
+        view = None
+        if feed[0] == "view":
+            view = views.get(feed[2])
+            if view is None:
+                return None
+        into.setdefault(j, []).append((grad, view))
+    for j, grads in into.items():
+        t = tangents[j]
+        users = list(t.users)
+        total = t
+        for grad, view in grads:
+            if view is not None:
+                grad = _scattered(g, out, t, grad, view)
+            total = _add(g, out, total, grad) if grad is not None else None
+            if total is None:
+                return None
+        for u in users:
+            u.replace_input_with(t, total)
+    out.args = (tuple(flat[:num_args]),)
+    try:
+        _sort_topologically(g)
+        g.eliminate_dead_code()
+        g.lint()
+    except RuntimeError:
+        return None
+    gm.recompile()
+    return gm
+
+
+def _add(g: torch.fx.Graph, before: torch.fx.Node, a: torch.fx.Node, b: torch.fx.Node) -> torch.fx.Node | None:
+    va, vb = a.meta.get("val"), b.meta.get("val")
+    if not isinstance(va, torch.Tensor) or not isinstance(vb, torch.Tensor) or va.shape != vb.shape:
+        return None
+    mode = torch._guards.detect_fake_mode([va, vb])
+    with g.inserting_before(before):
+        if vb.dtype != va.dtype:
+            b0 = b
+            b = g.call_function(torch.ops.prims.convert_element_type.default, (b, va.dtype))
+            with mode:
+                vb = torch.ops.prims.convert_element_type.default(vb, va.dtype)
+            b.meta.update({k: v for k, v in b0.meta.items() if k != "val"}, val=vb)
+        node = g.call_function(torch.ops.aten.add.Tensor, (a, b))
+    with mode:
+        node.meta["val"] = torch.ops.aten.add.Tensor(va, vb)
+    node.meta["kiln_phase"] = "backward"
+    return node
+
+
+def _scattered(g: torch.fx.Graph, before: torch.fx.Node, base: torch.fx.Node, grad: torch.fx.Node,
+               view: tuple) -> torch.fx.Node | None:
+    """The gradient of ``base.as_strided(*view)`` as one of ``base``'s shape (zeros elsewhere):
+    what autograd's node of the rebuilt view gives the base. ``base`` (a tangent) is
+    contiguous, as the runtime makes every tangent, and so is the output it stands for."""
+    vb, vg = base.meta.get("val"), grad.meta.get("val")
+    if not isinstance(vb, torch.Tensor) or not isinstance(vg, torch.Tensor) or not vb.is_contiguous():
+        return None
+    size, stride, offset = view
+    mode = torch._guards.detect_fake_mode([vb, vg])
+    if vg.dtype != vb.dtype:
+        return None
+    order = _memory_order(size, stride, vb.numel()) if offset == 0 else None
+    if order is not None:
+        # a permutation of the base's elements (a transpose of a reshape, as a key/value
+        # cache is): the gradient laid out in memory order is the base's, and a compiler
+        # fuses these index changes into the sum that reads it
+        with g.inserting_before(before):
+            perm = g.call_function(torch.ops.aten.permute.default, (grad, order))
+            node = g.call_function(torch.ops.aten.reshape.default, (perm, list(vb.shape)))
+        with mode:
+            perm.meta["val"] = vg.permute(order)
+            node.meta["val"] = perm.meta["val"].reshape(vb.shape)
+        perm.meta["kiln_phase"] = node.meta["kiln_phase"] = "backward"
+        return node
+    with g.inserting_before(before):
+        zeros = g.call_function(torch.ops.aten.full.default, (list(vb.shape), 0),
+                                {"dtype": vb.dtype, "layout": torch.strided, "device": vb.device,
+                                 "pin_memory": False})
+        node = g.call_function(torch.ops.aten.as_strided_scatter.default, (zeros, grad, list(size), list(stride),
+                                                                           offset))
+    with mode:
+        zeros.meta["val"] = torch.zeros(vb.shape, dtype=vb.dtype, device=vb.device)
+        node.meta["val"] = torch.ops.aten.as_strided_scatter.default(zeros.meta["val"], vg.to(vb.dtype), list(size),
+                                                                     list(stride), offset)
+    zeros.meta["kiln_phase"] = node.meta["kiln_phase"] = "backward"
+    return node
+
+
+def _memory_order(size: tuple, stride: tuple, numel: int) -> list | None:
+    """The dims of a view of ``size`` and ``stride`` from the outermost in memory to the
+    innermost, when the view covers ``numel`` elements densely (each once); else None."""
+    n = 1
+    for d in size:
+        n *= d
+    if n != numel:
+        return None
+    order = sorted(range(len(size)), key=lambda i: (-stride[i], -size[i]))
+    expected = 1
+    for i in reversed(order):
+        if size[i] != 1 and stride[i] != expected:
+            return None
+        expected *= size[i]
+    return order
+
+
+def _sort_topologically(g: torch.fx.Graph) -> None:
+    """Reorder ``g`` so that every node comes after its inputs, keeping the given order
+    otherwise (the added sums sit at the end; their users come before them)."""
+    order, placed, entered = [], set(), set()
+    for root in list(g.nodes):
+        stack = [(root, False)]
+        while stack:
+            n, ready = stack.pop()
+            if n in placed:
+                continue
+            if ready:
+                placed.add(n)
+                order.append(n)
+                continue
+            if n in entered:        # (reached again from its own inputs)
+                raise RuntimeError("fused backward: the graph has a cycle")
+            entered.add(n)
+            stack.append((n, True))
+            stack.extend((a, False) for a in reversed(n.all_input_nodes) if a not in placed)
+    for prev, n in zip(order, order[1:]):
+        if prev.next is not n:
+            prev.append(n)
