@@ -591,9 +591,7 @@ def _fused_graph(parts, n_saved: int, n_args: int) -> torch.fx.GraphModule | Non
         for f in feeds:
             if f[0] == "view":
                 o = w.meta.outputs[f[2]]
-                geo = (o.size, o.stride, o.rel_offset)
-                views[f[2]] = None if any(is_symbolic(d) for d in (*geo[0], *geo[1], geo[2])) else \
-                    (tuple(int(d) for d in geo[0]), tuple(int(d) for d in geo[1]), int(geo[2]))
+                views[f[2]] = (tuple(o.size), tuple(o.stride), o.rel_offset)
     try:
         return FB.fuse(parts.backward, num_saved=n_saved, num_args=n_args, feeds=feeds,
                        tangent_positions=list(parts.tangent_positions), views=views)

@@ -19,6 +19,7 @@ the linearity of the backward (see there).
 """
 from __future__ import annotations
 
+import sympy
 import torch
 import torch.fx
 
@@ -32,13 +33,14 @@ def fuse(backward: torch.fx.GraphModule, *, num_saved: int, num_args: int, feeds
     """The backward with each handoff primal's gradient added into the tangent of the output it
     stands for, returning the gradients of the function's ``num_args`` inputs only. A handed
     value the runtime rebuilds as a view of an output (``("view", base, k)`` feeds; ``views``:
-    output k's size, stride and offset in its base, None where symbolic) adds its gradient
-    scattered into the base's, as autograd's view node does. None where that cannot be one
-    graph: a symbolic view, an output without a tangent, values without fake tensors."""
+    output k's size, stride and offset in its base) adds its gradient scattered into the base's,
+    as autograd's view node does. None where that cannot be one graph: a symbolic view that is
+    not a permutation of its base, an output without a tangent, values without fake tensors."""
     gm = U.copy_graph_module(backward)
     g = gm.graph
     phs = [n for n in g.nodes if n.op == "placeholder"]
     tangents = phs[num_saved:]
+    sizes = _size_sources(phs[:num_saved])
     out = next(n for n in reversed(g.nodes) if n.op == "output")
     flat = list(out.args[0])
     tangent_of = {k: j for j, k in enumerate(tangent_positions)}
@@ -64,7 +66,7 @@ def fuse(backward: torch.fx.GraphModule, *, num_saved: int, num_args: int, feeds
         total = t
         for grad, view in grads:
             if view is not None:
-                grad = _scattered(g, out, t, grad, view)
+                grad = _scattered(g, out, t, grad, view, sizes)
             total = _add(g, out, total, grad) if grad is not None else None
             if total is None:
                 return None
@@ -100,11 +102,43 @@ def _add(g: torch.fx.Graph, before: torch.fx.Node, a: torch.fx.Node, b: torch.fx
     return node
 
 
+def _size_sources(values: list) -> dict:
+    """symbolic size -> (node, dim) of a value that has it."""
+    out: dict = {}
+    for n in values:
+        v = n.meta.get("val")
+        if isinstance(v, torch.Tensor):
+            for i, d in enumerate(v.shape):
+                if isinstance(d, torch.SymInt):
+                    out.setdefault(d.node.expr, (n, i))
+    return out
+
+
+def _shape_arg(g: torch.fx.Graph, shape, sources: dict) -> list | None:
+    """``shape`` as a reshape's argument: ints, a ``sym_size`` of a value for each symbolic
+    size, -1 for at most one size no value has."""
+    out, unknown = [], 0
+    for d in shape:
+        if not isinstance(d, torch.SymInt):
+            out.append(int(d))
+            continue
+        src = sources.get(d.node.expr)
+        if src is None:
+            unknown += 1
+            out.append(-1)
+            continue
+        node = g.call_function(torch.ops.aten.sym_size.int, src)
+        node.meta["val"] = d
+        out.append(node)
+    return out if unknown <= 1 else None
+
+
 def _scattered(g: torch.fx.Graph, before: torch.fx.Node, base: torch.fx.Node, grad: torch.fx.Node,
-               view: tuple) -> torch.fx.Node | None:
+               view: tuple, sizes: dict) -> torch.fx.Node | None:
     """The gradient of ``base.as_strided(*view)`` as one of ``base``'s shape (zeros elsewhere):
     what autograd's node of the rebuilt view gives the base. ``base`` (a tangent) is
-    contiguous, as the runtime makes every tangent, and so is the output it stands for."""
+    contiguous, as the runtime makes every tangent, and so is the output it stands for.
+    ``sizes``: where symbolic sizes can be read (``_size_sources``)."""
     vb, vg = base.meta.get("val"), grad.meta.get("val")
     if not isinstance(vb, torch.Tensor) or not isinstance(vg, torch.Tensor) or not vb.is_contiguous():
         return None
@@ -112,19 +146,24 @@ def _scattered(g: torch.fx.Graph, before: torch.fx.Node, base: torch.fx.Node, gr
     mode = torch._guards.detect_fake_mode([vb, vg])
     if vg.dtype != vb.dtype:
         return None
-    order = _memory_order(size, stride, vb.numel()) if offset == 0 else None
+    order = _memory_order(size, stride, vb.numel()) if _expr(offset) == 0 else None
     if order is not None:
         # a permutation of the base's elements (a transpose of a reshape, as a key/value
         # cache is): the gradient laid out in memory order is the base's, and a compiler
         # fuses these index changes into the sum that reads it
         with g.inserting_before(before):
+            shape = _shape_arg(g, vb.shape, {**_size_sources([grad]), **sizes})
+            if shape is None:
+                return None
             perm = g.call_function(torch.ops.aten.permute.default, (grad, order))
-            node = g.call_function(torch.ops.aten.reshape.default, (perm, list(vb.shape)))
+            node = g.call_function(torch.ops.aten.reshape.default, (perm, shape))
         with mode:
             perm.meta["val"] = vg.permute(order)
             node.meta["val"] = perm.meta["val"].reshape(vb.shape)
         perm.meta["kiln_phase"] = node.meta["kiln_phase"] = "backward"
         return node
+    if any(isinstance(d, torch.SymInt) for d in (*size, *stride, offset, *vb.shape)):
+        return None
     with g.inserting_before(before):
         zeros = g.call_function(torch.ops.aten.full.default, (list(vb.shape), 0),
                                 {"dtype": vb.dtype, "layout": torch.strided, "device": vb.device,
@@ -139,21 +178,35 @@ def _scattered(g: torch.fx.Graph, before: torch.fx.Node, base: torch.fx.Node, gr
     return node
 
 
-def _memory_order(size: tuple, stride: tuple, numel: int) -> list | None:
+def _memory_order(size: tuple, stride: tuple, numel) -> list | None:
     """The dims of a view of ``size`` and ``stride`` from the outermost in memory to the
-    innermost, when the view covers ``numel`` elements densely (each once); else None."""
-    n = 1
-    for d in size:
-        n *= d
-    if n != numel:
+    innermost, when the view covers ``numel`` elements densely (each once); else None.
+    Symbolic sizes and strides are compared as expressions (true for every size), ordered by
+    their traced values."""
+    hints = [_hint(d) for d in (*size, *stride)]
+    if any(h is None for h in hints):
         return None
-    order = sorted(range(len(size)), key=lambda i: (-stride[i], -size[i]))
-    expected = 1
+    n = sympy.Integer(1)
+    for d in size:
+        n *= _expr(d)
+    if sympy.expand(n - _expr(numel)) != 0:
+        return None
+    rank = len(size)
+    order = sorted(range(rank), key=lambda i: (-hints[rank + i], -hints[i]))
+    expected = sympy.Integer(1)
     for i in reversed(order):
-        if size[i] != 1 and stride[i] != expected:
+        if _expr(size[i]) != 1 and sympy.expand(_expr(stride[i]) - expected) != 0:
             return None
-        expected *= size[i]
+        expected *= _expr(size[i])
     return order
+
+
+def _expr(d):
+    return d.node.expr if isinstance(d, torch.SymInt) else sympy.Integer(int(d))
+
+
+def _hint(d):
+    return d.node.hint if isinstance(d, torch.SymInt) else int(d)
 
 
 def _sort_topologically(g: torch.fx.Graph) -> None:
