@@ -8,6 +8,9 @@ one, a backward() through some outputs runs the nodes of all the component's inp
 gradient: a non-leaf input whose own node saved tensors then cannot be backpropagated through
 a second time without retain_graph=True, where eager may allow it.)
 
+A graph whose differentiable output feeds another (segments.py) gets one node per segment;
+its backward runs as one fused graph or node by node (``_Backward``).
+
 Each node's backward gets None for the outputs backward() did not go through
 (``set_materialize_grads(False)``): it passes zeros for them to the backward graph compiled
 for the given tangents only (``partial.without_tangents``), leaves ``.grad`` None where eager's

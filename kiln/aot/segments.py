@@ -29,12 +29,14 @@ handed values are forward outputs (with tangents) when they are not outputs alre
 it stands for (``fuse_forward``): the forward is one graph, compiled once (Inductor fuses
 across segments). **A chain of nodes.** The runtime (``function.make_training_core``) applies
 one autograd.Function per segment, in level order, over the one forward call: a later node
-takes the handed values, as returned by the earlier node, as inputs. Each node's backward is
-the backward graph specialized to its own tangents (``partial.without_tangents``), which reaches
-only its segment (the handoff primals cut the rest): the backward runs as eager's does, node
-after node, and ``retain_grad``, hooks and ``autograd.grad`` on a cut output see eager's
-gradient. Each node saves only what its backward reads, so activations are freed as the
-backward goes, as in one graph.
+takes the handed values, as returned by the earlier node, as inputs (the first node takes the
+function's inputs). Each node saves only what its segment's backward reads. **One backward.**
+Where nothing can see a cut output's gradient at its node (no hook, no ``retain_grad``, a
+plain ``backward()``), the backward is one graph (``fused_backward.py``), run by the first
+node; otherwise each node runs the backward graph specialized to its own tangents
+(``partial.without_tangents``), which reaches only its segment (the handoff primals cut the
+rest), node after node as eager's does, and ``retain_grad``, hooks and ``autograd.grad`` on a
+cut output see eager's gradient.
 
 Where this does not hold, the graph is not segmented and runs as captured (eager's autograd,
 ``NotSegmentable``): a handed value that a later segment writes in place (the handoff primal
