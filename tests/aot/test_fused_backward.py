@@ -158,3 +158,21 @@ def test_memory_order_of_dense_views():
     assert _memory_order((2, 3), (3, 1), 6) == [0, 1]
     assert _memory_order((2, 3), (0, 1), 6) is None                 # expanded: elements repeat
     assert _memory_order((2, 3), (6, 1), 12) is None                # every other row
+
+
+def test_an_input_returned_through_an_identity_and_read_later_gets_its_gradient():
+    """The input's gradient is the returned copy's tangent itself: in the fused graph, that
+    tangent plus what the loss gives the copy (Gemma's training step lost a norm's gradient)."""
+    def f(x, w):
+        h = x.clone()
+        return h, (h @ w).pow(2).sum()
+
+    counting = _Counting()
+    cf = kiln.compile(f, backend=counting.backend)
+    for _ in range(2):
+        x, w = torch.randn(4, 3, requires_grad=True), torch.randn(3, 2, requires_grad=True)
+        rx, rw = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+        cf(x, w)[1].backward()
+        f(rx, rw)[1].backward()
+        _same([x.grad, w.grad], [rx.grad, rw.grad])
+    assert counting.backwards == 1
