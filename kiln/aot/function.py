@@ -19,6 +19,7 @@ autograd would not reach, and checks saved tensors as eager would (``versions.py
 from __future__ import annotations
 
 import collections
+import logging
 import warnings
 import weakref
 from typing import Any, Callable
@@ -34,6 +35,8 @@ from . import fused_backward as FB
 from . import partial as P
 from . import versions as V
 from .runtime import OutputsWithViews, _regenerate_view
+
+log = logging.getLogger("kiln.aot")
 
 
 def caller(fn: Callable) -> Callable[[list], Any]:
@@ -186,6 +189,19 @@ def _plain_backward_probe():
 _PROBE, _PROBE_NODE = _plain_backward_probe()
 
 
+def _node_by_node_reason(ctx, state: _Backward) -> str | None:
+    """Why a segmented call's backward cannot run as one graph (None: it can)."""
+    if state.observed:
+        return "a hook on a handed output or its node"
+    if ctx.kiln_user_hooks:
+        return "saved-tensor hooks were active in the forward"
+    if not torch._C._will_engine_execute_node(_PROBE_NODE):
+        return "autograd.grad or backward(inputs=...), which may name a handed output"
+    if state.retained():
+        return "retain_grad() on a handed output"
+    return None
+
+
 def _observed_by_hooks(node_cls) -> None:
     """A hook on a node's output (``Tensor.register_hook``, a module's or a multi-grad hook)
     or on the node must see the gradient the later segments give it: the call's backward then
@@ -249,6 +265,7 @@ def make_training_core(fw: Callable, bw: Callable, parts, compile_bw: Callable[[
     n_args = len(parts.primal_requires_grad) - len(parts.handoffs)
     fused = _fused_graph(parts, n_saved, n_args) if segmented else None
     fused_bws: dict = {}
+    logged: set = set()
 
     def backward_for(given: frozenset):
         fn = partial_bws.get(given)
@@ -387,9 +404,11 @@ def make_training_core(fw: Callable, bw: Callable, parts, compile_bw: Callable[[
                     state = ctx.kiln_backward
                     task = torch._C._current_graph_task_id()
                     if state.task != task:      # the first node this backward runs
-                        state.begin(task, last and fused is not None and not state.observed and
-                                    not ctx.kiln_user_hooks and torch._C._will_engine_execute_node(_PROBE_NODE)
-                                    and not state.retained())
+                        why = _node_by_node_reason(ctx, state) if last and fused is not None else None
+                        state.begin(task, last and fused is not None and why is None)
+                        if why is not None and why not in logged:
+                            logged.add(why)
+                            log.info("kiln AOT: a segmented backward runs node by node: %s", why)
                     if state.fused:
                         return hand_to_first(ctx, state, tangents_, given, primals) if not first else \
                             run_fused(ctx, state, tangents_, given, primals)

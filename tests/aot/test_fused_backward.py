@@ -122,13 +122,15 @@ def test_inductor_fused_and_node_by_node_match_eager(how):
     _same(_run(cf, params, how), _run(f, params, how))
 
 
-def test_a_hook_makes_that_calls_backward_run_node_by_node():
+def test_a_hook_makes_that_calls_backward_run_node_by_node(caplog):
     f, params = _model()
     counting = _Counting()
     cf = kiln.compile(f, backend=counting.backend)
     _run(cf, params, "plain")
     assert counting.backwards == 1
-    _same(_run(cf, params, "hook"), _run(f, params, "hook"))
+    with caplog.at_level("INFO", logger="kiln.aot"):
+        _same(_run(cf, params, "hook"), _run(f, params, "hook"))
+    assert "runs node by node: a hook on a handed output" in caplog.text
     assert counting.backwards > 2           # one piece per segment
     pieces = counting.backwards
     _run(cf, params, "plain")               # a later call without hooks: the fused graph again
