@@ -236,7 +236,7 @@ def _uncheckable_callee(fn: types.FunctionType, entry) -> str | None:
     cannot find by name (a nested function) is checked through the code that defines it: the
     compiled function's or a named inlined one's. One defined elsewhere cannot be checked, and
     an edit to it would go unseen: such an entry is not recorded."""
-    from ..package.identity import _code_of
+    from ..package.identity import codes_of
     from ..package.save import _walk
     from ..package.values import resolve_name
 
@@ -247,10 +247,10 @@ def _uncheckable_callee(fn: types.FunctionType, entry) -> str | None:
     for code, (module, qualname) in inlined.items():
         if "<" not in qualname:
             try:
-                found = _code_of(resolve_name(module, qualname))
+                found = codes_of(resolve_name(module, qualname))
             except Exception:
                 return f"inlined function {module}.{qualname} cannot be found by its name"
-            if found is not None and found is not code:
+            if found and all(c is not code for c in found):
                 return f"inlined function {module}.{qualname} is not what its name finds"
             roots.append(code)
     reachable = set()

@@ -12,6 +12,7 @@ import io
 from typing import Callable
 
 import torch
+from torch.fx.immutable_collections import immutable_dict, immutable_list
 
 from .. import _torch
 from ..cache import PAYLOAD_ATTR
@@ -68,9 +69,9 @@ _META = ("kiln_static", "kiln_source", "kiln_mutated", "kiln_requires_grad")
 def _arg(a, enc: Encoder):
     if isinstance(a, torch.fx.Node):
         return ["node", a.name]
-    if type(a) in (tuple, list):
-        return [type(a).__name__ + "_of", [_arg(x, enc) for x in a]]
-    if type(a) is dict:
+    if type(a) in (tuple, list, immutable_list):     # (FX keeps lists as immutable_list)
+        return [("tuple" if type(a) is tuple else "list") + "_of", [_arg(x, enc) for x in a]]
+    if type(a) in (dict, immutable_dict):
         return ["dict_of", [[enc.encode(k), _arg(v, enc)] for k, v in a.items()]]
     if type(a) is slice:
         return ["slice_of", [_arg(x, enc) for x in (a.start, a.stop, a.step)]]

@@ -34,7 +34,32 @@ def _identity(g: Guard, enc: Encoder) -> dict:
     try:
         return {"object": enc.encode(obj, identity=True)}
     except NotPackageable as e:
+        where = _path_from_a_named_object(g.source, enc)
+        if where is not None:
+            enc.specials[id(obj)] = where     # (the generated code binds the same object)
+            return {"object": where}
         raise NotPackageable(f"identity guard {g.describe().split(None, 1)[1]}: {e}") from None
+
+
+def _path_from_a_named_object(source, enc: Encoder) -> list | None:
+    """The encoding of the guarded object as the path the guard reads it by, from an object
+    that has a name (``<type PreTrainedConfig>.__dict__['attribute_map']``: a class attribute
+    with no name of its own). In a fresh process the same path finds the object the guard then
+    compares by identity; its contents are guarded by the checks after it."""
+    from ..capture.sources import AttrSource, ConstSource, ItemSource
+
+    if isinstance(source, ConstSource):
+        try:
+            return enc.encode(source.obj, identity=True)
+        except NotPackageable:
+            return None
+    if isinstance(source, AttrSource):
+        base = _path_from_a_named_object(source.base, enc)
+        return None if base is None else ["attr", base, source.name]
+    if isinstance(source, ItemSource) and type(source.key) in (str, int):
+        base = _path_from_a_named_object(source.base, enc)
+        return None if base is None else ["index", base, source.key]
+    return None
 
 
 def _type(g: Guard, enc: Encoder) -> dict:

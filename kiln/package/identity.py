@@ -4,6 +4,10 @@ Compared: the qualified name, the signature, and a hash of the code of the funct
 every function the capture inlined into its graphs (recorded at capture time, see
 ``OutputGraph.inlined``). The hash is over the bytecode, names and constants (not the file
 name or line numbers: a package moved elsewhere, or a comment added, still loads).
+
+A decorated function and its decorator's wrapper share a qualified name (``functools.wraps``
+copies it): the name finds the outermost wrapper, and the codes under that name are those of
+the functions its ``__wrapped__`` chain reaches. Each inlined code must be one of them.
 """
 from __future__ import annotations
 
@@ -46,11 +50,11 @@ def signature_of(fn) -> str:
 def describe(target, fn: types.FunctionType, inlined: dict) -> dict:
     """The identity of what was compiled: ``target`` (the user's function or module) and
     ``fn`` (the function kiln compiled for it), with the callees inlined into any entry."""
-    callees = {}
+    callees: dict = {}
     for code, (module, qualname) in inlined.items():
-        callees[f"{module}:{qualname}"] = code_hash(code)
+        callees.setdefault(f"{module}:{qualname}", set()).add(code_hash(code))
     return {"qualname": qualname_of(target), "signature": signature_of(_user_callable(target)),
-            "code": code_hash(fn.__code__), "inlined": dict(sorted(callees.items()))}
+            "code": code_hash(fn.__code__), "inlined": {k: sorted(v) for k, v in sorted(callees.items())}}
 
 
 def qualname_of(target) -> str:
@@ -68,14 +72,21 @@ def _user_callable(target):
     return target
 
 
-def _code_of(obj) -> types.CodeType | None:
-    """The code of a function found by its qualified name: a plain function, a method, or the
-    getter of a property."""
-    if isinstance(obj, property):
-        obj = obj.fget
-    obj = getattr(obj, "__func__", obj)
-    code = getattr(obj, "__code__", None)
-    return code if isinstance(code, types.CodeType) else None
+def codes_of(obj) -> list[types.CodeType]:
+    """The codes of a function found by its qualified name (a plain function, a method, or the
+    getter of a property) and of the functions it wraps (``__wrapped__``, as decorators made
+    with ``functools.wraps`` set it)."""
+    codes, seen = [], set()
+    while obj is not None and id(obj) not in seen:
+        seen.add(id(obj))
+        if isinstance(obj, property):
+            obj = obj.fget
+        obj = getattr(obj, "__func__", obj)
+        code = getattr(obj, "__code__", None)
+        if isinstance(code, types.CodeType):
+            codes.append(code)
+        obj = getattr(obj, "__wrapped__", None)
+    return codes
 
 
 def check(saved: dict, target, fn: types.FunctionType) -> None:
@@ -98,10 +109,11 @@ def check(saved: dict, target, fn: types.FunctionType) -> None:
         except Exception:
             diffs.append(f"inlined function {module}.{qualname} is not found")
             continue
-        code = _code_of(callee)
-        if code is None:                  # (found, but not as Python code: nothing to compare)
+        codes = codes_of(callee)
+        if not codes:                     # (found, but not as Python code: nothing to compare)
             continue
-        if code_hash(code) != h:
+        found = {code_hash(c) for c in codes}
+        if any(x not in found for x in ([h] if isinstance(h, str) else h)):
             diffs.append(f"the code of inlined function {module}.{qualname} changed")
     if diffs:
         raise PackageMismatch("the package was saved from a different function: " + "; ".join(diffs) +

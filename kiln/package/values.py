@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import importlib
 import math
 import sys
@@ -26,6 +27,7 @@ import weakref
 from typing import Any, Callable
 
 import torch
+from torch.fx.immutable_collections import immutable_dict, immutable_list
 
 from .errors import NotPackageable
 
@@ -76,6 +78,82 @@ def _types_name(obj) -> tuple[str, str] | None:
         for name, v in vars(types).items():
             if v is obj:
                 return "types", name
+    return None
+
+
+def _module_of_globals(d: dict) -> str | None:
+    """The name in ``sys.modules`` of the module whose ``__dict__`` is ``d``. Its own
+    ``__name__`` may say another (``_collections_abc`` calls itself ``collections.abc``)."""
+    name = d.get("__name__")
+    if isinstance(name, str) and getattr(sys.modules.get(name), "__dict__", None) is d:
+        return name
+    for key, mod in list(sys.modules.items()):
+        if getattr(mod, "__dict__", None) is d:
+            return key
+    return None
+
+
+def _module_attribute(obj) -> list | None:
+    """A module-level instance found in the module that defines its class (``os.environ``,
+    a library's registry such as ``ACT2FN``)."""
+    mod_name = getattr(type(obj), "__module__", None)
+    mod = sys.modules.get(mod_name) if isinstance(mod_name, str) else None
+    if mod is None or isinstance(obj, (type, types.ModuleType, types.FunctionType)):
+        return None
+    for key, value in list(vars(mod).items()):
+        if value is obj and isinstance(key, str) and key.isidentifier():
+            return ["attr", ["module", mod_name], key]
+    return None
+
+
+def _wrapped_path(obj) -> list | None:
+    """A decorated function (``functools.wraps`` gave its wrapper the same qualified name): the
+    name finds the wrapper, and ``__wrapped__`` from there the function."""
+    qual, mod = getattr(obj, "__qualname__", None), getattr(obj, "__module__", None)
+    if not isinstance(qual, str) or not isinstance(mod, str) or "<" in qual:
+        return None
+    try:
+        found = resolve_name(mod, qual)
+    except Exception:
+        return None
+    path: list = ["name", mod, qual]
+    for _ in range(8):
+        found = getattr(getattr(found, "__func__", found), "__wrapped__", None)
+        if found is None:
+            return None
+        path = ["attr", path, "__wrapped__"]
+        if found is obj:
+            return path
+    return None
+
+
+_C_DESCRIPTORS = (types.GetSetDescriptorType, types.MemberDescriptorType, types.MethodDescriptorType,
+                  types.WrapperDescriptorType, types.ClassMethodDescriptorType)
+
+
+def _class_dict_owner(obj) -> tuple[type, str] | None:
+    """(class, name) with ``class.__dict__[name] is obj``, for what classes hold in their
+    ``__dict__`` without a name of its own that imports back: C descriptors (an instance's
+    ``__dict__`` slot, ``__slots__`` members, methods of builtin types), properties,
+    ``staticmethod``/``classmethod`` objects and ``functools.cached_property``."""
+    if isinstance(obj, _C_DESCRIPTORS):
+        owner, name = getattr(obj, "__objclass__", None), getattr(obj, "__name__", None)
+    else:
+        fn = obj.fget if isinstance(obj, property) else \
+            obj.__func__ if isinstance(obj, (staticmethod, classmethod)) else \
+            obj.func if isinstance(obj, functools.cached_property) else None
+        qual, mod = getattr(fn, "__qualname__", None), getattr(fn, "__module__", None)
+        if not isinstance(qual, str) or not isinstance(mod, str) or "." not in qual or "<" in qual:
+            return None
+        owner_qual, name = qual.rsplit(".", 1)
+        if isinstance(obj, functools.cached_property):
+            name = obj.attrname or name
+        try:
+            owner = resolve_name(mod, owner_qual)
+        except Exception:
+            return None
+    if isinstance(owner, type) and isinstance(name, str) and owner.__dict__.get(name) is obj:
+        return owner, name
     return None
 
 
@@ -130,10 +208,18 @@ class Encoder:
             f = resolve_name(module, qualname)
         except Exception:
             return
-        f = getattr(f, "__func__", f)
-        if not isinstance(f, types.FunctionType):
-            return
-        base = ["name", module, qualname]
+        base: list = ["name", module, qualname]
+        for _ in range(8):      # (and the functions a decorator's wrapper wraps: same name)
+            f = getattr(f, "__func__", f)
+            if not isinstance(f, types.FunctionType):
+                return
+            self._add_function_objects(f, base)
+            f = getattr(f, "__wrapped__", None)
+            if f is None:
+                return
+            base = ["attr", base, "__wrapped__"]
+
+    def _add_function_objects(self, f: types.FunctionType, base: list) -> None:
         if f.__defaults__ is not None:
             where = ["attr", base, "__defaults__"]
             self._where.setdefault(id(f.__defaults__), where)
@@ -209,9 +295,10 @@ class Encoder:
             if sys.modules.get(obj.__name__) is obj:
                 return ["module", obj.__name__]
             raise NotPackageable(f"module {obj.__name__} is not importable by its name")
-        if type(obj) is dict and obj.get("__name__") and \
-                getattr(sys.modules.get(obj["__name__"]), "__dict__", None) is obj:
-            return ["module_dict", obj["__name__"]]
+        if type(obj) is dict and obj.get("__name__"):
+            home = _module_of_globals(obj)
+            if home is not None:
+                return ["module_dict", home]
         if isinstance(obj, weakref.ref) and type(obj) is weakref.ref:
             target = obj()
             if target is None:
@@ -236,13 +323,22 @@ class Encoder:
         name = _name_of(obj) or _builtin_name(obj) or _types_name(obj)
         if name is not None:
             return ["name", *name]
+        wrapped = _wrapped_path(obj) or _module_attribute(obj)
+        if wrapped is not None:
+            return wrapped
+        owner = _class_dict_owner(obj)
+        if owner is not None:
+            try:
+                return ["class_dict", self.encode(owner[0], identity=True), owner[1]]
+            except NotPackageable:
+                pass
         g = self._global_name(obj)
         if g is not None:
             return ["global", g]
         if not identity:
-            if type(obj) is list:
+            if type(obj) in (list, immutable_list):     # (an FX node's argument list)
                 return ["list", [self.encode(x) for x in obj]]
-            if type(obj) is dict:
+            if type(obj) in (dict, immutable_dict):
                 return ["dict", [[self.encode(k), self.encode(v)] for k, v in obj.items()]]
             if type(obj) in (set, frozenset):
                 return ["set" if type(obj) is set else "frozenset", [self.encode(x) for x in obj]]
@@ -329,6 +425,8 @@ class Decoder:
             return resolve_name(enc[1], enc[2])
         if tag == "attr":
             return getattr(self.decode(enc[1]), enc[2])
+        if tag == "class_dict":
+            return self.decode(enc[1]).__dict__[enc[2]]
         if tag == "index":
             return self.decode(enc[1])[enc[2]]
         if tag == "cell_of":

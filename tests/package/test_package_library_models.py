@@ -1,0 +1,88 @@
+"""Packages of library models: a Hugging Face decoder at its defaults saves its entry and loads
+in a fresh process with nothing captured. Its guards reach objects that have no name of their
+own (a class's ``__dict__`` slot, a property, a decorated function under its wrapper, a
+module-level instance, a class attribute reached by its path), and its inlined functions sit
+under decorators' wrappers that share their qualified names."""
+import functools
+import os
+import subprocess
+import sys
+
+import pytest
+
+from kiln.package.identity import code_hash, codes_of
+from kiln.package.values import Decoder, Encoder
+
+HERE = os.path.dirname(__file__)
+
+
+def _run(*args):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([HERE, os.environ.get("PYTHONPATH", "")]))
+    r = subprocess.run([sys.executable, os.path.join(HERE, "_library_model_process.py"), *args],
+                       capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    return r.stdout
+
+
+def test_a_transformers_decoder_package_loads_in_a_fresh_process_without_capture(tmp_path):
+    pytest.importorskip("transformers")
+    path = str(tmp_path / "qwen2.kiln")
+    assert "saved" in _run("save", path)
+    assert "loaded" in _run("load", path)
+
+
+def _decorated(fn):
+    @functools.wraps(fn)
+    def wrapper(*a, **k):
+        return fn(*a, **k)
+    return wrapper
+
+
+class _Holder:
+    __slots__ = ("slot",)
+
+    @property
+    def prop(self):
+        return 1
+
+    @staticmethod
+    def static():
+        return 2
+
+
+def _round_trip(obj):
+    def fn():
+        return None
+    enc = Encoder(fn)
+    return Decoder(fn).decode(enc.encode(obj, identity=True))
+
+
+@pytest.mark.parametrize("get", [
+    lambda: object.__dict__["__class__"],            # a getset descriptor
+    lambda: _Holder.__dict__["slot"],                # a member descriptor
+    lambda: _Holder.__dict__["prop"],                # a property
+    lambda: _Holder.__dict__["static"],              # a staticmethod object
+    lambda: os.environ,                              # a module-level instance
+    lambda: functools.__dict__,                      # a module's globals
+    lambda: sys.modules["_collections_abc"].__dict__,    # one whose __name__ names another module
+], ids=["getset", "member", "property", "staticmethod", "module_instance", "globals", "renamed_globals"])
+def test_objects_without_a_name_of_their_own_are_found_again(get):
+    assert _round_trip(get()) is get()
+
+
+def test_a_decorated_function_is_found_under_its_wrapper():
+    import transformers.models.qwen2.modeling_qwen2 as q
+
+    inner = q.Qwen2Model.forward
+    while hasattr(inner, "__wrapped__"):
+        inner = inner.__wrapped__
+    assert inner is not q.Qwen2Model.forward
+    assert _round_trip(inner) is inner
+
+
+def test_the_identity_check_reads_the_codes_under_a_wrapper():
+    def f(x):
+        return x + 1
+    g = _decorated(f)
+    hashes = {code_hash(c) for c in codes_of(g)}
+    assert code_hash(f.__code__) in hashes and code_hash(g.__code__) in hashes
