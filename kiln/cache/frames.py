@@ -253,6 +253,7 @@ def _uncheckable_callee(fn: types.FunctionType, entry) -> str | None:
             if found and all(c is not code for c in found):
                 return f"inlined function {module}.{qualname} is not what its name finds"
             roots.append(code)
+            roots += found      # (a decorator's wrappers: their codes are checked by the name)
     reachable = set()
     stack = list(roots)
     while stack:

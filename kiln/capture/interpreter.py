@@ -9,6 +9,7 @@ with guards on everything read from the outside world. Anything not modelled rai
 from __future__ import annotations
 
 import contextlib
+import importlib
 
 import linecache
 import operator
@@ -372,7 +373,8 @@ class FrameInterpreter(PythonSemantics):
         if self.depth >= config.max_inline_depth:
             raise Unsupported(f"inlining deeper than config.max_inline_depth={config.max_inline_depth}")
         f_locals = bind_arguments(self, code, fn.name(), args, kwargs, fn.defaults(self), fn.kwdefaults(self))
-        self.output.inlined.setdefault(code, (fn.globals().get("__name__"), code.co_qualname))
+        if code not in self.output.inlined:
+            self.output.inlined[code] = _inlined_name(fn, code)
         cells: dict[str, CellValue] = {}
         for name, cell in zip(code.co_freevars, fn.closure_cells(self)):
             cells[name] = cell
@@ -961,3 +963,25 @@ def _wrap_const(c) -> Value:
 
 
 
+
+
+def _inlined_name(fn, code: types.CodeType) -> tuple:
+    """(module, qualified name) an inlined function is found by in another process: its
+    ``__qualname__`` where that finds it (a dataclass's generated ``__init__`` is
+    ``Output.__init__``, its code ``__create_fn__.<locals>.__init__``), else its code's."""
+    module = fn.globals().get("__name__")
+    real = getattr(fn, "fn", None)
+    qual = getattr(real, "__qualname__", None)
+    if isinstance(module, str) and isinstance(qual, str) and "<" not in qual and qual != code.co_qualname:
+        try:
+            found = importlib.import_module(module)
+            for part in qual.split("."):
+                found = getattr(found, part)
+        except Exception:
+            found = None
+        for _ in range(8):      # (the name may find a decorator's wrapper of it)
+            found = getattr(found, "__func__", found)
+            if getattr(found, "__code__", None) is code:
+                return module, qual
+            found = getattr(found, "__wrapped__", None)
+    return module, code.co_qualname

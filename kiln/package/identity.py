@@ -52,7 +52,15 @@ def describe(target, fn: types.FunctionType, inlined: dict) -> dict:
     ``fn`` (the function kiln compiled for it), with the callees inlined into any entry."""
     callees: dict = {}
     for code, (module, qualname) in inlined.items():
-        callees.setdefault(f"{module}:{qualname}", set()).add(code_hash(code))
+        hashes = callees.setdefault(f"{module}:{qualname}", set())
+        hashes.add(code_hash(code))
+        if "<" not in qualname:
+            # every function under the name (a decorator's wrappers, whose own code is nested
+            # in the decorator): a change to any of them is a change
+            try:
+                hashes.update(code_hash(c) for c in codes_of(resolve_name(module, qualname)))
+            except Exception:
+                pass
     return {"qualname": qualname_of(target), "signature": signature_of(_user_callable(target)),
             "code": code_hash(fn.__code__), "inlined": {k: sorted(v) for k, v in sorted(callees.items())}}
 

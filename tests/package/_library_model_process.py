@@ -5,7 +5,10 @@
                                                   call it, save a package
     python _library_model_process.py load PATH    load it with capture made to fail; the
                                                   logits must equal eager's
+    python _library_model_process.py warm -       compile and call it with the compile cache
+                                                  of $KILN_CACHE_DIR; print the cache stats
 """
+import json
 import sys
 
 import torch
@@ -26,6 +29,12 @@ def model():
 def main(mode: str, path: str) -> None:
     m = model()
     ids = torch.randint(1, 100, (2, 8), generator=torch.Generator().manual_seed(1))
+    if mode == "warm":
+        c = kiln.compile(m, backend="aot_eager")
+        with torch.no_grad():
+            torch.testing.assert_close(c(input_ids=ids).logits, m(input_ids=ids).logits)
+        print("STATS " + json.dumps(kiln.cache.stats()))
+        return
     if mode == "save":
         c = kiln.compile(m, backend="aot_eager")
         with torch.no_grad():

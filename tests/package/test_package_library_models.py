@@ -4,6 +4,7 @@ own (a class's ``__dict__`` slot, a property, a decorated function under its wra
 module-level instance, a class attribute reached by its path), and its inlined functions sit
 under decorators' wrappers that share their qualified names."""
 import functools
+import json
 import os
 import subprocess
 import sys
@@ -16,8 +17,8 @@ from kiln.package.values import Decoder, Encoder
 HERE = os.path.dirname(__file__)
 
 
-def _run(*args):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([HERE, os.environ.get("PYTHONPATH", "")]))
+def _run(*args, **env_vars):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([HERE, os.environ.get("PYTHONPATH", "")]), **env_vars)
     r = subprocess.run([sys.executable, os.path.join(HERE, "_library_model_process.py"), *args],
                        capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
@@ -29,6 +30,21 @@ def test_a_transformers_decoder_package_loads_in_a_fresh_process_without_capture
     path = str(tmp_path / "qwen2.kiln")
     assert "saved" in _run("save", path)
     assert "loaded" in _run("load", path)
+
+
+def test_a_warm_process_serves_a_transformers_decoder_from_its_frame_record(tmp_path):
+    """The record's inlined functions sit under decorators' wrappers (``can_return_tuple``) and
+    include a dataclass's generated ``__init__``: all are checked by name in the new process."""
+    pytest.importorskip("transformers")
+    cache = str(tmp_path / "cache")
+
+    def stats():
+        out = _run("warm", "-", KILN_CACHE_DIR=cache, KILN_CACHE_FRAMES="1")
+        return json.loads(out.split("STATS ", 1)[1])
+    cold = stats()
+    assert cold["frame_misses"] == 1
+    warm = stats()
+    assert warm["frame_hits"] == 1 and warm["frame_misses"] == 0, warm
 
 
 def _decorated(fn):
