@@ -82,18 +82,32 @@ def _user_callable(target):
 
 def codes_of(obj) -> list[types.CodeType]:
     """The codes of a function found by its qualified name (a plain function, a method, or the
-    getter of a property) and of the functions it wraps (``__wrapped__``, as decorators made
-    with ``functools.wraps`` set it)."""
+    getter of a property) and of the functions it wraps: through ``__wrapped__`` (decorators
+    made with ``functools.wraps``) and through its closure (a wrapper that keeps the function
+    it replaced in a cell, as ``huggingface_hub``'s ``strict`` does with ``__setattr__``), a few
+    levels deep."""
     codes, seen = [], set()
-    while obj is not None and id(obj) not in seen:
+    todo = [(obj, 0)]
+    while todo:
+        obj, depth = todo.pop(0)
+        if obj is None or id(obj) in seen or depth > 4:
+            continue
         seen.add(id(obj))
         if isinstance(obj, property):
             obj = obj.fget
         obj = getattr(obj, "__func__", obj)
         code = getattr(obj, "__code__", None)
-        if isinstance(code, types.CodeType):
-            codes.append(code)
-        obj = getattr(obj, "__wrapped__", None)
+        if not isinstance(code, types.CodeType):
+            continue
+        codes.append(code)
+        todo.append((getattr(obj, "__wrapped__", None), depth + 1))
+        for cell in getattr(obj, "__closure__", None) or ():
+            try:
+                inner = cell.cell_contents
+            except ValueError:          # (an empty cell)
+                continue
+            if isinstance(inner, (types.FunctionType, types.MethodType)):
+                todo.append((inner, depth + 1))
     return codes
 
 

@@ -20,6 +20,7 @@ import dataclasses
 import enum
 import functools
 import importlib
+import logging
 import math
 import sys
 import types
@@ -232,6 +233,12 @@ class Encoder:
                 self._where.setdefault(id(d), ["index", where, k])
         for name, cell in zip(f.__code__.co_freevars, f.__closure__ or ()):
             self._where.setdefault(id(cell), ["cell_of", base, name])
+            try:
+                inner = cell.cell_contents
+            except ValueError:          # (an empty cell)
+                continue
+            if isinstance(inner, types.FunctionType):   # (the function a wrapper replaced)
+                self._where.setdefault(id(inner), ["attr", ["cell_of", base, name], "cell_contents"])
 
     def _global_name(self, obj) -> str | None:
         if self._globals_by_id is None:
@@ -323,6 +330,9 @@ class Encoder:
         name = _name_of(obj) or _builtin_name(obj) or _types_name(obj)
         if name is not None:
             return ["name", *name]
+        if isinstance(obj, logging.Logger) and (obj is logging.root or
+                                                logging.root.manager.loggerDict.get(obj.name) is obj):
+            return ["logger", None if obj is logging.root else obj.name]
         wrapped = _wrapped_path(obj) or _module_attribute(obj)
         if wrapped is not None:
             return wrapped
@@ -425,6 +435,8 @@ class Decoder:
             return resolve_name(enc[1], enc[2])
         if tag == "attr":
             return getattr(self.decode(enc[1]), enc[2])
+        if tag == "logger":             # (logging's registry makes one per name, per process)
+            return logging.getLogger(enc[1])
         if tag == "class_dict":
             return self.decode(enc[1]).__dict__[enc[2]]
         if tag == "index":

@@ -5,6 +5,7 @@ module-level instance, a class attribute reached by its path), and its inlined f
 under decorators' wrappers that share their qualified names."""
 import functools
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -81,7 +82,10 @@ def _round_trip(obj):
     lambda: os.environ,                              # a module-level instance
     lambda: functools.__dict__,                      # a module's globals
     lambda: sys.modules["_collections_abc"].__dict__,    # one whose __name__ names another module
-], ids=["getset", "member", "property", "staticmethod", "module_instance", "globals", "renamed_globals"])
+    lambda: logging.getLogger("kiln.aot"),          # a logger: one per name in every process
+    lambda: logging.getLogger(),                     # the root logger
+], ids=["getset", "member", "property", "staticmethod", "module_instance", "globals", "renamed_globals", "logger",
+        "root_logger"])
 def test_objects_without_a_name_of_their_own_are_found_again(get):
     assert _round_trip(get()) is get()
 
@@ -102,3 +106,17 @@ def test_the_identity_check_reads_the_codes_under_a_wrapper():
     g = _decorated(f)
     hashes = {code_hash(c) for c in codes_of(g)}
     assert code_hash(f.__code__) in hashes and code_hash(g.__code__) in hashes
+
+
+def test_a_function_a_wrapper_keeps_in_its_closure_is_under_the_wrappers_name():
+    """``huggingface_hub``'s ``strict`` replaces a config class's ``__setattr__`` by a wrapper
+    that calls the original from its closure (no ``__wrapped__``)."""
+    def original(self, name, value):
+        object.__setattr__(self, name, value)
+
+    def make_strict(setattr_):
+        def strict_setattr(self, name, value):
+            setattr_(self, name, value)
+        return strict_setattr
+    wrapper = make_strict(original)
+    assert code_hash(original.__code__) in {code_hash(c) for c in codes_of(wrapper)}
