@@ -134,7 +134,8 @@ def _ensure_node_vals(gm: torch.fx.GraphModule) -> None:
 
 
 def _zeros_of(g: torch.fx.Graph, a: torch.fx.Node, size_sources: dict | None = None) -> torch.fx.Node:
-    """A node for zeros with ``a``'s shape, dtype and device, inserted after ``a``.
+    """A node for zeros with ``a``'s shape, dtype and device, inserted after ``a`` (after the
+    last placeholder, for a placeholder sized from ``size_sources``).
     ``size_sources``: symbolic size -> (placeholder, dim) to read it from instead of ``a``
     (``a`` a placeholder that is not read otherwise: a missing tangent)."""
     val = a.meta.get("val")
@@ -144,6 +145,9 @@ def _zeros_of(g: torch.fx.Graph, a: torch.fx.Node, size_sources: dict | None = N
         z.meta = dict(a.meta)
         return z
     last = a
+    if size_sources and a.op == "placeholder":
+        # (after every placeholder: a source may come after ``a``)
+        last = [n for n in g.nodes if n.op == "placeholder"][-1]
     sizes = []
     for i, s in enumerate(val.shape):
         if isinstance(s, torch.SymInt):
