@@ -46,8 +46,11 @@ def _path_from_a_named_object(source, enc: Encoder) -> list | None:
     that has a name (``<type PreTrainedConfig>.__dict__['attribute_map']``: a class attribute
     with no name of its own). In a fresh process the same path finds the object the guard then
     compares by identity; its contents are guarded by the checks after it."""
-    from ..capture.sources import AttrSource, ConstSource, ItemSource
+    from ..capture.sources import AttrSource, CellSource, ConstSource, ItemSource
 
+    if isinstance(source, CellSource):      # (a cell of a function found by its name)
+        cell = enc.where(source.cell)
+        return None if cell is None else ["attr", cell, "cell_contents"]
     if isinstance(source, ConstSource):
         try:
             return enc.encode(source.obj, identity=True)

@@ -186,6 +186,7 @@ class Encoder:
     def __init__(self, fn: types.FunctionType, specials: dict[int, list] | None = None):
         self.fn = fn
         self.specials = dict(specials or {})     # id(obj) -> encoding (the factory's callee...)
+        self._classes_seen: set = set()
         self._where: dict[int, list] = {}
         self._where[id(fn)] = ["fn"]
         self._where[id(fn.__code__)] = ["fn_code"]
@@ -219,6 +220,21 @@ class Encoder:
             if f is None:
                 return
             base = ["attr", base, "__wrapped__"]
+
+    def where(self, obj) -> list | None:
+        """Where ``obj`` was found among the objects of named functions (None: nowhere)."""
+        return self._where.get(id(obj))
+
+    def _add_class_functions(self, cls: type, base: list) -> None:
+        """The objects of the functions a named class holds in its ``__dict__``, found through
+        it (a wrapper a decorator or ``huggingface_hub``'s ``strict`` put there, with the
+        function it replaced in a closure cell)."""
+        if id(cls) in self._classes_seen:
+            return
+        self._classes_seen.add(id(cls))
+        for name, f in list(vars(cls).items()):
+            if isinstance(name, str) and isinstance(f, types.FunctionType) and f.__closure__:
+                self._add_function_objects(f, ["class_dict", base, name])
 
     def _add_function_objects(self, f: types.FunctionType, base: list) -> None:
         if f.__defaults__ is not None:
@@ -329,6 +345,8 @@ class Encoder:
                 return ["attr", base, obj.__name__]
         name = _name_of(obj) or _builtin_name(obj) or _types_name(obj)
         if name is not None:
+            if isinstance(obj, type):
+                self._add_class_functions(obj, ["name", *name])
             return ["name", *name]
         if isinstance(obj, logging.Logger) and (obj is logging.root or
                                                 logging.root.manager.loggerDict.get(obj.name) is obj):

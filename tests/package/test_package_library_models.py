@@ -120,3 +120,32 @@ def test_a_function_a_wrapper_keeps_in_its_closure_is_under_the_wrappers_name():
         return strict_setattr
     wrapper = make_strict(original)
     assert code_hash(original.__code__) in {code_hash(c) for c in codes_of(wrapper)}
+
+
+def _strict(setattr_):
+    def strict_setattr(self, name, value):
+        setattr_(self, name, value)
+    return strict_setattr
+
+
+class _StrictConfig:
+    def __setattr__(self, name, value):
+        object.__setattr__(self, name, value)
+
+
+_ORIGINAL_SETATTR = _StrictConfig.__dict__["__setattr__"]
+_StrictConfig.__setattr__ = _strict(_ORIGINAL_SETATTR)
+
+
+def test_a_function_in_a_cell_of_a_named_classs_wrapper_is_found_through_the_class():
+    from kiln.capture.sources import CellSource
+    from kiln.package.guards import _path_from_a_named_object
+
+    def fn():
+        return None
+    enc = Encoder(fn)
+    enc.encode(_StrictConfig, identity=True)
+    cell = _StrictConfig.__dict__["__setattr__"].__closure__[0]
+    path = _path_from_a_named_object(CellSource(cell, "setattr_"), enc)
+    assert path is not None
+    assert Decoder(fn).decode(path) is _ORIGINAL_SETATTR

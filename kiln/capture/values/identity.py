@@ -1,9 +1,11 @@
 """``id()`` during capture.
 
-An object read through a source keeps its identity from call to call only while a guard says
-so: its ``id`` is a constant behind an identity guard. Any other value (an object the frame
-created, a constant) has an identity that the compiled code cannot reproduce, so its ``id`` is
-a capture-time token: equal for the same object, usable as a dict key (``copy.deepcopy``'s memo,
+An object read through a global or closure source keeps its identity from call to call only
+while a guard says so: its ``id`` is a constant behind an identity guard. An object of the call's
+arguments (a model's config) is not pinned that way: an identity guard on it would fail for
+another instance of the same model, and no other process could ever satisfy it (a package, a
+frame record). Its ``id``, and that of any other value (an object the frame created, a
+constant), is a capture-time token: equal for the same object, usable as a dict key (``copy.deepcopy``'s memo,
 a ``seen`` set), and refused anywhere its number would matter (arithmetic, printing, a return).
 """
 
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 from ...errors import Unsupported
 from ..guards import GuardKind
+from ..sources import is_argument_rooted
 from .base import ConstantValue, Value
 from .builtins import handles
 
@@ -57,7 +60,7 @@ def _id(tx, fn, args, kwargs):
     v = args[0]
     real = None if isinstance(v, ConstantValue) else v.real_object()
     source = getattr(v, "source", None)
-    if real is not None and source is not None:
+    if real is not None and source is not None and not is_argument_rooted(source):
         tx.output.builder.guard(GuardKind.ID_MATCH, source, real)
         if tx.output.guards_enabled_for(source):
             return ConstantValue(id(real))
