@@ -15,7 +15,7 @@ from ..errors import Unsupported
 from .graph_constants import fx_argument
 from .guards import Guard, GuardKind, GuardSet, TensorMeta
 from .side_effects import SideEffects
-from .sources import GlobalSource, Source
+from .sources import CaptureObjectSource, GlobalSource, Source
 from .values.base import ConstantValue, Value
 from .values.builder import STATE_READERS, Builder, is_trusted_module
 from .values.containers import ListValue, NamedTupleValue, TupleValue
@@ -133,7 +133,7 @@ class OutputGraph:
             root = root.base
         if isinstance(root, GlobalSource):
             return not self.is_trusted_globals(root.globals_dict)
-        return True
+        return not isinstance(root, CaptureObjectSource)
 
     def release(self) -> None:
         """The capture is over: drop every reference to the outside world it gathered (the
@@ -262,7 +262,7 @@ class OutputGraph:
                 return
 
     def guard_module_has_no_hooks(self, module_value) -> None:
-        if module_value.source is not None:
+        if module_value.source is not None and self.guards_enabled_for(module_value.source):
             self.guards.add(Guard(GuardKind.NO_HOOKS, module_value.source))
         elif _torch.module_hooks_empty(module_value.value) is False:
             raise Unsupported("calling an nn.Module with hooks that cannot be guarded")

@@ -204,6 +204,12 @@ class ConstSource(Source):
         return f"<{type(self.obj).__name__} {getattr(self.obj, '__qualname__', '')}>"
 
 
+class CaptureObjectSource(ConstSource):
+    """An object this capture built (a parameterless ``torch.nn`` module made in the compiled
+    function): nothing outside the compiled code can reach or change it, so nothing read
+    through it is guarded (a guard could only check the capture's own object again)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class ReduceSource(Source):
     """``base.__reduce__()``: how a list/tuple/range iterator names its sequence and position."""

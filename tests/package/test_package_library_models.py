@@ -149,3 +149,23 @@ def test_a_function_in_a_cell_of_a_named_classs_wrapper_is_found_through_the_cla
     path = _path_from_a_named_object(CellSource(cell, "setattr_"), enc)
     assert path is not None
     assert Decoder(fn).decode(path) is _ORIGINAL_SETATTR
+
+
+def test_a_module_made_in_the_call_is_not_guarded():
+    """A parameterless module the model builds in its forward (``CrossEntropyLoss()``) is the
+    capture's own object: no guard reads it, so packages and frame records can hold the entry."""
+    import torch
+
+    import kiln
+    from kiln.testing import CompileCounter
+
+    def f(x, y):
+        return torch.nn.CrossEntropyLoss()(x, y)
+
+    cc = CompileCounter()
+    g = kiln.compile(f, backend=cc)
+    x, y = torch.randn(4, 3), torch.randint(0, 3, (4,))
+    torch.testing.assert_close(g(x, y), f(x, y))
+    texts = [gd.describe() for e in g.entries for gd in e.guards]
+    assert texts and not any("<CrossEntropyLoss" in t for t in texts), texts
+    assert cc.frame_count == 1

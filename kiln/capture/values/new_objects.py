@@ -25,7 +25,7 @@ import torch
 
 from ...errors import Unsupported
 from ..side_effects import SideEffects
-from ..sources import ConstSource
+from ..sources import CaptureObjectSource
 from .base import Value, is_constant_object
 from .builtins import handles
 from .objects import NewObjectValue, NNModuleValue, store_on_new_object, user_layers_define
@@ -55,7 +55,7 @@ class NewModuleValue(NNModuleValue):
     """A parameterless ``torch.nn`` module created during capture (bound by identity)."""
 
     def __init__(self, module: torch.nn.Module, ctor: tuple):
-        super().__init__(module, ConstSource(module))
+        super().__init__(module, CaptureObjectSource(module))
         self.ctor = ctor        # (cls, arg values, kwarg values): how a call builds its own
 
     def describe(self):
