@@ -411,6 +411,27 @@ def ancestors(nodes: Iterable[Any]) -> set:
     return seen
 
 
+def emit_inputs_first(root: torch.fx.Node, done: set, order: list) -> None:
+    """Append ``root`` to ``order`` after those of its inputs not ``done`` yet, inputs first
+    (iteratively: a long chain would exceed Python's recursion limit). A node reached again from
+    its own inputs is a cycle: RuntimeError."""
+    entered: set = set()
+    stack = [(root, False)]
+    while stack:
+        n, ready = stack.pop()
+        if n in done:
+            continue
+        if ready:
+            done.add(n)
+            order.append(n)
+            continue
+        if n in entered:
+            raise RuntimeError(f"the graph has a cycle through {n.name}")
+        entered.add(n)
+        stack.append((n, True))
+        stack.extend((a, False) for a in reversed(n.all_input_nodes) if a not in done)
+
+
 def flat_outputs(graph: torch.fx.Graph) -> list:
     out = output_node(graph).args[0]
     if isinstance(out, (tuple, list)):

@@ -213,22 +213,10 @@ def _hint(d):
 def _sort_topologically(g: torch.fx.Graph) -> None:
     """Reorder ``g`` so that every node comes after its inputs, keeping the given order
     otherwise (the added sums sit at the end; their users come before them)."""
-    order, placed, entered = [], set(), set()
+    order: list = []
+    done: set = set()
     for root in list(g.nodes):
-        stack = [(root, False)]
-        while stack:
-            n, ready = stack.pop()
-            if n in placed:
-                continue
-            if ready:
-                placed.add(n)
-                order.append(n)
-                continue
-            if n in entered:        # (reached again from its own inputs)
-                raise RuntimeError("fused backward: the graph has a cycle")
-            entered.add(n)
-            stack.append((n, True))
-            stack.extend((a, False) for a in reversed(n.all_input_nodes) if a not in placed)
+        U.emit_inputs_first(root, done, order)
     for prev, n in zip(order, order[1:]):
         if prev.next is not n:
             prev.append(n)

@@ -144,25 +144,9 @@ def _recompute_at_first_use(g: torch.fx.Graph) -> torch.fx.Graph:
             tangent_dep.add(n)
     order: list = []
     done = set(phs)
-
-    def emit(root):
-        stack = [(root, False)]
-        while stack:
-            n, expanded = stack.pop()
-            if n in done:
-                continue
-            if expanded:
-                done.add(n)
-                order.append(n)
-                continue
-            stack.append((n, True))
-            for a in reversed(n.all_input_nodes):
-                if a not in done:
-                    stack.append((a, False))
-
     for n in g.nodes:
         if n.op == "output" or (n in tangent_dep and n.op != "placeholder") or U.is_random(n):
-            emit(n)
+            U.emit_inputs_first(n, done, order)
     new = torch.fx.Graph()
     env: dict = {}
     for p in phs:

@@ -28,6 +28,7 @@ import weakref
 
 from .. import logs
 from ..config import config
+from ..names import resolve_name
 from . import key as K, store
 
 # this process's record in each frame's directory (pid + random: pids are reused)
@@ -238,7 +239,6 @@ def _uncheckable_callee(fn: types.FunctionType, entry) -> str | None:
     an edit to it would go unseen: such an entry is not recorded."""
     from ..package.identity import codes_of
     from ..package.save import _walk
-    from ..package.values import resolve_name
 
     inlined: dict = {}
     for e in _walk([entry]):
@@ -291,7 +291,6 @@ def _callable_defaults(f: types.FunctionType) -> dict:
 def _defining(fn: types.FunctionType, entries: list) -> dict:
     """The compiled function and the named functions its entries inlined, by name."""
     from ..package.save import _walk
-    from ..package.values import resolve_name
 
     found = {"": fn}
     for e in _walk(entries):
@@ -308,7 +307,6 @@ def _defining(fn: types.FunctionType, entries: list) -> dict:
 
 
 def _changed_defaults(saved: dict, fn: types.FunctionType | None = None) -> str | None:
-    from ..package.values import resolve_name
 
     for name, defaults in saved.items():
         if not defaults:

@@ -9,7 +9,6 @@ with guards on everything read from the outside world. Anything not modelled rai
 from __future__ import annotations
 
 import contextlib
-import importlib
 
 import linecache
 import operator
@@ -20,6 +19,7 @@ import torch
 
 from ..config import config
 from ..errors import FrameRunsEagerly, Unsupported
+from ..names import functions_under, resolve_name
 from . import bytecode_utils as bu
 from .values.base import NULL, ConstantValue, LazyArgument, NullValue, Value, is_constant_object
 from .values.containers import DictValue, IteratorValue, ListValue, SetValue, TupleValue
@@ -974,14 +974,9 @@ def _inlined_name(fn, code: types.CodeType) -> tuple:
     qual = getattr(real, "__qualname__", None)
     if isinstance(module, str) and isinstance(qual, str) and "<" not in qual and qual != code.co_qualname:
         try:
-            found = importlib.import_module(module)
-            for part in qual.split("."):
-                found = getattr(found, part)
+            under = functions_under(resolve_name(module, qual))
         except Exception:
-            found = None
-        for _ in range(8):      # (the name may find a decorator's wrapper of it)
-            found = getattr(found, "__func__", found)
-            if getattr(found, "__code__", None) is code:
-                return module, qual
-            found = getattr(found, "__wrapped__", None)
+            under = []
+        if any(f.__code__ is code for f in under):     # (the name may find a decorator's wrapper)
+            return module, qual
     return module, code.co_qualname

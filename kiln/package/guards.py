@@ -18,7 +18,7 @@ import torch
 from .. import _torch
 from ..capture.codegen import GuardProgram
 from ..capture.guards import Guard, GuardKind, TensorMeta, _CallObject
-from ..capture.sources import Source
+from ..capture.sources import AttrSource, CellSource, ConstSource, ItemSource, Source
 from .errors import NotPackageable
 from .values import Encoder
 
@@ -46,8 +46,6 @@ def _path_from_a_named_object(source, enc: Encoder) -> list | None:
     that has a name (``<type PreTrainedConfig>.__dict__['attribute_map']``: a class attribute
     with no name of its own). In a fresh process the same path finds the object the guard then
     compares by identity; its contents are guarded by the checks after it."""
-    from ..capture.sources import AttrSource, CellSource, ConstSource, ItemSource
-
     if isinstance(source, CellSource):      # (a cell of a function found by its name)
         cell = enc.where(source.cell)
         return None if cell is None else ["attr", cell, "cell_contents"]

@@ -17,7 +17,7 @@ import re
 import types
 
 from .errors import PackageMismatch
-from .values import resolve_name
+from ..names import functions_under, resolve_name
 
 
 def code_hash(code: types.CodeType) -> str:
@@ -81,34 +81,8 @@ def _user_callable(target):
 
 
 def codes_of(obj) -> list[types.CodeType]:
-    """The codes of a function found by its qualified name (a plain function, a method, or the
-    getter of a property) and of the functions it wraps: through ``__wrapped__`` (decorators
-    made with ``functools.wraps``) and through its closure (a wrapper that keeps the function
-    it replaced in a cell, as ``huggingface_hub``'s ``strict`` does with ``__setattr__``), a few
-    levels deep."""
-    codes, seen = [], set()
-    todo = [(obj, 0)]
-    while todo:
-        obj, depth = todo.pop(0)
-        if obj is None or id(obj) in seen or depth > 4:
-            continue
-        seen.add(id(obj))
-        if isinstance(obj, property):
-            obj = obj.fget
-        obj = getattr(obj, "__func__", obj)
-        code = getattr(obj, "__code__", None)
-        if not isinstance(code, types.CodeType):
-            continue
-        codes.append(code)
-        todo.append((getattr(obj, "__wrapped__", None), depth + 1))
-        for cell in getattr(obj, "__closure__", None) or ():
-            try:
-                inner = cell.cell_contents
-            except ValueError:          # (an empty cell)
-                continue
-            if isinstance(inner, (types.FunctionType, types.MethodType)):
-                todo.append((inner, depth + 1))
-    return codes
+    """The codes of the functions a qualified name reaches (``names.functions_under``)."""
+    return [f.__code__ for f in functions_under(obj)]
 
 
 def check(saved: dict, target, fn: types.FunctionType) -> None:

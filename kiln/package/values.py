@@ -30,6 +30,7 @@ from typing import Any, Callable
 import torch
 from torch.fx.immutable_collections import immutable_dict, immutable_list
 
+from ..names import resolve_name
 from .errors import NotPackageable
 
 _SCALARS = (bool, int, str)
@@ -46,13 +47,20 @@ def _name_of(obj) -> tuple[str, str] | None:
     if mod is None and isinstance(obj, types.BuiltinFunctionType) and obj.__self__ is not None:
         self = obj.__self__
         mod = self.__name__ if isinstance(self, types.ModuleType) else None
+    return (mod, qual) if _lookup(mod, qual) is obj else None
+
+
+_MISSING = object()
+
+
+def _lookup(mod, qual):
+    """What ``mod``/``qual`` finds in this process (``_MISSING``: nothing, or not a name)."""
     if not isinstance(qual, str) or not isinstance(mod, str) or "<" in qual:
-        return None
+        return _MISSING
     try:
-        found = resolve_name(mod, qual)
+        return resolve_name(mod, qual)
     except Exception:
-        return None
-    return (mod, qual) if found is obj else None
+        return _MISSING
 
 
 # where a builtin function whose own names do not import back (``torch.sin``: its
@@ -111,11 +119,8 @@ def _wrapped_path(obj) -> list | None:
     """A decorated function (``functools.wraps`` gave its wrapper the same qualified name): the
     name finds the wrapper, and ``__wrapped__`` from there the function."""
     qual, mod = getattr(obj, "__qualname__", None), getattr(obj, "__module__", None)
-    if not isinstance(qual, str) or not isinstance(mod, str) or "<" in qual:
-        return None
-    try:
-        found = resolve_name(mod, qual)
-    except Exception:
+    found = _lookup(mod, qual)
+    if found is _MISSING:
         return None
     path: list = ["name", mod, qual]
     for _ in range(8):
@@ -144,25 +149,15 @@ def _class_dict_owner(obj) -> tuple[type, str] | None:
             obj.__func__ if isinstance(obj, (staticmethod, classmethod)) else \
             obj.func if isinstance(obj, functools.cached_property) else None
         qual, mod = getattr(fn, "__qualname__", None), getattr(fn, "__module__", None)
-        if not isinstance(qual, str) or not isinstance(mod, str) or "." not in qual or "<" in qual:
+        if not isinstance(qual, str) or "." not in qual:
             return None
         owner_qual, name = qual.rsplit(".", 1)
         if isinstance(obj, functools.cached_property):
             name = obj.attrname or name
-        try:
-            owner = resolve_name(mod, owner_qual)
-        except Exception:
-            return None
+        owner = _lookup(mod, owner_qual)
     if isinstance(owner, type) and isinstance(name, str) and owner.__dict__.get(name) is obj:
         return owner, name
     return None
-
-
-def resolve_name(mod: str, qual: str):
-    obj = importlib.import_module(mod)
-    for part in qual.split("."):
-        obj = getattr(obj, part)
-    return obj
 
 
 def _op_name(obj) -> list | None:
