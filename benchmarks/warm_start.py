@@ -1,7 +1,7 @@
 """Warm start: the time a compiler adds to a program's first output, cold and warm.
 
-    python benchmarks/warm_start.py [--device cuda] [--json PATH] [--models gpt2-infer,gpt2-train,mlp,mlp-train]
-                                    [--backend inductor|aot_eager]
+    python benchmarks/warm_start.py [--device cuda] [--json PATH] [--backend inductor|aot_eager]
+        [--models gpt2-infer,gpt2-train,mlp,mlp-train,qwen2-infer,qwen2-train,bert-infer,timm-infer]
 
 Every measurement runs in a fresh process. Per model and compiler (kiln, torch.compile):
 
@@ -34,11 +34,16 @@ torch._dynamo).
 
 Models (no downloads): ``gpt2-infer`` / ``gpt2-train`` a GPT-2-style decoder (6 layers, d=512,
 8 heads; batch 2, sequence 64) inference and one training step; ``mlp`` / ``mlp-train`` a small
-MLP on CPU, inference and one training step.
+MLP on CPU, inference and one training step. Library models at their defaults (random weights):
+``qwen2-infer`` / ``qwen2-train`` a Hugging Face Qwen2 decoder (4 layers, d=256, 8 heads over 2
+key/value heads, KV cache on; batch 2, sequence 64 with a padded attention mask; labels when
+training), ``bert-infer`` a BERT encoder (4 layers, d=256) and ``timm-infer`` timm's ResNet-18
+(batch 2, 160x160).
 """
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import subprocess
@@ -52,6 +57,36 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
 
+LIBRARY_MODELS = ("qwen2-infer", "qwen2-train", "bert-infer", "timm-infer")
+
+
+def _library_model(model: str):
+    """A library model at its defaults (random weights, nothing downloaded), its keyword
+    arguments, and whether the step trains: a Hugging Face decoder (Qwen2: KV cache on, 2
+    key/value heads, a padded attention mask, labels when training), an encoder (BERT) and a
+    timm vision model (ResNet-18)."""
+    if model == "timm-infer":
+        import timm
+
+        return timm.create_model("resnet18", pretrained=False).eval(), {"x": torch.randn(2, 3, 160, 160)}, False
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    ids = torch.randint(1, 8192, (2, 64))
+    mask = torch.ones_like(ids)
+    mask[0, :16] = 0
+    if model == "bert-infer":
+        cfg = transformers.BertConfig(hidden_size=256, intermediate_size=1024, num_hidden_layers=4,
+                                      num_attention_heads=4, vocab_size=8192)
+        return transformers.BertModel(cfg).eval(), {"input_ids": ids, "attention_mask": mask}, False
+    cfg = transformers.Qwen2Config(hidden_size=256, intermediate_size=704, num_hidden_layers=4, num_attention_heads=8,
+                                   num_key_value_heads=2, vocab_size=8192, max_position_embeddings=256)
+    net = transformers.AutoModelForCausalLM.from_config(cfg)
+    if model == "qwen2-train":
+        return net, {"input_ids": ids, "attention_mask": mask, "labels": ids}, True
+    return net.eval(), {"input_ids": ids, "attention_mask": mask}, False
+
+
 def _child(model: str, compiler: str, device: str, backend: str, package: str | None = None) -> None:
     import torch
     sys.path.insert(0, HERE)
@@ -59,7 +94,11 @@ def _child(model: str, compiler: str, device: str, backend: str, package: str | 
     from inductor import GPT
 
     torch.manual_seed(0)
-    if model in ("mlp", "mlp-train"):
+    kwargs: dict = {}
+    if model in LIBRARY_MODELS:
+        net, kwargs, train = _library_model(model)
+        args = ()
+    elif model in ("mlp", "mlp-train"):
         device = "cpu"
         net = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 10))
         args = (torch.randn(32, 64),)
@@ -77,6 +116,7 @@ def _child(model: str, compiler: str, device: str, backend: str, package: str | 
             net.eval()
     net = net.to(device)
     args = tuple(a.to(device) for a in args)
+    kwargs = {k: v.to(device) for k, v in kwargs.items()}
     def sync():
         if device == "cuda":
             torch.cuda.synchronize()
@@ -93,10 +133,11 @@ def _child(model: str, compiler: str, device: str, backend: str, package: str | 
     else:
         fn = net
     if train:
-        fn(*args).backward()
+        out = fn(*args, **kwargs)
+        (out if isinstance(out, torch.Tensor) else out.loss).backward()
     else:
         with torch.no_grad():
-            fn(*args)
+            fn(*args, **kwargs)
     sync()
     first = time.perf_counter() - start
     # the heavy torch modules the first output needed (a static aot_eager package: none)
@@ -160,7 +201,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--json")
-    ap.add_argument("--models", default="gpt2-infer,gpt2-train,mlp")
+    ap.add_argument("--models", default="gpt2-infer,gpt2-train,mlp,qwen2-infer,qwen2-train,bert-infer,timm-infer")
     ap.add_argument("--backend", default="inductor")
     ap.add_argument("--child", nargs=2)
     ap.add_argument("--package")
@@ -171,6 +212,9 @@ def main() -> None:
     rows = []
     pycache = tempfile.TemporaryDirectory(prefix="kiln-bench-pycache-")
     for model in a.models.split(","):
+        if model == "timm-infer" and importlib.util.find_spec("timm") is None:
+            print("# timm-infer skipped: timm is not installed", file=sys.stderr, flush=True)
+            continue
         base = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
         # Every fresh process reads Python's bytecode caches, as it does wherever packages are
         # installed normally. Without them (a read-only site-packages, PYTHONDONTWRITEBYTECODE)
@@ -207,11 +251,11 @@ def main() -> None:
         if a.json:       # after each model: a run stopped at its time limit keeps what it measured
             with open(a.json, "w") as f:
                 json.dump({"device": a.device, "backend": a.backend, "rows": rows}, f, indent=1)
-    hdr = f"{'model':<11} {'eager 1st':>9} | {'kiln cold':>9} {'kiln warm':>9} {'pkg':>7} {'pkg+k':>7} | {'torch cold':>10} {'torch warm':>10} | {'warm k/t':>8} | {'exit kiln/torch (warm)':>22} | kiln warm cache | pkg imported"
+    hdr = f"{'model':<12} {'eager 1st':>9} | {'kiln cold':>9} {'kiln warm':>9} {'pkg':>7} {'pkg+k':>7} | {'torch cold':>10} {'torch warm':>10} | {'warm k/t':>8} | {'exit kiln/torch (warm)':>22} | kiln warm cache | pkg imported"
     print(f"added to first output over eager, seconds (device {a.device}, backend {a.backend})")
     print(hdr)
     for r in rows:
-        print(f"{r['model']:<11} {r['eager_first_s']:>9.3f} | {r['kiln_cold_added_s']:>9.3f} {r['kiln_warm_added_s']:>9.3f} "
+        print(f"{r['model']:<12} {r['eager_first_s']:>9.3f} | {r['kiln_cold_added_s']:>9.3f} {r['kiln_warm_added_s']:>9.3f} "
               f"{r['package_added_s']:>7.3f} {r['package_kernels_added_s']:>7.3f} | "
               f"{r['torch_cold_added_s']:>10.3f} {r['torch_warm_added_s']:>10.3f} | {r['warm_ratio']:>8.2f} | "
               f"{r['kiln_warm_exit_s']:>10.3f} / {r['torch_warm_exit_s']:<9.3f} | {r['kiln_warm_cache']} | "

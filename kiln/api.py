@@ -287,6 +287,12 @@ class CompiledFunction:
         return MISS
 
     def _miss(self, args: tuple, kwargs: dict):
+        if not config.cache:
+            return self._capture_and_run(args, kwargs)
+        with _frames.compiling(self):     # (what the cache stores now may grow at a backward())
+            return self._capture_and_run(args, kwargs)
+
+    def _capture_and_run(self, args: tuple, kwargs: dict):
         fn, key, cache = self._fn, self._key, self._cache
         if self._records_frames and config.cache and key not in cache.frames_tried and not _explain._recorder.stack:
             # a warm process: the entries a former process recorded, before any capture
@@ -308,7 +314,7 @@ class CompiledFunction:
                     f"kiln: {fn.__qualname__} reached config.recompile_limit="
                     f"{config.recompile_limit} entries; it now runs eagerly for new inputs. "
                     f"Last failing guard: {reason}. Raise kiln.config.recompile_limit or make the "
-                    "inputs more uniform.", RuntimeWarning, stacklevel=3)
+                    "inputs more uniform.", RuntimeWarning, stacklevel=4)
             return fn(*args, **kwargs)
         if reason is not None:
             cache.recompile_reasons.append(reason)

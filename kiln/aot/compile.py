@@ -98,6 +98,9 @@ class CompiledParts:
     segments: list | None = None
     handoffs: list[int] = field(default_factory=list)
     num_handed_outputs: int = 0
+    # (segments) per node, the backward inputs (saved values, then tangents) its own backward
+    # reads (``partial.reading_only``): what the node keeps alive for its backward
+    segment_reads: list | None = None
 
 
 def _partitioner_name(partition_fn: Any) -> str:
@@ -153,10 +156,15 @@ def build_parts(state, capture, partition_fn: Any = None) -> CompiledParts:
     hooks = _inline_saved_hooks(state, p, capture.num_fw_outputs)
     checks = V.version_checks(p.forward, p.backward, capture, state.meta,
                               copy_parameters=config.copy_saved_parameters)
+    reads = None
+    if segments is not None:
+        n_saved = len(U.flat_outputs(p.forward.graph)) - capture.num_fw_outputs
+        reads = [P.reading_only(P.without_tangents(p.backward, capture.num_tangents, frozenset(t)), n_saved)[1]
+                 for t, _, _ in segments]
     return CompiledParts(kind="training", forward=p.forward, backward=p.backward, saved=p.saved,
                          saved_bytes=p.saved_bytes, saved_input_bytes=p.saved_input_bytes,
                          partitioner=_partitioner_name(partition_fn), grad_dependencies=deps,
-                         hooks=hooks, segments=segments,
+                         hooks=hooks, segments=segments, segment_reads=reads,
                          handoffs=[tuple(f) for f in layout.feeds] if layout is not None else [],
                          num_handed_outputs=layout.num_handed_outputs if layout is not None else 0,
                          **checks, **common)
@@ -452,8 +460,10 @@ def assemble(parts: CompiledParts, fw_compiler: Callable | None = None, bw_compi
         # (segments: each node compiles the backward for its own tangents instead)
         bw = None if parts.segments is not None else \
             bw_compiler(parts.backward, _examples_for(bw_compiler, parts.backward))
+        # (backwards made at run time: compiled when first needed, or loaded from the entry
+        # whose compiler has them stored)
         core = F.make_training_core(fw, bw, parts, lambda gm: bw_compiler(gm, _example_inputs(gm)),
-                                    _grad_mode_check(parts))
+                                    _grad_mode_check(parts), getattr(bw_compiler, "kiln_stored_backwards", None))
         if parts.hooks is not None:     # (compiled or loaded from the cache)
             from ..activations.report import record
 

@@ -285,6 +285,7 @@ class AOTArtifact(PartsView):
             "partitioner": p.partitioner,
             "hooks": p.hooks.to_dict() if p.hooks is not None else None,
             "segments": p.segments, "handoffs": list(p.handoffs), "num_handed_outputs": p.num_handed_outputs,
+            "segment_reads": p.segment_reads,
             "graphs": graphs,
         }
         if p.symbolic:
@@ -360,7 +361,8 @@ class AOTArtifact(PartsView):
             late_demand=meta.get("late_demand", []), saved_demand=meta.get("saved_demand", []),
             hooks=_hooks_from(meta.get("hooks")),
             segments=[tuple(g) for g in meta["segments"]] if meta.get("segments") is not None else None,
-            handoffs=meta.get("handoffs", []), num_handed_outputs=meta.get("num_handed_outputs", 0))
+            handoffs=meta.get("handoffs", []), num_handed_outputs=meta.get("num_handed_outputs", 0),
+            segment_reads=meta.get("segment_reads"))
         if decoder is not None:
             _symbolic_from_dict(parts, meta["symbolic"], decoder, replay=not standalone)
         art = cls(parts)

@@ -55,15 +55,21 @@ def caller(fn: Callable) -> Callable[[list], Any]:
     return graph_call
 
 
-def layout_checked(call: Callable[[list], Any], gm: torch.fx.GraphModule, what: str) -> Callable[[list], Any]:
+def layout_checked(call: Callable[[list], Any], gm: torch.fx.GraphModule | Callable[[], torch.fx.GraphModule],
+                   what: str, symbolic: bool | None = None) -> Callable[[list], Any]:
     """``call`` (a compiled backward), or the graph run as ATen ops once a saved value comes
     in another layout than the one it was compiled for. Inductor checks its inputs' strides
     before it runs anything, so nothing ran; the graph with its views as reshapes reads any
     layout. Better a slower backward than kiln's layout assumption reaching the user (a
     dynamic graph whose forward laid a saved value out otherwise). A static graph is compiled
-    for the layouts its forward really returns (``_restride_saved``) and is called as it is."""
-    if not any(is_symbolic(d) for p in gm.graph.find_nodes(op="placeholder")
-               if isinstance(v := p.meta.get("val"), torch.Tensor) for d in (*v.shape, *v.stride())):
+    for the layouts its forward really returns (``_restride_saved``) and is called as it is.
+
+    ``gm``: the graph, or (a backward loaded from a cache entry) what builds it when needed,
+    with ``symbolic`` saying whether its inputs have symbolic sizes."""
+    if symbolic is None:
+        symbolic = any(is_symbolic(d) for p in gm.graph.find_nodes(op="placeholder")
+                       if isinstance(v := p.meta.get("val"), torch.Tensor) for d in (*v.shape, *v.stride()))
+    if not symbolic:
         return call
     fallback = None
 
@@ -77,7 +83,7 @@ def layout_checked(call: Callable[[list], Any], gm: torch.fx.GraphModule, what: 
         except AssertionError as e:
             if "stride" not in str(e):
                 raise
-            g = U.copy_graph_module(gm)
+            g = U.copy_graph_module(gm if isinstance(gm, torch.fx.GraphModule) else gm())
             inductor_view_to_reshape(g)
             fallback = caller(g)
             warnings.warn(f"kiln: {what} got a saved value in another layout than it was compiled "
@@ -243,10 +249,21 @@ def _copies(tensors: list) -> list:
     return out
 
 
+def backward_key(kind: str, given: frozenset) -> str:
+    """The name of a backward graph made at run time for the tangents ``given`` (``partial``:
+    one node's backward without some tangents; ``node``: a segment's own; ``fused``: a
+    segmented graph's as one), the same in every process: a cache entry stores each compiled
+    one under it (``gm.meta["kiln_backward_key"]``)."""
+    return f"{kind}:{','.join(str(j) for j in sorted(given))}"
+
+
 def make_training_core(fw: Callable, bw: Callable, parts, compile_bw: Callable[[torch.fx.GraphModule], Callable],
-                       check: Callable[[tuple, bool], None]) -> Callable:
+                       check: Callable[[tuple, bool], None], stored: dict | None = None) -> Callable:
+    """``stored``: backward graphs made at run time that a cache entry holds compiled,
+    ``backward_key`` -> a function that loads ``(compiled, kept inputs)``: used instead of
+    building and compiling the graph."""
     view_outs = view_outputs(fw, parts)
-    fw, bw = caller(fw), layout_checked(caller(bw), parts.backward, "the backward")
+    fw, bw = caller(fw), (None if bw is None else layout_checked(caller(bw), parts.backward, "the backward"))
     nfw = parts.num_fw_outputs
     tangent_positions = list(parts.tangent_positions)
     n_tangents = len(tangent_positions)
@@ -259,44 +276,56 @@ def make_training_core(fw: Callable, bw: Callable, parts, compile_bw: Callable[[
     late_demand = {j: frozenset(need) for j, need in parts.late_demand}
     saved_demand = [[frozenset(u) for u in uses] for uses in parts.saved_demand]
     n_checked = len(check_inputs) + len(check_outputs)
-    partial_bws: dict = {}       # given tangents -> the backward for those only
+    made: dict = {}             # backward_key -> (compiled, kept inputs or None: all)
+    stored = stored or {}
     segmented = parts.segments is not None
     n_saved = len(U.flat_outputs(parts.forward.graph)) - nfw
     n_args = len(parts.primal_requires_grad) - len(parts.handoffs)
-    fused = _fused_graph(parts, n_saved, n_args) if segmented else None
-    fused_bws: dict = {}
+    fused_graph: list = []      # (segments) built when first needed: None where it cannot be
     logged: set = set()
 
-    def backward_for(given: frozenset):
-        fn = partial_bws.get(given)
-        if fn is None:
-            gm = P.without_tangents(parts.backward, n_tangents, given)
-            fn = partial_bws[given] = layout_checked(caller(compile_bw(gm)), gm, "a partial backward")
-        return fn
-
-    def node_piece(given: frozenset) -> list:
-        """(segments) The backward for ``given`` with only the inputs it reads, the positions
-        of those among the saved values and tangents (a node saves only what it reads), and
-        its compiled form once a backward ran it."""
-        got = partial_bws.get(given)
+    def compiled_backward(key: str, build: Callable[[], tuple], what: str) -> tuple:
+        """The backward named ``key``: loaded from the cache entry, or ``build()`` (its graph
+        and kept inputs) compiled."""
+        got = made.get(key)
         if got is None:
-            gm, kept = P.reading_only(P.without_tangents(parts.backward, n_tangents, given), n_saved)
-            got = partial_bws[given] = [gm, kept, None]
+            load = stored.get(key)
+            if load is not None:
+                call, kept = load()
+                got = (layout_checked(caller(call), lambda: build()[0], what, parts.symbolic), kept)
+            else:
+                gm, kept = build()
+                gm.meta["kiln_backward_key"] = key
+                gm.meta["kiln_kept_inputs"] = kept
+                got = (layout_checked(caller(compile_bw(gm)), gm, what), kept)
+            made[key] = got
         return got
 
+    def backward_for(given: frozenset):
+        return compiled_backward(backward_key("partial", given),
+                                 lambda: (P.without_tangents(parts.backward, n_tangents, given), None),
+                                 "a partial backward")[0]
+
     def node_backward_for(given: frozenset):
-        got = node_piece(given)
-        if got[2] is None:
-            got[2] = layout_checked(caller(compile_bw(got[0])), got[0], "a segment's backward")
-        return got[2], got[1]
+        return compiled_backward(
+            backward_key("node", given),
+            lambda: P.reading_only(P.without_tangents(parts.backward, n_tangents, given), n_saved),
+            "a segment's backward")
 
     def fused_backward_for(given: frozenset):
         """(segments) The whole backward as one graph, for the tangents ``given``."""
-        got = fused_bws.get(given)
-        if got is None:
-            gm, kept = P.reading_only(P.without_tangents(fused, n_tangents, given), n_saved)
-            got = fused_bws[given] = (layout_checked(caller(compile_bw(gm)), gm, "the backward"), kept)
-        return got
+        return compiled_backward(
+            backward_key("fused", given),
+            lambda: P.reading_only(P.without_tangents(fused(), n_tangents, given), n_saved),
+            "the backward")
+
+    def fused():
+        if not fused_graph:
+            fused_graph.append(_fused_graph(parts, n_saved, n_args))
+        return fused_graph[0]
+
+    def fusable() -> bool:
+        return any(k.startswith("fused:") for k in stored) or fused() is not None
 
     def run_forward(call: _Call):
         args = call.args
@@ -341,7 +370,7 @@ def make_training_core(fw: Callable, bw: Callable, parts, compile_bw: Callable[[
         raise RuntimeError(f"kiln: a segment's backward reads saved value {i}, which its node did not keep")
 
     def node_class(tangents: list[int], outputs: list[int], primals: list[int], first: bool = True,
-                   last: bool = True):
+                   last: bool = True, node_index: int = 0):
         """The autograd.Function of one component: ``tangents`` (indices of tangents), the
         forward ``outputs`` it returns, the ``primals`` it takes. (segments: ``first`` and
         ``last``, the node of the first and of the last segment.)"""
@@ -353,7 +382,8 @@ def make_training_core(fw: Callable, bw: Callable, parts, compile_bw: Callable[[
         # (segments) the saved values this node's backward reads
         reads = None
         if segmented:
-            kept = node_piece(mine)[1]
+            kept = parts.segment_reads[node_index] if parts.segment_reads is not None else \
+                P.reading_only(P.without_tangents(parts.backward, n_tangents, mine), n_saved)[1]
             reads = frozenset(i for i in kept if i < n_saved)
             # the inputs eager saved that this node takes (their versions are checked at its
             # backward), and the outputs eager saved (every node)
@@ -404,8 +434,8 @@ def make_training_core(fw: Callable, bw: Callable, parts, compile_bw: Callable[[
                     state = ctx.kiln_backward
                     task = torch._C._current_graph_task_id()
                     if state.task != task:      # the first node this backward runs
-                        why = _node_by_node_reason(ctx, state) if last and fused is not None else None
-                        state.begin(task, last and fused is not None and why is None)
+                        why = _node_by_node_reason(ctx, state) if last else None
+                        state.begin(task, last and why is None and fusable())
                         if why is not None and why not in logged:
                             logged.add(why)
                             log.info("kiln AOT: a segmented backward runs node by node: %s", why)
@@ -514,7 +544,7 @@ def make_training_core(fw: Callable, bw: Callable, parts, compile_bw: Callable[[
         groups = [(t, o, owned + [len(parts.primal_requires_grad)] if c == 0 else [i for i in ins if i >= n_args])
                   for c, (t, o, ins) in enumerate(groups)]
     several_nodes = len(groups) > 1
-    nodes = [node_class(t, o, p, first=c == 0, last=c == len(groups) - 1).apply
+    nodes = [node_class(t, o, p, first=c == 0, last=c == len(groups) - 1, node_index=c).apply
              for c, (t, o, p) in enumerate(groups)]
     if segmented:
         run_nodes = _segment_runner(parts, nodes, groups, nfw)

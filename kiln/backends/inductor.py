@@ -35,6 +35,7 @@ import functools
 import itertools
 import time
 import types
+import weakref
 import warnings
 from typing import Any, Callable
 
@@ -104,16 +105,19 @@ class InductorBackend:
             cache.bypass(gm, f"the Inductor config cannot be keyed ({type(e).__name__}: {e})")
             return graph.run(example_inputs)
         records = graph.records     # (kept by the dump a package may ask for after a cache bypass)
+        late = graph.late
         try:
-            return with_triton_records_for_packages(cache.cached(
+            compiled = with_triton_records_for_packages(cache.cached(
                 gm, example_inputs, backend="inductor", options=options,
                 compile=lambda: graph.run(example_inputs),
                 load=lambda payload, g, rename: inductor_entry.load(payload, g, self._graph_compile,
                                                                     self.cudagraphs, rename),
                 dump=lambda compiled: inductor_entry.dump(compiled, records, graph._fw_output_strides,
-                                                           graph.split_graphs)))
+                                                           graph.split_graphs, late)))
         finally:
             graph.records = {}      # (the generated code is on disk now; the callable keeps its module)
+        graph.stored_again = refresher(compiled)
+        return compiled
 
     def load_artifact(self, payload: bytes, gm: torch.fx.GraphModule) -> Callable:
         """The compiled graph rebuilt from a cache payload (a package's artifact): no AOT
@@ -171,6 +175,10 @@ class GraphCompile:
         # per graph kind, what the cache entry needs of Inductor's result (inductor_entry)
         self.records: dict = {}
         self.split_graphs = False
+        # the same for backwards made at run time (``function.backward_key`` -> GeneratedCode),
+        # compiled after the entry was written; ``stored_again()`` then writes it again
+        self.late: dict = {}
+        self.stored_again: Callable[[], None] | None = None
 
     def run(self, example_inputs: list) -> Callable:
         from ..aot.dynamic import compile_graph
@@ -354,24 +362,34 @@ class GraphCompile:
                     cudagraphs=_torch.inductor_boxed_bool(False), cpp_wrapper=bool(cfg.cpp_wrapper))
                 if kind == "forward":
                     self._fw_output_strides = list(tracing.output_strides or [])
-        if self._in_run:            # (a partial backward compiled later is not stored)
-            from ..cache import store
-            from ..config import config
-            from .inductor_entry import GeneratedCode
-
-            code = _torch.inductor_generated_code(compiled)
-            if code is not None:
-                from . import generated_module
-
-                # (how a later process loads the module and its kernels without Inductor)
-                module_globals = _torch.inductor_module_globals(compiled)
-                code["fast"] = generated_module.describe(code["source_code"], module_globals)
-                record = generated_module.triton_recorder(code["fast"], module_globals,
-                                                          store.kernels_dir() if config.cache else None)
-                if record is not None:
-                    _torch.inductor_after_first_call(compiled, record)
-            self.records[kind] = GeneratedCode(kind, code, donated)
+        late_key = gm.meta.get("kiln_backward_key") if kind == "backward" and not self.cudagraphs else None
+        if self._in_run:
+            self.records[kind] = self._generated_code(compiled, kind, donated)
+        elif late_key is not None:  # (a backward made at run time: the entry takes it too)
+            self.late[late_key] = self._generated_code(compiled, kind, donated, gm.meta.get("kiln_kept_inputs"))
+            if self.stored_again is not None:
+                self.stored_again()
         return copies_when_graph_kept(compiled, donated) if donated else compiled
+
+    @staticmethod
+    def _generated_code(compiled: Callable, kind: str, donated: list, kept: list | None = None):
+        """What the cache entry keeps of Inductor's result (``inductor_entry.GeneratedCode``)."""
+        from ..cache import store
+        from ..config import config
+        from .inductor_entry import GeneratedCode
+
+        code = _torch.inductor_generated_code(compiled)
+        if code is not None:
+            from . import generated_module
+
+            # (how a later process loads the module and its kernels without Inductor)
+            module_globals = _torch.inductor_module_globals(compiled)
+            code["fast"] = generated_module.describe(code["source_code"], module_globals)
+            record = generated_module.triton_recorder(code["fast"], module_globals,
+                                                      store.kernels_dir() if config.cache else None)
+            if record is not None:
+                _torch.inductor_after_first_call(compiled, record)
+        return GeneratedCode(kind, code, donated, kept)
 
     def _restride_saved(self, bw: torch.fx.GraphModule, example_inputs: list, mode) -> list:
         """The backward's saved inputs with the strides the compiled forward really returns them
@@ -434,6 +452,18 @@ def _changed_outputs(before: torch.fx.GraphModule, after: torch.fx.GraphModule) 
                 (vx.dtype != vy.dtype or tuple(vx.shape) != tuple(vy.shape)):
             return f"output {k}: {vx.dtype} {tuple(vx.shape)}, then {vy.dtype} {tuple(vy.shape)}"
     return ""
+
+
+def refresher(compiled: Callable) -> Callable[[], None]:
+    """What a graph's compile calls once it compiled a backward made at run time: the cache
+    stores ``compiled`` again (held weakly: the compile belongs to the callable)."""
+    from .. import cache
+
+    try:
+        ref = weakref.ref(compiled)
+    except TypeError:
+        return lambda: None
+    return lambda: cache.refresh(ref())
 
 
 def with_triton_records_for_packages(compiled: Callable) -> Callable:

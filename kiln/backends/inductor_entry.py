@@ -38,29 +38,36 @@ _GRAPH_META = ("kiln_num_fw_outputs", "kiln_num_saved", "kiln_donated")
 class GeneratedCode:
     """What one Inductor compile produced, kept until the entry is written."""
 
-    def __init__(self, kind: str, code: dict | None, donated: list[int]):
+    def __init__(self, kind: str, code: dict | None, donated: list[int], kept: list[int] | None = None):
         self.kind = kind
         self.code = code            # None: Inductor's result cannot be reloaded
         self.donated = list(donated)
+        self.kept = kept            # (a backward made at run time) the inputs it reads
 
 
-def dump(compiled: Any, records: dict, fw_output_strides: list | None, split_graphs: bool = False) -> bytes:
+def dump(compiled: Any, records: dict, fw_output_strides: list | None, split_graphs: bool = False,
+         late: dict | None = None) -> bytes:
     """The entry's bytes. Raises ValueError for a result that cannot be stored (the cache then
-    keeps nothing and says why)."""
+    keeps nothing and says why). ``late``: backwards made at run time (``function.backward_key``
+    -> GeneratedCode) compiled so far, which the entry keeps beside the graphs: a segmented
+    graph's backward as one, a backward for some outputs' gradients only."""
     from ..aot.compile import AOTCompiled
     from ..aot.export import AOTArtifact
 
+    redump = getattr(compiled, "kiln_redump", None)
+    if redump is not None:          # (loaded from an entry: that entry, with what compiled since)
+        return redump()
     if split_graphs:
         raise ValueError("a graph split around ops CUDA graphs cannot hold (reduce-overhead): not stored yet")
     if not isinstance(compiled, AOTCompiled):
         raise ValueError(f"not an AOT result ({type(compiled).__name__}): a per-shape or as-captured graph")
     parts = compiled.parts
-    if parts.segments is not None:
-        raise ValueError("a graph compiled in segments (a backward per segment): not stored yet")
     fallbacks = getattr(compiled, "kiln_inductor_fallbacks", None)
     if fallbacks:
         raise ValueError(f"Inductor failed on {fallbacks[0][0]}: not stored, the next process compiles again")
-    kinds = ["inference"] if parts.kind == "inference" else ["forward", "backward"]
+    # (segments: the backward is made at run time, as one graph or a piece per node)
+    kinds = ["inference"] if parts.kind == "inference" else \
+        ["forward"] if parts.segments is not None else ["forward", "backward"]
     graphs = {}
     for kind in kinds:
         rec = records.get(kind)
@@ -69,6 +76,8 @@ def dump(compiled: Any, records: dict, fw_output_strides: list | None, split_gra
         if rec.code is None:
             raise ValueError(f"Inductor's {kind} result cannot be reloaded (not a generated Python module)")
         graphs[kind] = {**rec.code, "donated": rec.donated}
+    late_graphs = {key: {**rec.code, "donated": rec.donated, "kept": rec.kept}
+                   for key, rec in sorted((late or {}).items()) if rec.code is not None}
     artifact = AOTArtifact(parts).to_bytes()
     graph_meta = {name: {k: gm.meta[k] for k in _GRAPH_META if k in gm.meta}
                   for name, gm in (("forward", parts.forward), ("backward", parts.backward)) if gm is not None}
@@ -83,7 +92,20 @@ def dump(compiled: Any, records: dict, fw_output_strides: list | None, split_gra
             [None if s is None else [str(x) for x in s] for s in fw_output_strides]
     buf = io.BytesIO()
     torch.save({"format": FORMAT, "version": VERSION, "artifact": artifact, "graphs": graphs,
-                "graph_meta": graph_meta, "fw_output_strides": strides}, buf)
+                "late": late_graphs, "graph_meta": graph_meta, "fw_output_strides": strides}, buf)
+    return buf.getvalue()
+
+
+def _with_late(payload: bytes, late: dict) -> bytes:
+    """A loaded entry's bytes with the backwards compiled since its load added."""
+    added = {key: {**rec.code, "donated": rec.donated, "kept": rec.kept}
+             for key, rec in late.items() if rec.code is not None}
+    if not added:
+        return payload
+    obj = torch.load(io.BytesIO(payload), weights_only=True)
+    obj["late"] = {**obj.get("late", {}), **added}
+    buf = io.BytesIO()
+    torch.save(obj, buf)
     return buf.getvalue()
 
 
@@ -214,8 +236,23 @@ def load(payload: bytes, gm: torch.fx.GraphModule, make_compile: Callable[[torch
         if not made:
             c = make_compile(gm)
             c._fw_output_strides, c._fw_num_outputs = strides, parts.num_fw_outputs
+            from .inductor import refresher
+
+            c.stored_again = refresher(compiled)
             made.append(c)
         return made[0]
+
+    def load_late(key: str) -> Callable:
+        def load_it() -> tuple:
+            code = obj["late"][key]
+            fn = _load_generated({key: code})[key]
+            if code["donated"]:
+                from .inductor import copies_when_graph_kept
+                fn = copies_when_graph_kept(fn, code["donated"])
+            return fn, code["kept"]
+        return load_it
+    # (CUDA graphs record each graph from its FX graph: those are built and compiled again)
+    stored_late = {} if cudagraphs else {key: load_late(key) for key in obj.get("late", {})}
 
     def stored(kind: str) -> Callable:
         def compiler(graph: torch.fx.GraphModule, example_inputs: list):
@@ -229,9 +266,12 @@ def load(payload: bytes, gm: torch.fx.GraphModule, make_compile: Callable[[torch
         # (the stored graph needs no example inputs: none are made, no FakeTensorMode, which
         # imports torch._dynamo; a partial backward gets its own when it is compiled)
         compiler.kiln_reads_example_inputs = False
+        if kind == "backward":
+            compiler.kiln_stored_backwards = stored_late
         return compiler
 
     compiled = assemble(parts, stored("forward"), stored("backward"), stored("inference"), run_as_captured=gm)
+    compiled.kiln_redump = lambda: _with_late(payload, made[0].late if made else {})
     if compiled.input_check is not None:    # (a dynamic graph: as after a compile)
         from ..aot.dynamic import OUTSIDE_THE_TRACE, per_shape
 

@@ -90,6 +90,7 @@ def cached(gm, example_inputs: list, *, backend: str, options: dict, compile: Ca
                 compiled = load(payload, gm, _renames(header.get("inputs"), input_names(gm)))
                 store.count("hits")
                 _log(f"hit {fn} ({key[:12]}, {len(payload)} bytes)")
+                _refreshed_by(compiled, key, header, dump)
                 return offered(compiled, _stored(key, lambda c: dump(c)))
             store.warn_once(("mismatch", key), f"entry {key[:12]} does not match its key; recompiling")
     except EntryDoesNotFit as e:    # a dynamic entry traced under guards these sizes fail
@@ -105,9 +106,50 @@ def cached(gm, example_inputs: list, *, backend: str, options: dict, compile: Ca
     except Exception as e:
         _log(f"not stored {fn}: {type(e).__name__}: {e}")
         return offered(compiled, _failed(f"{type(e).__name__}: {e}"))
-    store.write(key, {"key": key, "function": fn, "backend": backend, "parts": parts,
-                      "inputs": input_names(gm)}, payload)
-    return offered(compiled, _stored(key, lambda c: payload))
+    header = {"key": key, "function": fn, "backend": backend, "parts": parts, "inputs": input_names(gm)}
+    store.write(key, header, payload)
+    _refreshed_by(compiled, key, header, dump)
+    return offered(compiled, _stored(key, lambda c: dump(c)))
+
+
+# -- an entry that grows after its compile ------------------------------------------------------
+# A backward made at run time (for some outputs' gradients only, or a segmented graph's as one)
+# is compiled at the first backward() that needs it, after the entry was written. The backend
+# then calls ``refresh(compiled)``: the entry is written again with it, and so is the record of
+# the function that compiled it, so that a warm process loads it instead of compiling it.
+
+REFRESH_ATTR = "kiln_cache_refresh"
+
+
+def _refreshed_by(compiled: Callable, key: str, header: dict, dump: Callable[[Callable], bytes]) -> None:
+    from . import frames
+
+    owner = frames.compiling_function()
+
+    def refresh(c: Callable) -> None:
+        if not config.cache:
+            return
+        try:
+            payload = dump(c)
+        except Exception as e:
+            _log(f"not stored again {header.get('function')}: {type(e).__name__}: {e}")
+            return
+        store.write(key, header, payload)
+        _log(f"stored again {header.get('function')} ({key[:12]}, {len(payload)} bytes)")
+        cf = owner() if owner is not None else None
+        if cf is not None:
+            frames.record(cf)
+    try:
+        setattr(compiled, REFRESH_ATTR, refresh)
+    except (AttributeError, TypeError):
+        pass
+
+
+def refresh(compiled: Callable | None) -> None:
+    """``compiled`` (a graph the cache stored or loaded) compiled more since: store it again."""
+    fn = getattr(compiled, REFRESH_ATTR, None)
+    if fn is not None:
+        fn(compiled)
 
 
 # -- what a package (kiln/package) saves of a compiled graph -------------------------------------

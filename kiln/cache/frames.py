@@ -21,6 +21,8 @@ versions, the machine and the CUDA device.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import os
 import types
 import uuid
@@ -38,6 +40,25 @@ _CACHEABLE = ("inductor", "aot_eager")
 
 # a continuation's CompiledFunction -> the top-level one whose record holds its entries
 _owners: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+# the function whose call is capturing and compiling (a graph the cache stores now may grow
+# later, at a backward(): its function's record is written again then)
+_compiling: contextvars.ContextVar = contextvars.ContextVar("kiln_frames_compiling", default=None)
+
+
+@contextlib.contextmanager
+def compiling(cf):
+    token = _compiling.set(weakref.ref(cf))
+    try:
+        yield
+    finally:
+        _compiling.reset(token)
+
+
+def compiling_function():
+    """A weak reference to the function compiling now (``compiling``), or None."""
+    return _compiling.get()
 
 
 def _log(message: str) -> None:

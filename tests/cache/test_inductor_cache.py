@@ -96,6 +96,54 @@ def test_inductor_entry_loads_without_tracing_or_lowering(monkeypatch, work):
     torch.testing.assert_close(args[1].grad, ref_args[1].grad)
     assert work == {"traces": 1, "inductor": 3}          # (the partial backward)
 
+    # the entry was written again with that backward: the next load compiles it no more
+    kiln.reset()
+    args = _inputs()
+    ref_args = _clone(args)
+    out = kiln.compile(step)(*args)
+    ref = step(*ref_args)
+    out[0].sum().backward()
+    ref[0].sum().backward()
+    torch.testing.assert_close(args[1].grad, ref_args[1].grad)
+    assert kiln.cache.stats()["hits"] == 2
+    assert work == {"traces": 1, "inductor": 3}
+
+
+def feeds_another(x, w):
+    """An output that another output is computed from: the graph runs in segments, and its
+    backward is made at run time (one fused graph, or a piece per segment)."""
+    h = torch.tanh(x @ w)
+    return (h * h).sum(), h
+
+
+def test_a_segmented_graphs_backward_is_stored_once_it_ran(work):
+    x, w = torch.randn(3, 4), torch.randn(4, 5, requires_grad=True)
+    loss, h = kiln.compile(feeds_another)(x, w)
+    assert work == {"traces": 1, "inductor": 1}          # the forward: the backward waits
+    loss.backward()
+    assert work == {"traces": 1, "inductor": 2}          # one fused backward
+    grad = w.grad.clone()
+    for backward in ("fused", "node by node"):
+        kiln.reset()
+        w.grad = None
+        loss, h = kiln.compile(feeds_another)(x, w)
+        if backward == "fused":
+            loss.backward()
+        else:                           # (a hook on the handed output: node by node)
+            h.register_hook(lambda g: g)
+            loss.backward()
+        torch.testing.assert_close(w.grad, grad)
+    # loaded both times; the fused backward came from the entry, the pieces compiled once each
+    assert kiln.cache.stats()["hits"] == 2
+    assert work["traces"] == 1 and work["inductor"] == 2 + 2
+    kiln.reset()
+    w.grad = None
+    loss, h = kiln.compile(feeds_another)(x, w)
+    h.register_hook(lambda g: g)
+    loss.backward()
+    torch.testing.assert_close(w.grad, grad)
+    assert work["inductor"] == 4                         # every piece is in the entry now
+
 
 def test_inductor_config_is_part_of_the_key():
     from kiln.backends.inductor import InductorBackend

@@ -7,6 +7,9 @@
                                                   logits must equal eager's
     python _library_model_process.py warm -       compile and call it with the compile cache
                                                   of $KILN_CACHE_DIR; print the cache stats
+    python _library_model_process.py MODE-train PATH   the same (save, load, warm) for a
+                                                  training step with the default backend:
+                                                  loss and gradients must equal eager's
 """
 import json
 import sys
@@ -26,9 +29,53 @@ def model():
     return transformers.AutoModelForCausalLM.from_config(cfg).eval()
 
 
+def _batch():
+    ids = torch.randint(1, 100, (2, 8), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0
+    return {"input_ids": ids, "attention_mask": mask, "labels": ids}
+
+
+def _train_step(fn, m) -> tuple:
+    """A training step's loss and gradients (the model's outputs include its KV cache, computed
+    from the same layers as the loss: the graph runs in segments, its backward as one graph
+    made at run time)."""
+    for p in m.parameters():
+        p.grad = None
+    loss = fn(**_batch()).loss
+    loss.backward()
+    return loss.detach(), [p.grad.clone() for p in m.parameters()]
+
+
+def _heavy_imports() -> list:
+    return [name for name in ("torch._inductor.compile_fx", "torch._functorch.aot_autograd") if name in sys.modules]
+
+
 def main(mode: str, path: str) -> None:
     m = model()
     ids = torch.randint(1, 100, (2, 8), generator=torch.Generator().manual_seed(1))
+    if mode.endswith("-train"):       # (the default backend, Inductor, in a training step)
+        mode = mode[:-len("-train")]
+        m.train()
+        if mode == "load":
+            import kiln.api as api
+
+            def no_capture(*a, **k):
+                raise AssertionError("a loaded package captured a frame")
+            api.capture = no_capture
+            fn = kiln.load_package(path, m, on_miss="error")
+        else:
+            fn = kiln.compile(m)
+        got = _train_step(fn, m)
+        want = _train_step(m, m)
+        torch.testing.assert_close(got[0], want[0])
+        for a, b in zip(got[1], want[1]):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+        if mode == "save":
+            saved = fn.save_package(path)
+            assert sum(saved.saved.values()) >= 1, saved.left_out
+        print("STATS " + json.dumps({**kiln.cache.stats(), "imported": _heavy_imports()}))
+        return
     if mode == "warm":
         c = kiln.compile(m, backend="aot_eager")
         with torch.no_grad():

@@ -48,6 +48,31 @@ def test_a_warm_process_serves_a_transformers_decoder_from_its_frame_record(tmp_
     assert warm["frame_hits"] == 1 and warm["frame_misses"] == 0, warm
 
 
+def _stats(out: str) -> dict:
+    return json.loads(out.split("STATS ", 1)[1])
+
+
+def test_a_transformers_training_step_package_loads_and_compiles_nothing(tmp_path):
+    """Inductor, a training step at the model's defaults: the entry holds the forward and the
+    backward made at run time (the segmented graph's, as one), so the loading process neither
+    captures nor lowers anything."""
+    pytest.importorskip("transformers")
+    path = str(tmp_path / "qwen2-train.kiln")
+    _run("save-train", path, KILN_CACHE_DIR=str(tmp_path / "cache"))
+    loaded = _stats(_run("load-train", path, KILN_CACHE_DIR=str(tmp_path / "empty")))
+    assert loaded["imported"] == [], loaded
+
+
+def test_a_warm_process_serves_a_training_step_from_its_frame_record(tmp_path):
+    pytest.importorskip("transformers")
+    cache = str(tmp_path / "cache")
+    cold = _stats(_run("warm-train", "-", KILN_CACHE_DIR=cache, KILN_CACHE_FRAMES="1"))
+    assert cold["frame_misses"] == 1
+    warm = _stats(_run("warm-train", "-", KILN_CACHE_DIR=cache, KILN_CACHE_FRAMES="1"))
+    assert warm["frame_hits"] == 1 and warm["frame_misses"] == 0 and warm["misses"] == 0, warm
+    assert warm["imported"] == [], warm       # the backward came from the record too
+
+
 def _decorated(fn):
     @functools.wraps(fn)
     def wrapper(*a, **k):
