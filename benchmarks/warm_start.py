@@ -205,6 +205,8 @@ def main() -> None:
     ap.add_argument("--backend", default="inductor")
     ap.add_argument("--child", nargs=2)
     ap.add_argument("--package")
+    ap.add_argument("--no-prime", action="store_true",
+                    help="skip the untimed runs that compile library bytecode first (the cold columns then include it)")
     a = ap.parse_args()
     if a.child:
         _child(a.child[0], a.child[1], a.device, a.backend, a.package)
@@ -221,7 +223,8 @@ def main() -> None:
         # each process compiles torch's sources again, seconds that belong to neither compiler.
         base.pop("PYTHONDONTWRITEBYTECODE", None)
         base.setdefault("PYTHONPYCACHEPREFIX", pycache.name)
-        _prime_bytecode(model, a.device, a.backend, base)
+        if not a.no_prime:
+            _prime_bytecode(model, a.device, a.backend, base)
         eager = _measure(model, "eager", a.device, a.backend, base)
         row = {"model": model, "eager_first_s": eager["first"]}
         for compiler in ("kiln", "torch"):

@@ -971,12 +971,16 @@ def _inlined_name(fn, code: types.CodeType) -> tuple:
     ``Output.__init__``, its code ``__create_fn__.<locals>.__init__``), else its code's."""
     module = fn.globals().get("__name__")
     real = getattr(fn, "fn", None)
-    qual = getattr(real, "__qualname__", None)
-    if isinstance(module, str) and isinstance(qual, str) and "<" not in qual and qual != code.co_qualname:
+    # its qualified name; a factory's function by the name its module binds it to
+    # (``torch.nn.functional.max_pool2d`` is ``boolean_dispatch.<locals>.fn``)
+    for where, qual in ((module, getattr(real, "__qualname__", None)),
+                        (getattr(real, "__module__", None), getattr(real, "__name__", None))):
+        if not (isinstance(where, str) and isinstance(qual, str)) or "<" in qual or qual == code.co_qualname:
+            continue
         try:
-            under = functions_under(resolve_name(module, qual))
+            under = functions_under(resolve_name(where, qual))
         except Exception:
             under = []
         if any(f.__code__ is code for f in under):     # (the name may find a decorator's wrapper)
-            return module, qual
+            return where, qual
     return module, code.co_qualname

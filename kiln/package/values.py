@@ -47,7 +47,14 @@ def _name_of(obj) -> tuple[str, str] | None:
     if mod is None and isinstance(obj, types.BuiltinFunctionType) and obj.__self__ is not None:
         self = obj.__self__
         mod = self.__name__ if isinstance(self, types.ModuleType) else None
-    return (mod, qual) if _lookup(mod, qual) is obj else None
+    if _lookup(mod, qual) is obj:
+        return mod, qual
+    # a function or class a factory made, bound in its module under its ``__name__``
+    # (``torch.nn.functional.max_pool2d``, ``boolean_dispatch.<locals>.fn``)
+    name = getattr(obj, "__name__", None)
+    if isinstance(name, str) and name != qual and _lookup(mod, name) is obj:
+        return mod, name
+    return None
 
 
 _MISSING = object()
@@ -104,10 +111,14 @@ def _module_of_globals(d: dict) -> str | None:
 
 def _module_attribute(obj) -> list | None:
     """A module-level instance found in the module that defines its class (``os.environ``,
-    a library's registry such as ``ACT2FN``)."""
-    mod_name = getattr(type(obj), "__module__", None)
+    a library's registry such as ``ACT2FN``); a function or class a factory made, found in
+    the module it says it belongs to under another name."""
+    if isinstance(obj, types.ModuleType):
+        return None
+    made = isinstance(obj, (type, types.FunctionType))
+    mod_name = getattr(obj if made else type(obj), "__module__", None)
     mod = sys.modules.get(mod_name) if isinstance(mod_name, str) else None
-    if mod is None or isinstance(obj, (type, types.ModuleType, types.FunctionType)):
+    if mod is None:
         return None
     for key, value in list(vars(mod).items()):
         if value is obj and isinstance(key, str) and key.isidentifier():

@@ -109,8 +109,9 @@ def _round_trip(obj):
     lambda: sys.modules["_collections_abc"].__dict__,    # one whose __name__ names another module
     lambda: logging.getLogger("kiln.aot"),          # a logger: one per name in every process
     lambda: logging.getLogger(),                     # the root logger
+    lambda: __import__("torch").nn.functional.max_pool2d,   # a factory's function (boolean_dispatch)
 ], ids=["getset", "member", "property", "staticmethod", "module_instance", "globals", "renamed_globals", "logger",
-        "root_logger"])
+        "root_logger", "factory_function"])
 def test_objects_without_a_name_of_their_own_are_found_again(get):
     assert _round_trip(get()) is get()
 
@@ -194,3 +195,39 @@ def test_a_module_made_in_the_call_is_not_guarded():
     texts = [gd.describe() for e in g.entries for gd in e.guards]
     assert texts and not any("<CrossEntropyLoss" in t for t in texts), texts
     assert cc.frame_count == 1
+
+
+_POOLING_NET = """
+import json, sys, torch, kiln
+torch.manual_seed(0)
+net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.MaxPool2d(2), torch.nn.ReLU()).eval()
+x = torch.randn(2, 3, 16, 16)
+if sys.argv[1] == "load":
+    fn = kiln.load_package(sys.argv[2], net, on_miss="error")
+else:
+    fn = kiln.compile(net, backend="aot_eager")
+with torch.no_grad():
+    torch.testing.assert_close(fn(x), net(x))
+if sys.argv[1] == "save":
+    print("SAVED", sum(fn.save_package(sys.argv[2]).saved.values()))
+print("STATS " + json.dumps(kiln.cache.stats()))
+"""
+
+
+def test_a_model_calling_a_factory_made_function_is_packaged_and_recorded(tmp_path):
+    """``F.max_pool2d`` (what ``nn.MaxPool2d`` calls, as timm's ResNets do) is made by
+    ``boolean_dispatch`` and bound in ``torch.nn.functional`` under its name: its graph node
+    and the inlined dispatcher are found by that name in another process."""
+    script = tmp_path / "pooling.py"
+    script.write_text(_POOLING_NET)
+    env = dict(os.environ, KILN_CACHE_DIR=str(tmp_path / "cache"), KILN_CACHE_FRAMES="1")
+
+    def run(*args):
+        r = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, env=env, timeout=300)
+        assert r.returncode == 0, r.stderr[-3000:]
+        return r.stdout
+    path = str(tmp_path / "pool.kiln")
+    assert "SAVED 1" in run("save", path)
+    run("load", path)
+    warm = _stats(run("warm", "-"))
+    assert warm["frame_hits"] == 1 and warm["frame_misses"] == 0, warm
