@@ -114,6 +114,9 @@ def _graph_to_data(gm: torch.fx.GraphModule, enc: Encoder) -> tuple[dict, dict]:
                 except NotPackageable as e:
                     raise NotPackageable(f"graph constant {n.target}: {e}") from None
             d["target"] = n.target
+        elif n.op == "call_function" and getattr(n.target, "kiln_captured_function", None) is not None:
+            d["target"] = _captured_function_to_data(n.name, n.target.kiln_captured_function, enc, tensors)
+            d["args"], d["kwargs"] = _arg(tuple(n.args), enc), _arg(dict(n.kwargs), enc)
         elif n.op in ("call_function", "call_method"):
             try:
                 d["target"] = n.target if n.op == "call_method" else enc.encode(n.target, identity=True)
@@ -134,7 +137,8 @@ def _graph_from_data(data: dict, tensors: dict, dec: Decoder) -> torch.fx.GraphM
     g = torch.fx.Graph()
     env: dict = {}
     for target, t in tensors.items():
-        _set_path(root, target, t)
+        if _SUB not in target:         # (a captured autograd.Function's subgraphs hold the rest)
+            _set_path(root, target, t)
     for target, enc in data["objects"].items():
         _set_path(root, target, dec.decode(enc))
     for d in data["nodes"]:
@@ -147,13 +151,57 @@ def _graph_from_data(data: dict, tensors: dict, dec: Decoder) -> torch.fx.GraphM
         elif op == "output":
             n = g.output(*_unarg(d["args"], env, dec))
         else:
-            target = d["target"] if op == "call_method" else dec.decode(d["target"])
+            target = d["target"] if op == "call_method" else \
+                _captured_function_from_data(d["name"], d["target"], tensors, dec) \
+                if d["target"][0] == "captured_autograd_function" else dec.decode(d["target"])
             n = g.create_node(op, target, _unarg(d["args"], env, dec), _unarg(d["kwargs"], env, dec),
                               name=d["name"])
         env[d["name"]] = n
     gm = _torch.lazy_graph_module(root, g, class_name=data["class"])
     gm.meta.update(data["meta"])
     return gm
+
+
+# A user's autograd.Function, captured (``capture.values.autograd_function``): the graph node
+# calls a function made at capture time around its forward and backward subgraphs. It has no
+# name in another process; it is saved as what makes it: the user's class (by name), both
+# subgraphs as data (their tensor constants among the graph's, under ``node<_SUB>which<_SUB>``)
+# and the counts and positions it was made with.
+_SUB = "::"
+
+
+def _captured_function_to_data(name: str, parts: dict, enc: Encoder, tensors: dict) -> list:
+    out = {k: parts[k] for k in ("n_out", "n_sfb", "non_diff", "dirty_inputs")}
+    try:
+        out["user_cls"] = enc.encode(parts["user_cls"], identity=True)
+    except NotPackageable as e:
+        raise NotPackageable(f"graph node {name}: the autograd.Function's class: {e}") from None
+    for which in ("fwd", "bwd"):
+        gm = parts[which]
+        if gm is None:
+            out[which] = None
+            continue
+        data, sub = _graph_to_data(gm, enc)
+        for target, t in sub.items():
+            tensors[f"{name}{_SUB}{which}{_SUB}{target}"] = t
+        out[which] = data
+    return ["captured_autograd_function", out]
+
+
+def _captured_function_from_data(name: str, saved: list, tensors: dict, dec: Decoder):
+    from ..capture.values.autograd_function import runtime_function
+
+    d = saved[1]
+    graphs = {}
+    for which in ("fwd", "bwd"):
+        if d[which] is None:
+            graphs[which] = None
+            continue
+        prefix = f"{name}{_SUB}{which}{_SUB}"
+        sub = {k[len(prefix):]: t for k, t in tensors.items() if k.startswith(prefix)}
+        graphs[which] = _graph_from_data(d[which], sub, dec)
+    return runtime_function(dec.decode(d["user_cls"]), graphs["fwd"], graphs["bwd"], d["n_out"], d["n_sfb"],
+                            d["non_diff"], d["dirty_inputs"])
 
 
 def _set_path(root: torch.nn.Module, target: str, obj) -> None:

@@ -39,7 +39,9 @@ def save(d, backend):
     m(x)
     step = kiln.compile(M.train_step, backend=backend)
     step(model, x)
-    for name, c in [("f", f), ("g", g), ("b", b), ("m", m), ("step", step)]:
+    af = kiln.compile(M.with_autograd_function, backend=backend)
+    af(torch.randn(4, requires_grad=True)).backward()
+    for name, c in [("f", f), ("g", g), ("b", b), ("m", m), ("step", step), ("af", af)]:
         report = c.save_package(os.path.join(d, f"{name}.kiln"))
         assert not report.left_out, report
     print("SAVED")
@@ -72,6 +74,12 @@ def load(d, backend):
     b = kiln.load_package(p("b"), M.with_break, on_miss="error")
     m = kiln.load_package(p("m"), model, on_miss="error")
     step = kiln.load_package(p("step"), M.train_step, on_miss="error")
+    af = kiln.load_package(p("af"), M.with_autograd_function, on_miss="error")
+    v = torch.randn(4, requires_grad=True)
+    v2 = v.detach().clone().requires_grad_()
+    af(v).backward()
+    M.with_autograd_function(v2).backward()
+    torch.testing.assert_close(v.grad, v2.grad)
     for x, y in [(torch.randn(2, 4), torch.randn(2, 4)), (torch.randn(3, 4), torch.randn(1, 4))]:
         torch.testing.assert_close(f(x, y), M.f(x, y))
     x = torch.randn(2, 4)

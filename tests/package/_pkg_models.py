@@ -27,6 +27,26 @@ def with_break(x):
     return y.cos() + 1
 
 
+class ScaledSquare(torch.autograd.Function):
+    """A user's autograd.Function: captured into the graph as a node calling its forward and
+    backward subgraphs (saved by a package as what makes it)."""
+
+    @staticmethod
+    def forward(ctx, x, k):
+        ctx.save_for_backward(x)
+        ctx.k = k
+        return x * x * k + SCALE
+
+    @staticmethod
+    def backward(ctx, g):
+        x, = ctx.saved_tensors
+        return 2 * ctx.k * x * g, None
+
+
+def with_autograd_function(x):
+    return ScaledSquare.apply(x.sin(), 3.0).sum()
+
+
 def with_default(x, k=3):
     return x * k
 

@@ -622,4 +622,7 @@ def runtime_function(user_cls: type, fwd, bwd, n_out: int, n_sfb: int, non_diff:
     call.__module__ = "kiln"
     call.function_class = CapturedFunction
     call.user_class = user_cls
+    # (what rebuilds it: a package saves these, ``runtime_function(**...)`` in a new process)
+    call.kiln_captured_function = dict(user_cls=user_cls, fwd=fwd, bwd=bwd, n_out=n_out, n_sfb=n_sfb,
+                                       non_diff=list(non_diff), dirty_inputs=list(dirty_inputs))
     return call
