@@ -5,6 +5,7 @@ random configs (nothing is downloaded), at the settings their users run: the mod
 
     python benchmarks/model_sweep.py [--models gpt2,t5,...] [--backend inductor,aot_eager] [--json PATH]
     python benchmarks/model_sweep.py --decode [--models gpt2,llama,qwen2]
+    python benchmarks/model_sweep.py --warm [--models ...]
 
 For each model and backend, in its own process: two inference calls (``eval()``, no grad) and
 two training steps (loss, ``backward``) on fresh random inputs, each compared with a
@@ -18,6 +19,11 @@ noise draw the same numbers). Then kiln's graph and break counts (``kiln.explain
 ``--decode``: a greedy decoding loop of 8 tokens after a padded prompt, with the model's own
 ``DynamicCache`` carried from call to call: the tokens must equal eager's, and the graphs kiln
 compiled over the loop are counted beside torch.compile's.
+
+``--warm``: warm start. Per model, a cold process (an empty ``KILN_CACHE_DIR``, frame records on)
+runs an inference call and a training step through one compiled model; a second, warm process
+over the same cache does the same. The table counts the frames each captured: a warm process
+must capture none (its frame records serve every call, ``frame_hits``) and compile no graph.
 
 Needs ``pip install transformers``. A model whose tiny config this script gets wrong for
 the installed transformers shows up as a ``crash`` in eager (see its message), not as a kiln
@@ -223,6 +229,53 @@ def run_one(name: str, backend: str, device: str) -> dict:
     return res
 
 
+def warm_one(name: str, backend: str, device: str) -> dict:
+    """One process of ``--warm``: an inference call and a training step through one compiled
+    model, with the compile cache of $KILN_CACHE_DIR; how many frames it captured and what the
+    cache served (a warm process: frame records, no capture)."""
+    import kiln
+    import kiln.api as api
+
+    captures = []
+    real = api.capture
+
+    def counting(*a, **k):
+        captures.append(1)
+        return real(*a, **k)
+    api.capture = counting
+    torch.manual_seed(0)
+    model, cfg = make(name, device)
+    g = torch.Generator().manual_seed(1)
+    compiled = kiln.compile(model, backend=backend)
+    model.eval()
+    with torch.no_grad():
+        compiled(**inputs(name, cfg, g, device))
+    model.train()
+    compiled(**inputs(name, cfg, g, device)).loss.backward()
+    stats = kiln.cache.stats()
+    return {"model": name, "captures": len(captures), "frame_hits": stats["frame_hits"],
+            "frame_misses": stats["frame_misses"], "graph_hits": stats["hits"], "graph_misses": stats["misses"]}
+
+
+def warm_pair(name: str, backend: str, device: str, timeout: int) -> dict:
+    """``--warm``: a cold process, then a warm one over the cache it filled."""
+    import tempfile
+
+    r: dict = {"model": name}
+    with tempfile.TemporaryDirectory() as d:
+        env = {**os.environ, "KILN_CACHE_DIR": d, "KILN_CACHE_FRAMES": "1"}
+        for phase in ("cold", "warm"):
+            proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--one", name, "--backend", backend,
+                                   "--device", device, "--warm"], capture_output=True, text=True, timeout=timeout,
+                                  env=env)
+            lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+            got = json.loads(lines[-1][7:]) if lines else {"crash": proc.stderr[-600:]}
+            if "crash" in got:
+                return {**r, "crash": f"{phase}: {got['crash']}"}
+            r[phase] = {k: v for k, v in got.items() if k not in ("model", "backend")}
+    return r
+
+
 class _Counting:
     """A kiln backend that counts the graphs it compiles and compiles them with ``backend``."""
 
@@ -279,6 +332,8 @@ def main(argv=None) -> int:
     p.add_argument("--models", default=",".join(HEADS))
     p.add_argument("--backend", default="inductor", help="comma-separated: each model runs with each")
     p.add_argument("--decode", action="store_true", help="greedy decoding with the cache instead")
+    p.add_argument("--warm", action="store_true",
+                   help="warm start instead: a cold and a warm process per model, frames captured in each")
     p.add_argument("--device", default="cpu")
     p.add_argument("--json", default=None)
     p.add_argument("--timeout", type=int, default=300)
@@ -287,7 +342,8 @@ def main(argv=None) -> int:
     warnings.filterwarnings("ignore")
     if args.one:
         try:
-            r = (decode_one if args.decode else run_one)(args.one, args.backend, args.device)
+            r = (decode_one if args.decode else warm_one if args.warm else run_one)(args.one, args.backend,
+                                                                                    args.device)
         except Exception as e:
             r = {"model": args.one, "crash": f"{type(e).__name__}: {str(e)[:300]}", "where": traceback.format_exc()[-600:]}
         r["backend"] = args.backend
@@ -299,6 +355,15 @@ def main(argv=None) -> int:
     for name in args.models.split(","):
         for backend in args.backend.split(","):
             start = time.time()
+            if args.warm:
+                try:
+                    r = warm_pair(name, backend, args.device, args.timeout)
+                except subprocess.TimeoutExpired:
+                    r = {"model": name, "crash": f"timeout ({args.timeout} s)"}
+                r["backend"], r["seconds"] = backend, round(time.time() - start, 1)
+                out.append(r)
+                print(json.dumps(r), flush=True)
+                continue
             try:
                 proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--one", name, "--backend", backend,
                                        "--device", args.device] + (["--decode"] if args.decode else []),
@@ -311,15 +376,19 @@ def main(argv=None) -> int:
             r["seconds"] = round(time.time() - start, 1)
             out.append(r)
             print(json.dumps({k: v for k, v in r.items() if k != "where"}), flush=True)
-    print_table(out, args.decode)
+    print_table(out, "decode" if args.decode else "warm" if args.warm else "check")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(out, fh, indent=1)
     return 0
 
 
-def print_table(out: list, decode: bool) -> None:
-    if decode:
+def print_table(out: list, kind: str) -> None:
+    if kind == "warm":
+        head = "| model | backend | cold: captures, graph misses | warm: captures, frame hits, graph misses |"
+        row = lambda r: (f"{r['cold']['captures']}, {r['cold']['graph_misses']} | "  # noqa: E731
+                         f"{r['warm']['captures']}, {r['warm']['frame_hits']}, {r['warm']['graph_misses']}")
+    elif kind == "decode":
         head = "| model | backend | tokens equal eager's | kiln graphs over the loop | torch.compile graphs |"
         row = lambda r: f"{r['decode_equal']} | {r['decode_kiln_graphs']} | {r['decode_torch_graphs']}"  # noqa: E731
     else:

@@ -30,6 +30,9 @@ def functions_under(obj, depth: int = 4) -> list[types.FunctionType]:
             obj = obj.fget
         obj = getattr(obj, "__func__", obj)
         if not isinstance(obj, types.FunctionType):
+            # a wrapper that is not a Python function (``functools.lru_cache``'s) still names
+            # what it wraps
+            todo.append((getattr(obj, "__wrapped__", None), level + 1))
             continue
         found.append(obj)
         todo.append((getattr(obj, "__wrapped__", None), level + 1))

@@ -35,7 +35,17 @@ def _feed(h, code: types.CodeType) -> None:
         if isinstance(c, types.CodeType):
             _feed(h, c)
         else:
-            h.update(f"{type(c).__name__}:{c!r}".encode())
+            h.update(_constant_text(c).encode())
+
+
+def _constant_text(c) -> str:
+    """A code constant as text that is the same in every process: a frozenset (``x in {"a",
+    "b"}``) iterates in an order that string hashing, randomized per process, decides."""
+    if isinstance(c, frozenset):
+        return "frozenset:{" + ",".join(sorted(_constant_text(x) for x in c)) + "}"
+    if isinstance(c, tuple):
+        return "tuple:(" + ",".join(_constant_text(x) for x in c) + ")"
+    return f"{type(c).__name__}:{c!r}"
 
 
 def signature_of(fn) -> str:

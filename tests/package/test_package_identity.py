@@ -78,3 +78,71 @@ def test_module_identity(tmp_path):
     fast = kiln.load_package(path, other)
     x = torch.randn(2, 4)
     torch.testing.assert_close(fast(x), other(x))
+
+
+_LIBRARY = '''
+import functools
+import torch
+
+
+def uses_a_set(x):
+    if "beta" in {"alpha", "beta", "gamma", "delta", "epsilon", "zeta"}:
+        return x + 1
+    return x
+
+
+@functools.lru_cache(maxsize=None)
+def cached_factor(n):
+    return n * 2
+
+
+@torch.no_grad()
+def without_grad(x):
+    return x * 2
+
+
+def with_a_default(x, marker=object(), act=torch.nn.functional.gelu):
+    return act(x)
+'''
+
+_HASHES = '''
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import library
+from kiln.package.identity import code_hash, codes_of, signature_of
+out = {}
+for name in ("uses_a_set", "cached_factor", "without_grad", "with_a_default"):
+    fn = getattr(library, name)
+    out[name] = [sorted(code_hash(c) for c in codes_of(fn)), signature_of(fn)]
+print(json.dumps(out))
+'''
+
+
+def test_the_identity_of_library_functions_is_the_same_in_every_process(tmp_path):
+    """Set constants (their order follows per-process string hashing), ``lru_cache`` and
+    ``torch.no_grad`` decorators and defaults holding objects with addresses: two processes
+    running the same code agree; an edit under a decorator is still seen."""
+    import json
+    import subprocess
+    import sys
+
+    lib = tmp_path / "library.py"
+    lib.write_text(_LIBRARY)
+    script = tmp_path / "hashes.py"
+    script.write_text(_HASHES)
+
+    def hashes(seed: str) -> dict:
+        import os
+        env = dict(os.environ, PYTHONHASHSEED=seed, PYTHONDONTWRITEBYTECODE="1")
+        r = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, env=env,
+                           timeout=120)
+        assert r.returncode == 0, r.stderr[-2000:]
+        return json.loads(r.stdout.strip().splitlines()[-1])
+    first, second = hashes("1"), hashes("2")
+    assert first == second
+    assert all(codes for codes, _ in first.values()), first       # every name reaches code
+    lib.write_text(_LIBRARY.replace("return n * 2", "return n * 3"))
+    changed = hashes("1")
+    assert changed["cached_factor"] != first["cached_factor"]
+    assert {k: v for k, v in changed.items() if k != "cached_factor"} == \
+        {k: v for k, v in first.items() if k != "cached_factor"}
