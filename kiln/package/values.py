@@ -117,12 +117,30 @@ def _module_attribute(obj) -> list | None:
         return None
     made = isinstance(obj, (type, types.FunctionType))
     mod_name = getattr(obj if made else type(obj), "__module__", None)
+    if isinstance(obj, functools.partial):     # (``GELU_TANH = partial(gelu, ...)``: beside its users)
+        return _found_in_some_module(obj)
     mod = sys.modules.get(mod_name) if isinstance(mod_name, str) else None
     if mod is None:
         return None
     for key, value in list(vars(mod).items()):
         if value is obj and isinstance(key, str) and key.isidentifier():
             return ["attr", ["module", mod_name], key]
+    return None
+
+
+def _found_in_some_module(obj) -> list | None:
+    """An object bound at module level where nothing about it says which module: the first
+    imported module, in name order, that binds it (read when a package or frame record is
+    written, not per call)."""
+    # (not the running script: another process runs another one)
+    for name in sorted(k for k in list(sys.modules) if isinstance(k, str) and k not in ("__main__", "__mp_main__")):
+        mod = sys.modules.get(name)
+        d = getattr(mod, "__dict__", None)
+        if not isinstance(d, dict):
+            continue
+        for key, value in list(d.items()):
+            if value is obj and isinstance(key, str) and key.isidentifier():
+                return ["attr", ["module", name], key]
     return None
 
 
@@ -349,6 +367,14 @@ class Encoder:
                 else (["name", *name] if name else None)
             if base is not None and getattr(obj.__self__, obj.__name__, None) == obj:
                 return ["attr", base, obj.__name__]
+        if isinstance(obj, types.MethodType):
+            # a method of a named instance (a registry's, ``os.environ.get``): an equal bound
+            # method comes back (a new one on every attribute read, in any process)
+            try:
+                if getattr(obj.__self__, obj.__name__, None) == obj:
+                    return ["attr", self.encode(obj.__self__, identity=True), obj.__name__]
+            except NotPackageable:
+                pass
         name = _name_of(obj) or _builtin_name(obj) or _types_name(obj)
         if name is not None:
             if isinstance(obj, type):

@@ -93,10 +93,21 @@ class _Holder:
 
 
 def _round_trip(obj):
-    def fn():
-        return None
+    # (a function of another module: the object is not found among its globals)
+    namespace = {"__name__": "elsewhere"}
+    exec("def fn():\n    return None", namespace)
+    fn = namespace["fn"]
     enc = Encoder(fn)
     return Decoder(fn).decode(enc.encode(obj, identity=True))
+
+
+class _Registry:
+    def act(self, x):
+        return x
+
+
+_REGISTRY = _Registry()
+_GELU_TANH = functools.partial(__import__("torch").nn.functional.gelu, approximate="tanh")
 
 
 @pytest.mark.parametrize("get", [
@@ -110,10 +121,17 @@ def _round_trip(obj):
     lambda: logging.getLogger("kiln.aot"),          # a logger: one per name in every process
     lambda: logging.getLogger(),                     # the root logger
     lambda: __import__("torch").nn.functional.max_pool2d,   # a factory's function (boolean_dispatch)
+    lambda: _GELU_TANH,                              # a module-level functools.partial
 ], ids=["getset", "member", "property", "staticmethod", "module_instance", "globals", "renamed_globals", "logger",
-        "root_logger", "factory_function"])
+        "root_logger", "factory_function", "partial"])
 def test_objects_without_a_name_of_their_own_are_found_again(get):
     assert _round_trip(get()) is get()
+
+
+@pytest.mark.parametrize("get", [lambda: _REGISTRY.act, lambda: os.environ.get], ids=["registry", "os_environ"])
+def test_a_bound_method_of_a_named_instance_comes_back_equal(get):
+    """(A bound method is a new object on every attribute read: an equal one comes back.)"""
+    assert _round_trip(get()) == get()
 
 
 def test_a_decorated_function_is_found_under_its_wrapper():
