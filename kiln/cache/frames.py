@@ -256,9 +256,9 @@ def _write(cf, fk: str, name: str) -> None:
 def _uncheckable_callee(fn: types.FunctionType, entry) -> str | None:
     """A function inlined into ``entry`` (or its continuations) whose code a fresh process
     cannot find by name (a nested function) is checked through the code that defines it: the
-    compiled function's or a named inlined one's. One defined elsewhere cannot be checked, and
+    compiled function's, a named inlined one's, or the named function it is nested in. One defined elsewhere cannot be checked, and
     an edit to it would go unseen: such an entry is not recorded."""
-    from ..package.identity import codes_of
+    from ..package.identity import codes_of, defining_name
     from ..package.save import _walk
 
     inlined: dict = {}
@@ -275,6 +275,13 @@ def _uncheckable_callee(fn: types.FunctionType, entry) -> str | None:
                 return f"inlined function {module}.{qualname} is not what its name finds"
             roots.append(code)
             roots += found      # (a decorator's wrappers: their codes are checked by the name)
+        elif defining_name(qualname) is not None:
+            # (the named function that defines it: the identity check hashes its code, and
+            # with it the nested one's)
+            try:
+                roots += codes_of(resolve_name(module, defining_name(qualname)))
+            except Exception:
+                pass
     reachable = set()
     stack = list(roots)
     while stack:

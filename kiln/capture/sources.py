@@ -156,14 +156,25 @@ class ItemSource(Source):
 
     def render(self, ctx):
         b = self.base.render(ctx)
+        key = repr(self.key) if _is_literal(self.key) else ctx.bind(self.key, "key")
         if self.how == ITEM_INDEX:
-            return f"{b}[{self.key!r}]"
+            return f"{b}[{key}]"
         getter = {ITEM_LIST: list.__getitem__, ITEM_DICT: dict.__getitem__,
                   ITEM_TUPLE: tuple.__getitem__}[self.how]
-        return f"{ctx.bind(getter, self.how + '_getitem')}({b}, {self.key!r})"
+        return f"{ctx.bind(getter, self.how + '_getitem')}({b}, {key})"
 
     def describe(self):
         return f"{self.base.describe()}[{self.key!r}]"
+
+
+def _is_literal(key) -> bool:
+    """A key whose repr reads back as itself in generated code (a class or a typing construct
+    as a key is bound instead)."""
+    if type(key) in (int, str, bytes, bool) or key is None:
+        return True
+    if type(key) is float:
+        return key == key and key not in (float("inf"), float("-inf"))
+    return type(key) is tuple and all(_is_literal(k) for k in key)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -64,6 +64,15 @@ def describe(target, fn: types.FunctionType, inlined: dict) -> dict:
     for code, (module, qualname) in inlined.items():
         hashes = callees.setdefault(f"{module}:{qualname}", set())
         hashes.add(code_hash(code))
+        outer = defining_name(qualname)
+        if outer is not None:
+            # a nested function: its code is a constant of the named function that defines it
+            # (a library's validator factory), whose hash covers it
+            try:
+                callees.setdefault(f"{module}:{outer}", set()).update(
+                    code_hash(c) for c in codes_of(resolve_name(module, outer)))
+            except Exception:
+                pass
         if "<" not in qualname:
             # every function under the name (a decorator's wrappers, whose own code is nested
             # in the decorator): a change to any of them is a change
@@ -73,6 +82,15 @@ def describe(target, fn: types.FunctionType, inlined: dict) -> dict:
                 pass
     return {"qualname": qualname_of(target), "signature": signature_of(_user_callable(target)),
             "code": code_hash(fn.__code__), "inlined": {k: sorted(v) for k, v in sorted(callees.items())}}
+
+
+def defining_name(qualname: str) -> str | None:
+    """The qualified name of the function that defines a nested one (``make.<locals>.inner``:
+    ``make``), where that function has a name; None otherwise."""
+    if ".<locals>." not in qualname:
+        return None
+    outer = qualname.split(".<locals>.", 1)[0]
+    return outer if "<" not in outer else None
 
 
 def qualname_of(target) -> str:

@@ -30,7 +30,7 @@ from typing import Any, Callable
 import torch
 from torch.fx.immutable_collections import immutable_dict, immutable_list
 
-from ..names import resolve_name
+from ..names import functions_under, resolve_name
 from .errors import NotPackageable
 
 _SCALARS = (bool, int, str)
@@ -125,6 +125,42 @@ def _module_attribute(obj) -> list | None:
     for key, value in list(vars(mod).items()):
         if value is obj and isinstance(key, str) and key.isidentifier():
             return ["attr", ["module", mod_name], key]
+    return None
+
+
+def _code_path(code: types.CodeType) -> list | None:
+    """A code object by where it is a constant: in the code of the named function that
+    defines it (``make.<locals>.inner``'s in ``make``'s), in the module whose file holds it:
+    ``["code", module, name, k, [indices]]`` (``k``: which of the functions the name reaches,
+    ``names.functions_under``; the indices walk ``co_consts``)."""
+    qual = getattr(code, "co_qualname", code.co_name)
+    outer = qual.split(".<locals>.", 1)[0]
+    if "<" in outer:
+        return None
+    for mod_name, mod in sorted(list(sys.modules.items()), key=lambda kv: str(kv[0])):
+        if getattr(mod, "__file__", None) != code.co_filename or mod_name in ("__main__", "__mp_main__"):
+            continue
+        try:
+            top = resolve_name(mod_name, outer)
+        except Exception:
+            continue
+        for k, f in enumerate(functions_under(top)):
+            path = _const_path(f.__code__, code)
+            if path is not None:
+                return ["code", mod_name, outer, k, path]
+    return None
+
+
+def _const_path(root: types.CodeType, code: types.CodeType, depth: int = 8) -> list | None:
+    if root is code:
+        return []
+    if depth == 0:
+        return None
+    for i, c in enumerate(root.co_consts):
+        if isinstance(c, types.CodeType):
+            rest = _const_path(c, code, depth - 1)
+            if rest is not None:
+                return [i, *rest]
     return None
 
 
@@ -386,6 +422,10 @@ class Encoder:
         wrapped = _wrapped_path(obj) or _module_attribute(obj)
         if wrapped is not None:
             return wrapped
+        if isinstance(obj, types.CodeType):
+            found = _code_path(obj)
+            if found is not None:
+                return found
         owner = _class_dict_owner(obj)
         if owner is not None:
             try:
@@ -485,6 +525,11 @@ class Decoder:
             return resolve_name(enc[1], enc[2])
         if tag == "attr":
             return getattr(self.decode(enc[1]), enc[2])
+        if tag == "code":
+            code = functions_under(resolve_name(enc[1], enc[2]))[enc[3]].__code__
+            for i in enc[4]:
+                code = code.co_consts[i]
+            return code
         if tag == "logger":             # (logging's registry makes one per name, per process)
             return logging.getLogger(enc[1])
         if tag == "class_dict":

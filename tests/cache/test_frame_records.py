@@ -187,25 +187,47 @@ def _make_inner():
 
 
 INNER = _make_inner()
+LAMBDA_INNER = (lambda: (lambda x: x * 2))()     # nested in a function with no name
 
 
 def uses_inner(x):
     return INNER(x) + 1
 
 
+def uses_lambda_inner(x):
+    return LAMBDA_INNER(x) + 1
+
+
 def plain(x):
     return x.sin() + 1
 
 
+def test_a_nested_function_is_checked_through_the_named_function_that_defines_it():
+    """``_make_inner.<locals>.inner``'s code is a constant of ``_make_inner``: the record keeps
+    that function's code hash, so an edit to the nested one is seen."""
+    import torch
+    from kiln.package.identity import code_hash, describe
+
+    x = torch.randn(3)
+    c = kiln.compile(uses_inner, backend="aot_eager")
+    torch.testing.assert_close(c(x), uses_inner(x))
+    assert len(store.records()) == 1
+    [entry] = c.entries
+    saved = describe(uses_inner, uses_inner, entry.inlined)
+    key = f"{__name__}:_make_inner"
+    assert code_hash(_make_inner.__code__) in saved["inlined"][key]
+
+
 def test_an_entry_that_cannot_be_checked_is_not_recorded(capsys):
-    """A nested function defined outside the compiled one has no name a new process could
-    check its source by: its entry is not recorded, and KILN_LOGS=cache says why."""
+    """A nested function whose defining function has no name either (a lambda's lambda): a new
+    process could not check its source, so its entry is not recorded, and KILN_LOGS=cache
+    says why."""
     import torch
     kiln.set_logs("cache")
     x = torch.randn(3)
-    torch.testing.assert_close(kiln.compile(uses_inner, backend="aot_eager")(x), uses_inner(x))
+    torch.testing.assert_close(kiln.compile(uses_lambda_inner, backend="aot_eager")(x), uses_lambda_inner(x))
     err = capsys.readouterr().err
-    assert "not recorded: an entry of uses_inner: it inlines" in err and "_make_inner.<locals>.inner" in err
+    assert "not recorded: an entry of uses_lambda_inner: it inlines" in err and "<lambda>.<locals>.<lambda>" in err
     assert store.records() == []
 
 

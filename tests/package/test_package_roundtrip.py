@@ -205,25 +205,43 @@ def test_dynamic_eager_entry_serves_new_sizes(tmp_path, monkeypatch):
         fast(torch.randn(5, 4).double(), torch.randn(5, 4).double())    # another dtype
 
 
-def test_identity_guard_on_a_call_object_is_left_out(tmp_path):
+def test_a_function_made_by_the_caller_is_matched_by_its_code(tmp_path):
+    """A function argument made by the caller (a nested function) is guarded by its code,
+    globals and defaults, not by identity: its code is found again as a constant of the named
+    function that defines it, so the entry is saved; a named function is saved by its name."""
     def apply(fn, x):
         return fn(x) + 1
 
-    def local(x):
-        return x * 3
+    def make_local():
+        def local(x):
+            return x * 3
+        return local
     c = kiln.compile(apply, backend="eager")
     x = torch.randn(3)
-    c(local, x)
+    c(make_local(), x)
     c(torch.sin, x)
     report = c.save_package(tmp_path / "a.kiln")
-    # torch.sin has a qualified name: its entry is saved; the local function has none
-    assert report.entries == 1 and len(report.left_out) == 1
-    assert "no name" in report.left_out[0].reason and "ID_MATCH" in report.left_out[0].guards
+    assert report.entries == 2 and not report.left_out, report
     kiln.reset()
     fast = kiln.load_package(tmp_path / "a.kiln", apply, on_miss="error")
     torch.testing.assert_close(fast(torch.sin, x), apply(torch.sin, x))
+    torch.testing.assert_close(fast(make_local(), x), apply(make_local(), x))   # a new one, same code
     with pytest.raises(PackageMiss, match="ID_MATCH"):
         fast(torch.cos, x)
+
+
+def test_an_object_made_in_the_call_is_left_out(tmp_path):
+    """A guard on an object with no name anywhere (a class made at run time) leaves its entry
+    out, with the reason."""
+    def apply(fn, x):
+        return fn(x) + 1
+    Made = type("Made", (), {"__call__": lambda self, x: x * 3})
+    c = kiln.compile(apply, backend="eager")
+    x = torch.randn(3)
+    c(Made(), x)
+    report = c.save_package(tmp_path / "b.kiln")
+    assert report.entries == 0 and len(report.left_out) == 1, report
+    assert "no name" in report.left_out[0].reason
 
 
 def test_closure_cells_resolve_against_the_loaded_function(tmp_path, monkeypatch):

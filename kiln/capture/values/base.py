@@ -86,6 +86,8 @@ def is_type_annotation(v: Any) -> bool:
 
     if isinstance(v, (types.GenericAlias, typing.TypeVar, typing.ForwardRef)):
         return True
+    if isinstance(v, getattr(typing, "_SpecialForm", ())):    # Union, Optional, Literal (a subclass)
+        return True
     return type(v).__module__ == "typing" and type(v).__name__ in (
         "_GenericAlias", "_SpecialGenericAlias", "_UnionGenericAlias", "_LiteralGenericAlias",
         "_CallableGenericAlias", "_SpecialForm", "_AnnotatedAlias", "_TupleType")

@@ -265,7 +265,9 @@ class Builder:
             return ListValue(items, source, t)
         if isinstance(obj, dict) and t is not collections.defaultdict or t is collections.defaultdict:
             keys = list(dict.keys(obj))
-            if not all(is_constant_object(k) or _is_class_key(k) for k in keys):
+            # (keys: constants, classes, typing constructs: ``huggingface_hub``'s validators by
+            # ``typing.Union`` and ``Literal``)
+            if not all(is_constant_object(k) or _is_class_key(k) or is_type_annotation(k) for k in keys):
                 raise Unsupported("a dict whose keys are not Python constants or classes")
             g(GuardKind.TYPE_MATCH, source, t)
             g(GuardKind.DICT_KEYS, source, keys)
