@@ -407,3 +407,25 @@ def test_nullcontext_is_captured():
     x = torch.randn(2)
     torch.testing.assert_close(cf(x), x * 5)
     assert cnt.frame_count == 1
+
+
+# huggingface_hub's strict dataclasses validate a config field a model sets in its forward
+# (BERT's classification head sets ``problem_type``): a dict of validators keyed by typing
+# constructs and classes, looked up with ``typing.get_origin`` of the field's annotation.
+import collections.abc  # noqa: E402
+import typing  # noqa: E402
+
+_VALIDATORS = {typing.Union: lambda v: v, typing.Literal: lambda v: v, list: lambda v: v * 2,
+               collections.abc.Sequence: lambda v: v}
+_ORIGINS = [typing.get_origin(typing.Optional[int]), typing.get_origin(list[int])]   # Union, list
+
+
+def _validate(x):
+    validator = _VALIDATORS.get(_ORIGINS[0])
+    other = _VALIDATORS[_ORIGINS[1]]
+    return validator(x) + other(x)
+
+
+def test_a_dict_keyed_by_typing_constructs_and_classes_is_read_without_a_break():
+    run_twice(_validate, lambda: (torch.randn(3),), graphs=1)
+    assert breaks_of(_validate, torch.randn(3)) == (1, [], [])
