@@ -554,3 +554,21 @@ def test_large_arrays_are_checked_on_small_stand_ins():
             kiln.compile(fn, backend="eager", fullgraph=True)(big)
     check(lambda v: ((v @ v.T).sum(axis=0), v.reshape(900, 100) * 2, v.max()),
           lambda: (arr(300, 300),))
+
+
+# -- np.asarray of a NumPy scalar: a new 0-d array ---------------------------------------------
+def mean_as_tensor(x):
+    """PyTorch's test_mean_sum_np: a NumPy reduction's scalar made a tensor through an array."""
+    return x + torch.from_numpy(np.asarray(np.mean(x.numpy()))) + torch.from_numpy(np.array(np.sum(x.numpy())))
+
+
+def scalar_then_array_written(a):
+    s = np.sum(a)                 # a NumPy scalar (immutable)
+    z = np.asarray(s)             # a new 0-d array: writing it leaves the scalar as it was
+    z += 1
+    return s, z, type(z), type(s)
+
+
+def test_asarray_of_a_numpy_scalar_is_a_new_array():
+    check(mean_as_tensor, lambda: (torch.randn(4),))
+    check(scalar_then_array_written, lambda: (np.random.rand(3).astype(np.float32),))

@@ -662,6 +662,10 @@ def _wrap_result(tx, node, result, args, name, zero_dim, expected=None) -> Value
     if isinstance(result, torch.Tensor):
         for a in args:   # an in-place operation returns its receiver
             if isinstance(a, NdarrayValue) and a.fake is result:
+                if a.scalar and (name in ARRAY_RESULTS or isinstance(expected, np.ndarray)):
+                    # np.asarray(scalar): a new 0-d array, not the (immutable) scalar itself
+                    copy = tx.output.call_op("call_method", "clone", (a.tensor,), {})
+                    return NdarrayValue(copy, scalar=False)
                 return a
         if result.dtype not in _NUMPY_DTYPES:
             raise Unsupported(f"NumPy {name} computed a {result.dtype} array")
