@@ -199,12 +199,18 @@ def _real_function(tx, fn_value):
     """The callback as a real function. A callback defined in the compiled function (a
     closure over its locals) gets, for each free variable, the Python value when the capture
     knows it as a constant (``n = 3``), else a ``ComptimeVar`` (a tensor, a symbolic value);
-    its default arguments likewise."""
-    from .values.functions import NestedFunctionValue, NewCellValue, UserFunctionValue
+    its default arguments likewise. A free variable of the compiled function itself is its
+    real cell, so that what the callback does to it is seen outside."""
+    from .values.functions import ExistingCellValue, NestedFunctionValue, NewCellValue, UserFunctionValue
 
     if isinstance(fn_value, NestedFunctionValue):
         cells = []
         for c in fn_value.closure:
+            if isinstance(c, ExistingCellValue) and tx.output.side_effects.cell_value(c.cell) is None:
+                # a cell from outside the call (a free variable of the compiled function, such
+                # as a list in its caller that the callback appends to): the real cell
+                cells.append(c.cell)
+                continue
             contents = c.contents if isinstance(c, NewCellValue) else c.get(tx)
             cells.append(types.CellType() if contents is None else types.CellType(_as_python(contents)))
         fn = types.FunctionType(fn_value.code_obj, fn_value.fn_globals, fn_value.qualname.rsplit(".", 1)[-1],

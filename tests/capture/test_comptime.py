@@ -476,3 +476,24 @@ def test_an_error_in_the_callback_is_the_users():
     cf, _ = compiled(callback_raises)
     with pytest.raises(KeyError, match="no_such_local"):
         cf(torch.randn(2))
+
+
+def test_a_callback_closing_over_a_free_variable_of_the_compiled_function_runs_on_it():
+    """``seen`` lives in the caller's frame (a free variable of ``f``): the callback appends
+    to that very list at capture time, as a comptime callback does to a global."""
+    import torch
+
+    import kiln
+    from kiln import comptime
+
+    def outer():
+        seen = []
+
+        def f(x):
+            comptime(lambda ctx: seen.append("ran"))
+            return x + 1
+        out = kiln.compile(f, backend="eager")(torch.ones(2))
+        return seen, out
+    seen, out = outer()
+    assert seen == ["ran"]
+    torch.testing.assert_close(out, torch.full((2,), 2.0))
