@@ -477,6 +477,8 @@ def _finish_break(fn, output: OutputGraph, tx, ip: int, reason: Unsupported, key
                           "tensors in the same graph)").located(*tx.location())
     code = tx.code
     layout = [resume.slot_kind(v) for v in tx.stack]
+    if tx.f_locals_dict is not None:
+        tx.locals[resume.FRAME_LOCALS] = tx.f_locals_dict
     try:
         local_names = resume.handover_locals(code, tx.locals)   # (first parameter first)
         plan = resume.plan_break(tx.instructions, ip, layout, local_names, _pushed_by_load(tx, ip))

@@ -331,7 +331,9 @@ class FrameInterpreter(PythonSemantics):
                  *code.co_freevars]
         cells = set(code.co_cellvars) | set(code.co_freevars)
         if self.f_locals_dict is None:
-            self.f_locals_dict = DictValue({})
+            # (a continuation: the dict of the frame it continues, handed over)
+            handed = self._bound_local(resume.FRAME_LOCALS)
+            self.f_locals_dict = handed if isinstance(handed, DictValue) else DictValue({})
         items = self.f_locals_dict.items
         for name in names:
             value = self._cell_contents(name) if name in cells else self._bound_local(name)

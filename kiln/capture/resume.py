@@ -224,6 +224,10 @@ def _param_names(layout, local_names) -> list[str]:
 
 
 CELL_PREFIX = "___cell_"
+# the frame's ``locals()`` dict, once the function asked for it: handed over like a local, so
+# that the continuation's ``locals()`` is the same dict (keys the function added stay, as in
+# CPython before 3.13, where a frame keeps one dict)
+FRAME_LOCALS = "___flocals"
 
 # generated code object (its name blanked: it may be renamed after the user's function)
 # -> the user's code it was made from (what ``locals()`` lists)

@@ -465,6 +465,22 @@ def test_locals_after_a_break_has_no_kiln_names():
     assert names == d == ["x", "y", "z"]
 
 
+def locals_dict_kept_across_a_break(x):
+    """Before Python 3.13 a frame keeps one ``locals()`` dict: a key the function adds to it
+    stays, through a graph break too (Thunder's locals lookaside test)."""
+    d = locals()
+    d["added"] = 5
+    print("break")
+    y = x + locals()["added"]
+    return locals() is d, sorted(locals()), y
+
+
+def test_the_locals_dict_is_handed_to_the_continuation(capsys):
+    compare(locals_dict_kept_across_a_break, T(3), "eager", graphs=1, capsys=capsys, warm=False)   # (before the print: no op)
+    same, names, _ = kiln.compile(locals_dict_kept_across_a_break, backend="eager")(torch.ones(2))
+    assert same and names == ["added", "d", "x", "y"]
+
+
 # -- 4. augmented assignment ---------------------------------------------------------------------
 
 INPLACE = ["+=", "-=", "*=", "/=", "//=", "%=", "**=", "@=", "&=", "|=", "^=", "<<=", ">>="]
