@@ -429,3 +429,18 @@ def _validate(x):
 def test_a_dict_keyed_by_typing_constructs_and_classes_is_read_without_a_break():
     run_twice(_validate, lambda: (torch.randn(3),), graphs=1)
     assert breaks_of(_validate, torch.randn(3)) == (1, [], [])
+
+
+_ANNOTATION = typing.Optional[int]
+
+
+def _validate_by_origin(x):
+    """``typing.get_origin`` in the graph: ``__origin__`` of a typing construct is a constant."""
+    validator = _VALIDATORS.get(typing.get_origin(_ANNOTATION))
+    other = _VALIDATORS[typing.get_origin(list[int])]
+    return validator(x) + other(x)
+
+
+def test_the_origin_of_a_typing_construct_is_a_dict_key_without_a_break():
+    run_twice(_validate_by_origin, lambda: (torch.randn(3),), graphs=1)
+    assert breaks_of(_validate_by_origin, torch.randn(3)) == (1, [], [])

@@ -168,6 +168,10 @@ class ConstantValue(Value):
             attr = getattr(self.value, name)
         except AttributeError as e:
             raise tx.user_exception(e)
+        if isinstance(attr, type) or is_type_annotation(attr):
+            # a class or typing construct (``Optional[int].__origin__`` is ``typing.Union``):
+            # immutable, the same object eager reads; not a method to call
+            return wrap_pure_result(attr)
         if callable(attr):
             from .functions import PureMethodValue
 
