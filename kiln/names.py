@@ -2,7 +2,8 @@
 and the functions one name reaches through decorators (``functions_under``): the wrapper the
 name finds (``functools.wraps`` gave it the function's qualified name), the function in its
 ``__wrapped__``, and a function a wrapper keeps in a closure cell (``huggingface_hub``'s
-``strict`` keeps the ``__setattr__`` it replaced there)."""
+``strict`` keeps the ``__setattr__`` it replaced there); the named function a nested one is
+defined in (``defining_name``)."""
 from __future__ import annotations
 
 import importlib
@@ -14,6 +15,15 @@ def resolve_name(module: str, qualname: str):
     for part in qualname.split("."):
         obj = getattr(obj, part)
     return obj
+
+
+def defining_name(qualname: str) -> str | None:
+    """The qualified name of the function that defines a nested one (``make.<locals>.inner``:
+    ``make``), where that function has a name; None otherwise."""
+    if ".<locals>." not in qualname:
+        return None
+    outer = qualname.split(".<locals>.", 1)[0]
+    return outer if "<" not in outer else None
 
 
 def functions_under(obj, depth: int = 4) -> list[types.FunctionType]:

@@ -282,6 +282,7 @@ def make_training_core(fw: Callable, bw: Callable, parts, compile_bw: Callable[[
     n_saved = len(U.flat_outputs(parts.forward.graph)) - nfw
     n_args = len(parts.primal_requires_grad) - len(parts.handoffs)
     fused_graph: list = []      # (segments) built when first needed: None where it cannot be
+    can_fuse: list = []         # (segments) whether the backward can run as one graph, once known
     logged: set = set()
 
     def compiled_backward(key: str, build: Callable[[], tuple], what: str) -> tuple:
@@ -325,7 +326,9 @@ def make_training_core(fw: Callable, bw: Callable, parts, compile_bw: Callable[[
         return fused_graph[0]
 
     def fusable() -> bool:
-        return any(k.startswith("fused:") for k in stored) or fused() is not None
+        if not can_fuse:      # (a stored fused backward says so without building the graph)
+            can_fuse.append(any(k.startswith("fused:") for k in stored) or fused() is not None)
+        return can_fuse[0]
 
     def run_forward(call: _Call):
         args = call.args
@@ -383,7 +386,7 @@ def make_training_core(fw: Callable, bw: Callable, parts, compile_bw: Callable[[
         reads = None
         if segmented:
             kept = parts.segment_reads[node_index] if parts.segment_reads is not None else \
-                P.reading_only(P.without_tangents(parts.backward, n_tangents, mine), n_saved)[1]
+                P.inputs_read(parts.backward, n_tangents, mine, n_saved)
             reads = frozenset(i for i in kept if i < n_saved)
             # the inputs eager saved that this node takes (their versions are checked at its
             # backward), and the outputs eager saved (every node)

@@ -115,6 +115,12 @@ def reading_only(gm: torch.fx.GraphModule, num_saved: int) -> tuple[torch.fx.Gra
     return gm, kept
 
 
+def inputs_read(backward: torch.fx.GraphModule, num_tangents: int, given: frozenset, num_saved: int) -> list[int]:
+    """The inputs (saved values, then tangents) that the backward for the tangents ``given``
+    reads (what a node of a segmented graph keeps for its backward)."""
+    return reading_only(without_tangents(backward, num_tangents, given), num_saved)[1]
+
+
 def _ensure_node_vals(gm: torch.fx.GraphModule) -> None:
     """Fake values for the nodes of a graph that has them on its placeholders only (a loaded
     static artifact's): the zeros that replace a value are sized from it. Without one they

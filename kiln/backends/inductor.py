@@ -35,7 +35,6 @@ import functools
 import itertools
 import time
 import types
-import weakref
 import warnings
 from typing import Any, Callable
 
@@ -116,7 +115,7 @@ class InductorBackend:
                                                            graph.split_graphs, late)))
         finally:
             graph.records = {}      # (the generated code is on disk now; the callable keeps its module)
-        graph.stored_again = refresher(compiled)
+        graph.stored_again = cache.refresher(compiled)
         return compiled
 
     def load_artifact(self, payload: bytes, gm: torch.fx.GraphModule) -> Callable:
@@ -452,18 +451,6 @@ def _changed_outputs(before: torch.fx.GraphModule, after: torch.fx.GraphModule) 
                 (vx.dtype != vy.dtype or tuple(vx.shape) != tuple(vy.shape)):
             return f"output {k}: {vx.dtype} {tuple(vx.shape)}, then {vy.dtype} {tuple(vy.shape)}"
     return ""
-
-
-def refresher(compiled: Callable) -> Callable[[], None]:
-    """What a graph's compile calls once it compiled a backward made at run time: the cache
-    stores ``compiled`` again (held weakly: the compile belongs to the callable)."""
-    from .. import cache
-
-    try:
-        ref = weakref.ref(compiled)
-    except TypeError:
-        return lambda: None
-    return lambda: cache.refresh(ref())
 
 
 def with_triton_records_for_packages(compiled: Callable) -> Callable:

@@ -28,7 +28,7 @@ from typing import Any, Callable
 
 import torch
 
-from .. import _torch
+from .. import _torch, cache
 
 FORMAT = "kiln.inductor.entry"
 VERSION = 1
@@ -43,6 +43,10 @@ class GeneratedCode:
         self.code = code            # None: Inductor's result cannot be reloaded
         self.donated = list(donated)
         self.kept = kept            # (a backward made at run time) the inputs it reads
+
+    def stored(self) -> dict:
+        """What the entry keeps of it (``code`` is not None)."""
+        return {**self.code, "donated": self.donated, **({"kept": self.kept} if self.kept is not None else {})}
 
 
 def dump(compiled: Any, records: dict, fw_output_strides: list | None, split_graphs: bool = False,
@@ -75,9 +79,8 @@ def dump(compiled: Any, records: dict, fw_output_strides: list | None, split_gra
             raise ValueError(f"no {kind} graph was compiled by Inductor")
         if rec.code is None:
             raise ValueError(f"Inductor's {kind} result cannot be reloaded (not a generated Python module)")
-        graphs[kind] = {**rec.code, "donated": rec.donated}
-    late_graphs = {key: {**rec.code, "donated": rec.donated, "kept": rec.kept}
-                   for key, rec in sorted((late or {}).items()) if rec.code is not None}
+        graphs[kind] = rec.stored()
+    late_graphs = _stored_late(late or {})
     artifact = AOTArtifact(parts).to_bytes()
     graph_meta = {name: {k: gm.meta[k] for k in _GRAPH_META if k in gm.meta}
                   for name, gm in (("forward", parts.forward), ("backward", parts.backward)) if gm is not None}
@@ -96,10 +99,13 @@ def dump(compiled: Any, records: dict, fw_output_strides: list | None, split_gra
     return buf.getvalue()
 
 
+def _stored_late(late: dict) -> dict:
+    return {key: rec.stored() for key, rec in sorted(late.items()) if rec.code is not None}
+
+
 def _with_late(payload: bytes, late: dict) -> bytes:
     """A loaded entry's bytes with the backwards compiled since its load added."""
-    added = {key: {**rec.code, "donated": rec.donated, "kept": rec.kept}
-             for key, rec in late.items() if rec.code is not None}
+    added = _stored_late(late)
     if not added:
         return payload
     obj = torch.load(io.BytesIO(payload), weights_only=True)
@@ -236,9 +242,7 @@ def load(payload: bytes, gm: torch.fx.GraphModule, make_compile: Callable[[torch
         if not made:
             c = make_compile(gm)
             c._fw_output_strides, c._fw_num_outputs = strides, parts.num_fw_outputs
-            from .inductor import refresher
-
-            c.stored_again = refresher(compiled)
+            c.stored_again = cache.refresher(compiled)
             made.append(c)
         return made[0]
 
@@ -249,7 +253,7 @@ def load(payload: bytes, gm: torch.fx.GraphModule, make_compile: Callable[[torch
             if code["donated"]:
                 from .inductor import copies_when_graph_kept
                 fn = copies_when_graph_kept(fn, code["donated"])
-            return fn, code["kept"]
+            return fn, code.get("kept")
         return load_it
     # (CUDA graphs record each graph from its FX graph: those are built and compiled again)
     stored_late = {} if cudagraphs else {key: load_late(key) for key in obj.get("late", {})}

@@ -19,11 +19,12 @@ so that a warm process installs them before capturing at all.
 """
 from __future__ import annotations
 
+import weakref
 from typing import Any, Callable
 
 from .. import logs
 from ..config import config
-from . import explain, key as K, store
+from . import explain, frames, key as K, store
 from .store import clear, reset_stats, stats
 
 __all__ = ["cached", "bypass", "stats", "reset_stats", "clear"]
@@ -122,8 +123,6 @@ REFRESH_ATTR = "kiln_cache_refresh"
 
 
 def _refreshed_by(compiled: Callable, key: str, header: dict, dump: Callable[[Callable], bytes]) -> None:
-    from . import frames
-
     owner = frames.compiling_function()
 
     def refresh(c: Callable) -> None:
@@ -150,6 +149,16 @@ def refresh(compiled: Callable | None) -> None:
     fn = getattr(compiled, REFRESH_ATTR, None)
     if fn is not None:
         fn(compiled)
+
+
+def refresher(compiled: Callable) -> Callable[[], None]:
+    """What a backend calls once it compiled more for ``compiled``: ``refresh`` of it (held
+    weakly: the backend's compile state belongs to the callable)."""
+    try:
+        ref = weakref.ref(compiled)
+    except TypeError:
+        return lambda: None
+    return lambda: refresh(ref())
 
 
 # -- what a package (kiln/package) saves of a compiled graph -------------------------------------

@@ -30,7 +30,7 @@ import weakref
 
 from .. import logs
 from ..config import config
-from ..names import resolve_name
+from ..names import defining_name, resolve_name
 from . import key as K, store
 
 # this process's record in each frame's directory (pid + random: pids are reused)
@@ -256,9 +256,10 @@ def _write(cf, fk: str, name: str) -> None:
 def _uncheckable_callee(fn: types.FunctionType, entry) -> str | None:
     """A function inlined into ``entry`` (or its continuations) whose code a fresh process
     cannot find by name (a nested function) is checked through the code that defines it: the
-    compiled function's, a named inlined one's, or the named function it is nested in. One defined elsewhere cannot be checked, and
-    an edit to it would go unseen: such an entry is not recorded."""
-    from ..package.identity import codes_of, defining_name
+    compiled function's, a named inlined one's, or the named function it is nested in. One
+    defined elsewhere cannot be checked, and an edit to it would go unseen: such an entry is
+    not recorded."""
+    from ..package.identity import codes_of
     from ..package.save import _walk
 
     inlined: dict = {}

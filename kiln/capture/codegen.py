@@ -28,7 +28,6 @@ from __future__ import annotations
 import builtins
 import dis
 import importlib
-import math
 import re
 import types
 from typing import Any, NamedTuple
@@ -75,14 +74,7 @@ class EntryCodegen:
         return source.render(self.ctx)
 
     def constant_expr(self, v: Any) -> str:
-        if v is None or isinstance(v, (bool, int, str)) and type(v) in (bool, int, str):
-            return repr(v)
-        if type(v) is float and math.isfinite(v):
-            return repr(v)
-        if type(v) is tuple:
-            inner = ", ".join(self.constant_expr(x) for x in v)
-            return f"({inner}{',' if len(v) == 1 else ''})"
-        return self.bind(v, "c")
+        return self.ctx.constant_expr(v)
 
     def key_expr(self, k: Any) -> str:
         from .values.base import Value

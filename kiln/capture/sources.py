@@ -8,6 +8,7 @@ bound into the generated code's namespace by ``RenderContext.bind``.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 
@@ -37,6 +38,18 @@ class RenderContext:
             self.namespace[name] = obj
             self._by_id[id(obj)] = name
         return name
+
+    def constant_expr(self, v: Any) -> str:
+        """``v`` as a literal where its repr reads back as itself, else bound (a class or a
+        typing construct as a dict key, a float that is not finite)."""
+        if v is None or isinstance(v, (bool, int, str)) and type(v) in (bool, int, str):
+            return repr(v)
+        if type(v) is float and math.isfinite(v):
+            return repr(v)
+        if type(v) is tuple:
+            inner = ", ".join(self.constant_expr(x) for x in v)
+            return f"({inner}{',' if len(v) == 1 else ''})"
+        return self.bind(v, "c")
 
 
 class Source:
@@ -156,7 +169,7 @@ class ItemSource(Source):
 
     def render(self, ctx):
         b = self.base.render(ctx)
-        key = repr(self.key) if _is_literal(self.key) else ctx.bind(self.key, "key")
+        key = ctx.constant_expr(self.key)
         if self.how == ITEM_INDEX:
             return f"{b}[{key}]"
         getter = {ITEM_LIST: list.__getitem__, ITEM_DICT: dict.__getitem__,
@@ -165,16 +178,6 @@ class ItemSource(Source):
 
     def describe(self):
         return f"{self.base.describe()}[{self.key!r}]"
-
-
-def _is_literal(key) -> bool:
-    """A key whose repr reads back as itself in generated code (a class or a typing construct
-    as a key is bound instead)."""
-    if type(key) in (int, str, bytes, bool) or key is None:
-        return True
-    if type(key) is float:
-        return key == key and key not in (float("inf"), float("-inf"))
-    return type(key) is tuple and all(_is_literal(k) for k in key)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -189,6 +189,8 @@ def _captured_function_to_data(name: str, parts: dict, enc: Encoder, tensors: di
 
 
 def _captured_function_from_data(name: str, saved: list, tensors: dict, dec: Decoder):
+    # (the capture layer is imported only by a package that holds such a node: a load
+    # otherwise runs without it)
     from ..capture.values.autograd_function import runtime_function
 
     d = saved[1]

@@ -17,7 +17,7 @@ import re
 import types
 
 from .errors import PackageMismatch
-from ..names import functions_under, resolve_name
+from ..names import defining_name, functions_under, resolve_name
 
 
 def code_hash(code: types.CodeType) -> str:
@@ -82,15 +82,6 @@ def describe(target, fn: types.FunctionType, inlined: dict) -> dict:
                 pass
     return {"qualname": qualname_of(target), "signature": signature_of(_user_callable(target)),
             "code": code_hash(fn.__code__), "inlined": {k: sorted(v) for k, v in sorted(callees.items())}}
-
-
-def defining_name(qualname: str) -> str | None:
-    """The qualified name of the function that defines a nested one (``make.<locals>.inner``:
-    ``make``), where that function has a name; None otherwise."""
-    if ".<locals>." not in qualname:
-        return None
-    outer = qualname.split(".<locals>.", 1)[0]
-    return outer if "<" not in outer else None
 
 
 def qualname_of(target) -> str:

@@ -30,7 +30,7 @@ from typing import Any, Callable
 import torch
 from torch.fx.immutable_collections import immutable_dict, immutable_list
 
-from ..names import functions_under, resolve_name
+from ..names import defining_name, functions_under, resolve_name
 from .errors import NotPackageable
 
 _SCALARS = (bool, int, str)
@@ -134,8 +134,8 @@ def _code_path(code: types.CodeType) -> list | None:
     ``["code", module, name, k, [indices]]`` (``k``: which of the functions the name reaches,
     ``names.functions_under``; the indices walk ``co_consts``)."""
     qual = getattr(code, "co_qualname", code.co_name)
-    outer = qual.split(".<locals>.", 1)[0]
-    if "<" in outer:
+    outer = defining_name(qual) or (qual if "<" not in qual else None)
+    if outer is None:
         return None
     for mod_name, mod in sorted(list(sys.modules.items()), key=lambda kv: str(kv[0])):
         if getattr(mod, "__file__", None) != code.co_filename or mod_name in ("__main__", "__mp_main__"):
