@@ -5,8 +5,11 @@
 
 Generates the programs of the seeds, runs each eagerly and through ``kiln.compile`` with each
 backend (and ``dynamic=True`` with ``--dynamic``, both settings with ``--both``), prints every
-failure as it happens, then the counts per backend (programs, ok, wrong, crashed), the
-failures grouped by signature, and how often programs used each construct. Each failing
+failure as it happens, then the counts per backend (programs, ok, wrong, crashed, float noise:
+``noise.py``), the
+failures grouped by signature, kiln's internal errors (a frame that ran eagerly or broke because
+of a kiln bug: not wrong, but a compile lost) with their first line and count, and how often
+programs used each construct. Each failing
 program is written to ``--out`` with its failure in a comment; ``python -m
 tests.fuzz.minimize SEED --backend B`` shrinks one.
 """
@@ -67,6 +70,7 @@ def main(argv=None) -> int:
     settings = [(b, d) for b in backends for d in dynamics]
     counts = {s: collections.Counter() for s in settings}
     sigs: dict = collections.defaultdict(list)
+    internal: dict = collections.defaultdict(list)
     tags = collections.Counter()
     raised_in = set()
     seeds = parse_seeds(args.seeds)
@@ -80,7 +84,7 @@ def main(argv=None) -> int:
         for seed in seeds:
             if _stopping:
                 break
-            _run_seed(seed, settings, args, counts, sigs, tags, raised_in)
+            _run_seed(seed, settings, args, counts, sigs, internal, tags, raised_in)
             done += 1
     except KeyboardInterrupt:
         pass
@@ -90,13 +94,20 @@ def main(argv=None) -> int:
     elapsed = time.time() - start
     n = done
     print(f"\n{n} programs, {elapsed:.0f} s")
-    print(f"{'backend':<12}{'dynamic':<9}{'programs':>9}{'ok':>7}{'wrong':>7}{'crashed':>9}{'invalid':>9}{'timeout':>9}")
+    print(f"{'backend':<12}{'dynamic':<9}{'programs':>9}{'ok':>7}{'wrong':>7}{'crashed':>9}{'invalid':>9}"
+          f"{'timeout':>9}{'noise':>7}{'internal':>10}")
     for (backend, dynamic), c in counts.items():
-        print(f"{backend:<12}{str(dynamic):<9}{sum(c.values()):>9}{c['ok']:>7}{c['wrong']:>7}{c['crash']:>9}"
-              f"{c['invalid'] + c['generator error']:>9}{c['timeout']:>9}")
+        print(f"{backend:<12}{str(dynamic):<9}{sum(c[k] for k in c if k != 'internal'):>9}{c['ok']:>7}"
+              f"{c['wrong']:>7}{c['crash']:>9}{c['invalid'] + c['generator error']:>9}{c['timeout']:>9}"
+              f"{c['noise']:>7}{c['internal']:>10}")
     if sigs:
         print("\nfailures by signature (count, example seeds):")
         for sig, where in sorted(sigs.items(), key=lambda kv: -len(kv[1])):
+            ex = ", ".join(f"{s} ({b}{', dyn' if d else ''})" for s, b, d in where[:4])
+            print(f"{len(where):>5}  {sig}\n         e.g. {ex}")
+    if internal:
+        print("\nkiln internal errors (programs, example seeds): frames run eagerly or broken by a kiln bug")
+        for sig, where in sorted(internal.items(), key=lambda kv: -len(kv[1])):
             ex = ", ".join(f"{s} ({b}{', dyn' if d else ''})" for s, b, d in where[:4])
             print(f"{len(where):>5}  {sig}\n         e.g. {ex}")
     print("\nconstructs (share of programs):")
@@ -105,7 +116,7 @@ def main(argv=None) -> int:
     return 1 if any(c["wrong"] or c["crash"] for c in counts.values()) else 0
 
 
-def _run_seed(seed, settings, args, counts, sigs, tags, raised_in):
+def _run_seed(seed, settings, args, counts, sigs, internal, tags, raised_in):
     """Generate one program and run it in every setting, recording the outcomes."""
     try:
         prog = generate(seed)
@@ -127,6 +138,13 @@ def _run_seed(seed, settings, args, counts, sigs, tags, raised_in):
         finally:
             signal.alarm(0)
         counts[(backend, dynamic)][out.status] += 1
+        if out.internal:
+            counts[(backend, dynamic)]["internal"] += 1
+            for sig in out.internal:
+                internal[sig].append((seed, backend, dynamic))
+            if not args.quiet:
+                print(f"seed {seed} [{backend}{', dynamic' if dynamic else ''}] kiln internal error: "
+                      + "; ".join(out.internal)[:400], flush=True)
         raised = raised or out.eager_raised
         if out.status != "ok":
             sigs[out.signature].append((seed, backend, dynamic))

@@ -7,7 +7,9 @@ sides get inputs from ``make_inputs`` with the same seed and are observed (``obs
 
 Statuses: ``ok``; ``wrong`` (kiln returned, or left behind, something eager did not; or eager
 raised and kiln did not); ``crash`` (kiln raised where eager did not, or another type);
-``invalid`` (the program itself does not load: a generator bug, never kiln's).
+``invalid`` (the program itself does not load: a generator bug, never kiln's); ``noise`` (a
+``wrong`` result that is float rounding amplified by the program, as ``noise.py`` decides: not
+a failure, counted apart).
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ import torch
 
 import kiln
 
+from . import noise
 from .observe import Mismatch, _flat_tensors, compare, observe
 from .program import Program
 
@@ -49,6 +52,12 @@ class Outcome:
     mismatch: Mismatch | None = None
     eager_raised: bool = False
     seconds: float = 0.0
+    spread: float = 0.0     # the largest difference between kiln's numbers and eager's, when wrong
+    internal: list = None   # first lines of kiln's own errors that made a frame run eagerly or break
+
+    def __post_init__(self):
+        if self.internal is None:
+            self.internal = []
 
     @property
     def signature(self) -> str:
@@ -105,16 +114,51 @@ def _leaked(refs_e, refs_k):
     return None
 
 
+def internal_errors() -> list[str]:
+    """The first line of each kiln internal error behind a frame that runs eagerly or a
+    graph break, over every compiled function's entries (continuations included). Not
+    wrong answers: compiles lost, each a kiln bug."""
+    from kiln.api import _caches
+
+    found = []
+    for cache in list(_caches):
+        for entry in list(cache.entries):
+            for exc in (entry.eager_reason, entry.graph_break):
+                if exc is not None and getattr(exc, "internal", False):
+                    found.append(internal_signature(getattr(exc, "construct", str(exc))))
+    return sorted(set(found))
+
+
+def internal_signature(message: str) -> str:
+    """An internal error's message with names and numbers taken out, so one bug counts once."""
+    first = message.strip().splitlines()[0] if message.strip() else message
+    first = re.sub(r"\s*\(at .*$|; the frame runs eagerly.*$|; it runs eagerly.*$", "", first)
+    first = re.sub(r"'[^']*'|\"[^\"]*\"", "'…'", first)
+    first = re.sub(r"\b(compiling|generated code of) [\w.<>]+", r"\1 FN", first)
+    first = re.sub(r"\b\d+\b", "N", first)
+    return first[:200]
+
+
 def _unload(*mods):
     for m in mods:
         if m is not None and sys.modules.get(m.__name__) is m:
             del sys.modules[m.__name__]
 
 
-def run_program(prog: Program, backend: str, dynamic=None, calls=None, cache_dir: str | None = None) -> Outcome:
+def run_program(prog: Program, backend, dynamic=None, calls=None, cache_dir: str | None = None,
+                recognise_noise: bool = True) -> Outcome:
     """Run ``prog`` eagerly and compiled with ``backend``/``dynamic``; stop at the first
     call that differs. ``cache_dir``: kiln's cache directory, kept (a second run loads what
-    the first stored); by default a fresh one, removed after."""
+    the first stored); by default a fresh one, removed after. A ``wrong`` result is checked
+    for float noise (``noise.py``) unless ``recognise_noise`` is off."""
+    out = _run(prog, backend, dynamic, calls, cache_dir)
+    if recognise_noise and out.status == "wrong" and \
+            noise.is_float_noise(prog, out, run_program, load, _unload, calls):
+        out.status = "noise"
+    return out
+
+
+def _run(prog, backend, dynamic, calls, cache_dir) -> Outcome:
     start = time.perf_counter()
     out = Outcome(prog.seed, backend, dynamic, "ok")
     source = prog.source()
@@ -160,6 +204,7 @@ def run_program(prog: Program, backend: str, dynamic=None, calls=None, cache_dir
                                    k_obs.backward_exception if mm.kind == "backward" else None)
                     out.status = "crash" if kiln_raised else "wrong"
                     out.call, out.mismatch = i, mm
+                    out.spread = noise.deviation(e_obs, k_obs)
                     return out
                 if i == 0:   # the capturing call: kiln must not keep its inputs alive
                     refs_e, refs_k = _weak_tensors(args_e, kw_e), _weak_tensors(args_k, kw_k)
@@ -169,6 +214,7 @@ def run_program(prog: Program, backend: str, dynamic=None, calls=None, cache_dir
                         leak = Mismatch("memory", leaked, "kiln keeps this input alive after the call; eager does not")
         if leak is not None:
             out.status, out.call, out.mismatch = "wrong", 0, leak
+        out.internal = internal_errors()
         return out
     finally:
         torch.set_grad_enabled(grad_before)
