@@ -359,35 +359,33 @@ def inductor_triton_launch_facts(kernel: Any) -> dict | None:
     static launcher uses them; None when the kernel is not launched statically by one
     configuration (not yet launched, several candidates left, a user-defined or non-static
     kernel) or Inductor's objects are not what this reads."""
-    import os
-
     try:
-        from torch._inductor.runtime.runtime_utils import triton_hash_to_path_key
-        from torch._inductor.runtime.cache_dir_utils import triton_cache_dir
-        from torch._inductor.runtime.triton_heuristics import CachingAutotuner, GridExpr, StaticTritonCompileResult
+        from torch._inductor.runtime.triton_heuristics import CachingAutotuner, GridExpr
     except ImportError:
         return None
     if not isinstance(kernel, CachingAutotuner) or len(kernel.launchers) != 1:
         return None
     launcher = kernel.launchers[0]
-    if not getattr(launcher, "_is_static", False) or getattr(kernel, "triton_interpret", False):
+    if getattr(kernel, "triton_interpret", False):
         return None
     if kernel.inductor_meta.get("coordinate_descent_tuning") and \
             not getattr(launcher.config, "found_by_coordesc", False):
         return None
     results = [r for r in kernel.compile_results if r.config is launcher.config]
-    if len(results) != 1 or not isinstance(results[0], StaticTritonCompileResult):
+    if len(results) != 1:
         return None
     result = results[0]
-    static = result.kernel
-    device = result.compile_meta.get("device", 0) or 0
-    device = int(getattr(device, "index", device) or 0)
-    cubin_path = os.path.join(triton_cache_dir(device), triton_hash_to_path_key(static.hash), f"{static.name}.cubin")
+    found = _static_kernel(result, kernel)
+    if found is None:
+        return None
+    static, cubin_path = found
     try:
         with open(cubin_path, "rb") as f:
             cubin = f.read()
     except OSError:
         return None
+    device = result.compile_meta.get("device", 0) or 0
+    device = int(getattr(device, "index", device) or 0)
     _, def_args, none_args = result._get_arg_lists(static.arg_names, static.declared_constexprs)
     call_args = [a for i, a in enumerate(static.arg_names) if i not in static.full_constexprs and a not in none_args]
     grid = GridExpr.from_meta(result.inductor_meta, result.config)
@@ -397,6 +395,65 @@ def inductor_triton_launch_facts(kernel: Any) -> dict | None:
             "def_args": list(def_args), "call_args": list(call_args),
             "grid": {"prefix": list(grid.prefix), "x": str(grid.x_grid), "y": str(grid.y_grid), "z": str(grid.z_grid)},
             "profile_name": str(kernel.inductor_meta.get("kernel_name", "triton kernel"))}
+
+
+# Triton names a kernel's cache files by the kernel's name cut to this many characters
+_TRITON_FILE_NAME_CHARS = 150
+
+
+def _static_kernel(result: Any, autotuner: Any) -> tuple[Any, str] | None:
+    """(the statically launchable kernel of a compile result, its cubin file), or None.
+
+    Inductor builds one itself when it can. It also declines a kernel that it could launch
+    statically, when it does not find the cubin: Triton stores the cubin under the kernel's
+    name cut to 150 characters, and Inductor looks for the whole name, which a fused kernel of
+    many operators exceeds (Qwen2's attention-mask kernel). For such a kernel this makes the
+    same checks Inductor makes, with the file Triton really wrote."""
+    import os
+
+    import torch
+    from torch._inductor.runtime.cache_dir_utils import triton_cache_dir
+    from torch._inductor.runtime.runtime_utils import triton_hash_to_path_key
+    from torch._inductor.runtime.triton_heuristics import HeuristicType, StaticTritonCompileResult
+
+    if isinstance(result, StaticTritonCompileResult):
+        static = result.kernel
+        device = result.compile_meta.get("device", 0) or 0
+        device = int(getattr(device, "index", device) or 0)
+        path = os.path.join(triton_cache_dir(device), triton_hash_to_path_key(static.hash), f"{static.name}.cubin")
+        return static, path
+    compiled = getattr(result, "kernel", None)
+    meta = result.compile_meta
+    if compiled is None or meta.get("device_type") != "cuda" or torch.version.hip is not None:
+        return None
+    if autotuner.heuristic_type == HeuristicType.USER_AUTOTUNE or result.inductor_meta.get("store_cubin"):
+        return None
+    metadata = getattr(compiled, "metadata", None)
+    if getattr(metadata, "launch_pdl", False) or getattr(metadata, "launch_cooperative_grid", False):
+        return None
+    try:
+        name = compiled.src.fn.__name__
+        folder = os.path.join(triton_cache_dir(meta.get("device", 0)), triton_hash_to_path_key(compiled.hash))
+    except Exception:
+        return None
+    path = next((p for p in (os.path.join(folder, f"{name}.cubin"),
+                             os.path.join(folder, f"{name[:_TRITON_FILE_NAME_CHARS]}.cubin")) if os.path.exists(p)), None)
+    if path is None:
+        return None
+    from torch._inductor.runtime.static_triton_launcher import StaticallyLaunchedCudaKernel
+
+    had = hasattr(compiled, "_cubin_path")
+    before = getattr(compiled, "_cubin_path", None)
+    compiled._cubin_path = path          # what the static kernel's constructor reads
+    try:
+        return StaticallyLaunchedCudaKernel(compiled), path
+    except (NotImplementedError, AttributeError, KeyError, TypeError):
+        return None
+    finally:
+        if had:
+            compiled._cubin_path = before
+        else:
+            del compiled._cubin_path
 
 
 def inductor_wake_up_workers() -> None:
