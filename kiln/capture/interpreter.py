@@ -424,6 +424,11 @@ class FrameInterpreter(PythonSemantics):
         self.cells[name] = NewCellValue(name, v.realize(self) if isinstance(v, LazyArgument) else v)
 
     def LOAD_CONST(self, ins):
+        from .resume import FrameIntrospection
+
+        if isinstance(ins.arg, FrameIntrospection):   # locals() etc. in a continuation: the name's value
+            self.push(self.load_global(ins.arg.name))
+            return
         self.push(_wrap_const(ins.arg))
 
     def RETURN_CONST(self, ins):

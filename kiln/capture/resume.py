@@ -285,8 +285,86 @@ def _cells_as_locals(code: types.CodeType, items: list) -> list:
     return out
 
 
+class FrameIntrospection:
+    """What ``locals()``, ``vars()`` and ``dir()`` (with no argument) are in a break function
+    or continuation that runs the user's code natively: the user's frame as eager has it.
+    The generated frame's own locals also hold kiln's parameters (stack slots, the holders of
+    handed cells, the handed ``locals()`` dict), which the user never wrote. Called with
+    arguments, or where the module shadows the builtin, it is whatever the name finds."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.builtin = getattr(__import__("builtins"), name)
+
+    def __call__(self, *args, **kwargs):
+        frame = sys._getframe(1)
+        found = frame.f_globals.get(self.name, frame.f_builtins.get(self.name, self.builtin))
+        if args or kwargs or found is not self.builtin:
+            return found(*args, **kwargs)
+        try:
+            visible = user_frame_locals(frame)
+        finally:
+            del frame
+        return sorted(visible) if self.name == "dir" else visible
+
+    def __repr__(self) -> str:
+        return f"<kiln: {self.name}() of the user's frame>"
+
+
+_INTROSPECTION = {n: FrameIntrospection(n) for n in ("locals", "vars", "dir")}
+
+
+def user_frame_locals(frame) -> dict:
+    """The ``locals()`` of the user's frame that a generated frame runs: one dict per frame
+    (the one handed over a break, if the function asked for it before), with the user's
+    bound variables, its cells' and free variables' contents, in the user's code's order."""
+    frame_dict = frame.f_locals
+    own = dict(frame_dict)              # (read before kiln's names leave the frame's dict)
+    handed = own.get(FRAME_LOCALS)
+    out = handed if isinstance(handed, dict) else frame_dict
+    code = original_code(frame.f_code)
+    for name in [n for n in out if n.startswith("___")]:
+        del out[name]
+    if code is frame.f_code:      # (no longer registered: kiln's own names hidden is all it can do)
+        return out
+    cells = set(code.co_cellvars) | set(code.co_freevars)
+    names = [*code.co_varnames, *(c for c in code.co_cellvars if c not in code.co_varnames), *code.co_freevars]
+    for name in names:
+        holder = own.get(CELL_PREFIX + name) if name in cells else None
+        if isinstance(holder, types.CellType):     # a cell of the frame, handed as a local
+            try:
+                value, bound = holder.cell_contents, True
+            except ValueError:                      # empty: not in locals()
+                value, bound = None, False
+        else:
+            value, bound = own.get(name), name in own
+        if bound:
+            out[name] = value
+        else:
+            out.pop(name, None)
+    return out
+
+
+def _native_introspection(code: types.CodeType, items: list) -> list:
+    """``locals``/``vars``/``dir`` loaded as globals become ``FrameIntrospection``."""
+    if not any(n in code.co_names for n in _INTROSPECTION):
+        return items
+    out = []
+    for it in items:
+        arg = getattr(it, "arg", None) if isinstance(it, Instr) else None
+        if isinstance(it, Instr) and it.name == "LOAD_GLOBAL":
+            push_null, name = arg if isinstance(arg, tuple) else (False, arg)
+            if name in _INTROSPECTION:
+                if push_null:
+                    out.append(Instr("PUSH_NULL", lineno=it.lineno))
+                out.append(Instr("LOAD_CONST", _INTROSPECTION[name], lineno=it.lineno))
+                continue
+        out.append(it)
+    return out
+
+
 def _new_bytecode(code: types.CodeType, items: list, params: list[str], name: str) -> types.CodeType:
-    bc = Bytecode(_cells_as_locals(code, items))
+    bc = Bytecode(_cells_as_locals(code, _native_introspection(code, items)))
     bc.name = name
     bc.filename = code.co_filename
     bc.first_lineno = code.co_firstlineno

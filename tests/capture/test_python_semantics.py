@@ -481,6 +481,59 @@ def test_the_locals_dict_is_handed_to_the_continuation(capsys):
     assert same and names == ["added", "d", "x", "y"]
 
 
+
+LOG = []
+
+
+def locals_in_a_handler_that_runs_natively(x, xs):
+    """After a break inside an except block the frame goes on natively: its locals(), vars()
+    and dir() are the user's frame's, without the break's stack slots or cell holders, and
+    a cell not yet set is not there."""
+    for e1 in xs:
+        try:
+            x.view(3, 7)
+        except RuntimeError:
+            print("bad op")
+        LOG.append((sorted(locals()), sorted(vars()), dir(), "x" in locals(), vars(x.__class__) is not None))
+    count = 0
+
+    def bump(t):
+        nonlocal count
+        count += 1
+        return t * count
+    y = bump(x)
+    LOG.append(sorted(locals()))
+    return y
+
+
+def test_locals_vars_dir_in_code_that_runs_natively_after_a_break(capsys):
+    LOG.clear()
+    eager = locals_in_a_handler_that_runs_natively(torch.ones(2, 2), [1, 2])
+    expected = list(LOG)
+    LOG.clear()
+    kiln.reset()
+    got = kiln.compile(locals_in_a_handler_that_runs_natively, backend="eager")(torch.ones(2, 2), [1, 2])
+    assert LOG == expected
+    assert expected[0][0] == ["e1", "x", "xs"] and expected[-1] == ["bump", "count", "e1", "x", "xs", "y"]
+    torch.testing.assert_close(got, eager)
+
+
+def shadowed_locals(x):
+    try:
+        x.view(3, 7)
+    except RuntimeError:
+        print("bad op")
+    return locals(), x + 1
+
+
+def test_a_module_that_shadows_locals_keeps_its_own():
+    g = dict(shadowed_locals.__globals__)
+    g["locals"] = lambda: "the module's own"
+    fn = type(shadowed_locals)(shadowed_locals.__code__, g, "shadowed_locals")
+    kiln.reset()
+    assert kiln.compile(fn, backend="eager")(torch.ones(2, 2))[0] == "the module's own"
+
+
 # -- 4. augmented assignment ---------------------------------------------------------------------
 
 INPLACE = ["+=", "-=", "*=", "/=", "//=", "%=", "**=", "@=", "&=", "|=", "^=", "<<=", ">>="]
