@@ -393,7 +393,14 @@ class MutationsAndAliases(RuntimeWrapper):
             if info.mutates_metadata:
                 items.append((("in", i), [*info.new_size, *info.new_stride, info.new_offset], len(info.new_size)))
         if not any(S.has_symbols(e) for _, es, _ in items for e in es):
-            return None
+            if not any(S.is_sym(e) for _, es, _ in items for e in es):
+                return None
+            # SymInts the shape environment specialized to a number (the graph guards on it):
+            # ATen takes only plain integers for a view's geometry
+            fixed = {key: int(es[0]) if nd is None else
+                     (tuple(int(e) for e in es[:nd]), tuple(int(e) for e in es[nd:2 * nd]), int(es[2 * nd]))
+                     for key, es, nd in items}
+            return lambda args: fixed
         values = S.ShapeCode(self.fakes).values([e for _, es, _ in items for e in es])
         layout, pos = [], 0
         for key, es, nd in items:

@@ -1,4 +1,5 @@
-"""Shrink a failing program while it keeps failing the same way.
+"""Shrink a failing program while it keeps failing the same way (or, for a program that only
+loses a compile to a kiln internal error, while it hits the same internal error).
 
 Works on the program's source (a generated seed, or a file the long run wrote): it deletes
 statements at any depth (classes and helpers included), replaces compound statements by their
@@ -23,6 +24,8 @@ from .runner import Outcome, run_program
 
 
 def _key(o: Outcome):
+    if o.status == "ok" and o.internal:      # a compile lost to a kiln internal error
+        return ("internal", o.internal[0])
     if o.status not in ("wrong", "crash"):
         return None
     m = o.mismatch

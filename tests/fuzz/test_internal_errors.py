@@ -53,3 +53,23 @@ def test_signatures_drop_names_and_numbers():
     b = internal_signature("kiln internal error while compiling helper (IndexError: index 7 is out of range); "
                            "the frame runs eagerly (please report this as a kiln bug)")
     assert a == b == "kiln internal error while compiling FN (IndexError: index N is out of range)"
+
+
+# Seeds whose programs the long run saw lose a compile to a kiln internal error, by setting.
+FOUND = [
+    # a view of an intermediate whose symbolic size the shape environment specialized to a
+    # number: its SymInt geometry reached as_strided
+    ("inductor", True, 301513),
+]
+
+
+@pytest.mark.parametrize("backend,dynamic,seed", FOUND, ids=[f"{b}{'-dynamic' if d else ''}-{s}" for b, d, s in FOUND])
+def test_programs_that_hit_internal_errors_compile_cleanly(backend, dynamic, seed):
+    from .generator import generate
+    from .runner import available_backends
+
+    if backend not in available_backends((backend,)):
+        pytest.skip(f"kiln has no {backend!r} backend")
+    out = run_program(generate(seed), backend, dynamic)
+    assert out.status == "ok", out.describe()
+    assert out.internal == []
