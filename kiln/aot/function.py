@@ -32,6 +32,7 @@ from .._torch import (applied_saved_tensors_hooks, inductor_view_to_reshape, is_
 from ..errors import Unsupported
 from . import _utils as U
 from . import fused_backward as FB
+from .grad_aliasing import distinct
 from . import partial as P
 from . import versions as V
 from .runtime import OutputsWithViews, _regenerate_view
@@ -478,7 +479,7 @@ def make_training_core(fw: Callable, bw: Callable, parts, compile_bw: Callable[[
                     grads = [None if deps[i].isdisjoint(partial) else g for i, g in enumerate(grads)]
                 if segmented:
                     return segment_grads(ctx.kiln_backward, grads, primals, first)
-                return (None, *[grads[i] for i in primals])
+                return (None, *distinct([grads[i] for i in primals]))
 
         KilnAOTFunction.__name__ = "KilnAOTFunction"
         KilnAOTFunction.kiln_aot = True      # (versions.attach_late_checks finds its nodes by it)
@@ -521,7 +522,7 @@ def make_training_core(fw: Callable, bw: Callable, parts, compile_bw: Callable[[
         args = [values[i] if values[i] is not None else _missing(ctx, i, n_saved) for i in kept]
         del values
         grads = fn(args)
-        return (None, *[grads[i] if i < n_args else None for i in primals])
+        return (None, *distinct([grads[i] if i < n_args else None for i in primals]))
 
     def segment_grads(state, grads: list, primals: list, first: bool) -> tuple:
         """(segments, node by node) A later node's gradients for the function's inputs wait for
@@ -531,13 +532,13 @@ def make_training_core(fw: Callable, bw: Callable, parts, compile_bw: Callable[[
                 if g is not None:
                     have = state.grads.get(i)
                     state.grads[i] = g if have is None else have + g
-            return (None, *[grads[i] for i in primals])
+            return (None, *distinct([grads[i] for i in primals]))
         out = []
         for i in primals:
             g = grads[i] if i < len(grads) else None
             more = state.grads.pop(i, None)
             out.append(g if more is None else more if g is None else g + more)
-        return (None, *out)
+        return (None, *distinct(out))
 
     groups = parts.segments if segmented else P.components(parts, U.flat_outputs(parts.forward.graph)[:nfw])
     if segmented:
