@@ -916,3 +916,66 @@ def test_dunder_class_of_tensors_containers_and_constants():
 
     args = (torch.randn(3), _nn.Parameter(torch.randn(2)), [torch.randn(2)], 3)
     assert _kiln.compile(f, backend="eager")(*args) == f(*args)
+
+
+# -- custom __getattribute__ with __getattr__ ---------------------------------------------------
+
+CALLS = []
+
+
+class Watched:
+    """Records every attribute lookup that reaches its own code, in order."""
+    kind = 7
+
+    def __init__(self):
+        object.__setattr__(self, "inst", 3)
+
+    def __getattribute__(self, name):
+        CALLS.append(("__getattribute__", name))
+        if name.startswith("missing"):
+            raise AttributeError(name)
+        return object.__getattribute__(self, name)
+
+    def __getattr__(self, name):
+        CALLS.append(("__getattr__", name))
+        if name == "missing_for_good":
+            raise AttributeError(name)
+        return 5
+
+    def method(self):
+        return 2
+
+
+WATCHED = Watched()
+
+
+def reads_an_argument(t, w):
+    return (t + w.inst + w.kind + w.missing_a + w.method() + getattr(w, "missing_for_good", 11)
+            + hasattr(w, "missing_for_good") + hasattr(w, "inst"))
+
+
+def reads_a_global(t):
+    return t + WATCHED.inst + WATCHED.missing_b
+
+
+def reads_a_new_object(t):
+    w = Watched()
+    w.b = 4
+    return t + w.b + w.missing_c
+
+
+@pytest.mark.parametrize("fn, extra", [(reads_an_argument, True), (reads_a_global, False), (reads_a_new_object, False)],
+                         ids=["argument", "global", "made_inside"])
+def test_getattribute_and_getattr_run_as_in_python(fn, extra):
+    """Only the lookups the program makes reach the object's code, in Python's order (kiln's
+    own type checks never do: isinstance would read __class__ through __getattribute__)."""
+    args = (torch.ones(2), Watched()) if extra else (torch.ones(2),)
+    for _ in range(2):
+        CALLS.clear()
+        expected = fn(*args)
+        eager_calls = list(CALLS)
+        CALLS.clear()
+        kiln.reset()
+        got = kiln.compile(fn, backend="eager")(*args)
+        assert CALLS == eager_calls
+        torch.testing.assert_close(got, expected)

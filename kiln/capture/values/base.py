@@ -84,9 +84,10 @@ def is_type_annotation(v: Any) -> bool:
     import types
     import typing
 
-    if isinstance(v, (types.GenericAlias, typing.TypeVar, typing.ForwardRef)):
+    t = type(v)     # (by type: isinstance could run a user's __getattribute__)
+    if issubclass(t, (types.GenericAlias, typing.TypeVar, typing.ForwardRef)):
         return True
-    if isinstance(v, getattr(typing, "_SpecialForm", ())):    # Union, Optional, Literal (a subclass)
+    if issubclass(t, getattr(typing, "_SpecialForm", ())):    # Union, Optional, Literal (a subclass)
         return True
     return type(v).__module__ == "typing" and type(v).__name__ in (
         "_GenericAlias", "_SpecialGenericAlias", "_UnionGenericAlias", "_LiteralGenericAlias",

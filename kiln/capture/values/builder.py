@@ -139,7 +139,7 @@ def wrap_callable(fn, source) -> Value:
 def _is_tensor_method(obj) -> bool:
     """``x.add`` of a tensor ``x``: a builtin bound to the tensor, named like a method of
     torch.Tensor that is one of its C methods (not a Python override of a subclass)."""
-    if not isinstance(obj, types.BuiltinMethodType) or not isinstance(obj.__self__, torch.Tensor):
+    if not _is(obj, types.BuiltinMethodType) or not _is(obj.__self__, torch.Tensor):
         return False
     attr = getattr(torch.Tensor, obj.__name__, None)
     return isinstance(attr, (types.MethodDescriptorType, types.WrapperDescriptorType)) and \
@@ -213,7 +213,7 @@ class Builder:
         if t is LRU_CACHE_WRAPPER:   # see LruCacheValue for what a call does
             g(GuardKind.ID_MATCH, source, obj)
             return LruCacheValue(obj, source)
-        if isinstance(obj, torch.Tensor):
+        if _is(obj, torch.Tensor):
             if source is None:
                 raise Unsupported("a tensor that is not reachable from the arguments, globals "
                                   "or closures (cannot be a graph input)")
@@ -244,10 +244,10 @@ class Builder:
             return ConstantValue(obj, source)
         if is_numpy_object(obj):   # ndarrays are graph inputs, NumPy functions are traced
             return wrap_numpy(self, obj, source)
-        if isinstance(obj, torch.nn.Module):
+        if _is(obj, torch.nn.Module):
             g(GuardKind.TYPE_MATCH, source, t)
             return NNModuleValue(obj, source)
-        if isinstance(obj, tuple):
+        if _is(obj, tuple):
             g(GuardKind.TYPE_MATCH, source, t)
             g(GuardKind.LENGTH_MATCH, source, (len(obj), "tuple"))
             how = ITEM_INDEX if t is tuple or hasattr(t, "_fields") else ITEM_TUPLE
@@ -256,14 +256,14 @@ class Builder:
             if hasattr(t, "_fields") or getattr(t, "n_fields", None) is not None:
                 return NamedTupleValue(items, source, t)
             return TupleValue(items, source, t)
-        if isinstance(obj, list):
+        if _is(obj, list):
             g(GuardKind.TYPE_MATCH, source, t)
             g(GuardKind.LENGTH_MATCH, source, (len(obj), "list"))
             how = ITEM_INDEX if t is list else ITEM_LIST
             items = [self.wrap(x, ItemSource(source, i, how) if source else None)
                      for i, x in enumerate(list.__iter__(obj))]
             return ListValue(items, source, t)
-        if isinstance(obj, dict) and t is not collections.defaultdict or t is collections.defaultdict:
+        if _is(obj, dict) and t is not collections.defaultdict or t is collections.defaultdict:
             keys = list(dict.keys(obj))
             # (keys: constants, classes, typing constructs: ``huggingface_hub``'s validators by
             # ``typing.Union`` and ``Literal``)
@@ -277,7 +277,7 @@ class Builder:
                            for k in keys}, source, t)
             if t not in (dict, collections.OrderedDict, collections.defaultdict):
                 d.instance_attrs = getattr(obj, "__dict__", None)
-            if isinstance(obj, collections.defaultdict):
+            if _is(obj, collections.defaultdict):
                 d.default_factory = self.wrap(obj.default_factory,
                                               AttrSource(source, "default_factory") if source else None)
             return d
@@ -286,10 +286,10 @@ class Builder:
                 raise Unsupported("a set of values that are not Python constants")
             g(GuardKind.EQUALS_MATCH, source, obj)
             return SetValue({k: ConstantValue(k) for k in obj}, t, source)
-        if isinstance(obj, types.ModuleType):
+        if _is(obj, types.ModuleType):
             g(GuardKind.ID_MATCH, source, obj)
             return PythonModuleValue(obj, source)
-        if isinstance(obj, type):
+        if _is(obj, type):
             g(GuardKind.ID_MATCH, source, obj)
             return ClassValue(obj, source)
         if type(obj) is types.FunctionType and _made_by_the_caller(source, obj):
@@ -302,12 +302,12 @@ class Builder:
             from .functions import MethodValue
 
             return MethodValue(self.wrap(obj.__self__, AttrSource(source, "__self__")), obj.__name__)
-        if isinstance(obj, (types.FunctionType, types.BuiltinFunctionType, types.MethodDescriptorType,
+        if _is(obj, (types.FunctionType, types.BuiltinFunctionType, types.MethodDescriptorType,
                             types.WrapperDescriptorType, torch._ops.OpOverload,
                             torch._ops.OpOverloadPacket)):
             g(GuardKind.ID_MATCH, source, obj)
             return wrap_callable(obj, source)
-        if isinstance(obj, types.MethodType):
+        if _is(obj, types.MethodType):
             return BoundMethodValue(
                 self.wrap(obj.__func__, AttrSource(source, "__func__") if source else None),
                 self.wrap(obj.__self__, AttrSource(source, "__self__") if source else None))
@@ -321,7 +321,7 @@ class Builder:
             g(GuardKind.LENGTH_MATCH, AttrSource(source, "args") if source else None, (len(obj.args), "tuple"))
             g(GuardKind.DICT_KEYS, AttrSource(source, "keywords") if source else None, list(obj.keywords))
             return PartialValue(func, args, kw, source)
-        if isinstance(obj, (torch.finfo, torch.iinfo)):
+        if _is(obj, (torch.finfo, torch.iinfo)):
             return ConstantValue(obj, source)
         if t in _SEQUENCE_ITERATORS and source is not None:
             # its sequence and position, as the iterator itself describes them
@@ -339,7 +339,7 @@ class Builder:
         if source is None:
             raise Unsupported(f"an object of type {t.__name__} that cannot be guarded")
         g(GuardKind.TYPE_MATCH, source, t)
-        if isinstance(obj, BaseException):
+        if _is(obj, BaseException):
             from ..interpreter import ExceptionValue
 
             return ExceptionValue(obj, source)   # a continuation's handled exception
@@ -361,6 +361,14 @@ def _is_class_key(k) -> bool:
     """A class as a dict key (a dispatch table such as ``copy._deepcopy_dispatch``): hashed
     and compared by identity, unless its metaclass says otherwise."""
     return isinstance(k, type) and type(k).__eq__ is type.__eq__ and type(k).__hash__ is type.__hash__
+
+
+def _is(obj, classes) -> bool:
+    """``isinstance`` by the object's real type. ``isinstance`` also reads ``obj.__class__``
+    when the type does not match, which runs a user's ``__getattribute__``: a call eager never
+    makes, seen by the user's code (and a class that lies about ``__class__`` is still what its
+    type says)."""
+    return issubclass(type(obj), classes)
 
 
 def _is_immutable_scalar(obj) -> bool:

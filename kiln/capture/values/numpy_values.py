@@ -35,6 +35,7 @@ import dataclasses
 import functools
 import operator
 import sys
+import types
 
 import torch
 
@@ -121,11 +122,13 @@ def is_numpy_object(obj) -> bool:
     np = numpy_module()
     if np is None:
         return False
-    if isinstance(obj, (np.ndarray, np.generic, np.dtype, np.ufunc, np.finfo, np.iinfo)):
+    t = type(obj)      # (by type: isinstance could run a user's __getattribute__)
+    if issubclass(t, (np.ndarray, np.generic, np.dtype, np.ufunc, np.finfo, np.iinfo)):
         return True
-    if isinstance(obj, type):
+    if issubclass(t, type):
         return (getattr(obj, "__module__", "") or "").split(".")[0] == "numpy"
-    if callable(obj) and not isinstance(obj, torch.nn.Module):
+    if issubclass(t, (types.FunctionType, types.BuiltinFunctionType, types.MethodType, types.BuiltinMethodType,
+                      functools.partial)) or getattr(t, "__module__", "").split(".")[0] == "numpy":
         return (getattr(obj, "__module__", None) or "").split(".")[0] == "numpy"
     return False
 
