@@ -117,15 +117,17 @@ def _with_late(payload: bytes, late: dict) -> bytes:
 
 def with_triton_records(payload: bytes) -> bytes:
     """The entry's bytes for a package: each graph's recorded Triton kernels added (recorded
-    after the graph's first call, so after the cache stored the entry), for a package load
+    after the graph's first call, so after the cache stored the entry; a backward made at run
+    time as well), for a package load
     that imports neither Triton nor Inductor."""
     from ..cache.store import kernels_dir
     from . import generated_module, triton_kernels
 
     obj = torch.load(io.BytesIO(payload), weights_only=True)
     added = False
-    for code in obj.get("graphs", {}).values():
-        fast = code.get("fast")
+    # (backwards made at run time too: a training step's backward for the loss only)
+    for code in [*obj.get("graphs", {}).values(), *obj.get("late", {}).values()]:
+        fast = code.get("fast") if isinstance(code, dict) else None
         if fast and fast.get("triton") and "triton_record" not in code:
             blob = triton_kernels.saved_blob(kernels_dir(), generated_module.module_digest(fast))
             if blob is not None:

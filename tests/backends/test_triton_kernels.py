@@ -122,6 +122,18 @@ _CHILD = textwrap.dedent("""\
     import json, os, sys, torch, kiln
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.LayerNorm(128)).cuda()
+    partial = os.environ.get("PARTIAL") == "1"
+
+    class WithLoss(torch.nn.Module):         # logits and a loss; backward() of the loss only
+        def __init__(self, net):
+            super().__init__()
+            self.net = net
+
+        def forward(self, x):
+            y = self.net(x)
+            return y, y.square().mean()
+    if partial:
+        net = WithLoss(net)
     x = torch.randn(32, 64, device="cuda", requires_grad=True)
     package = os.environ.get("PACKAGE")
     if os.environ.get("LOAD") == "1":
@@ -129,7 +141,11 @@ _CHILD = textwrap.dedent("""\
     else:
         f = kiln.compile(net, backend="inductor")
     out = f(x)
-    out.sum().backward()
+    if partial:
+        out, loss = out
+        loss.backward()         # (a backward for one output of two: made at run time)
+    else:
+        out.sum().backward()
     torch.cuda.synchronize()
     if package and os.environ.get("LOAD") != "1":
         f.save_package(package)
@@ -253,3 +269,20 @@ def test_a_kernel_whose_name_triton_cuts_is_recorded(monkeypatch):
     assert loaded_calls == [True]
     torch.testing.assert_close(again, expected, rtol=0, atol=0)
     torch.testing.assert_close(again, f(x), rtol=1e-4, atol=1e-4)
+
+
+@requires_cuda
+def test_a_package_carries_the_kernels_of_a_backward_made_at_run_time(tmp_path):
+    """A training step that calls backward() on the loss only (the model also returns its
+    logits) compiles that backward at its first run; the package saved after it carries its
+    kernels too, so a fresh process with empty caches imports neither Triton nor Inductor."""
+    package = str(tmp_path / "model.kiln")
+    env = {**os.environ, "KILN_CACHE_DIR": str(tmp_path / "kiln"), "PACKAGE": package, "PARTIAL": "1",
+           "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"), "TRITON_CACHE_DIR": str(tmp_path / "triton")}
+    saved = _child(env)
+    loaded = _child({**env, "LOAD": "1", "KILN_CACHE_DIR": str(tmp_path / "empty"),
+                     "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor-empty"),
+                     "TRITON_CACHE_DIR": str(tmp_path / "triton-empty")})
+    assert loaded["imported"] == [], loaded["imported"]
+    torch.testing.assert_close(torch.tensor(loaded["out"]), torch.tensor(saved["out"]), rtol=0, atol=0)
+    torch.testing.assert_close(torch.tensor(loaded["grad"]), torch.tensor(saved["grad"]), rtol=0, atol=0)
