@@ -27,23 +27,27 @@ class TwoBiases(torch.nn.Module):
 
 
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
-@pytest.mark.parametrize("segmented", [False, True], ids=["one_graph", "graph_break"])
-def test_gradients_accumulate_over_steps_as_eagers(backend, segmented):
+@pytest.mark.parametrize("shape", ["one_graph", "graph_break", "segments"])
+def test_gradients_accumulate_over_steps_as_eagers(backend, shape):
     torch.manual_seed(0)
     model = TwoBiases()
     reference = copy.deepcopy(model)
 
     def step(m, x):
         out = m(x)
-        if segmented:
+        if shape == "graph_break":
             print("", end="")           # a graph break between the model and the loss
-        return (out * torch.arange(out.numel()).reshape(out.shape)).sum()
+        loss = (out * torch.arange(out.numel()).reshape(out.shape)).sum()
+        return (out, loss) if shape == "segments" else loss   # (the loss computed from a returned value)
+
+    def loss_of(result):
+        return result[1] if shape == "segments" else result
 
     compiled = kiln.compile(step, backend=backend)
     for n in (4, 4, 7, 4):
         x = torch.randn(n, 2, requires_grad=True)
-        compiled(model, x).backward()
-        step(reference, x.detach().requires_grad_()).backward()
+        loss_of(compiled(model, x)).backward()
+        loss_of(step(reference, x.detach().requires_grad_())).backward()
         for (name, p), q in zip(model.named_parameters(), reference.parameters()):
             torch.testing.assert_close(p.grad, q.grad, msg=f"{name}.grad after n={n}")
     grads = [p.grad for p in model.parameters()]
