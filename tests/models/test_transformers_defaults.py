@@ -114,3 +114,25 @@ def test_greedy_decoding_with_the_models_cache(name):
         greedy(torch.compile(model, backend=peer))
     assert torch.equal(got, want)
     assert counting.graphs <= peer.frame_count, (counting.graphs, peer.frame_count)
+
+
+@pytest.mark.parametrize("name,backend", [("gpt2", "inductor"), ("gpt2", "aot_eager"), ("qwen2", "aot_eager")])
+def test_gradient_accumulation_with_adamw_matches_eager(name, backend):
+    """Two micro-batches per AdamW step, as users accumulate gradients: the second backward adds
+    into every ``.grad`` the first left, so no two parameters may share one."""
+    model = make(name).train()
+    ref = copy.deepcopy(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-3)
+    compiled = kiln.compile(model, backend=backend)
+    for step in range(2):
+        for micro in range(2):
+            compiled(**batch(10 * step + micro)).loss.backward()
+            ref(**batch(10 * step + micro)).loss.backward()
+        for (pname, p), q in zip(ref.named_parameters(), model.parameters()):
+            if p.grad is not None:
+                torch.testing.assert_close(q.grad, p.grad, msg=pname)
+        opt.step(), ref_opt.step()
+        opt.zero_grad(), ref_opt.zero_grad()
+    for (pname, p), q in zip(ref.named_parameters(), model.parameters()):
+        torch.testing.assert_close(q, p, msg=pname)
