@@ -1,16 +1,37 @@
-"""The README's Python examples run, in order, in one namespace."""
+"""The Python examples of the README and of every page in ``docs/`` run, in the order a reader
+meets them (the README, then the pages in the order of its topic table), in one namespace."""
 import pathlib
 import re
 
-README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+# (the examples of a later page may use what an earlier one defined)
+PAGES = ["graph-breaks.md", "aot.md", "numpy.md", "models.md", "capture.md", "overhead.md", "inductor.md",
+         "cudagraphs.md", "dynamic-shapes.md", "fuzzing.md", "cache-and-packages.md", "activation-memory.md",
+         "configuration.md", "architecture.md"]
 
 
-def test_readme_python_blocks_run():
-    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
-    assert len(blocks) >= 3
+def _blocks(path: pathlib.Path) -> list:
+    return re.findall(r"```python\n(.*?)```", path.read_text(), flags=re.S)
+
+
+def test_every_docs_page_is_listed_and_linked():
+    assert sorted(PAGES) == sorted(p.name for p in DOCS.glob("*.md"))
+    readme = README.read_text()
+    for page in PAGES:
+        assert f"(docs/{page})" in readme, page
+    assert len(readme.splitlines()) <= 250
+
+
+def test_readme_and_docs_python_blocks_run():
     ns: dict = {}
-    for block in blocks:
-        exec(compile(block, str(README), "exec"), ns)
+    count = 0
+    for path in [README] + [DOCS / p for p in PAGES]:
+        for block in _blocks(path):
+            exec(compile(block, str(path), "exec"), ns)
+            count += 1
+    assert count >= 10
     reasons = ns["f"].recompile_reasons
     # mlp was compiled first with the "eager" backend: the counter's first capture says so
     assert reasons[0].startswith("BACKEND_MATCH failed")
@@ -18,3 +39,9 @@ def test_readme_python_blocks_run():
     report = ns["report"]
     assert report.graph_break_count == 2 and report.graph_count >= 2
     assert "item()" in report.break_reasons[0].reason   # the print around it then runs natively
+
+
+def test_relative_links_in_docs_resolve():
+    for path in [README] + [DOCS / p for p in PAGES]:
+        for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", path.read_text()):
+            assert (path.parent / target).exists(), f"{path.name}: {target}"

@@ -1100,7 +1100,7 @@ def test_collision_premise():
     assert symbol_id("L['y1894'].size()[0]", set()) == symbol_id("L['x'].size()[0]", set())
 
 
-@pytest.mark.xfail(strict=True, reason="known limit of linear probing (README, Dynamic shapes): symbol ids are probed linearly past ids already taken, so a "
+@pytest.mark.xfail(strict=True, reason="known limit of linear probing (docs/dynamic-shapes.md): symbol ids are probed linearly past ids already taken, so a "
                    "dim made symbolic and later specialized (or another dynamic input) shifts the name of a "
                    "symbol whose source hashes to the same slot")
 def test_overmarked_dim_with_hash_collision_does_not_rename_others():
@@ -1111,7 +1111,7 @@ def test_overmarked_dim_with_hash_collision_does_not_rename_others():
     assert over["L['y3300'].size()[0]"] == marked["L['y3300'].size()[0]"]
 
 
-@pytest.mark.xfail(strict=True, reason="known limit of linear probing (README, Dynamic shapes): marking a second input whose source hashes to the same "
+@pytest.mark.xfail(strict=True, reason="known limit of linear probing (docs/dynamic-shapes.md): marking a second input whose source hashes to the same "
                    "slot and is wrapped first renames the first input's symbol (linear probing)")
 def test_marking_another_input_with_hash_collision_does_not_rename():
     here = symbol_scenarios()

@@ -3,7 +3,7 @@ dynamic setting, each run eagerly and compiled (three calls: fresh inputs, fresh
 another size) and required to agree in everything ``observe.compare`` checks.
 
 Each setting gets its own seeds, so the slice covers different programs everywhere. The long
-run is ``python -m tests.fuzz`` (see the README)."""
+run is ``python -m tests.fuzz`` (see docs/fuzzing.md)."""
 import pytest
 
 from .generator import generate
