@@ -1,4 +1,4 @@
-"""Activation memory: saved-tensor hook policies in eager, torch.compile and kiln (issue 14).
+"""Activation memory: saved-tensor hook policies in eager, torch.compile and kiln.
 
 A GPT-2-style training step (token + position embeddings, pre-LayerNorm blocks with causal
 self-attention written out (q @ k^T, mask, softmax, @ v) and a GELU MLP, tied LM head,
@@ -18,7 +18,7 @@ during a step (CUDA), median step time after warm-up (CUDA events), the loss aft
 step and the largest relative deviation of the loss curve from eager without hooks. Compile
 time is excluded from step times (the first two steps are warm-up).
 
-Targets (issue 14): fp8 saves >= 40% of activation memory at <= 10% extra step time over kiln
+Targets: fp8 saves >= 40% of activation memory at <= 10% extra step time over kiln
 without hooks; kiln with inlined hooks is faster than eager hooks; every loss curve within 1%
 of the no-hook run.
 

@@ -16,14 +16,14 @@ record's entries served the call: no capture at all, see kiln/cache/frames.py).
 training: the loss and its backward) minus the same for eager in its own fresh process, after
 every library is imported (the clock starts before ``kiln.compile``/``torch.compile`` wraps
 the model: torch.compile imports torch._dynamo there). "exit" is the time from the child's last line to its exit. The
-target of issue 11: warm kiln adds <= 0.5x what warm torch.compile adds.
+the target: warm kiln adds <= 0.5x what warm torch.compile adds.
 
 Bytecode: the children share one PYTHONPYCACHEPREFIX, primed by an untimed cold run of each
 compiler per model, so that no measured process compiles library sources to bytecode (on a
 machine whose site-packages holds no .pyc files that costs several seconds per process, the
 same for every compiler, and a normal installation does not pay it).
 
-"package" (issue 12): the cold kiln process saves a package (``save_package``) after its first
+"package": the cold kiln process saves a package (``save_package``) after its first
 output; a fresh process with an empty KILN_CACHE_DIR then times ``kiln.load_package`` plus the
 first call: "pkg" with empty Inductor/Triton caches too (a new machine: Inductor's kernels are
 built again from the generated source, nothing is traced or lowered), "pkg+k" with the kernel

@@ -88,7 +88,7 @@ from torch.fx.experimental.symbolic_shapes import (  # noqa: F401  (re-exported)
 )
 
 # Symbol ids are a hash of the symbol's source name in [0, SYMBOL_ID_SPACE), probed linearly
-# on collision (seed 002). torch hashes into 100 slots; with tens of dynamic dims that collides
+# on collision. torch hashes into 100 slots; with tens of dynamic dims that collides
 # often, and a collision makes a name depend on what else was allocated first. 10,000 slots
 # keep collisions rare while names stay short (``s4821``).
 SYMBOL_ID_SPACE = 10_000

@@ -1,4 +1,4 @@
-"""Built-in activation-memory policies: saved-tensor hooks that kiln inlines (issue 14).
+"""Built-in activation-memory policies: saved-tensor hooks that kiln inlines.
 
 Each policy is a context manager around a training step (forward under it; the backward may
 run outside it). Eager code runs the same hooks as eager hooks. Tensors under ``min_bytes``,

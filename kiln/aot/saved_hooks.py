@@ -1,4 +1,4 @@
-"""Saved-tensor hooks inlined into the compiled graphs (seed 002).
+"""Saved-tensor hooks inlined into the compiled graphs.
 
 ``torch.autograd.graph.saved_tensors_hooks(pack, unpack)`` active around a compiled call runs
 as in eager: the compiled autograd.Function saves its tensors through the hooks, pack when the

@@ -1,4 +1,4 @@
-"""The saved-tensor hooks' part of the AOT cache key (seed 002): hooks that cannot be hashed
+"""The saved-tensor hooks' part of the AOT cache key: hooks that cannot be hashed
 need a ``user_cache_hash``, else the cache is bypassed (with the reason logged)."""
 from __future__ import annotations
 

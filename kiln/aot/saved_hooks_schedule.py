@@ -1,4 +1,4 @@
-"""Where the inlined offload copies finish and where the copies back start (issue 14).
+"""Where the inlined offload copies finish and where the copies back start.
 
 A pack hook that calls ``kiln::offload_start`` then ``kiln::offload_finish`` (kiln.activations'
 offload policy, stream_ops.py) is traced with the two ops back to back, which would make the

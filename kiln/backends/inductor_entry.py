@@ -1,6 +1,6 @@
 """The compile-cache entry of one graph compiled by the ``"inductor"`` backend.
 
-A *perfect* entry (seed 004): a load returns what the compile returned, without tracing,
+A *perfect* entry: a load returns what the compile returned, without tracing,
 partitioning or lowering again. It holds
 
 * the AOT result as ``kiln.aot.AOTArtifact`` (the partitioned ATen graphs, readable with

@@ -1,4 +1,4 @@
-"""kiln's compile cache: a warm process compiles nothing (issue 11).
+"""kiln's compile cache: a warm process compiles nothing.
 
 ``cached(gm, example_inputs, backend=..., options=..., compile=...)`` returns the compiled
 callable for a captured graph: loaded from ``<kiln.config.cache_dir>/aot/`` when an entry

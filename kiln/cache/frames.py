@@ -1,4 +1,4 @@
-"""Frame records: a warm process skips capture too (issue 11).
+"""Frame records: a warm process skips capture too.
 
 The graph-level cache (``cached``) still needs a capture to find its key: bytecode
 interpretation, fake tensors, ``torch._dynamo`` imported (about a second). So each function

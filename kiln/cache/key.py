@@ -6,7 +6,7 @@ in doubt a fact is included, since a needless miss costs a compile and a missing
 answer.
 
 Node names are not semantic: placeholders become ``in0, in1, ...`` and other nodes ``n0, n1,
-...`` by position (seed 000), so two functions differing only in local names share an entry.
+...`` by position, so two functions differing only in local names share an entry.
 SymInt placeholders keep their names: they are the symbols the sizes of other inputs use.
 Nothing here edits the caller's graph: the text is built from a read-only walk.
 """
@@ -247,7 +247,7 @@ def key_parts(gm: torch.fx.GraphModule, example_inputs: list, backend: str, opti
 
 
 def saved_tensor_hooks() -> Any:
-    """The inlineable saved-tensor hooks the AOT stages will inline (seed 002): each hook's
+    """The inlineable saved-tensor hooks the AOT stages will inline: each hook's
     ``user_cache_hash``, or a digest of its code and of the values it reads; None when none
     are active. Raises ValueError for a hook that cannot be hashed (the cache is bypassed)."""
     from ..aot.saved_hooks import active

@@ -1,4 +1,4 @@
-"""comptime (seed 002): run Python at capture time, with access to kiln's state.
+"""comptime: run Python at capture time, with access to kiln's state.
 
     from kiln import comptime
     comptime(lambda ctx: ctx.print_graph())     # at capture time: the graph so far

@@ -154,7 +154,7 @@ class AttrSource(Source):
 
 
 # How an item is read. Reads of list/dict *storage* go through the base class so that a
-# subclass overriding __getitem__ is not called by the guard (seed 002, list subclasses).
+# subclass overriding __getitem__ is not called by the guard (list subclasses).
 ITEM_INDEX = "index"        # base[key] on an exact tuple/list/dict
 ITEM_LIST = "list"          # list.__getitem__(base, key)
 ITEM_DICT = "dict"          # dict.__getitem__(base, key)

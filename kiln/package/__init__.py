@@ -1,5 +1,5 @@
 """Packages: compiled functions saved to one file and loaded in a fresh process with no
-capture, tracing or lowering (issue 12).
+capture, tracing or lowering.
 
     report = compiled.save_package("model.kiln")      # SaveReport: saved and left-out entries
     fast = kiln.load_package("model.kiln", model)    # matched by the saved guards first

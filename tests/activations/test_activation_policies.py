@@ -1,4 +1,4 @@
-"""Built-in activation policies (issue 14, item 4): cast, fp8, offload, the size threshold,
+"""Built-in activation policies: cast, fp8, offload, the size threshold,
 report() and KILN_LOGS=activations. Compared with eager under the same policy (the policy's
 own rounding is the only allowed difference) and with kiln without hooks."""
 import pytest

@@ -1,4 +1,4 @@
-"""Offload on a side stream (issue 14): the kiln::offload_start/finish and kiln::prefetch/
+"""Offload on a side stream: the kiln::offload_start/finish and kiln::prefetch/
 prefetch_wait ops (kiln/activations/stream_ops.py), where the inlined graphs run them
 (kiln/aot/saved_hooks_schedule.py), artifacts that use them, and, on CUDA, the offload policy
 against eager (bitwise: offload is lossless), its side stream and its peak memory."""

@@ -146,7 +146,7 @@ def test_load_in_a_fresh_process(tmp_path):
 def test_artifact_ops_from_prims_resolve_in_a_fresh_process():
     """Inductor's decompositions put prims ops (prims.fma, defined by torch._inductor) in the
     graphs; a process that only loads an artifact has not registered them yet (a cache entry
-    of a GPT-2 step with an activation policy failed to load, seen in issue 14's benchmark)."""
+    of a GPT-2 step with an activation policy failed to load, seen in the activation benchmark)."""
     import subprocess
     import sys
 

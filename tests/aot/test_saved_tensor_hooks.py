@@ -1,4 +1,4 @@
-"""Saved-tensor hooks around compiled calls (issue 14, seed 002).
+"""Saved-tensor hooks around compiled calls.
 
 Eager hooks: they see the real saved tensors (never kiln's fake tracing values), pack when the
 compiled forward saves, unpack in the backward. Inlined hooks (``kiln.saved_tensors_hooks``,

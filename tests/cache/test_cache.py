@@ -1,4 +1,4 @@
-"""The compile cache (issue 11): keys, perfect entries, warm processes, robustness.
+"""The compile cache: keys, perfect entries, warm processes, robustness.
 
 Graphs are tiny and use the aot_eager backend (test_inductor_cache.py: inductor); every test has its own
 cache directory (tests/conftest.py)."""

@@ -1,4 +1,4 @@
-"""Dynamic (symbolic-shape) graphs in the compile cache (issue 11): keyed with their symbolic
+"""Dynamic (symbolic-shape) graphs in the compile cache: keyed with their symbolic
 sizes, stored with the guards their trace added, loaded without tracing into the capture's
 ShapeEnv; a fresh process hits them once the automatic-dynamic profile made dims symbolic.
 

@@ -1,4 +1,4 @@
-"""The compile cache with the ``"inductor"`` backend (issue 11): a load runs no AOT trace and no
+"""The compile cache with the ``"inductor"`` backend: a load runs no AOT trace and no
 Inductor compile, and returns exactly what the compile returned.
 
 Inductor compiles C++ on CPU (seconds per graph): the graphs are tiny and few."""

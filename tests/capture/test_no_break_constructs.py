@@ -1,4 +1,4 @@
-"""Constructs captured as one graph, without a break (issue 15): environment reads,
+"""Constructs captured as one graph, without a break: environment reads,
 itertools/functools, builtins, objects created inside the compiled function.
 
 Each case compiles under ``fullgraph=True`` with a counting backend, runs twice on fresh

@@ -1,4 +1,4 @@
-"""Python semantics inside compiled code, compared with plain Python (issue 9): imports and
+"""Python semantics inside compiled code, compared with plain Python: imports and
 name resolution, the attribute protocol (``__setattr__``, ``__getattribute__``, descriptors,
 slots), ``locals()``, augmented assignment, constants in graph code, exceptions across graph
 breaks, zero-argument ``super()`` in resumed frames, and the resume-code crashes a fuzzer

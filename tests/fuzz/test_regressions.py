@@ -203,7 +203,7 @@ def fn(x):
     with torch.no_grad():
         v = float(y.mean())
     return y * v
-''', found="issue 9; seeds 274, 276, aot_eager", backends=("aot_eager",)),
+''', found="fuzz seeds 274, 276, aot_eager", backends=("aot_eager",)),
     "break_outside_the_graph_keeps_dead_inputs_grad_none": Case('''
 def make_inputs(seed, n, k, s, flag):
     return (randn(seed, n, 4, rg=True), randn(seed + 1, 4, rg=True))
@@ -213,7 +213,7 @@ def fn(x, v):
     u = x.sum()
     print("break", file=LOG)
     return t
-''', found="issue 9; seeds 87, 141, 174, 181, aot_eager", backends=("aot_eager",)),
+''', found="fuzz seeds 87, 141, 174, 181, aot_eager", backends=("aot_eager",)),
     "grad_mode_left_off_by_the_function": Case('''
 def make_inputs(seed, n, k, s, flag):
     return (randn(seed, n, 4, rg=True),)
@@ -231,7 +231,7 @@ def fn(x):
     from torch.nn import functional
     from torch.nn.functional import relu6 as act6
     return functional.softplus(x) + act6(x)
-''', found="issue 9; seeds 8, 14, 73, 342 (ImportError, AttributeError), all backends", backends=("eager",)),
+''', found="fuzz seeds 8, 14, 73, 342 (ImportError, AttributeError), all backends", backends=("eager",)),
     "zero_argument_super_after_break": Case('''
 class MyLinear(nn.Linear):
     def forward(self, h):
@@ -252,7 +252,7 @@ def make_inputs(seed, n, k, s, flag):
 
 def fn(x, m):
     return m(x)
-''', found="issue 9; generated programs with MyLinear (super().forward), all backends", backends=("eager",)),
+''', found="fuzz generated programs with MyLinear (super().forward), all backends", backends=("eager",)),
     "custom_autograd_function_apply": Case('''
 class ScaleGrad(torch.autograd.Function):
     @staticmethod
@@ -271,7 +271,7 @@ def make_inputs(seed, n, k, s, flag):
 
 def fn(x):
     return ScaleGrad.apply(x.tanh(), 2.0)
-''', found="issue 9; seeds 19, 33, 38 (TypeError from super(type, obj)), all backends"),
+''', found="fuzz seeds 19, 33, 38 (TypeError from super(type, obj)), all backends"),
     "module_globals_seen_at_a_break": Case('''
 def make_inputs(seed, n, k, s, flag):
     return (randn(seed, n, 4),)
@@ -282,7 +282,7 @@ def fn(x):
     print("namedtuple", Pt.__module__, file=LOG)
     print("frame", sys._getframe(0).f_globals["__name__"], sys._getframe(0).f_code.co_name, file=LOG)
     return y
-''', found="issue 9; seeds 6, 50, 54, 170, 209, 212, all backends", backends=("eager",)),
+''', found="fuzz seeds 6, 50, 54, 170, 209, 212, all backends", backends=("eager",)),
     "locals_has_no_kiln_temporaries": Case('''
 def make_inputs(seed, n, k, s, flag):
     return (randn(seed, n, 4), [randn(seed + 1, n, 4)])
@@ -291,7 +291,7 @@ def fn(x, xs):
     ys = [e * 2 for e in xs]
     print("locals", sorted(locals()), file=LOG)
     return x + ys[0]
-''', found="issue 9; seeds 164, 185, all backends", backends=("eager",)),
+''', found="fuzz seeds 164, 185, all backends", backends=("eager",)),
     "torch_constants_in_generated_code": Case('''
 def make_inputs(seed, n, k, s, flag):
     return (randn(seed, n, 4),)
@@ -301,7 +301,7 @@ def fn(x):
     a = x.type(torch.DoubleTensor)
     b = x[cfg["sl"]].to(cfg["dev"]).to(cfg["dtype"]) if isinstance(x, cfg["cls"]) else x
     return a + b
-''', found="issue 9; seed 91 and others (SyntaxError in generated code), all backends", backends=("eager",)),
+''', found="fuzz seed 91 and others (SyntaxError in generated code), all backends", backends=("eager",)),
     "view_made_under_no_grad_stays_non_differentiable": Case('''
 def make_inputs(seed, n, k, s, flag):
     return (randn(seed, n, 4, rg=True),)
@@ -311,7 +311,7 @@ def fn(x):
         v = x[0]
     print("break", file=LOG)
     return v * 2
-''', found="issue 9 section 1", backends=("aot_eager",)),
+''', found="the first fuzz campaign, part 1", backends=("aot_eager",)),
     "store_through_custom_setattr_then_read": Case('''
 class Box:
     def __init__(self, k):
@@ -331,7 +331,7 @@ def fn(x, box):
     y = x * box.k
     box.tag = "seen"
     return y, box.last_set
-''', found="issue 9 section 1; generated Box classes with __setattr__", backends=("eager",)),
+''', found="the first fuzz campaign, part 1; generated Box classes with __setattr__", backends=("eager",)),
     "break_inside_no_grad_before_a_raise": Case('''
 def make_inputs(seed, n, k, s, flag):
     return (randn(seed, 4, 4, rg=True),)
@@ -342,7 +342,7 @@ def fn(w):
         if float(w.mean()) > 0:
             raise RuntimeError("stop")
     return w
-''', found="issue 9 (eager crash: resume bytecode the assembler rejects); seed 147, all backends", backends=("eager",)),
+''', found="fuzz (eager crash: resume bytecode the assembler rejects); seed 147, all backends", backends=("eager",)),
     "dynamic_entry_code_defines_every_name": Case('''
 class Net(nn.Module):
     pass
@@ -372,7 +372,7 @@ def fn(x, w, x2, xs, m, k, s, flag):
     for i4 in range(2):
         acc3 += torch.maximum(t2, x2)
     return (t2, acc3)
-''', found="issue 9 (eager crash under dynamic=True: name '___out' is not defined); seed 367", backends=("eager",), dynamic=(True,)),
+''', found="fuzz (eager crash under dynamic=True: name '___out' is not defined); seed 367", backends=("eager",), dynamic=(True,)),
     "store_through_custom_setattr_in_a_loop": Case('''
 class Box:
     def __init__(self, k):
@@ -388,7 +388,7 @@ def fn(w, box):
     for row in w:
         box.k += 1
     return w * box.k
-''', found="issue 9 section 1; seed 554, aot_eager", backends=("eager",)),
+''', found="the first fuzz campaign, part 1; seed 554, aot_eager", backends=("eager",)),
     # ------------------------------------------------------------------ memory
     "inputs_of_the_capturing_call_are_freed": Case('''
 def make_inputs(seed, n, k, s, flag):
@@ -396,7 +396,7 @@ def make_inputs(seed, n, k, s, flag):
 
 def fn(x, w):
     return torch.tanh(x @ w)
-''', found="issue 9 section 3; every program at HEAD, all backends"),
+''', found="the first fuzz campaign, part 3; every program at HEAD, all backends"),
     "inputs_of_a_capturing_call_that_raises_are_freed": Case('''
 def make_inputs(seed, n, k, s, flag):
     return (randn(seed, n, 4, rg=True), randn(seed + 1, 4, 4))
@@ -444,7 +444,7 @@ def fn(xs):
     for e in xs:
         acc += e.sum()
     return acc
-''', found="issue 9; seeds 9, 463 and 130 more runs at HEAD, all backends", backends=("eager",)),
+''', found="fuzz seeds 9, 463 and 130 more runs at HEAD, all backends", backends=("eager",)),
     "augmented_store_through_custom_getattribute": Case('''
 class Box:
     def __init__(self, k):

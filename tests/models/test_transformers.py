@@ -49,7 +49,7 @@ BREAKS = {("gpt2", "inference"): 0, ("gpt2", "training"): 0,
           ("llama_gqa_sdpa", "inference"): 0, ("llama_gqa_sdpa", "training"): 0}
 
 # llama_gqa_sdpa: grouped-query attention (4 heads over 2 key/value heads) through SDPA, which
-# reads os.environ["TRANSFORMERS_SDPA_FORCE_GQA"] in every attention layer (issue 15).
+# reads os.environ["TRANSFORMERS_SDPA_FORCE_GQA"] in every attention layer.
 MODELS = ["gpt2", "bert", "llama", "llama_gqa_sdpa"]
 
 
@@ -183,7 +183,7 @@ def test_explain_counts(name, mode):
 
 @pytest.mark.parametrize("name", MODELS)
 def test_aot_eager_training_matches_eager_float64(name):
-    """Issue 5: the models through kiln's AOT autograd (backend="aot_eager"): forward and
+    """The models through kiln's AOT autograd (backend="aot_eager"): forward and
     backward graphs, partitioned; loss and every parameter's grad equal eager in float64."""
     torch.manual_seed(0)
     model = make_model(name).double().train()
@@ -266,7 +266,7 @@ class _CountingInductor:
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name", MODELS)
 def test_inductor_inference_and_training_match_eager(name, device):
-    """Issue 10: the default backend on the models: inference logits, then a training step's
+    """The default backend on the models: inference logits, then a training step's
     loss and every grad, equal eager's within float32 tolerances, with the graph counts of
     ``backend="eager"``; no graph falls back from Inductor to ATen."""
     torch.manual_seed(0)
@@ -303,7 +303,7 @@ def test_inductor_inference_and_training_match_eager(name, device):
 
 @pytest.mark.parametrize("mode", ["inference", "training"])
 def test_gqa_graph_count_equals_torch_compile(mode):
-    """Issue 15: a grouped-query Llama (SDPA reads an environment variable per layer) is as
+    """A grouped-query Llama (SDPA reads an environment variable per layer) is as
     many graphs under kiln as under torch.compile, and both match eager."""
     import torch._dynamo
     from torch._dynamo.testing import CompileCounter as DynamoCounter

@@ -1,4 +1,4 @@
-"""More builtins captured without a break (issue 15): ``dict.fromkeys`` (dict, OrderedDict,
+"""More builtins captured without a break: ``dict.fromkeys`` (dict, OrderedDict,
 defaultdict), ``min``/``max`` over one-element tensors, ``functools.lru_cache``-wrapped
 callees, and grad-mode decorators applied inside the compiled function."""
 from __future__ import annotations
