@@ -70,15 +70,14 @@ def cached(gm, example_inputs: list, *, backend: str, options: dict, compile: Ca
     input names to the caller's) or compiled (``compile()``) and stored (``dump(compiled)``;
     it raises ValueError for a result it cannot store)."""
     fn = function_name(gm)
-    offered = offer
     if not config.cache:
-        return offered(compile(), lambda c: dump(c))
+        return offer(compile(), lambda c: dump(c))
     try:
         parts = K.key_parts(gm, example_inputs, backend, options)
         key = K.digest(parts)
     except Exception as e:          # a graph kiln cannot key: compile it, uncached
         _bypass(fn, f"cannot compute the key: {type(e).__name__}: {e}")
-        return offered(compile(), lambda c: dump(c))
+        return offer(compile(), lambda c: dump(c))
     from ..aot.symbolic_codec import EntryDoesNotFit
 
     not_fit = None
@@ -92,7 +91,7 @@ def cached(gm, example_inputs: list, *, backend: str, options: dict, compile: Ca
                 store.count("hits")
                 _log(f"hit {fn} ({key[:12]}, {len(payload)} bytes)")
                 _refreshed_by(compiled, key, header, dump)
-                return offered(compiled, _stored(key, lambda c: dump(c)))
+                return offer(compiled, _stored(key, lambda c: dump(c)))
             store.warn_once(("mismatch", key), f"entry {key[:12]} does not match its key; recompiling")
     except EntryDoesNotFit as e:    # a dynamic entry traced under guards these sizes fail
         not_fit = str(e)
@@ -106,11 +105,11 @@ def cached(gm, example_inputs: list, *, backend: str, options: dict, compile: Ca
         payload = dump(compiled)
     except Exception as e:
         _log(f"not stored {fn}: {type(e).__name__}: {e}")
-        return offered(compiled, _failed(f"{type(e).__name__}: {e}"))
+        return offer(compiled, _failed(f"{type(e).__name__}: {e}"))
     header = {"key": key, "function": fn, "backend": backend, "parts": parts, "inputs": input_names(gm)}
     store.write(key, header, payload)
     _refreshed_by(compiled, key, header, dump)
-    return offered(compiled, _stored(key, lambda c: dump(c)))
+    return offer(compiled, _stored(key, lambda c: dump(c)))
 
 
 # -- an entry that grows after its compile ------------------------------------------------------
@@ -177,7 +176,6 @@ def offer(compiled: Callable, payload: Callable[[Callable], bytes]) -> Callable:
     return compiled
 
 
-    offered = offer
 def _stored(key: str, fallback: Callable[[Callable], bytes]) -> Callable[[Callable], bytes]:
     """The payload as the cache stored it (read back at save time: not kept in memory)."""
     def payload(compiled):

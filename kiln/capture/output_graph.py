@@ -324,8 +324,7 @@ class OutputGraph:
         self.graph.call_function(torch._C._set_grad_enabled, (mode,))
         torch._C._set_grad_enabled(mode)
 
-    def call_op(self, kind: str, target, args: tuple, kwargs: dict, inplace_of: TensorValue | None = None,
-                expect_tensor: bool = True) -> Value:
+    def call_op(self, kind: str, target, args: tuple, kwargs: dict) -> Value:
         if _mutates(kind, target) or "out" in kwargs:
             self.inplace_ops += 1
         if self.frozen_storages and (_mutates(kind, target) or "out" in kwargs):

@@ -61,8 +61,6 @@ class Value:
     def truthy(self, tx) -> bool:
         raise Unsupported(f"truth value of {self.describe()}")
 
-    def has_len(self) -> bool:
-        return False
 
     # -- output ----------------------------------------------------------------------------
     def reconstruct(self, cg) -> str:
@@ -152,8 +150,6 @@ class ConstantValue(Value):
     def truthy(self, tx):
         return bool(self.value)
 
-    def has_len(self):
-        return hasattr(self.value, "__len__")
 
     def unpack(self, tx):
         try:

@@ -51,8 +51,6 @@ class BaseSequenceValue(Value):
     def truthy(self, tx):
         return len(self.items) > 0
 
-    def has_len(self):
-        return True
 
     def override(self, name: str):
         if self.cls is self.base_type:
@@ -269,8 +267,6 @@ class DictValue(Value):
     def truthy(self, tx):
         return len(self.items) > 0
 
-    def has_len(self):
-        return True
 
     def _mutate(self, tx):
         tx.output.side_effects.mutated(self)
@@ -522,8 +518,6 @@ class DictViewValue(Value):
     def truthy(self, tx):
         return bool(self.d.items)
 
-    def has_len(self):
-        return True
 
     def call_method(self, tx, name, args, kwargs):
         if name == "__len__":
@@ -603,8 +597,6 @@ class SetValue(Value):
     def truthy(self, tx):
         return bool(self.items)
 
-    def has_len(self):
-        return True
 
     def getattr(self, tx, name):
         from .functions import MethodValue

@@ -203,9 +203,6 @@ def _difference(actual, expected, name: str) -> str | None:
         return "value"
 
 
-def is_scalar(expected) -> bool:
-    return isinstance(expected, np.generic)
-
 
 def _check_kinds(target, twin, name, args, kwargs, as_constant, fake_result):
     """For large arrays: NumPy and torch._numpy on stand-ins with every size cut to 2 must

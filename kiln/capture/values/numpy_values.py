@@ -221,8 +221,6 @@ class NdarrayValue(Value):
     def truthy(self, tx):
         raise Unsupported("truth value of a NumPy array or scalar (a branch on its data)")
 
-    def has_len(self):
-        return not self.scalar
 
     def unpack(self, tx):
         if self.scalar or self.fake.dim() == 0:

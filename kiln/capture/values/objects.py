@@ -49,8 +49,6 @@ class ObjectValue(Value):
             return self.call_method(tx, "__bool__", [], {}).as_constant()
         return self.call_method(tx, "__len__", [], {}).as_constant() > 0
 
-    def has_len(self):
-        return static_lookup(type(self.value), "__len__") is not _MISSING
 
     def instance_dict(self) -> dict | None:
         try:
@@ -435,8 +433,6 @@ class NewModuleListValue(Value):
     def unpack(self, tx):
         return list(self.items)
 
-    def has_len(self):
-        return True
 
     def truthy(self, tx):
         return len(self.items) > 0

@@ -109,8 +109,6 @@ class SymRangeValue(Value):
     def as_constant(self):
         return range(*[a.as_constant() for a in self.args])
 
-    def has_len(self):
-        return True
 
     def unpack(self, tx):
         return [ConstantValue(i) for i in self.as_constant()]

@@ -49,8 +49,6 @@ class TensorValue(Value):
     def truthy(self, tx):
         raise Unsupported("truth value of a tensor (a branch on tensor data) needs its values")
 
-    def has_len(self):
-        return True
 
     def unpack(self, tx):
         if self.fake.dim() == 0:
@@ -165,7 +163,7 @@ class TensorValue(Value):
         if name == "__setitem__":
             if len(args) == 2 and isinstance(args[1], TensorValue) and same_storage(self.fake, args[1].fake):
                 _refuse_setitem_overlap(tx, self.fake, args[0], args[1].fake)
-            tx.output.call_op("call_function", _setitem, (self, *args), {}, expect_tensor=False)
+            tx.output.call_op("call_function", _setitem, (self, *args), {})
             return ConstantValue(None)
         if name == "type" and not args and not kwargs:
             return ConstantValue(self.fake.type().replace("Fake", ""))
@@ -173,8 +171,7 @@ class TensorValue(Value):
             raise Unsupported(f"Tensor.{name}() changes autograd state of a graph value")
         if _is_inplace_name(name):
             _refuse_partial_overlap(name, self, [*args, *kwargs.values()])
-        return tx.output.call_op("call_method", name, (self, *args), kwargs, inplace_of=self
-                                 if _is_inplace_name(name) else None)
+        return tx.output.call_op("call_method", name, (self, *args), kwargs)
 
 
 def _refuse_setitem_overlap(tx, fake: torch.Tensor, index, value: torch.Tensor) -> None:
