@@ -53,3 +53,45 @@ def test_max_instructions_stops_runaway_capture():
     with kiln.config.patch(max_instructions=10_000):
         with pytest.raises(kiln.Unsupported, match="max_instructions"):
             kiln.compile(f, fullgraph=True, backend="eager")(torch.randn(2))
+
+
+def test_logs_are_stdlib_logging_records_a_user_can_route(capsys):
+    """Each topic is a ``kiln.<topic>`` logger: a handler on ``kiln`` gets the records, and the
+    stderr handler can be taken away."""
+    import logging
+
+    got = []
+
+    class Collect(logging.Handler):
+        def emit(self, record):
+            got.append((record.name, record.getMessage()))
+
+    handler = Collect()
+    root = logging.getLogger("kiln")
+    root.addHandler(handler)
+    root.removeHandler(logs.STDERR)
+    try:
+        logs.set_logs("recompiles")
+        f = kiln.compile(lambda x, s: x * s, backend="eager")
+        f(torch.ones(2), 2.0)
+        f(torch.ones(2), 3.0)
+    finally:
+        logs.set_logs("")
+        root.removeHandler(handler)
+        root.addHandler(logs.STDERR)
+    assert [name for name, _ in got] == ["kiln.recompiles"]
+    assert "EQUALS_MATCH failed" in got[0][1]
+    assert "[kiln:" not in capsys.readouterr().err        # (the stderr handler was off)
+
+
+def test_a_topic_off_prints_nothing_and_on_prints_to_stderr(capsys):
+    f = kiln.compile(lambda x, s: x + s, backend="eager")
+    f(torch.ones(2), 2.0)
+    f(torch.ones(2), 3.0)
+    assert "[kiln:recompiles]" not in capsys.readouterr().err
+    logs.set_logs("recompiles")
+    try:
+        f(torch.ones(2), 4.0)
+    finally:
+        logs.set_logs("")
+    assert "[kiln:recompiles] Recompiling" in capsys.readouterr().err
