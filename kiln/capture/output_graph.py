@@ -78,7 +78,7 @@ class OutputGraph:
         self.builder = Builder(self)
         self.tensor_inputs: list[TensorInput] = []
         # storages (of fakes) that must not be written in place: max(a, b) of tensors is a
-        # select where eager returns a or b itself (see values/builtins_more.py)
+        # select where eager returns a or b itself (see _minmax_of_tensors in values/builtins.py)
         self.frozen_storages: list = []
         # id() of values whose identity exists only during the capture: id(object) -> token
         self.capture_ids: dict = {}

@@ -21,7 +21,7 @@ from .base import CONSTANT_TYPES, ConstantValue, Value, is_constant_object, is_t
 from .builtins import _HANDLERS, BuiltinValue
 from .environ import EnvironValue
 from . import identity, itertools_fns  # noqa: F401  (register id() and the itertools handlers)
-from .builtins_more import LRU_CACHE_WRAPPER, LruCacheValue
+from .lru_cache import LRU_CACHE_WRAPPER, LruCacheValue
 from . import new_objects  # noqa: F401  (registers collections.namedtuple)
 from .containers import DictValue, IteratorValue, ListValue, NamedTupleValue, SetValue, TupleValue
 from .functions import (BoundMethodValue, ExistingCellValue, PartialValue, TorchOpValue,

@@ -358,7 +358,11 @@ def _sum(tx, fn, args, kwargs):
 
 @handles(min, max)
 def _minmax(tx, fn, args, kwargs):
+    from .tensor import TensorValue
+
     items = tx.unpack_iterable(args[0]) if len(args) == 1 else list(args)
+    if any(isinstance(i, TensorValue) for i in items):
+        return _minmax_of_tensors(tx, fn, items, kwargs)
     key = kwargs.get("key")
     default = kwargs.get("default")
     if not items:
@@ -380,6 +384,52 @@ def _minmax(tx, fn, args, kwargs):
         keys = [i.as_constant() for i in items]
     best = fn(range(len(items)), key=lambda j: keys[j])
     return items[best]
+
+
+def _minmax_of_tensors(tx, fn, items, kwargs):
+    """``max(a, b)`` of tensors is eager's ``b if b > a else a`` (first best wins): a select
+    of the chosen tensor, exact for the one-element tensors eager accepts, computed in the
+    graph. Eager returns the chosen object itself, so tensors that require grad, inputs, and
+    in-place writes afterwards to any of them are refused (each would tell the select from
+    the object). A mix of tensors and numbers returns a tensor or a number depending on the
+    data: that is a break."""
+    from .tensor import TensorValue
+
+    if kwargs:
+        raise Unsupported(f"{fn.__name__}() of tensors with key= or default=")
+    if not all(isinstance(i, TensorValue) for i in items):
+        raise Unsupported(f"{fn.__name__}() of tensors and numbers (its result's type depends "
+                          "on the data)")
+    first = items[0].fake
+    for i in items:
+        f = i.fake
+        if f.shape != first.shape or f.dtype != first.dtype or f.requires_grad != first.requires_grad:
+            raise Unsupported(f"{fn.__name__}() of tensors that differ in shape, dtype or "
+                              "requires_grad (eager returns one of them as it is)")
+    if first.requires_grad:
+        # eager's result is one of them: the other gets no grad at all (None), a select gives
+        # it zeros; under no_grad eager's result still requires grad, a select's does not
+        raise Unsupported(f"{fn.__name__}() of tensors that require grad (the tensor not "
+                          "chosen would get a zero grad instead of none)")
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    inputs = {StorageWeakRef(i.value_fake.untyped_storage()) for i in tx.output.tensor_inputs}
+    storages = [StorageWeakRef(i.fake.untyped_storage()) for i in items]
+    if any(s in inputs for s in storages):
+        # eager returns the caller's own tensor (or a view of it): a select is a new one
+        raise Unsupported(f"{fn.__name__}() of tensors one of which is an input or a view of one")
+    if first.numel() != 1:
+        raise tx.user_exception(RuntimeError(
+            "Boolean value of Tensor with more than one value is ambiguous"))
+    better = operator.gt if fn is max else operator.lt
+    best = items[0]
+    for item in items[1:]:
+        cond = tx.compare(better, item, best)
+        best = tx.output.call_op("call_function", torch.where, (cond, item, best), {})
+    # an in-place write to the result or to a candidate would reach the other in eager only
+    # when it was the one chosen: refused for the rest of the capture
+    tx.output.frozen_storages.extend([*storages, StorageWeakRef(best.fake.untyped_storage())])
+    return best
 
 
 @handles(abs)
@@ -521,7 +571,7 @@ def construct_class(tx, cls_value: ClassValue, args: list[Value], kwargs: dict[s
     if cls in (torch.no_grad, torch.enable_grad):
         mode = GradModeValue(cls is torch.enable_grad, cls)
         if args:   # torch.no_grad(fn): the bare decorator
-            from .builtins_more import decorate_with_grad_mode
+            from .grad_mode_functions import decorate_with_grad_mode
 
             return decorate_with_grad_mode(tx, mode, args, kwargs)
         return mode
@@ -630,3 +680,66 @@ def _make_namedtuple(tx, cls, args, kwargs):
         else:
             raise tx.user_exception(TypeError(f"{cls.__name__}() missing argument {f!r}"))
     return NamedTupleValue(items, None, cls)
+
+
+# -- dict.fromkeys ---------------------------------------------------------------------------
+
+def _fromkeys(tx, fn, args, kwargs):
+    if kwargs or not 1 <= len(args) <= 2:
+        raise tx.user_exception(TypeError("fromkeys expected 1 or 2 arguments"))
+    cls = fn.__self__
+    value = args[1] if len(args) > 1 else ConstantValue(None)
+    d = DictValue({}, None, cls)
+    for k in tx.unpack_iterable(args[0]):
+        d.items[tx.dict_key(k)] = value     # one object for every key, as eager
+    return d
+
+
+for _cls in (dict, collections.OrderedDict, collections.defaultdict):
+    _HANDLERS[_cls.fromkeys] = _fromkeys    # (defaultdict.fromkeys: default_factory None)
+
+
+# -- torch.overrides.has_torch_function ------------------------------------------------------
+# torch._assert(cond, msg) (timm checks input sizes with it) and other torch functions written
+# in Python ask first whether an argument overrides __torch_function__. For plain tensors,
+# parameters, symbolic numbers and Python constants the answer is no, unless a torch function
+# mode is active.
+
+_PLAIN_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter) + \
+    ((torch.nn.Buffer,) if isinstance(getattr(torch.nn, "Buffer", None), type) else ())
+
+
+def _no_torch_function(tx, values) -> ConstantValue:
+    from .base import is_constant_object
+    from .symbolic import SymNodeValue
+    from .tensor import TensorValue
+
+    if torch._C._is_torch_function_mode_enabled():
+        raise Unsupported("torch.overrides.has_torch_function under a torch function mode")
+    for v in values:
+        plain = (isinstance(v, TensorValue) and v.python_type() in _PLAIN_TENSOR_TYPES) or \
+            isinstance(v, SymNodeValue) or (v.is_constant() and is_constant_object(v.as_constant()))
+        if not plain:
+            raise Unsupported(f"torch.overrides.has_torch_function of {v.describe()}")
+    return ConstantValue(False)
+
+
+@handles(torch._C._has_torch_function)
+def _has_torch_function(tx, fn, args, kwargs):
+    if len(args) != 1 or kwargs:
+        raise Unsupported("torch._C._has_torch_function with other than one argument")
+    return _no_torch_function(tx, tx.unpack_iterable(args[0]))
+
+
+@handles(torch._C._has_torch_function_unary)
+def _has_torch_function_unary(tx, fn, args, kwargs):
+    if len(args) != 1 or kwargs:
+        raise Unsupported("torch._C._has_torch_function_unary with other than one argument")
+    return _no_torch_function(tx, args)
+
+
+@handles(torch._C._has_torch_function_variadic)
+def _has_torch_function_variadic(tx, fn, args, kwargs):
+    if kwargs:
+        raise Unsupported("torch._C._has_torch_function_variadic with keyword arguments")
+    return _no_torch_function(tx, args)

@@ -651,7 +651,7 @@ class GradModeValue(Value):
     def call(self, tx, args, kwargs):
         if self.cls is torch.set_grad_enabled:
             raise Unsupported("set_grad_enabled used as a decorator inside a compiled function")
-        from .builtins_more import decorate_with_grad_mode   # @torch.no_grad() on a function
+        from .grad_mode_functions import decorate_with_grad_mode   # @torch.no_grad() on a function
 
         return decorate_with_grad_mode(tx, self, args, kwargs)
 
