@@ -57,6 +57,12 @@ class Config:
     # behaviour, at the cost of copying the weights each step). KILN_COPY_SAVED_PARAMETERS=1.
     copy_saved_parameters: bool = False
 
+    # The partitioner kiln's AOT stages use when none is given (aot_backend(partition_fn=None)):
+    # "default" (save what the backward reads), "min_cut" (recompute cheap ops instead of saving
+    # them) or a callable (joint_module, joint_inputs, *, num_fwd_outputs) -> (fw, bw). The
+    # built-in backends name theirs. KILN_AOT_PARTITION_FN=min_cut.
+    aot_partition_fn: Any = "default"
+
     def patch(self, **changes: Any) -> contextlib.AbstractContextManager:
         """Temporarily change fields: ``with kiln.config.patch(recompile_limit=1): ...``."""
         return _patch(self, changes)

@@ -23,7 +23,6 @@ with their symbols: the graphs take the SymInts as inputs and serve every size, 
 callable checks each call against the traced shapes (``symbolic.py``). The backend compiles per
 concrete shapes where that is not possible (``dynamic.py``). Dynamic graphs are not exported.
 """
-from . import config
 from .compile import AOTCompiled, run_as_fx, stage2_compile
 from .dynamic import PerShapeCompiled, compile_graph
 from .export import AOTArtifact, stage2_export

@@ -104,9 +104,7 @@ class CompiledParts:
 
 
 def _partitioner_name(partition_fn: Any) -> str:
-    from . import config
-
-    p = config.partition_fn if partition_fn is None else partition_fn
+    p = config.aot_partition_fn if partition_fn is None else partition_fn
     return p if isinstance(p, str) else getattr(p, "__name__", type(p).__name__)
 
 
@@ -484,7 +482,7 @@ def attach_input_check(compiled: AOTCompiled) -> None:
 def stage2_compile(state, capture, fw_compiler: Callable | None = None, bw_compiler: Callable | None = None,
                    partition_fn: Any = None, inference_compiler: Callable | None = None) -> AOTCompiled:
     """Partition, compile and wrap. ``bw_compiler`` defaults to ``fw_compiler``;
-    ``partition_fn`` to ``kiln.aot.config.partition_fn``."""
+    ``partition_fn`` to ``kiln.config.aot_partition_fn``."""
     with state.tracing():
         parts = build_parts(state, capture, partition_fn)
         compiled = assemble(parts, fw_compiler, bw_compiler, inference_compiler, run_as_captured=state.fn)

@@ -37,6 +37,7 @@ import torch
 import torch.fx
 
 from .. import _torch
+from ..config import config
 from ..errors import Unsupported
 from . import _utils as U
 from . import symbolic as S
@@ -453,9 +454,7 @@ PARTITIONERS: dict[str, Callable] = {
 
 def resolve_partition_fn(partition_fn: Any) -> Callable:
     if partition_fn is None:
-        from . import config
-
-        partition_fn = config.partition_fn
+        partition_fn = config.aot_partition_fn
     if isinstance(partition_fn, str):
         try:
             return PARTITIONERS[partition_fn]

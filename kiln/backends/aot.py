@@ -23,7 +23,7 @@ def aot_backend(fw_compiler: Callable | None = None, bw_compiler: Callable | Non
     callable`` (torch's backend convention) and receive functional ATen graphs with fake example
     inputs; ``bw_compiler`` and ``inference_compiler`` default to ``fw_compiler``, which defaults
     to running the graph as FX. ``partition_fn``: ``"default"``, ``"min_cut"`` or a callable
-    (see ``kiln.aot.partition``); None means ``kiln.aot.config.partition_fn``.
+    (see ``kiln.aot.partition``); None means ``kiln.config.aot_partition_fn``.
 
     ``keep_input_mutations``: the graphs write the inputs they mutate where autograd does not
     track the write (BatchNorm running statistics, buffers updated under no_grad): the forward
@@ -73,16 +73,14 @@ def aot_backend(fw_compiler: Callable | None = None, bw_compiler: Callable | Non
         def compile():
             return compile_graph(gm, example_inputs, **stages)
         from .. import cache
-        from ..aot import config as aot_config
-
         user_key = getattr(kiln_aot_backend, "cache_key", None)
-        partitioner = partition_fn if partition_fn is not None else aot_config.partition_fn
+        partitioner = partition_fn if partition_fn is not None else config.aot_partition_fn
         if user_key is None and not plain:
             cache.bypass(gm, "aot_backend with your own compilers, partitioner or decompositions and no "
                              "cache_key (code the key cannot see): pass aot_backend(..., cache_key=...)")
             return compile()
         if user_key is None and not isinstance(partitioner, str):
-            cache.bypass(gm, "kiln.aot.config.partition_fn is a callable (not keyable)")
+            cache.bypass(gm, "kiln.config.aot_partition_fn is a callable (not keyable)")
             return compile()
         options = {"partition_fn": partitioner if isinstance(partitioner, str) else _name_of(partitioner),
                    "decompositions": decomposition_name if decomposition_name is not None

@@ -214,7 +214,7 @@ def test_bad_partition_fn_name():
 
 
 def test_config_partition_fn(monkeypatch):
-    monkeypatch.setattr(aot.config, "partition_fn", "min_cut")
+    monkeypatch.setattr(kiln.config, "aot_partition_fn", "min_cut")
     with create_aot_state(lambda x: x.sin().sin(), [rg(3)]) as st:
         compiled = stage2_compile(st, stage1_graph_capture(st))
     assert compiled.parts.partitioner == "min_cut"
