@@ -31,6 +31,7 @@ from .capture.frame import ArgumentsDoNotBind, Entry, capture, eager_entry, eage
 from .config import config
 from .cudagraphs import steps as _steps
 from .errors import KilnError, Unsupported
+from .compile_lock import COMPILE_LOCK
 from .internal_errors import failed_before_effects, internal_error, is_users
 
 _FAILED = object()   # the generated code failed before any effect (see CompiledFunction._recover)
@@ -327,7 +328,7 @@ class CompiledFunction:
         try:
             # the user's saved-tensor hooks must not see capture's fake tensors (they run on
             # the real saved tensors when the entry runs)
-            with _torch.saved_tensors_hooks_paused():
+            with _torch.saved_tensors_hooks_paused(), COMPILE_LOCK:
                 entry = capture(fn, args, kwargs, key=key, backend=key.backend, backend_name=key.backend_name,
                                 compiled_factory=self._factory, dynamic=self.dynamic)
         except ArgumentsDoNotBind:

@@ -42,6 +42,7 @@ import torch
 import torch.fx
 
 from .. import _torch, logs
+from ..compile_lock import COMPILE_LOCK
 from ..aot import _utils as U
 from .inductor_options import inductor_config_patches
 from .progress import Progress
@@ -304,13 +305,14 @@ class GraphCompile:
 
         device = device_of(example_inputs)
         cpu = device is None or device.type == "cpu"
-        if cpu:     # (this machine's vector ISAs, when an earlier process probed them)
-            vec_isa_memo.prime(config.cache_dir)
-        try:
-            return self._inductor_compile(gm, example_inputs, kind)
-        finally:
-            if cpu:
-                vec_isa_memo.remember(config.cache_dir)
+        with COMPILE_LOCK:      # (also a compile at run time: a late backward, new shapes)
+            if cpu:     # (this machine's vector ISAs, when an earlier process probed them)
+                vec_isa_memo.prime(config.cache_dir)
+            try:
+                return self._inductor_compile(gm, example_inputs, kind)
+            finally:
+                if cpu:
+                    vec_isa_memo.remember(config.cache_dir)
 
     def _inductor_compile(self, gm: torch.fx.GraphModule, example_inputs: list, kind: str):
         cfg = _torch.inductor_config()
