@@ -34,8 +34,11 @@ def run_as_fx(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
     of them until it returns. Other compilers may return plain ``f(*args)`` callables."""
     from torch.fx.graph import _BoxedCodeGen
 
+    from .traced_layouts import give_traced_layouts
+
     g = torch.fx.Graph()
     g.output(g.graph_copy(gm.graph, {}))
+    give_traced_layouts(g)
     g.set_codegen(_BoxedCodeGen())
     forward = torch.fx.GraphModule(gm, g, class_name=type(gm).__name__).forward
 

@@ -1,0 +1,60 @@
+"""A kernel that checks its input's layout gets the strides the trace saw
+(``kiln/aot/traced_layouts.py``): the attention block of diffusers' VAE, batch 1, under
+``aot_eager``, raised "Expected X.is_contiguous(memory_format)" in ``native_group_norm``."""
+import copy
+
+import pytest
+import torch
+
+import kiln
+from kiln.aot.traced_layouts import as_traced_layout
+
+
+class AttentionLikeBlock(torch.nn.Module):
+    """Flatten the spatial dims, project, view back from the transposed result (a view whose
+    size-1 batch stride eager and the fake trace compute differently), then a GroupNorm."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(32, 32)
+        self.norm = torch.nn.GroupNorm(8, 32)
+
+    def forward(self, x):
+        b, c, h, w = x.shape
+        t = self.proj(x.view(b, c, h * w).transpose(1, 2))
+        t = t.transpose(1, 2).view(b, c, h, w)
+        return self.norm((t + x) / 1.0)
+
+
+@pytest.mark.parametrize("train", [False, True], ids=["inference", "training"])
+@pytest.mark.parametrize("batch", [1, 2])
+def test_group_norm_after_a_transposed_view_matches_eager(train, batch):
+    torch.manual_seed(0)
+    model = AttentionLikeBlock()
+    reference = copy.deepcopy(model)
+    compiled = kiln.compile(model, backend="aot_eager")
+    x = torch.randn(batch, 32, 16, 16, requires_grad=train)
+    weights = torch.randn(batch, 32, 16, 16)
+    with torch.set_grad_enabled(train):
+        out, expected = compiled(x), reference(x)
+    torch.testing.assert_close(out, expected)
+    assert not any(e.eager_reason is not None for e in compiled._kiln_compiled.entries), \
+        "the compiled graph failed and the call ran eagerly"
+    if train:
+        (out * weights).sum().backward()
+        (expected * weights).sum().backward()
+        for p, q in zip(model.parameters(), reference.parameters()):
+            # (the compiled GroupNorm runs in the traced channels-last layout, eager's composite
+            # in its own: their reductions sum in other orders)
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5)
+
+
+def test_as_traced_layout_restrides_size_one_dims_and_copies_otherwise():
+    base = torch.arange(8192.0)
+    odd = base.as_strided((1, 32, 16, 16), (32, 1, 512, 32))
+    fixed = as_traced_layout(odd, (8192, 1, 512, 32))
+    assert fixed.stride() == (8192, 1, 512, 32) and fixed.data_ptr() == odd.data_ptr()
+    assert torch.equal(fixed, odd)
+    t = torch.randn(2, 3, 4).transpose(1, 2)          # another layout: a copy into the traced one
+    moved = as_traced_layout(t, (12, 3, 1))
+    assert moved.stride() == (12, 3, 1) and torch.equal(moved, t)
