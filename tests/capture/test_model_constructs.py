@@ -228,6 +228,42 @@ def test_missing_module_attribute_needs_no_break_and_is_guarded():
         assert_same(f(lin, x), module_hasattr(lin, x))
 
 
+
+# -- hasattr on a dict subclass whose instance has attributes (diffusers' FrozenDict) -----------
+
+class _FrozenConfig(collections.OrderedDict):
+    """Its items are also attributes (diffusers' FrozenDict, a model's config)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        for key, value in self.items():
+            setattr(self, key, value)
+
+
+_CONFIG = _FrozenConfig(scale=2.0)
+
+
+def config_hasattr(x):
+    # diffusers' ModelMixin.__getattr__ asks this of its config for every attribute it misses
+    if hasattr(_CONFIG, "_diffusers_hook"):
+        x = x - 1
+    return x * (_CONFIG.scale if hasattr(_CONFIG, "scale") else 1.0) + getattr(_CONFIG, "shift", 0.5)
+
+
+def test_missing_attribute_of_a_dict_subclass_instance_needs_no_break_and_is_guarded():
+    count, reasons, _ = breaks_of(config_hasattr, torch.randn(3))
+    assert (count, reasons) == (1, [])
+    run_twice(config_hasattr, lambda: (torch.randn(3),), graphs=1)
+    f = kiln.compile(config_hasattr, backend="eager")
+    x = torch.randn(3)
+    assert_same(f(x), config_hasattr(x))
+    _CONFIG.shift = 4.0              # the attribute appears: the guard fails, a recompile
+    try:
+        assert_same(f(x), config_hasattr(x))
+    finally:
+        del _CONFIG.shift
+
+
 # -- a module imported inside the function, live across a graph break ------------------------
 
 def import_across_break(x):

@@ -291,6 +291,11 @@ class DictValue(Value):
                 and callable(getattr(self.cls, name)):
             return MethodValue(self, name)
         if self.source is not None and self.cls is not dict:
+            if self.instance_attrs is not None and name not in self.instance_attrs and _plain_lookup(self.cls, name):
+                # in neither the instance's __dict__ nor its class, with Python's own lookup:
+                # AttributeError (hasattr() is False, guarded on the object)
+                raise tx.user_exception(AttributeError(
+                    f"'{self.cls.__name__}' object has no attribute '{name}'"))
             raise Unsupported(f"attribute {name!r} of {self.cls.__name__} (not a method, not in its __dict__)")
         raise Unsupported(f"attribute {name!r} of {self.cls.__name__}")
 
@@ -724,3 +729,14 @@ class IteratorValue(Value):
         if name == "__iter__":
             return self
         raise Unsupported(f"iterator.{name}()")
+
+
+def _plain_lookup(cls: type, name: str) -> bool:
+    """True when ``name`` is nowhere on ``cls`` and nothing of the class's own code takes part
+    in looking it up (no ``__getattr__``, ``object``'s ``__getattribute__``): an instance
+    without it in its ``__dict__`` raises AttributeError."""
+    from .attributes import _MISSING, static_lookup
+
+    return (static_lookup(cls, name) is _MISSING and static_lookup(cls, "__getattr__") is _MISSING
+            and static_lookup(cls, "__getattribute__") is static_lookup(dict, "__getattribute__"))
+
