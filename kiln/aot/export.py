@@ -32,6 +32,7 @@ from . import _utils as U
 from .compile import PartsView
 from .compile import AOTCompiled, CompiledParts, assemble, build_parts
 from .runtime import wrapper_from_dict, wrapper_to_dict
+from .traced_layouts import STRIDES_META, traced_strides
 
 FORMAT = "kiln.aot.artifact"
 VERSION = 1
@@ -188,6 +189,9 @@ def graph_to_data(gm: torch.fx.GraphModule) -> tuple[dict, dict]:
             d["kwargs"] = _encode_arg(dict(n.kwargs))
             if "kiln_phase" in n.meta:
                 d["phase"] = n.meta["kiln_phase"]
+            strides = traced_strides(n)     # (a loaded graph has no fakes to read them from)
+            if strides:
+                d["traced_strides"] = {str(i): list(s) for i, s in strides.items()}
         elif n.op == "output":
             d["args"] = _encode_arg(tuple(n.args))
         else:
@@ -236,6 +240,8 @@ def graph_from_data(data: dict, constants: dict, fake_mode=None, class_name: str
                               _decode_arg(d["kwargs"], env), name=d["name"])
             if "phase" in d:
                 n.meta["kiln_phase"] = d["phase"]
+            if "traced_strides" in d:
+                n.meta[STRIDES_META] = {int(i): tuple(s) for i, s in d["traced_strides"].items()}
         elif op == "output":
             n = g.output(*_decode_arg(d["args"], env))
         else:

@@ -34,22 +34,35 @@ def as_traced_layout(x: torch.Tensor, stride: tuple) -> torch.Tensor:
     return torch.empty_strided(x.shape, stride, dtype=x.dtype, device=x.device).copy_(x)
 
 
-def give_traced_layouts(graph: torch.fx.Graph) -> None:
-    """Insert ``as_traced_layout`` before the layout-checked arguments of ``graph``'s nodes
-    (where the trace's strides are plain integers)."""
-    for node in list(graph.nodes):
-        positions = LAYOUT_CHECKED.get(node.target) if node.op == "call_function" else None
-        if not positions:
-            continue
-        for i in positions:
-            arg = node.args[i] if i < len(node.args) else None
-            fake = arg.meta.get("val") if isinstance(arg, torch.fx.Node) else None
-            if not isinstance(fake, torch.Tensor):
-                continue
+STRIDES_META = "kiln_traced_strides"     # node meta: {position: strides}, kept by saved graphs
+
+
+def traced_strides(node: torch.fx.Node) -> dict:
+    """{argument position: the strides the trace saw} for a layout-checked ``node`` (plain
+    integers only), from its saved record or its arguments' fake values."""
+    positions = LAYOUT_CHECKED.get(node.target) if node.op == "call_function" else None
+    if not positions:
+        return {}
+    if STRIDES_META in node.meta:
+        return dict(node.meta[STRIDES_META])
+    out = {}
+    for i in positions:
+        arg = node.args[i] if i < len(node.args) else None
+        fake = arg.meta.get("val") if isinstance(arg, torch.fx.Node) else None
+        if isinstance(fake, torch.Tensor):
             stride = tuple(fake.stride())
-            if not all(type(s) is int for s in stride):
-                continue        # (symbolic strides: a dynamic graph keeps its input as it comes)
+            if all(type(s) is int for s in stride):   # (symbolic strides: kept as they come)
+                out[i] = stride
+    return out
+
+
+def give_traced_layouts(graph: torch.fx.Graph) -> None:
+    """Insert ``as_traced_layout`` before the layout-checked arguments of ``graph``'s nodes."""
+    for node in list(graph.nodes):
+        for i, stride in traced_strides(node).items():
+            arg = node.args[i]
             with graph.inserting_before(node):
                 fixed = graph.call_function(as_traced_layout, (arg, stride))
-            fixed.meta["val"] = fake
+            if "val" in arg.meta:
+                fixed.meta["val"] = arg.meta["val"]
             node.update_arg(i, fixed)

@@ -58,3 +58,21 @@ def test_as_traced_layout_restrides_size_one_dims_and_copies_otherwise():
     t = torch.randn(2, 3, 4).transpose(1, 2)          # another layout: a copy into the traced one
     moved = as_traced_layout(t, (12, 3, 1))
     assert moved.stride() == (12, 3, 1) and torch.equal(moved, t)
+
+
+def test_a_graph_loaded_from_the_cache_keeps_the_traced_layouts(monkeypatch):
+    """A loaded graph has no fake values to read the traced strides from: its saved form
+    keeps them."""
+    monkeypatch.setattr(kiln.config, "cache", True)
+    torch.manual_seed(0)
+    model = AttentionLikeBlock()
+    x = torch.randn(1, 32, 16, 16)
+    with torch.no_grad():
+        kiln.compile(model, backend="aot_eager")(x)
+        kiln.reset()
+        hits = kiln.cache.stats()["hits"]
+        compiled = kiln.compile(model, backend="aot_eager")
+        out = compiled(x)
+        assert kiln.cache.stats()["hits"] == hits + 1
+        assert not any(e.eager_reason is not None for e in compiled._kiln_compiled.entries)
+        torch.testing.assert_close(out, model(x))
