@@ -28,9 +28,12 @@ def _plain(g: Guard, enc: Encoder) -> dict:
 
 
 def _identity(g: Guard, enc: Encoder) -> dict:
-    obj = g.expected.ref() if isinstance(g.expected, _CallObject) else g.expected
-    if obj is None:
-        raise NotPackageable(f"{g.describe()}: the object was freed")
+    if isinstance(g.expected, _CallObject):
+        obj = g.expected.ref()
+        if obj is None:
+            raise NotPackageable(f"{g.describe()}: the object was freed")
+    else:
+        obj = g.expected            # (None itself too: ``x is None`` of a class attribute)
     try:
         return {"object": enc.encode(obj, identity=True)}
     except NotPackageable as e:

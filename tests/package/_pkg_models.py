@@ -136,3 +136,17 @@ def loop_with_breaks(x, n: int):
         print("", end="")          # a graph break
         x = x * 2 + i
     return x
+
+
+class ClassAttributeNone(torch.nn.Module):
+    """Reads a class attribute that is None (diffusers' ModelMixin._keep_in_fp32_modules)."""
+    _keep_in_fp32 = None
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        if self._keep_in_fp32 is not None:
+            x = x.float()
+        return self.lin(x)

@@ -385,3 +385,18 @@ def test_loaded_module_entry_skips_guards_of_an_unchanged_tree(tmp_path, monkeyp
 
 def _closure_values(fn):
     return [c.cell_contents for c in fn.__closure__ or ()]
+
+
+def test_identity_guard_on_none_is_saved(tmp_path, monkeypatch):
+    """``self.attr is None`` of a class attribute guards that it is None: saved like any
+    constant (it was refused as "the object was freed")."""
+    m = M.ClassAttributeNone()
+    c = kiln.compile(m, backend="aot_eager")
+    x = torch.randn(2, 4)
+    c(x)
+    report = c.save_package(tmp_path / "none.kiln")
+    assert not report.left_out, report
+    kiln.reset()
+    _no_capture(monkeypatch)
+    fast = kiln.load_package(tmp_path / "none.kiln", m, on_miss="error")
+    torch.testing.assert_close(fast(x), m(x))
