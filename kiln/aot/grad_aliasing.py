@@ -13,34 +13,48 @@ from __future__ import annotations
 import torch
 
 
-def _extent(t: torch.Tensor) -> tuple[int, int, int] | None:
-    """(storage address, first byte, end byte) of the memory ``t`` covers; None when empty."""
-    if t.numel() == 0 or t.is_sparse or t.layout != torch.strided:
-        return None
-    try:
-        base = t.untyped_storage().data_ptr()
-    except Exception:   # (a tensor without storage: a subclass, a functional wrapper)
+def _extent(t: torch.Tensor) -> tuple[int, int] | None:
+    """(first byte, end byte) of the memory ``t`` covers in its storage; None when empty."""
+    if t.numel() == 0:
         return None
     size = t.element_size()
     start = t.storage_offset() * size
     span = 1 + sum((n - 1) * abs(s) for n, s in zip(t.shape, t.stride()))
-    return base, start, start + span * size
+    return start, start + span * size
+
+
+def _storage(t: torch.Tensor) -> int | None:
+    if t.is_sparse or t.layout != torch.strided:
+        return None
+    try:
+        return t.untyped_storage().data_ptr() or None
+    except Exception:   # (a tensor without storage: a subclass, a functional wrapper)
+        return None
 
 
 def distinct(grads) -> tuple:
     """``grads`` with each tensor that overlaps an earlier one's memory (or is the same
-    tensor) replaced by a copy."""
-    seen: list[tuple[int, int, int]] = []
-    ids: set[int] = set()
+    tensor) replaced by a copy. One storage lookup per gradient; extents are compared only
+    between gradients of one storage."""
     out = list(grads)
+    if len(out) < 2:
+        return tuple(out)
+    by_storage: dict = {}
     for i, g in enumerate(out):
         if not isinstance(g, torch.Tensor):
             continue
-        ext = _extent(g)
-        if id(g) in ids or (ext is not None and any(b == ext[0] and s < ext[2] and ext[1] < e for b, s, e in seen)):
-            out[i] = g.clone()
+        key = _storage(g)
+        if key is None:
             continue
-        ids.add(id(g))
-        if ext is not None:
-            seen.append(ext)
+        earlier = by_storage.get(key)
+        if earlier is None:
+            by_storage[key] = [g]
+            continue
+        ext = _extent(g)
+        if ext is None:
+            continue
+        if any(h is g or (e := _extent(h)) is not None and e[0] < ext[1] and ext[0] < e[1] for h in earlier):
+            out[i] = g.clone()
+        else:
+            earlier.append(g)
     return tuple(out)
