@@ -33,6 +33,7 @@ from .cudagraphs import steps as _steps
 from .errors import KilnError, Unsupported
 from .compile_lock import COMPILE_LOCK
 from .internal_errors import failed_before_effects, internal_error, is_users
+from .user_lines import at_users_line
 
 _FAILED = object()   # the generated code failed before any effect (see CompiledFunction._recover)
 
@@ -259,7 +260,7 @@ class CompiledFunction:
                     # (free when nothing is raised) the generated code failed before any effect:
                     # the call runs eagerly instead, out of this handler (see _recover)
                     if not failed_before_effects(entry.fn.__code__, e):
-                        raise
+                        raise at_users_line(e)
                     result, why = _FAILED, f"{type(e).__name__}: {e}"
                 if result is not MISS:
                     if result is _FAILED:
@@ -280,7 +281,7 @@ class CompiledFunction:
                     result = entry.fn(*args, **kwargs)
                 except Exception as e:
                     if not failed_before_effects(entry.fn.__code__, e):
-                        raise
+                        raise at_users_line(e)
                     return self._recover(entry, f"{type(e).__name__}: {e}", args, kwargs)
                 if result is not MISS:
                     self._cache.promote(entry)
@@ -361,7 +362,7 @@ class CompiledFunction:
             result = entry.fn(*args, **kwargs)
         except Exception as e:
             if not failed_before_effects(entry.fn.__code__, e):
-                raise
+                raise at_users_line(e)
             result, why = _FAILED, f"{type(e).__name__}: {e}"
         if result is _FAILED:
             return self._recover(entry, why, args, kwargs)

@@ -11,6 +11,7 @@ import torch.fx
 
 from .. import _torch
 from ..config import config
+from ..user_lines import USER_FRAME
 from ..errors import Unsupported
 from .graph_constants import fx_argument
 from .guards import Guard, GuardKind, GuardSet, TensorMeta
@@ -224,6 +225,17 @@ class OutputGraph:
     def _location(self):
         return self.tx_stack[-1].location() if self.tx_stack else None
 
+    def _op_node(self, kind: str, target, args: tuple, kwargs: dict) -> torch.fx.Node:
+        """A graph node for an op of the user's code, tagged with the user's frame it came
+        from (file, line, function): an error the op raises when the graph runs is reported
+        at that line (``user_lines.py``)."""
+        node = self.graph.create_node(kind, target, args, kwargs)
+        if self.tx_stack:
+            tx = self.tx_stack[-1]
+            filename, lineno, _ = tx.location()
+            node.meta[USER_FRAME] = (filename, lineno, tx.code.co_name)
+        return node
+
     def real_tensor(self, value: TensorValue) -> torch.Tensor:
         for inp in self.tensor_inputs:
             if inp.value is value:
@@ -366,16 +378,16 @@ class OutputGraph:
         # contiguous x) returns the same value: identity is preserved as in eager.
         for a in args:
             if isinstance(a, TensorValue) and result is a.fake:
-                node = self.graph.create_node(kind, target, fx_args, fx_kwargs)
+                node = self._op_node(kind, target, fx_args, fx_kwargs)
                 node.meta["example_value"] = result
                 return a
         if _torch.is_symbolic(result):
             from .values.symbolic import wrap_sym
 
-            return wrap_sym(self, result, lambda: self.graph.create_node(kind, target, fx_args, fx_kwargs))
+            return wrap_sym(self, result, lambda: self._op_node(kind, target, fx_args, fx_kwargs))
         if not _contains_tensor(result):
             if _mutates(kind, target):
-                node = self.graph.create_node(kind, target, fx_args, fx_kwargs)
+                node = self._op_node(kind, target, fx_args, fx_kwargs)
                 node.meta["example_value"] = result
             return _wrap_nontensor(result, _op_name(kind, target))
         if isinstance(result, torch.Tensor) and result.requires_grad and result.grad_fn is None \
@@ -383,7 +395,7 @@ class OutputGraph:
             # a new leaf that requires grad (``torch.zeros(..., requires_grad=True)``): the AOT
             # stage makes a graph one autograd node, and cannot hand out a leaf of its own
             raise Unsupported(f"{_op_name(kind, target)} creates a tensor that requires grad (a new leaf)")
-        node = self.graph.create_node(kind, target, fx_args, fx_kwargs)
+        node = self._op_node(kind, target, fx_args, fx_kwargs)
         return self._wrap_result(node, result)
 
     def _is_input_memory(self, v) -> bool:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import builtins
 import copy
+import io
 import math
 import operator
 import os
@@ -979,3 +980,35 @@ def test_getattribute_and_getattr_run_as_in_python(fn, extra):
         got = kiln.compile(fn, backend="eager")(*args)
         assert CALLS == eager_calls
         torch.testing.assert_close(got, expected)
+
+
+# -- an error raised inside a compiled graph, at the user's line ---------------------------------
+
+SINK = io.StringIO()
+
+
+def view_used_after_its_base_changed(x, v):
+    parts = list(v.split(2, dim=-1))
+    for _ in x:
+        with torch.no_grad():
+            print("step", file=SINK)          # a break: the loop body is a continuation
+            v *= 2
+        total = sum(parts)                    # autograd refuses the stale view: raises here
+    return total
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_an_error_raised_in_a_graph_ends_at_the_users_line(backend):
+    import traceback
+
+    def raised_at(fn):
+        v = torch.randn(4, requires_grad=True)
+        with pytest.raises(RuntimeError) as info:
+            fn(torch.randn(2, 4), v)
+        frames = [f for f in traceback.extract_tb(info.value.__traceback__) if f.filename == __file__]
+        return frames[-1].name, frames[-1].line.strip()
+
+    expected = raised_at(view_used_after_its_base_changed)
+    assert expected == ("view_used_after_its_base_changed", "total = sum(parts)                    # autograd refuses the stale view: raises here")
+    kiln.reset()
+    assert raised_at(kiln.compile(view_used_after_its_base_changed, backend=backend)) == expected
