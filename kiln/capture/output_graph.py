@@ -12,7 +12,7 @@ import torch.fx
 from .. import _torch
 from ..config import config
 from ..user_lines import USER_FRAME
-from ..errors import Unsupported
+from ..errors import FrameRunsEagerly, Unsupported
 from .graph_constants import fx_argument
 from .guards import Guard, GuardKind, GuardSet, TensorMeta
 from .side_effects import SideEffects
@@ -162,6 +162,15 @@ class OutputGraph:
         if type(t) not in (torch.Tensor, torch.nn.Parameter):
             raise Unsupported(f"a tensor subclass {type(t).__name__} as input")
         described = source.describe()
+        if t._is_view():
+            try:
+                t.grad_fn       # (a view whose base was written in place after it was made)
+            except RuntimeError as e:
+                # autograd refuses every use of it, as eager's next use of it will: the frame
+                # runs eagerly and raises there (a user's error, not kiln's; no graph break can
+                # isolate it: the value is read wherever the frame's state is handed on)
+                first = str(e).split(". ")[0]
+                raise FrameRunsEagerly(f"{described}: a tensor autograd refuses to use ({first})") from None
         dims = self.policy.tensor_dims(described, t, static) if self.policy is not None else None
         fake = _torch.fake_from_real(self.fake_mode, t, described, dims)
         if dims is not None:

@@ -60,6 +60,11 @@ FOUND = [
     # a view of an intermediate whose symbolic size the shape environment specialized to a
     # number: its SymInt geometry reached as_strided
     ("inductor", True, 301513),
+    # a row of a tensor iterated in a loop (an unbind view), read by a continuation after its
+    # base was written in place: autograd refuses to touch it, and making it a graph input
+    # raised (the frame runs eagerly now, and raises where eager raises)
+    ("eager", None, 210415),
+    ("aot_eager", True, 210415),
 ]
 
 
