@@ -179,7 +179,8 @@ def plan_break(instrs: list[bu.Instr], index: int, layout: list[str], local_name
 
 def slot_kind(value) -> str:
     """How a stack slot of the interpreter is handed over (NULL, ITER, PREV_EXC, VALUE)."""
-    from .interpreter import UNBOUND as UNBOUND_VALUE, PrevExcValue
+    from .interpreter import UNBOUND as UNBOUND_VALUE
+    from .values.exceptions import PrevExcValue
     from .values.base import NullValue
     from .values.containers import IteratorValue
 

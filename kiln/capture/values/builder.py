@@ -340,7 +340,7 @@ class Builder:
             raise Unsupported(f"an object of type {t.__name__} that cannot be guarded")
         g(GuardKind.TYPE_MATCH, source, t)
         if _is(obj, BaseException):
-            from ..interpreter import ExceptionValue
+            from .exceptions import ExceptionValue
 
             return ExceptionValue(obj, source)   # a continuation's handled exception
         return ObjectValue(obj, source)

@@ -625,7 +625,7 @@ def construct_class(tx, cls_value: ClassValue, args: list[Value], kwargs: dict[s
         raise Unsupported("object() sentinel creation")
     if isinstance(cls, type) and issubclass(cls, BaseException) and cls.__module__ == "builtins" \
             and all(a.is_constant() for a in args) and not kwargs:
-        from ..interpreter import ExceptionValue
+        from .exceptions import ExceptionValue
 
         return ExceptionValue(cls(*[a.as_constant() for a in args]))
     raise Unsupported(f"creating an instance of {cls.__module__}.{cls.__qualname__} "
