@@ -17,7 +17,7 @@ otherwise the graph runs as captured.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 import torch.fx

@@ -130,7 +130,6 @@ def lookup(cf, args: tuple, kwargs: dict):
 def load(cf) -> tuple[int, str]:
     """Install the entries of ``cf``'s frame records into its cache: (entries installed, why
     none were, or the records ignored). Never raises: a failure is a miss."""
-    name = cf._fn.__qualname__
     try:
         fk = frame_key(cf)
         if fk is None:

@@ -28,7 +28,6 @@ from .values.base import LazyArgument
 from ..errors import ConstraintViolation
 from ..shapes.policy import ShapePolicy
 from .sources import LocalSource, RenderContext
-from .values.base import LazyArgument
 from .values.functions import ExistingCellValue
 
 

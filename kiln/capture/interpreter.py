@@ -21,7 +21,7 @@ from ..config import config
 from ..errors import FrameRunsEagerly, Unsupported
 from ..names import functions_under, resolve_name
 from . import bytecode_utils as bu
-from .values.base import NULL, ConstantValue, LazyArgument, NullValue, Value, is_constant_object
+from .values.base import NULL, ConstantValue, LazyArgument, NullValue, Value
 from .values.containers import DictValue, IteratorValue, ListValue, SetValue, TupleValue
 from .values.exceptions import ExceptionValue, PrevExcValue
 from .values.functions import CellValue, NestedFunctionValue, NewCellValue, UserFunctionValue
