@@ -32,7 +32,7 @@ from .._torch import (applied_saved_tensors_hooks, inductor_view_to_reshape, is_
 from ..errors import Unsupported
 from . import _utils as U
 from . import fused_backward as FB
-from .grad_aliasing import distinct
+from .grad_aliasing import distinct, outputs_may_share_memory
 from . import partial as P
 from . import versions as V
 from .runtime import OutputsWithViews, _regenerate_view
@@ -265,6 +265,8 @@ def make_training_core(fw: Callable, bw: Callable, parts, compile_bw: Callable[[
     building and compiling the graph."""
     view_outs = view_outputs(fw, parts)
     fw, bw = caller(fw), (None if bw is None else layout_checked(caller(bw), parts.backward, "the backward"))
+    # (whether the backward's gradients can share memory: checked per call only then)
+    bw_may_alias = parts.backward is None or outputs_may_share_memory(parts.backward.graph)
     nfw = parts.num_fw_outputs
     tangent_positions = list(parts.tangent_positions)
     n_tangents = len(tangent_positions)
@@ -479,7 +481,8 @@ def make_training_core(fw: Callable, bw: Callable, parts, compile_bw: Callable[[
                     grads = [None if deps[i].isdisjoint(partial) else g for i, g in enumerate(grads)]
                 if segmented:
                     return segment_grads(ctx.kiln_backward, grads, primals, first)
-                return (None, *distinct([grads[i] for i in primals]))
+                mine_grads = [grads[i] for i in primals]
+                return (None, *(distinct(mine_grads) if partial is not None or bw_may_alias else mine_grads))
 
         KilnAOTFunction.__name__ = "KilnAOTFunction"
         KilnAOTFunction.kiln_aot = True      # (versions.attach_late_checks finds its nodes by it)

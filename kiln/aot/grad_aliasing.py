@@ -10,7 +10,10 @@ step of a training loop on). So a gradient whose memory overlaps an earlier one'
 """
 from __future__ import annotations
 
+import operator
+
 import torch
+import torch.fx
 
 
 def _extent(t: torch.Tensor) -> tuple[int, int] | None:
@@ -58,3 +61,43 @@ def distinct(grads) -> tuple:
         else:
             earlier.append(g)
     return tuple(out)
+
+
+def outputs_may_share_memory(graph: torch.fx.Graph, outputs: list | None = None) -> bool:
+    """Whether two of ``graph``'s outputs may be one tensor or views of one: the same node
+    twice, or two nodes that alias one root (a view, an op whose schema returns an alias, the
+    item of such an op's list). False lets a backward skip ``distinct`` on every call:
+    duplicate computations were merged into one node before, so aliasing shows here."""
+    from . import _utils as U
+
+    roots = set()
+    for out in (U.flat_outputs(graph) if outputs is None else outputs):
+        if not isinstance(out, torch.fx.Node):
+            continue
+        root = _alias_root(out)
+        if root in roots:
+            return True
+        roots.add(root)
+    return False
+
+
+def _returns_alias(node: torch.fx.Node) -> bool:
+    target = node.target
+    if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
+        return False
+    return any(r.alias_info is not None for r in target._schema.returns)
+
+
+def _alias_root(node: torch.fx.Node) -> torch.fx.Node:
+    while True:
+        if node.op == "call_function" and node.target is operator.getitem \
+                and isinstance(node.args[0], torch.fx.Node):
+            source = node.args[0]
+            if not _returns_alias(source):
+                return node          # (an item of a list of new tensors is its own)
+            node = source
+        if _returns_alias(node) and node.args and isinstance(node.args[0], torch.fx.Node):
+            node = node.args[0]
+            continue
+        return node
+

@@ -1,6 +1,7 @@
 """Gradients accumulate as eager's do over several backward passes: no two leaves share one
 ``.grad`` (``kiln/aot/grad_aliasing.py``)."""
 import copy
+import operator
 
 import pytest
 import torch
@@ -79,3 +80,28 @@ def test_distinct_copies_only_what_overlaps():
     assert out[3] is not same and torch.equal(out[3], same)
     assert out[4].untyped_storage().data_ptr() != base.untyped_storage().data_ptr()
     assert out[5] is None
+
+
+def _graph(body):
+    g = torch.fx.Graph()
+    x = g.placeholder("x")
+    outs = body(g, x)
+    g.output(tuple(outs))
+    return g
+
+
+aten = torch.ops.aten
+
+
+@pytest.mark.parametrize("body, alias", [
+    (lambda g, x: [g.call_function(aten.sin.default, (x,)), g.call_function(aten.cos.default, (x,))], False),
+    (lambda g, x: [(s := g.call_function(aten.sum.dim_IntList, (x, [0]))), s], True),
+    (lambda g, x: [(s := g.call_function(aten.mul.Tensor, (x, 2))), g.call_function(aten.view.default, (s, [-1]))], True),
+    (lambda g, x: [g.call_function(operator.getitem, (g.call_function(aten.split.Tensor, (x, 2)), i)) for i in (0, 1)], True),
+    (lambda g, x: [g.call_function(operator.getitem, (g.call_function(aten.native_layer_norm.default,
+                                                                      (x, [4], None, None, 1e-5)), i)) for i in (0, 1)], False),
+], ids=["distinct", "same_node", "view_of_another", "split_items", "items_of_new_tensors"])
+def test_outputs_may_share_memory(body, alias):
+    from kiln.aot.grad_aliasing import outputs_may_share_memory
+
+    assert outputs_may_share_memory(_graph(body)) is alias
