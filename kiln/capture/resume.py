@@ -13,6 +13,7 @@ successor. Nothing already executed is executed again.
 """
 from __future__ import annotations
 
+import builtins
 import dataclasses
 import sys
 import types
@@ -295,7 +296,7 @@ class FrameIntrospection:
 
     def __init__(self, name: str):
         self.name = name
-        self.builtin = getattr(__import__("builtins"), name)
+        self.builtin = getattr(builtins, name)
 
     def __call__(self, *args, **kwargs):
         frame = sys._getframe(1)
