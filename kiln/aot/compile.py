@@ -78,6 +78,7 @@ class CompiledParts:
     check_inputs: list[int] = field(default_factory=list)
     check_outputs: list[int] = field(default_factory=list)
     copy_saved: list[int] = field(default_factory=list)
+    eager_saves: bool = False                    # eager's graph saves tensors (versions.unpack)
     watch: list = field(default_factory=list)
     late_demand: list = field(default_factory=list)
     saved_demand: list = field(default_factory=list)

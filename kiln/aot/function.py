@@ -415,6 +415,8 @@ def make_training_core(fw: Callable, bw: Callable, parts, compile_bw: Callable[[
                                for i, t in enumerate(tensors)]
                 ctx.save_for_backward(*tensors)
                 ctx.kiln_saved_count = len(tensors) if reads is None else sum(t is not None for t in tensors)
+                # (one node for the whole graph: eager's saved tensors are this node's too)
+                ctx.kiln_eager_saves = parts.eager_saves and not several_nodes
                 ctx.kiln_slots = len(tensors)
                 if watch:
                     ctx.kiln_watch = V.record(tensors, watch)

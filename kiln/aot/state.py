@@ -112,6 +112,9 @@ class ViewAndMutationMeta:
     # the grad mode the function leaves behind when it differs from the mode it was traced in
     # (it calls torch._C._set_grad_enabled: a graph broken inside ``with torch.no_grad()``)
     grad_enabled_after: bool | None = None
+    # whether eager's autograd graph of the outputs saves any tensor (a second backward()
+    # through it then raises "backward through the graph a second time")
+    eager_saves_any: bool = False
 
     @property
     def mutated_data_indices(self) -> list[int]:
@@ -455,7 +458,7 @@ def collect_metadata(flat_fn: Callable, fake_args: list, *, static: Sequence[boo
         if fm is not None:
             fm.epoch += 1   # nothing traced here may be memoized into the real trace
     return ViewAndMutationMeta(inputs, outputs, spec, intermediate_bases,
-                               grad_after if grad_after != prior_grad else None)
+                               grad_after if grad_after != prior_grad else None, eager_saves_any=bool(saved))
 
 
 def mark_mutations_in_graph(meta: ViewAndMutationMeta) -> None:

@@ -148,7 +148,8 @@ def version_checks(forward: torch.fx.GraphModule, backward: torch.fx.GraphModule
     late = [[i, sorted(eager_need(j_outs[j]) or everything)] for j, i in enumerate(meta.mutated_data_indices)]
     late += [[i, sorted(eager_need(j_phs[i]) or everything)] for i in meta.in_graph_mutated_indices]
     return {"check_inputs": check_inputs, "check_outputs": check_outputs, "copy_saved": copy,
-            "watch": watch, "late_demand": late, "saved_demand": demand}
+            "watch": watch, "late_demand": late, "saved_demand": demand,
+            "eager_saves": bool(getattr(meta, "eager_saves_any", False))}
 
 
 class _Saved:
@@ -275,6 +276,10 @@ def unpack(ctx, given: set | None, watch: list, demand: list, everything: frozen
     except RuntimeError:
         stash = getattr(ctx, "kiln_stash", None)
         if stash is None and getattr(ctx, "kiln_saved_count", None) == 0:
+            if getattr(ctx, "kiln_eager_saves", False):
+                # the compiled backward needs nothing, eager's nodes saved tensors: a second
+                # backward() raises as eager's does
+                raise RuntimeError(_SECOND_TIME) from None
             return []    # nothing was saved (``x - y``): eager's nodes backward any number of times
         if stash is None:
             raise

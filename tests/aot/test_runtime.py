@@ -320,6 +320,21 @@ def test_node_that_saves_nothing_backwards_twice_like_eager():
     torch.testing.assert_close(grads[1], grads[0])
 
 
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_node_whose_compiled_backward_saves_nothing_still_refuses_a_second_backward(backend):
+    """``zeros_like(x) * x``: eager's node saves the zeros, so a second backward() raises.
+    Inductor's backward needs nothing saved (the gradient is zeros): kiln's node must raise
+    all the same (it returned a second gradient instead)."""
+    def f(x):
+        return torch.zeros_like(x) * x
+
+    for fn in (f, kiln.compile(f, backend=backend)):
+        out = fn(torch.randn(3, requires_grad=True))
+        out.sum().backward()
+        with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+            out.sum().backward()
+
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 def test_graph_traced_under_autocast_runs_its_own_casts_only(backend):
     """The graph of a call under CPU bf16 autocast holds autocast's casts; run under autocast
