@@ -185,6 +185,19 @@ def test_a_warm_process_launches_recorded_kernels_without_triton_or_inductor(tmp
     torch.testing.assert_close(torch.tensor(other["out"]), torch.tensor(cold["out"]), rtol=0, atol=0)
 
 
+def _record_loads(monkeypatch) -> list:
+    """Each generated-module load from now on: True where kiln loaded it (recorded kernels)."""
+    loaded_calls: list = []
+    orig = G.load
+
+    def spy(*args):
+        module = orig(*args)
+        loaded_calls.append(module is not None)
+        return module
+    monkeypatch.setattr(G, "load", spy)
+    return loaded_calls
+
+
 @requires_cuda
 def test_recorded_kernels_match_inductors_in_process(tmp_path, monkeypatch):
     """A reduction Inductor autotunes among several configurations, recorded with the one it
@@ -202,14 +215,7 @@ def test_recorded_kernels_match_inductors_in_process(tmp_path, monkeypatch):
     kernels = store.kernels_dir()
     assert any(n.endswith(T.SUFFIX) for n in os.listdir(kernels))
     kiln.reset()
-    loaded_calls = []
-    orig = G.load
-
-    def spy(*args):
-        module = orig(*args)
-        loaded_calls.append(module is not None)
-        return module
-    monkeypatch.setattr(G, "load", spy)
+    loaded_calls = _record_loads(monkeypatch)
     again = kiln.compile(f, backend="inductor")(x, w)
     assert loaded_calls == [True]
     torch.testing.assert_close(again, expected, rtol=0, atol=0)
@@ -257,14 +263,7 @@ def test_a_kernel_whose_name_triton_cuts_is_recorded(monkeypatch):
             names += list(header["kernels"])
     assert any(len(name) > 150 for name in names), names
     kiln.reset()
-    loaded_calls = []
-    orig = G.load
-
-    def spy(*args):
-        module = orig(*args)
-        loaded_calls.append(module is not None)
-        return module
-    monkeypatch.setattr(G, "load", spy)
+    loaded_calls = _record_loads(monkeypatch)
     again = kiln.compile(f, backend="inductor")(x)
     assert loaded_calls == [True]
     torch.testing.assert_close(again, expected, rtol=0, atol=0)

@@ -58,27 +58,26 @@ def _map_outputs(out, f):
     return out
 
 
-def more_precise(gm, example_inputs):
-    """float32 inputs computed in float64, results rounded back: eager's function, other bits."""
-    def run(*args):
-        if not any(isinstance(a, torch.Tensor) and a.dtype == torch.float32 for a in args):
-            return gm(*args)
-        up = [a.double() if isinstance(a, torch.Tensor) and a.dtype == torch.float32 else a for a in args]
-        return _map_outputs(gm(*up), lambda t: t.float() if t.dtype == torch.float64 else t)
-    return run
+def _computing_float32_in(dtype):
+    """A backend that computes float32 inputs in ``dtype`` and rounds the results back."""
+    def backend(gm, example_inputs):
+        def run(*args):
+            if not any(isinstance(a, torch.Tensor) and a.dtype == torch.float32 for a in args):
+                return gm(*args)
+            cast = [a.to(dtype) if isinstance(a, torch.Tensor) and a.dtype == torch.float32 else a for a in args]
+            return _map_outputs(gm(*cast), lambda t: t.float() if t.dtype == dtype else t)
+        return run
+    return backend
+
+
+# eager's function, other bits: float32 computed in float64
+more_precise = _computing_float32_in(torch.float64)
+# a miscompile that loses precision
+in_bfloat16 = _computing_float32_in(torch.bfloat16)
 
 
 def plus_one(gm, example_inputs):
     return lambda *args: _map_outputs(gm(*args), lambda t: t + 1 if t.is_floating_point() else t)
-
-
-def in_bfloat16(gm, example_inputs):
-    def run(*args):
-        if not any(isinstance(a, torch.Tensor) and a.dtype == torch.float32 for a in args):
-            return gm(*args)
-        down = [a.bfloat16() if isinstance(a, torch.Tensor) and a.dtype == torch.float32 else a for a in args]
-        return _map_outputs(gm(*down), lambda t: t.float() if t.dtype == torch.bfloat16 else t)
-    return run
 
 
 def test_rounding_amplified_by_the_program_is_noise():
