@@ -15,6 +15,8 @@ import operator
 import torch
 import torch.fx
 
+from . import _utils as U
+
 
 def _extent(t: torch.Tensor) -> tuple[int, int] | None:
     """(first byte, end byte) of the memory ``t`` covers in its storage; None when empty."""
@@ -68,8 +70,6 @@ def outputs_may_share_memory(graph: torch.fx.Graph, outputs: list | None = None)
     twice, or two nodes that alias one root (a view, an op whose schema returns an alias, the
     item of such an op's list). False lets a backward skip ``distinct`` on every call:
     duplicate computations were merged into one node before, so aliasing shows here."""
-    from . import _utils as U
-
     roots = set()
     for out in (U.flat_outputs(graph) if outputs is None else outputs):
         if not isinstance(out, torch.fx.Node):

@@ -11,6 +11,7 @@ import collections
 import operator
 
 from ...errors import Unsupported
+from .attributes import _MISSING, static_lookup
 from .base import ConstantValue, Value
 
 
@@ -735,8 +736,6 @@ def _plain_lookup(cls: type, name: str) -> bool:
     """True when ``name`` is nowhere on ``cls`` and nothing of the class's own code takes part
     in looking it up (no ``__getattr__``, ``object``'s ``__getattribute__``): an instance
     without it in its ``__dict__`` raises AttributeError."""
-    from .attributes import _MISSING, static_lookup
-
     return (static_lookup(cls, name) is _MISSING and static_lookup(cls, "__getattr__") is _MISSING
             and static_lookup(cls, "__getattribute__") is static_lookup(dict, "__getattribute__"))
 
