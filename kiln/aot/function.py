@@ -492,10 +492,13 @@ def make_training_core(fw: Callable, bw: Callable, parts, compile_bw: Callable[[
             _observed_by_hooks(KilnAOTFunction)
         return KilnAOTFunction
 
-    def saved_values(ctx, state) -> None:
-        """(segments, fused) This node's saved values, checked as eager would, into ``state``."""
-        V.run_late_checks(ctx, None, late_demand)
-        args = V.unpack(ctx, None, watch, saved_demand, ctx.kiln_mine)
+    def saved_values(ctx, state, given: set) -> None:
+        """(segments, fused) This node's saved values, checked as eager would, into ``state``
+        (``given``: the tangents backward() brought to this node; a value only the others need
+        may have changed in place since the forward, as eager allows)."""
+        partial = None if ctx.kiln_mine <= given else frozenset(given)
+        V.run_late_checks(ctx, partial, late_demand)
+        args = V.unpack(ctx, partial, watch, saved_demand, ctx.kiln_mine)
         ctx.maybe_clear_saved_tensors()
         if n_checked:
             del args[len(args) - n_checked:]
@@ -510,13 +513,13 @@ def make_training_core(fw: Callable, bw: Callable, parts, compile_bw: Callable[[
     def hand_to_first(ctx, state, tangents_: list, given: set, primals: list) -> tuple:
         for j in given:
             state.tangents[j] = tangents_[j]
-        saved_values(ctx, state)
+        saved_values(ctx, state, given)
         return (None,) + (None,) * len(primals)
 
     def run_fused(ctx, state, tangents_: list, given: set, primals: list) -> tuple:
         for j in given:
             state.tangents[j] = tangents_[j]
-        saved_values(ctx, state)
+        saved_values(ctx, state, given)
         todo = frozenset(state.tangents)
         if not todo:
             state.begin(None, False)

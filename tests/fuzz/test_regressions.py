@@ -621,6 +621,20 @@ def fn(w, v):
     return t
 ''', found="seed 6271, aot_eager (the node of t saves nothing: eager backwards it again)",
         backends=("aot_eager",), dynamic=(None, True)),
+    "output_changed_in_place_after_a_break_needed_by_another_output_only": Case('''
+def make_inputs(seed, n, k, s, flag):
+    return (randn(seed, 4, 4, rg=True),)
+
+def fn(w):
+    low = w.min()
+    w = w ** 2
+    act = torch.nn.functional.silu(w)
+    print("break", file=LOG)
+    low *= 2
+    return torch.einsum('ij,jk->ik', act, w)
+''', found="seed 414037, aot_eager, dynamic None and True (the segmented graph's backward, run as one "
+              "fused graph, checked the version of every saved value: also those only the gradient of "
+              "another output reads)", backends=("aot_eager", "inductor"), dynamic=(None, True)),
     "equal_outputs_are_two_tensors": Case('''
 def make_inputs(seed, n, k, s, flag):
     return (randn(seed, n, 4, rg=True), [randn(seed + 1, n, 4)])
