@@ -79,6 +79,7 @@ class CompiledParts:
     check_outputs: list[int] = field(default_factory=list)
     copy_saved: list[int] = field(default_factory=list)
     eager_saves: bool = False                    # eager's graph saves tensors (versions.unpack)
+    eager_saving_outputs: list = field(default_factory=list)   # per forward output (state.py)
     watch: list = field(default_factory=list)
     late_demand: list = field(default_factory=list)
     saved_demand: list = field(default_factory=list)

@@ -196,6 +196,36 @@ def _plain_backward_probe():
 _PROBE, _PROBE_NODE = _plain_backward_probe()
 
 
+def _handed_back(parts: CompiledParts, n_args: int) -> dict[int, frozenset]:
+    """(segments) Per tangent, the tangents whose gradient flows back into its output: those of
+    the segments that read the output as a handoff, and of the segments reading theirs."""
+    readers: dict = {}              # forward output -> segments reading it
+    for c, (_, _, ins) in enumerate(parts.segments):
+        for i in ins:
+            if i >= n_args:
+                readers.setdefault(parts.handoffs[i - n_args][1], set()).add(c)
+    below: dict = {}
+
+    def downstream(c: int) -> frozenset:
+        """Tangents of segment ``c`` and of every segment that reads from it."""
+        if c not in below:
+            below[c] = frozenset()     # (segments form a chain: no cycle, but stay finite)
+            tangents, outputs, _ = parts.segments[c]
+            found = set(tangents)
+            for p in outputs:
+                for d in readers.get(p, ()):
+                    found |= downstream(d)
+            below[c] = frozenset(found)
+        return below[c]
+
+    out = {}
+    for tangents, _, _ in parts.segments:
+        for j in tangents:
+            p = parts.tangent_positions[j]
+            out[j] = frozenset().union(*[downstream(d) for d in readers.get(p, ())])
+    return out
+
+
 def _node_by_node_reason(ctx, state: _Backward) -> str | None:
     """Why a segmented call's backward cannot run as one graph (None: it can)."""
     if state.observed:
@@ -275,6 +305,7 @@ def make_training_core(fw: Callable, bw: Callable, parts, compile_bw: Callable[[
     static_zeros = _static_zeros(parts)
     check_inputs, check_outputs = list(parts.check_inputs), list(parts.check_outputs)
     copy_saved = list(parts.copy_saved)
+    saving_outputs = frozenset(parts.eager_saving_outputs)
     watch = [(pos, frozenset(need)) for pos, need in parts.watch]
     late_demand = {j: frozenset(need) for j, need in parts.late_demand}
     saved_demand = [[frozenset(u) for u in uses] for uses in parts.saved_demand]
@@ -382,6 +413,8 @@ def make_training_core(fw: Callable, bw: Callable, parts, compile_bw: Callable[[
         ``last``, the node of the first and of the last segment.)"""
         mine = frozenset(tangents)
         whole = len(mine) == n_tangents
+        eager_saves = parts.eager_saves if not several_nodes else \
+            not saving_outputs.isdisjoint(outputs)
         position_of = {k: p for p, k in enumerate(outputs)}
         my_tangents = [(j, tangent_positions[j]) for j in tangents]
         out_nondiff = [k for k in outputs if k in nondiff]
@@ -415,8 +448,8 @@ def make_training_core(fw: Callable, bw: Callable, parts, compile_bw: Callable[[
                                for i, t in enumerate(tensors)]
                 ctx.save_for_backward(*tensors)
                 ctx.kiln_saved_count = len(tensors) if reads is None else sum(t is not None for t in tensors)
-                # (one node for the whole graph: eager's saved tensors are this node's too)
-                ctx.kiln_eager_saves = parts.eager_saves and not several_nodes
+                # (eager's nodes behind this node's outputs saved tensors)
+                ctx.kiln_eager_saves = eager_saves
                 ctx.kiln_slots = len(tensors)
                 if watch:
                     ctx.kiln_watch = V.record(tensors, watch)
@@ -495,7 +528,10 @@ def make_training_core(fw: Callable, bw: Callable, parts, compile_bw: Callable[[
     def saved_values(ctx, state, given: set) -> None:
         """(segments, fused) This node's saved values, checked as eager would, into ``state``
         (``given``: the tangents backward() brought to this node; a value only the others need
-        may have changed in place since the forward, as eager allows)."""
+        may have changed in place since the forward, as eager allows). A gradient handed back
+        from a later segment reaches this node's outputs too: eager runs (and frees) their
+        nodes then, as for a tangent."""
+        given = set(given) | {j for j in ctx.kiln_mine if not handed_back[j].isdisjoint(state.tangents)}
         partial = None if ctx.kiln_mine <= given else frozenset(given)
         V.run_late_checks(ctx, partial, late_demand)
         args = V.unpack(ctx, partial, watch, saved_demand, ctx.kiln_mine)
@@ -548,6 +584,9 @@ def make_training_core(fw: Callable, bw: Callable, parts, compile_bw: Callable[[
             out.append(g if more is None else more if g is None else g + more)
         return (None, *distinct(out))
 
+    # (segments) per tangent: the tangents of later segments whose gradient comes back
+    # through its output (the segments reading that output, and theirs in turn)
+    handed_back = _handed_back(parts, n_args) if segmented else {}
     groups = parts.segments if segmented else P.components(parts, U.flat_outputs(parts.forward.graph)[:nfw])
     if segmented:
         # the first segment's node takes every input of the function (and the probe, last);

@@ -496,9 +496,11 @@ class MutationsAndAliases(RuntimeWrapper):
                     if len(ptrs.get(args[i].untyped_storage().data_ptr(), ())) > 1:
                         raise RunAsCaptured(f"AOT autograd: input {i} is mutated and shares memory with another "
                                             "input, which it did not at compile time; recompile")
-            outs = compiled(*args)
             if written:
+                # (before the graph: a value saved for the backward after the write may be the
+                # input itself, whose version eager's autograd records after the write)
                 torch.autograd.graph.increment_version([args[i] for i in written])
+            outs = compiled(*args)
             for j, i in enumerate(mutated):
                 inp, new, info = args[i], outs[j], infos[i]
                 if info.mutates_metadata:

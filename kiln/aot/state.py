@@ -51,6 +51,8 @@ class InputInfo:
     # eager's autograd saves this memory for the backward of the live outputs: backward()
     # after the user changes it in place raises "modified by an inplace operation"
     saved_by_eager: bool = False
+    # (a mutated input) a node of the call on its new value's gradient way saved a tensor
+    saves_below: bool = False
     # the graph itself writes the new value (``aten.copy_`` into the placeholder at the end of
     # the forward) instead of returning it for the runtime to copy back: see
     # ``mark_mutations_in_graph``
@@ -98,6 +100,9 @@ class OutputInfo:
     # MULTI_OUTPUT_NODE...), which decides what autograd allows on it (in-place ops)
     creation_meta: str | None = None
     saved_by_eager: bool = False   # (graph outputs, intermediate bases) see InputInfo
+    # (graph outputs, intermediate bases) a node of the call on its gradient's way saved a
+    # tensor: eager's second backward() through it raises
+    saves_below: bool = False
 
 
 @dataclass
@@ -164,6 +169,14 @@ class ViewAndMutationMeta:
         n_mut = len(self.mutated_data_indices)
         infos = [self.outputs[k] for k in self.graph_output_indices] + list(self.intermediate_bases)
         return [n_mut + j for j, o in enumerate(infos) if o.saved_by_eager]
+
+    def eager_saving_fw_outputs(self) -> list[int]:
+        """Forward outputs whose gradient goes through a node of the call that saved a tensor
+        in eager (a new value of a mutated input: its input's ``saves_below``)."""
+        n_mut = len(self.mutated_data_indices)
+        infos = [self.inputs[i] for i in self.mutated_data_indices] + \
+            [self.outputs[k] for k in self.graph_output_indices] + list(self.intermediate_bases)
+        return [j for j, o in enumerate(infos) if o.saves_below]
 
     def fw_output_differentiable(self) -> list[bool]:
         mask = [self.inputs[i].mutation_needs_grad for i in self.mutated_data_indices]
@@ -312,7 +325,7 @@ def collect_metadata(flat_fn: Callable, fake_args: list, *, static: Sequence[boo
         # alias (``x.detach().copy_(...)``) or under no_grad does not
         grad_fn_before = [a.grad_fn if isinstance(a, torch.Tensor) else None for a in f_args]
         try:
-            with V.recording_saves() as saved_storages:
+            with V.recording_saves() as recording:
                 out = flat_fn(*f_args)
             grad_after = torch.is_grad_enabled()
         except U_DATA_DEPENDENT as e:
@@ -446,7 +459,7 @@ def collect_metadata(flat_fn: Callable, fake_args: list, *, static: Sequence[boo
                                         rel_offset=o.storage_offset() - outs[j].storage_offset(),
                                         dtype=outputs[k].dtype, creation_meta=outputs[k].creation_meta)
         intermediate_bases = _views_of_intermediates(outs, outputs)
-        saved = saved_storages()
+        saved = recording.storages()
         for a, info in zip(f_args, inputs):
             info.saved_by_eager = isinstance(a, torch.Tensor) and StorageWeakRef(a.untyped_storage()) in saved
         for o, info in zip(outs, outputs):
@@ -454,11 +467,37 @@ def collect_metadata(flat_fn: Callable, fake_args: list, *, static: Sequence[boo
                 info.saved_by_eager = StorageWeakRef(o.untyped_storage()) in saved
         for b in intermediate_bases:
             b.saved_by_eager = StorageWeakRef(outs[b.base].untyped_storage()) in saved
+        _record_saves_below(recording, f_args, inputs, outs, outputs, intermediate_bases, grad_fn_before)
         fm = U.fake_mode_of(fake_args)
         if fm is not None:
             fm.epoch += 1   # nothing traced here may be memoized into the real trace
     return ViewAndMutationMeta(inputs, outputs, spec, intermediate_bases,
                                grad_after if grad_after != prior_grad else None, eager_saves_any=bool(saved))
+
+
+def _record_saves_below(recording, f_args, inputs, outs, outputs, intermediate_bases, grad_fn_before) -> None:
+    """``saves_below`` of each mutated input, graph output and intermediate base: per autograd
+    node, not once for the graph (a graph whose backward is several nodes raises eager's
+    "backward through the graph a second time" per node)."""
+    def grad_fn(t):
+        return t.grad_fn if isinstance(t, torch.Tensor) else None
+
+    infos, roots = [], []
+    for a, info in zip(f_args, inputs):
+        if info.mutates_data:
+            infos.append(info)
+            roots.append(grad_fn(a))
+    for o, info in zip(outs, outputs):
+        if info.kind == "graph":
+            infos.append(info)
+            roots.append(grad_fn(o))
+    for b in intermediate_bases:
+        view = outs[b.base]
+        infos.append(b)
+        roots.append(grad_fn(view._base if isinstance(view, torch.Tensor) and view._base is not None else view))
+    stop = {g for g in grad_fn_before if g is not None}
+    for info, saves in zip(infos, recording.saves_below(roots, stop)):
+        info.saves_below = saves
 
 
 def mark_mutations_in_graph(meta: ViewAndMutationMeta) -> None:

@@ -149,7 +149,8 @@ def version_checks(forward: torch.fx.GraphModule, backward: torch.fx.GraphModule
     late += [[i, sorted(eager_need(j_phs[i]) or everything)] for i in meta.in_graph_mutated_indices]
     return {"check_inputs": check_inputs, "check_outputs": check_outputs, "copy_saved": copy,
             "watch": watch, "late_demand": late, "saved_demand": demand,
-            "eager_saves": bool(getattr(meta, "eager_saves_any", False))}
+            "eager_saves": bool(getattr(meta, "eager_saves_any", False)),
+            "eager_saving_outputs": meta.eager_saving_fw_outputs()}
 
 
 class _Saved:
@@ -161,30 +162,75 @@ class _Saved:
         self.storage = storage
 
 
+class Recording:
+    """What ``recording_saves`` learned of the function's autograd graph."""
+
+    def __init__(self):
+        self.tokens: list = []
+        self.probing = False
+
+    def storages(self) -> set:
+        """The memory saved by nodes still alive, i.e. reachable from the function's live values
+        (as ``StorageWeakRef``)."""
+        return {tok.storage for tok in (r() for r in self.tokens) if tok is not None and tok.storage is not None}
+
+    def saves_below(self, roots: list, stop: set) -> list[bool]:
+        """Per root (a grad_fn or None): whether a node of this call on the way from it to the
+        inputs (``stop``: their grad_fns, not this call's) saved a tensor. Its backward frees
+        them: a second backward() through that root raises in eager."""
+        memo: dict = {}
+
+        def saves(node) -> bool:
+            if node is None or node in stop or type(node).__name__ == "AccumulateGrad":
+                return False
+            if node not in memo:
+                memo[node] = False          # (a node is reached once per walk)
+                memo[node] = self._saved_by(node) or any(saves(n) for n, _ in node.next_functions)
+            return memo[node]
+
+        self.probing = True
+        try:
+            return [saves(r) for r in roots]
+        finally:
+            self.probing = False
+
+    @staticmethod
+    def _saved_by(node) -> bool:
+        names = [a for a in dir(node) if a.startswith("_saved_")] or \
+            (["saved_tensors"] if hasattr(node, "saved_tensors") else [])
+        for a in names:
+            try:
+                v = getattr(node, a)
+            except RuntimeError:
+                return True     # (already freed: it saved something)
+            if isinstance(v, torch.Tensor) or \
+                    (isinstance(v, (list, tuple)) and any(isinstance(x, torch.Tensor) for x in v)):
+                return True
+        return False
+
+
 @contextlib.contextmanager
 def recording_saves():
     """Record the tensors autograd saves while the function runs (eager's autograd formulas
-    run on the functional tensors: the same ops save the same tensors). Yields ``live() ->
-    set of StorageWeakRef``: the memory saved by nodes still alive, i.e. reachable from the
-    function's live values. Nothing here runs a backward (the hooks skip version checks)."""
-    tokens: list = []
+    run on the functional tensors: the same ops save the same tensors). Yields a ``Recording``.
+    Nothing here runs a backward (the hooks skip version checks)."""
+    rec = Recording()
 
     def pack(t):
         tok = _Saved(StorageWeakRef(t.untyped_storage()) if isinstance(t, torch.Tensor) else None)
-        tokens.append(weakref.ref(tok))
+        rec.tokens.append(weakref.ref(tok))
         return tok
 
-    def unpack(tok):  # pragma: no cover (no backward runs while recording)
-        raise RuntimeError("kiln.aot: a recorded saved tensor was unpacked")
-
-    def live() -> set:
-        return {tok.storage for tok in (r() for r in tokens) if tok is not None and tok.storage is not None}
+    def unpack(tok):
+        if not rec.probing:     # pragma: no cover (no backward runs while recording)
+            raise RuntimeError("kiln.aot: a recorded saved tensor was unpacked")
+        return torch.empty(0)   # (``saves_below`` asks only whether something is saved)
 
     set_tracing = getattr(torch._C._autograd, "_saved_tensors_hooks_set_tracing", None)
     prior = set_tracing(False) if set_tracing is not None else None
     try:
         with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
-            yield live
+            yield rec
     finally:
         if set_tracing is not None:
             set_tracing(prior)

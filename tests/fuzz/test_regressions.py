@@ -635,6 +635,64 @@ def fn(w):
 ''', found="seed 414037, aot_eager, dynamic None and True (the segmented graph's backward, run as one "
               "fused graph, checked the version of every saved value: also those only the gradient of "
               "another output reads)", backends=("aot_eager", "inductor"), dynamic=(None, True)),
+    "backward_again_through_a_segment_a_handed_gradient_ran": Case('''
+def make_inputs(seed, n, k, s, flag):
+    return (randn(seed, 4, 4, rg=True),)
+
+def fn(w):
+    w = 3.0 * w
+    loss = (w * w).sum()
+    loss.backward()
+    return w.mean(dim=0, keepdim=True)
+''', found="seeds 230152, 423045, aot_eager and inductor (eager's node of 3.0 * w saved the scalar and "
+              "ran in the first backward, through the loss's gradient; the segment's compiled node saves "
+              "nothing, so the second backward went through)", backends=("aot_eager", "inductor"),
+        dynamic=(None, True)),
+    "saved_value_is_the_input_the_graph_wrote": Case('''
+class Box:
+    def __init__(self, t):
+        self.t = t
+
+def make_inputs(seed, n, k, s, flag):
+    return (randn(seed, n, 4, rg=True, dtype=torch.float64), Box(randn(seed + 1, n, 4, dtype=torch.float64)))
+
+def fn(x, box):
+    box.t[0] = 0.0
+    box.t = box.t / (x.abs() + 1.0)
+    return {'t': box.t}
+''', found="seed 423031, inductor (Inductor wrote the input in place and returned it as the saved "
+              "value; the runtime bumped its version after the save, so backward() raised)",
+        backends=("aot_eager", "inductor"), dynamic=(None, True)),
+    "inplace_operator_on_a_partly_overlapping_view": Case('''
+class Box:
+    def __init__(self, k):
+        self.k = k
+
+def make_inputs(seed, n, k, s, flag):
+    return (randn(seed, 4), Box(k))
+
+def fn(v, box):
+    t = v[None]
+    box.tag = box.k * 2
+    v[1:] += 1.0
+    t += v
+''', found="seed 406105, eager and aot_eager (``t += v`` is ``t.__iadd__(v)``, which the in-place checks "
+              "did not see: eager refuses the overlap, aot_eager returned a value and the eager backend "
+              "raised from the graph, before the attribute was stored)"),
+    "inplace_operators_check_as_inplace_methods": Case('''
+def make_inputs(seed, n, k, s, flag):
+    return (torch.arange(n), randn(seed, 1, 4))
+
+def fn(i, x):
+    try:
+        i *= 2.5
+    except RuntimeError:
+        LOG.write("int *= float refused\\n")
+    e = x.expand(3, 4)
+    e += 1
+    return e
+''', found="sibling of seed 406105 (``int_tensor *= 2.5`` and ``expanded += 1`` raise in eager; compiled "
+              "they returned values)"),
     "equal_outputs_are_two_tensors": Case('''
 def make_inputs(seed, n, k, s, flag):
     return (randn(seed, n, 4, rg=True), [randn(seed + 1, n, 4)])
