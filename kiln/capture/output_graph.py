@@ -21,6 +21,7 @@ from .values.base import ConstantValue, Value
 from .values.builder import STATE_READERS, Builder, is_trusted_module
 from .values.containers import ListValue, NamedTupleValue, TupleValue
 from .values.numpy_values import NdarrayValue
+from .values.overlap import has_internal_overlap, may_partially_overlap
 from .values.tensor import TensorValue
 
 
@@ -354,8 +355,11 @@ class OutputGraph:
             # an input's new size would have to be written back (functionalization copies
             # values into the old size): run it eagerly
             raise Unsupported(f"Tensor.{target}() of a graph input (or a view of one)")
-        if kind == "call_method" and target in _ARITHMETIC_INPLACE and len(args) >= 2:
-            _check_inplace_result_type(target, args)
+        inplace = _inplace_name(kind, target)
+        if inplace is not None:
+            _refuse_partial_overlap(inplace, args, kwargs)
+            if inplace in _ARITHMETIC_INPLACE and len(args) >= 2:
+                _check_inplace_result_type(inplace, args)
         fx_args = tuple(self.to_fx(a) for a in args)
         fx_kwargs = {k: self.to_fx(v) for k, v in kwargs.items()}
         fake_args = tuple(_to_fake(a) for a in args)
@@ -549,11 +553,46 @@ def _placeholder_name(source: Source) -> str:
 
 
 def _mutates(kind, target) -> bool:
-    """An op run for its effect on its arguments (x[i] = v, x.add_(1), torch._foreach_mul_)."""
-    if target is _operator.setitem:
-        return True
+    """An op run for its effect on its arguments (x[i] = v, x.add_(1), x += 1,
+    torch._foreach_mul_)."""
+    return target is _operator.setitem or _inplace_name(kind, target) is not None
+
+
+# Python's in-place operators on a tensor (``x += y`` is ``x.__iadd__(y)``): the writes of
+# these in-place methods, with their checks
+_INPLACE_OPERATORS = {"__iadd__": "add_", "__isub__": "sub_", "__imul__": "mul_", "__itruediv__": "div_",
+                      "__ifloordiv__": "floor_divide_", "__imod__": "remainder_", "__ipow__": "pow_",
+                      "__iand__": "bitwise_and_", "__ior__": "bitwise_or_", "__ixor__": "bitwise_xor_",
+                      "__ilshift__": "bitwise_left_shift_", "__irshift__": "bitwise_right_shift_"}
+
+
+def _inplace_name(kind, target) -> str | None:
+    """The in-place method an op is (``add_`` for ``x.add_(y)``, ``x += y`` and
+    ``operator.iadd``), or None."""
     name = target if kind == "call_method" else getattr(target, "__name__", "")
-    return isinstance(name, str) and name.endswith("_") and not name.endswith("__")
+    if not isinstance(name, str):
+        return None
+    if kind != "call_method" and getattr(target, "__module__", None) in ("operator", "_operator"):
+        name = f"__{name}__"
+    if name in _INPLACE_OPERATORS:
+        return _INPLACE_OPERATORS[name]
+    return name if name.endswith("_") and not name.endswith("__") else None
+
+
+def _refuse_partial_overlap(name: str, args: tuple, kwargs: dict) -> None:
+    """An in-place op whose output is expanded, or that reads a view of the memory it writes
+    that partly overlaps it: eager's overlap check decides (a break), see ``values/overlap.py``.
+    (Fake tensors do not check; a functionalized graph would return a value where eager raises.)"""
+    if not args or not isinstance(args[0], TensorValue):
+        return
+    target = args[0].fake
+    if has_internal_overlap(target):
+        raise Unsupported(f"in-place {name}() on a tensor whose elements share memory "
+                          f"(an expand: eager checks the overlap)")
+    for a in (*args[1:], *kwargs.values()):
+        if isinstance(a, TensorValue) and may_partially_overlap(target, a.fake):
+            raise Unsupported(f"in-place {name}() reads a partly overlapping view of the "
+                              f"tensor it writes (eager checks the overlap)")
 
 
 def _op_name(kind, target) -> str:

@@ -9,7 +9,7 @@ import torch
 from ...errors import Unsupported
 from .base import ConstantValue, Value
 from .containers import TupleValue
-from .overlap import same_storage
+from .overlap import may_partially_overlap, same_storage
 
 # Tensor methods whose result is metadata, computed from the fake tensor at capture time.
 # Sound because TENSOR_MATCH guards dtype, device, sizes, strides and requires_grad.
@@ -169,8 +169,6 @@ class TensorValue(Value):
             return ConstantValue(self.fake.type().replace("Fake", ""))
         if name == "requires_grad_" or name == "retain_grad":
             raise Unsupported(f"Tensor.{name}() changes autograd state of a graph value")
-        if _is_inplace_name(name):
-            _refuse_partial_overlap(name, self, [*args, *kwargs.values()])
         return tx.output.call_op("call_method", name, (self, *args), kwargs)
 
 
@@ -178,8 +176,6 @@ def _refuse_setitem_overlap(tx, fake: torch.Tensor, index, value: torch.Tensor) 
     """``tensor[index] = value`` copies into the indexed part: eager may refuse the overlap
     (overlap.py). ``t[i] += 1`` writes back the very view it read, which eager allows."""
     from ..output_graph import _to_fake
-    from .overlap import may_partially_overlap
-
     try:
         with tx.output.fake_mode:
             target = fake[_to_fake(index)]   # what eager writes into (a copy if advanced)
@@ -189,24 +185,6 @@ def _refuse_setitem_overlap(tx, fake: torch.Tensor, index, value: torch.Tensor) 
         target = None
     if target is None or may_partially_overlap(target, value):
         raise Unsupported("tensor[...] = a partly overlapping view of the same tensor (eager checks the overlap)")
-
-
-def _refuse_partial_overlap(name: str, target: "TensorValue", args: list) -> None:
-    """An in-place method reading a view of the memory it writes: eager's overlap check
-    decides (a break), see overlap.py."""
-    from .overlap import has_internal_overlap, may_partially_overlap
-
-    if has_internal_overlap(target.fake):
-        raise Unsupported(f"in-place Tensor.{name}() on a tensor whose elements share memory "
-                          f"(an expand: eager checks the overlap)")
-    for a in args:
-        if isinstance(a, TensorValue) and may_partially_overlap(target.fake, a.fake):
-            raise Unsupported(f"in-place Tensor.{name}() reads a partly overlapping view of the "
-                              f"tensor it writes (eager checks the overlap)")
-
-
-def _is_inplace_name(name: str) -> bool:
-    return name.endswith("_") and not name.endswith("__")
 
 
 # The real operator functions: graphs print as operator.getitem and backends recognise them.
