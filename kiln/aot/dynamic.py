@@ -107,7 +107,14 @@ def shape_key(args: tuple) -> tuple:
 
 
 class PerShapeCompiled:
-    """The graph compiled with static shapes for each distinct ``shape_key`` of its calls."""
+    """The graph compiled with static shapes for each distinct ``shape_key`` of its calls.
+
+    Its saved form (``per_shape_entry``) holds the backend's payload of each shape compiled so
+    far. A backend that can save its results sets ``saver`` (runs one compile and returns it
+    with its payload, or None) and ``on_new`` (called once a shape compiled: the backend's cache
+    entry is written again); a load fills ``stored`` (shape key as text -> payload) and
+    ``load_one`` (payload -> compiled), and a call of a stored shape loads it instead of
+    compiling."""
 
     def __init__(self, compile_static: Callable[[list], Callable], reason: str = "",
                  on_failure: Callable[[BaseException], Callable] | None = None):
@@ -116,24 +123,50 @@ class PerShapeCompiled:
         self.reason = reason
         self.cache: OrderedDict = OrderedDict()
         self.compiles = 0
+        self.saver: Callable[[Callable[[], Callable]], tuple[Callable, bytes | None]] | None = None
+        self.on_new: Callable[[], None] | None = None
+        self.load_one: Callable[[bytes], Callable] | None = None
+        self.saved: dict[str, bytes] = {}       # shape key text -> payload (compiled or loaded here)
+        self.stored: dict[str, bytes] = {}      # from the entry, not loaded yet
 
     def __call__(self, *args):
         key = shape_key(args)
         fn = self.cache.get(key)
         if fn is None:
-            try:
-                fn = self._compile(list(args))
-            except Exception as e:
-                if self._on_failure is None:
-                    raise
-                fn = self._on_failure(e)
-            self.compiles += 1
+            text = repr(key)         # (the key's text is the same in another process)
+            payload = self.stored.pop(text, None)
+            if payload is not None and self.load_one is not None:
+                try:
+                    fn = self.load_one(payload)
+                    self.saved[text] = payload
+                except Exception as e:  # noqa: BLE001 - a payload that does not load: compile it
+                    log.info("kiln AOT: a stored per-shape graph did not load (%s: %s)", type(e).__name__, e)
+            if fn is None:
+                fn = self._compile_one(list(args), text)
             self.cache[key] = fn
             if len(self.cache) > PER_SHAPE_CACHE_SIZE:
                 self.cache.popitem(last=False)
         else:
             self.cache.move_to_end(key)
         return fn(*args)
+
+    def _compile_one(self, args: list, text: str) -> Callable:
+        def compile_it() -> Callable:
+            try:
+                return self._compile(args)
+            except Exception as e:
+                if self._on_failure is None:
+                    raise
+                return self._on_failure(e)
+        self.compiles += 1
+        if self.saver is None:
+            return compile_it()
+        fn, payload = self.saver(compile_it)
+        if payload is not None:
+            self.saved[text] = payload
+            if self.on_new is not None:
+                self.on_new()
+        return fn
 
     def __repr__(self) -> str:
         return f"<kiln.aot.PerShapeCompiled {len(self.cache)} shapes compiled ({self.reason})>"

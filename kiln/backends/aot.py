@@ -71,7 +71,7 @@ def aot_backend(fw_compiler: Callable | None = None, bw_compiler: Callable | Non
                       inference_compiler=inf, keep_input_mutations=keep_input_mutations)
 
         def compile():
-            return compile_graph(gm, example_inputs, **stages)
+            return _saving_shapes(compile_graph(gm, example_inputs, **stages), gm, compilers, None, stages)
         from .. import cache
         user_key = getattr(kiln_aot_backend, "cache_key", None)
         partitioner = partition_fn if partition_fn is not None else config.aot_partition_fn
@@ -131,9 +131,34 @@ def _dump_artifact(compiled) -> bytes:
     from ..aot.compile import AOTCompiled
     from ..aot.export import AOTArtifact
 
+    from ..aot import per_shape_entry
+    from ..aot.dynamic import PerShapeCompiled
+
+    if isinstance(compiled, PerShapeCompiled):
+        return per_shape_entry.dump(compiled)
     if not isinstance(compiled, AOTCompiled):
-        raise ValueError(f"not an AOT result ({type(compiled).__name__}): a per-shape or as-captured graph")
+        raise ValueError(f"not an AOT result ({type(compiled).__name__}): an as-captured graph (kiln's AOT "
+                         "stages failed on it; the next process tries again)")
     return AOTArtifact(compiled.parts).to_bytes()
+
+
+def _saving_shapes(compiled, gm: torch.fx.GraphModule, compilers: tuple, rename: dict | None, stages: dict):
+    """``compiled``; a per-shape result saves each shape it compiles into its cache entry (and
+    loads those a load stored)."""
+    from .. import cache
+    from ..aot.dynamic import PerShapeCompiled
+
+    if isinstance(compiled, PerShapeCompiled):
+        def saver(compile_it):
+            fn = compile_it()
+            try:
+                return fn, _dump_artifact(fn)
+            except ValueError:
+                return fn, None
+        compiled.saver = saver
+        compiled.on_new = cache.refresher(compiled)
+        compiled.load_one = lambda payload: _load_artifact(payload, gm, compilers, rename, stages)
+    return compiled
 
 
 def _with_cudagraphs(fw_compiler, bw_compiler, inference_compiler) -> tuple:
@@ -153,9 +178,16 @@ def _load_artifact(payload: bytes, gm: torch.fx.GraphModule, compilers: tuple = 
     graphs whether and how they run as CUDA graphs). A dynamic result loads into ``gm``'s
     ShapeEnv; calls outside its symbolic trace are compiled per shape with ``stages`` (the
     options ``compile_graph`` got), as after a compile."""
+    from ..aot import per_shape_entry
     from ..aot.dynamic import OUTSIDE_THE_TRACE, per_shape
     from ..aot.export import AOTArtifact, fake_mode_of_graph
 
+    if per_shape_entry.is_entry(payload):
+        if stages is None:
+            raise ValueError("a per-shape result loads with the stages' options")
+        return per_shape_entry.load(
+            payload, lambda reason: _saving_shapes(per_shape(gm, reason, **stages), gm, compilers, rename, stages),
+            lambda one: _load_artifact(one, gm, compilers, rename, stages))
     compiled = AOTArtifact.from_bytes(payload, rename, fake_mode=fake_mode_of_graph(gm)).load(*compilers)
     compiled.run_as_captured = gm       # as stage2_compile: eager's answer for RunAsCaptured
     if compiled.input_check is not None:

@@ -113,7 +113,7 @@ class InductorBackend:
                 load=lambda payload, g, rename: inductor_entry.load(payload, g, self._graph_compile,
                                                                     self.cudagraphs, rename),
                 dump=lambda compiled: inductor_entry.dump(compiled, records, graph._fw_output_strides,
-                                                           graph.split_graphs, late)))
+                                                           late)))
         finally:
             graph.records = {}      # (the generated code is on disk now; the callable keeps its module)
         graph.stored_again = cache.refresher(compiled)
@@ -174,7 +174,6 @@ class GraphCompile:
         self._fw_num_outputs = 0
         # per graph kind, what the cache entry needs of Inductor's result (inductor_entry)
         self.records: dict = {}
-        self.split_graphs = False
         # the same for backwards made at run time (``function.backward_key`` -> GeneratedCode),
         # compiled after the entry was written; ``stored_again()`` then writes it again
         self.late: dict = {}
@@ -195,7 +194,35 @@ class GraphCompile:
         total = time.perf_counter() - start
         compiled.kiln_compile_seconds = {"aot": total - self.inductor_seconds, "inductor": self.inductor_seconds}
         compiled.kiln_inductor_fallbacks = self.fallbacks
+        return self.saving_shapes(compiled)
+
+    def saving_shapes(self, compiled):
+        """``compiled``; a per-shape result keeps each shape's entry (``inductor_entry``) as
+        it compiles it, and has the cache entry written again."""
+        from ..aot.dynamic import PerShapeCompiled
+
+        if isinstance(compiled, PerShapeCompiled):
+            compiled.saver = self._compile_and_dump
+            compiled.on_new = lambda: self.stored_again() if self.stored_again is not None else None
         return compiled
+
+    def _compile_and_dump(self, compile_it: Callable[[], Callable]) -> tuple[Callable, bytes | None]:
+        """One shape of a per-shape result compiled, with its entry's bytes (None: it has none)."""
+        from . import inductor_entry
+
+        records, in_run, fallbacks = self.records, self._in_run, len(self.fallbacks)
+        self.records, self._in_run = {}, True
+        try:
+            fn = compile_it()
+            payload = None
+            if len(self.fallbacks) == fallbacks:     # (a graph Inductor failed on: not stored)
+                try:
+                    payload = inductor_entry.dump(fn, self.records, self._fw_output_strides, {})
+                except ValueError:
+                    pass
+            return fn, payload
+        finally:
+            self.records, self._in_run = records, in_run
 
     def stage_options(self) -> dict:
         """The options of kiln's AOT stages for this graph (``compile_graph``'s)."""
@@ -270,9 +297,11 @@ class GraphCompile:
                 from ..cudagraphs.function import try_partition
 
                 facts = graph_facts(gm, kind)
-                split = try_partition(gm, lambda piece, ex: self._compile_piece(piece, ex), facts)
+                pieces: list = []
+                split = try_partition(gm, lambda piece, ex: self._compile_piece(piece, ex, pieces), facts)
                 if split is not None:
-                    self.split_graphs = True     # (pieces: not one generated module to store)
+                    if self._in_run:     # (the entry keeps each piece's module, in order)
+                        self.records[kind] = pieces
                     return split
             try:
                 with self.progress, self.progress.phase(f"Inductor, graph {which}"):
@@ -291,13 +320,17 @@ class GraphCompile:
                 logs.log_compile_times(f"{self.name} {kind} graph, compiled for new input shapes",
                                        {"inductor": secs})
 
-    def _compile_piece(self, piece: torch.fx.GraphModule, example_inputs: list):
-        """One piece of CUDA ops of a split inference graph (kiln.cudagraphs.partition)."""
+    def _compile_piece(self, piece: torch.fx.GraphModule, example_inputs: list, pieces: list):
+        """One piece of CUDA ops of a split inference graph (kiln.cudagraphs.partition); what
+        the cache entry keeps of it is appended to ``pieces`` (None: a piece Inductor failed on)."""
         with self.progress, self.progress.phase("Inductor, a CUDA-graph part of graph 1/1 (inference)"):
+            self.records.pop("inference", None)
             try:
-                return self._inductor(piece, list(example_inputs), "inference")
+                compiled = self._inductor(piece, list(example_inputs), "inference")
             except Exception as e:
-                return self._fallback(piece, list(example_inputs), "inference", e)
+                compiled = self._fallback(piece, list(example_inputs), "inference", e)
+            pieces.append(self.records.pop("inference", None))
+            return compiled
 
     def _inductor(self, gm: torch.fx.GraphModule, example_inputs: list, kind: str):
         from ..config import config

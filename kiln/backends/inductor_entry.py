@@ -49,8 +49,7 @@ class GeneratedCode:
         return {**self.code, "donated": self.donated, **({"kept": self.kept} if self.kept is not None else {})}
 
 
-def dump(compiled: Any, records: dict, fw_output_strides: list | None, split_graphs: bool = False,
-         late: dict | None = None) -> bytes:
+def dump(compiled: Any, records: dict, fw_output_strides: list | None, late: dict | None = None) -> bytes:
     """The entry's bytes. Raises ValueError for a result that cannot be stored (the cache then
     keeps nothing and says why). ``late``: backwards made at run time (``function.backward_key``
     -> GeneratedCode) compiled so far, which the entry keeps beside the graphs: a segmented
@@ -58,11 +57,14 @@ def dump(compiled: Any, records: dict, fw_output_strides: list | None, split_gra
     from ..aot.compile import AOTCompiled
     from ..aot.export import AOTArtifact
 
+    from ..aot import per_shape_entry
+    from ..aot.dynamic import PerShapeCompiled
+
     redump = getattr(compiled, "kiln_redump", None)
     if redump is not None:          # (loaded from an entry: that entry, with what compiled since)
         return redump()
-    if split_graphs:
-        raise ValueError("a graph split around ops CUDA graphs cannot hold (reduce-overhead): not stored yet")
+    if isinstance(compiled, PerShapeCompiled):
+        return per_shape_entry.dump(compiled)
     if not isinstance(compiled, AOTCompiled):
         raise ValueError(f"not an AOT result ({type(compiled).__name__}): a per-shape or as-captured graph")
     parts = compiled.parts
@@ -73,13 +75,15 @@ def dump(compiled: Any, records: dict, fw_output_strides: list | None, split_gra
     kinds = ["inference"] if parts.kind == "inference" else \
         ["forward"] if parts.segments is not None else ["forward", "backward"]
     graphs = {}
+    split = 0
     for kind in kinds:
         rec = records.get(kind)
-        if rec is None:
-            raise ValueError(f"no {kind} graph was compiled by Inductor")
-        if rec.code is None:
-            raise ValueError(f"Inductor's {kind} result cannot be reloaded (not a generated Python module)")
-        graphs[kind] = rec.stored()
+        if isinstance(rec, list):   # split around ops CUDA graphs cannot hold: its pieces, in order
+            for i, piece in enumerate(rec):
+                graphs[_piece(kind, i)] = _stored_code(piece, f"{kind} graph's part {i + 1}")
+            split = len(rec)
+            continue
+        graphs[kind] = _stored_code(rec, f"{kind} graph")
     late_graphs = _stored_late(late or {})
     artifact = AOTArtifact(parts).to_bytes()
     graph_meta = {name: {k: gm.meta[k] for k in _GRAPH_META if k in gm.meta}
@@ -95,8 +99,51 @@ def dump(compiled: Any, records: dict, fw_output_strides: list | None, split_gra
             [None if s is None else [str(x) for x in s] for s in fw_output_strides]
     buf = io.BytesIO()
     torch.save({"format": FORMAT, "version": VERSION, "artifact": artifact, "graphs": graphs,
-                "late": late_graphs, "graph_meta": graph_meta, "fw_output_strides": strides}, buf)
+                "late": late_graphs, "graph_meta": graph_meta, "fw_output_strides": strides,
+                "split": split}, buf)
     return buf.getvalue()
+
+
+def _stored_code(rec: GeneratedCode | None, what: str) -> dict:
+    if rec is None:
+        raise ValueError(f"no {what} was compiled by Inductor")
+    if rec.code is None:
+        raise ValueError(f"Inductor's {what} result cannot be reloaded (not a generated Python module)")
+    return rec.stored()
+
+
+def _piece(kind: str, i: int) -> str:
+    return f"{kind}.part{i}"
+
+
+def _split_again(graph: torch.fx.GraphModule, pieces: list, cudagraphs: bool) -> Callable:
+    """A graph that was split around the ops CUDA graphs cannot hold, split again from the
+    stored graph (the split is decided by the graph alone), each piece the stored module."""
+    from ..cudagraphs import graph_facts
+    from ..cudagraphs.function import try_partition
+
+    if not cudagraphs:
+        raise ValueError("the entry is a graph split for CUDA graphs; this compile runs without them")
+    given = iter(pieces)
+    split = try_partition(graph, lambda piece, example_inputs: next(given), graph_facts(graph, "inference"))
+    if split is None or next(given, None) is not None:
+        raise ValueError("the stored graph does not split into the stored pieces")
+    return split
+
+
+def _load_per_shape(payload: bytes, gm: torch.fx.GraphModule, make_compile: Callable, cudagraphs: bool,
+                    rename: dict | None) -> Any:
+    """A per-shape result rebuilt: its stored shapes load from their entries, others compile
+    (and are added to the cache entry) as after a compile."""
+    from ..aot import per_shape_entry
+    from ..aot.dynamic import per_shape
+
+    def make(reason: str):
+        graph = make_compile(gm)
+        compiled = graph.saving_shapes(per_shape(gm, reason, **graph.stage_options()))
+        graph.stored_again = cache.refresher(compiled)
+        return compiled
+    return per_shape_entry.load(payload, make, lambda one: load(one, gm, make_compile, cudagraphs, rename))
 
 
 def _stored_late(late: dict) -> dict:
@@ -120,9 +167,12 @@ def with_triton_records(payload: bytes) -> bytes:
     after the graph's first call, so after the cache stored the entry; a backward made at run
     time as well), for a package load
     that imports neither Triton nor Inductor."""
+    from ..aot import per_shape_entry
     from ..cache.store import kernels_dir
     from . import generated_module, triton_kernels
 
+    if per_shape_entry.is_entry(payload):
+        return per_shape_entry.map_shapes(payload, with_triton_records)
     obj = torch.load(io.BytesIO(payload), weights_only=True)
     added = False
     # (backwards made at run time too: a training step's backward for the loss only)
@@ -208,9 +258,12 @@ def load(payload: bytes, gm: torch.fx.GraphModule, make_compile: Callable[[torch
     """The compiled callable rebuilt from an entry. ``make_compile(gm)`` makes the
     ``GraphCompile`` that compiles a partial backward on demand. ``cudagraphs``: each loaded
     graph replays as CUDA graphs, decided from the stored graph as after a compile."""
+    from ..aot import per_shape_entry
     from ..aot.compile import assemble
     from ..aot.export import AOTArtifact
 
+    if per_shape_entry.is_entry(payload):
+        return _load_per_shape(payload, gm, make_compile, cudagraphs, rename)
     obj = torch.load(io.BytesIO(payload), weights_only=True)
     if not isinstance(obj, dict) or obj.get("format") != FORMAT:
         raise ValueError("not a kiln Inductor entry")
@@ -264,6 +317,8 @@ def load(payload: bytes, gm: torch.fx.GraphModule, make_compile: Callable[[torch
         def compiler(graph: torch.fx.GraphModule, example_inputs: list):
             if kind == "backward" and graph is not parts.backward:
                 return later().backward(graph, example_inputs)
+            if obj.get("split") and kind == "inference":
+                return _split_again(graph, [loaded[_piece(kind, i)] for i in range(obj["split"])], cudagraphs)
             if cudagraphs:
                 from ..cudagraphs import cudagraphify, graph_facts
 

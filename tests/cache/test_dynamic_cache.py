@@ -287,3 +287,37 @@ def test_generated_programs_loaded_from_the_cache_match_eager(tmp_path, dynamic)
         assert second.status == first.status, f"seed {seed}: {second.describe()}"
         assert second.status in ("ok", "invalid"), f"seed {seed}: {second.describe()}"
     assert hits > 0
+
+
+def transposed_in_place(x):
+    x.t_()                      # the capture's fake changes layout: the AOT trace is per shape
+    return x * 2
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_a_graph_compiled_per_shape_stores_its_shapes(backend, traces, tmp_path):
+    """A dynamic graph the AOT stages compile per shape (its symbolic trace is not possible):
+    the entry keeps each shape compiled, a new process loads them instead of tracing, and a
+    package carries them."""
+    def run(compiled, sizes):
+        for n in sizes:
+            x = torch.randn(n, 3)
+            ref = x.clone()
+            torch.testing.assert_close(compiled(x), transposed_in_place(ref))
+            assert x.shape == ref.shape and x.stride() == ref.stride()
+
+    compiled = kiln.compile(transposed_in_place, backend=backend, dynamic=True)
+    run(compiled, (8, 5, 8))
+    assert traces == [True, False, False]             # one symbolic try, then the two shapes
+    path = str(tmp_path / "shapes.kiln")
+    report = compiled.save_package(path)
+    assert report.entries == 1 and not report.left_out, report
+    kiln.reset()
+    del traces[:]
+    run(kiln.compile(transposed_in_place, backend=backend, dynamic=True), (5, 8, 6))
+    assert traces == [False], traces                  # 5 and 8 loaded; 6 compiled
+    kiln.reset()
+    del traces[:]
+    with kiln.config.patch(cache=False):
+        run(kiln.load_package(path, transposed_in_place, on_miss="error"), (8, 5))
+    assert traces == [], traces

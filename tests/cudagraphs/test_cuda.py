@@ -210,6 +210,43 @@ def test_cpu_op_in_the_middle_splits_the_graph():
     assert stats["replay"] >= 2, (stats, skip_reasons)     # the two CUDA parts replay
 
 
+def _split_in_the_middle(x):
+    y = torch.sin(x) * 2
+    n = torch.ones(4).sum()          # CPU work between two CUDA parts
+    return torch.cos(y) + 1, n
+
+
+def test_a_split_graph_is_stored_and_loads_as_its_pieces(tmp_path):
+    """The cache entry of a graph split around a CPU op keeps each CUDA piece's module: a new
+    process (here: after reset) loads it, nothing compiled, and the pieces replay; so does a
+    package."""
+    from kiln.cache import store
+
+    def run(cf):
+        for _ in range(3):
+            x = torch.randn(64, device=DEV)
+            out, n = cf(x)
+            close(out, _split_in_the_middle(x)[0])
+            assert n.item() == 4
+
+    cf = kiln.compile(_split_in_the_middle, mode="reduce-overhead")
+    run(cf)
+    path = str(tmp_path / "split.kiln")
+    report = cf.save_package(path)
+    assert report.entries == 1 and not report.left_out, report
+    kiln.reset()
+    stats.clear()
+    store.reset_stats()
+    run(kiln.compile(_split_in_the_middle, mode="reduce-overhead"))
+    assert store.stats()["hits"] == 1 and store.stats()["misses"] == 0, store.stats()
+    assert stats["replay"] >= 2, (stats, skip_reasons)
+    kiln.reset()
+    stats.clear()
+    with kiln.config.patch(cache=False):
+        run(kiln.load_package(path, _split_in_the_middle, on_miss="error"))
+    assert stats["replay"] >= 2, (stats, skip_reasons)
+
+
 def test_buffer_mutation_is_written_back():
     bn = nn.BatchNorm1d(16).to(DEV)
     ref = copy.deepcopy(bn)
