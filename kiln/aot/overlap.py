@@ -17,6 +17,8 @@ import torch.fx
 from torch._prims_common import is_non_overlapping_and_dense_or_false as is_non_overlapping_and_dense
 from torch.multiprocessing.reductions import StorageWeakRef
 
+from ..inplace_ops import inplace_name
+
 # in-place ops that change metadata only, or write without eager's overlap checks
 _EXEMPT = {"fill_", "zero_", "t_", "transpose_", "unsqueeze_", "squeeze_", "as_strided_", "resize_",
            "resize_as_", "set_", "requires_grad_", "retain_grad_", "share_memory_", "detach_",
@@ -25,15 +27,10 @@ _EXEMPT = {"fill_", "zero_", "t_", "transpose_", "unsqueeze_", "squeeze_", "as_s
 
 
 def _inplace_name(node: torch.fx.Node) -> str | None:
-    if node.op == "call_method":
-        name = node.target
-    elif node.op == "call_function" and node.target is not operator.setitem:
-        name = getattr(node.target, "__name__", "")
-    else:
+    if node.op not in ("call_method", "call_function") or node.target is operator.setitem:
         return None
-    if isinstance(name, str) and name.endswith("_") and not name.endswith("__") and name not in _EXEMPT:
-        return name
-    return None
+    name = inplace_name(node.op, node.target)
+    return name if name is not None and name not in _EXEMPT else None
 
 
 def _fake(a):

@@ -304,7 +304,7 @@ def _with_final_tensor_metas(output: OutputGraph, guards: list[Guard]) -> list[G
     specialized prints as its value, not as the symbol it started as."""
     from .guards import TensorMeta
 
-    final = {inp.source: TensorMeta.of(inp.real, inp.value_fake)
+    final = {inp.source: TensorMeta.of(inp.real, inp.sizes, inp.strides)
              for inp in output.tensor_inputs if inp.dynamic and inp.real is not None}
     return [Guard(g.kind, g.source, final[g.source]) if g.kind is GuardKind.TENSOR_MATCH
             and g.source in final else g for g in guards]

@@ -312,11 +312,10 @@ class TensorMeta:
     special: str | None = None
 
     @staticmethod
-    def of(t: torch.Tensor, fake: torch.Tensor | None = None) -> "TensorMeta":
-        sym_size = sym_stride = None
-        if fake is not None:
-            sym_size = tuple(str(s) for s in fake.size())
-            sym_stride = tuple(str(s) for s in fake.stride())
+    def of(t: torch.Tensor, sizes: tuple | None = None, strides: tuple | None = None) -> "TensorMeta":
+        """``t``'s meta; ``sizes``/``strides``: the symbolic ones the graph sees (dynamic)."""
+        sym_size = None if sizes is None else tuple(str(s) for s in sizes)
+        sym_stride = None if strides is None else tuple(str(s) for s in strides)
         return TensorMeta(type(t), t.dtype, t.device, tuple(t.size()), tuple(t.stride()),
                           t.requires_grad, sym_size, sym_stride, _special(t))
 

@@ -11,6 +11,7 @@ import torch.fx
 
 from .. import _torch
 from ..config import config
+from ..inplace_ops import inplace_name
 from ..user_lines import USER_FRAME
 from ..errors import FrameRunsEagerly, Unsupported
 from .graph_constants import fx_argument
@@ -34,6 +35,11 @@ class TensorInput:
         self.real = real  # only during capture: dropped once the entry is built
         self.value = value
         self.value_fake = value.fake
+        # the input's geometry as it comes in (the program may change the fake's in place:
+        # ``x.t_()``); guards and the entry's layouts are about the caller's tensor
+        self.sizes = tuple(value.fake.size())
+        self.strides = tuple(value.fake.stride())
+        self.storage_offset = value.fake.storage_offset()
         self.static = static  # a parameter or buffer of an nn.Module (cudagraphs needs this)
         self.meta = meta
         self.dims = dims      # DimDynamic per dim, None when static
@@ -186,7 +192,7 @@ class OutputGraph:
         node.meta["kiln_source"] = described
         node.meta["kiln_static"] = static
         value = TensorValue(node, fake, source, type(t))
-        meta = TensorMeta.of(t, fake if dims is not None else None)
+        meta = TensorMeta.of(t, fake.size(), fake.stride()) if dims is not None else TensorMeta.of(t)
         inp = TensorInput(source, value, static, meta, t, dims)
         if dims is not None:
             from ..shapes.marks import marked_dynamic
@@ -355,7 +361,7 @@ class OutputGraph:
             # an input's new size would have to be written back (functionalization copies
             # values into the old size): run it eagerly
             raise Unsupported(f"Tensor.{target}() of a graph input (or a view of one)")
-        inplace = _inplace_name(kind, target)
+        inplace = inplace_name(kind, target)
         if inplace is not None:
             _refuse_partial_overlap(inplace, args, kwargs)
             if inplace in _ARITHMETIC_INPLACE and len(args) >= 2:
@@ -555,28 +561,7 @@ def _placeholder_name(source: Source) -> str:
 def _mutates(kind, target) -> bool:
     """An op run for its effect on its arguments (x[i] = v, x.add_(1), x += 1,
     torch._foreach_mul_)."""
-    return target is _operator.setitem or _inplace_name(kind, target) is not None
-
-
-# Python's in-place operators on a tensor (``x += y`` is ``x.__iadd__(y)``): the writes of
-# these in-place methods, with their checks
-_INPLACE_OPERATORS = {"__iadd__": "add_", "__isub__": "sub_", "__imul__": "mul_", "__itruediv__": "div_",
-                      "__ifloordiv__": "floor_divide_", "__imod__": "remainder_", "__ipow__": "pow_",
-                      "__iand__": "bitwise_and_", "__ior__": "bitwise_or_", "__ixor__": "bitwise_xor_",
-                      "__ilshift__": "bitwise_left_shift_", "__irshift__": "bitwise_right_shift_"}
-
-
-def _inplace_name(kind, target) -> str | None:
-    """The in-place method an op is (``add_`` for ``x.add_(y)``, ``x += y`` and
-    ``operator.iadd``), or None."""
-    name = target if kind == "call_method" else getattr(target, "__name__", "")
-    if not isinstance(name, str):
-        return None
-    if kind != "call_method" and getattr(target, "__module__", None) in ("operator", "_operator"):
-        name = f"__{name}__"
-    if name in _INPLACE_OPERATORS:
-        return _INPLACE_OPERATORS[name]
-    return name if name.endswith("_") and not name.endswith("__") else None
+    return target is _operator.setitem or inplace_name(kind, target) is not None
 
 
 def _refuse_partial_overlap(name: str, args: tuple, kwargs: dict) -> None:

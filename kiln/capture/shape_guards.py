@@ -86,12 +86,11 @@ def produce(output) -> ShapeGuards | None:
     env = output.shape_env
     entries: list[tuple[Source, sympy.Expr]] = []
     for inp in output.tensor_inputs:
-        fake = inp.value_fake
-        for prop, vals in ((SIZE, fake.size()), (STRIDE, fake.stride())):
+        for prop, vals in ((SIZE, inp.sizes), (STRIDE, inp.strides)):
             for i, v in enumerate(vals):
                 if is_symbolic(v):
                     entries.append((TensorPropertySource(inp.source, prop, i), v.node.expr))
-        off = fake.storage_offset()
+        off = inp.storage_offset
         if is_symbolic(off):
             entries.append((TensorPropertySource(inp.source, STORAGE_OFFSET), off.node.expr))
     for sym_input in output.int_inputs:
@@ -168,9 +167,8 @@ def tensor_guard_dims(output) -> tuple[list, list] | None:
     env = output.shape_env
     sizes, strides = [], []
     for inp in output.tensor_inputs:
-        fake = inp.value_fake
-        sizes.append([_static_or_none(env, v) for v in fake.size()])
-        strides.append([_static_or_none(env, v) for v in fake.stride()])
+        sizes.append([_static_or_none(env, v) for v in inp.sizes])
+        strides.append([_static_or_none(env, v) for v in inp.strides])
     return sizes, strides
 
 

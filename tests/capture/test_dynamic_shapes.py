@@ -1431,3 +1431,22 @@ def test_format_string_of_size_without_fullgraph_is_right():
     for b in (3, 4, 3, 5):
         check(cf, f, r(b, 2))
     assert cnt.frame_count == 3          # one per size
+
+
+@pytest.mark.parametrize("dynamic", [None, True])
+def test_an_input_whose_layout_the_program_changes_compiles_once(dynamic):
+    """``x.t_()`` changes the capture's fake of ``x`` in place; the entry's guards are about the
+    caller's tensor as it comes in, so the next call of the same layout hits (it recompiled on
+    every call when the guards read the transposed fake)."""
+    def transpose_in_place(x):
+        x.t_()
+        return x * 2
+
+    counter = CompileCounter()
+    compiled = kiln.compile(transpose_in_place, backend=counter, dynamic=dynamic)
+    for n in (8, 8, 5, 5, 6):
+        x = torch.randn(n, 3)
+        ref = x.clone()
+        assert_same(compiled(x), transpose_in_place(ref))
+        assert x.shape == ref.shape and x.stride() == ref.stride()
+    assert counter.frame_count == (1 if dynamic else 2), counter.frame_count
