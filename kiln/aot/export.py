@@ -155,6 +155,19 @@ def _val_meta(v: Any) -> Any:
     return None
 
 
+def _value_facts(v: Any) -> dict:
+    tensors = [t for t in (v if isinstance(v, (list, tuple)) else [v]) if isinstance(t, torch.Tensor)]
+    if not tensors:
+        return {}
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+    try:
+        unbacked = bool(free_unbacked_symbols(v))
+    except Exception:   # noqa: BLE001 - unknown: as a size known only at run time
+        unbacked = True
+    return {"devices": sorted({str(t.device) for t in tensors}), "unbacked": unbacked}
+
+
 def _source_text(src: Any) -> str:
     name = getattr(src, "name", None)
     name = name() if callable(name) else name
@@ -192,6 +205,7 @@ def graph_to_data(gm: torch.fx.GraphModule) -> tuple[dict, dict]:
             strides = traced_strides(n)     # (a loaded graph has no fakes to read them from)
             if strides:
                 d["traced_strides"] = {str(i): list(s) for i, s in strides.items()}
+            d.update(_value_facts(n.meta.get("val")))
         elif n.op == "output":
             d["args"] = _encode_arg(tuple(n.args))
         else:
@@ -242,6 +256,9 @@ def graph_from_data(data: dict, constants: dict, fake_mode=None, class_name: str
                 n.meta["kiln_phase"] = d["phase"]
             if "traced_strides" in d:
                 n.meta[STRIDES_META] = {int(i): tuple(s) for i, s in d["traced_strides"].items()}
+            if "devices" in d:
+                n.meta[U.DEVICES_META] = [torch.device(x) for x in d["devices"]]
+                n.meta[U.UNBACKED_META] = bool(d.get("unbacked", False))
         elif op == "output":
             n = g.output(*_decode_arg(d["args"], env))
         else:

@@ -25,6 +25,7 @@ import torch
 import torch.fx
 
 from .. import logs
+from ..aot._utils import DEVICES_META, UNBACKED_META
 from ..config import config
 from ..errors import CudagraphError
 
@@ -89,16 +90,25 @@ def _has_symbols(v) -> bool:
     return isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool))
 
 
-def _data_dependent(value) -> bool:
+def _data_dependent(n: torch.fx.Node) -> bool:
     """Whether a node's value has a size known only at run time (or is unknown)."""
+    value = n.meta.get("val")
     if value is None:
-        return True
+        return n.meta.get(UNBACKED_META, True)   # (a loaded graph: as traced)
     from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
     try:
         return bool(free_unbacked_symbols(value))
     except Exception:
         return True
+
+
+def _node_devices(n: torch.fx.Node) -> list:
+    """The devices of a node's value (a loaded graph's op: as traced)."""
+    value = n.meta.get("val")
+    if value is None:
+        return list(n.meta.get(DEVICES_META, ()))
+    return _devices(value)
 
 
 def _devices(value) -> list:
@@ -116,7 +126,7 @@ def op_reason(n: torch.fx.Node) -> str | None:
         # stream_ops.py: copies on a side stream, timed by events, into pinned CPU memory
         return f"op {_op_name(n.target)} moves saved activations on a side stream (kiln.activations." \
                f"offload), which a CUDA graph does not record{_where(n)}"
-    for d in _devices(n.meta.get("val")):
+    for d in _node_devices(n):
         if d.type not in ("cuda", "meta"):      # meta tensors compute nothing
             return f"op {_op_name(n.target)} is on the {d.type} device (a CUDA graph records only CUDA work){_where(n)}"
     if n.op != "call_function" or not isinstance(n.target, torch._ops.OpOverload):
@@ -125,7 +135,7 @@ def op_reason(n: torch.fx.Node) -> str | None:
     name = op._schema.name.split("::")[-1]
     if name in _SYNC_OPS:
         return f"op {name} is {_SYNC_OPS[name]}{_where(n)}"
-    if torch.Tag.dynamic_output_shape in op.tags and _data_dependent(n.meta.get("val")):
+    if torch.Tag.dynamic_output_shape in op.tags and _data_dependent(n):
         # (tagged ops such as index with integer indices have static shapes: fine)
         return f"op {name} has a data-dependent output shape (a device sync){_where(n)}"
     unsafe_tag = getattr(torch.Tag, "cudagraph_unsafe", None)
@@ -151,7 +161,7 @@ def graph_facts(gm: torch.fx.GraphModule, kind: str) -> GraphFacts:
     for n in gm.graph.nodes:
         if n.op == "output":
             continue
-        for d in _devices(n.meta.get("val")):
+        for d in _node_devices(n):
             if d.type == "cuda":
                 cuda.add(d.index if d.index is not None else torch.cuda.current_device())
         if n.op == "placeholder":

@@ -247,6 +247,35 @@ def test_a_split_graph_is_stored_and_loads_as_its_pieces(tmp_path):
     assert stats["replay"] >= 2, (stats, skip_reasons)
 
 
+def test_a_graph_loaded_from_the_cache_is_skipped_as_it_was_compiled():
+    """A training graph with CPU ops runs without CUDA graphs; loaded from the cache (its ops
+    have no traced values then), the same facts decide: still skipped, for the same reason."""
+    from kiln.cache import store
+
+    def f(x):
+        return x.sin() * (x.detach().sum().cpu() + 1).to(x.device)     # a round trip through the CPU
+
+    def run():
+        for _ in range(3):
+            x = torch.randn(64, device=DEV, requires_grad=True)
+            out = kiln.compile(f, mode="reduce-overhead")(x)
+            out.sum().backward()
+            ref = x.detach().clone().requires_grad_()
+            f(ref).sum().backward()
+            close(out, f(ref))
+            close(x.grad, ref.grad)
+
+    run()
+    assert stats["replay"] == 0 and any("on the cpu device" in r for r in skip_reasons), (stats, skip_reasons)
+    kiln.reset()
+    stats.clear()
+    skip_reasons.clear()
+    store.reset_stats()
+    run()
+    assert store.stats()["hits"] >= 1, store.stats()
+    assert stats["replay"] == 0 and any("on the cpu device" in r for r in skip_reasons), (stats, skip_reasons)
+
+
 def test_buffer_mutation_is_written_back():
     bn = nn.BatchNorm1d(16).to(DEV)
     ref = copy.deepcopy(bn)
