@@ -75,12 +75,19 @@ def as_captured(gm: torch.fx.GraphModule, error: BaseException) -> Callable:
     for topic in ("aot", "graph_breaks"):
         if getattr(logs.enabled, topic):
             logs.log(topic, f"AOT autograd failed on graph {type(gm).__name__}; it runs as captured: {reason}")
+    return run_as_captured(gm, reason)
+
+
+def run_as_captured(gm: torch.fx.GraphModule, reason: str) -> Callable:
+    """``gm`` run as captured, because kiln's AOT stages failed on it for ``reason`` (also
+    as loaded from a cache entry or a package: ``captured_entry``)."""
     gm.meta["kiln_aot_fallback"] = reason
     forward = gm.forward
 
     def graph_as_captured(*args):      # (a function: backends may set attributes on it)
         return forward(*args)
     graph_as_captured.graph_module = gm
+    graph_as_captured.aot_failure = reason
     return graph_as_captured
 
 

@@ -131,14 +131,16 @@ def _dump_artifact(compiled) -> bytes:
     from ..aot.compile import AOTCompiled
     from ..aot.export import AOTArtifact
 
-    from ..aot import per_shape_entry
+    from ..aot import captured_entry, per_shape_entry
     from ..aot.dynamic import PerShapeCompiled
 
     if isinstance(compiled, PerShapeCompiled):
         return per_shape_entry.dump(compiled)
+    captured = captured_entry.dump(compiled)
+    if captured is not None:
+        return captured
     if not isinstance(compiled, AOTCompiled):
-        raise ValueError(f"not an AOT result ({type(compiled).__name__}): an as-captured graph (kiln's AOT "
-                         "stages failed on it; the next process tries again)")
+        raise ValueError(f"not an AOT result ({type(compiled).__name__})")
     return AOTArtifact(compiled.parts).to_bytes()
 
 
@@ -178,10 +180,12 @@ def _load_artifact(payload: bytes, gm: torch.fx.GraphModule, compilers: tuple = 
     graphs whether and how they run as CUDA graphs). A dynamic result loads into ``gm``'s
     ShapeEnv; calls outside its symbolic trace are compiled per shape with ``stages`` (the
     options ``compile_graph`` got), as after a compile."""
-    from ..aot import per_shape_entry
+    from ..aot import captured_entry, per_shape_entry
     from ..aot.dynamic import OUTSIDE_THE_TRACE, per_shape
     from ..aot.export import AOTArtifact, fake_mode_of_graph
 
+    if captured_entry.is_entry(payload):
+        return captured_entry.load(payload, gm)
     if per_shape_entry.is_entry(payload):
         if stages is None:
             raise ValueError("a per-shape result loads with the stages' options")

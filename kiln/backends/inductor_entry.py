@@ -57,7 +57,7 @@ def dump(compiled: Any, records: dict, fw_output_strides: list | None, late: dic
     from ..aot.compile import AOTCompiled
     from ..aot.export import AOTArtifact
 
-    from ..aot import per_shape_entry
+    from ..aot import captured_entry, per_shape_entry
     from ..aot.dynamic import PerShapeCompiled
 
     redump = getattr(compiled, "kiln_redump", None)
@@ -65,6 +65,9 @@ def dump(compiled: Any, records: dict, fw_output_strides: list | None, late: dic
         return redump()
     if isinstance(compiled, PerShapeCompiled):
         return per_shape_entry.dump(compiled)
+    captured = captured_entry.dump(compiled)
+    if captured is not None:
+        return captured
     if not isinstance(compiled, AOTCompiled):
         raise ValueError(f"not an AOT result ({type(compiled).__name__}): a per-shape or as-captured graph")
     parts = compiled.parts
@@ -167,10 +170,12 @@ def with_triton_records(payload: bytes) -> bytes:
     after the graph's first call, so after the cache stored the entry; a backward made at run
     time as well), for a package load
     that imports neither Triton nor Inductor."""
-    from ..aot import per_shape_entry
+    from ..aot import captured_entry, per_shape_entry
     from ..cache.store import kernels_dir
     from . import generated_module, triton_kernels
 
+    if captured_entry.is_entry(payload):
+        return payload
     if per_shape_entry.is_entry(payload):
         return per_shape_entry.map_shapes(payload, with_triton_records)
     obj = torch.load(io.BytesIO(payload), weights_only=True)
@@ -258,10 +263,12 @@ def load(payload: bytes, gm: torch.fx.GraphModule, make_compile: Callable[[torch
     """The compiled callable rebuilt from an entry. ``make_compile(gm)`` makes the
     ``GraphCompile`` that compiles a partial backward on demand. ``cudagraphs``: each loaded
     graph replays as CUDA graphs, decided from the stored graph as after a compile."""
-    from ..aot import per_shape_entry
+    from ..aot import captured_entry, per_shape_entry
     from ..aot.compile import assemble
     from ..aot.export import AOTArtifact
 
+    if captured_entry.is_entry(payload):
+        return captured_entry.load(payload, gm)
     if per_shape_entry.is_entry(payload):
         return _load_per_shape(payload, gm, make_compile, cudagraphs, rename)
     obj = torch.load(io.BytesIO(payload), weights_only=True)

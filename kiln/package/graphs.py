@@ -5,8 +5,7 @@ Inductor lowering). A dynamic (symbolic-shape) artifact loads with no capture: i
 get a ShapeEnv of their own (``symbolic_codec.standalone_fake_mode``), the entry's guard
 program checks the capture's shape guards and the artifact's input check the trace's, on
 every call. A graph whose compiled form has no saved form (a user backend without a cache
-key, a graph the AOT stages or Inductor failed on) leaves its entry out, with the backend's
-reason."""
+key, a graph Inductor failed on) leaves its entry out, with the backend's reason."""
 from __future__ import annotations
 
 import io

@@ -321,3 +321,36 @@ def test_a_graph_compiled_per_shape_stores_its_shapes(backend, traces, tmp_path)
     with kiln.config.patch(cache=False):
         run(kiln.load_package(path, transposed_in_place, on_miss="error"), (8, 5))
     assert traces == [], traces
+
+
+def exp_changed_in_place(x):
+    y = x.exp()
+    y.add_(1)                   # exp saved y: eager's backward raises; kiln's AOT stages refuse
+    return y
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_a_graph_the_aot_stages_failed_on_is_stored_as_such(backend, traces, tmp_path):
+    """A graph kiln's AOT stages fail on runs as captured; its entry says so, and a new process
+    (or a package) runs it as captured without tracing it again."""
+    def run(compiled):
+        x = torch.randn(4, requires_grad=True)
+        out = compiled(x)
+        torch.testing.assert_close(out, x.detach().exp() + 1)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            out.sum().backward()
+
+    compiled = kiln.compile(exp_changed_in_place, backend=backend)
+    run(compiled)
+    assert traces == [False]
+    path = str(tmp_path / "captured.kiln")
+    report = compiled.save_package(path)
+    assert report.entries == 1 and not report.left_out, report
+    kiln.reset()
+    del traces[:]
+    run(kiln.compile(exp_changed_in_place, backend=backend))
+    assert traces == [] and kiln.cache.stats()["hits"] == 1, (traces, kiln.cache.stats())
+    kiln.reset()
+    with kiln.config.patch(cache=False):
+        run(kiln.load_package(path, exp_changed_in_place, on_miss="error"))
+    assert traces == []
