@@ -400,3 +400,31 @@ def test_identity_guard_on_none_is_saved(tmp_path, monkeypatch):
     _no_capture(monkeypatch)
     fast = kiln.load_package(tmp_path / "none.kiln", m, on_miss="error")
     torch.testing.assert_close(fast(x), m(x))
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_a_training_step_with_a_break_and_changing_shapes(tmp_path, monkeypatch, backend):
+    """A training step with a graph break whose first graph hands a tensor that requires grad
+    to the continuation, called with three batch sizes (the second makes them dynamic): every
+    entry is saved, and the package serves new sizes with nothing captured."""
+    torch.manual_seed(0)
+    m = M.MLP()
+    step = kiln.compile(M.break_train_step, backend=backend)
+    for n in (2, 3, 5):
+        step(m, torch.randn(n, 4))
+    m.zero_grad()
+    report = step.save_package(tmp_path / "s.kiln")
+    assert report.entries >= 2 and not report.left_out, report
+    kiln.reset()
+    _no_capture(monkeypatch)
+    with kiln.config.patch(cache=False):
+        fast = kiln.load_package(tmp_path / "s.kiln", M.break_train_step, on_miss="error")
+        for n in (3, 5, 4):
+            x = torch.randn(n, 4)
+            loss = fast(m, x)
+            grads = [p.grad.clone() for p in m.parameters()]
+            m.zero_grad()
+            torch.testing.assert_close(loss, M.break_train_step(m, x))
+            for a, p in zip(grads, m.parameters()):
+                torch.testing.assert_close(a, p.grad)
+            m.zero_grad()
