@@ -19,7 +19,8 @@ compiled graphs) and ``activations`` (the cast, fp8 and offload policies and the
 ``kiln.cudagraphs``).
 """
 from . import aot, backends, cache, testing
-from .api import CompiledFunction, CompiledMethod, CompiledModule, compile, reset
+from .api import compile, reset
+from .runtime import CompiledFunction, CompiledMethod, CompiledModule
 from .capture.comptime import comptime
 from .config import config
 from .errors import ConstraintViolation, CudagraphError, Unsupported

@@ -79,7 +79,7 @@ def save_entries(entries: list[Entry], fn: types.FunctionType, add_blob: Callabl
 
 def save_entry(entry: Entry, fn: types.FunctionType, add_blob: Callable[[bytes], int], left_out: list,
                keep: Callable[[Entry], bool] | None = None, *, shared: dict) -> dict:
-    from ..api import _CompiledFactory
+    from ..runtime.function import CompiledFactory
 
     program = entry.program
     enc = Encoder(fn)
@@ -96,7 +96,7 @@ def save_entry(entry: Entry, fn: types.FunctionType, add_blob: Callable[[bytes],
             namespace[name] = ["special", "graph"]
         elif name == "___break":
             namespace[name] = ["special", "break"]
-        elif isinstance(obj, types.MethodType) and isinstance(obj.__self__, _CompiledFactory):
+        elif isinstance(obj, types.MethodType) and isinstance(obj.__self__, CompiledFactory):
             namespace[name] = ["special", "callee"]
         else:
             try:
@@ -252,7 +252,7 @@ def load_entries(saved: list[dict], fn: types.FunctionType, compiled, blobs, ori
 def load_entry(saved: dict, fn: types.FunctionType, compiled, blobs, origin: str | None = None) -> Entry:
     """``compiled``: the CompiledFunction of ``fn`` these entries go to (its key, backend and
     continuation factory)."""
-    from ..api import cache_for
+    from ..runtime.function_cache import cache_for
 
     key = compiled._key
     made: dict = {}

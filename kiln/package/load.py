@@ -12,7 +12,11 @@ import types
 import torch
 
 from .. import logs
-from ..api import CompiledFunction, CompiledMethod, CompiledModule, CompileKey, _module_caller, cache_for
+from ..runtime.compile_key import CompileKey
+from ..runtime.function import CompiledFunction
+from ..runtime.function_cache import cache_for
+from ..runtime.method import CompiledMethod
+from ..runtime.module import CompiledModule, module_caller
 from ..backends.registry import lookup_backend
 from . import fileformat, identity
 from .entries import install, link_shared_groups, load_entries
@@ -82,7 +86,7 @@ def _wrap(target, key: CompileKey, dynamic, on_miss: str, path: str, kind: str):
         if not isinstance(target, torch.nn.Module):
             raise TypeError(f"load_package: the package holds a compiled nn.Module; pass the module "
                             f"(an instance of it), not {type(target).__name__}")
-        fn = _module_caller(type(target))
+        fn = module_caller(type(target))
         cf = PackagedFunction(fn, key, dynamic, on_miss, path)
         return CompiledModule(target, cf), fn, cf
     if isinstance(target, types.MethodType) and isinstance(target.__func__, types.FunctionType):

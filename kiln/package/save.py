@@ -12,7 +12,7 @@ from .report import LeftOut, SaveReport
 
 def target_of(compiled) -> tuple[object, types.FunctionType, object, str]:
     """(the user's object, the function kiln compiles for it, its CompiledFunction, kind)."""
-    from ..api import CompiledFunction, CompiledMethod, CompiledModule
+    from ..runtime import CompiledFunction, CompiledMethod, CompiledModule
 
     if isinstance(compiled, CompiledModule):
         cf = compiled._kiln_compiled

@@ -19,10 +19,10 @@ def helper(x):
 """
 
 _CHILD = textwrap.dedent("""
-    import json, os, sys, torch, kiln, kiln.api
+    import json, os, sys, torch, kiln, kiln.runtime.function
     captures = []
-    real = kiln.api.capture
-    kiln.api.capture = lambda *a, **k: (captures.append(1), real(*a, **k))[1]
+    real = kiln.runtime.function.capture
+    kiln.runtime.function.capture = lambda *a, **k: (captures.append(1), real(*a, **k))[1]
     kiln.set_logs("cache")
     import frhelpers as H
     SCALE = float(os.environ.get("SCALE", "2.0"))
