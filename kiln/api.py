@@ -13,6 +13,7 @@ import torch
 from .backends.registry import lookup_backend
 from .capture.frame import clear_resume_caches
 from .cudagraphs.tree import reset_trees
+from .package.artifacts import ARTIFACTS
 from .runtime import callees, function_cache
 from .runtime.compile_key import CompileKey
 from .runtime.eager_callable import EagerCallable
@@ -91,8 +92,8 @@ def compile(fn=None, *, backend="inductor", mode=None, fullgraph=False, dynamic=
     key = CompileKey.get(backend_fn, backend_name, fullgraph, mode, options, dynamic)
 
     def compiled(fn):
-        cf = CompiledFunction(fn, key, dynamic)
-        cf._records_frames = True
+        cf = CompiledFunction(fn, key, dynamic, ARTIFACTS)
+        cf.records_frames = True
         return cf
 
     def wrap(target):

@@ -8,7 +8,9 @@ Modules: ``fileformat`` (the file, its hash, versions), ``values`` (the objects 
 reads, by value, by location or by name), ``guards`` (each guard kind's saved form; the
 rebuilt guard program), ``graphs`` (captured graph + backend artifact), ``entries`` (one
 entry and its continuations), ``identity`` (is it the same function), ``save``, ``load``,
-``report``. A package holds code: load only packages you trust.
+``report``, ``frame_records`` (the entries of a function kept for a warm process, in package
+form), ``artifacts`` (what compiled functions ask of this layer). A package holds code: load
+only packages you trust.
 """
 from .errors import PackageError, PackageMismatch, PackageMiss
 from .load import load_package

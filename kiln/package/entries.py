@@ -254,7 +254,7 @@ def load_entry(saved: dict, fn: types.FunctionType, compiled, blobs, origin: str
     continuation factory)."""
     from ..runtime.function_cache import cache_for
 
-    key = compiled._key
+    key = compiled.key
     made: dict = {}
 
     def graph():
@@ -263,7 +263,7 @@ def load_entry(saved: dict, fn: types.FunctionType, compiled, blobs, origin: str
 
     def break_fn():
         plan = Decoder(fn).decode(saved["break"]["plan"])
-        bfn, resumes = _break_function(fn, fn.__code__, plan, key, compiled._factory)
+        bfn, resumes = _break_function(fn, fn.__code__, plan, key, compiled.factory)
         from .load import PackagedFunction
 
         for r, group in zip(resumes, saved["break"]["resumes"]):
@@ -276,7 +276,7 @@ def load_entry(saved: dict, fn: types.FunctionType, compiled, blobs, origin: str
 
     ctx = RenderContext()
     alias_parameters(fn.__code__, ctx)
-    specials = {"graph": graph, "break": break_fn, "callee": lambda: compiled._factory.callee}
+    specials = {"graph": graph, "break": break_fn, "callee": lambda: compiled.factory.callee}
     dec = Decoder(fn, specials)
     for name, enc in saved["namespace"].items():
         if enc[:2] in (["special", "gs"], ["special", "tg"]):

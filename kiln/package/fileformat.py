@@ -54,7 +54,7 @@ def environment() -> dict:
 
 
 def pack(manifest: dict, blobs: Blobs) -> bytes:
-    """The bytes of a package (also the payload of a frame record, ``kiln.cache.frames``)."""
+    """The bytes of a package (also the payload of a frame record, ``frame_records``)."""
     offsets, pos = [], 0
     for b in blobs.parts:
         offsets.append([pos, len(b)])

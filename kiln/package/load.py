@@ -12,13 +12,14 @@ import types
 import torch
 
 from .. import logs
+from ..backends.registry import lookup_backend
 from ..runtime.compile_key import CompileKey
 from ..runtime.function import CompiledFunction
 from ..runtime.function_cache import cache_for
 from ..runtime.method import CompiledMethod
 from ..runtime.module import CompiledModule, module_caller
-from ..backends.registry import lookup_backend
 from . import fileformat, identity
+from .artifacts import ARTIFACTS
 from .entries import install, link_shared_groups, load_entries
 from .errors import PackageMiss
 
@@ -29,7 +30,7 @@ class PackagedFunction(CompiledFunction):
     """A CompiledFunction loaded from a package: its misses are logged, or raise."""
 
     def __init__(self, fn, key, dynamic, on_miss: str, path: str):
-        super().__init__(fn, key, dynamic)
+        super().__init__(fn, key, dynamic, ARTIFACTS)
         self._on_miss = on_miss
         self._package = path
 

@@ -5,7 +5,8 @@ entries), ``function`` (``CompiledFunction``: the call path, a miss's capture, a
 factory of the functions a graph break hands control to), ``callees`` (the tables behind
 that factory), ``method`` (``CompiledMethod``), ``module`` (``CompiledModule``),
 ``eager_callable`` (a callable with no bytecode), ``recording`` (what ``kiln.explain``
-collects).
+collects), ``artifacts`` (what a compiled function asks of the layer above it, ``kiln.package``:
+packages and frame records).
 """
 from .compile_key import CompileKey
 from .eager_callable import EagerCallable

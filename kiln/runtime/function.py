@@ -25,7 +25,6 @@ import torch
 
 from .. import _torch
 from .. import logs
-from ..cache import frames as _frames
 from ..capture.codegen import MISS
 from ..capture.frame import ArgumentsDoNotBind, Entry, capture, eager_entry, eager_entry_for
 from ..config import config
@@ -35,8 +34,10 @@ from ..compile_lock import COMPILE_LOCK
 from ..internal_errors import failed_before_effects, internal_error, is_users
 from ..user_lines import at_users_line
 from . import recording
+from .artifacts import Artifacts
 from .callees import callee_objects, canonical_functions, compiled_per_key, walks_the_stack
 from .compile_key import CompileKey
+from ..cache.compiling import compiling
 from .function_cache import cache_for
 from .method import CompiledMethod
 from .module import CompiledModule
@@ -48,15 +49,16 @@ class CompiledFactory:
     """Compiles, for one compile key, the functions a graph break hands control to: the
     continuations (resume functions) and a callee whose body broke while being inlined."""
 
-    def __init__(self, key: "CompileKey", dynamic):
+    def __init__(self, key: "CompileKey", dynamic, artifacts: Artifacts):
         self.key = key
         self.dynamic = dynamic
+        self.artifacts = artifacts
 
     def __call__(self, fn: types.FunctionType) -> "CompiledFunction":
         per_key = compiled_per_key(fn)
         cf = per_key.get(self.key)
         if cf is None:
-            cf = per_key[self.key] = CompiledFunction(fn, self.key, self.dynamic)
+            cf = per_key[self.key] = CompiledFunction(fn, self.key, self.dynamic, self.artifacts)
         return cf
 
     def callee(self, obj):
@@ -92,20 +94,36 @@ class CompiledFactory:
 class CompiledFunction:
     """A function compiled by kiln. Call it like the original."""
 
-    _records_frames = False   # kiln.compile's functions keep frame records (not continuations)
-    _frame_key = None         # their key, once computed ("" when they are not kept)
+    records_frames = False    # kiln.compile's functions keep frame records (not continuations)
+    records_key = None        # their key, once computed ("" when they are not kept)
+    records_owner = None      # a continuation: the function whose frame record holds its entries
 
-    def __init__(self, fn: types.FunctionType, key: CompileKey, dynamic):
+    def __init__(self, fn: types.FunctionType, key: CompileKey, dynamic, artifacts: Artifacts):
         self._fn = fn
         self._key = key
         self._cache = cache_for(fn)
         self.dynamic = dynamic
-        self._factory = None if key.fullgraph else CompiledFactory(key, dynamic)
+        self.artifacts = artifacts     # (saves and records the entries: kiln.package)
+        self._factory = None if key.fullgraph else CompiledFactory(key, dynamic, artifacts)
         functools.update_wrapper(self, fn)
 
     @property
     def original(self) -> Callable:
         return self._fn
+
+    @property
+    def key(self) -> CompileKey:
+        return self._key
+
+    @property
+    def cache(self):
+        """The entries of the original function, for every compile key (``FunctionCache``)."""
+        return self._cache
+
+    @property
+    def factory(self) -> CompiledFactory | None:
+        """What compiles the functions a graph break hands control to (None: fullgraph)."""
+        return self._factory
 
     @property
     def entries(self) -> list[Entry]:
@@ -139,7 +157,7 @@ class CompiledFunction:
                     return result
         return self._miss(args, kwargs)
 
-    def _retry_entries(self, args: tuple, kwargs: dict):
+    def retry_entries(self, args: tuple, kwargs: dict):
         """The lookup of ``__call__`` once more (after frame records added entries): the
         result of the first entry whose guards hold, or MISS. (``__call__`` keeps its own copy
         of this loop inline: it is the per-call hot path, and a call more costs there.)"""
@@ -160,14 +178,14 @@ class CompiledFunction:
     def _miss(self, args: tuple, kwargs: dict):
         if not config.cache:
             return self._capture_and_run(args, kwargs)
-        with _frames.compiling(self):     # (what the cache stores now may grow at a backward())
+        with compiling(self):     # (what the cache stores now may grow at a backward())
             return self._capture_and_run(args, kwargs)
 
     def _capture_and_run(self, args: tuple, kwargs: dict):
         fn, key, cache = self._fn, self._key, self._cache
-        if self._records_frames and config.cache and key not in cache.frames_tried and not recording.recorder.stack:
+        if self.records_frames and config.cache and key not in cache.frames_tried and not recording.recorder.stack:
             # a warm process: the entries a former process recorded, before any capture
-            result = _frames.lookup(self, args, kwargs)
+            result = self.artifacts.lookup(self, args, kwargs)
             if result is not MISS:
                 return result
         mine = [e for e in cache.entries if e.key is key]
@@ -238,7 +256,7 @@ class CompiledFunction:
         if result is MISS:  # the guards do not hold for the arguments they were built from
             return fn(*args, **kwargs)
         if config.cache:
-            _frames.record(self)     # (a function's own record, or its owner's for a continuation)
+            self.record_frames()
         return result
 
     def _eager_entry(self, e: Unsupported) -> Entry | None:
@@ -283,13 +301,18 @@ class CompiledFunction:
             return self
         return CompiledMethod(self, obj)
 
+    def record_frames(self) -> None:
+        """Rewrite this process's frame record of this function, or for a continuation, of
+        the function whose record holds its entries (none yet: nothing to do)."""
+        owner = self if self.records_frames else self.records_owner
+        if owner is not None:
+            owner.artifacts.record(owner)
+
     def save_package(self, path: str):
         """Save every entry compiled so far (and those of the continuations after graph
         breaks) to the file ``path``, for ``kiln.load_package``. Returns a
         ``kiln.package.SaveReport``: entries saved, and entries left out with the reason."""
-        from ..package import save_package
-
-        return save_package(self, path)
+        return self.artifacts.save_package(self, path)
 
     def __repr__(self):
         return f"<kiln.CompiledFunction {self._fn.__qualname__} backend={self._key!r}>"

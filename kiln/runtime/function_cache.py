@@ -20,7 +20,7 @@ class FunctionCache:
         self.entries: list[Entry] = []
         self.limit_warned = False
         self.recompile_reasons: list[str] = []   # why each capture after the first happened
-        # compile keys whose frame records (kiln.cache.frames) were loaded: once per process,
+        # compile keys whose frame records (kiln.package.frame_records) were loaded: once per process,
         # not again after reset() (whose next call captures)
         self.frames_tried: set = set()
 

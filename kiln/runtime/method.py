@@ -21,6 +21,10 @@ class CompiledMethod:
         return self._compiled(self._self, *args, **kwargs)
 
     @property
+    def compiled_function(self) -> CompiledFunction:
+        return self._compiled
+
+    @property
     def entries(self):
         return self._compiled.entries
 
@@ -36,9 +40,7 @@ class CompiledMethod:
         """Save every entry compiled so far (and those of the continuations after graph
         breaks) to the file ``path``, for ``kiln.load_package``. Returns a
         ``kiln.package.SaveReport``: entries saved, and entries left out with the reason."""
-        from ..package import save_package
-
-        return save_package(self, path)
+        return self._compiled.artifacts.save_package(self, path)
 
     def __repr__(self):
         return f"<kiln.CompiledMethod {self._compiled._fn.__qualname__} of {type(self._self).__name__}>"

@@ -80,6 +80,11 @@ class CompiledModule(torch.nn.Module):
         return iter(self._orig_mod)
 
     @property
+    def compiled_function(self) -> CompiledFunction:
+        """The CompiledFunction behind forward (one per module class)."""
+        return self._kiln_compiled
+
+    @property
     def entries(self):
         return self._kiln_compiled.entries
 
@@ -87,9 +92,7 @@ class CompiledModule(torch.nn.Module):
         """Save every entry compiled so far (and those of the continuations after graph
         breaks) to the file ``path``, for ``kiln.load_package``. Returns a
         ``kiln.package.SaveReport``: entries saved, and entries left out with the reason."""
-        from ..package import save_package
-
-        return save_package(self, path)
+        return self._kiln_compiled.artifacts.save_package(self, path)
 
     @property
     def recompile_reasons(self):

@@ -1,4 +1,4 @@
-"""Frame records (kiln/cache/frames.py): a warm process installs a function's recorded entries
+"""Frame records (kiln/package/frame_records.py): a warm process installs a function's recorded entries
 before any capture. Every test runs fresh processes over one cache directory (the test's own,
 tests/conftest.py); the child counts kiln's capture entry point and checks its results against
 eager (outputs and gradients)."""
