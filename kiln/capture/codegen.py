@@ -393,7 +393,7 @@ def readable_source(src: str, aliases: dict[str, str]) -> str:
 _LOAD_GLOBAL, _LOAD_NAME, _EXTENDED_ARG = dis.opmap["LOAD_GLOBAL"], dis.opmap["LOAD_NAME"], dis.EXTENDED_ARG
 
 
-def _global_names(code: types.CodeType) -> list[str]:
+def global_names(code: types.CodeType) -> list[str]:
     """Names the code (and code nested in it) reads as globals, in first-use order (for the
     module code of a ``def``: its default values too).
 
@@ -415,13 +415,13 @@ def _global_names(code: types.CodeType) -> list[str]:
             out[names[arg]] = None
     for c in code.co_consts:
         if isinstance(c, types.CodeType):
-            out.update(dict.fromkeys(_global_names(c)))
+            out.update(dict.fromkeys(global_names(c)))
     return list(out)
 
 
 def _check_names(module_code: types.CodeType, namespace: dict, name: str) -> list[str]:
     """The free names of the generated module code defining ``name`` (checked bound)."""
-    names = [n for n in _global_names(module_code) if n != name]
+    names = [n for n in global_names(module_code) if n != name]
     for n in names:
         if n not in namespace and not hasattr(builtins, n) and n not in _HELPER_MODULES:
             raise NameError(f"generated code of {name} reads {n!r}, which it never binds")

@@ -190,7 +190,7 @@ def _finish(fn, output: OutputGraph, result, key, backend, backend_name) -> Entr
     entry_fn = _compile_entry(fn, src, cg.ctx)
     if logs.enabled.guards:
         _log_guards(fn, guards, program)
-    return Entry(key, backend_name, entry_fn, _make_check(fn, program), program.guards, program,
+    return Entry(key, backend_name, entry_fn, make_check(fn, program), program.guards, program,
                  gm, compiled, readable_source(src, cg.ctx.local_alias), inlined=dict(output.inlined))
 
 
@@ -202,7 +202,7 @@ def _compile_entry(fn, src: str, ctx: RenderContext, lines: dict[int, int] | Non
                             like=fn.__code__, f_globals=fn.__globals__, lines=lines)
 
 
-def _make_check(fn, program: GuardProgram):
+def make_check(fn, program: GuardProgram):
     return program.make_check("__kiln_check", like=fn.__code__, f_globals=fn.__globals__)
 
 
@@ -392,7 +392,7 @@ def eager_entry_for(fn, program: GuardProgram, guards: list[Guard], key, backend
     entry_fn = compile_function(src, "__kiln_eager", ns, aliases=ctx.local_alias, like=fn.__code__,
                                 f_globals=fn.__globals__)
     forget_frames(exc)   # kept by the entry: without the capture's frames (and the call's tensors)
-    return Entry(key, backend_name, entry_fn, _make_check(fn, program), program.guards, program,
+    return Entry(key, backend_name, entry_fn, make_check(fn, program), program.guards, program,
                  None, None, readable_source(src, ctx.local_alias), eager_reason=exc)
 
 
@@ -517,7 +517,7 @@ def _finish_break(fn, output: OutputGraph, tx, ip: int, reason: Unsupported, key
     prepare, apply = output.side_effects.codegen(cg)
     gm, inputs, net_grad, compiled = _compile_graph(fn, output, cg, backend, backend_name,
                                                     " (up to a graph break)")
-    break_fn, resumes = _break_function(fn, code, plan, key, compiled_factory)
+    break_fn, resumes = break_function(fn, code, plan, key, compiled_factory)
     guards, program, lines, marked = _entry_head(fn, output, cg, inputs, net_grad, compiled)
     # read everything the break function gets before writing side effects back; the
     # native instruction then sees the written state. Entering open with-blocks (part of the
@@ -539,7 +539,7 @@ def _finish_break(fn, output: OutputGraph, tx, ip: int, reason: Unsupported, key
         logs.log("graph_breaks", f"graph break in {fn.__qualname__}: {reason}")
     if logs.enabled.guards:
         _log_guards(fn, guards, program)
-    entry = Entry(key, backend_name, entry_fn, _make_check(fn, program), program.guards, program,
+    entry = Entry(key, backend_name, entry_fn, make_check(fn, program), program.guards, program,
                   gm, compiled, readable_source(src, cg.ctx.local_alias))
     forget_frames(reason)   # kept by the entry: without the capture's frames
     entry.graph_break = reason
@@ -591,7 +591,7 @@ def clear_resume_caches() -> None:
     resume.forget_generated()
 
 
-def _break_function(fn, code, plan: "resume.BreakPlan", key, compiled_factory):
+def break_function(fn, code, plan: "resume.BreakPlan", key, compiled_factory):
     """The break function for this break point and compile key (cached), and the
     continuations it calls."""
     closure = fn.__closure__

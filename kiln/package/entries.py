@@ -4,7 +4,7 @@ Saved: the generated code (the entry's Python source, as compiled), every name i
 (its namespace, ``values``), its guard program (``guards``), its graph (``graphs``), and for
 an entry that ends in a graph break, the break plan and the entries of each continuation
 (recursively: they are compiled functions of their own). Loaded: the same source compiled
-again over the decoded namespace (``codegen.compile_function``, as at capture): no capture,
+again over the decoded namespace (``kiln.capture.rebuild``, as at capture): no capture,
 no tracing.
 """
 from __future__ import annotations
@@ -12,9 +12,8 @@ from __future__ import annotations
 import types
 from typing import Callable
 
-from ..capture.codegen import _global_names, alias_parameters, compile_function, readable_source
-from ..capture.frame import Entry, _break_function, _make_check
-from ..capture.sources import RenderContext
+from ..capture.frame import Entry
+from ..capture.rebuild import entry_context, names_read, rebuild_break_function, rebuild_entry
 from ..errors import Unsupported
 from .errors import NotPackageable, PackageError
 from .graphs import load_graph, save_graph
@@ -41,7 +40,7 @@ def _namespace_of(entry: Entry) -> dict:
              *getattr(program, "shape_binds", []), *getattr(program, "shape_conds", [])]
     for text in texts:
         try:
-            names = _global_names(compile(text, "<kiln entry>", "exec"))
+            names = names_read(text)
         except SyntaxError:
             continue
         for n in names:
@@ -263,7 +262,7 @@ def load_entry(saved: dict, fn: types.FunctionType, compiled, blobs, origin: str
 
     def break_fn():
         plan = Decoder(fn).decode(saved["break"]["plan"])
-        bfn, resumes = _break_function(fn, fn.__code__, plan, key, compiled.factory)
+        bfn, resumes = rebuild_break_function(fn, plan, key, compiled.factory)
         from .load import PackagedFunction
 
         for r, group in zip(resumes, saved["break"]["resumes"]):
@@ -274,8 +273,7 @@ def load_entry(saved: dict, fn: types.FunctionType, compiled, blobs, origin: str
         made["resumes"] = tuple(resumes)
         return bfn
 
-    ctx = RenderContext()
-    alias_parameters(fn.__code__, ctx)
+    ctx = entry_context(fn)
     specials = {"graph": graph, "break": break_fn, "callee": lambda: compiled.factory.callee}
     dec = Decoder(fn, specials)
     for name, enc in saved["namespace"].items():
@@ -284,10 +282,7 @@ def load_entry(saved: dict, fn: types.FunctionType, compiled, blobs, origin: str
         ctx.namespace[name] = dec.decode(enc)
     program = LoadedProgram(saved["program"], ctx)
     src = saved["source"]
-    entry_fn = compile_function(src, saved["name"], ctx.namespace, aliases=ctx.local_alias,
-                                like=fn.__code__, f_globals=fn.__globals__)
-    entry = Entry(key, key.backend_name, entry_fn, _make_check(fn, program), program.guards, program,
-                  made.get("gm"), made.get("compiled"), readable_source(src, ctx.local_alias))
+    entry = rebuild_entry(fn, key, src, saved["name"], ctx, program, made.get("gm"), made.get("compiled"))
     if saved["eager_reason"] is not None:
         entry.eager_reason = Unsupported(saved["eager_reason"])
     if saved["graph_break"] is not None:
