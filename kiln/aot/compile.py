@@ -23,6 +23,7 @@ from . import function as F
 from . import partial as P
 from . import segments as SG
 from . import versions as V
+from .donation import donatable_saved_tensors
 from .runtime import RunAsCaptured, apply_post_compile
 
 
@@ -246,8 +247,6 @@ def _inline_saved_hooks(state, p, nfw: int):
     p.saved = [s.name for s in saved]
     p.saved_bytes, p.saved_input_bytes = U.saved_bytes(saved)
     if "kiln_donated" in bw.meta:       # Inductor's: the saved positions changed
-        from ..backends.inductor import donatable_saved_tensors
-
         p.backward.meta.update(bw.meta)
         p.backward.meta["kiln_num_saved"] = len(saved)
         p.backward.meta["kiln_donated"] = donatable_saved_tensors(p.forward, p.backward, nfw)

@@ -44,6 +44,7 @@ import torch.fx
 from .. import _torch, logs
 from ..compile_lock import COMPILE_LOCK
 from ..aot import _utils as U
+from ..aot.donation import donatable_saved_tensors
 from .inductor_options import inductor_config_patches
 from .progress import Progress
 from .registry import register_backend
@@ -505,24 +506,6 @@ def decomposition_table() -> dict:
             continue
         table[op] = fn
     return table
-
-
-def donatable_saved_tensors(fw: torch.fx.GraphModule, bw: torch.fx.GraphModule, nfw: int) -> list[int]:
-    """Positions (among the backward's inputs) of the saved tensors whose memory the backward
-    may reuse for its own buffers: those sharing memory with no forward input, no output the
-    user sees and no gradient. The autograd.Function hands them to the backward and drops its
-    own references first (``retain_graph=True`` gets copies: ``copies_when_graph_kept``)."""
-    def val(n):
-        return n.meta.get("val") if isinstance(n, torch.fx.Node) else None
-
-    fw_outs = _outputs(fw)
-    kept = {U.fake_storage(val(n)) for n in (*_placeholders(fw), *fw_outs[:nfw], *_outputs(bw))} - {None}
-    donated = []
-    for j, n in enumerate(fw_outs[nfw:]):
-        s = U.fake_storage(val(n))
-        if s is not None and s not in kept:
-            donated.append(j)
-    return donated
 
 
 def mark_donated_placeholders(gm: torch.fx.GraphModule, donated: list[int]) -> None:
