@@ -28,6 +28,7 @@ from .explain import explain
 from .logs import set_logs
 from .package import PackageError, PackageMismatch, PackageMiss, load_package
 from .shapes import mark_dynamic, mark_static
+from .version import __version__
 from . import activations
 from .activations.hooks import inline_saved_tensors_hooks, saved_tensors_hooks
 
@@ -36,4 +37,3 @@ __all__ = ["compile", "reset", "explain", "comptime", "config", "Unsupported", "
            "mark_dynamic", "mark_static", "ConstraintViolation", "activations",
            "saved_tensors_hooks", "inline_saved_tensors_hooks", "CudagraphError",
            "load_package", "PackageError", "PackageMismatch", "PackageMiss"]
-__version__ = "0.1.0"

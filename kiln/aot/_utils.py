@@ -630,3 +630,12 @@ def dtype_from_str(s: str) -> torch.dtype:
     if not isinstance(d, torch.dtype):
         raise ValueError(f"unknown dtype {s!r}")
     return d
+
+
+def op_name(n) -> str | None:
+    """The schema name of a graph node's op (``kiln::prefetch``, ``aten::mm``...); None for a
+    node that calls no op with a schema."""
+    if n.op != "call_function":
+        return None
+    schema = getattr(n.target, "_schema", None)
+    return schema.name if schema is not None else None

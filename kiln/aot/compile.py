@@ -19,6 +19,7 @@ from .. import _torch
 from ..config import config
 from ..errors import Unsupported
 from . import _utils as U
+from . import activation_rows
 from . import function as F
 from . import partial as P
 from . import segments as SG
@@ -465,9 +466,7 @@ def assemble(parts: CompiledParts, fw_compiler: Callable | None = None, bw_compi
         core = F.make_training_core(fw, bw, parts, lambda gm: bw_compiler(gm, _example_inputs(gm)),
                                     _grad_mode_check(parts), getattr(bw_compiler, "kiln_stored_backwards", None))
         if parts.hooks is not None:     # (compiled or loaded from the cache)
-            from ..activations.report import record
-
-            record(parts.hooks)
+            activation_rows.record(parts.hooks)
     compiled = AOTCompiled(apply_post_compile(parts.wrappers, core), parts, run_as_captured)
     attach_input_check(compiled)
     return compiled

@@ -23,6 +23,7 @@ import torch
 import torch.fx
 
 from ..config import config
+from ..version import __version__
 
 KEY_VERSION = 1
 
@@ -185,7 +186,6 @@ def versions() -> dict:
         triton = importlib.metadata.version("triton")
     except importlib.metadata.PackageNotFoundError:
         triton = None
-    from .. import __version__
     return {"torch": torch.__version__, "triton": triton, "kiln": f"{__version__}+{h.hexdigest()[:16]}",
             "key": KEY_VERSION}
 

@@ -18,6 +18,7 @@ import os
 import platform
 import struct
 
+from ..version import __version__
 from .errors import PackageError
 
 MAGIC = b"KILNPKG\x01"
@@ -43,8 +44,6 @@ class Blobs:
 def environment() -> dict:
     """What a package is valid for: kiln, torch and Python versions, and the device kinds."""
     import torch
-
-    from .. import __version__
 
     env = {"kiln": __version__, "torch": torch.__version__, "python": ".".join(platform.python_version_tuple()[:2]),
            "machine": platform.machine(), "cuda": None}
