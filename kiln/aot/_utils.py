@@ -16,6 +16,7 @@ import torch.fx
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch._subclasses.functional_tensor import FunctionalTensor
 
+from .. import _torch
 from .symbolic import nbytes_hint
 
 aten = torch.ops.aten
@@ -556,8 +557,6 @@ def _storages(v: Any) -> set:
 
 def copy_graph_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     """A GraphModule over a copy of ``gm``'s graph (nodes' meta shallow-copied), same attributes."""
-    from .. import _torch
-
     g = torch.fx.Graph()
     g.output(g.graph_copy(gm.graph, {}))
     new = _torch.lazy_graph_module(gm, g, class_name=type(gm).__name__)

@@ -32,6 +32,8 @@ from . import _utils as U
 from .compile import PartsView
 from .compile import AOTCompiled, CompiledParts, assemble, build_parts
 from .runtime import wrapper_from_dict, wrapper_to_dict
+from .saved_hooks import InlinedHooks
+from .symbolic import fake_mode_for, graph_example_values, has_symbols, is_sym
 from .traced_layouts import STRIDES_META, traced_strides
 
 FORMAT = "kiln.aot.artifact"
@@ -144,8 +146,6 @@ def _decode_arg(a: Any, env: dict) -> Any:
 
 
 def _val_meta(v: Any) -> Any:
-    from .symbolic import has_symbols, is_sym
-
     if is_sym(v) or (isinstance(v, torch.Tensor) and has_symbols(v)):
         from .symbolic_codec import encode_value
 
@@ -454,8 +454,6 @@ def _symbolic_from_dict(parts: CompiledParts, d: dict, decoder, replay: bool = T
 def fake_mode_of_graph(gm: torch.fx.GraphModule):
     """The FakeTensorMode of a captured graph's symbolic example values (a dynamic graph's
     cache entry loads into it), None for a static graph."""
-    from .symbolic import fake_mode_for, graph_example_values
-
     n = sum(1 for p in gm.graph.nodes if p.op == "placeholder")
     vals = graph_example_values(gm, n)
     return fake_mode_for(vals) if vals is not None else None
@@ -464,6 +462,4 @@ def fake_mode_of_graph(gm: torch.fx.GraphModule):
 def _hooks_from(d: dict | None):
     if d is None:
         return None
-    from .saved_hooks import InlinedHooks
-
     return InlinedHooks.from_dict(d)

@@ -19,7 +19,9 @@ import torch.utils._pytree as pytree
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from ..errors import Unsupported
-from . import _utils as U
+from . import _utils as U, symbolic as S
+from .state import InputInfo, OutputInfo, ViewAndMutationMeta
+from .versions import attach_late_checks
 
 
 class RunAsCaptured(Unsupported):
@@ -377,8 +379,6 @@ class MutationsAndAliases(RuntimeWrapper):
         """For a dynamic graph, ``f(args) -> {("out", k) | ("in", i): value}``: the size, stride
         and offset of each output view and metadata-mutated input, and the value of each
         symbolic output, evaluated for the runtime arguments. None when all are static."""
-        from . import symbolic as S
-
         if self.fakes is None:
             return None
         meta = self.meta
@@ -509,8 +509,6 @@ class MutationsAndAliases(RuntimeWrapper):
             for i in meta_only:
                 _restride(args[i], infos[i], geo.get(("in", i)))
             if late_checks:
-                from .versions import attach_late_checks
-
                 attach_late_checks(outs, [(i, args[i]) for i in late_checks])
             if grad_after is not None:
                 torch._C._set_grad_enabled(grad_after)
@@ -582,8 +580,6 @@ class MutationsAndAliases(RuntimeWrapper):
 
     @classmethod
     def from_dict(cls, d, decoder=None):
-        from .state import InputInfo, OutputInfo, ViewAndMutationMeta
-
         fakes = None
         if "fakes" in d:
             if decoder is None:

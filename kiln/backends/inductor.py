@@ -41,10 +41,19 @@ from typing import Any, Callable
 import torch
 import torch.fx
 
-from .. import _torch, logs
+from .. import _torch, cache, logs
+from ..aot.compile import run_as_fx
+from ..aot.dynamic import compile_graph
+from ..aot.partition import min_cut_rematerialization_partition
+from ..cache import PAYLOAD_ATTR, store
 from ..compile_lock import COMPILE_LOCK
 from ..aot import _utils as U
 from ..aot.donation import donatable_saved_tensors
+from ..config import config
+from ..cudagraphs import cudagraphify, graph_facts
+from ..cudagraphs.function import try_partition
+from . import generated_module, inductor_entry, vec_isa_memo
+from .inductor_entry import GeneratedCode, with_triton_records
 from .inductor_options import inductor_config_patches
 from .progress import Progress
 from .registry import register_backend
@@ -67,8 +76,6 @@ class InductorBackend:
     @property
     def cudagraphs(self) -> bool:
         """Whether compiled graphs are recorded as CUDA graphs (kiln.cudagraphs)."""
-        from ..config import config
-
         return self.mode == "reduce-overhead" or config.cudagraphs
 
     @property
@@ -95,9 +102,6 @@ class InductorBackend:
         return backend
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
-        from .. import cache
-        from . import inductor_entry
-
         example_inputs = list(example_inputs)
         graph = GraphCompile(self.config_patches, gm, cudagraphs=self.cudagraphs)
         try:
@@ -123,8 +127,6 @@ class InductorBackend:
     def load_artifact(self, payload: bytes, gm: torch.fx.GraphModule) -> Callable:
         """The compiled graph rebuilt from a cache payload (a package's artifact): no AOT
         tracing, no Inductor lowering."""
-        from . import inductor_entry
-
         return inductor_entry.load(payload, gm, self._graph_compile, self.cudagraphs, {})
 
     def _graph_compile(self, gm: torch.fx.GraphModule) -> "GraphCompile":
@@ -182,8 +184,6 @@ class GraphCompile:
         self.stored_again: Callable[[], None] | None = None
 
     def run(self, example_inputs: list) -> Callable:
-        from ..aot.dynamic import compile_graph
-
         start = time.perf_counter()
         if any(isinstance(t, torch.Tensor) and t.device.type == "cuda" for t in example_inputs):
             _torch.inductor_wake_up_workers()    # (while kiln traces, as torch.compile does)
@@ -217,8 +217,6 @@ class GraphCompile:
 
     def partition(self, joint: torch.fx.GraphModule, joint_inputs: Any, *, num_fwd_outputs: int):
         """Inductor's joint-graph passes, then kiln's min-cut partitioner."""
-        from ..aot.partition import min_cut_rematerialization_partition
-
         flat = [*joint_inputs[0], *joint_inputs[1]]
         with self.progress.phase("joint-graph passes (Inductor)"):
             joint = self._joint_passes(joint, flat)
@@ -267,9 +265,6 @@ class GraphCompile:
         try:
             facts = None
             if self.cudagraphs:
-                from ..cudagraphs import graph_facts
-                from ..cudagraphs.function import try_partition
-
                 facts = graph_facts(gm, kind)
                 split = try_partition(gm, lambda piece, ex: self._compile_piece(piece, ex), facts)
                 if split is not None:
@@ -281,8 +276,6 @@ class GraphCompile:
             except Exception as e:
                 compiled = self._fallback(gm, list(example_inputs), kind, e)
             if facts is not None:
-                from ..cudagraphs import cudagraphify
-
                 compiled = cudagraphify(compiled, gm, kind, facts=facts)
             return compiled
         finally:
@@ -301,9 +294,6 @@ class GraphCompile:
                 return self._fallback(piece, list(example_inputs), "inference", e)
 
     def _inductor(self, gm: torch.fx.GraphModule, example_inputs: list, kind: str):
-        from ..config import config
-        from . import vec_isa_memo
-
         device = device_of(example_inputs)
         cpu = device is None or device.type == "cpu"
         with COMPILE_LOCK:      # (also a compile at run time: a late backward, new shapes)
@@ -376,14 +366,8 @@ class GraphCompile:
     @staticmethod
     def _generated_code(compiled: Callable, kind: str, donated: list, kept: list | None = None):
         """What the cache entry keeps of Inductor's result (``inductor_entry.GeneratedCode``)."""
-        from ..cache import store
-        from ..config import config
-        from .inductor_entry import GeneratedCode
-
         code = _torch.inductor_generated_code(compiled)
         if code is not None:
-            from . import generated_module
-
             # (how a later process loads the module and its kernels without Inductor)
             module_globals = _torch.inductor_module_globals(compiled)
             code["fast"] = generated_module.describe(code["source_code"], module_globals)
@@ -417,8 +401,6 @@ class GraphCompile:
         return out
 
     def _fallback(self, gm: torch.fx.GraphModule, example_inputs: list, kind: str, error: BaseException):
-        from ..aot.compile import run_as_fx
-
         self._note_failure(f"the {kind} graph", error)
         graph = U.copy_graph_module(gm)
         if kind == "backward":
@@ -459,9 +441,6 @@ def _changed_outputs(before: torch.fx.GraphModule, after: torch.fx.GraphModule) 
 def with_triton_records_for_packages(compiled: Callable) -> Callable:
     """``compiled`` whose package payload carries its graphs' recorded Triton kernels (the
     cache's entry, written before the first call, does not)."""
-    from ..cache import PAYLOAD_ATTR
-    from .inductor_entry import with_triton_records
-
     payload = getattr(compiled, PAYLOAD_ATTR, None)
     if payload is not None:
         try:

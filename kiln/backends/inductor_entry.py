@@ -29,6 +29,16 @@ from typing import Any, Callable
 import torch
 
 from .. import _torch, cache
+from ..aot.compile import AOTCompiled, assemble
+from ..aot.dynamic import OUTSIDE_THE_TRACE, per_shape
+from ..aot.export import AOTArtifact, fake_mode_of_graph
+from ..aot.symbolic import has_symbols
+from ..aot.symbolic_codec import Decoder, encode_value
+from ..cache.store import kernels_dir
+from ..config import config
+from ..cudagraphs import cudagraphify, graph_facts
+from . import generated_module, triton_kernels, vec_isa_memo
+from .generated_module import realign_inputs
 
 FORMAT = "kiln.inductor.entry"
 VERSION = 1
@@ -55,9 +65,6 @@ def dump(compiled: Any, records: dict, fw_output_strides: list | None, split_gra
     keeps nothing and says why). ``late``: backwards made at run time (``function.backward_key``
     -> GeneratedCode) compiled so far, which the entry keeps beside the graphs: a segmented
     graph's backward as one, a backward for some outputs' gradients only."""
-    from ..aot.compile import AOTCompiled
-    from ..aot.export import AOTArtifact
-
     redump = getattr(compiled, "kiln_redump", None)
     if redump is not None:          # (loaded from an entry: that entry, with what compiled since)
         return redump()
@@ -84,11 +91,7 @@ def dump(compiled: Any, records: dict, fw_output_strides: list | None, split_gra
     artifact = AOTArtifact(parts).to_bytes()
     graph_meta = {name: {k: gm.meta[k] for k in _GRAPH_META if k in gm.meta}
                   for name, gm in (("forward", parts.forward), ("backward", parts.backward)) if gm is not None}
-    from ..aot.symbolic import has_symbols
-
     if fw_output_strides is not None and has_symbols(list(fw_output_strides)):
-        from ..aot.symbolic_codec import encode_value
-
         strides: Any = {"sym": encode_value(list(fw_output_strides))}
     else:
         strides = None if fw_output_strides is None else \
@@ -120,9 +123,6 @@ def with_triton_records(payload: bytes) -> bytes:
     after the graph's first call, so after the cache stored the entry; a backward made at run
     time as well), for a package load
     that imports neither Triton nor Inductor."""
-    from ..cache.store import kernels_dir
-    from . import generated_module, triton_kernels
-
     obj = torch.load(io.BytesIO(payload), weights_only=True)
     added = False
     # (backwards made at run time too: a training step's backward for the loss only)
@@ -150,10 +150,6 @@ def _load_generated(graphs: dict) -> dict:
     compilers' disk caches, and asking for Inductor's worker pool would start its worker
     processes (seconds of CPU, and more at exit) for nothing. Parallelism is all that
     setting changes: a kernel missing from those caches is compiled here, one at a time."""
-    from ..cache.store import kernels_dir
-    from ..config import config
-    from . import generated_module, vec_isa_memo
-
     kernel_dir = kernels_dir()
     modules = {kind: generated_module.load(code.get("fast"), code["constants"], kernel_dir, code.get("triton_record"))
                for kind, code in graphs.items()}
@@ -177,8 +173,6 @@ def _entry_point(module: Any, code: dict, after_first_call: Callable[[], None] |
     """The module's ``call`` (boxed: one list of arguments), inputs Inductor assumed aligned
     realigned as its own wrapper does; ``after_first_call()`` runs once, when the first call
     has returned (then it leaves the call path)."""
-    from .generated_module import realign_inputs
-
     call = module.call
     check = list(code["inputs_to_check"])
     mutated = set(code["mutated_input_idxs"])
@@ -208,16 +202,11 @@ def load(payload: bytes, gm: torch.fx.GraphModule, make_compile: Callable[[torch
     """The compiled callable rebuilt from an entry. ``make_compile(gm)`` makes the
     ``GraphCompile`` that compiles a partial backward on demand. ``cudagraphs``: each loaded
     graph replays as CUDA graphs, decided from the stored graph as after a compile."""
-    from ..aot.compile import assemble
-    from ..aot.export import AOTArtifact
-
     obj = torch.load(io.BytesIO(payload), weights_only=True)
     if not isinstance(obj, dict) or obj.get("format") != FORMAT:
         raise ValueError("not a kiln Inductor entry")
     if obj.get("version") != VERSION:
         raise ValueError(f"Inductor entry version {obj.get('version')} (this kiln reads {VERSION})")
-    from ..aot.export import fake_mode_of_graph
-
     # a dynamic entry loads into the capture's ShapeEnv, or (a package: no capture) its own
     artifact = AOTArtifact.from_bytes(obj["artifact"], rename, fake_mode=fake_mode_of_graph(gm))
     parts, fake_mode = artifact.parts, artifact.fake_mode
@@ -231,8 +220,6 @@ def load(payload: bytes, gm: torch.fx.GraphModule, make_compile: Callable[[torch
 
     strides = obj["fw_output_strides"]
     if isinstance(strides, dict):
-        from ..aot.symbolic_codec import Decoder
-
         strides = [None if s is None else tuple(s) for s in Decoder(fake_mode).value(strides["sym"])]
     elif strides is not None:
         strides = [None if s is None else [int(x) for x in s] for s in strides]
@@ -265,8 +252,6 @@ def load(payload: bytes, gm: torch.fx.GraphModule, make_compile: Callable[[torch
             if kind == "backward" and graph is not parts.backward:
                 return later().backward(graph, example_inputs)
             if cudagraphs:
-                from ..cudagraphs import cudagraphify, graph_facts
-
                 return cudagraphify(loaded[kind], graph, kind, facts=graph_facts(graph, kind))
             return loaded[kind]
         # (the stored graph needs no example inputs: none are made, no FakeTensorMode, which
@@ -279,8 +264,6 @@ def load(payload: bytes, gm: torch.fx.GraphModule, make_compile: Callable[[torch
     compiled = assemble(parts, stored("forward"), stored("backward"), stored("inference"), run_as_captured=gm)
     compiled.kiln_redump = lambda: _with_late(payload, made[0].late if made else {})
     if compiled.input_check is not None:    # (a dynamic graph: as after a compile)
-        from ..aot.dynamic import OUTSIDE_THE_TRACE, per_shape
-
         compiled.fallback = per_shape(gm, OUTSIDE_THE_TRACE, **later().stage_options())
     compiled.kiln_compile_seconds = {"aot": 0.0, "inductor": 0.0}
     compiled.kiln_inductor_fallbacks = []

@@ -22,6 +22,8 @@ from typing import Any
 import torch
 import torch.fx
 
+from ..aot.export import fake_mode_of_graph
+from ..aot.saved_hooks import active
 from ..config import config
 from ..version import __version__
 
@@ -218,8 +220,6 @@ def shape_facts(gm: torch.fx.GraphModule, example_inputs: list) -> dict | None:
     the same program gives the same facts)."""
     if not is_dynamic(gm, example_inputs):
         return None
-    from ..aot.export import fake_mode_of_graph
-
     mode = fake_mode_of_graph(gm)
     if mode is None:
         raise ValueError("a dynamic graph without symbolic example values on its placeholders")
@@ -250,7 +250,6 @@ def saved_tensor_hooks() -> Any:
     """The inlineable saved-tensor hooks the AOT stages will inline: each hook's
     ``user_cache_hash``, or a digest of its code and of the values it reads; None when none
     are active. Raises ValueError for a hook that cannot be hashed (the cache is bypassed)."""
-    from ..aot.saved_hooks import active
     from ..aot.saved_hooks_key import cache_key
 
     return cache_key(active())

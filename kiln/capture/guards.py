@@ -21,7 +21,8 @@ from typing import Any
 
 import torch
 
-from .sources import RenderContext, Source
+from .. import _torch
+from .sources import RenderContext, Source, is_argument_rooted
 
 
 class GuardKind(enum.Enum):
@@ -249,8 +250,6 @@ def _weak_identity(source, obj):
     (a function passed in, or held by an argument), None when the check may hold ``obj``:
     what globals, closures and constants reach lives as long as they do anyway."""
     import types as _types
-    from .sources import is_argument_rooted
-
     if not is_argument_rooted(source) or isinstance(obj, (type, _types.ModuleType)):
         return None
     try:
@@ -268,8 +267,6 @@ def _module_has_no_hooks(m: torch.nn.Module) -> bool:
 
 
 def _no_global_module_hooks() -> bool:
-    from .. import _torch
-
     return not any(_torch.global_module_hooks())
 
 

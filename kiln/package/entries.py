@@ -13,8 +13,11 @@ import types
 from typing import Callable
 
 from ..capture.frame import Entry
+from ..capture.guards import _float_same
 from ..capture.rebuild import entry_context, names_read, rebuild_break_function, rebuild_entry
 from ..errors import Unsupported
+from ..runtime.function import CompiledFactory
+from ..runtime.function_cache import cache_for
 from .errors import NotPackageable, PackageError
 from .graphs import load_graph, save_graph
 from .guards import LoadedProgram, save_program
@@ -78,8 +81,6 @@ def save_entries(entries: list[Entry], fn: types.FunctionType, add_blob: Callabl
 
 def save_entry(entry: Entry, fn: types.FunctionType, add_blob: Callable[[bytes], int], left_out: list,
                keep: Callable[[Entry], bool] | None = None, *, shared: dict) -> dict:
-    from ..runtime.function import CompiledFactory
-
     program = entry.program
     enc = Encoder(fn)
     for module, qualname in entry.inlined.values():
@@ -218,8 +219,6 @@ def _replace_condition(source: str, text: str, new: str) -> str:
 
 def same_value(a, b) -> bool:
     """``a`` has the type and value of ``b`` (nan is nan; -0.0 is not 0.0)."""
-    from ..capture.guards import _float_same
-
     if type(a) is not type(b):
         return False
     if type(a) is float:
@@ -251,8 +250,6 @@ def load_entries(saved: list[dict], fn: types.FunctionType, compiled, blobs, ori
 def load_entry(saved: dict, fn: types.FunctionType, compiled, blobs, origin: str | None = None) -> Entry:
     """``compiled``: the CompiledFunction of ``fn`` these entries go to (its key, backend and
     continuation factory)."""
-    from ..runtime.function_cache import cache_for
-
     key = compiled.key
     made: dict = {}
 

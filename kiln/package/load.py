@@ -12,6 +12,7 @@ import types
 import torch
 
 from .. import logs
+from ..backends import vec_isa_memo
 from ..backends.registry import lookup_backend
 from ..runtime.compile_key import CompileKey
 from ..runtime.function import CompiledFunction
@@ -146,8 +147,6 @@ def load_package(path: str, model_or_fn, on_miss: str = "compile", check_source:
         identity.check(m["identity"], ident_target, fn)
     if m.get("vec_isa"):
         # a machine with the same CPU, compiler and torch skips Inductor's SIMD probe (seconds)
-        from ..backends import vec_isa_memo
-
         vec_isa_memo.offer(m["vec_isa"])
     link_shared_groups(m["entries"])
     entries = load_entries(m["entries"], fn, cf, pkg.blob)

@@ -5,6 +5,9 @@ from __future__ import annotations
 import types
 
 from .. import logs
+from ..backends import vec_isa_memo
+from ..backends.registry import lookup_backend
+from ..runtime import CompiledFunction, CompiledMethod, CompiledModule
 from . import fileformat, identity
 from .entries import resume_groups, save_entries
 from .report import LeftOut, SaveReport
@@ -12,8 +15,6 @@ from .report import LeftOut, SaveReport
 
 def target_of(compiled) -> tuple[object, types.FunctionType, object, str]:
     """(the user's object, the function kiln compiles for it, its CompiledFunction, kind)."""
-    from ..runtime import CompiledFunction, CompiledMethod, CompiledModule
-
     if isinstance(compiled, CompiledModule):
         cf = compiled.compiled_function
         return compiled._orig_mod, cf.original, cf, "module"
@@ -27,8 +28,6 @@ def target_of(compiled) -> tuple[object, types.FunctionType, object, str]:
 
 
 def key_of(cf) -> dict:
-    from ..backends.registry import lookup_backend
-
     key = cf.key
     name = key.backend_name
     try:
@@ -90,8 +89,6 @@ def build_manifest(target, fn: types.FunctionType, cf, kind: str, entries: list,
     manifest = {"environment": env, "kind": kind, "identity": identity.describe(target, fn, inlined),
                 "key": key, "entries": saved,
                 "left_out": [{"function": f, "guards": g, "reason": r} for f, g, r in left]}
-    from ..backends import vec_isa_memo
-
     isa = vec_isa_memo.record()
     if isa is not None:     # (Inductor's CPU SIMD probe, answered for this machine: see load)
         manifest["vec_isa"] = [isa]
