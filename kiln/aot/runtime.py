@@ -21,6 +21,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from ..errors import Unsupported
 from . import _utils as U, symbolic as S
 from .state import InputInfo, OutputInfo, ViewAndMutationMeta
+from .symbolic_codec import encode_value
 from .versions import attach_late_checks
 
 
@@ -572,8 +573,6 @@ class MutationsAndAliases(RuntimeWrapper):
              "out_spec": pytree.treespec_dumps(m.out_spec)}
         if self.fakes is not None:
             # a dynamic graph: its sizes are expressions over the symbols of ``fakes``
-            from .symbolic_codec import encode_value
-
             d = encode_value(d)
             d["fakes"] = encode_value(list(self.fakes))
         return d

@@ -34,6 +34,7 @@ import torch.utils._pytree as pytree
 
 from .. import _torch, logs
 from . import _utils as U
+from .saved_hooks_schedule import schedule
 from .symbolic import has_symbols, is_sym_function, known_equal
 
 INLINE_MARK = "_kiln_inline_saved_tensors_hook"
@@ -373,8 +374,6 @@ def inline(hooks: tuple, fw: torch.fx.GraphModule, bw: torch.fx.GraphModule, nfw
         flat_saved.extend(x if isinstance(x, list) else [x])
     out_node.args = (tuple(list(fw_outs[:nfw]) + flat_saved),)
     # offload copies (kiln::offload_start...): finish and prefetch where they overlap compute
-    from .saved_hooks_schedule import schedule
-
     schedule(fw, bw)
     fw.graph.lint()
     bw.graph.lint()

@@ -31,6 +31,7 @@ from ..errors import Unsupported
 from . import _utils as U, saved_hooks
 from . import symbolic as S
 from . import versions as V
+from .overlap import overlapping_write
 
 
 @dataclass
@@ -611,8 +612,6 @@ def create_aot_state(fn: Callable, example_inputs: Sequence[Any], *,
         if isinstance(t, torch.Tensor) and (t.is_sparse or t.layout != torch.strided):
             raise Unsupported(f"AOT autograd: input {i} has layout {t.layout}; only strided tensors")
     if isinstance(fn, torch.fx.GraphModule):
-        from .overlap import overlapping_write
-
         why = overlapping_write(fn)
         if why is not None:
             raise Unsupported(f"AOT autograd: {why}; eager raises there, and a functional graph would not")

@@ -48,7 +48,7 @@ from ..aot.partition import min_cut_rematerialization_partition
 from ..cache import PAYLOAD_ATTR, store
 from ..compile_lock import COMPILE_LOCK
 from ..aot import _utils as U
-from ..aot.donation import donatable_saved_tensors
+from ..aot.donation import copies_when_graph_kept, donatable_saved_tensors
 from ..config import config
 from ..cudagraphs import cudagraphify, graph_facts
 from ..cudagraphs.function import try_partition
@@ -497,20 +497,6 @@ def mark_donated_placeholders(gm: torch.fx.GraphModule, donated: list[int]) -> N
         taken.add(name)
         phs[j].name = phs[j].target = name
     gm.recompile()
-
-
-def copies_when_graph_kept(compiled: Callable, donated: list[int]) -> Callable:
-    """The backward, handed copies of its donated inputs when autograd keeps the graph
-    (``retain_graph=True``: the saved tensors are read again by a later backward) or when they
-    came through the user's eager saved-tensor hooks (which may hold them)."""
-    def backward(args: list):
-        if _torch.backward_keeps_graph() or _torch.saved_tensors_from_user_hooks.active:
-            for j in donated:
-                if isinstance(args[j], torch.Tensor):
-                    args[j] = args[j].clone()
-        return compiled(args)
-    backward._boxed_call = True
-    return backward
 
 
 def mark_phases_of_new_nodes(joint: torch.fx.GraphModule) -> None:

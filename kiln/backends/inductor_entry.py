@@ -30,6 +30,7 @@ import torch
 
 from .. import _torch, cache
 from ..aot.compile import AOTCompiled, assemble
+from ..aot.donation import copies_when_graph_kept
 from ..aot.dynamic import OUTSIDE_THE_TRACE, per_shape
 from ..aot.export import AOTArtifact, fake_mode_of_graph
 from ..aot.symbolic import has_symbols
@@ -215,7 +216,6 @@ def load(payload: bytes, gm: torch.fx.GraphModule, make_compile: Callable[[torch
     loaded = _load_generated(obj["graphs"])
     for kind, code in obj["graphs"].items():
         if kind == "backward" and code["donated"]:
-            from .inductor import copies_when_graph_kept
             loaded[kind] = copies_when_graph_kept(loaded[kind], code["donated"])
 
     strides = obj["fw_output_strides"]
@@ -240,7 +240,6 @@ def load(payload: bytes, gm: torch.fx.GraphModule, make_compile: Callable[[torch
             code = obj["late"][key]
             fn = _load_generated({key: code})[key]
             if code["donated"]:
-                from .inductor import copies_when_graph_kept
                 fn = copies_when_graph_kept(fn, code["donated"])
             return fn, code.get("kept")
         return load_it

@@ -23,6 +23,7 @@ import weakref
 from typing import Any, Callable
 
 from .. import logs
+from ..aot.symbolic_codec import EntryDoesNotFit
 from ..config import config
 from .compiling import compiling_function
 from . import explain, key as K, store
@@ -79,8 +80,6 @@ def cached(gm, example_inputs: list, *, backend: str, options: dict, compile: Ca
     except Exception as e:          # a graph kiln cannot key: compile it, uncached
         _bypass(fn, f"cannot compute the key: {type(e).__name__}: {e}")
         return offer(compile(), lambda c: dump(c))
-    from ..aot.symbolic_codec import EntryDoesNotFit
-
     not_fit = None
     try:
         found = store.read(key)

@@ -24,6 +24,7 @@ import torch.fx
 
 from ..aot.export import fake_mode_of_graph
 from ..aot.saved_hooks import active
+from ..aot.saved_hooks_key import cache_key
 from ..config import config
 from ..version import __version__
 
@@ -250,8 +251,6 @@ def saved_tensor_hooks() -> Any:
     """The inlineable saved-tensor hooks the AOT stages will inline: each hook's
     ``user_cache_hash``, or a digest of its code and of the values it reads; None when none
     are active. Raises ValueError for a hook that cannot be hashed (the cache is bypassed)."""
-    from ..aot.saved_hooks_key import cache_key
-
     return cache_key(active())
 
 

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from .. import _torch
+from ..aot.saved_hooks_guard import describe as describe_hooks, hooks_are
 from .sources import RenderContext, Source, is_argument_rooted
 
 
@@ -128,8 +129,6 @@ class Guard:
         if k is GuardKind.AUTOCAST_STATE:
             return [f"{ctx.bind(_autocast_state, 'autocast')}() == {ctx.bind(self.expected, 'c')}"]
         if k is GuardKind.SAVED_TENSOR_HOOKS:
-            from ..aot.saved_hooks_guard import hooks_are
-
             check = f"{ctx.bind(hooks_are, 'hooks')}({ctx.bind(self.expected, 'c')})"
             top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
             if self.expected is None and top is not None:
@@ -177,8 +176,6 @@ class Guard:
         if k is GuardKind.TENSOR_MATCH:
             return f"{k.value:14} {src}: {describe_tensor(exp)}"
         if k is GuardKind.SAVED_TENSOR_HOOKS:
-            from ..aot.saved_hooks_guard import describe as describe_hooks
-
             return f"{k.value:14} {describe_hooks(exp)}"
         if k is GuardKind.AUTOCAST_STATE:
             return f"{k.value:14} " + ", ".join(f"{d}: enabled={on} dtype={dt}" for d, (on, dt) in exp.items())

@@ -23,6 +23,7 @@ from ..internal_errors import internal_error, is_users
 from ..names import functions_under, resolve_name
 from . import bytecode_utils as bu, resume
 from .guards import Guard, GuardKind
+from .imports import import_from, import_name
 from .resume import FrameIntrospection
 from .sources import GlobalSource
 from .values.base import NULL, ConstantValue, LazyArgument, NullValue, Value
@@ -847,15 +848,11 @@ class FrameInterpreter(PythonSemantics):
         self.push(self.call(exit_fn, [ClassValue(type(exc.exc)), exc, ConstantValue(None)], {}))
 
     def IMPORT_NAME(self, ins):
-        from .imports import import_name
-
         fromlist = self.pop()
         level = self.pop()
         self.push(import_name(self, ins.arg, fromlist.as_constant(), level.as_constant()))
 
     def IMPORT_FROM(self, ins):
-        from .imports import import_from
-
         self.push(import_from(self, self.top(), ins.arg))
 
 

@@ -10,6 +10,8 @@ import torch
 import torch.fx
 
 from .. import _torch
+from ..aot.saved_hooks import active as active_saved_hooks
+from ..aot.saved_hooks_guard import guard_value
 from ..config import config
 from ..shapes.marks import marked_dynamic
 from ..user_lines import USER_FRAME
@@ -22,6 +24,7 @@ from .sources import AttrSource, CaptureObjectSource, ConstSource, GlobalSource,
 from .values.base import ConstantValue, NullValue, Value
 from .values.builder import STATE_READERS, Builder, is_trusted_module, wrap_pure_result
 from .values.containers import DictValue, ListValue, NamedTupleValue, SetValue, TupleValue
+from .values.numpy_conversions import torch_function_on_numpy
 from .values.numpy_values import NdarrayValue
 from .values.symbolic import SymNodeValue, SymRangeValue, SymSliceValue, wrap_sym
 from .values.tensor import TensorValue
@@ -108,9 +111,6 @@ class OutputGraph:
             self.guards.add(Guard(GuardKind.AUTOCAST_STATE, None, self.autocast_at_start))
         # inlineable saved-tensor hooks are compiled into the graphs (aot/saved_hooks.py): other
         # hooks, or none, recompile. Only graphs that can save tensors (grad mode on) depend on them.
-        from ..aot.saved_hooks import active as active_saved_hooks
-        from ..aot.saved_hooks_guard import guard_value
-
         hooks = active_saved_hooks()
         if hooks is not None or self._grad_enabled_at_start:
             self.guards.add(Guard(GuardKind.SAVED_TENSOR_HOOKS, None, guard_value(hooks)))
@@ -298,8 +298,6 @@ class OutputGraph:
             # global state kiln guards (GLOBAL_STATE) or constant under eager execution
             return ConstantValue(fn(*[a.as_constant() for a in args]))
         if any(isinstance(a, NdarrayValue) for a in (*args, *kwargs.values())):
-            from .values.numpy_conversions import torch_function_on_numpy
-
             return torch_function_on_numpy(tx, fn, args, kwargs)   # torch.from_numpy & co.
         if fn is torch.tensor and _traced_data(args[0] if args else kwargs.get("data")) is True:
             # torch.tensor() reads its data as Python numbers: a symbolic size would become

@@ -21,6 +21,7 @@ from ..runtime.function_cache import cache_for
 from .errors import NotPackageable, PackageError
 from .graphs import load_graph, save_graph
 from .guards import LoadedProgram, save_program
+from .packaged_function import PackagedFunction
 from .values import Decoder, Encoder, same
 
 _VALUE_HINTS = ("c",)   # names bound by value (constants); every other hint is used by identity
@@ -260,8 +261,6 @@ def load_entry(saved: dict, fn: types.FunctionType, compiled, blobs, origin: str
     def break_fn():
         plan = Decoder(fn).decode(saved["break"]["plan"])
         bfn, resumes = rebuild_break_function(fn, plan, key, compiled.factory)
-        from .load import PackagedFunction
-
         for r, group in zip(resumes, saved["break"]["resumes"]):
             if isinstance(compiled, PackagedFunction):   # (a frame record's continuations stay plain)
                 PackagedFunction.adopt(r, compiled._on_miss, compiled._package)

@@ -25,6 +25,7 @@ from .containers import (DictValue, IteratorValue, ListValue, NamedTupleValue, S
 from .containers import NewDictObjectValue
 from .exceptions import ExceptionValue
 from .functions import BoundMethodValue, MethodValue, PartialValue, TorchOpValue, UserFunctionValue
+from .grad_mode_functions import decorate_with_grad_mode
 from .objects import AutocastValue, NewModuleListValue, NNModuleValue, ObjectValue
 from .symbolic import (SymNodeValue, SymRangeValue, SymSliceValue, size_value, specialize,
                        sym_call)
@@ -557,8 +558,6 @@ def construct_class(tx, cls_value: ClassValue, args: list[Value], kwargs: dict[s
     if cls in (torch.no_grad, torch.enable_grad):
         mode = GradModeValue(cls is torch.enable_grad, cls)
         if args:   # torch.no_grad(fn): the bare decorator
-            from .grad_mode_functions import decorate_with_grad_mode
-
             return decorate_with_grad_mode(tx, mode, args, kwargs)
         return mode
     if cls is torch.set_grad_enabled:

@@ -20,6 +20,7 @@ from .attributes import user_hook
 from .base import ConstantValue, Value
 from .containers import DictValue, IteratorValue, TupleValue
 from .functions import BaseMethodValue, BoundMethodValue, MethodValue, UserFunctionValue
+from .grad_mode_functions import decorate_with_grad_mode
 
 from .attributes import (_MISSING, RawAttrSource, del_attribute, descriptor_delete,
                          descriptor_set, generic_method, get_attribute, has_user_getattribute,
@@ -646,9 +647,7 @@ class GradModeValue(Value):
     def call(self, tx, args, kwargs):
         if self.cls is torch.set_grad_enabled:
             raise Unsupported("set_grad_enabled used as a decorator inside a compiled function")
-        from .grad_mode_functions import decorate_with_grad_mode   # @torch.no_grad() on a function
-
-        return decorate_with_grad_mode(tx, self, args, kwargs)
+        return decorate_with_grad_mode(tx, self, args, kwargs)   # @torch.no_grad() on a function
 
     def reconstruct(self, cg):
         # one new object of the same kind (shared with its re-entry at a break)

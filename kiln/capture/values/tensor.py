@@ -14,6 +14,7 @@ from .containers import TupleValue
 from .functions import MethodValue
 from .objects import ClassValue
 from .overlap import has_internal_overlap, may_partially_overlap, same_storage
+from .storage import StorageValue
 from .symbolic import is_symbolic, size_value, wrap_sym
 
 # Tensor methods whose result is metadata, computed from the fake tensor at capture time.
@@ -131,9 +132,7 @@ class TensorValue(Value):
 
     def call_method(self, tx, name, args, kwargs):
         if name == "untyped_storage" and not args and not kwargs:
-            from .storage import StorageValue   # its size, guarded (storage.py)
-
-            return StorageValue(self)
+            return StorageValue(self)   # its size, guarded (storage.py)
         if name == "numpy":
             from .numpy_conversions import tensor_numpy_method
 
