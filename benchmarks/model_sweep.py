@@ -234,15 +234,15 @@ def warm_one(name: str, backend: str, device: str) -> dict:
     model, with the compile cache of $KILN_CACHE_DIR; how many frames it captured and what the
     cache served (a warm process: frame records, no capture)."""
     import kiln
-    import kiln.api as api
+    import kiln.runtime.function as call_path
 
     captures = []
-    real = api.capture
+    real = call_path.capture
 
     def counting(*a, **k):
         captures.append(1)
         return real(*a, **k)
-    api.capture = counting
+    call_path.capture = counting
     torch.manual_seed(0)
     model, cfg = make(name, device)
     g = torch.Generator().manual_seed(1)

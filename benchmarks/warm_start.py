@@ -10,7 +10,7 @@ Every measurement runs in a fresh process. Per model and compiler (kiln, torch.c
   autograd caches warm too).
 
 "kiln warm cache" counts the warm process's graph-level hits and its frame hits (a frame
-record's entries served the call: no capture at all, see kiln/cache/frames.py).
+record's entries served the call: no capture at all, see kiln/package/frame_records.py).
 
 "added" is the wall time from the first call to its first output (inference: the output;
 training: the loss and its backward) minus the same for eager in its own fresh process, after

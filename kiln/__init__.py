@@ -19,7 +19,8 @@ compiled graphs) and ``activations`` (the cast, fp8 and offload policies and the
 ``kiln.cudagraphs``).
 """
 from . import aot, backends, cache, testing
-from .api import CompiledFunction, CompiledMethod, CompiledModule, compile, reset
+from .api import compile, reset
+from .runtime import CompiledFunction, CompiledMethod, CompiledModule
 from .capture.comptime import comptime
 from .config import config
 from .errors import ConstraintViolation, CudagraphError, Unsupported
@@ -27,6 +28,7 @@ from .explain import explain
 from .logs import set_logs
 from .package import PackageError, PackageMismatch, PackageMiss, load_package
 from .shapes import mark_dynamic, mark_static
+from .version import __version__
 from . import activations
 from .activations.hooks import inline_saved_tensors_hooks, saved_tensors_hooks
 
@@ -35,4 +37,3 @@ __all__ = ["compile", "reset", "explain", "comptime", "config", "Unsupported", "
            "mark_dynamic", "mark_static", "ConstraintViolation", "activations",
            "saved_tensors_hooks", "inline_saved_tensors_hooks", "CudagraphError",
            "load_package", "PackageError", "PackageMismatch", "PackageMiss"]
-__version__ = "0.1.0"

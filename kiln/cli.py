@@ -11,13 +11,16 @@ import argparse
 import platform
 import sys
 
+from .cache import cli
+from kiln.backends import list_backends
+from kiln.package import PackageError
+from kiln.package.manifest_text import manifest_text
+import kiln
+
 
 def _info() -> int:
     import bytecode
     import torch
-
-    import kiln
-    from kiln.backends import list_backends
 
     print(f"kiln      {kiln.__version__}")
     print(f"python    {platform.python_version()} ({sys.executable})")
@@ -28,16 +31,11 @@ def _info() -> int:
 
 
 def _backends() -> int:
-    from kiln.backends import list_backends
-
     print("\n".join(list_backends()))
     return 0
 
 
 def _inspect(path: str) -> int:
-    from kiln.package import PackageError
-    from kiln.package.manifest_text import manifest_text
-
     try:
         print(manifest_text(path))
     except PackageError as e:
@@ -65,8 +63,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "package":
         return _inspect(args.file)
     if args.command == "cache":
-        from .cache import cli
-
         return {"ls": cli.ls, "clear": cli.clear, "why": lambda: cli.why(args.function)}[args.action]()
     return {"info": _info, "backends": _backends}[args.command]()
 

@@ -25,8 +25,8 @@ class Config:
     cache_dir: str = os.path.join("~", ".cache", "kiln")
     # The compile cache (kiln/cache): a warm process loads compiled graphs. KILN_CACHE=0: off.
     cache: bool = True
-    # With the cache on, each compiled function also keeps frame records (kiln/cache/frames.py):
-    # a warm process installs its entries without capturing. KILN_CACHE_FRAMES=0: off (the
+    # With the cache on, each compiled function also keeps frame records
+    # (kiln/package/frame_records.py): a warm process installs its entries without capturing. KILN_CACHE_FRAMES=0: off (the
     # graph-level cache still hits after a capture).
     cache_frames: bool = True
     # Bytes the compile cache (cache_dir/aot) may hold; least recently used entries go first.

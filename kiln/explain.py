@@ -8,12 +8,13 @@ and the user's source line, frames that run eagerly, and the guards.
 from __future__ import annotations
 
 import dataclasses
-import threading
 from typing import Any, Callable
 
 import torch
 
+from .api import compile as kiln_compile
 from .capture.guards import Guard
+from .runtime.recording import recorder as _recorder
 
 
 @dataclasses.dataclass
@@ -57,32 +58,10 @@ class ExplainOutput:
     __repr__ = __str__
 
 
-class _Recorder(threading.local):
-    def __init__(self) -> None:
-        self.stack: list[list] = []
-
-
-_recorder = _Recorder()
-
-
-def record_entry(cache, entry) -> None:
-    """Called by the call path for each new entry while an explain is running."""
-    for rec in _recorder.stack:
-        rec.append((cache, entry))
-
-
-def record_uncompiled(reason: str) -> None:
-    """Called by ``kiln.compile`` of a callable without bytecode (``len``) when it runs."""
-    for rec in _recorder.stack:
-        rec.append((None, reason))
-
-
 def explain(fn: Callable) -> Callable[..., ExplainOutput]:
     """``kiln.explain(fn)(*args, **kwargs)`` runs the call once under kiln and returns an
     ``ExplainOutput`` (graphs, graph_count, graph_break_count, break_reasons, guards, out);
     ``print()`` it for a readable report."""
-    from .api import compile as kiln_compile
-
     if not callable(fn):
         raise TypeError(f"kiln.explain expects a callable, got {type(fn).__name__}")
 

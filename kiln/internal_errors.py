@@ -22,6 +22,8 @@ from __future__ import annotations
 import operator
 from typing import Any, Callable
 
+from .errors import Unsupported
+
 _USER_MARK = "__kiln_users_error__"
 
 # a local of generated entries: assigned right before their first effect
@@ -30,8 +32,6 @@ EFFECTS_MARK = "___effects"
 
 def call_user(fn: Callable, *args: Any, **kwargs: Any) -> Any:
     """Run the user's own code on kiln's behalf; what it raises is the user's."""
-    from .errors import Unsupported
-
     try:
         return fn(*args, **kwargs)
     except Unsupported:
@@ -79,8 +79,6 @@ def is_kiln_backend(backend: Callable) -> bool:
 
 def internal_error(e: BaseException, what: str):
     """The ``Unsupported`` that stands for kiln's own failure ``e`` (chained to it)."""
-    from .errors import Unsupported
-
     u = Unsupported(f"kiln internal error while {what} ({type(e).__name__}: {e}); "
                     "the frame runs eagerly (please report this as a kiln bug)")
     u.__cause__ = e

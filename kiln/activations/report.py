@@ -1,16 +1,15 @@
 """What the inlined saved-tensor hooks did to the saved activations: ``report()``.
 
-Stage 2 records one row per compiled graph whose hooks it inlined (``record``); ``report()``
-returns them as an ``ActivationReport`` (``bytes_before``/``bytes_after`` summed over the
-graphs, printed as a table). The same rows show under ``KILN_LOGS=activations``.
+Stage 2 records one row per compiled graph whose hooks it inlined
+(``kiln.aot.activation_rows``); ``report()`` returns them as an ``ActivationReport``
+(``bytes_before``/``bytes_after`` summed over the graphs, printed as a table). The same rows show under ``KILN_LOGS=activations``.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from ..aot._utils import format_bytes
-
-_rows: list = []
+from ..aot.activation_rows import rows as _rows
 
 
 @dataclass
@@ -51,13 +50,6 @@ class ActivationReport:
         return "\n".join(lines)
 
     __repr__ = __str__
-
-
-def record(info) -> None:
-    """One graph's inlined hooks (``saved_hooks.InlinedHooks``), from stage 2."""
-    _rows.append({"pack": info.policy or info.pack, "unpack": info.unpack, "packed": len(info.packed),
-                  "kept": len(info.kept), "bytes_before": info.bytes_before, "bytes_after": info.bytes_after,
-                  "offloaded_bytes": info.offloaded_bytes, "policy": info.policy})
 
 
 def report(reset: bool = False) -> ActivationReport:

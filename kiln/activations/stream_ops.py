@@ -29,6 +29,8 @@ from typing import Sequence
 
 import torch
 
+from ..aot._utils import op_name
+
 _side_streams: dict = {}
 _KEY = "_kiln_in_flight"
 
@@ -157,15 +159,6 @@ def _(token, cpu, device, order):
 # -- what a pack / unpack hook calls ------------------------------------------------------------
 
 OPS = ("kiln::offload_start", "kiln::offload_finish", "kiln::prefetch", "kiln::prefetch_wait")
-
-
-def op_name(n) -> str | None:
-    """The schema name of a graph node's op (``kiln::prefetch``, ``aten::mm``...); None for a
-    node that calls no op with a schema."""
-    if n.op != "call_function":
-        return None
-    schema = getattr(n.target, "_schema", None)
-    return schema.name if schema is not None else None
 
 
 def in_graph(graph) -> bool:

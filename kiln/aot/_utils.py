@@ -16,6 +16,7 @@ import torch.fx
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch._subclasses.functional_tensor import FunctionalTensor
 
+from .. import _torch
 from .symbolic import nbytes_hint
 
 aten = torch.ops.aten
@@ -560,8 +561,6 @@ def _storages(v: Any) -> set:
 
 def copy_graph_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     """A GraphModule over a copy of ``gm``'s graph (nodes' meta shallow-copied), same attributes."""
-    from .. import _torch
-
     g = torch.fx.Graph()
     g.output(g.graph_copy(gm.graph, {}))
     new = _torch.lazy_graph_module(gm, g, class_name=type(gm).__name__)
@@ -634,3 +633,12 @@ def dtype_from_str(s: str) -> torch.dtype:
     if not isinstance(d, torch.dtype):
         raise ValueError(f"unknown dtype {s!r}")
     return d
+
+
+def op_name(n) -> str | None:
+    """The schema name of a graph node's op (``kiln::prefetch``, ``aten::mm``...); None for a
+    node that calls no op with a schema."""
+    if n.op != "call_function":
+        return None
+    schema = getattr(n.target, "_schema", None)
+    return schema.name if schema is not None else None

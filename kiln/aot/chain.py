@@ -22,12 +22,12 @@ from typing import Callable
 import torch
 import torch.fx
 
+from .segments import cut_outputs
+
 
 def cut_position(gm: torch.fx.GraphModule) -> int | None:
     """The position (in graph order) of the first differentiable output that another
     differentiable output is computed from; None when there is none."""
-    from .segments import cut_outputs
-
     if not torch.is_grad_enabled():
         return None
     cut = cut_outputs(gm)

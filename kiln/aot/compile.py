@@ -15,15 +15,20 @@ from typing import Any, Callable
 import torch
 import torch.fx
 
-from .. import _torch
+from .. import _torch, logs
 from ..config import config
 from ..errors import Unsupported
-from . import _utils as U
+from . import _utils as U, saved_hooks as SH, symbolic as S
+from . import activation_rows
 from . import function as F
 from . import partial as P
 from . import segments as SG
 from . import versions as V
+from .donation import donatable_saved_tensors
+from .partition import partition_joint
 from .runtime import RunAsCaptured, apply_post_compile
+from .saved_hooks import hook_code
+from .traced_layouts import give_traced_layouts
 
 
 def run_as_fx(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
@@ -33,8 +38,6 @@ def run_as_fx(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
     it), so that the backward frees each saved tensor after its last use instead of holding all
     of them until it returns. Other compilers may return plain ``f(*args)`` callables."""
     from torch.fx.graph import _BoxedCodeGen
-
-    from .traced_layouts import give_traced_layouts
 
     g = torch.fx.Graph()
     g.output(g.graph_copy(gm.graph, {}))
@@ -115,8 +118,6 @@ def _partitioner_name(partition_fn: Any) -> str:
 
 def build_parts(state, capture, partition_fn: Any = None) -> CompiledParts:
     """Check the (possibly edited) capture and partition it."""
-    from .partition import partition_joint
-
     if state.closed:
         raise RuntimeError("stage 2: the AOTState is closed; run the stages before closing it")
     if capture.state is not None and capture.state is not state:
@@ -228,8 +229,6 @@ def _inline_saved_hooks(state, p, nfw: int):
     """Inline the state's inlineable saved-tensor hooks into the partition's graphs (in place;
     ``p.saved`` and the byte counts follow). None when there are none, or when they stay eager
     hooks (logged)."""
-    from . import saved_hooks as SH
-
     hooks = getattr(state, "saved_hooks", None)
     if hooks is None:
         return None
@@ -247,14 +246,10 @@ def _inline_saved_hooks(state, p, nfw: int):
     p.saved = [s.name for s in saved]
     p.saved_bytes, p.saved_input_bytes = U.saved_bytes(saved)
     if "kiln_donated" in bw.meta:       # Inductor's: the saved positions changed
-        from ..backends.inductor import donatable_saved_tensors
-
         p.backward.meta.update(bw.meta)
         p.backward.meta["kiln_num_saved"] = len(saved)
         p.backward.meta["kiln_donated"] = donatable_saved_tensors(p.forward, p.backward, nfw)
     p.forward.meta.update({k: v for k, v in fw.meta.items() if k not in p.forward.meta})
-    from .. import logs
-
     if logs.enabled.activations or logs.enabled.aot:
         logs.log("activations" if logs.enabled.activations else "aot", info.describe())
     return info
@@ -410,8 +405,6 @@ class AOTCompiled(PartsView):
         except RunAsCaptured as e:      # raised before anything ran
             if self.run_as_captured is None:
                 raise
-            from .. import logs
-
             if logs.enabled.aot:
                 logs.log("aot", f"running the graph as captured for this call: {e}")
             return self.run_as_captured(*args)
@@ -431,8 +424,6 @@ class AOTCompiled(PartsView):
                                                  f"{len(p.saved)} saved"))
             lines.append(U.graph_text(p.backward, "backward graph: saved + tangents -> gradients"))
             if p.hooks is not None:
-                from .saved_hooks import hook_code
-
                 lines.append("# " + p.hooks.describe())
                 lines += hook_code(p.forward, p.backward)
             lines.append(f"# saved for backward ({p.partitioner or 'custom'} partitioner): {U.count_saved(p.backward, p.saved)}, "
@@ -467,9 +458,7 @@ def assemble(parts: CompiledParts, fw_compiler: Callable | None = None, bw_compi
         core = F.make_training_core(fw, bw, parts, lambda gm: bw_compiler(gm, _example_inputs(gm)),
                                     _grad_mode_check(parts), getattr(bw_compiler, "kiln_stored_backwards", None))
         if parts.hooks is not None:     # (compiled or loaded from the cache)
-            from ..activations.report import record
-
-            record(parts.hooks)
+            activation_rows.record(parts.hooks)
     compiled = AOTCompiled(apply_post_compile(parts.wrappers, core), parts, run_as_captured)
     attach_input_check(compiled)
     return compiled
@@ -479,8 +468,6 @@ def attach_input_check(compiled: AOTCompiled) -> None:
     """A dynamic result's per-call check, made from its parts (after a compile or a load)."""
     p = compiled.parts
     if p.symbolic and p.input_fakes:
-        from . import symbolic as S
-
         compiled.input_check = S.ShapeCode(p.input_fakes).input_check(p.input_guards, p.input_ranges)
 
 
@@ -493,8 +480,6 @@ def stage2_compile(state, capture, fw_compiler: Callable | None = None, bw_compi
         compiled = assemble(parts, fw_compiler, bw_compiler, inference_compiler, run_as_captured=state.fn)
     if state.symbolic:
         # after the compilers, which may also have guarded on sizes
-        from . import symbolic as S
-
         p = compiled.parts
         p.input_fakes = list(state.input_fakes)
         p.trace_guards = [g.expr for g in list(state.shape_env.guards)[state.guard_mark:]]

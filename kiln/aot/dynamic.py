@@ -29,9 +29,14 @@ from typing import Any, Callable
 import torch
 import torch.fx
 
+from .. import _torch, logs
 from ..errors import Unsupported
+from ..internal_errors import is_users
 from .chain import compile_chained
+from .compile import stage2_compile
+from .graph_capture import stage1_graph_capture
 from .segments import NotSegmentable, plan
+from .state import create_aot_state
 from .symbolic import SymbolicUnsupported, symbolic_inputs
 
 log = logging.getLogger("kiln.aot")
@@ -42,12 +47,6 @@ PER_SHAPE_CACHE_SIZE = 16
 
 def _run_stages(gm, example_inputs, *, dynamic, decompositions, fw_compiler, bw_compiler,
                 partition_fn, inference_compiler, keep_input_mutations=False):
-    from .graph_capture import stage1_graph_capture
-    from .compile import stage2_compile
-    from .state import create_aot_state
-
-    from .. import _torch
-
     # (a per-shape compile runs during a call, inside the user's saved-tensor hooks)
     with _torch.saved_tensors_hooks_paused():
         # a differentiable output that feeds another: the graph with its handoffs (segments.py)
@@ -62,9 +61,6 @@ def _run_stages(gm, example_inputs, *, dynamic, decompositions, fw_compiler, bw_
 def as_captured(gm: torch.fx.GraphModule, error: BaseException) -> Callable:
     """The fallback for a graph kiln's AOT stages failed on: the graph as captured (raises
     kiln.Unsupported instead under fullgraph=True)."""
-    from .. import logs
-    from ..internal_errors import is_users
-
     if is_users(error):
         raise error     # the user's own compiler (passed to aot_backend) raised: theirs
     reason = f"{type(error).__name__}: {error}"

@@ -32,6 +32,9 @@ from . import _utils as U
 from .compile import PartsView
 from .compile import AOTCompiled, CompiledParts, assemble, build_parts
 from .runtime import wrapper_from_dict, wrapper_to_dict
+from .saved_hooks import InlinedHooks
+from .symbolic import fake_mode_for, graph_example_values, has_symbols, is_sym
+from .symbolic_codec import Decoder, encode_expr, encode_symbols, encode_value, replay_guards, standalone_fake_mode
 from .traced_layouts import STRIDES_META, traced_strides
 
 FORMAT = "kiln.aot.artifact"
@@ -144,11 +147,7 @@ def _decode_arg(a: Any, env: dict) -> Any:
 
 
 def _val_meta(v: Any) -> Any:
-    from .symbolic import has_symbols, is_sym
-
     if is_sym(v) or (isinstance(v, torch.Tensor) and has_symbols(v)):
-        from .symbolic_codec import encode_value
-
         return {"sym": encode_value(v)}     # (rebuilt in the loading capture's ShapeEnv)
     if isinstance(v, torch.Tensor):
         return U.meta_of_tensor(v)
@@ -357,8 +356,6 @@ class AOTArtifact(PartsView):
         check tests the guards. A static artifact makes no fake tensors until read."""
         decoder, shared, standalone = None, None, False
         if meta.get("symbolic") is not None:
-            from .symbolic_codec import Decoder, standalone_fake_mode
-
             if fake_mode is None:
                 # no capture loads it (a package): the symbols get a ShapeEnv of their own
                 if "symbols" not in meta["symbolic"]:
@@ -446,8 +443,6 @@ def stage2_export(state, capture, partition_fn: Any = None) -> AOTArtifact:
 
 
 def _symbolic_to_dict(p: CompiledParts) -> dict:
-    from .symbolic_codec import encode_expr, encode_symbols, encode_value
-
     return {"input_fakes": encode_value(list(p.input_fakes)),
             "trace_guards": [encode_expr(g) for g in p.trace_guards],
             "input_guards": [encode_expr(g) for g in p.input_guards],
@@ -456,8 +451,6 @@ def _symbolic_to_dict(p: CompiledParts) -> dict:
 
 
 def _symbolic_from_dict(parts: CompiledParts, d: dict, decoder, replay: bool = True) -> None:
-    from .symbolic_codec import replay_guards
-
     parts.symbolic = True
     parts.input_fakes = decoder.value(d["input_fakes"])
     parts.input_guards = [decoder.expr(g) for g in d["input_guards"]]
@@ -472,8 +465,6 @@ def _symbolic_from_dict(parts: CompiledParts, d: dict, decoder, replay: bool = T
 def fake_mode_of_graph(gm: torch.fx.GraphModule):
     """The FakeTensorMode of a captured graph's symbolic example values (a dynamic graph's
     cache entry loads into it), None for a static graph."""
-    from .symbolic import fake_mode_for, graph_example_values
-
     n = sum(1 for p in gm.graph.nodes if p.op == "placeholder")
     vals = graph_example_values(gm, n)
     return fake_mode_for(vals) if vals is not None else None
@@ -482,6 +473,4 @@ def fake_mode_of_graph(gm: torch.fx.GraphModule):
 def _hooks_from(d: dict | None):
     if d is None:
         return None
-    from .saved_hooks import InlinedHooks
-
     return InlinedHooks.from_dict(d)

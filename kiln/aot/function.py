@@ -29,6 +29,7 @@ import torch.fx
 
 from .._torch import (applied_saved_tensors_hooks, inductor_view_to_reshape, is_symbolic,
                       saved_tensors_from_user_hooks)
+from .._torch import saved_tensors_hooks_paused
 from ..errors import Unsupported
 from . import _utils as U
 from . import fused_backward as FB
@@ -36,6 +37,7 @@ from .grad_aliasing import distinct, outputs_may_share_memory
 from . import partial as P
 from . import versions as V
 from .runtime import OutputsWithViews, _regenerate_view
+from .symbolic import has_symbols
 
 log = logging.getLogger("kiln.aot")
 
@@ -120,8 +122,6 @@ def detach_views(outs, view_outs: list[int]):
 
 def _static_zeros(parts) -> dict | None:
     """(shape, dtype, device) of each forward output that gets a tangent, when static."""
-    from .symbolic import has_symbols
-
     outs = U.flat_outputs(parts.forward.graph)
     metas = {}
     for k in parts.tangent_positions:
@@ -617,7 +617,6 @@ def make_training_core(fw: Callable, bw: Callable, parts, compile_bw: Callable[[
     if parts.hooks is not None:
         # the saved-tensor hooks ran in the graphs (saved_hooks.py): autograd must not run
         # them again on what the Function saves
-        from .._torch import saved_tensors_hooks_paused
         plain_nodes = run_nodes
 
         def run_nodes(args):

@@ -30,6 +30,7 @@ from ..errors import Unsupported
 from . import _utils as U
 from . import segments as SG
 from . import symbolic as S
+from .partition import partition_capture
 from .state import AOTState, U_DATA_DEPENDENT
 
 
@@ -72,8 +73,6 @@ class AOTGraphCapture:
         """Bytes the backward would keep alive with this partitioner (0 for inference)."""
         if not self.is_joint:
             return 0
-        from .partition import partition_capture
-
         return partition_capture(self, partition_fn).saved_bytes
 
     def as_text(self) -> str:
@@ -86,8 +85,6 @@ class AOTGraphCapture:
             lines.append("# tangents_j is the gradient of forward output: "
                          + ", ".join(f"tangents_{j + 1}->out[{k}]" for j, k in enumerate(self.tangent_positions)))
             try:
-                from .partition import partition_capture
-
                 d = partition_capture(self, "default")
                 m = partition_capture(self, "min_cut")
                 lines.append(f"# saved for backward: default partitioner {U.format_bytes(d.saved_bytes)} "

@@ -19,7 +19,10 @@ import torch.utils._pytree as pytree
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from ..errors import Unsupported
-from . import _utils as U
+from . import _utils as U, symbolic as S
+from .state import InputInfo, OutputInfo, ViewAndMutationMeta
+from .symbolic_codec import encode_value
+from .versions import attach_late_checks
 
 
 class RunAsCaptured(Unsupported):
@@ -377,8 +380,6 @@ class MutationsAndAliases(RuntimeWrapper):
         """For a dynamic graph, ``f(args) -> {("out", k) | ("in", i): value}``: the size, stride
         and offset of each output view and metadata-mutated input, and the value of each
         symbolic output, evaluated for the runtime arguments. None when all are static."""
-        from . import symbolic as S
-
         if self.fakes is None:
             return None
         meta = self.meta
@@ -511,8 +512,6 @@ class MutationsAndAliases(RuntimeWrapper):
             for i in meta_only:
                 _restride(args[i], infos[i], geo.get(("in", i)))
             if late_checks:
-                from .versions import attach_late_checks
-
                 attach_late_checks(outs, [(i, args[i]) for i in late_checks])
             if grad_after is not None:
                 torch._C._set_grad_enabled(grad_after)
@@ -576,16 +575,12 @@ class MutationsAndAliases(RuntimeWrapper):
              "out_spec": pytree.treespec_dumps(m.out_spec)}
         if self.fakes is not None:
             # a dynamic graph: its sizes are expressions over the symbols of ``fakes``
-            from .symbolic_codec import encode_value
-
             d = encode_value(d)
             d["fakes"] = encode_value(list(self.fakes))
         return d
 
     @classmethod
     def from_dict(cls, d, decoder=None):
-        from .state import InputInfo, OutputInfo, ViewAndMutationMeta
-
         fakes = None
         if "fakes" in d:
             if decoder is None:

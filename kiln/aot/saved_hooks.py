@@ -34,6 +34,8 @@ import torch.utils._pytree as pytree
 
 from .. import _torch, logs
 from . import _utils as U
+from .saved_hooks_schedule import schedule
+from .symbolic import has_symbols, is_sym_function, known_equal
 
 INLINE_MARK = "_kiln_inline_saved_tensors_hook"
 
@@ -169,8 +171,6 @@ def trace_hook(fn: Callable, arg: Any, decompositions: dict | None, what: str) -
         raise HookNotTraceable(f"tracing the {what} hook {_name(fn)} failed ({type(e).__name__}: {e})") from e
     for node in gm.graph.nodes:
         if node.op == "call_function" and not isinstance(node.target, torch._ops.OpOverload):
-            from .symbolic import is_sym_function
-
             if not is_sym_function(node.target):
                 raise HookNotTraceable(f"the {what} hook {_name(fn)} calls {node.target}, which is not an ATen op")
         if node.op == "get_attr":
@@ -267,8 +267,6 @@ def _refresh_values(fw: torch.fx.GraphModule, bw: torch.fx.GraphModule, fake_mod
 
 def _meta_key(v: torch.Tensor):
     """What a hook's trace may depend on, for tensors of static shape (None: symbolic)."""
-    from .symbolic import has_symbols
-
     if any(has_symbols(d) for d in (*v.shape, *v.stride(), v.storage_offset())):
         return None
     return (tuple(int(d) for d in v.shape), tuple(int(d) for d in v.stride()), int(v.storage_offset()),
@@ -278,8 +276,6 @@ def _meta_key(v: torch.Tensor):
 def _same_meta(a: torch.Tensor, b: torch.Tensor) -> bool:
     """The backward was traced for ``b``: the unpacked ``a`` must be like it, strides included
     (a view in the backward may need them)."""
-    from .symbolic import known_equal
-
     return a.dtype == b.dtype and a.device == b.device and \
         known_equal((*a.shape, *a.stride()), (*b.shape, *b.stride()))
 
@@ -378,8 +374,6 @@ def inline(hooks: tuple, fw: torch.fx.GraphModule, bw: torch.fx.GraphModule, nfw
         flat_saved.extend(x if isinstance(x, list) else [x])
     out_node.args = (tuple(list(fw_outs[:nfw]) + flat_saved),)
     # offload copies (kiln::offload_start...): finish and prefetch where they overlap compute
-    from .saved_hooks_schedule import schedule
-
     schedule(fw, bw)
     fw.graph.lint()
     bw.graph.lint()

@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 import torch.fx
 
-from ..activations.stream_ops import op_name
+from ._utils import op_name
 
 
 

@@ -28,9 +28,10 @@ from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTens
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from ..errors import Unsupported
-from . import _utils as U
+from . import _utils as U, saved_hooks
 from . import symbolic as S
 from . import versions as V
+from .overlap import overlapping_write
 
 
 @dataclass
@@ -650,8 +651,6 @@ def create_aot_state(fn: Callable, example_inputs: Sequence[Any], *,
         if isinstance(t, torch.Tensor) and (t.is_sparse or t.layout != torch.strided):
             raise Unsupported(f"AOT autograd: input {i} has layout {t.layout}; only strided tensors")
     if isinstance(fn, torch.fx.GraphModule):
-        from .overlap import overlapping_write
-
         why = overlapping_write(fn)
         if why is not None:
             raise Unsupported(f"AOT autograd: {why}; eager raises there, and a functional graph would not")
@@ -678,8 +677,6 @@ def create_aot_state(fn: Callable, example_inputs: Sequence[Any], *,
     state.symbolic = sym_vals is not None
     # inlineable saved-tensor hooks active now are inlined by stage 2 (saved_hooks.py); the
     # frontend guards that the same hooks are active when the compiled graph runs
-    from . import saved_hooks
-
     state.saved_hooks = saved_hooks.active()
     if state.symbolic:
         state.input_fakes = list(traced_inputs)

@@ -19,6 +19,9 @@ from typing import Any
 import sympy
 import torch
 
+from .._torch import new_fake_mode
+from . import _utils as U
+
 SYM_TAG = "__kiln_sym__"
 
 
@@ -172,8 +175,6 @@ class Decoder:
             e = self.expr(v["e"])
             return bool(e) if e in (sympy.true, sympy.false) else self.shape_env.create_symboolnode(e)
         if tag == "tensor":
-            from . import _utils as U
-
             shape = [self.int(s) for s in v["shape"]]
             stride = [self.int(s) for s in v["stride"]]
             offset = self.int(v["offset"])
@@ -251,8 +252,6 @@ def standalone_fake_mode(symbols: list):
     the artifact's per-call input check binds each symbol from the call's arguments and checks
     the ranges and the guards tracing added."""
     from torch.utils._sympy.value_ranges import ValueRanges
-
-    from .._torch import new_fake_mode
 
     mode = new_fake_mode()
     env = mode.shape_env

@@ -10,6 +10,14 @@ from typing import Any, Callable
 
 import torch.fx
 
+from .. import cache
+from ..aot import captured_entry, per_shape_entry
+from ..aot.compile import AOTCompiled, run_as_fx
+from ..aot.dynamic import OUTSIDE_THE_TRACE, PerShapeCompiled, compile_graph, per_shape
+from ..aot.export import AOTArtifact, fake_mode_of_graph
+from ..config import config
+from ..cudagraphs import cudagraph_compiler
+from ..internal_errors import is_kiln_backend, user_callable
 from .registry import register_backend
 
 
@@ -41,9 +49,6 @@ def aot_backend(fw_compiler: Callable | None = None, bw_compiler: Callable | Non
     possible, or a call does not fit the symbolic trace, it is compiled per concrete input
     shapes (``kiln.aot.dynamic``).
     """
-    from ..aot.dynamic import compile_graph
-    from ..internal_errors import is_kiln_backend, user_callable
-
     # A compiler the user passes is the user's code: its exceptions propagate (not a fallback)
     def users(c):
         return c if c is None or is_kiln_backend(c) else user_callable(c)
@@ -58,8 +63,6 @@ def aot_backend(fw_compiler: Callable | None = None, bw_compiler: Callable | Non
 
     def kiln_aot_backend(gm: torch.fx.GraphModule, example_inputs: list):
         example_inputs = list(example_inputs)
-        from ..config import config
-
         # kiln.config.cudagraphs: each compiled graph replays as CUDA graphs. A post-compile
         # step (the graphs are wrapped, not changed): a cached entry is the same with or
         # without it, and a load applies it (load_cudagraphs).
@@ -72,7 +75,6 @@ def aot_backend(fw_compiler: Callable | None = None, bw_compiler: Callable | Non
 
         def compile():
             return _saving_shapes(compile_graph(gm, example_inputs, **stages), gm, compilers, None, stages)
-        from .. import cache
         user_key = getattr(kiln_aot_backend, "cache_key", None)
         partitioner = partition_fn if partition_fn is not None else config.aot_partition_fn
         if user_key is None and not plain:
@@ -98,8 +100,6 @@ def aot_backend(fw_compiler: Callable | None = None, bw_compiler: Callable | Non
 
     def load_artifact(payload: bytes, g: torch.fx.GraphModule):
         """The AOT result rebuilt from a cache payload (a package's artifact): no tracing."""
-        from ..config import config
-
         compilers = _with_cudagraphs(fw_compiler, bw_compiler, inference_compiler) if config.cudagraphs \
             else (fw_compiler, bw_compiler, inference_compiler)
         return _load_artifact(payload, g, compilers, {}, stages_for(compilers))
@@ -128,12 +128,6 @@ def _name_of(fn: Any) -> str | None:
 def _dump_artifact(compiled) -> bytes:
     """The cache payload of an AOT result: its parts as an AOTArtifact (a dynamic one with its
     symbolic sizes, the guards its trace added and its per-call shape check)."""
-    from ..aot.compile import AOTCompiled
-    from ..aot.export import AOTArtifact
-
-    from ..aot import captured_entry, per_shape_entry
-    from ..aot.dynamic import PerShapeCompiled
-
     if isinstance(compiled, PerShapeCompiled):
         return per_shape_entry.dump(compiled)
     captured = captured_entry.dump(compiled)
@@ -147,9 +141,6 @@ def _dump_artifact(compiled) -> bytes:
 def _saving_shapes(compiled, gm: torch.fx.GraphModule, compilers: tuple, rename: dict | None, stages: dict):
     """``compiled``; a per-shape result saves each shape it compiles into its cache entry (and
     loads those a load stored)."""
-    from .. import cache
-    from ..aot.dynamic import PerShapeCompiled
-
     if isinstance(compiled, PerShapeCompiled):
         def saver(compile_it):
             fn = compile_it()
@@ -165,9 +156,6 @@ def _saving_shapes(compiled, gm: torch.fx.GraphModule, compilers: tuple, rename:
 
 def _with_cudagraphs(fw_compiler, bw_compiler, inference_compiler) -> tuple:
     """The compilers, their results run as CUDA graphs (kiln.cudagraphs)."""
-    from ..aot.compile import run_as_fx
-    from ..cudagraphs import cudagraph_compiler
-
     base = fw_compiler or run_as_fx
     return (cudagraph_compiler(base, "forward"), cudagraph_compiler(bw_compiler or base, "backward"),
             cudagraph_compiler(inference_compiler or base, "inference"))
@@ -180,10 +168,6 @@ def _load_artifact(payload: bytes, gm: torch.fx.GraphModule, compilers: tuple = 
     graphs whether and how they run as CUDA graphs). A dynamic result loads into ``gm``'s
     ShapeEnv; calls outside its symbolic trace are compiled per shape with ``stages`` (the
     options ``compile_graph`` got), as after a compile."""
-    from ..aot import captured_entry, per_shape_entry
-    from ..aot.dynamic import OUTSIDE_THE_TRACE, per_shape
-    from ..aot.export import AOTArtifact, fake_mode_of_graph
-
     if captured_entry.is_entry(payload):
         return captured_entry.load(payload, gm)
     if per_shape_entry.is_entry(payload):

@@ -42,6 +42,9 @@ import tempfile
 import types
 from typing import Any, Callable
 
+from .. import logs
+from . import triton_kernels
+
 FORMAT = 1
 _IGNORED_FUNCTIONS = ("get_args", "benchmark_compiled_module")
 _KERNEL_KINDS = ("cpp_pybinding", "triton")
@@ -198,8 +201,6 @@ def load(fast: dict | None, constants: dict, kernel_dir: str, triton_record: byt
         return None
     triton = {}
     if fast.get("triton"):
-        from . import triton_kernels
-
         triton = triton_kernels.load(kernel_dir, module_digest(fast), fast["triton"], triton_record)
         if triton is None:          # (not recorded yet, or not for this GPU)
             return None
@@ -226,8 +227,6 @@ def triton_recorder(fast: dict | None, module_globals: dict | None, kernel_dir: 
     packages saved by this process. None when there is nothing to record or it is recorded."""
     if not fast or not fast.get("triton") or module_globals is None:
         return None
-    from . import triton_kernels
-
     digest = module_digest(fast)
     if triton_kernels.is_recorded(kernel_dir, digest):
         return None
@@ -238,8 +237,6 @@ def triton_recorder(fast: dict | None, module_globals: dict | None, kernel_dir: 
             if recorded is not None:
                 triton_kernels.save(kernel_dir, digest, recorded)
         except Exception as e:         # (never the user's call: the next load is slower)
-            from .. import logs
-
             if logs.enabled.cache:
                 logs.log("cache", f"Triton kernels of module {digest[:12]} not recorded: {type(e).__name__}: {e}")
     return record

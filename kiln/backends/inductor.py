@@ -41,9 +41,19 @@ from typing import Any, Callable
 import torch
 import torch.fx
 
-from .. import _torch, logs
+from .. import _torch, cache, logs
+from ..aot.compile import run_as_fx
+from ..aot.dynamic import PerShapeCompiled, compile_graph
+from ..aot.partition import min_cut_rematerialization_partition
+from ..cache import PAYLOAD_ATTR, store
 from ..compile_lock import COMPILE_LOCK
 from ..aot import _utils as U
+from ..aot.donation import copies_when_graph_kept, donatable_saved_tensors
+from ..config import config
+from ..cudagraphs import cudagraphify, graph_facts
+from ..cudagraphs.function import try_partition
+from . import generated_module, inductor_entry, vec_isa_memo
+from .inductor_entry import GeneratedCode, with_triton_records
 from .inductor_options import inductor_config_patches
 from .progress import Progress
 from .registry import register_backend
@@ -66,8 +76,6 @@ class InductorBackend:
     @property
     def cudagraphs(self) -> bool:
         """Whether compiled graphs are recorded as CUDA graphs (kiln.cudagraphs)."""
-        from ..config import config
-
         return self.mode == "reduce-overhead" or config.cudagraphs
 
     @property
@@ -94,9 +102,6 @@ class InductorBackend:
         return backend
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
-        from .. import cache
-        from . import inductor_entry
-
         example_inputs = list(example_inputs)
         graph = GraphCompile(self.config_patches, gm, cudagraphs=self.cudagraphs)
         try:
@@ -122,8 +127,6 @@ class InductorBackend:
     def load_artifact(self, payload: bytes, gm: torch.fx.GraphModule) -> Callable:
         """The compiled graph rebuilt from a cache payload (a package's artifact): no AOT
         tracing, no Inductor lowering."""
-        from . import inductor_entry
-
         return inductor_entry.load(payload, gm, self._graph_compile, self.cudagraphs, {})
 
     def _graph_compile(self, gm: torch.fx.GraphModule) -> "GraphCompile":
@@ -180,8 +183,6 @@ class GraphCompile:
         self.stored_again: Callable[[], None] | None = None
 
     def run(self, example_inputs: list) -> Callable:
-        from ..aot.dynamic import compile_graph
-
         start = time.perf_counter()
         if any(isinstance(t, torch.Tensor) and t.device.type == "cuda" for t in example_inputs):
             _torch.inductor_wake_up_workers()    # (while kiln traces, as torch.compile does)
@@ -199,8 +200,6 @@ class GraphCompile:
     def saving_shapes(self, compiled):
         """``compiled``; a per-shape result keeps each shape's entry (``inductor_entry``) as
         it compiles it, and has the cache entry written again."""
-        from ..aot.dynamic import PerShapeCompiled
-
         if isinstance(compiled, PerShapeCompiled):
             compiled.saver = self._compile_and_dump
             compiled.on_new = lambda: self.stored_again() if self.stored_again is not None else None
@@ -208,8 +207,6 @@ class GraphCompile:
 
     def _compile_and_dump(self, compile_it: Callable[[], Callable]) -> tuple[Callable, bytes | None]:
         """One shape of a per-shape result compiled, with its entry's bytes (None: it has none)."""
-        from . import inductor_entry
-
         records, in_run, fallbacks = self.records, self._in_run, len(self.fallbacks)
         self.records, self._in_run = {}, True
         try:
@@ -243,8 +240,6 @@ class GraphCompile:
 
     def partition(self, joint: torch.fx.GraphModule, joint_inputs: Any, *, num_fwd_outputs: int):
         """Inductor's joint-graph passes, then kiln's min-cut partitioner."""
-        from ..aot.partition import min_cut_rematerialization_partition
-
         flat = [*joint_inputs[0], *joint_inputs[1]]
         with self.progress.phase("joint-graph passes (Inductor)"):
             joint = self._joint_passes(joint, flat)
@@ -293,9 +288,6 @@ class GraphCompile:
         try:
             facts = None
             if self.cudagraphs:
-                from ..cudagraphs import graph_facts
-                from ..cudagraphs.function import try_partition
-
                 facts = graph_facts(gm, kind)
                 pieces: list = []
                 split = try_partition(gm, lambda piece, ex: self._compile_piece(piece, ex, pieces), facts)
@@ -309,8 +301,6 @@ class GraphCompile:
             except Exception as e:
                 compiled = self._fallback(gm, list(example_inputs), kind, e)
             if facts is not None:
-                from ..cudagraphs import cudagraphify
-
                 compiled = cudagraphify(compiled, gm, kind, facts=facts)
             return compiled
         finally:
@@ -333,9 +323,6 @@ class GraphCompile:
             return compiled
 
     def _inductor(self, gm: torch.fx.GraphModule, example_inputs: list, kind: str):
-        from ..config import config
-        from . import vec_isa_memo
-
         device = device_of(example_inputs)
         cpu = device is None or device.type == "cpu"
         with COMPILE_LOCK:      # (also a compile at run time: a late backward, new shapes)
@@ -408,14 +395,8 @@ class GraphCompile:
     @staticmethod
     def _generated_code(compiled: Callable, kind: str, donated: list, kept: list | None = None):
         """What the cache entry keeps of Inductor's result (``inductor_entry.GeneratedCode``)."""
-        from ..cache import store
-        from ..config import config
-        from .inductor_entry import GeneratedCode
-
         code = _torch.inductor_generated_code(compiled)
         if code is not None:
-            from . import generated_module
-
             # (how a later process loads the module and its kernels without Inductor)
             module_globals = _torch.inductor_module_globals(compiled)
             code["fast"] = generated_module.describe(code["source_code"], module_globals)
@@ -449,8 +430,6 @@ class GraphCompile:
         return out
 
     def _fallback(self, gm: torch.fx.GraphModule, example_inputs: list, kind: str, error: BaseException):
-        from ..aot.compile import run_as_fx
-
         self._note_failure(f"the {kind} graph", error)
         graph = U.copy_graph_module(gm)
         if kind == "backward":
@@ -491,9 +470,6 @@ def _changed_outputs(before: torch.fx.GraphModule, after: torch.fx.GraphModule) 
 def with_triton_records_for_packages(compiled: Callable) -> Callable:
     """``compiled`` whose package payload carries its graphs' recorded Triton kernels (the
     cache's entry, written before the first call, does not)."""
-    from ..cache import PAYLOAD_ATTR
-    from .inductor_entry import with_triton_records
-
     payload = getattr(compiled, PAYLOAD_ATTR, None)
     if payload is not None:
         try:
@@ -540,24 +516,6 @@ def decomposition_table() -> dict:
     return table
 
 
-def donatable_saved_tensors(fw: torch.fx.GraphModule, bw: torch.fx.GraphModule, nfw: int) -> list[int]:
-    """Positions (among the backward's inputs) of the saved tensors whose memory the backward
-    may reuse for its own buffers: those sharing memory with no forward input, no output the
-    user sees and no gradient. The autograd.Function hands them to the backward and drops its
-    own references first (``retain_graph=True`` gets copies: ``copies_when_graph_kept``)."""
-    def val(n):
-        return n.meta.get("val") if isinstance(n, torch.fx.Node) else None
-
-    fw_outs = _outputs(fw)
-    kept = {U.fake_storage(val(n)) for n in (*_placeholders(fw), *fw_outs[:nfw], *_outputs(bw))} - {None}
-    donated = []
-    for j, n in enumerate(fw_outs[nfw:]):
-        s = U.fake_storage(val(n))
-        if s is not None and s not in kept:
-            donated.append(j)
-    return donated
-
-
 def mark_donated_placeholders(gm: torch.fx.GraphModule, donated: list[int]) -> None:
     phs = _placeholders(gm)
     taken = {n.name for n in gm.graph.nodes}
@@ -568,20 +526,6 @@ def mark_donated_placeholders(gm: torch.fx.GraphModule, donated: list[int]) -> N
         taken.add(name)
         phs[j].name = phs[j].target = name
     gm.recompile()
-
-
-def copies_when_graph_kept(compiled: Callable, donated: list[int]) -> Callable:
-    """The backward, handed copies of its donated inputs when autograd keeps the graph
-    (``retain_graph=True``: the saved tensors are read again by a later backward) or when they
-    came through the user's eager saved-tensor hooks (which may hold them)."""
-    def backward(args: list):
-        if _torch.backward_keeps_graph() or _torch.saved_tensors_from_user_hooks.active:
-            for j in donated:
-                if isinstance(args[j], torch.Tensor):
-                    args[j] = args[j].clone()
-        return compiled(args)
-    backward._boxed_call = True
-    return backward
 
 
 def mark_phases_of_new_nodes(joint: torch.fx.GraphModule) -> None:

@@ -29,6 +29,19 @@ from typing import Any, Callable
 import torch
 
 from .. import _torch, cache
+from ..aot import captured_entry, per_shape_entry
+from ..aot.compile import AOTCompiled, assemble
+from ..aot.donation import copies_when_graph_kept
+from ..aot.dynamic import OUTSIDE_THE_TRACE, PerShapeCompiled, per_shape
+from ..aot.export import AOTArtifact, fake_mode_of_graph
+from ..aot.symbolic import has_symbols
+from ..aot.symbolic_codec import Decoder, encode_value
+from ..cache.store import kernels_dir
+from ..config import config
+from ..cudagraphs import cudagraphify, graph_facts
+from ..cudagraphs.function import try_partition
+from . import generated_module, triton_kernels, vec_isa_memo
+from .generated_module import realign_inputs
 
 FORMAT = "kiln.inductor.entry"
 VERSION = 1
@@ -54,12 +67,6 @@ def dump(compiled: Any, records: dict, fw_output_strides: list | None, late: dic
     keeps nothing and says why). ``late``: backwards made at run time (``function.backward_key``
     -> GeneratedCode) compiled so far, which the entry keeps beside the graphs: a segmented
     graph's backward as one, a backward for some outputs' gradients only."""
-    from ..aot.compile import AOTCompiled
-    from ..aot.export import AOTArtifact
-
-    from ..aot import captured_entry, per_shape_entry
-    from ..aot.dynamic import PerShapeCompiled
-
     redump = getattr(compiled, "kiln_redump", None)
     if redump is not None:          # (loaded from an entry: that entry, with what compiled since)
         return redump()
@@ -91,11 +98,7 @@ def dump(compiled: Any, records: dict, fw_output_strides: list | None, late: dic
     artifact = AOTArtifact(parts).to_bytes()
     graph_meta = {name: {k: gm.meta[k] for k in _GRAPH_META if k in gm.meta}
                   for name, gm in (("forward", parts.forward), ("backward", parts.backward)) if gm is not None}
-    from ..aot.symbolic import has_symbols
-
     if fw_output_strides is not None and has_symbols(list(fw_output_strides)):
-        from ..aot.symbolic_codec import encode_value
-
         strides: Any = {"sym": encode_value(list(fw_output_strides))}
     else:
         strides = None if fw_output_strides is None else \
@@ -122,9 +125,6 @@ def _piece(kind: str, i: int) -> str:
 def _split_again(graph: torch.fx.GraphModule, pieces: list, cudagraphs: bool) -> Callable:
     """A graph that was split around the ops CUDA graphs cannot hold, split again from the
     stored graph (the split is decided by the graph alone), each piece the stored module."""
-    from ..cudagraphs import graph_facts
-    from ..cudagraphs.function import try_partition
-
     if not cudagraphs:
         raise ValueError("the entry is a graph split for CUDA graphs; this compile runs without them")
     given = iter(pieces)
@@ -138,9 +138,6 @@ def _load_per_shape(payload: bytes, gm: torch.fx.GraphModule, make_compile: Call
                     rename: dict | None) -> Any:
     """A per-shape result rebuilt: its stored shapes load from their entries, others compile
     (and are added to the cache entry) as after a compile."""
-    from ..aot import per_shape_entry
-    from ..aot.dynamic import per_shape
-
     def make(reason: str):
         graph = make_compile(gm)
         compiled = graph.saving_shapes(per_shape(gm, reason, **graph.stage_options()))
@@ -170,10 +167,6 @@ def with_triton_records(payload: bytes) -> bytes:
     after the graph's first call, so after the cache stored the entry; a backward made at run
     time as well), for a package load
     that imports neither Triton nor Inductor."""
-    from ..aot import captured_entry, per_shape_entry
-    from ..cache.store import kernels_dir
-    from . import generated_module, triton_kernels
-
     if captured_entry.is_entry(payload):
         return payload
     if per_shape_entry.is_entry(payload):
@@ -205,10 +198,6 @@ def _load_generated(graphs: dict) -> dict:
     compilers' disk caches, and asking for Inductor's worker pool would start its worker
     processes (seconds of CPU, and more at exit) for nothing. Parallelism is all that
     setting changes: a kernel missing from those caches is compiled here, one at a time."""
-    from ..cache.store import kernels_dir
-    from ..config import config
-    from . import generated_module, vec_isa_memo
-
     kernel_dir = kernels_dir()
     modules = {kind: generated_module.load(code.get("fast"), code["constants"], kernel_dir, code.get("triton_record"))
                for kind, code in graphs.items()}
@@ -232,8 +221,6 @@ def _entry_point(module: Any, code: dict, after_first_call: Callable[[], None] |
     """The module's ``call`` (boxed: one list of arguments), inputs Inductor assumed aligned
     realigned as its own wrapper does; ``after_first_call()`` runs once, when the first call
     has returned (then it leaves the call path)."""
-    from .generated_module import realign_inputs
-
     call = module.call
     check = list(code["inputs_to_check"])
     mutated = set(code["mutated_input_idxs"])
@@ -263,10 +250,6 @@ def load(payload: bytes, gm: torch.fx.GraphModule, make_compile: Callable[[torch
     """The compiled callable rebuilt from an entry. ``make_compile(gm)`` makes the
     ``GraphCompile`` that compiles a partial backward on demand. ``cudagraphs``: each loaded
     graph replays as CUDA graphs, decided from the stored graph as after a compile."""
-    from ..aot import captured_entry, per_shape_entry
-    from ..aot.compile import assemble
-    from ..aot.export import AOTArtifact
-
     if captured_entry.is_entry(payload):
         return captured_entry.load(payload, gm)
     if per_shape_entry.is_entry(payload):
@@ -276,8 +259,6 @@ def load(payload: bytes, gm: torch.fx.GraphModule, make_compile: Callable[[torch
         raise ValueError("not a kiln Inductor entry")
     if obj.get("version") != VERSION:
         raise ValueError(f"Inductor entry version {obj.get('version')} (this kiln reads {VERSION})")
-    from ..aot.export import fake_mode_of_graph
-
     # a dynamic entry loads into the capture's ShapeEnv, or (a package: no capture) its own
     artifact = AOTArtifact.from_bytes(obj["artifact"], rename, fake_mode=fake_mode_of_graph(gm))
     parts, fake_mode = artifact.parts, artifact.fake_mode
@@ -286,13 +267,10 @@ def load(payload: bytes, gm: torch.fx.GraphModule, make_compile: Callable[[torch
     loaded = _load_generated(obj["graphs"])
     for kind, code in obj["graphs"].items():
         if kind == "backward" and code["donated"]:
-            from .inductor import copies_when_graph_kept
             loaded[kind] = copies_when_graph_kept(loaded[kind], code["donated"])
 
     strides = obj["fw_output_strides"]
     if isinstance(strides, dict):
-        from ..aot.symbolic_codec import Decoder
-
         strides = [None if s is None else tuple(s) for s in Decoder(fake_mode).value(strides["sym"])]
     elif strides is not None:
         strides = [None if s is None else [int(x) for x in s] for s in strides]
@@ -313,7 +291,6 @@ def load(payload: bytes, gm: torch.fx.GraphModule, make_compile: Callable[[torch
             code = obj["late"][key]
             fn = _load_generated({key: code})[key]
             if code["donated"]:
-                from .inductor import copies_when_graph_kept
                 fn = copies_when_graph_kept(fn, code["donated"])
             return fn, code.get("kept")
         return load_it
@@ -327,8 +304,6 @@ def load(payload: bytes, gm: torch.fx.GraphModule, make_compile: Callable[[torch
             if obj.get("split") and kind == "inference":
                 return _split_again(graph, [loaded[_piece(kind, i)] for i in range(obj["split"])], cudagraphs)
             if cudagraphs:
-                from ..cudagraphs import cudagraphify, graph_facts
-
                 return cudagraphify(loaded[kind], graph, kind, facts=graph_facts(graph, kind))
             return loaded[kind]
         # (the stored graph needs no example inputs: none are made, no FakeTensorMode, which
@@ -341,8 +316,6 @@ def load(payload: bytes, gm: torch.fx.GraphModule, make_compile: Callable[[torch
     compiled = assemble(parts, stored("forward"), stored("backward"), stored("inference"), run_as_captured=gm)
     compiled.kiln_redump = lambda: _with_late(payload, made[0].late if made else {})
     if compiled.input_check is not None:    # (a dynamic graph: as after a compile)
-        from ..aot.dynamic import OUTSIDE_THE_TRACE, per_shape
-
         compiled.fallback = per_shape(gm, OUTSIDE_THE_TRACE, **later().stage_options())
     compiled.kiln_compile_seconds = {"aot": 0.0, "inductor": 0.0}
     compiled.kiln_inductor_fallbacks = []

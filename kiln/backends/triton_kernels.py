@@ -33,6 +33,9 @@ import hashlib
 import os
 from typing import Any
 
+from .. import _torch
+from ..cache import store
+
 FORMAT = 1
 SUFFIX = ".kt"
 
@@ -62,8 +65,6 @@ def record(module_globals: dict, kernel_sources: dict[str, str]) -> tuple[dict, 
     """(header, payload) of a module's kernels after their first launch, or None when one of
     them is not launched statically by one chosen configuration. ``kernel_sources``: the
     digest of each kernel's Triton source by its global name (from ``describe``)."""
-    from .. import _torch
-
     header: dict = {"format": FORMAT, "kernels": {}}
     blobs: list[bytes] = []
     offset = 0
@@ -98,8 +99,6 @@ _MAX_MADE = 256
 def save(kernel_dir: str | None, module_digest: str, recorded: tuple[dict, bytes]) -> None:
     """Keep the record for packages saved by this process; write it to ``kernel_dir`` (the
     cache's) unless that is None."""
-    from ..cache import store
-
     header, payload = recorded
     blob = store.encode(header, payload)
     _made[module_digest] = blob
@@ -133,8 +132,6 @@ def load(kernel_dir: str, module_digest: str, kernel_sources: dict[str, str], bl
          ) -> dict | None:
     """The module's kernels by global name, launchable, or None (the module then loads through
     Inductor). ``blob``: the record a package carries (else it is read from ``kernel_dir``)."""
-    from ..cache import store
-
     path = record_path(kernel_dir, module_digest)
     from_file = blob is None
     if from_file:

@@ -12,8 +12,8 @@ the capture's ShapeEnv (``kiln.aot.symbolic_codec``); a package load, which has 
 rebuilds the sizes in a ShapeEnv of their own and each call's input check tests the guards. Everything else is a *bypass*, logged
 with its reason under ``KILN_LOGS=cache``. A cache failure never fails the call: it compiles instead.
 
-Frame records (``frames.py``): each compiled function also keeps its entries in package form,
-so that a warm process installs them before capturing at all.
+Frame records (``kiln.package.frame_records``): each compiled function also keeps its entries
+in package form, so that a warm process installs them before capturing at all.
 
 ``kiln.config.cache = False`` (or ``KILN_CACHE=0``) turns the cache off.
 """
@@ -23,8 +23,10 @@ import weakref
 from typing import Any, Callable
 
 from .. import logs
+from ..aot.symbolic_codec import EntryDoesNotFit
 from ..config import config
-from . import explain, frames, key as K, store
+from .compiling import compiling_function
+from . import explain, key as K, store
 from .store import clear, reset_stats, stats
 
 __all__ = ["cached", "bypass", "stats", "reset_stats", "clear"]
@@ -78,8 +80,6 @@ def cached(gm, example_inputs: list, *, backend: str, options: dict, compile: Ca
     except Exception as e:          # a graph kiln cannot key: compile it, uncached
         _bypass(fn, f"cannot compute the key: {type(e).__name__}: {e}")
         return offer(compile(), lambda c: dump(c))
-    from ..aot.symbolic_codec import EntryDoesNotFit
-
     not_fit = None
     try:
         found = store.read(key)
@@ -122,7 +122,7 @@ REFRESH_ATTR = "kiln_cache_refresh"
 
 
 def _refreshed_by(compiled: Callable, key: str, header: dict, dump: Callable[[Callable], bytes]) -> None:
-    owner = frames.compiling_function()
+    owner = compiling_function()
 
     def refresh(c: Callable) -> None:
         if not config.cache:
@@ -136,7 +136,7 @@ def _refreshed_by(compiled: Callable, key: str, header: dict, dump: Callable[[Ca
         _log(f"stored again {header.get('function')} ({key[:12]}, {len(payload)} bytes)")
         cf = owner() if owner is not None else None
         if cf is not None:
-            frames.record(cf)
+            cf.record_frames()
     try:
         setattr(compiled, REFRESH_ATTR, refresh)
     except (AttributeError, TypeError):

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import os
 
+from . import explain, store
+
 
 def ls() -> int:
-    from . import store
-
     rows = store.entries()
     total = 0
     for key, path in rows:
@@ -30,8 +30,6 @@ def ls() -> int:
 def why(function: str | None) -> int:
     """For each function (or one), how its stored entries differ from each other: the
     parts that made the entries after the first miss."""
-    from . import explain, store
-
     by_function: dict = {}
     for _, path in reversed(store.entries()):          # oldest first
         header = store.read_header(path)
@@ -49,8 +47,6 @@ def why(function: str | None) -> int:
 
 
 def clear() -> int:
-    from . import store
-
     entries, records = len(store.entries()), len(store.records())
     store.clear()
     print(f"removed {entries} entries and {records} frame records from {os.path.dirname(store.aot_dir())}")

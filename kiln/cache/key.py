@@ -22,7 +22,11 @@ from typing import Any
 import torch
 import torch.fx
 
+from ..aot.export import fake_mode_of_graph
+from ..aot.saved_hooks import active
+from ..aot.saved_hooks_key import cache_key
 from ..config import config
+from ..version import __version__
 
 KEY_VERSION = 1
 
@@ -185,7 +189,6 @@ def versions() -> dict:
         triton = importlib.metadata.version("triton")
     except importlib.metadata.PackageNotFoundError:
         triton = None
-    from .. import __version__
     return {"torch": torch.__version__, "triton": triton, "kiln": f"{__version__}+{h.hexdigest()[:16]}",
             "key": KEY_VERSION}
 
@@ -218,8 +221,6 @@ def shape_facts(gm: torch.fx.GraphModule, example_inputs: list) -> dict | None:
     the same program gives the same facts)."""
     if not is_dynamic(gm, example_inputs):
         return None
-    from ..aot.export import fake_mode_of_graph
-
     mode = fake_mode_of_graph(gm)
     if mode is None:
         raise ValueError("a dynamic graph without symbolic example values on its placeholders")
@@ -250,9 +251,6 @@ def saved_tensor_hooks() -> Any:
     """The inlineable saved-tensor hooks the AOT stages will inline: each hook's
     ``user_cache_hash``, or a digest of its code and of the values it reads; None when none
     are active. Raises ValueError for a hook that cannot be hashed (the cache is bypassed)."""
-    from ..aot.saved_hooks import active
-    from ..aot.saved_hooks_key import cache_key
-
     return cache_key(active())
 
 

@@ -7,8 +7,8 @@ absent, with one warning; the compile that follows rewrites it. Writes go to a t
 file in the same directory and are renamed into place (atomic on POSIX), so concurrent
 writers of one key leave one whole entry, never a mix.
 
-Frame records (``frames.py``) live in ``<cache_dir>/frames/<frame key>/<writer>.rec`` in the
-same envelope. The directory (entries and records together) is kept under
+Frame records (``kiln.package.frame_records``) live in
+``<cache_dir>/frames/<frame key>/<writer>.rec`` in the same envelope. The directory (entries and records together) is kept under
 ``kiln.config.cache_size_limit`` bytes by removing the least recently used files (a hit
 touches its file's mtime).
 """

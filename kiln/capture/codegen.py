@@ -33,10 +33,13 @@ import types
 from typing import Any, NamedTuple
 
 from .. import _torch
+from ..errors import Unsupported
+from .bytecode_utils import CO_VARARGS, CO_VARKEYWORDS
 from .guards import Guard, GuardKind, without_call_objects
 from . import module_state
 from .guard_cse import straight_line
-from .sources import RenderContext, Source
+from .sources import RenderContext, Source, TensorPropertySource
+from .values.base import Value
 
 MISS = type("KilnMiss", (), {"__repr__": lambda self: "<kiln MISS>", "__slots__": ()})()
 
@@ -47,8 +50,6 @@ def alias_parameters(code: types.CodeType, ctx: RenderContext) -> None:
     parameter called ``type`` or ``len`` cannot shadow a builtin the guards call, and names
     that are not identifiers (".0", "@py_assert1") need nothing special; ``compile_function``
     gives the parameters their own names back in the code object."""
-    from .bytecode_utils import CO_VARARGS, CO_VARKEYWORDS
-
     n = code.co_argcount + code.co_kwonlyargcount
     n += bool(code.co_flags & CO_VARARGS) + bool(code.co_flags & CO_VARKEYWORDS)
     for i, name in enumerate(code.co_varnames[:n]):
@@ -77,8 +78,6 @@ class EntryCodegen:
         return self.ctx.constant_expr(v)
 
     def key_expr(self, k: Any) -> str:
-        from .values.base import Value
-
         if isinstance(k, Value):
             return k.reconstruct(self)
         return self.constant_expr(k)
@@ -90,8 +89,6 @@ class EntryCodegen:
         if name is not None:
             return name
         if id(value) in self._building:
-            from ..errors import Unsupported
-
             raise Unsupported("returning an object that contains itself")
         self._building.add(id(value))
         expr = build()
@@ -112,8 +109,6 @@ class EntryCodegen:
 def signature_text(code: types.CodeType, defaults: tuple | None, kwdefaults: dict | None,
                    ctx: RenderContext) -> tuple[str, str]:
     """(parameter list, call arguments forwarding them) for a code object's signature."""
-    from .bytecode_utils import CO_VARARGS, CO_VARKEYWORDS
-
     alias_parameters(code, ctx)
     names = [ctx.local_alias.get(n, n) for n in code.co_varnames]
     nargs, nposonly, nkwonly = code.co_argcount, code.co_posonlyargcount, code.co_kwonlyargcount
@@ -203,8 +198,6 @@ class GuardProgram:
 
     def _render_shape_source(self, source: Source) -> str:
         # a size of a tensor input is read from the local the tensor check already holds
-        from .sources import TensorPropertySource
-
         if isinstance(source, TensorPropertySource) and source.base in self.tensor_sources:
             i = self.tensor_sources.index(source.base)
             return f"___in{i}.{source.prop}({'' if source.idx is None else source.idx})"
@@ -393,7 +386,7 @@ def readable_source(src: str, aliases: dict[str, str]) -> str:
 _LOAD_GLOBAL, _LOAD_NAME, _EXTENDED_ARG = dis.opmap["LOAD_GLOBAL"], dis.opmap["LOAD_NAME"], dis.EXTENDED_ARG
 
 
-def _global_names(code: types.CodeType) -> list[str]:
+def global_names(code: types.CodeType) -> list[str]:
     """Names the code (and code nested in it) reads as globals, in first-use order (for the
     module code of a ``def``: its default values too).
 
@@ -415,13 +408,13 @@ def _global_names(code: types.CodeType) -> list[str]:
             out[names[arg]] = None
     for c in code.co_consts:
         if isinstance(c, types.CodeType):
-            out.update(dict.fromkeys(_global_names(c)))
+            out.update(dict.fromkeys(global_names(c)))
     return list(out)
 
 
 def _check_names(module_code: types.CodeType, namespace: dict, name: str) -> list[str]:
     """The free names of the generated module code defining ``name`` (checked bound)."""
-    names = [n for n in _global_names(module_code) if n != name]
+    names = [n for n in global_names(module_code) if n != name]
     for n in names:
         if n not in namespace and not hasattr(builtins, n) and n not in _HELPER_MODULES:
             raise NameError(f"generated code of {name} reads {n!r}, which it never binds")

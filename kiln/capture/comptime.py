@@ -15,6 +15,11 @@ import types
 from typing import Any, Callable
 
 from ..errors import Unsupported
+from ..internal_errors import call_user
+from .resume import CELL_PREFIX
+from .values.base import ConstantValue, LazyArgument, Value
+from .values.functions import ExistingCellValue, NestedFunctionValue, NewCellValue, UserFunctionValue
+from .values.tensor import TensorValue
 
 
 class Comptime:
@@ -62,15 +67,11 @@ class ComptimeVar:
 
     def as_fake(self):
         """The fake tensor of a tensor value (shape, dtype, device, requires_grad)."""
-        from .values.tensor import TensorValue
-
         if not isinstance(self._v, TensorValue):
             raise TypeError(f"{self._v.describe()} is not a tensor")
         return self._v.fake
 
     def is_tensor(self) -> bool:
-        from .values.tensor import TensorValue
-
         return isinstance(self._v, TensorValue)
 
     def as_python_constant(self):
@@ -152,9 +153,6 @@ class ComptimeContext:
 def _local_value(tx, name: str):
     """The symbolic value of local ``name`` of a captured frame. In a continuation after a
     graph break, a cell variable is a local holding the cell (``resume.CELL_PREFIX``)."""
-    from .resume import CELL_PREFIX
-    from .values.base import LazyArgument
-
     if name in tx.locals and not name.startswith(CELL_PREFIX):
         v = tx.locals[name]
         if isinstance(v, LazyArgument):
@@ -173,8 +171,6 @@ def _local_value(tx, name: str):
 
 def _user_local_names(tx) -> list[str]:
     """The frame's locals as the user wrote them (no kiln temporaries of a continuation)."""
-    from .resume import CELL_PREFIX
-
     names = []
     for n in list(tx.locals) + list(tx.cells):
         if n.startswith(CELL_PREFIX):
@@ -189,8 +185,6 @@ def _user_local_names(tx) -> list[str]:
 def call_at_capture(tx, fn_value, args: list) -> None:
     """Run a comptime function during capture. It is the user's code: what it raises
     propagates to the caller of the compiled function (``internal_errors.call_user``)."""
-    from ..internal_errors import call_user
-
     fn = _real_function(tx, fn_value)
     call_user(fn, ComptimeContext(tx), *args)
 
@@ -201,8 +195,6 @@ def _real_function(tx, fn_value):
     knows it as a constant (``n = 3``), else a ``ComptimeVar`` (a tensor, a symbolic value);
     its default arguments likewise. A free variable of the compiled function itself is its
     real cell, so that what the callback does to it is seen outside."""
-    from .values.functions import ExistingCellValue, NestedFunctionValue, NewCellValue, UserFunctionValue
-
     if isinstance(fn_value, NestedFunctionValue):
         cells = []
         for c in fn_value.closure:
@@ -237,8 +229,6 @@ def _as_python(value):
 
 
 def comptime_value():
-    from .values.base import ConstantValue, Value
-
     class ComptimeValue(Value):
         """``comptime`` as the capture sees it: its calls run now, at capture time."""
 

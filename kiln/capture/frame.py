@@ -11,24 +11,26 @@ from typing import Any, Callable
 
 import torch
 
-from .. import _torch, logs
+from .. import _torch, cache, logs
 from ..errors import Unsupported
 from ..internal_errors import (EFFECTS_MARK, call_user, forget_frames, graph_has_effects,
                                internal_error, is_kiln_backend, is_users, mark_users)
 from . import bytecode_utils as bu
 from .codegen import (EntryCodegen, GuardProgram, alias_parameters, compile_function, readable_source,
                       signature_text)
-from .guards import Guard, GuardKind
+from .guards import Guard, GuardKind, TensorMeta
 from . import resume
 from .interpreter import BreakHere, FrameInterpreter, GraphBreakRequest
 from . import shape_guards
 from .output_graph import OutputGraph, SymbolInput
 from .values.attributes import _MISSING, has_user_getattribute, static_lookup
-from .values.base import LazyArgument
+from .values.base import LazyArgument, NullValue
 from ..errors import ConstraintViolation
 from ..shapes.policy import ShapePolicy
 from .sources import LocalSource, RenderContext
-from .values.functions import ExistingCellValue
+from .values.containers import IteratorValue
+from .values.functions import ExistingCellValue, MethodValue
+from .values.objects import GradModeValue, _enter_context
 
 
 @dataclasses.dataclass(eq=False)
@@ -190,7 +192,7 @@ def _finish(fn, output: OutputGraph, result, key, backend, backend_name) -> Entr
     entry_fn = _compile_entry(fn, src, cg.ctx)
     if logs.enabled.guards:
         _log_guards(fn, guards, program)
-    return Entry(key, backend_name, entry_fn, _make_check(fn, program), program.guards, program,
+    return Entry(key, backend_name, entry_fn, make_check(fn, program), program.guards, program,
                  gm, compiled, readable_source(src, cg.ctx.local_alias), inlined=dict(output.inlined))
 
 
@@ -202,7 +204,7 @@ def _compile_entry(fn, src: str, ctx: RenderContext, lines: dict[int, int] | Non
                             like=fn.__code__, f_globals=fn.__globals__, lines=lines)
 
 
-def _make_check(fn, program: GuardProgram):
+def make_check(fn, program: GuardProgram):
     return program.make_check("__kiln_check", like=fn.__code__, f_globals=fn.__globals__)
 
 
@@ -260,8 +262,6 @@ def _compile_graph(fn, output: OutputGraph, cg: EntryCodegen, backend, backend_n
 def _log_user_backend_bypass(gm, backend, backend_name: str) -> None:
     """A backend of the user's own is compiled every time: kiln can store only AOT results
     (``kiln.backends.aot_backend(..., cache_key=...)``); say so under ``KILN_LOGS=cache``."""
-    from .. import cache
-
     if getattr(backend, "cache_key", None) is None:
         cache.bypass(gm, f"backend {backend_name!r} is your own and declares no cache_key")
     else:
@@ -302,8 +302,6 @@ def _entry_head(fn, output: OutputGraph, cg: EntryCodegen, inputs, net_grad, com
 def _with_final_tensor_metas(output: OutputGraph, guards: list[Guard]) -> list[Guard]:
     """TENSOR_MATCH texts of dynamic inputs as the capture ended: a dim the program
     specialized prints as its value, not as the symbol it started as."""
-    from .guards import TensorMeta
-
     final = {inp.source: TensorMeta.of(inp.real, inp.sizes, inp.strides)
              for inp in output.tensor_inputs if inp.dynamic and inp.real is not None}
     return [Guard(g.kind, g.source, final[g.source]) if g.kind is GuardKind.TENSOR_MATCH
@@ -392,7 +390,7 @@ def eager_entry_for(fn, program: GuardProgram, guards: list[Guard], key, backend
     entry_fn = compile_function(src, "__kiln_eager", ns, aliases=ctx.local_alias, like=fn.__code__,
                                 f_globals=fn.__globals__)
     forget_frames(exc)   # kept by the entry: without the capture's frames (and the call's tensors)
-    return Entry(key, backend_name, entry_fn, _make_check(fn, program), program.guards, program,
+    return Entry(key, backend_name, entry_fn, make_check(fn, program), program.guards, program,
                  None, None, readable_source(src, ctx.local_alias), eager_reason=exc)
 
 
@@ -465,10 +463,6 @@ def _finish_break(fn, output: OutputGraph, tx, ip: int, reason: Unsupported, key
                   backend_name: str, compiled_factory: Callable) -> Entry:
     """The entry of a frame that breaks before instruction ``ip``: graph, side effects, the
     live stack and locals rebuilt, then the break function (see ``resume``)."""
-    from .values.containers import IteratorValue
-    from .values.functions import MethodValue
-    from .values.objects import GradModeValue
-
     if output.frozen_storages:
         # values handed over would be a min()/max() select where eager holds one of the
         # candidate objects themselves (aliasing the continuation could observe)
@@ -517,7 +511,7 @@ def _finish_break(fn, output: OutputGraph, tx, ip: int, reason: Unsupported, key
     prepare, apply = output.side_effects.codegen(cg)
     gm, inputs, net_grad, compiled = _compile_graph(fn, output, cg, backend, backend_name,
                                                     " (up to a graph break)")
-    break_fn, resumes = _break_function(fn, code, plan, key, compiled_factory)
+    break_fn, resumes = break_function(fn, code, plan, key, compiled_factory)
     guards, program, lines, marked = _entry_head(fn, output, cg, inputs, net_grad, compiled)
     # read everything the break function gets before writing side effects back; the
     # native instruction then sees the written state. Entering open with-blocks (part of the
@@ -539,7 +533,7 @@ def _finish_break(fn, output: OutputGraph, tx, ip: int, reason: Unsupported, key
         logs.log("graph_breaks", f"graph break in {fn.__qualname__}: {reason}")
     if logs.enabled.guards:
         _log_guards(fn, guards, program)
-    entry = Entry(key, backend_name, entry_fn, _make_check(fn, program), program.guards, program,
+    entry = Entry(key, backend_name, entry_fn, make_check(fn, program), program.guards, program,
                   gm, compiled, readable_source(src, cg.ctx.local_alias))
     forget_frames(reason)   # kept by the entry: without the capture's frames
     entry.graph_break = reason
@@ -551,16 +545,12 @@ def _finish_break(fn, output: OutputGraph, tx, ip: int, reason: Unsupported, key
 
 def _enters_contexts(cg: EntryCodegen) -> bool:
     """Whether the break's arguments re-enter with-blocks (a change of global state)."""
-    from .values.objects import _enter_context
-
     return any(v is _enter_context for v in cg.ctx.namespace.values())
 
 
 def _callee_slot(ins, stack) -> int | None:
     """The stack slot of the callable when the break is at a call (the callee then runs as
     its own compiled function)."""
-    from .values.base import NullValue
-
     if ins.opname == "CALL":
         first = len(stack) - ins.arg - 2
         if first < 0:
@@ -591,7 +581,7 @@ def clear_resume_caches() -> None:
     resume.forget_generated()
 
 
-def _break_function(fn, code, plan: "resume.BreakPlan", key, compiled_factory):
+def break_function(fn, code, plan: "resume.BreakPlan", key, compiled_factory):
     """The break function for this break point and compile key (cached), and the
     continuations it calls."""
     closure = fn.__closure__

@@ -36,7 +36,7 @@ from __future__ import annotations
 from collections import Counter
 
 from .guards import Guard, GuardKind
-from .sources import CellSource, GlobalSource, RenderContext, Source
+from .sources import CellSource, GlobalSource, ItemSource, RenderContext, Source
 
 LOCAL_PREFIX = "___r"
 
@@ -149,8 +149,6 @@ def _all_immutable(t: tuple) -> bool:
 
 def _read_through_tuples(source: Source, root: Source, tuples: set) -> bool:
     """Every read from ``root`` down to ``source`` is an item of a tuple (a value kept by it)."""
-    from .sources import ItemSource
-
     while source != root:
         if not isinstance(source, ItemSource) or source.base not in tuples:
             return False

@@ -21,7 +21,9 @@ from typing import Any
 
 import torch
 
-from .sources import RenderContext, Source
+from .. import _torch
+from ..aot.saved_hooks_guard import describe as describe_hooks, hooks_are
+from .sources import RenderContext, Source, is_argument_rooted
 
 
 class GuardKind(enum.Enum):
@@ -127,8 +129,6 @@ class Guard:
         if k is GuardKind.AUTOCAST_STATE:
             return [f"{ctx.bind(_autocast_state, 'autocast')}() == {ctx.bind(self.expected, 'c')}"]
         if k is GuardKind.SAVED_TENSOR_HOOKS:
-            from ..aot.saved_hooks_guard import hooks_are
-
             check = f"{ctx.bind(hooks_are, 'hooks')}({ctx.bind(self.expected, 'c')})"
             top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
             if self.expected is None and top is not None:
@@ -176,8 +176,6 @@ class Guard:
         if k is GuardKind.TENSOR_MATCH:
             return f"{k.value:14} {src}: {describe_tensor(exp)}"
         if k is GuardKind.SAVED_TENSOR_HOOKS:
-            from ..aot.saved_hooks_guard import describe as describe_hooks
-
             return f"{k.value:14} {describe_hooks(exp)}"
         if k is GuardKind.AUTOCAST_STATE:
             return f"{k.value:14} " + ", ".join(f"{d}: enabled={on} dtype={dt}" for d, (on, dt) in exp.items())
@@ -249,8 +247,6 @@ def _weak_identity(source, obj):
     (a function passed in, or held by an argument), None when the check may hold ``obj``:
     what globals, closures and constants reach lives as long as they do anyway."""
     import types as _types
-    from .sources import is_argument_rooted
-
     if not is_argument_rooted(source) or isinstance(obj, (type, _types.ModuleType)):
         return None
     try:
@@ -268,8 +264,6 @@ def _module_has_no_hooks(m: torch.nn.Module) -> bool:
 
 
 def _no_global_module_hooks() -> bool:
-    from .. import _torch
-
     return not any(_torch.global_module_hooks())
 
 

@@ -20,6 +20,7 @@ import sys
 from ..errors import Unsupported
 from .guards import GuardKind
 from .sources import AttrSource, ConstSource, ItemSource
+from .values.objects import PythonModuleValue
 
 
 def import_name(tx, name: str, fromlist, level: int):
@@ -45,8 +46,6 @@ def import_name(tx, name: str, fromlist, level: int):
 
 def import_from(tx, module, name: str):
     """The value ``IMPORT_FROM name`` pushes for a module value on the stack."""
-    from .values.objects import PythonModuleValue
-
     if not isinstance(module, PythonModuleValue):
         raise Unsupported(f"IMPORT_FROM on {module.describe()}")
     mod = module.value

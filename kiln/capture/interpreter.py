@@ -19,13 +19,20 @@ import torch
 
 from ..config import config
 from ..errors import FrameRunsEagerly, Unsupported
+from ..internal_errors import internal_error, is_users
 from ..names import functions_under, resolve_name
-from . import bytecode_utils as bu
+from . import bytecode_utils as bu, resume
+from .guards import Guard, GuardKind
+from .imports import import_from, import_name
+from .resume import FrameIntrospection
+from .sources import GlobalSource
 from .values.base import NULL, ConstantValue, LazyArgument, NullValue, Value
+from .values.builtins import _classes
 from .values.containers import DictValue, IteratorValue, ListValue, SetValue, TupleValue
 from .values.exceptions import ExceptionValue, PrevExcValue
 from .values.functions import CellValue, NestedFunctionValue, NewCellValue, UserFunctionValue
 from .values.objects import ClassValue, SuperValue
+from .values.symbolic import SymNodeValue, SymSliceValue, specialize
 from .values.tensor import TensorValue
 from .semantics import _BINARY, _COMPARE, PythonSemantics, UserException, bind_arguments
 
@@ -153,8 +160,6 @@ class FrameInterpreter(PythonSemantics):
         except (RecursionError, MemoryError, GraphBreakRequest, BreakHere):
             raise
         except Exception as e:  # a bug in kiln must not become a wrong answer: run eagerly
-            from ..internal_errors import internal_error, is_users
-
             if is_users(e):
                 raise   # the user's own code run at capture time (a comptime callback)
             raise internal_error(e, "capturing").located(*self.location()) from e
@@ -250,8 +255,6 @@ class FrameInterpreter(PythonSemantics):
         the order of the user's code (for a continuation, the code it resumes): its
         variables, its cells' contents, its free variables' contents. kiln's own
         parameters and cell holders never appear."""
-        from . import resume
-
         code = resume.original_code(self.code)
         names = [*code.co_varnames, *(c for c in code.co_cellvars if c not in code.co_varnames),
                  *code.co_freevars]
@@ -276,8 +279,6 @@ class FrameInterpreter(PythonSemantics):
         return v
 
     def _cell_contents(self, name: str) -> Value | None:
-        from . import resume
-
         cell = self.cells.get(name)
         if cell is None:
             holder = self._bound_local(resume.CELL_PREFIX + name)   # a continuation's cell
@@ -350,8 +351,6 @@ class FrameInterpreter(PythonSemantics):
         self.cells[name] = NewCellValue(name, v.realize(self) if isinstance(v, LazyArgument) else v)
 
     def LOAD_CONST(self, ins):
-        from .resume import FrameIntrospection
-
         if isinstance(ins.arg, FrameIntrospection):   # locals() etc. in a continuation: the name's value
             self.push(self.load_global(ins.arg.name))
             return
@@ -426,9 +425,6 @@ class FrameInterpreter(PythonSemantics):
         self.push(self.load_global(name))
 
     def load_global(self, name: str) -> Value:
-        from .guards import GuardKind
-        from .sources import GlobalSource
-
         g = self.f_globals
         pending = self.output.side_effects.global_value(g, name)
         if pending is not None:   # assigned earlier in this capture (STORE_GLOBAL)
@@ -665,8 +661,6 @@ class FrameInterpreter(PythonSemantics):
         flags = ins.arg
         spec = self.pop().as_constant() if flags & 0x04 else ""
         v = self.pop()
-        from .values.symbolic import SymNodeValue, specialize
-
         if isinstance(v, SymNodeValue):
             v = specialize(v)   # the text needs the number: guarded by the ShapeEnv
         if not v.is_constant():
@@ -833,8 +827,6 @@ class FrameInterpreter(PythonSemantics):
         self.push(exc)
 
     def CHECK_EXC_MATCH(self, ins):
-        from .values.builtins import _classes
-
         match = self.pop()
         exc = self.peek(1)
         self.push(ConstantValue(issubclass(exc.python_type(), _classes(match))))
@@ -856,30 +848,22 @@ class FrameInterpreter(PythonSemantics):
         self.push(self.call(exit_fn, [ClassValue(type(exc.exc)), exc, ConstantValue(None)], {}))
 
     def IMPORT_NAME(self, ins):
-        from .imports import import_name
-
         fromlist = self.pop()
         level = self.pop()
         self.push(import_name(self, ins.arg, fromlist.as_constant(), level.as_constant()))
 
     def IMPORT_FROM(self, ins):
-        from .imports import import_from
-
         self.push(import_from(self, self.top(), ins.arg))
 
 
 # -- helpers -------------------------------------------------------------------------------
 
 def _guard(kind, source, expected):
-    from .guards import Guard
-
     return Guard(kind, source, expected)
 
 
 def _make_slice(parts: list[Value]) -> Value:
     """A slice of constants, or (a bound is a symbolic size) a symbolic slice."""
-    from .values.symbolic import SymNodeValue, SymSliceValue
-
     if any(isinstance(p, TensorValue) for p in parts):
         raise Unsupported("slicing with a tensor bound (needs data)")
     if any(isinstance(p, SymNodeValue) for p in parts):

@@ -10,19 +10,25 @@ import torch
 import torch.fx
 
 from .. import _torch
+from ..aot.saved_hooks import active as active_saved_hooks
+from ..aot.saved_hooks_guard import guard_value
 from ..config import config
 from ..inplace_ops import inplace_name
+from ..shapes.marks import marked_dynamic
 from ..user_lines import USER_FRAME
 from ..errors import FrameRunsEagerly, Unsupported
 from .graph_constants import fx_argument
 from .guards import Guard, GuardKind, GuardSet, TensorMeta
+from .interpreter import UserException
 from .side_effects import SideEffects
-from .sources import CaptureObjectSource, GlobalSource, Source
-from .values.base import ConstantValue, Value
-from .values.builder import STATE_READERS, Builder, is_trusted_module
-from .values.containers import ListValue, NamedTupleValue, TupleValue
+from .sources import AttrSource, CaptureObjectSource, ConstSource, GlobalSource, ItemSource, Source
+from .values.base import ConstantValue, NullValue, Value
+from .values.builder import STATE_READERS, Builder, is_trusted_module, wrap_pure_result
+from .values.containers import DictValue, ListValue, NamedTupleValue, SetValue, TupleValue
+from .values.numpy_conversions import torch_function_on_numpy
 from .values.numpy_values import NdarrayValue
 from .values.overlap import has_internal_overlap, may_partially_overlap
+from .values.symbolic import SymNodeValue, SymRangeValue, SymSliceValue, wrap_sym
 from .values.tensor import TensorValue
 
 
@@ -112,9 +118,6 @@ class OutputGraph:
             self.guards.add(Guard(GuardKind.AUTOCAST_STATE, None, self.autocast_at_start))
         # inlineable saved-tensor hooks are compiled into the graphs (aot/saved_hooks.py): other
         # hooks, or none, recompile. Only graphs that can save tensors (grad mode on) depend on them.
-        from ..aot.saved_hooks import active as active_saved_hooks
-        from ..aot.saved_hooks_guard import guard_value
-
         hooks = active_saved_hooks()
         if hooks is not None or self._grad_enabled_at_start:
             self.guards.add(Guard(GuardKind.SAVED_TENSOR_HOOKS, None, guard_value(hooks)))
@@ -195,8 +198,6 @@ class OutputGraph:
         meta = TensorMeta.of(t, fake.size(), fake.stride()) if dims is not None else TensorMeta.of(t)
         inp = TensorInput(source, value, static, meta, t, dims)
         if dims is not None:
-            from ..shapes.marks import marked_dynamic
-
             inp.marked_dynamic = marked_dynamic(t)
             # the symbols as created (a SymInt's expression later reads through replacements)
             inp.size_symbols = [s.node.expr if _torch.is_symbolic(s) else None for s in fake.size()]
@@ -206,8 +207,6 @@ class OutputGraph:
 
     def add_int_input(self, value: int, source: Source):
         """A symbolic int input: one symbol, one graph input (its type is guarded by the caller)."""
-        from .values.symbolic import SymNodeValue
-
         fake = _torch.symbolic_int(self.fake_mode, value, source.describe())
         node = self.symbol_placeholder(fake)
         self.int_inputs.append(IntInput(source, fake))
@@ -279,8 +278,6 @@ class OutputGraph:
         mod = sys.modules.get(getattr(cls, "__module__", ""))
         if mod is not None and is_trusted_module(mod):
             return
-        from .sources import AttrSource, ConstSource, ItemSource
-
         for owner in cls.__mro__:
             if name in owner.__dict__:
                 # the raw class-dict entry (a classmethod's bound method is new on each lookup)
@@ -308,8 +305,6 @@ class OutputGraph:
             # global state kiln guards (GLOBAL_STATE) or constant under eager execution
             return ConstantValue(fn(*[a.as_constant() for a in args]))
         if any(isinstance(a, NdarrayValue) for a in (*args, *kwargs.values())):
-            from .values.numpy_conversions import torch_function_on_numpy
-
             return torch_function_on_numpy(tx, fn, args, kwargs)   # torch.from_numpy & co.
         if fn is torch.tensor and _traced_data(args[0] if args else kwargs.get("data")) is True:
             # torch.tensor() reads its data as Python numbers: a symbolic size would become
@@ -386,8 +381,6 @@ class OutputGraph:
         except NotImplementedError as e:
             raise Unsupported(f"{_op_name(kind, target)} has no fake-tensor implementation ({e})")
         except Exception as e:
-            from .interpreter import UserException
-
             raise UserException(e)
         if out_layouts and out_layouts != _out_layouts(fake_kwargs):
             # eager resizes (or restrides) an out= tensor of the wrong size; functionalizing
@@ -401,8 +394,6 @@ class OutputGraph:
                 node.meta["example_value"] = result
                 return a
         if _torch.is_symbolic(result):
-            from .values.symbolic import wrap_sym
-
             return wrap_sym(self, result, lambda: self._op_node(kind, target, fx_args, fx_kwargs))
         if not _contains_tensor(result):
             if _mutates(kind, target):
@@ -535,8 +526,6 @@ def _traced_data(data) -> bool | None:
     """Whether ``torch.tensor``'s data holds a symbolic number or a one-element tensor inside a
     list or tuple (True), neither (False; a tensor itself traces as a copy), or a longer tensor
     in a list (None: left to torch.tensor, which raises as eager does)."""
-    from .values.symbolic import SymNodeValue
-
     if isinstance(data, SymNodeValue):
         return True
     if isinstance(data, (ListValue, TupleValue)):
@@ -597,8 +586,6 @@ def _contains_tensor(x) -> bool:
 
 
 def _wrap_nontensor(v, what: str) -> Value:
-    from .values.builder import wrap_pure_result
-
     try:
         return wrap_pure_result(v)
     except Unsupported:
@@ -649,8 +636,6 @@ def _check_inplace_result_type(name: str, args: tuple) -> None:
     if name in ("div_", "true_divide_") and not (result.is_floating_point or result.is_complex):
         result = torch.get_default_dtype()
     if not torch.can_cast(result, self.fake.dtype):
-        from .interpreter import UserException
-
         raise UserException(RuntimeError(f"result type {_scalar_name(result)} can't be cast to the "
                                          f"desired output type {_scalar_name(self.fake.dtype)}"))
 
@@ -674,10 +659,6 @@ def _to_fake(v: Value):
 
 
 def _map_leaves(v: Value, tensor_leaf):
-    from .values.base import NullValue
-    from .values.containers import DictValue, SetValue
-    from .values.symbolic import SymNodeValue, SymRangeValue, SymSliceValue
-
     if isinstance(v, TensorValue):
         return tensor_leaf(v)
     if isinstance(v, SymNodeValue):

@@ -25,6 +25,9 @@ from bytecode import Bytecode, Instr, Label
 
 from ..errors import Unsupported
 from . import bytecode_utils as bu
+from .values.base import NullValue
+from .values.containers import IteratorValue
+from .values.exceptions import PrevExcValue
 
 NULL, VALUE, ITER = "null", "value", "iter"
 # The slot PUSH_EXC_INFO leaves under an except/finally handler (the exception handled
@@ -181,10 +184,6 @@ def plan_break(instrs: list[bu.Instr], index: int, layout: list[str], local_name
 def slot_kind(value) -> str:
     """How a stack slot of the interpreter is handed over (NULL, ITER, PREV_EXC, VALUE)."""
     from .interpreter import UNBOUND as UNBOUND_VALUE
-    from .values.exceptions import PrevExcValue
-    from .values.base import NullValue
-    from .values.containers import IteratorValue
-
     if isinstance(value, NullValue):
         return NULL
     if value is UNBOUND_VALUE:

@@ -10,8 +10,10 @@ from typing import Any, Callable
 import torch
 
 from ..errors import Unsupported
-from .sources import AttrSource, ItemSource
+from .guards import GuardKind
+from .sources import AttrSource, ConstSource, ItemSource, TypeSource
 from .values.base import ConstantValue, LazyArgument, NullValue, Value
+from .values.builder import wrap_pure_result
 from .values.containers import (BaseSequenceValue, DictValue, DictViewValue, IteratorValue,
                                 ListValue, SetValue, TupleValue)
 from .values.functions import BoundMethodValue, NestedFunctionValue, UserFunctionValue
@@ -100,8 +102,6 @@ class PythonSemantics:
         src = fn_value.source
         if src is None:
             # a function reached through a guarded class: its defaults are read through it
-            from .sources import ConstSource
-
             return self.wrap(v, ItemSource(AttrSource(ConstSource(fn_value.fn), attr), key))
         return self.wrap(v, ItemSource(AttrSource(src, attr), key))
 
@@ -144,8 +144,6 @@ class PythonSemantics:
             if not isinstance(e.exc, AttributeError):
                 raise
             if obj.source is not None:
-                from .guards import GuardKind
-
                 self.output.builder.guard(GuardKind.HASATTR, obj.source, (name, False))
             return False
 
@@ -477,8 +475,6 @@ class PythonSemantics:
 
 
 def _wrap_result(v) -> Value:
-    from .values.builder import wrap_pure_result
-
     return wrap_pure_result(v)
 
 
@@ -551,6 +547,4 @@ def exact_class(obj: Value) -> Value | None:
     cls = obj.python_type()
     if static_lookup(cls, "__class__") is not object.__dict__["__class__"]:
         return None
-    from .sources import TypeSource
-
     return ClassValue(cls, TypeSource(obj.source) if obj.source is not None else None)

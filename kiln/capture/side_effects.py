@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .values.base import Value
+from .values.containers import DictValue, IteratorValue, ListValue, SetValue
 
 if TYPE_CHECKING:  # pragma: no cover
     from .codegen import EntryCodegen
@@ -74,16 +75,12 @@ class SideEffects:
         """(prepare, apply): statements that evaluate every final state into locals, and
         statements that then write them back. All reads happen before any write, so a value
         read through a container (``xs[2]``) is read before that container changes."""
-        from .values.containers import DictValue, ListValue, SetValue
-
         prepare, apply = [], []
 
         def temp(expr: str) -> str:
             name = f"___eff{len(prepare)}"
             prepare.append(f"{name} = {expr}")
             return name
-
-        from .values.containers import IteratorValue
 
         for c in self.containers:
             target = temp(cg.source_expr(c.source))

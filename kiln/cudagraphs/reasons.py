@@ -25,9 +25,10 @@ import torch
 import torch.fx
 
 from .. import logs
-from ..aot._utils import DEVICES_META, UNBACKED_META
+from ..aot._utils import DEVICES_META, UNBACKED_META, ensure_vals
 from ..config import config
 from ..errors import CudagraphError
+from ..internal_errors import mark_users
 
 # Ops that make the host wait for the device or whose output shape is only known after they
 # ran: neither can be replayed from a recording.
@@ -146,8 +147,6 @@ def op_reason(n: torch.fx.Node) -> str | None:
 
 def graph_facts(gm: torch.fx.GraphModule, kind: str) -> GraphFacts:
     """Check one ATen graph (``kind``: inference, forward, backward) at compile time."""
-    from ..aot._utils import ensure_vals
-
     ensure_vals(gm)             # (a graph loaded from an artifact: its inputs' fakes, made now)
     facts = GraphFacts(name=f"{kind} graph {type(gm).__name__}", kind=kind)
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
@@ -202,8 +201,6 @@ def skip(facts: GraphFacts, reason: str, logged: set, key: str | None = None) ->
     """A call of the graph is about to run outside a CUDA graph for ``reason``: raise under
     ``cudagraph_or_error``, else log it (once per graph and kind of reason, ``key``)."""
     if config.cudagraph_or_error:
-        from ..internal_errors import mark_users
-
         e = CudagraphError(f"kiln: CUDA graphs: the {facts.name} would run without a CUDA graph: {reason}.\n"
                            f"Called from:\n{user_stack()}\n(kiln.config.cudagraph_or_error / "
                            "KILN_CUDAGRAPH_OR_ERROR is set; unset it to run such calls without CUDA graphs)")

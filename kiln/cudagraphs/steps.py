@@ -8,5 +8,5 @@ after the other, in the order they run. (Recording a backward during the step it
 warmed up in would place the backward before its forward in the pool: its replays would
 overwrite what the forward returns.)"""
 
-count = 0           # incremented by kiln.api.CompiledFunction.__call__
+count = 0           # incremented by kiln.runtime.function.CompiledFunction.__call__
 warming = -1        # the step in which a graph last warmed up

@@ -4,7 +4,7 @@ Saved: the generated code (the entry's Python source, as compiled), every name i
 (its namespace, ``values``), its guard program (``guards``), its graph (``graphs``), and for
 an entry that ends in a graph break, the break plan and the entries of each continuation
 (recursively: they are compiled functions of their own). Loaded: the same source compiled
-again over the decoded namespace (``codegen.compile_function``, as at capture): no capture,
+again over the decoded namespace (``kiln.capture.rebuild``, as at capture): no capture,
 no tracing.
 """
 from __future__ import annotations
@@ -12,13 +12,16 @@ from __future__ import annotations
 import types
 from typing import Callable
 
-from ..capture.codegen import _global_names, alias_parameters, compile_function, readable_source
-from ..capture.frame import Entry, _break_function, _make_check
-from ..capture.sources import RenderContext
+from ..capture.frame import Entry
+from ..capture.guards import _float_same
+from ..capture.rebuild import entry_context, names_read, rebuild_break_function, rebuild_entry
 from ..errors import Unsupported
+from ..runtime.function import CompiledFactory
+from ..runtime.function_cache import cache_for
 from .errors import NotPackageable, PackageError
 from .graphs import load_graph, save_graph
 from .guards import LoadedProgram, save_program
+from .packaged_function import PackagedFunction
 from .values import Decoder, Encoder, same
 
 _VALUE_HINTS = ("c",)   # names bound by value (constants); every other hint is used by identity
@@ -41,7 +44,7 @@ def _namespace_of(entry: Entry) -> dict:
              *getattr(program, "shape_binds", []), *getattr(program, "shape_conds", [])]
     for text in texts:
         try:
-            names = _global_names(compile(text, "<kiln entry>", "exec"))
+            names = names_read(text)
         except SyntaxError:
             continue
         for n in names:
@@ -79,8 +82,6 @@ def save_entries(entries: list[Entry], fn: types.FunctionType, add_blob: Callabl
 
 def save_entry(entry: Entry, fn: types.FunctionType, add_blob: Callable[[bytes], int], left_out: list,
                keep: Callable[[Entry], bool] | None = None, *, shared: dict) -> dict:
-    from ..api import _CompiledFactory
-
     program = entry.program
     enc = Encoder(fn)
     for module, qualname in entry.inlined.values():
@@ -96,7 +97,7 @@ def save_entry(entry: Entry, fn: types.FunctionType, add_blob: Callable[[bytes],
             namespace[name] = ["special", "graph"]
         elif name == "___break":
             namespace[name] = ["special", "break"]
-        elif isinstance(obj, types.MethodType) and isinstance(obj.__self__, _CompiledFactory):
+        elif isinstance(obj, types.MethodType) and isinstance(obj.__self__, CompiledFactory):
             namespace[name] = ["special", "callee"]
         else:
             try:
@@ -219,8 +220,6 @@ def _replace_condition(source: str, text: str, new: str) -> str:
 
 def same_value(a, b) -> bool:
     """``a`` has the type and value of ``b`` (nan is nan; -0.0 is not 0.0)."""
-    from ..capture.guards import _float_same
-
     if type(a) is not type(b):
         return False
     if type(a) is float:
@@ -252,9 +251,7 @@ def load_entries(saved: list[dict], fn: types.FunctionType, compiled, blobs, ori
 def load_entry(saved: dict, fn: types.FunctionType, compiled, blobs, origin: str | None = None) -> Entry:
     """``compiled``: the CompiledFunction of ``fn`` these entries go to (its key, backend and
     continuation factory)."""
-    from ..api import cache_for
-
-    key = compiled._key
+    key = compiled.key
     made: dict = {}
 
     def graph():
@@ -263,9 +260,7 @@ def load_entry(saved: dict, fn: types.FunctionType, compiled, blobs, origin: str
 
     def break_fn():
         plan = Decoder(fn).decode(saved["break"]["plan"])
-        bfn, resumes = _break_function(fn, fn.__code__, plan, key, compiled._factory)
-        from .load import PackagedFunction
-
+        bfn, resumes = rebuild_break_function(fn, plan, key, compiled.factory)
         for r, group in zip(resumes, saved["break"]["resumes"]):
             if isinstance(compiled, PackagedFunction):   # (a frame record's continuations stay plain)
                 PackagedFunction.adopt(r, compiled._on_miss, compiled._package)
@@ -274,9 +269,8 @@ def load_entry(saved: dict, fn: types.FunctionType, compiled, blobs, origin: str
         made["resumes"] = tuple(resumes)
         return bfn
 
-    ctx = RenderContext()
-    alias_parameters(fn.__code__, ctx)
-    specials = {"graph": graph, "break": break_fn, "callee": lambda: compiled._factory.callee}
+    ctx = entry_context(fn)
+    specials = {"graph": graph, "break": break_fn, "callee": lambda: compiled.factory.callee}
     dec = Decoder(fn, specials)
     for name, enc in saved["namespace"].items():
         if enc[:2] in (["special", "gs"], ["special", "tg"]):
@@ -284,10 +278,7 @@ def load_entry(saved: dict, fn: types.FunctionType, compiled, blobs, origin: str
         ctx.namespace[name] = dec.decode(enc)
     program = LoadedProgram(saved["program"], ctx)
     src = saved["source"]
-    entry_fn = compile_function(src, saved["name"], ctx.namespace, aliases=ctx.local_alias,
-                                like=fn.__code__, f_globals=fn.__globals__)
-    entry = Entry(key, key.backend_name, entry_fn, _make_check(fn, program), program.guards, program,
-                  made.get("gm"), made.get("compiled"), readable_source(src, ctx.local_alias))
+    entry = rebuild_entry(fn, key, src, saved["name"], ctx, program, made.get("gm"), made.get("compiled"))
     if saved["eager_reason"] is not None:
         entry.eager_reason = Unsupported(saved["eager_reason"])
     if saved["graph_break"] is not None:

@@ -18,6 +18,7 @@ import os
 import platform
 import struct
 
+from ..version import __version__
 from .errors import PackageError
 
 MAGIC = b"KILNPKG\x01"
@@ -44,8 +45,6 @@ def environment() -> dict:
     """What a package is valid for: kiln, torch and Python versions, and the device kinds."""
     import torch
 
-    from .. import __version__
-
     env = {"kiln": __version__, "torch": torch.__version__, "python": ".".join(platform.python_version_tuple()[:2]),
            "machine": platform.machine(), "cuda": None}
     if torch.cuda.is_available():
@@ -54,7 +53,7 @@ def environment() -> dict:
 
 
 def pack(manifest: dict, blobs: Blobs) -> bytes:
-    """The bytes of a package (also the payload of a frame record, ``kiln.cache.frames``)."""
+    """The bytes of a package (also the payload of a frame record, ``frame_records``)."""
     offsets, pos = [], 0
     for b in blobs.parts:
         offsets.append([pos, len(b)])

@@ -16,6 +16,7 @@ from torch.fx.immutable_collections import immutable_dict, immutable_list
 
 from .. import _torch
 from ..cache import PAYLOAD_ATTR
+from ..capture.values.autograd_function import runtime_function
 from .errors import NotPackageable
 from .values import Decoder, Encoder
 
@@ -191,8 +192,6 @@ def _captured_function_to_data(name: str, parts: dict, enc: Encoder, tensors: di
 def _captured_function_from_data(name: str, saved: list, tensors: dict, dec: Decoder):
     # (the capture layer is imported only by a package that holds such a node: a load
     # otherwise runs without it)
-    from ..capture.values.autograd_function import runtime_function
-
     d = saved[1]
     graphs = {}
     for which in ("fwd", "bwd"):

@@ -16,7 +16,7 @@ from typing import Callable
 import torch
 
 from .. import _torch
-from ..capture.codegen import GuardProgram
+from ..capture.codegen import MISS, GuardProgram
 from ..capture.guards import Guard, GuardKind, TensorMeta, _CallObject
 from ..capture.sources import AttrSource, CellSource, ConstSource, ItemSource, Source
 from .errors import NotPackageable
@@ -220,8 +220,6 @@ class LoadedProgram(GuardProgram):
     reasons as the captured one (see ``GuardProgram``), made from text."""
 
     def __init__(self, saved: dict, ctx):
-        from ..capture.codegen import MISS
-
         self.params, self.fwd, self.ctx = saved["params"], saved["fwd"], ctx
         self.shape = None
         self.tensor_dims = saved["tensor_dims"]

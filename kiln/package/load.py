@@ -12,68 +12,19 @@ import types
 import torch
 
 from .. import logs
-from ..api import CompiledFunction, CompiledMethod, CompiledModule, CompileKey, _module_caller, cache_for
+from ..backends import vec_isa_memo
 from ..backends.registry import lookup_backend
+from ..runtime.compile_key import CompileKey
+from ..runtime.function import CompiledFunction
+from ..runtime.function_cache import cache_for
+from ..runtime.method import CompiledMethod
+from ..runtime.module import CompiledModule, module_caller
 from . import fileformat, identity
+from .artifacts import ARTIFACTS
 from .entries import install, link_shared_groups, load_entries
-from .errors import PackageMiss
+from .packaged_function import PackagedFunction
 
 _ON_MISS = ("compile", "error")
-
-
-class PackagedFunction(CompiledFunction):
-    """A CompiledFunction loaded from a package: its misses are logged, or raise."""
-
-    def __init__(self, fn, key, dynamic, on_miss: str, path: str):
-        super().__init__(fn, key, dynamic)
-        self._on_miss = on_miss
-        self._package = path
-
-    @classmethod
-    def adopt(cls, compiled: CompiledFunction, on_miss: str, path: str) -> None:
-        """Make a continuation's CompiledFunction (made by the break function the package
-        rebuilt) miss as the package's functions do."""
-        if type(compiled) is CompiledFunction:
-            compiled.__class__ = cls
-        if isinstance(compiled, cls):
-            compiled._on_miss, compiled._package = on_miss, path
-
-    def _miss(self, args: tuple, kwargs: dict):
-        mine = [e for e in self._cache.entries if e.key is self._key]
-        reason = _nearest_failure(mine, args, kwargs)
-        if reason is None:
-            reason = "the package has no entry for this function" if not mine else \
-                "guards passed on re-check"
-        if self._on_miss == "error":
-            raise PackageMiss(f"{self._fn.__qualname__}: this call matches none of the {len(mine)} entries "
-                              f"of package {self._package}; the nearest entry's failing guard: {reason}. "
-                              "Call it as when the package was saved, save a package that covers this "
-                              "call, or load with on_miss='compile'")
-        if logs.enabled.package:
-            logs.log("package", f"miss in package {self._package} for {self._fn.__qualname__} "
-                     f"({reason}); compiling")
-        return super()._miss(args, kwargs)
-
-    def __repr__(self):
-        return f"<kiln.CompiledFunction {self._fn.__qualname__} from package {self._package}>"
-
-
-# how far a call got through an entry's checks (they run in this order): the nearest entry
-# is the one whose first failing guard comes latest
-_STAGES = ("GLOBAL_STATE", None, "TENSOR_MATCH", "SHAPE_ENV")
-
-
-def _nearest_failure(entries: list, args: tuple, kwargs: dict) -> str | None:
-    best, best_stage = None, -1
-    for e in entries[:16]:
-        why = e.failure_reason(args, kwargs)
-        if why is None:
-            continue
-        kind = why.split(None, 1)[0]
-        stage = _STAGES.index(kind) if kind in _STAGES else 1
-        if stage > best_stage:
-            best, best_stage = why, stage
-    return best
 
 
 def _wrap(target, key: CompileKey, dynamic, on_miss: str, path: str, kind: str):
@@ -82,14 +33,14 @@ def _wrap(target, key: CompileKey, dynamic, on_miss: str, path: str, kind: str):
         if not isinstance(target, torch.nn.Module):
             raise TypeError(f"load_package: the package holds a compiled nn.Module; pass the module "
                             f"(an instance of it), not {type(target).__name__}")
-        fn = _module_caller(type(target))
-        cf = PackagedFunction(fn, key, dynamic, on_miss, path)
+        fn = module_caller(type(target))
+        cf = PackagedFunction(fn, key, dynamic, ARTIFACTS, on_miss, path)
         return CompiledModule(target, cf), fn, cf
     if isinstance(target, types.MethodType) and isinstance(target.__func__, types.FunctionType):
-        cf = PackagedFunction(target.__func__, key, dynamic, on_miss, path)
+        cf = PackagedFunction(target.__func__, key, dynamic, ARTIFACTS, on_miss, path)
         return CompiledMethod(cf, target.__self__), target.__func__, cf
     if isinstance(target, types.FunctionType):
-        cf = PackagedFunction(target, key, dynamic, on_miss, path)
+        cf = PackagedFunction(target, key, dynamic, ARTIFACTS, on_miss, path)
         return cf, target, cf
     raise TypeError(f"load_package: pass the function, bound method or nn.Module the package was saved "
                     f"from, not {type(target).__name__}")
@@ -141,8 +92,6 @@ def load_package(path: str, model_or_fn, on_miss: str = "compile", check_source:
         identity.check(m["identity"], ident_target, fn)
     if m.get("vec_isa"):
         # a machine with the same CPU, compiler and torch skips Inductor's SIMD probe (seconds)
-        from ..backends import vec_isa_memo
-
         vec_isa_memo.offer(m["vec_isa"])
     link_shared_groups(m["entries"])
     entries = load_entries(m["entries"], fn, cf, pkg.blob)

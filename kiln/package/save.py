@@ -5,6 +5,9 @@ from __future__ import annotations
 import types
 
 from .. import logs
+from ..backends import vec_isa_memo
+from ..backends.registry import lookup_backend
+from ..runtime import CompiledFunction, CompiledMethod, CompiledModule
 from . import fileformat, identity
 from .entries import resume_groups, save_entries
 from .report import LeftOut, SaveReport
@@ -12,13 +15,11 @@ from .report import LeftOut, SaveReport
 
 def target_of(compiled) -> tuple[object, types.FunctionType, object, str]:
     """(the user's object, the function kiln compiles for it, its CompiledFunction, kind)."""
-    from ..api import CompiledFunction, CompiledMethod, CompiledModule
-
     if isinstance(compiled, CompiledModule):
-        cf = compiled._kiln_compiled
+        cf = compiled.compiled_function
         return compiled._orig_mod, cf.original, cf, "module"
     if isinstance(compiled, CompiledMethod):
-        cf = compiled._compiled
+        cf = compiled.compiled_function
         return cf.original, cf.original, cf, "method"
     if isinstance(compiled, CompiledFunction):
         return compiled.original, compiled.original, compiled, "function"
@@ -27,9 +28,7 @@ def target_of(compiled) -> tuple[object, types.FunctionType, object, str]:
 
 
 def key_of(cf) -> dict:
-    from ..backends.registry import lookup_backend
-
-    key = cf._key
+    key = cf.key
     name = key.backend_name
     try:
         same = lookup_backend(name, mode=key.mode, options=key.options)[0] is key.backend
@@ -42,7 +41,7 @@ def key_of(cf) -> dict:
             "dynamic": cf.dynamic}
 
 
-def _walk(entries, _seen: set | None = None):
+def walk_entries(entries, _seen: set | None = None):
     """Every entry, with those of the continuations of graph breaks, once (several entries
     may resume in one continuation, and a loop's continuation may resume in itself)."""
     seen = set() if _seen is None else _seen
@@ -52,7 +51,7 @@ def _walk(entries, _seen: set | None = None):
         seen.add(id(e))
         yield e
         for r in e.resumes:
-            yield from _walk(r.entries, seen)
+            yield from walk_entries(r.entries, seen)
 
 
 def save_package(compiled, path: str) -> SaveReport:
@@ -76,11 +75,11 @@ def build_manifest(target, fn: types.FunctionType, cf, kind: str, entries: list,
     """(the manifest of ``entries`` of ``cf``, entries saved per function). Their artifacts go
     to ``blobs``; an entry that cannot be saved goes to ``left`` as (function, guards, reason).
     ``keep(entry)``: which entries of the continuations to save (default: all). Shared by
-    packages and frame records (``kiln.cache.frames``)."""
+    packages and frame records (``frame_records``)."""
     key = key_of(cf)
     saved = save_entries(entries, fn, blobs.add, left, keep)
     inlined: dict = {}
-    for e in _walk(entries):
+    for e in walk_entries(entries):
         inlined.update(e.inlined)
     counts: dict[str, int] = {fn.__qualname__: len(saved)}
     for group in resume_groups(saved):           # (a continuation saved once is counted once)
@@ -90,8 +89,6 @@ def build_manifest(target, fn: types.FunctionType, cf, kind: str, entries: list,
     manifest = {"environment": env, "kind": kind, "identity": identity.describe(target, fn, inlined),
                 "key": key, "entries": saved,
                 "left_out": [{"function": f, "guards": g, "reason": r} for f, g, r in left]}
-    from ..backends import vec_isa_memo
-
     isa = vec_isa_memo.record()
     if isa is not None:     # (Inductor's CPU SIMD probe, answered for this machine: see load)
         manifest["vec_isa"] = [isa]

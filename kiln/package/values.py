@@ -30,6 +30,9 @@ from typing import Any, Callable
 import torch
 from torch.fx.immutable_collections import immutable_dict, immutable_list
 
+from ..capture.codegen import MISS
+from ..capture.guard_cse import IdentityMemo
+from ..capture.module_state import ModuleStateMemo
 from ..names import defining_name, functions_under, resolve_name
 from .errors import NotPackageable
 
@@ -338,10 +341,6 @@ class Encoder:
     def encode(self, obj: Any, identity: bool = False) -> list:
         """The JSON form of ``obj``. ``identity``: the code compares it with ``is``, so only
         an encoding that finds the object itself again will do."""
-        from ..capture.codegen import MISS
-        from ..capture.guard_cse import IdentityMemo
-        from ..capture.module_state import ModuleStateMemo
-
         hit = self.specials.get(id(obj))
         if hit is not None:
             return hit
@@ -491,13 +490,10 @@ class Decoder:
         if tag == "torch_attr":
             return getattr(torch, enc[1])
         if tag == "miss":
-            from ..capture.codegen import MISS
             return MISS
         if tag == "memo":
-            from ..capture.guard_cse import IdentityMemo
             return IdentityMemo()
         if tag == "module_state":
-            from ..capture.module_state import ModuleStateMemo
             return ModuleStateMemo(None if enc[1] is None else tuple(self._plan(p) for p in enc[1]))
         if tag == "fn":
             return fn

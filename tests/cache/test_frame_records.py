@@ -1,4 +1,4 @@
-"""Frame records (kiln/cache/frames.py): a warm process installs a function's recorded entries
+"""Frame records (kiln/package/frame_records.py): a warm process installs a function's recorded entries
 before any capture. Every test runs fresh processes over one cache directory (the test's own,
 tests/conftest.py); the child counts kiln's capture entry point and checks its results against
 eager (outputs and gradients)."""
@@ -19,10 +19,10 @@ def helper(x):
 """
 
 _CHILD = textwrap.dedent("""
-    import json, os, sys, torch, kiln, kiln.api
+    import json, os, sys, torch, kiln, kiln.runtime.function
     captures = []
-    real = kiln.api.capture
-    kiln.api.capture = lambda *a, **k: (captures.append(1), real(*a, **k))[1]
+    real = kiln.runtime.function.capture
+    kiln.runtime.function.capture = lambda *a, **k: (captures.append(1), real(*a, **k))[1]
     kiln.set_logs("cache")
     import frhelpers as H
     SCALE = float(os.environ.get("SCALE", "2.0"))

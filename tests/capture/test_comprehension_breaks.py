@@ -176,8 +176,9 @@ def on(py312, py311):
 
 
 # 3.11: a comprehension that closes over a local of the frame is a new function object on
-# every call, and a callee that breaks is compiled per function object (api._CompiledFactory
-# .callee): every call compiles it again, up to the recompile limit. 3.12 inlines it.
+# every call, and a callee that breaks is compiled per function object
+# (kiln.runtime.function.CompiledFactory.callee): every call compiles it again, up to the
+# recompile limit. 3.12 inlines it.
 CLOSURE_RECOMPILES_311 = pytest.mark.xfail(not PY312, strict=True, reason=(
     "3.11: a comprehension closing over a local recompiles on every call (a new function object)"))
 

@@ -153,7 +153,7 @@ def test_traceback_after_a_break_reads_like_eagers():
         _compile(raises_after_break)(torch.randn(4))
     frames = traceback.extract_tb(info.value.__traceback__)
     text = "".join(traceback.format_tb(info.value.__traceback__))
-    # (kiln's own frames, api.py's __call__, are kiln's files; none is a generated name)
+    # (kiln's own frames, runtime/function.py's __call__, are kiln's files; none is a generated name)
     for generated in ("__kiln_entry", "__kiln_eager", "__kiln_break", "__kiln_resume", "kiln generated"):
         assert generated not in text
     mine = [f for f in frames if f.filename == __file__ and f.name != "test_traceback_after_a_break_reads_like_eagers"]

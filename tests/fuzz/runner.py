@@ -118,7 +118,7 @@ def internal_errors() -> list[str]:
     """The first line of each kiln internal error behind a frame that runs eagerly or a
     graph break, over every compiled function's entries (continuations included). Not
     wrong answers: compiles lost, each a kiln bug."""
-    from kiln.api import _caches
+    from kiln.runtime.function_cache import _caches
 
     found = []
     for cache in list(_caches):

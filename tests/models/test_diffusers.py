@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import kiln
-from kiln import api as kiln_api
+from kiln.runtime import function as call_path
 
 diffusers = pytest.importorskip("diffusers")
 
@@ -92,6 +92,6 @@ def test_package_saves_every_entry_and_loads_with_nothing_captured(name, tmp_pat
         report = compiled.save_package(tmp_path / "model.kiln")
         assert not report.left_out, report
         kiln.reset()
-        monkeypatch.setattr(kiln_api, "capture", lambda *a, **k: pytest.fail("capture ran"))
+        monkeypatch.setattr(call_path, "capture", lambda *a, **k: pytest.fail("capture ran"))
         loaded = kiln.load_package(tmp_path / "model.kiln", model, on_miss="error")
         torch.testing.assert_close(_sample(loaded(**kwargs)), expected)

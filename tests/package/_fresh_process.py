@@ -58,12 +58,12 @@ def _refuse(what):
 
 
 def load(d, backend):
-    import kiln.api
+    import kiln.runtime.function
     import kiln.aot.dynamic
     import kiln.aot.graph_capture
     import kiln.backends.inductor
 
-    kiln.api.capture = _refuse("capture")
+    kiln.runtime.function.capture = _refuse("capture")
     kiln.aot.dynamic.compile_graph = _refuse("AOT autograd")
     kiln.aot.graph_capture.stage1_graph_capture = _refuse("AOT tracing")
     kiln.backends.inductor.GraphCompile.run = _refuse("Inductor")
@@ -141,10 +141,10 @@ def save_dynamic(d, backend):
 
 
 def load_dynamic(d, backend):
-    import kiln.api
+    import kiln.runtime.function
     import kiln.aot.dynamic
 
-    kiln.api.capture = _refuse("capture")
+    kiln.runtime.function.capture = _refuse("capture")
     kiln.aot.dynamic.compile_graph = _refuse("AOT autograd")
     fast = kiln.load_package(os.path.join(d, "branchy.kiln"), M.branchy, on_miss="error")
     for n in (4, 7):                  # sizes the package never saw, within its guards

@@ -58,11 +58,11 @@ def main(mode: str, path: str) -> None:
         mode = mode[:-len("-train")]
         m.train()
         if mode == "load":
-            import kiln.api as api
+            import kiln.runtime.function as call_path
 
             def no_capture(*a, **k):
                 raise AssertionError("a loaded package captured a frame")
-            api.capture = no_capture
+            call_path.capture = no_capture
             fn = kiln.load_package(path, m, on_miss="error")
         else:
             fn = kiln.compile(m)
@@ -90,14 +90,14 @@ def main(mode: str, path: str) -> None:
         assert sum(saved.saved.values()) >= 1, saved.left_out
         print("saved", saved.saved)
         return
-    import kiln.api as api
+    import kiln.runtime.function as call_path
 
     called = []
 
     def no_capture(*a, **k):
         called.append("capture")
         raise AssertionError("a loaded package captured a frame")
-    api.capture = no_capture
+    call_path.capture = no_capture
     fast = kiln.load_package(path, m, on_miss="error")
     with torch.no_grad():
         got = fast(input_ids=ids).logits

@@ -32,7 +32,7 @@ def packages(tmp_path_factory):
 
 def test_inductor_inference_and_training(packages, monkeypatch):
     import kiln.aot.dynamic
-    import kiln.api
+    import kiln.runtime.function
     import kiln.backends.inductor
 
     d, model, reports = packages
@@ -43,7 +43,7 @@ def test_inductor_inference_and_training(packages, monkeypatch):
     def refuse(*a, **k):
         called.append(a)
         raise AssertionError("compiled again")
-    monkeypatch.setattr(kiln.api, "capture", refuse)
+    monkeypatch.setattr(kiln.runtime.function, "capture", refuse)
     monkeypatch.setattr(kiln.aot.dynamic, "compile_graph", refuse)
     monkeypatch.setattr(kiln.backends.inductor.GraphCompile, "run", refuse)
     f = kiln.load_package(d / "f.kiln", M.f, on_miss="error")
@@ -64,7 +64,7 @@ def test_dynamic_inductor_package_serves_new_sizes(tmp_path, monkeypatch):
     """A dynamic=True Inductor entry (its generated code takes the sizes as ints) loads with
     no capture ShapeEnv and runs for sizes the guards allow; one they do not is a miss."""
     import kiln.aot.dynamic
-    import kiln.api
+    import kiln.runtime.function
     import kiln.backends.inductor
 
     kiln.reset()
@@ -77,7 +77,7 @@ def test_dynamic_inductor_package_serves_new_sizes(tmp_path, monkeypatch):
 
     def refuse(*a, **k):
         raise AssertionError("compiled again")
-    monkeypatch.setattr(kiln.api, "capture", refuse)
+    monkeypatch.setattr(kiln.runtime.function, "capture", refuse)
     monkeypatch.setattr(kiln.aot.dynamic, "compile_graph", refuse)
     monkeypatch.setattr(kiln.backends.inductor.GraphCompile, "run", refuse)
     fast = kiln.load_package(tmp_path / "b.kiln", M.branchy, on_miss="error")

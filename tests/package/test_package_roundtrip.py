@@ -18,11 +18,11 @@ def _fresh():
 
 def _no_capture(monkeypatch):
     """Capturing now fails the test: a loaded entry must answer the call."""
-    import kiln.api
+    import kiln.runtime.function
 
     def refuse(*a, **k):
         pytest.fail("capture ran for a call the package covers")
-    monkeypatch.setattr(kiln.api, "capture", refuse)
+    monkeypatch.setattr(kiln.runtime.function, "capture", refuse)
 
 
 @pytest.mark.parametrize("backend", ["eager", "aot_eager"])

@@ -21,6 +21,7 @@ import types
 from ...errors import Unsupported
 from ..sources import AttrSource
 from .base import ConstantValue, Value
+from .functions import BoundMethodValue, UserFunctionValue
 
 _MISSING = object()
 
@@ -75,8 +76,6 @@ def get_attribute(tx, obj: Value, name: str, generic_get, generic_hook=object.__
     """``obj.name``: the class's ``__getattribute__`` (``generic_get`` when it is the
     generic one), then ``__getattr__`` if that raised AttributeError."""
     from ..semantics import UserException
-    from .functions import UserFunctionValue
-
     cls = obj.python_type()
     hook = user_hook(tx, cls, "__getattribute__", generic_hook)
     try:
@@ -97,8 +96,6 @@ def get_attribute(tx, obj: Value, name: str, generic_get, generic_hook=object.__
 
 def set_attribute(tx, obj: Value, name: str, value: Value, generic_set, generic_hook=object.__setattr__) -> None:
     """``obj.name = value``: the class's ``__setattr__``, or ``generic_set``."""
-    from .functions import UserFunctionValue
-
     hook = user_hook(tx, obj.python_type(), "__setattr__", generic_hook)
     if hook is not None:
         tx.call(UserFunctionValue(hook), [obj, ConstantValue(name), value], {})
@@ -108,8 +105,6 @@ def set_attribute(tx, obj: Value, name: str, value: Value, generic_set, generic_
 
 def del_attribute(tx, obj: Value, name: str, generic_del, generic_hook=object.__delattr__) -> None:
     """``del obj.name``: the class's ``__delattr__``, or ``generic_del``."""
-    from .functions import UserFunctionValue
-
     hook = user_hook(tx, obj.python_type(), "__delattr__", generic_hook)
     if hook is not None:
         tx.call(UserFunctionValue(hook), [obj, ConstantValue(name)], {})
@@ -121,8 +116,6 @@ def descriptor_set(tx, obj: Value, cls: type, name: str, desc, value: Value) -> 
     """``object.__setattr__``'s first step: a data descriptor on the class takes the store.
     True when it did (a property's setter, inlined); False when there is none (or a
     ``__slots__`` member, whose storage the caller models like the instance dict)."""
-    from .functions import UserFunctionValue
-
     if desc is _MISSING or not hasattr(type(desc), "__set__"):
         return False
     if isinstance(desc, types.MemberDescriptorType):
@@ -139,8 +132,6 @@ def descriptor_set(tx, obj: Value, cls: type, name: str, desc, value: Value) -> 
 
 def descriptor_delete(tx, obj: Value, cls: type, name: str, desc) -> bool:
     """``object.__delattr__``'s first step (see ``descriptor_set``)."""
-    from .functions import UserFunctionValue
-
     if desc is _MISSING or not (hasattr(type(desc), "__set__") or hasattr(type(desc), "__delete__")):
         return False
     if isinstance(desc, property):
@@ -157,8 +148,6 @@ def generic_method(obj: Value, fn) -> Value:
     """``object.__setattr__`` (or ``__getattribute__``/``__delattr__``) bound to ``obj``, as
     ``super().__setattr__`` returns it."""
     from .builtins import BuiltinValue
-    from .functions import BoundMethodValue
-
     return BoundMethodValue(BuiltinValue(fn), obj)
 
 

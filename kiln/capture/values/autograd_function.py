@@ -32,7 +32,11 @@ import types
 
 import torch
 
+from ... import _torch
 from ...errors import Unsupported
+from ..interpreter import BreakHere, GraphBreakRequest
+from ..output_graph import _mutates
+from ..semantics import bind_arguments
 from .base import CONSTANT_TYPES, ConstantValue, Value
 from .containers import DictValue, ListValue, SetValue, TupleValue
 from .functions import MethodValue, UserFunctionValue
@@ -68,8 +72,6 @@ def call_apply(tx, cls_value: Value, args: list[Value], kwargs: dict[str, Value]
     except (RecursionError, MemoryError):
         raise
     except Exception as e:
-        from ..interpreter import BreakHere, GraphBreakRequest
-
         if isinstance(e, (BreakHere, GraphBreakRequest)):  # pragma: no cover (top frame only)
             raise
         if not isinstance(e, Unsupported):   # a bug in kiln: the call runs natively
@@ -248,8 +250,6 @@ class _AutogradFunctionCall:
             if kwargs or code.co_kwonlyargcount:
                 raise Unsupported("apply() binding *args/**kwargs or keyword-only parameters")
             return list(args)
-        from ..semantics import bind_arguments
-
         fn = UserFunctionValue(self.forward)
         bound = bind_arguments(self.tx, code, self.forward.__qualname__, list(args), dict(kwargs),
                                fn.defaults(self.tx), fn.kwdefaults(self.tx))
@@ -437,8 +437,6 @@ class _AutogradFunctionCall:
                 n.meta["example_value"] = fake
             call_args.append(n)
             fake_args.append(fake)
-        from ... import _torch
-
         try:
             with output.fake_mode, _torch.python_dispatcher():
                 fake_outs = fn(*fake_args)
@@ -491,8 +489,6 @@ def _new_nodes(graph, before: set) -> list:
 
 def _mutated_operands(node) -> list:
     """The graph values an in-place node may write (its self, ``out=``, ``inplace=True``)."""
-    from ..output_graph import _mutates
-
     found = []
     if node.op in ("call_function", "call_method"):
         if _mutates(node.op, node.target) and node.args:

@@ -17,10 +17,13 @@ from ..comptime import Comptime, comptime_value
 from ..guards import Guard, GuardKind
 from ..sources import (ITEM_DICT, ITEM_INDEX, ITEM_LIST, ITEM_TUPLE, AttrSource, ItemSource,
                        ReduceSource)
+from ..sources import is_argument_rooted
 from .base import CONSTANT_TYPES, ConstantValue, Value, is_constant_object, is_type_annotation
 from .builtins import _HANDLERS, BuiltinValue
 from .environ import EnvironValue
 from . import identity, itertools_fns  # noqa: F401  (register id() and the itertools handlers)
+from .exceptions import ExceptionValue
+from .functions import MethodValue
 from .lru_cache import LRU_CACHE_WRAPPER, LruCacheValue
 from . import new_objects  # noqa: F401  (registers collections.namedtuple)
 from .containers import DictValue, IteratorValue, ListValue, NamedTupleValue, SetValue, TupleValue
@@ -28,6 +31,7 @@ from .functions import (BoundMethodValue, ExistingCellValue, PartialValue, Torch
                         UserFunctionValue)
 from .numpy_values import is_numpy_object, pure_numpy_result, wrap_numpy
 from .objects import ClassValue, NNModuleValue, ObjectValue, PythonModuleValue
+from .symbolic import size_value
 
 # Python functions whose module makes them tensor operators (one graph node each).
 TORCH_OP_MODULES = frozenset({"torch.nn.functional", "torch.functional", "torch._tensor",
@@ -222,8 +226,6 @@ class Builder:
             # item by item, so that a size that varies can become symbolic like an int input
             g(GuardKind.TYPE_MATCH, source, t)
             g(GuardKind.LENGTH_MATCH, source, (len(obj), "tuple"))
-            from .symbolic import size_value
-
             return size_value([self.wrap(v, ItemSource(source, i)) for i, v in enumerate(obj)],
                               keep_items=True)
         if t in (bool, type(None)) or t in (int, float, str, bytes, complex, torch.Size, range):
@@ -299,8 +301,6 @@ class Builder:
             # call that a graph break interrupted): that tensor's method, as LOAD_ATTR gives it
             g(GuardKind.TYPE_MATCH, source, t)
             g(GuardKind.EQUALS_MATCH, AttrSource(source, "__name__"), obj.__name__)
-            from .functions import MethodValue
-
             return MethodValue(self.wrap(obj.__self__, AttrSource(source, "__self__")), obj.__name__)
         if _is(obj, (types.FunctionType, types.BuiltinFunctionType, types.MethodDescriptorType,
                             types.WrapperDescriptorType, torch._ops.OpOverload,
@@ -340,8 +340,6 @@ class Builder:
             raise Unsupported(f"an object of type {t.__name__} that cannot be guarded")
         g(GuardKind.TYPE_MATCH, source, t)
         if _is(obj, BaseException):
-            from .exceptions import ExceptionValue
-
             return ExceptionValue(obj, source)   # a continuation's handled exception
         return ObjectValue(obj, source)
 
@@ -378,8 +376,6 @@ def _is_immutable_scalar(obj) -> bool:
 def _made_by_the_caller(source, fn: types.FunctionType) -> bool:
     """A function reached from the call's arguments that a frame made (a nested function,
     a lambda): not one of a module's or a class's (those are guarded by identity)."""
-    from ..sources import is_argument_rooted
-
     if source is None or not is_argument_rooted(source):
         return False
     return "<locals>" in fn.__qualname__ or fn.__name__ == "<lambda>"

@@ -16,15 +16,22 @@ from typing import Any, Callable
 import torch
 
 from ...errors import Unsupported
-from .base import ConstantValue, RealCallableValue, Value
+from ..guards import Guard, GuardKind, _autocast_state
+from ..sources import TypeSource
+from .attributes import call_modelled
+from .base import ConstantValue, RealCallableValue, Value, is_constant_object
 from .containers import (DictValue, IteratorValue, ListValue, NamedTupleValue, SetValue,
                          TupleValue)
-from .functions import PartialValue
-from .functions import UserFunctionValue
+from .containers import NewDictObjectValue
+from .exceptions import ExceptionValue
+from .functions import BoundMethodValue, MethodValue, PartialValue, TorchOpValue, UserFunctionValue
+from .grad_mode_functions import decorate_with_grad_mode
+from .objects import AutocastValue, NewModuleListValue, NNModuleValue, ObjectValue
 from .symbolic import (SymNodeValue, SymRangeValue, SymSliceValue, size_value, specialize,
                        sym_call)
 from .objects import (ClassValue, can_allocate_symbolically, GradModeValue, NewObjectValue, SuperValue,
                       can_create_symbolically, static_lookup, user_layers_define)
+from .tensor import TensorValue
 
 _HANDLERS: dict[Any, Callable] = {}
 _SYMBOLIC = (SymNodeValue, SymRangeValue, SymSliceValue)
@@ -134,8 +141,6 @@ def _register_state_readers():
 
 def _autocast_reader(tx, fn, args, kwargs):
     # read at capture time; the autocast state becomes a guard (AUTOCAST_STATE)
-    from ..guards import Guard, GuardKind, _autocast_state
-
     tx.output.guards.add(Guard(GuardKind.AUTOCAST_STATE, None, _autocast_state()))
     return wrap_pure_result_lazy(fn(*[a.as_constant() for a in args],
                                     **{k: v.as_constant() for k, v in kwargs.items()}))
@@ -197,8 +202,6 @@ def _print(tx, fn, args, kwargs):
 @handles(len)
 def _len(tx, fn, args, kwargs):
     (v,) = args
-    from .tensor import TensorValue
-
     if isinstance(v, TensorValue):
         if v.fake.dim() == 0:
             raise tx.user_exception(TypeError("len() of a 0-d tensor"))
@@ -241,8 +244,6 @@ def _getattr(tx, fn, args, kwargs):
         except tx.UserException as e:
             if isinstance(e.exc, AttributeError):
                 if obj.source is not None:  # the default is used while the attribute is absent
-                    from ..guards import GuardKind
-
                     tx.output.builder.guard(GuardKind.HASATTR, obj.source, (name, False))
                 return args[2]
             raise
@@ -292,8 +293,6 @@ def _dir(tx, fn, args, kwargs):
 
 @handles(object.__getattribute__, object.__setattr__, object.__delattr__)
 def _object_attribute_slot(tx, fn, args, kwargs):
-    from .attributes import call_modelled
-
     return call_modelled(tx, fn, args, kwargs)
 
 
@@ -302,8 +301,6 @@ def _type(tx, fn, args, kwargs):
     if len(args) != 1:
         raise Unsupported("type() with 3 arguments (creating a class)")
     src = None
-    from ..sources import TypeSource
-
     if args[0].source is not None:
         src = TypeSource(args[0].source)
     return ClassValue(args[0].python_type(), src)
@@ -314,10 +311,6 @@ def _callable(tx, fn, args, kwargs):
     v = args[0]
     if v.is_constant():
         return ConstantValue(callable(v.as_constant()))
-    from .functions import (BoundMethodValue, MethodValue, PartialValue, TorchOpValue,
-                            UserFunctionValue)
-    from .objects import NNModuleValue, ObjectValue
-
     if isinstance(v, (UserFunctionValue, BoundMethodValue, MethodValue, PartialValue,
                       TorchOpValue, BuiltinValue, NNModuleValue, ClassValue)):
         return ConstantValue(True)
@@ -358,8 +351,6 @@ def _sum(tx, fn, args, kwargs):
 
 @handles(min, max)
 def _minmax(tx, fn, args, kwargs):
-    from .tensor import TensorValue
-
     items = tx.unpack_iterable(args[0]) if len(args) == 1 else list(args)
     if any(isinstance(i, TensorValue) for i in items):
         return _minmax_of_tensors(tx, fn, items, kwargs)
@@ -393,8 +384,6 @@ def _minmax_of_tensors(tx, fn, items, kwargs):
     in-place writes afterwards to any of them are refused (each would tell the select from
     the object). A mix of tensors and numbers returns a tensor or a number depending on the
     data: that is a break."""
-    from .tensor import TensorValue
-
     if kwargs:
         raise Unsupported(f"{fn.__name__}() of tensors with key= or default=")
     if not all(isinstance(i, TensorValue) for i in items):
@@ -558,8 +547,6 @@ def construct_class(tx, cls_value: ClassValue, args: list[Value], kwargs: dict[s
         raise Unsupported(f"{cls.__name__}() of a value that is not a Python constant")
     if cls is torch.autocast or (isinstance(cls, type) and issubclass(cls, torch.autocast)
                                  and cls.__init__ is torch.autocast.__init__):
-        from .objects import AutocastValue
-
         names = ("device_type", "dtype", "enabled", "cache_enabled")
         bound = dict(zip(names, args))
         bound.update(kwargs)
@@ -571,8 +558,6 @@ def construct_class(tx, cls_value: ClassValue, args: list[Value], kwargs: dict[s
     if cls in (torch.no_grad, torch.enable_grad):
         mode = GradModeValue(cls is torch.enable_grad, cls)
         if args:   # torch.no_grad(fn): the bare decorator
-            from .grad_mode_functions import decorate_with_grad_mode
-
             return decorate_with_grad_mode(tx, mode, args, kwargs)
         return mode
     if cls is torch.set_grad_enabled:
@@ -590,14 +575,10 @@ def construct_class(tx, cls_value: ClassValue, args: list[Value], kwargs: dict[s
             d.base_method(tx, "update", list(args[1:]), kwargs)
         return d
     if cls is torch.nn.ModuleList and len(args) <= 1 and not kwargs:
-        from .objects import NewModuleListValue, NNModuleValue
-
         items = tx.unpack_iterable(args[0]) if args else []
         if all(isinstance(i, NNModuleValue) for i in items):
             return NewModuleListValue(items)  # module_list[a:b] (ModuleList.__getitem__)
     if _dict_subclass_with_init(cls):
-        from .containers import NewDictObjectValue
-
         obj = NewDictObjectValue(cls)
         result = tx.call(UserFunctionValue(static_lookup(cls, "__init__")), [obj, *args], kwargs)
         if not (result.is_constant() and result.as_constant() is None):
@@ -625,8 +606,6 @@ def construct_class(tx, cls_value: ClassValue, args: list[Value], kwargs: dict[s
         raise Unsupported("object() sentinel creation")
     if isinstance(cls, type) and issubclass(cls, BaseException) and cls.__module__ == "builtins" \
             and all(a.is_constant() for a in args) and not kwargs:
-        from .exceptions import ExceptionValue
-
         return ExceptionValue(cls(*[a.as_constant() for a in args]))
     raise Unsupported(f"creating an instance of {cls.__module__}.{cls.__qualname__} "
                       "inside a compiled function")
@@ -710,10 +689,6 @@ _PLAIN_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter) + \
 
 
 def _no_torch_function(tx, values) -> ConstantValue:
-    from .base import is_constant_object
-    from .symbolic import SymNodeValue
-    from .tensor import TensorValue
-
     if torch._C._is_torch_function_mode_enabled():
         raise Unsupported("torch.overrides.has_torch_function under a torch function mode")
     for v in values:

@@ -11,8 +11,11 @@ import collections
 import operator
 
 from ...errors import Unsupported
+from ..sources import AttrSource
 from .attributes import _MISSING, static_lookup
-from .base import ConstantValue, Value
+from .attributes import del_attribute, descriptor_delete, get_attribute, set_attribute
+from .base import ConstantValue, Value, is_constant_object
+from .functions import MethodValue
 
 
 def _user_override(cls: type, base: type, name: str):
@@ -68,8 +71,6 @@ class BaseSequenceValue(Value):
             raise tx.user_exception(e)
 
     def getattr(self, tx, name):
-        from .functions import MethodValue
-
         fn = self.override(name)
         if fn is not None:
             return tx.bind_user_attribute(self, fn, name)
@@ -273,16 +274,12 @@ class DictValue(Value):
         tx.output.side_effects.mutated(self)
 
     def getattr(self, tx, name):
-        from .functions import MethodValue
-
         fn = self.override(name)
         if isinstance(fn, property):
             return tx.bind_user_attribute(self, fn, name)
         if self.instance_attrs is not None and name in self.instance_attrs and self.source is not None:
             # an attribute of an existing dict-subclass instance (a dataclass field of a
             # ModelOutput): its __dict__ shadows the class, as in Python
-            from ..sources import AttrSource
-
             return tx.wrap(self.instance_attrs[name], AttrSource(self.source, name))
         if fn is not None and (callable(fn) or isinstance(fn, (staticmethod, classmethod))):
             return tx.bind_user_attribute(self, fn, name)
@@ -416,8 +413,6 @@ class DictValue(Value):
 
 
 def _is_const_key(k) -> bool:
-    from .base import is_constant_object
-
     return is_constant_object(k)
 
 
@@ -437,8 +432,6 @@ class NewDictObjectValue(DictValue):
         return collections.OrderedDict if issubclass(self.cls, collections.OrderedDict) else dict
 
     def getattr(self, tx, name):
-        from .attributes import get_attribute
-
         return get_attribute(tx, self, name, self.object_getattr)
 
     def object_getattr(self, tx, name):
@@ -464,8 +457,6 @@ class NewDictObjectValue(DictValue):
         return tx.wrap(cls_attr, class_dict_source(self.cls, name))
 
     def setattr(self, tx, name, value):
-        from .attributes import set_attribute
-
         set_attribute(tx, self, name, value, self.object_setattr)
 
     def object_setattr(self, tx, name, value):
@@ -474,12 +465,9 @@ class NewDictObjectValue(DictValue):
         store_on_new_object(tx, self, name, value)
 
     def delattr(self, tx, name):
-        from .attributes import del_attribute
-
         del_attribute(tx, self, name, self.object_delattr)
 
     def object_delattr(self, tx, name):
-        from .attributes import descriptor_delete
         from .objects import static_lookup
 
         if descriptor_delete(tx, self, self.cls, name, static_lookup(self.cls, name)):
@@ -537,8 +525,6 @@ class DictViewValue(Value):
         raise Unsupported(f"dict_{self.kind}.{name}()")
 
     def getattr(self, tx, name):
-        from .functions import MethodValue
-
         return MethodValue(self, name)
 
     def equals(self, tx, other: Value) -> bool:
@@ -605,8 +591,6 @@ class SetValue(Value):
 
 
     def getattr(self, tx, name):
-        from .functions import MethodValue
-
         return MethodValue(self, name)
 
     def call_method(self, tx, name, args, kwargs):
@@ -709,8 +693,6 @@ class IteratorValue(Value):
         return True
 
     def getattr(self, tx, name):
-        from .functions import MethodValue
-
         return MethodValue(self, name)
 
     def reconstruct_remaining(self, cg) -> str:

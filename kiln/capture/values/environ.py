@@ -23,6 +23,7 @@ from ..guards import Guard, GuardKind
 from ..sources import Source
 from .base import ConstantValue, Value
 from .builtins import handles
+from .functions import MethodValue
 
 _READS = ("get", "__getitem__", "__contains__")
 
@@ -70,8 +71,6 @@ class EnvironValue(Value):
         raise Unsupported("truth value of os.environ (reads the whole environment)")
 
     def getattr(self, tx, name):
-        from .functions import MethodValue
-
         return MethodValue(self, name)
 
     def call_method(self, tx, name, args, kwargs):

@@ -4,6 +4,7 @@ began (``PrevExcValue``, restored when the block ends)."""
 from __future__ import annotations
 
 from ...errors import Unsupported
+from ..sources import AttrSource
 from .base import Value, is_constant_object
 
 
@@ -31,7 +32,6 @@ class ExceptionValue(Value):
         return True
 
     def getattr(self, tx, name):
-        from ..sources import AttrSource
         from .builder import wrap_pure_result
 
         if name == "args":

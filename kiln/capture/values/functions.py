@@ -8,6 +8,7 @@ from inspect import signature as _inspect_signature
 import torch
 
 from ...errors import Unsupported
+from ..sources import AttrSource, CellSource, ItemSource, is_argument_rooted
 from .base import ConstantValue, RealCallableValue, Value
 
 # torch.autograd.Function.apply: called on a user's Function, it is captured, not inlined
@@ -88,8 +89,6 @@ class UserFunctionValue(Value):
         return {k: tx.wrap_function_part(self, "__kwdefaults__", k, v) for k, v in d.items()}
 
     def closure_cells(self, tx) -> list["CellValue"]:
-        from ..sources import AttrSource, ItemSource, is_argument_rooted
-
         cells = zip(self.fn.__closure__ or (), self.fn.__code__.co_freevars)
         if self.source is not None and is_argument_rooted(self.source):
             # a function of the call (made by the caller): its cells are read through it, so
@@ -252,8 +251,6 @@ class ExistingCellValue(CellValue):
         return f"Cell({self.name})"
 
     def contents_source(self):
-        from ..sources import AttrSource, CellSource
-
         return AttrSource(self.source, "cell_contents") if self.source is not None else CellSource(self.cell, self.name)
 
     def get(self, tx):

@@ -6,6 +6,7 @@ import torch
 
 from ...errors import Unsupported
 from .base import Value
+from .functions import UserFunctionValue
 
 
 class GradModeFunctionValue(Value):
@@ -44,8 +45,6 @@ class GradModeFunctionValue(Value):
 
 def decorate_with_grad_mode(tx, mode, args, kwargs) -> Value:
     """``GradModeValue.__call__``: the decorator applied to a function."""
-    from .functions import UserFunctionValue
-
     if kwargs or len(args) != 1 or not isinstance(args[0], UserFunctionValue):
         raise Unsupported(f"{mode.cls.__name__}() called on {[a.describe() for a in args]}")
     code = args[0].code()

@@ -8,7 +8,7 @@ import torch
 
 from ...errors import Unsupported
 from ..guards import GuardKind
-from .base import ConstantValue, RealCallableValue, Value
+from .base import ConstantValue, RealCallableValue, Value, is_constant_object, is_type_annotation
 
 
 class LruCacheValue(RealCallableValue):
@@ -28,7 +28,6 @@ class LruCacheValue(RealCallableValue):
         return True
 
     def call(self, tx, args, kwargs):
-        from .base import is_constant_object, is_type_annotation
         from .builder import wrap_pure_result
 
         def constant(c) -> bool:     # (classes and typing constructs too: typing's cached [])

@@ -26,17 +26,18 @@ import torch
 from ...errors import Unsupported
 from ..side_effects import SideEffects
 from ..sources import CaptureObjectSource
-from .base import Value, is_constant_object
+from .base import ConstantValue, Value, is_constant_object
 from .builtins import handles
+from .containers import ListValue, TupleValue
+from .functions import UserFunctionValue
 from .objects import NewObjectValue, NNModuleValue, store_on_new_object, user_layers_define
+from .objects import static_lookup
 
 
 def _constant(what, v: Value):
     """The Python value of a constant argument; lists and tuples of constants (namedtuple's
     field names) are rebuilt as new ones (nothing else holds them). A module created in the
     capture (``Sequential(ReLU(), Tanh())``) is its capture-time object."""
-    from .containers import ListValue, TupleValue
-
     if isinstance(v, NewModuleValue):
         return v.value
     if type(v) in (ListValue, TupleValue) and v.cls in (list, tuple):
@@ -144,8 +145,6 @@ class ModuleUnderConstruction(NewObjectValue):
         store_on_new_object(tx, self, name, value)
 
     def module_init(self, tx, args, kwargs) -> Value:
-        from .base import ConstantValue
-
         if args or kwargs:
             raise Unsupported(f"nn.Module.__init__ with arguments in {self.cls.__name__}.__init__")
         self.attrs["training"] = ConstantValue(True)
@@ -157,9 +156,6 @@ def check_init_only_configures(tx, cls: type, args, kwargs) -> None:
     module docstring): its ``__init__`` inlined on a stand-in leaves no trace outside it."""
     import abc
     import types
-
-    from .functions import UserFunctionValue
-    from .objects import static_lookup
 
     why = f"creating an instance of the module class {cls.__qualname__} inside a compiled function"
     if type(cls) not in (type, abc.ABCMeta) or user_layers_define(

@@ -26,6 +26,9 @@ import torch
 from ...errors import Unsupported
 from .base import Value
 from .containers import DictValue, ListValue, TupleValue
+from .numpy_values import NdarrayValue
+from .symbolic import SymNodeValue, SymSliceValue
+from .tensor import TensorValue
 
 MAX_ELEMENTS = 1 << 16
 # Functions whose values are arbitrary (uninitialized memory): only types, dtypes, shapes.
@@ -89,10 +92,6 @@ class _StandIns:
 
 
 def _numpy_argument(v: Value, stand_ins: _StandIns, as_constant):
-    from .numpy_values import NdarrayValue
-    from .symbolic import SymNodeValue, SymSliceValue
-    from .tensor import TensorValue
-
     if isinstance(v, NdarrayValue):
         return stand_ins.array(v.fake, v.scalar)
     if isinstance(v, TensorValue):

@@ -42,12 +42,15 @@ import torch
 from ... import _torch
 from ...errors import Unsupported
 from .. import numpy_runtime as rt
+from ..graph_constants import fx_argument
 from ..guards import GuardKind
 from ..sources import AttrSource, RenderContext, Source
 from .base import ConstantValue, RealCallableValue, Value
+from .functions import MethodValue
 from .numpy_aliasing import check_aliasing
 from .containers import DictValue, ListValue, NamedTupleValue, TupleValue
 from .objects import ClassValue
+from .symbolic import SymNodeValue, SymSliceValue, specialize
 from .tensor import TensorValue
 
 # torch dtypes that have a NumPy twin (Tensor.numpy() / torch.from_numpy accept them)
@@ -250,8 +253,6 @@ class NdarrayValue(Value):
         tnp = _tnp()
         if not callable(getattr(tnp.ndarray, name, None)):
             raise Unsupported(f"ndarray.{name} (not implemented on tensors by torch._numpy)")
-        from .functions import MethodValue
-
         return MethodValue(self, name)
 
     def call_method(self, tx, name, args, kwargs):
@@ -453,8 +454,6 @@ def _fold(tx, fn, args, kwargs) -> Value | None:
 
 
 def _constant_of(v: Value):
-    from .symbolic import SymNodeValue, specialize
-
     if isinstance(v, SymNodeValue):
         v = specialize(v)   # NumPy needs the number: decided for this size (guarded)
     if isinstance(v, (TupleValue, ListValue)):
@@ -545,8 +544,6 @@ SIZE_ARGUMENTS = frozenset({"reshape", "zeros", "ones", "empty", "arange", "broa
 def _argument(v: Value, fx: bool, symbolic: bool = False):
     """A Value as the graph's argument (``fx``) or as the fake-run argument; ``symbolic``:
     symbolic sizes stay symbolic."""
-    from .symbolic import SymNodeValue, SymSliceValue, specialize
-
     if isinstance(v, NdarrayValue):
         v = v.tensor
     if isinstance(v, TensorValue):
@@ -576,8 +573,6 @@ def _argument(v: Value, fx: bool, symbolic: bool = False):
 
 
 def _has_symbolic(values) -> bool:
-    from .symbolic import SymNodeValue, SymSliceValue
-
     return any(isinstance(v, (SymNodeValue, SymSliceValue)) for v in _leaves(values))
 
 
@@ -644,8 +639,6 @@ def trace_numpy(tx, target, args: list[Value], kwargs: dict[str, Value], name: s
 
     expected = check_with_numpy(target, target.numpy_twin(), name, args, kwargs,
                                 lambda v: _argument(v, False), result)
-    from ..graph_constants import fx_argument
-
     fx_args = tuple(_argument(a, True, symbolic) for a in args)
     fx_kwargs = {k: _argument(v, True, symbolic) for k, v in kwargs.items()}
 
@@ -720,8 +713,6 @@ _INPLACE = {operator.iadd, operator.isub, operator.imul, operator.itruediv, oper
 
 
 def _operand(tx, v: Value, other: Value) -> Value:
-    from .symbolic import SymNodeValue, specialize
-
     if isinstance(v, TensorValue):
         raise Unsupported("an operator between a NumPy array and a torch.Tensor (NumPy defers to "
                           "the tensor; not traced)")

@@ -15,10 +15,12 @@ from typing import Any
 import torch
 
 from ...errors import Unsupported
-from ..sources import AttrSource, ItemSource, TypeSource
+from ..sources import AttrSource, ConstSource, ItemSource, TypeSource
+from .attributes import user_hook
 from .base import ConstantValue, Value
 from .containers import DictValue, IteratorValue, TupleValue
-from .functions import BoundMethodValue, MethodValue, UserFunctionValue
+from .functions import BaseMethodValue, BoundMethodValue, MethodValue, UserFunctionValue
+from .grad_mode_functions import decorate_with_grad_mode
 
 from .attributes import (_MISSING, RawAttrSource, del_attribute, descriptor_delete,
                          descriptor_set, generic_method, get_attribute, has_user_getattribute,
@@ -294,8 +296,6 @@ class NewObjectValue(ObjectValue):
 
 def class_dict_source(cls: type, name: str):
     """Where ``cls.name`` lives: the defining class's own ``__dict__`` entry."""
-    from ..sources import ConstSource
-
     for owner in cls.__mro__:
         if name in owner.__dict__:
             return ItemSource(AttrSource(ConstSource(owner), "__dict__"), name)
@@ -356,8 +356,6 @@ class NNModuleValue(ObjectValue):
         return f"Module({type(self.value).__name__}" + (f" {self.source.describe()})" if self.source else ")")
 
     def getattr(self, tx, name):
-        from .attributes import user_hook
-
         if user_hook(tx, type(self.value), "__getattribute__", object.__getattribute__) is not None:
             return get_attribute(tx, self, name, self.object_getattr)
         pending = tx.output.side_effects.attr_value(self, name)
@@ -587,8 +585,6 @@ class SuperValue(Value):
                 if attr in (object.__setattr__, object.__getattribute__, object.__delattr__):
                     return generic_method(self.obj, attr)
                 if klass in (list, dict, tuple, collections.OrderedDict) and hasattr(self.obj, "base_method"):
-                    from .functions import BaseMethodValue
-
                     return BaseMethodValue(self.obj, name)
                 if attr is object.__init__ and name == "__init__":
                     return _ObjectInit()   # super().__init__() reaching object: nothing to do
@@ -651,9 +647,7 @@ class GradModeValue(Value):
     def call(self, tx, args, kwargs):
         if self.cls is torch.set_grad_enabled:
             raise Unsupported("set_grad_enabled used as a decorator inside a compiled function")
-        from .grad_mode_functions import decorate_with_grad_mode   # @torch.no_grad() on a function
-
-        return decorate_with_grad_mode(tx, self, args, kwargs)
+        return decorate_with_grad_mode(tx, self, args, kwargs)   # @torch.no_grad() on a function
 
     def reconstruct(self, cg):
         # one new object of the same kind (shared with its re-entry at a break)

@@ -17,6 +17,7 @@ from ...errors import Unsupported
 from ..guards import Guard, GuardKind
 from ..sources import Source
 from .base import ConstantValue, Value
+from .functions import MethodValue
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,8 +49,6 @@ class StorageValue(Value):
         return f"{self.tensor.describe()}.untyped_storage()"
 
     def getattr(self, tx, name):
-        from .functions import MethodValue
-
         return MethodValue(self, name)
 
     def call_method(self, tx, name, args, kwargs):

@@ -15,6 +15,7 @@ import torch
 from ...errors import Unsupported
 from .base import ConstantValue, Value
 from .containers import TupleValue
+from .functions import MethodValue
 
 _SYM_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool)
 _PLAIN_TYPE = {torch.SymInt: int, torch.SymFloat: float, torch.SymBool: bool}
@@ -232,8 +233,6 @@ class SizeValue(TupleValue):
 
     def getattr(self, tx, name):
         if name == "numel":
-            from .functions import MethodValue
-
             return MethodValue(self, name)
         return super().getattr(tx, name)
 

@@ -7,9 +7,15 @@ import operator
 import torch
 
 from ...errors import Unsupported
+from ..guards import GuardKind
+from ..sources import AttrSource, TypeSource
 from .base import ConstantValue, Value
 from .containers import TupleValue
+from .functions import MethodValue
+from .objects import ClassValue
 from .overlap import may_partially_overlap, same_storage
+from .storage import StorageValue
+from .symbolic import is_symbolic, size_value, wrap_sym
 
 # Tensor methods whose result is metadata, computed from the fake tensor at capture time.
 # Sound because TENSOR_MATCH guards dtype, device, sizes, strides and requires_grad.
@@ -68,9 +74,6 @@ class TensorValue(Value):
         if name in TENSOR_ATTRS:
             return tx.output.call_op("call_function", getattr, (self, ConstantValue(name)), {})
         if name == "__class__":   # what type(x) gives (torch.Tensor's own __class__ is its metaclass)
-            from ..sources import TypeSource
-            from .objects import ClassValue
-
             return ClassValue(self.python_type(), TypeSource(self.source) if self.source is not None else None)
         if name in ("is_leaf", "grad_fn"):
             return self._leafness(tx, name)
@@ -79,9 +82,7 @@ class TensorValue(Value):
         if name == "data":
             return tx.output.call_op("call_method", "detach", (self,), {})
         if name == "numpy" or name == "backward":   # numpy traced (numpy_values); backward
-            from .functions import MethodValue      # breaks at the call, which sees create_graph
-
-            return MethodValue(self, name)
+            return MethodValue(self, name)          # breaks at the call, which sees create_graph
         if name in DATA_DEPENDENT_METHODS and name != "untyped_storage":
             raise Unsupported(f"Tensor.{name}() needs the tensor's data")
         attr = getattr(torch.Tensor, name, None)
@@ -89,8 +90,6 @@ class TensorValue(Value):
             # not a Tensor attribute: an input may carry it in its __dict__ (read and guarded,
             # absence included); a tensor computed in the graph has no instance attributes
             if self.source is not None:
-                from ..sources import AttrSource
-
                 try:
                     value = getattr(tx.output.real_tensor(self), name)
                 except AttributeError as e:
@@ -98,8 +97,6 @@ class TensorValue(Value):
                 return tx.wrap(value, AttrSource(self.source, name))
             raise tx.user_exception(AttributeError(f"'Tensor' object has no attribute '{name}'"))
         if callable(attr):
-            from .functions import MethodValue
-
             return MethodValue(self, name)
         raise Unsupported(f"tensor attribute {name!r}")
 
@@ -107,8 +104,6 @@ class TensorValue(Value):
         """A size, stride, numel... of this tensor: constants, or (dynamic shapes) symbolic
         numbers computed in the graph from the tensor (or taken from a symbol input)."""
         from .builder import wrap_pure_result
-        from .symbolic import is_symbolic, size_value, wrap_sym
-
         if isinstance(result, tuple):
             if not any(is_symbolic(r) for r in result):
                 return wrap_pure_result(result)
@@ -125,10 +120,6 @@ class TensorValue(Value):
     def _leafness(self, tx, name):
         # TENSOR_MATCH does not cover leafness: an input's is_leaf gets its own guard.
         if self.source is not None:
-            from ..sources import AttrSource
-
-            from ..guards import GuardKind
-
             leaf = bool(tx.output.real_tensor(self).is_leaf)
             tx.output.builder.guard(GuardKind.EQUALS_MATCH, AttrSource(self.source, "is_leaf"), leaf)
         else:
@@ -141,9 +132,7 @@ class TensorValue(Value):
 
     def call_method(self, tx, name, args, kwargs):
         if name == "untyped_storage" and not args and not kwargs:
-            from .storage import StorageValue   # its size, guarded (storage.py)
-
-            return StorageValue(self)
+            return StorageValue(self)   # its size, guarded (storage.py)
         if name == "numpy":
             from .numpy_conversions import tensor_numpy_method
 

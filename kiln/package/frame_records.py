@@ -1,6 +1,6 @@
 """Frame records: a warm process skips capture too.
 
-The graph-level cache (``cached``) still needs a capture to find its key: bytecode
+The graph-level cache (``kiln.cache.cached``) still needs a capture to find its key: bytecode
 interpretation, fake tensors, ``torch._dynamo`` imported (about a second). So each function
 given to ``kiln.compile`` (cache on, a cacheable backend) also keeps *frame records*:
 ``<cache_dir>/frames/<frame key>/<writer>.rec``, the package form (``kiln.package``) of the
@@ -21,45 +21,26 @@ versions, the machine and the CUDA device.
 """
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import os
 import types
 import uuid
-import weakref
 
 from .. import logs
+from ..backends import vec_isa_memo
+from ..cache import key as K, store
+from ..capture.codegen import MISS
 from ..config import config
 from ..names import defining_name, resolve_name
-from . import key as K, store
+from . import fileformat, identity
+from .entries import install, link_shared_groups, load_entries
+from .errors import PackageError
+from .identity import code_hash, codes_of
+from .save import walk_entries, build_manifest, key_of
 
 # this process's record in each frame's directory (pid + random: pids are reused)
 _WRITER = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
 _MAX_RECORDS = 8                       # records read per frame, newest first
 _CACHEABLE = ("inductor", "aot_eager")
-
-# a continuation's CompiledFunction -> the top-level one whose record holds its entries
-_owners: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-
-
-# the function whose call is capturing and compiling (a graph the cache stores now may grow
-# later, at a backward(): its function's record is written again then)
-_compiling: contextvars.ContextVar = contextvars.ContextVar("kiln_frames_compiling", default=None)
-
-
-@contextlib.contextmanager
-def compiling(cf):
-    token = _compiling.set(weakref.ref(cf))
-    try:
-        yield
-    finally:
-        _compiling.reset(token)
-
-
-def compiling_function():
-    """A weak reference to the function compiling now (``compiling``), or None."""
-    return _compiling.get()
-
 
 def _log(message: str) -> None:
     if logs.enabled.cache:
@@ -68,11 +49,9 @@ def _log(message: str) -> None:
 
 def _not_recorded(cf) -> str | None:
     """Why ``cf``'s frames are not recorded (None: they are), the cache being on."""
-    key = cf._key
+    key = cf.key
     if key.backend_name not in _CACHEABLE and getattr(key.backend, "cache_key", None) is None:
         return f"backend {key.backend_name!r} declares no cache_key"
-    from ..package.save import key_of
-
     try:
         key_of(cf)
     except ValueError as e:
@@ -84,43 +63,38 @@ def frame_key(cf) -> str | None:
     """The key of ``cf``'s records (cached on it), None when they are not kept (logged once)."""
     if not config.cache or not config.cache_frames:
         return None
-    fk = cf._frame_key
+    fk = cf.records_key
     if fk is None:
         why = _not_recorded(cf)
         if why is not None:
             fk = ""
-            _log(f"frame records off for {cf._fn.__qualname__}: {why}")
+            _log(f"frame records off for {cf.original.__qualname__}: {why}")
         else:
-            from ..package import fileformat, identity
-            from ..package.save import key_of
-
-            fn = cf._fn
+            fn = cf.original
             fk = K.digest({"module": fn.__module__, "qualname": fn.__qualname__,
                            "code": identity.code_hash(fn.__code__), "compile": key_of(cf),
                            "versions": K.versions(), "environment": fileformat.environment()})
-        cf._frame_key = fk
+        cf.records_key = fk
     return fk or None
 
 
 # -- loading ---------------------------------------------------------------------------------------
 
 def lookup(cf, args: tuple, kwargs: dict):
-    """``cf``'s first miss in this process (``CompiledFunction._miss``, before capture): the
+    """``cf``'s first miss in this process (``CompiledFunction`` before it captures): the
     call's result from an entry of its frame records, or MISS (then it captures)."""
-    from ..capture.codegen import MISS
-
-    cf._cache.frames_tried.add(cf._key)
+    cf.cache.frames_tried.add(cf.key)
     if frame_key(cf) is None:
         return MISS
-    name = cf._fn.__qualname__
+    name = cf.original.__qualname__
     n, why = load(cf)
     if n:
-        result = cf._retry_entries(args, kwargs)     # (the user's exceptions propagate)
+        result = cf.retry_entries(args, kwargs)     # (the user's exceptions propagate)
         if result is not MISS:
             store.count("frame_hits")
             _log(f"frame hit {name}: {n} entries installed, no capture")
             return result
-        mine = [e for e in cf._cache.entries if e.key is cf._key]
+        mine = [e for e in cf.cache.entries if e.key is cf.key]
         why = f"the guards of its {n} entries fail: {mine[0].failure_reason(args, kwargs) if mine else '?'}"
     store.count("frame_misses")
     _log(f"frame miss {name} ({why}); capturing")
@@ -140,11 +114,7 @@ def load(cf) -> tuple[int, str]:
 
 
 def _install_records(cf, fk: str) -> tuple[int, str]:
-    from ..package import fileformat, identity
-    from ..package.entries import install, link_shared_groups, load_entries
-    from ..package.errors import PackageError
-
-    fn, cache = cf._fn, cf._cache
+    fn, cache = cf.original, cf.cache
     found = store.records(fk)[:_MAX_RECORDS]
     if not found:
         return 0, "no record"
@@ -178,8 +148,6 @@ def _install_records(cf, fk: str) -> tuple[int, str]:
             ignored.append(f"{os.path.basename(path)}: {changed}")
             continue
         if m.get("vec_isa"):
-            from ..backends import vec_isa_memo
-
             vec_isa_memo.offer(m["vec_isa"])
         link_shared_groups(m["entries"])
         entries = load_entries(m["entries"], fn, cf, pkg.blob, origin=f"frame record {path}")
@@ -191,8 +159,6 @@ def _install_records(cf, fk: str) -> tuple[int, str]:
 
 
 def _environment() -> dict:
-    from ..package import fileformat
-
     return {**fileformat.environment(), "versions": K.versions()}
 
 
@@ -203,27 +169,21 @@ def _captured_here(entry) -> bool:
 
 
 def record(cf) -> None:
-    """After ``cf`` (or a continuation of a recorded function) compiled something: rewrite
-    this process's record of its frame. An entry that cannot be saved is left out (logged);
-    kiln's own failure only logs."""
-    owner = cf if cf._records_frames else _owners.get(cf)
-    if owner is None:
-        return
-    fk = frame_key(owner)
+    """After ``cf`` (a function that keeps frame records) or a continuation of it compiled
+    something (``CompiledFunction.record_frames``): rewrite this process's record of its frame.
+    An entry that cannot be saved is left out (logged); kiln's own failure only logs."""
+    fk = frame_key(cf)
     if fk is None:
         return
-    name = owner._fn.__qualname__
+    name = cf.original.__qualname__
     try:
-        _write(owner, fk, name)
+        _write(cf, fk, name)
     except Exception as e:
         _log(f"frame not recorded {name}: kiln error ({type(e).__name__}: {e}); please report this")
 
 
 def _write(cf, fk: str, name: str) -> None:
-    from ..package import fileformat
-    from ..package.save import _walk, build_manifest
-
-    fn = cf._fn
+    fn = cf.original
     entries = []
     for e in cf.entries:
         if not _captured_here(e) or e.replaced_by is not None:
@@ -242,14 +202,14 @@ def _write(cf, fk: str, name: str) -> None:
     if not manifest["entries"]:
         return
     manifest["callable_defaults"] = {where: _callable_defaults(f) for where, f in _defining(fn, entries).items()}
-    header = {"kind": "frame", "frame_key": fk, "function": name, "backend": cf._key.backend_name,
+    header = {"kind": "frame", "frame_key": fk, "function": name, "backend": cf.key.backend_name,
               "entries": sum(counts.values()), "environment": _environment()}
     payload = fileformat.pack(manifest, blobs)
     if store.write_record(fk, _WRITER, header, payload):
         _log(f"frame recorded {name}: {header['entries']} entries ({len(payload)} bytes)")
-    for e in _walk(entries):                   # a continuation's later compiles rewrite it too
+    for e in walk_entries(entries):                   # a continuation's later compiles rewrite it too
         for r in e.resumes:
-            _owners[r] = cf
+            r.records_owner = cf
 
 
 def _uncheckable_callee(fn: types.FunctionType, entry) -> str | None:
@@ -258,11 +218,8 @@ def _uncheckable_callee(fn: types.FunctionType, entry) -> str | None:
     compiled function's, a named inlined one's, or the named function it is nested in. One
     defined elsewhere cannot be checked, and an edit to it would go unseen: such an entry is
     not recorded."""
-    from ..package.identity import codes_of
-    from ..package.save import _walk
-
     inlined: dict = {}
-    for e in _walk([entry]):
+    for e in walk_entries([entry]):
         inlined.update(e.inlined)
     roots = [fn.__code__]
     for code, (module, qualname) in inlined.items():
@@ -308,8 +265,6 @@ def _callable_defaults(f: types.FunctionType) -> dict:
         [(k, d) for k, d in (f.__kwdefaults__ or {}).items()]
     for where, d in items:
         if callable(d) and not isinstance(d, type):
-            from ..package.identity import code_hash
-
             code = getattr(getattr(d, "__func__", d), "__code__", None)
             out[where] = [getattr(d, "__module__", None), getattr(d, "__qualname__", type(d).__qualname__),
                           code_hash(code) if isinstance(code, types.CodeType) else None]
@@ -318,10 +273,8 @@ def _callable_defaults(f: types.FunctionType) -> dict:
 
 def _defining(fn: types.FunctionType, entries: list) -> dict:
     """The compiled function and the named functions its entries inlined, by name."""
-    from ..package.save import _walk
-
     found = {"": fn}
-    for e in _walk(entries):
+    for e in walk_entries(entries):
         for module, qualname in e.inlined.values():
             if "<" in qualname:
                 continue

@@ -1,0 +1,40 @@
+"""An entry made again from its saved parts, with no capture: the generated source compiled
+over a namespace as at capture, its guard program, its graph. Packages and frame records
+(``kiln.package``) rebuild their entries with these."""
+from __future__ import annotations
+
+import types
+
+from .codegen import alias_parameters, compile_function, global_names, readable_source
+from .frame import Entry, break_function, make_check
+from .sources import RenderContext
+
+
+def names_read(source: str) -> list[str]:
+    """The names generated ``source`` reads as globals (in code nested in it too)."""
+    return global_names(compile(source, "<kiln entry>", "exec"))
+
+
+def entry_context(fn: types.FunctionType) -> RenderContext:
+    """The context a rebuilt entry of ``fn`` decodes its namespace into: its parameters
+    aliased as the generated code spells them."""
+    ctx = RenderContext()
+    alias_parameters(fn.__code__, ctx)
+    return ctx
+
+
+def rebuild_entry(fn: types.FunctionType, key, source: str, name: str, ctx: RenderContext, program,
+                  graph_module, compiled_graph) -> Entry:
+    """The entry of ``fn`` whose generated ``source`` defines the function ``name``, compiled
+    over ``ctx``'s namespace, guarded by ``program``."""
+    entry_fn = compile_function(source, name, ctx.namespace, aliases=ctx.local_alias,
+                                like=fn.__code__, f_globals=fn.__globals__)
+    return Entry(key, key.backend_name, entry_fn, make_check(fn, program), program.guards, program,
+                 graph_module, compiled_graph, readable_source(source, ctx.local_alias))
+
+
+def rebuild_break_function(fn: types.FunctionType, plan, key, compiled_factory):
+    """The break function of ``fn`` for a break ``plan`` of its own frame, and the
+    CompiledFunctions of its continuations (made by ``compiled_factory``), as capture makes
+    them."""
+    return break_function(fn, fn.__code__, plan, key, compiled_factory)

@@ -1,0 +1,318 @@
+"""A compiled function and its call path.
+
+The hot path::
+
+    for entry in cache.entries:           # most recently hit first
+        if entry.key is key:              # BACKEND_MATCH
+            result = entry.fn(*args, **kwargs)   # generated: guards, graph, outputs
+            if result is not MISS:
+                return result
+    return self._miss(args, kwargs)
+
+A miss captures the frame (``kiln.capture``) into a new entry; the functions a graph break
+hands control to (continuations, a callee whose body broke) are compiled for the same key by
+``CompiledFactory``.
+"""
+from __future__ import annotations
+
+import functools
+import types
+import warnings
+import weakref
+from typing import Callable
+
+import torch
+
+from .. import _torch
+from .. import logs
+from ..capture.codegen import MISS
+from ..capture.frame import ArgumentsDoNotBind, Entry, capture, eager_entry, eager_entry_for
+from ..config import config
+from ..cudagraphs import steps as _steps
+from ..errors import KilnError, Unsupported
+from ..compile_lock import COMPILE_LOCK
+from ..internal_errors import failed_before_effects, internal_error, is_users
+from ..user_lines import at_users_line
+from . import recording
+from .artifacts import Artifacts
+from .callees import callee_objects, canonical_functions, compiled_per_key, walks_the_stack
+from .compile_key import CompileKey
+from ..cache.compiling import compiling
+from .function_cache import cache_for
+from .method import CompiledMethod
+from .module import CompiledModule
+
+_FAILED = object()   # the generated code failed before any effect (see CompiledFunction._recover)
+
+
+class CompiledFactory:
+    """Compiles, for one compile key, the functions a graph break hands control to: the
+    continuations (resume functions) and a callee whose body broke while being inlined."""
+
+    def __init__(self, key: "CompileKey", dynamic, artifacts: Artifacts):
+        self.key = key
+        self.dynamic = dynamic
+        self.artifacts = artifacts
+
+    def __call__(self, fn: types.FunctionType) -> "CompiledFunction":
+        per_key = compiled_per_key(fn)
+        cf = per_key.get(self.key)
+        if cf is None:
+            cf = per_key[self.key] = CompiledFunction(fn, self.key, self.dynamic, self.artifacts)
+        return cf
+
+    def callee(self, obj):
+        if isinstance(obj, (CompiledFunction, CompiledMethod, CompiledModule)):
+            return obj
+        if isinstance(obj, types.FunctionType):
+            if walks_the_stack(obj.__code__):
+                return obj
+            if obj.__closure__ is None and not obj.__defaults__ and not obj.__kwdefaults__:
+                # code + globals determine it: nested functions made anew on every call
+                # (3.11 comprehensions, lambdas) share one cache through a canonical object
+                return self(canonical_functions.setdefault((obj.__code__, id(obj.__globals__)), obj))
+            # a closure: compiled per function object. A code that keeps producing new ones (a
+            # closure made on every call) stops being compiled after recompile_limit of them.
+            seen = callee_objects.setdefault(obj.__code__, weakref.WeakSet())
+            if obj not in seen:
+                if len(seen) >= config.recompile_limit:
+                    return obj
+                seen.add(obj)
+            return self(obj)
+        if isinstance(obj, types.MethodType) and isinstance(obj.__func__, types.FunctionType):
+            if walks_the_stack(obj.__func__.__code__):
+                return obj
+            return CompiledMethod(self(obj.__func__), obj.__self__)
+        if isinstance(obj, torch.nn.Module):
+            # the module's own hooks were checked (NO_HOOKS) where the call was captured
+            forward = type(obj).forward
+            if isinstance(forward, types.FunctionType) and not walks_the_stack(forward.__code__):
+                return CompiledMethod(self(forward), obj)
+        return obj
+
+
+class CompiledFunction:
+    """A function compiled by kiln. Call it like the original."""
+
+    records_frames = False    # kiln.compile's functions keep frame records (not continuations)
+    records_key = None        # their key, once computed ("" when they are not kept)
+    records_owner = None      # a continuation: the function whose frame record holds its entries
+
+    def __init__(self, fn: types.FunctionType, key: CompileKey, dynamic, artifacts: Artifacts):
+        self._fn = fn
+        self._key = key
+        self._cache = cache_for(fn)
+        self.dynamic = dynamic
+        self.artifacts = artifacts     # (saves and records the entries: kiln.package)
+        self._factory = None if key.fullgraph else CompiledFactory(key, dynamic, artifacts)
+        functools.update_wrapper(self, fn)
+
+    @property
+    def original(self) -> Callable:
+        return self._fn
+
+    @property
+    def key(self) -> CompileKey:
+        return self._key
+
+    @property
+    def cache(self):
+        """The entries of the original function, for every compile key (``FunctionCache``)."""
+        return self._cache
+
+    @property
+    def factory(self) -> CompiledFactory | None:
+        """What compiles the functions a graph break hands control to (None: fullgraph)."""
+        return self._factory
+
+    @property
+    def entries(self) -> list[Entry]:
+        """This function's entries compiled for this backend and options."""
+        return [e for e in self._cache.entries if e.key is self._key]
+
+    @property
+    def recompile_reasons(self) -> list[str]:
+        """The failing guard behind each recompile of this function (all backends)."""
+        return list(self._cache.recompile_reasons)
+
+    def __call__(self, *args, **kwargs):
+        _steps.count += 1       # (CUDA graphs record in call order: kiln/cudagraphs/steps.py)
+        key = self._key
+        entries = self._cache.entries
+        for entry in entries:
+            if entry.key is key:
+                try:
+                    result = entry.fn(*args, **kwargs)
+                except Exception as e:
+                    # (free when nothing is raised) the generated code failed before any effect:
+                    # the call runs eagerly instead, out of this handler (see _recover)
+                    if not failed_before_effects(entry.fn.__code__, e):
+                        raise at_users_line(e)
+                    result, why = _FAILED, f"{type(e).__name__}: {e}"
+                if result is not MISS:
+                    if result is _FAILED:
+                        return self._recover(entry, why, args, kwargs)
+                    if entry is not entries[0]:
+                        self._cache.promote(entry)
+                    return result
+        return self._miss(args, kwargs)
+
+    def retry_entries(self, args: tuple, kwargs: dict):
+        """The lookup of ``__call__`` once more (after frame records added entries): the
+        result of the first entry whose guards hold, or MISS. (``__call__`` keeps its own copy
+        of this loop inline: it is the per-call hot path, and a call more costs there.)"""
+        key = self._key
+        for entry in list(self._cache.entries):
+            if entry.key is key:
+                try:
+                    result = entry.fn(*args, **kwargs)
+                except Exception as e:
+                    if not failed_before_effects(entry.fn.__code__, e):
+                        raise at_users_line(e)
+                    return self._recover(entry, f"{type(e).__name__}: {e}", args, kwargs)
+                if result is not MISS:
+                    self._cache.promote(entry)
+                    return result
+        return MISS
+
+    def _miss(self, args: tuple, kwargs: dict):
+        if not config.cache:
+            return self._capture_and_run(args, kwargs)
+        with compiling(self):     # (what the cache stores now may grow at a backward())
+            return self._capture_and_run(args, kwargs)
+
+    def _capture_and_run(self, args: tuple, kwargs: dict):
+        fn, key, cache = self._fn, self._key, self._cache
+        if self.records_frames and config.cache and key not in cache.frames_tried and not recording.recorder.stack:
+            # a warm process: the entries a former process recorded, before any capture
+            result = self.artifacts.lookup(self, args, kwargs)
+            if result is not MISS:
+                return result
+        mine = [e for e in cache.entries if e.key is key]
+        others = [e for e in cache.entries if e.key is not key]
+        reason = None
+        if mine:
+            reason = mine[0].failure_reason(args, kwargs) or "guards passed on re-check (a guard with side effects?)"
+        elif others:
+            reason = (f"BACKEND_MATCH failed: entries exist for backend {others[0].key!r}, "
+                      f"called with {key!r}")
+        if len(cache.entries) >= config.recompile_limit:
+            if not cache.limit_warned:
+                cache.limit_warned = True
+                warnings.warn(
+                    f"kiln: {fn.__qualname__} reached config.recompile_limit="
+                    f"{config.recompile_limit} entries; it now runs eagerly for new inputs. "
+                    f"Last failing guard: {reason}. Raise kiln.config.recompile_limit or make the "
+                    "inputs more uniform.", RuntimeWarning, stacklevel=4)
+            return fn(*args, **kwargs)
+        if reason is not None:
+            cache.recompile_reasons.append(reason)
+        if reason is not None and logs.enabled.recompiles:
+            logs.log("recompiles", f"Recompiling {fn.__qualname__} "
+                     f"({fn.__code__.co_filename}:{fn.__code__.co_firstlineno}): {reason}")
+        # Everything capture raises is kiln's (the frame then runs eagerly), except what the
+        # user's own code raised (their backend, a comptime callback), a ConstraintViolation
+        # (their mark_dynamic contradicted) and arguments that do not fit the signature.
+        try:
+            # the user's saved-tensor hooks must not see capture's fake tensors (they run on
+            # the real saved tensors when the entry runs)
+            with _torch.saved_tensors_hooks_paused(), COMPILE_LOCK:
+                entry = capture(fn, args, kwargs, key=key, backend=key.backend, backend_name=key.backend_name,
+                                compiled_factory=self._factory, dynamic=self.dynamic)
+        except ArgumentsDoNotBind:
+            return fn(*args, **kwargs)        # raises the user's TypeError, exactly as eager
+        except RecursionError:
+            e = Unsupported(f"capture of {fn.__qualname__} recursed too deeply")
+            if key.fullgraph:
+                raise e
+            entry = self._eager_entry(e)
+        except Unsupported as e:
+            if key.fullgraph:
+                raise
+            entry = self._eager_entry(e)
+        except KilnError:
+            raise
+        except Exception as e:
+            if is_users(e):
+                raise
+            u = internal_error(e, f"compiling {fn.__qualname__}").located(
+                fn.__code__.co_filename, fn.__code__.co_firstlineno, None)
+            if key.fullgraph:
+                raise u from e
+            entry = self._eager_entry(u)
+        if entry is None:   # not even an eager entry could be built
+            return fn(*args, **kwargs)
+        cache.entries.insert(0, entry)
+        if recording.recorder.stack:
+            recording.record_entry(cache, entry)
+        try:
+            result = entry.fn(*args, **kwargs)
+        except Exception as e:
+            if not failed_before_effects(entry.fn.__code__, e):
+                raise at_users_line(e)
+            result, why = _FAILED, f"{type(e).__name__}: {e}"
+        if result is _FAILED:
+            return self._recover(entry, why, args, kwargs)
+        if result is MISS:  # the guards do not hold for the arguments they were built from
+            return fn(*args, **kwargs)
+        if config.cache:
+            self.record_frames()
+        return result
+
+    def _eager_entry(self, e: Unsupported) -> Entry | None:
+        """The entry that runs the frame eagerly (logged under graph_breaks)."""
+        fn = self._fn
+        if logs.enabled.graph_breaks:
+            logs.log("graph_breaks", f"{fn.__qualname__} runs eagerly: {e}")
+        try:
+            return eager_entry(fn, e, self._key, self._key.backend_name)
+        except Exception:
+            return None
+
+    def _recover(self, entry: Entry, why: str, args: tuple, kwargs: dict):
+        """``entry``'s generated code failed before any effect: run the call eagerly. If eager
+        raises, that was the user's error (raised as eager raises it; the entry stays). If it
+        succeeds, the failure was kiln's: from now on the entry's guards run the frame eagerly."""
+        fn = self._fn
+        result = fn(*args, **kwargs)
+        u = Unsupported(f"kiln internal error in the generated code of {fn.__qualname__} at run time "
+                        f"({why}); it runs eagerly from now on (please report this as a kiln bug)",
+                        fn.__code__.co_filename, fn.__code__.co_firstlineno)
+        u.internal = True
+        if logs.enabled.graph_breaks:
+            logs.log("graph_breaks", f"{fn.__qualname__} runs eagerly: {u}")
+        try:
+            eager = eager_entry_for(fn, entry.program, entry.guards, entry.key, entry.backend_name, u)
+        except Exception:
+            eager = None
+        entries = self._cache.entries
+        if entry in entries:
+            if eager is None:
+                entries.remove(entry)
+            else:
+                entries[entries.index(entry)] = eager
+                entry.replaced_by = eager
+                if recording.recorder.stack:
+                    recording.record_entry(self._cache, eager)
+        return result
+
+    def __get__(self, obj, objtype=None):
+        if obj is None:
+            return self
+        return CompiledMethod(self, obj)
+
+    def record_frames(self) -> None:
+        """Rewrite this process's frame record of this function, or for a continuation, of
+        the function whose record holds its entries (none yet: nothing to do)."""
+        owner = self if self.records_frames else self.records_owner
+        if owner is not None:
+            owner.artifacts.record(owner)
+
+    def save_package(self, path: str):
+        """Save every entry compiled so far (and those of the continuations after graph
+        breaks) to the file ``path``, for ``kiln.load_package``. Returns a
+        ``kiln.package.SaveReport``: entries saved, and entries left out with the reason."""
+        return self.artifacts.save_package(self, path)
+
+    def __repr__(self):
+        return f"<kiln.CompiledFunction {self._fn.__qualname__} backend={self._key!r}>"

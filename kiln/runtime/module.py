@@ -1,0 +1,102 @@
+"""``kiln.compile(module)``: a module whose forward is compiled, and the one function per module
+class that all its instances' entries belong to."""
+from __future__ import annotations
+
+import weakref
+from typing import TYPE_CHECKING, Callable
+
+import torch
+
+if TYPE_CHECKING:
+    from .function import CompiledFunction
+
+
+_module_callers: "weakref.WeakKeyDictionary[type, Callable]" = weakref.WeakKeyDictionary()
+
+
+def module_caller(cls: type) -> Callable:
+    """One tiny function per module class, so all instances of a class share its entries and
+    module hooks are honoured (calling the module goes through the NO_HOOKS guard)."""
+    fn = _module_callers.get(cls)
+    if fn is None:
+        def call_module(module, *args, **kwargs):
+            return module(*args, **kwargs)
+        call_module.__qualname__ = f"{cls.__qualname__}.__call__"
+        call_module.__module__ = cls.__module__   # (also names its dynamic-shape profile)
+        fn = _module_callers[cls] = call_module
+    return fn
+
+
+class CompiledModule(torch.nn.Module):
+    """The module returned by ``kiln.compile(module)``: forward is compiled; parameters,
+    buffers, submodules and the state_dict are the original module's (same keys)."""
+
+    def __init__(self, module: torch.nn.Module, compiled: CompiledFunction):
+        super().__init__()
+        self._orig_mod = module
+        object.__setattr__(self, "_kiln_compiled", compiled)
+
+    def __call__(self, *args, **kwargs):
+        return self._kiln_compiled(self._modules["_orig_mod"], *args, **kwargs)
+
+    def forward(self, *args, **kwargs):
+        return self._kiln_compiled(self._orig_mod, *args, **kwargs)
+
+    def __getattr__(self, name):
+        if name == "_orig_mod":
+            return self._modules["_orig_mod"]
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self._modules["_orig_mod"], name)
+
+    # The original module's view of its state: no "_orig_mod." prefix.
+    def state_dict(self, *args, **kwargs):
+        return self._orig_mod.state_dict(*args, **kwargs)
+
+    def load_state_dict(self, *args, **kwargs):
+        return self._orig_mod.load_state_dict(*args, **kwargs)
+
+    def named_parameters(self, *args, **kwargs):
+        return self._orig_mod.named_parameters(*args, **kwargs)
+
+    def named_buffers(self, *args, **kwargs):
+        return self._orig_mod.named_buffers(*args, **kwargs)
+
+    def named_modules(self, *args, **kwargs):
+        return self._orig_mod.named_modules(*args, **kwargs)
+
+    def named_children(self):
+        return self._orig_mod.named_children()
+
+    # Container protocol of the original (Sequential, ModuleList, ...).
+    def __getitem__(self, idx):
+        return self._orig_mod[idx]
+
+    def __len__(self):
+        return len(self._orig_mod)
+
+    def __iter__(self):
+        return iter(self._orig_mod)
+
+    @property
+    def compiled_function(self) -> CompiledFunction:
+        """The CompiledFunction behind forward (one per module class)."""
+        return self._kiln_compiled
+
+    @property
+    def entries(self):
+        return self._kiln_compiled.entries
+
+    def save_package(self, path: str):
+        """Save every entry compiled so far (and those of the continuations after graph
+        breaks) to the file ``path``, for ``kiln.load_package``. Returns a
+        ``kiln.package.SaveReport``: entries saved, and entries left out with the reason."""
+        return self._kiln_compiled.artifacts.save_package(self, path)
+
+    @property
+    def recompile_reasons(self):
+        return self._kiln_compiled.recompile_reasons
+
+    def __repr__(self):
+        return f"kiln.CompiledModule({self._orig_mod!r})"
