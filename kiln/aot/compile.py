@@ -18,12 +18,12 @@ import torch.fx
 from .. import _torch, logs
 from ..config import config
 from ..errors import Unsupported
-from . import _utils as U, saved_hooks as SH, symbolic as S
+from . import _utils as graph_utils, saved_hooks, symbolic as symbolic_shapes
 from . import activation_rows
-from . import function as F
-from . import partial as P
-from . import segments as SG
-from . import versions as V
+from . import function as aot_function
+from . import partial as partial_backward
+from . import segments as segment_graphs
+from . import versions
 from .donation import donatable_saved_tensors
 from .partition import partition_joint
 from .runtime import RunAsCaptured, apply_post_compile
@@ -125,7 +125,7 @@ def build_parts(state, capture, partition_fn: Any = None) -> CompiledParts:
     gm = capture.graph_module
     gm.graph.lint()
     gm.recompile()
-    outs = U.flat_outputs(gm.graph)
+    outs = graph_utils.flat_outputs(gm.graph)
     expected = capture.num_fw_outputs + (capture.num_primals if capture.is_joint else 0)
     if len(outs) != expected:
         raise ValueError(f"stage 2: the graph returns {len(outs)} values, expected {expected}")
@@ -134,7 +134,7 @@ def build_parts(state, capture, partition_fn: Any = None) -> CompiledParts:
         raise ValueError(f"stage 2: the graph takes {n_in} inputs, expected {len(capture.example_inputs)}")
     # Edits may have added nodes or changed ops: recompute the fake values of what changed.
     try:
-        U.propagate_fake(gm, capture.example_inputs, state.fake_mode, keep_unchanged=True)
+        graph_utils.propagate_fake(gm, capture.example_inputs, state.fake_mode, keep_unchanged=True)
     except Exception as e:
         raise ValueError(f"stage 2: the graph does not run on its example inputs: {type(e).__name__}: {e}") from e
     common = dict(num_fw_outputs=capture.num_fw_outputs, tangent_positions=list(capture.tangent_positions),
@@ -147,23 +147,23 @@ def build_parts(state, capture, partition_fn: Any = None) -> CompiledParts:
         return CompiledParts(kind="inference", forward=fw, backward=None, **common)
     n = capture.num_primals
     ex = capture.example_inputs
-    deps = P.grad_dependencies(gm, capture.num_fw_outputs)
+    deps = partial_backward.grad_dependencies(gm, capture.num_fw_outputs)
     p = partition_joint(gm, (ex[:n], ex[n:]), capture.num_fw_outputs, capture.num_tangents, partition_fn)
     layout = gm.meta.get("kiln_segments")
     segments = None
     if layout is not None:      # (segments.py: the forward as one graph, a node per segment)
-        SG.fuse_forward(p.forward, layout)
-        SG.contiguous_handoff_grads(p.backward, layout)
-        segments = SG.nodes_of(gm, layout, capture.num_fw_outputs, capture.tangent_positions, deps)
+        segment_graphs.fuse_forward(p.forward, layout)
+        segment_graphs.contiguous_handoff_grads(p.backward, layout)
+        segments = segment_graphs.nodes_of(gm, layout, capture.num_fw_outputs, capture.tangent_positions, deps)
     check_input_writes(p.forward, state.meta.in_graph_mutated_indices)
     clone_saved_before_writes(p, state.fake_mode)
     hooks = _inline_saved_hooks(state, p, capture.num_fw_outputs)
-    checks = V.version_checks(p.forward, p.backward, capture, state.meta,
+    checks = versions.version_checks(p.forward, p.backward, capture, state.meta,
                               copy_parameters=config.copy_saved_parameters)
     reads = None
     if segments is not None:
-        n_saved = len(U.flat_outputs(p.forward.graph)) - capture.num_fw_outputs
-        reads = [P.inputs_read(p.backward, capture.num_tangents, frozenset(t), n_saved) for t, _, _ in segments]
+        n_saved = len(graph_utils.flat_outputs(p.forward.graph)) - capture.num_fw_outputs
+        reads = [partial_backward.inputs_read(p.backward, capture.num_tangents, frozenset(t), n_saved) for t, _, _ in segments]
     return CompiledParts(kind="training", forward=p.forward, backward=p.backward, saved=p.saved,
                          saved_bytes=p.saved_bytes, saved_input_bytes=p.saved_input_bytes,
                          partitioner=_partitioner_name(partition_fn), grad_dependencies=deps,
@@ -178,7 +178,7 @@ def check_input_writes(fw: torch.fx.GraphModule, expected: list[int]) -> None:
     a partitioner that drops a write, or a pass that adds one, would make the runtime skip a
     mutation or miss one."""
     phs = {p: i for i, p in enumerate(n for n in fw.graph.nodes if n.op == "placeholder")}
-    got = sorted(phs[n.args[0]] for n in fw.graph.nodes if U.is_input_write(n))
+    got = sorted(phs[n.args[0]] for n in fw.graph.nodes if graph_utils.is_input_write(n))
     if got != sorted(expected):
         raise Unsupported(f"AOT autograd: the forward graph writes inputs {got}, expected {sorted(expected)} "
                           "(a partitioner that drops the graph's writes into its inputs)")
@@ -189,12 +189,12 @@ def clone_saved_before_writes(p, fake_mode) -> None:
     backward with the new value: the forward saves a copy taken before its first write instead
     (the runtime's copy-back used to come after the forward, ``versions.version_checks``)."""
     fw, bw = p.forward, p.backward
-    writes = [n for n in fw.graph.nodes if U.is_input_write(n)]
+    writes = [n for n in fw.graph.nodes if graph_utils.is_input_write(n)]
     if not writes:
         return
     written = {w.args[0] for w in writes}
-    out = U.output_node(fw.graph)
-    outs = U.flat_outputs(fw.graph)
+    out = graph_utils.output_node(fw.graph)
+    outs = graph_utils.flat_outputs(fw.graph)
     bw_phs = [n for n in bw.graph.nodes if n.op == "placeholder"]
     changed = False
     for j in range(p.num_fw_outputs, len(outs)):
@@ -202,7 +202,7 @@ def clone_saved_before_writes(p, fake_mode) -> None:
         if not isinstance(s, torch.fx.Node):
             continue
         root = s
-        while U.is_view(root) and root.args and isinstance(root.args[0], torch.fx.Node):
+        while graph_utils.is_view(root) and root.args and isinstance(root.args[0], torch.fx.Node):
             root = root.args[0]
         if root not in written:
             continue
@@ -234,17 +234,17 @@ def _inline_saved_hooks(state, p, nfw: int):
         return None
     fw, bw = p.forward, p.backward
     try:
-        info = SH.inline(hooks, copy_module(fw), copy_module(bw), nfw, state.decompositions, state.fake_mode)
-    except SH.HookNotTraceable as e:
-        SH.log_not_inlined(hooks, str(e))
+        info = saved_hooks.inline(hooks, copy_module(fw), copy_module(bw), nfw, state.decompositions, state.fake_mode)
+    except saved_hooks.HookNotTraceable as e:
+        saved_hooks.log_not_inlined(hooks, str(e))
         return None
     # (inline worked on copies: a hook that fails half-way leaves the partition as it was)
     p.forward, p.backward = info.graphs
     info.graphs = None
-    fw_outs = U.flat_outputs(p.forward.graph)
+    fw_outs = graph_utils.flat_outputs(p.forward.graph)
     saved = [s for s in fw_outs[nfw:] if isinstance(s, torch.fx.Node)]
     p.saved = [s.name for s in saved]
-    p.saved_bytes, p.saved_input_bytes = U.saved_bytes(saved)
+    p.saved_bytes, p.saved_input_bytes = graph_utils.saved_bytes(saved)
     if "kiln_donated" in bw.meta:       # Inductor's: the saved positions changed
         p.backward.meta.update(bw.meta)
         p.backward.meta["kiln_num_saved"] = len(saved)
@@ -275,7 +275,7 @@ def _examples_for(compiler: Callable, gm: torch.fx.GraphModule) -> list:
 
 
 def _example_inputs(gm: torch.fx.GraphModule) -> list:
-    U.ensure_vals(gm)       # (a loaded graph's are made on first need)
+    graph_utils.ensure_vals(gm)       # (a loaded graph's are made on first need)
     return _known_example_inputs(gm)
 
 
@@ -331,11 +331,11 @@ def _sets_grad_mode(parts: CompiledParts) -> bool:
 
 def _make_inference_core(fw: Callable, parts: CompiledParts) -> Callable:
     check = _grad_mode_check(parts)
-    view_outs = F.view_outputs(fw, parts)
-    fw = F.caller(fw)
+    view_outs = aot_function.view_outputs(fw, parts)
+    fw = aot_function.caller(fw)
 
     set_grad, grad_enabled = torch._C._set_grad_enabled, torch.is_grad_enabled
-    detach_views = F.detach_views
+    detach_views = aot_function.detach_views
 
     always_restore = _sets_grad_mode(parts)   # (then grad mode is restored after it in every case)
 
@@ -418,23 +418,23 @@ class AOTCompiled(PartsView):
         lines = [f"# kiln AOT {p.kind} callable{' (dynamic: symbolic shapes)' if p.symbolic else ''}; runtime wrappers (pre-capture order, the first is outermost): "
                  + ", ".join(w.describe() for w in p.wrappers)]
         if p.kind == "inference":
-            lines.append(U.graph_text(p.forward, "inference graph"))
+            lines.append(graph_utils.graph_text(p.forward, "inference graph"))
         else:
-            lines.append(U.graph_text(p.forward, f"forward graph: primals -> {p.num_fw_outputs} outputs + "
+            lines.append(graph_utils.graph_text(p.forward, f"forward graph: primals -> {p.num_fw_outputs} outputs + "
                                                  f"{len(p.saved)} saved"))
-            lines.append(U.graph_text(p.backward, "backward graph: saved + tangents -> gradients"))
+            lines.append(graph_utils.graph_text(p.backward, "backward graph: saved + tangents -> gradients"))
             if p.hooks is not None:
                 lines.append("# " + p.hooks.describe())
                 lines += hook_code(p.forward, p.backward)
-            lines.append(f"# saved for backward ({p.partitioner or 'custom'} partitioner): {U.count_saved(p.backward, p.saved)}, "
-                         f"{U.format_bytes(p.saved_bytes)} ({U.format_bytes(p.saved_bytes - p.saved_input_bytes)} "
-                         f"activations, {U.format_bytes(p.saved_input_bytes)} inputs): {', '.join(p.saved)}")
+            lines.append(f"# saved for backward ({p.partitioner or 'custom'} partitioner): {graph_utils.count_saved(p.backward, p.saved)}, "
+                         f"{graph_utils.format_bytes(p.saved_bytes)} ({graph_utils.format_bytes(p.saved_bytes - p.saved_input_bytes)} "
+                         f"activations, {graph_utils.format_bytes(p.saved_input_bytes)} inputs): {', '.join(p.saved)}")
         if self.input_check is not None:
             lines.append("# checked on every call: " + "; ".join(self.input_check.conditions))
         return "\n".join(lines)
 
     def __repr__(self) -> str:
-        extra = f", saved {U.format_bytes(self.saved_tensor_bytes)}" if self.kind == "training" else ""
+        extra = f", saved {graph_utils.format_bytes(self.saved_tensor_bytes)}" if self.kind == "training" else ""
         return f"<kiln.aot.AOTCompiled {self.kind}{extra}>"
 
 
@@ -455,7 +455,7 @@ def assemble(parts: CompiledParts, fw_compiler: Callable | None = None, bw_compi
             bw_compiler(parts.backward, _examples_for(bw_compiler, parts.backward))
         # (backwards made at run time: compiled when first needed, or loaded from the entry
         # whose compiler has them stored)
-        core = F.make_training_core(fw, bw, parts, lambda gm: bw_compiler(gm, _example_inputs(gm)),
+        core = aot_function.make_training_core(fw, bw, parts, lambda gm: bw_compiler(gm, _example_inputs(gm)),
                                     _grad_mode_check(parts), getattr(bw_compiler, "kiln_stored_backwards", None))
         if parts.hooks is not None:     # (compiled or loaded from the cache)
             activation_rows.record(parts.hooks)
@@ -468,7 +468,7 @@ def attach_input_check(compiled: AOTCompiled) -> None:
     """A dynamic result's per-call check, made from its parts (after a compile or a load)."""
     p = compiled.parts
     if p.symbolic and p.input_fakes:
-        compiled.input_check = S.ShapeCode(p.input_fakes).input_check(p.input_guards, p.input_ranges)
+        compiled.input_check = symbolic_shapes.ShapeCode(p.input_fakes).input_check(p.input_guards, p.input_ranges)
 
 
 def stage2_compile(state, capture, fw_compiler: Callable | None = None, bw_compiler: Callable | None = None,
@@ -483,7 +483,7 @@ def stage2_compile(state, capture, fw_compiler: Callable | None = None, bw_compi
         p = compiled.parts
         p.input_fakes = list(state.input_fakes)
         p.trace_guards = [g.expr for g in list(state.shape_env.guards)[state.guard_mark:]]
-        p.input_guards = S.new_guards(state.shape_env, state.guard_mark)
-        p.input_ranges = S.ShapeCode(p.input_fakes).ranges()
+        p.input_guards = symbolic_shapes.new_guards(state.shape_env, state.guard_mark)
+        p.input_ranges = symbolic_shapes.ShapeCode(p.input_fakes).ranges()
         attach_input_check(compiled)
     return compiled

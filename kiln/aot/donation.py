@@ -10,7 +10,7 @@ import torch
 import torch.fx
 
 from .. import _torch
-from . import _utils as U
+from . import _utils as graph_utils
 
 
 def donatable_saved_tensors(fw: torch.fx.GraphModule, bw: torch.fx.GraphModule, nfw: int) -> list[int]:
@@ -21,12 +21,12 @@ def donatable_saved_tensors(fw: torch.fx.GraphModule, bw: torch.fx.GraphModule, 
     def val(n):
         return n.meta.get("val") if isinstance(n, torch.fx.Node) else None
 
-    fw_outs = U.flat_outputs(fw.graph)
+    fw_outs = graph_utils.flat_outputs(fw.graph)
     placeholders = [n for n in fw.graph.nodes if n.op == "placeholder"]
-    kept = {U.fake_storage(val(n)) for n in (*placeholders, *fw_outs[:nfw], *U.flat_outputs(bw.graph))} - {None}
+    kept = {graph_utils.fake_storage(val(n)) for n in (*placeholders, *fw_outs[:nfw], *graph_utils.flat_outputs(bw.graph))} - {None}
     donated = []
     for j, n in enumerate(fw_outs[nfw:]):
-        s = U.fake_storage(val(n))
+        s = graph_utils.fake_storage(val(n))
         if s is not None and s not in kept:
             donated.append(j)
     return donated

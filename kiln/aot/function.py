@@ -31,11 +31,11 @@ from .._torch import (applied_saved_tensors_hooks, inductor_view_to_reshape, is_
                       saved_tensors_from_user_hooks)
 from .._torch import saved_tensors_hooks_paused
 from ..errors import Unsupported
-from . import _utils as U
-from . import fused_backward as FB
+from . import _utils as graph_utils
+from . import fused_backward
 from .grad_aliasing import distinct, outputs_may_share_memory
-from . import partial as P
-from . import versions as V
+from . import partial as partial_backward
+from . import versions
 from .runtime import OutputsWithViews, _regenerate_view
 from .symbolic import has_symbols
 
@@ -86,7 +86,7 @@ def layout_checked(call: Callable[[list], Any], gm: torch.fx.GraphModule | Calla
         except AssertionError as e:
             if "stride" not in str(e):
                 raise
-            g = U.copy_graph_module(gm if isinstance(gm, torch.fx.GraphModule) else gm())
+            g = graph_utils.copy_graph_module(gm if isinstance(gm, torch.fx.GraphModule) else gm())
             inductor_view_to_reshape(g)
             fallback = caller(g)
             warnings.warn(f"kiln: {what} got a saved value in another layout than it was compiled "
@@ -104,10 +104,10 @@ def view_outputs(fw: Callable, parts) -> list[int]:
     that eager allows: the runtime returns it detached from that base (same memory). Views
     eager makes are re-taken outside (``alias_of_*`` outputs). For graphs run as FX, only the
     outputs that are view ops; for other compilers, any."""
-    outs = U.flat_outputs(parts.forward.graph)[:parts.num_fw_outputs]
+    outs = graph_utils.flat_outputs(parts.forward.graph)[:parts.num_fw_outputs]
     if getattr(fw, "graph_module", None) is None:
         return list(range(len(outs)))
-    return [k for k, o in enumerate(outs) if isinstance(o, torch.fx.Node) and U.is_view(o)]
+    return [k for k, o in enumerate(outs) if isinstance(o, torch.fx.Node) and graph_utils.is_view(o)]
 
 
 def detach_views(outs, view_outs: list[int]):
@@ -122,7 +122,7 @@ def detach_views(outs, view_outs: list[int]):
 
 def _static_zeros(parts) -> dict | None:
     """(shape, dtype, device) of each forward output that gets a tangent, when static."""
-    outs = U.flat_outputs(parts.forward.graph)
+    outs = graph_utils.flat_outputs(parts.forward.graph)
     metas = {}
     for k in parts.tangent_positions:
         v = outs[k].meta.get("val") if isinstance(outs[k], torch.fx.Node) else None
@@ -196,7 +196,7 @@ def _plain_backward_probe():
 _PROBE, _PROBE_NODE = _plain_backward_probe()
 
 
-def _handed_back(parts: CompiledParts, n_args: int) -> dict[int, frozenset]:
+def _handed_back(parts, n_args: int) -> dict[int, frozenset]:
     """(segments) Per tangent, the tangents whose gradient flows back into its output: those of
     the segments that read the output as a handoff, and of the segments reading theirs."""
     readers: dict = {}              # forward output -> segments reading it
@@ -313,7 +313,7 @@ def make_training_core(fw: Callable, bw: Callable, parts, compile_bw: Callable[[
     made: dict = {}             # backward_key -> (compiled, kept inputs or None: all)
     stored = stored or {}
     segmented = parts.segments is not None
-    n_saved = len(U.flat_outputs(parts.forward.graph)) - nfw
+    n_saved = len(graph_utils.flat_outputs(parts.forward.graph)) - nfw
     n_args = len(parts.primal_requires_grad) - len(parts.handoffs)
     fused_graph: list = []      # (segments) built when first needed: None where it cannot be
     can_fuse: list = []         # (segments) whether the backward can run as one graph, once known
@@ -338,20 +338,20 @@ def make_training_core(fw: Callable, bw: Callable, parts, compile_bw: Callable[[
 
     def backward_for(given: frozenset):
         return compiled_backward(backward_key("partial", given),
-                                 lambda: (P.without_tangents(parts.backward, n_tangents, given), None),
+                                 lambda: (partial_backward.without_tangents(parts.backward, n_tangents, given), None),
                                  "a partial backward")[0]
 
     def node_backward_for(given: frozenset):
         return compiled_backward(
             backward_key("node", given),
-            lambda: P.reading_only(P.without_tangents(parts.backward, n_tangents, given), n_saved),
+            lambda: partial_backward.reading_only(partial_backward.without_tangents(parts.backward, n_tangents, given), n_saved),
             "a segment's backward")
 
     def fused_backward_for(given: frozenset):
         """(segments) The whole backward as one graph, for the tangents ``given``."""
         return compiled_backward(
             backward_key("fused", given),
-            lambda: P.reading_only(P.without_tangents(fused(), n_tangents, given), n_saved),
+            lambda: partial_backward.reading_only(partial_backward.without_tangents(fused(), n_tangents, given), n_saved),
             "the backward")
 
     def fused():
@@ -422,7 +422,7 @@ def make_training_core(fw: Callable, bw: Callable, parts, compile_bw: Callable[[
         reads = None
         if segmented:
             kept = parts.segment_reads[node_index] if parts.segment_reads is not None else \
-                P.inputs_read(parts.backward, n_tangents, mine, n_saved)
+                partial_backward.inputs_read(parts.backward, n_tangents, mine, n_saved)
             reads = frozenset(i for i in kept if i < n_saved)
             # the inputs eager saved that this node takes (their versions are checked at its
             # backward), and the outputs eager saved (every node)
@@ -452,7 +452,7 @@ def make_training_core(fw: Callable, bw: Callable, parts, compile_bw: Callable[[
                 ctx.kiln_eager_saves = eager_saves
                 ctx.kiln_slots = len(tensors)
                 if watch:
-                    ctx.kiln_watch = V.record(tensors, watch)
+                    ctx.kiln_watch = versions.record(tensors, watch)
                 mine_out = tuple(fw_outs[k] for k in outputs)
                 if out_nondiff:
                     ctx.mark_non_differentiable(*[fw_outs[k] for k in out_nondiff
@@ -488,8 +488,8 @@ def make_training_core(fw: Callable, bw: Callable, parts, compile_bw: Callable[[
                         if tangents_[j] is None:
                             tangents_[j] = zeros_for(ctx, tangent_positions[j])
                 partial = None if whole and len(given) == n_tangents else frozenset(given)
-                V.run_late_checks(ctx, partial, late_demand)
-                args = V.unpack(ctx, partial, watch, saved_demand, mine)
+                versions.run_late_checks(ctx, partial, late_demand)
+                args = versions.unpack(ctx, partial, watch, saved_demand, mine)
                 if len(args) < ctx.kiln_slots:      # (a node that saved nothing, unpacked again)
                     args = [None] * ctx.kiln_slots
                 ctx.maybe_clear_saved_tensors()     # the graph frees each after its last use
@@ -533,8 +533,8 @@ def make_training_core(fw: Callable, bw: Callable, parts, compile_bw: Callable[[
         nodes then, as for a tangent."""
         given = set(given) | {j for j in ctx.kiln_mine if not handed_back[j].isdisjoint(state.tangents)}
         partial = None if ctx.kiln_mine <= given else frozenset(given)
-        V.run_late_checks(ctx, partial, late_demand)
-        args = V.unpack(ctx, partial, watch, saved_demand, ctx.kiln_mine)
+        versions.run_late_checks(ctx, partial, late_demand)
+        args = versions.unpack(ctx, partial, watch, saved_demand, ctx.kiln_mine)
         ctx.maybe_clear_saved_tensors()
         if n_checked:
             del args[len(args) - n_checked:]
@@ -587,7 +587,7 @@ def make_training_core(fw: Callable, bw: Callable, parts, compile_bw: Callable[[
     # (segments) per tangent: the tangents of later segments whose gradient comes back
     # through its output (the segments reading that output, and theirs in turn)
     handed_back = _handed_back(parts, n_args) if segmented else {}
-    groups = parts.segments if segmented else P.components(parts, U.flat_outputs(parts.forward.graph)[:nfw])
+    groups = parts.segments if segmented else partial_backward.components(parts, graph_utils.flat_outputs(parts.forward.graph)[:nfw])
     if segmented:
         # the first segment's node takes every input of the function (and the probe, last);
         # a later one the values handed to it only
@@ -695,7 +695,7 @@ def _fused_graph(parts, n_saved: int, n_args: int) -> torch.fx.GraphModule | Non
                 o = w.meta.outputs[f[2]]
                 views[f[2]] = (tuple(o.size), tuple(o.stride), o.rel_offset)
     try:
-        return FB.fuse(parts.backward, num_saved=n_saved, num_args=n_args, feeds=feeds,
+        return fused_backward.fuse(parts.backward, num_saved=n_saved, num_args=n_args, feeds=feeds,
                        tangent_positions=list(parts.tangent_positions), views=views)
     except Exception as e:      # (kiln's own failure: the pieces are exact without it)
         warnings.warn(f"kiln: the segmented backward could not be fused ({type(e).__name__}: {e}); its nodes "

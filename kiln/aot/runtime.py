@@ -19,7 +19,7 @@ import torch.utils._pytree as pytree
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from ..errors import Unsupported
-from . import _utils as U, symbolic as S
+from . import _utils as graph_utils, symbolic
 from .state import InputInfo, OutputInfo, ViewAndMutationMeta
 from .symbolic_codec import encode_value
 from .versions import attach_late_checks
@@ -88,7 +88,7 @@ class RNGStateWrapper(RuntimeWrapper):
 
     def pre_capture(self, fn, args, static, sources):
         def traced_without_drawing(*a):
-            with U.preserve_rng_state():
+            with graph_utils.preserve_rng_state():
                 return fn(*a)
         traced_without_drawing.__wrapped__ = fn
         return traced_without_drawing, args, static, sources
@@ -393,8 +393,8 @@ class MutationsAndAliases(RuntimeWrapper):
             info = meta.inputs[i]
             if info.mutates_metadata:
                 items.append((("in", i), [*info.new_size, *info.new_stride, info.new_offset], len(info.new_size)))
-        if not any(S.has_symbols(e) for _, es, _ in items for e in es):
-            if not any(S.is_sym(e) for _, es, _ in items for e in es):
+        if not any(symbolic.has_symbols(e) for _, es, _ in items for e in es):
+            if not any(symbolic.is_sym(e) for _, es, _ in items for e in es):
                 return None
             # SymInts the shape environment specialized to a number (the graph guards on it):
             # ATen takes only plain integers for a view's geometry
@@ -402,7 +402,7 @@ class MutationsAndAliases(RuntimeWrapper):
                      (tuple(int(e) for e in es[:nd]), tuple(int(e) for e in es[nd:2 * nd]), int(es[2 * nd]))
                      for key, es, nd in items}
             return lambda args: fixed
-        values = S.ShapeCode(self.fakes).values([e for _, es, _ in items for e in es])
+        values = symbolic.ShapeCode(self.fakes).values([e for _, es, _ in items for e in es])
         layout, pos = [], 0
         for key, es, nd in items:
             layout.append((key, pos, nd))
@@ -433,10 +433,10 @@ class MutationsAndAliases(RuntimeWrapper):
             out = fn(*a)
             outs, _ = pytree.tree_flatten(out)
             for t in a:
-                U.sync(t)
+                graph_utils.sync(t)
             res = [a[i] for i in mutated] + [outs[k] for k in graph_outs] + [outs[k]._base for k in base_of]
             for t in res:
-                U.sync(t)
+                graph_utils.sync(t)
             return res
         return functional_outputs, args, static, sources
 

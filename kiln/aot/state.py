@@ -28,9 +28,9 @@ from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTens
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from ..errors import Unsupported
-from . import _utils as U, saved_hooks
-from . import symbolic as S
-from . import versions as V
+from . import _utils as graph_utils, saved_hooks
+from . import symbolic
+from . import versions
 from .overlap import overlapping_write
 
 
@@ -267,7 +267,7 @@ class AOTState:
                 stack.callback(setattr, fm, "allow_non_fake_inputs", False)
             stack.enter_context(torch.autograd.set_grad_enabled(self.grad_enabled))
             stack.enter_context(torch.autograd.set_multithreading_enabled(False))
-            stack.enter_context(U.saved_tensor_hooks_deferred())
+            stack.enter_context(graph_utils.saved_tensor_hooks_deferred())
             stack.enter_context(fm)
             stack.enter_context(enable_python_dispatcher())
             yield
@@ -319,14 +319,14 @@ def collect_metadata(flat_fn: Callable, fake_args: list, *, static: Sequence[boo
                      sources: Sequence[str | None] | None = None) -> ViewAndMutationMeta:
     """Run ``flat_fn`` once, functionalized, on fake inputs and record what it does."""
     prior_grad = torch.is_grad_enabled()
-    with U.preserve_rng_state(), U.no_mkldnn_decompositions(), U.exclude_functionalize_key(), \
+    with graph_utils.preserve_rng_state(), graph_utils.no_mkldnn_decompositions(), graph_utils.exclude_functionalize_key(), \
             FunctionalTensorMode(_allow_token_discovery=True):
-        f_args = [U.to_fun(a) for a in fake_args]
+        f_args = [graph_utils.to_fun(a) for a in fake_args]
         # an in-place op autograd records gives the input a new grad_fn; one through a detached
         # alias (``x.detach().copy_(...)``) or under no_grad does not
         grad_fn_before = [a.grad_fn if isinstance(a, torch.Tensor) else None for a in f_args]
         try:
-            with V.recording_saves() as recording:
+            with versions.recording_saves() as recording:
                 out = flat_fn(*f_args)
             grad_after = torch.is_grad_enabled()
         except U_DATA_DEPENDENT as e:
@@ -341,7 +341,7 @@ def collect_metadata(flat_fn: Callable, fake_args: list, *, static: Sequence[boo
             if not isinstance(a, torch.Tensor):
                 inputs.append(InputInfo(i, False, True, False, source=src))
                 continue
-            U.sync(fa)
+            graph_utils.sync(fa)
             elem = fa.elem
             if torch._functionalize_was_storage_changed(elem):
                 raise Unsupported(f"AOT autograd: input {i} has its storage replaced (set_()); "
@@ -350,7 +350,7 @@ def collect_metadata(flat_fn: Callable, fake_args: list, *, static: Sequence[boo
                 raise Unsupported(f"AOT autograd: input {i} has its storage resized")
             mutates_data = bool(torch._functionalize_has_data_mutation(elem))
             # compared without guarding: a symbolic size not provably unchanged counts as changed
-            meta_changed = not S.known_equal((*fa.shape, *fa.stride(), fa.storage_offset()),
+            meta_changed = not symbolic.known_equal((*fa.shape, *fa.stride(), fa.storage_offset()),
                                              (*a.shape, *a.stride(), a.storage_offset()))
             mutates_metadata = bool(torch._functionalize_has_metadata_mutation(elem)) and meta_changed
             hidden = False
@@ -383,15 +383,15 @@ def collect_metadata(flat_fn: Callable, fake_args: list, *, static: Sequence[boo
         seen: dict[int, int] = {}
         for k, o in enumerate(outs):
             if not isinstance(o, torch.Tensor):
-                S.refuse_unbacked(o, f"output {k}")
-                if isinstance(o, (torch.SymInt, torch.SymBool)) and S.has_symbols(o):
+                symbolic.refuse_unbacked(o, f"output {k}")
+                if isinstance(o, (torch.SymInt, torch.SymBool)) and symbolic.has_symbols(o):
                     # computed from the input sizes at runtime (ShapeCode), not by the graph
                     outputs.append(OutputInfo("symbolic", value=o))
                     continue
                 if isinstance(o, (torch.SymInt, torch.SymBool)):
-                    o = bool(o) if isinstance(o, torch.SymBool) else S.hint(o)   # a constant
+                    o = bool(o) if isinstance(o, torch.SymBool) else symbolic.hint(o)   # a constant
                 elif isinstance(o, torch.SymFloat):
-                    raise S.SymbolicUnsupported("AOT autograd: symbolic float outputs are not supported")
+                    raise symbolic.SymbolicUnsupported("AOT autograd: symbolic float outputs are not supported")
                 outputs.append(OutputInfo("constant", value=o))
                 continue
             if not isinstance(o, FunctionalTensor):
@@ -469,7 +469,7 @@ def collect_metadata(flat_fn: Callable, fake_args: list, *, static: Sequence[boo
         for b in intermediate_bases:
             b.saved_by_eager = StorageWeakRef(outs[b.base].untyped_storage()) in saved
         _record_saves_below(recording, f_args, inputs, outs, outputs, intermediate_bases, grad_fn_before)
-        fm = U.fake_mode_of(fake_args)
+        fm = graph_utils.fake_mode_of(fake_args)
         if fm is not None:
             fm.epoch += 1   # nothing traced here may be memoized into the real trace
     return ViewAndMutationMeta(inputs, outputs, spec, intermediate_bases,
@@ -640,7 +640,7 @@ def create_aot_state(fn: Callable, example_inputs: Sequence[Any], *,
     ``aten.copy_`` into placeholders, which the compilers must run); otherwise every new value
     is a graph output that the runtime copies back.
     """
-    from . import runtime as R
+    from . import runtime
 
     example_inputs = list(example_inputs)
     for i, t in enumerate(example_inputs):
@@ -661,18 +661,18 @@ def create_aot_state(fn: Callable, example_inputs: Sequence[Any], *,
     if any(i < 0 or i >= len(example_inputs) for i in static_input_indices):
         raise ValueError("static_input_indices out of range")
 
-    sym_vals = S.symbolic_inputs(fn, example_inputs) if dynamic is not False else None
+    sym_vals = symbolic.symbolic_inputs(fn, example_inputs) if dynamic is not False else None
     if dynamic and sym_vals is None:
         raise ValueError("create_aot_state(dynamic=True): no input is symbolic")
     if sym_vals is not None:
-        fake_mode = S.fake_mode_for(sym_vals)
-        traced_inputs = S.prepare_inputs(fake_mode, sym_vals, example_inputs)
+        fake_mode = symbolic.fake_mode_for(sym_vals)
+        traced_inputs = symbolic.prepare_inputs(fake_mode, sym_vals, example_inputs)
     else:
-        fake_mode = U.fake_mode_of(example_inputs) or U.new_fake_mode()
+        fake_mode = graph_utils.fake_mode_of(example_inputs) or graph_utils.new_fake_mode()
         traced_inputs = list(example_inputs)
     state = AOTState(fn=fn, example_inputs=example_inputs, fake_mode=fake_mode,
                      static_input_indices=static_input_indices,
-                     decompositions=U.default_decompositions() if decompositions is None else dict(decompositions),
+                     decompositions=graph_utils.default_decompositions() if decompositions is None else dict(decompositions),
                      sources=sources)
     state.symbolic = sym_vals is not None
     # inlineable saved-tensor hooks active now are inlined by stage 2 (saved_hooks.py); the
@@ -689,27 +689,27 @@ def create_aot_state(fn: Callable, example_inputs: Sequence[Any], *,
         flat_fn: Callable = fn
         args = list(traced_inputs)
         srcs = list(sources)
-        for wrapper_cls in (R.RNGStateWrapper, R.SpecializeNonTensorInputs, R.DedupInputs):
+        for wrapper_cls in (runtime.RNGStateWrapper, runtime.SpecializeNonTensorInputs, runtime.DedupInputs):
             w = wrapper_cls.create(args, static=static)
             if w is not None:
                 flat_fn, args, static, srcs = w.pre_capture(flat_fn, args, static, srcs)
                 state.wrappers.append(w)
-        fake_args = [U.to_fake(fake_mode, a) for a in args]
+        fake_args = [graph_utils.to_fake(fake_mode, a) for a in args]
 
         meta = collect_metadata(flat_fn, fake_args, static=static, sources=srcs)
-        w = R.SyntheticBases.create(args, meta=meta, static=static)
+        w = runtime.SyntheticBases.create(args, meta=meta, static=static)
         if w is not None and state.symbolic:
-            raise S.SymbolicUnsupported("AOT autograd: inputs that share memory, one of them mutated, in a "
+            raise symbolic.SymbolicUnsupported("AOT autograd: inputs that share memory, one of them mutated, in a "
                                         "dynamic graph (synthetic bases are static only)")
         if w is not None:
             flat_fn, args, static, srcs = w.pre_capture(flat_fn, args, static, srcs)
             state.wrappers.append(w)
-            fake_args = [U.to_fake(fake_mode, a) for a in args]
+            fake_args = [graph_utils.to_fake(fake_mode, a) for a in args]
             meta = collect_metadata(flat_fn, fake_args, static=static, sources=srcs)
         elif keep_input_mutations:
             # (not with synthetic bases: the traced inputs are then bases the runtime builds)
             mark_mutations_in_graph(meta)
-        w = R.MutationsAndAliases(meta, fakes=fake_args if state.symbolic else None)
+        w = runtime.MutationsAndAliases(meta, fakes=fake_args if state.symbolic else None)
         flat_fn, args, static, srcs = w.pre_capture(flat_fn, args, static, srcs)
         state.wrappers.append(w)
 

@@ -26,7 +26,7 @@ from .. import logs
 from ..aot.symbolic_codec import EntryDoesNotFit
 from ..config import config
 from .compiling import compiling_function
-from . import explain, key as K, store
+from . import explain, key as cache_key, store
 from .store import clear, reset_stats, stats
 
 __all__ = ["cached", "bypass", "stats", "reset_stats", "clear"]
@@ -75,8 +75,8 @@ def cached(gm, example_inputs: list, *, backend: str, options: dict, compile: Ca
     if not config.cache:
         return offer(compile(), lambda c: dump(c))
     try:
-        parts = K.key_parts(gm, example_inputs, backend, options)
-        key = K.digest(parts)
+        parts = cache_key.key_parts(gm, example_inputs, backend, options)
+        key = cache_key.digest(parts)
     except Exception as e:          # a graph kiln cannot key: compile it, uncached
         _bypass(fn, f"cannot compute the key: {type(e).__name__}: {e}")
         return offer(compile(), lambda c: dump(c))

@@ -27,7 +27,7 @@ import uuid
 
 from .. import logs
 from ..backends import vec_isa_memo
-from ..cache import key as K, store
+from ..cache import key as cache_key, store
 from ..capture.codegen import MISS
 from ..config import config
 from ..names import defining_name, resolve_name
@@ -71,9 +71,9 @@ def frame_key(cf) -> str | None:
             _log(f"frame records off for {cf.original.__qualname__}: {why}")
         else:
             fn = cf.original
-            fk = K.digest({"module": fn.__module__, "qualname": fn.__qualname__,
+            fk = cache_key.digest({"module": fn.__module__, "qualname": fn.__qualname__,
                            "code": identity.code_hash(fn.__code__), "compile": key_of(cf),
-                           "versions": K.versions(), "environment": fileformat.environment()})
+                           "versions": cache_key.versions(), "environment": fileformat.environment()})
         cf.records_key = fk
     return fk or None
 
@@ -159,7 +159,7 @@ def _install_records(cf, fk: str) -> tuple[int, str]:
 
 
 def _environment() -> dict:
-    return {**fileformat.environment(), "versions": K.versions()}
+    return {**fileformat.environment(), "versions": cache_key.versions()}
 
 
 # -- recording -------------------------------------------------------------------------------------
