@@ -167,6 +167,8 @@ class PerShapeCompiled:
         fn, payload = self.saver(compile_it)
         if payload is not None:
             self.saved[text] = payload
+            if len(self.saved) > PER_SHAPE_CACHE_SIZE:     # (the entry keeps the newest shapes)
+                del self.saved[next(iter(self.saved))]
             if self.on_new is not None:
                 self.on_new()
         return fn
