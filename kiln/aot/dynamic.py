@@ -76,7 +76,7 @@ def as_captured(gm: torch.fx.GraphModule, error: BaseException) -> Callable:
 
 def run_as_captured(gm: torch.fx.GraphModule, reason: str) -> Callable:
     """``gm`` run as captured, because kiln's AOT stages failed on it for ``reason`` (also
-    as loaded from a cache entry or a package: ``captured_entry``)."""
+    as loaded from a cache entry or a package: ``fallback_entries``)."""
     gm.meta["kiln_aot_fallback"] = reason
     forward = gm.forward
 
@@ -112,7 +112,7 @@ def shape_key(args: tuple) -> tuple:
 class PerShapeCompiled:
     """The graph compiled with static shapes for each distinct ``shape_key`` of its calls.
 
-    Its saved form (``per_shape_entry``) holds the backend's payload of each shape compiled so
+    Its saved form (``fallback_entries``) holds the backend's payload of each shape compiled so
     far. A backend that can save its results sets ``saver`` (runs one compile and returns it
     with its payload, or None) and ``on_new`` (called once a shape compiled: the backend's cache
     entry is written again); a load fills ``stored`` (shape key as text -> payload) and

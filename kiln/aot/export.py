@@ -25,6 +25,7 @@ from typing import Any, Callable
 
 import torch
 import torch.fx
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
 from .. import _torch
 from ..errors import Unsupported
@@ -158,8 +159,6 @@ def _value_facts(v: Any) -> dict:
     tensors = [t for t in (v if isinstance(v, (list, tuple)) else [v]) if isinstance(t, torch.Tensor)]
     if not tensors:
         return {}
-    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
-
     try:
         unbacked = bool(free_unbacked_symbols(v))
     except Exception:   # noqa: BLE001 - unknown: as a size known only at run time
@@ -235,8 +234,9 @@ def graph_from_data(data: dict, constants: dict, fake_mode=None, class_name: str
             elif m is not None and lazy is not None:
                 n.meta[graph_utils.LAZY_VAL] = m
             elif m is not None:
-                n.meta["val"] = graph_utils.fake_like(fake_mode, m["shape"], m["stride"], graph_utils.dtype_from_str(m["dtype"]),
-                                            torch.device(m["device"]), m.get("requires_grad", False))
+                n.meta["val"] = graph_utils.fake_like(fake_mode, m["shape"], m["stride"],
+                                                      graph_utils.dtype_from_str(m["dtype"]),
+                                                      torch.device(m["device"]), m.get("requires_grad", False))
             n.meta.update(d.get("tags", {}))
         elif op == "get_attr":
             target = d["target"]

@@ -28,8 +28,7 @@ import torch
 import torch.fx
 
 from .._torch import (applied_saved_tensors_hooks, inductor_view_to_reshape, is_symbolic,
-                      saved_tensors_from_user_hooks)
-from .._torch import saved_tensors_hooks_paused
+                      saved_tensors_from_user_hooks, saved_tensors_hooks_paused)
 from ..errors import Unsupported
 from . import _utils as graph_utils
 from . import fused_backward
@@ -344,14 +343,16 @@ def make_training_core(fw: Callable, bw: Callable, parts, compile_bw: Callable[[
     def node_backward_for(given: frozenset):
         return compiled_backward(
             backward_key("node", given),
-            lambda: partial_backward.reading_only(partial_backward.without_tangents(parts.backward, n_tangents, given), n_saved),
+            lambda: partial_backward.reading_only(
+                partial_backward.without_tangents(parts.backward, n_tangents, given), n_saved),
             "a segment's backward")
 
     def fused_backward_for(given: frozenset):
         """(segments) The whole backward as one graph, for the tangents ``given``."""
         return compiled_backward(
             backward_key("fused", given),
-            lambda: partial_backward.reading_only(partial_backward.without_tangents(fused(), n_tangents, given), n_saved),
+            lambda: partial_backward.reading_only(
+                partial_backward.without_tangents(fused(), n_tangents, given), n_saved),
             "the backward")
 
     def fused():
@@ -587,7 +588,8 @@ def make_training_core(fw: Callable, bw: Callable, parts, compile_bw: Callable[[
     # (segments) per tangent: the tangents of later segments whose gradient comes back
     # through its output (the segments reading that output, and theirs in turn)
     handed_back = _handed_back(parts, n_args) if segmented else {}
-    groups = parts.segments if segmented else partial_backward.components(parts, graph_utils.flat_outputs(parts.forward.graph)[:nfw])
+    groups = parts.segments if segmented else \
+        partial_backward.components(parts, graph_utils.flat_outputs(parts.forward.graph)[:nfw])
     if segmented:
         # the first segment's node takes every input of the function (and the probe, last);
         # a later one the values handed to it only

@@ -88,7 +88,8 @@ class AOTGraphCapture:
                 d = partition_capture(self, "default")
                 m = partition_capture(self, "min_cut")
                 lines.append(f"# saved for backward: default partitioner {graph_utils.format_bytes(d.saved_bytes)} "
-                             f"({graph_utils.count_saved(d.backward, d.saved)}), min-cut {graph_utils.format_bytes(m.saved_bytes)} "
+                             f"({graph_utils.count_saved(d.backward, d.saved)}), "
+                             f"min-cut {graph_utils.format_bytes(m.saved_bytes)} "
                              f"({graph_utils.count_saved(m.backward, m.saved)})")
             except Exception as e:  # an edited graph may not partition until stage 2 checks it
                 lines.append(f"# saved for backward: unavailable ({type(e).__name__}: {e})")
@@ -242,7 +243,8 @@ def _capture(state: AOTState) -> AOTGraphCapture:
                 full: list = [None] * n + grads[len(grad_primals):]
                 for i, g in zip(grad_primals, grads):
                     full[i] = g
-                return [graph_utils.from_fun(o) for o in outs] + [graph_utils.from_fun(g) if g is not None else None for g in full]
+                return [graph_utils.from_fun(o) for o in outs] + \
+                    [graph_utils.from_fun(g) if g is not None else None for g in full]
 
         gm = _trace(state, joint, primals + zs + tangents)
         if len(reach) == len(grad_primals):

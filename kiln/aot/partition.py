@@ -123,7 +123,8 @@ class _Joint:
         fw_set = self.fw
         fw_graph = graph_utils.extract_graph(self.graph, self.primals, list(self.fw_outs) + saved,
                                    keep=lambda n: graph_utils.is_effect(n) and n in fw_set)
-        bw_graph = _recompute_at_first_use(graph_utils.extract_graph(self.graph, saved + self.tangents, list(self.grads)))
+        bw_graph = _recompute_at_first_use(
+            graph_utils.extract_graph(self.graph, saved + self.tangents, list(self.grads)))
         fw = _torch.lazy_graph_module(gm, fw_graph, class_name="KilnForward")
         bw = _torch.lazy_graph_module(gm, bw_graph, class_name="KilnBackward")
         return fw, bw

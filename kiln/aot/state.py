@@ -174,7 +174,6 @@ class ViewAndMutationMeta:
     def eager_saving_fw_outputs(self) -> list[int]:
         """Forward outputs whose gradient goes through a node of the call that saved a tensor
         in eager (a new value of a mutated input: its input's ``saves_below``)."""
-        n_mut = len(self.mutated_data_indices)
         infos = [self.inputs[i] for i in self.mutated_data_indices] + \
             [self.outputs[k] for k in self.graph_output_indices] + list(self.intermediate_bases)
         return [j for j, o in enumerate(infos) if o.saves_below]
@@ -319,8 +318,8 @@ def collect_metadata(flat_fn: Callable, fake_args: list, *, static: Sequence[boo
                      sources: Sequence[str | None] | None = None) -> ViewAndMutationMeta:
     """Run ``flat_fn`` once, functionalized, on fake inputs and record what it does."""
     prior_grad = torch.is_grad_enabled()
-    with graph_utils.preserve_rng_state(), graph_utils.no_mkldnn_decompositions(), graph_utils.exclude_functionalize_key(), \
-            FunctionalTensorMode(_allow_token_discovery=True):
+    with graph_utils.preserve_rng_state(), graph_utils.no_mkldnn_decompositions(), \
+            graph_utils.exclude_functionalize_key(), FunctionalTensorMode(_allow_token_discovery=True):
         f_args = [graph_utils.to_fun(a) for a in fake_args]
         # an in-place op autograd records gives the input a new grad_fn; one through a detached
         # alias (``x.detach().copy_(...)``) or under no_grad does not
@@ -672,7 +671,8 @@ def create_aot_state(fn: Callable, example_inputs: Sequence[Any], *,
         traced_inputs = list(example_inputs)
     state = AOTState(fn=fn, example_inputs=example_inputs, fake_mode=fake_mode,
                      static_input_indices=static_input_indices,
-                     decompositions=graph_utils.default_decompositions() if decompositions is None else dict(decompositions),
+                     decompositions=graph_utils.default_decompositions() if decompositions is None
+                     else dict(decompositions),
                      sources=sources)
     state.symbolic = sym_vals is not None
     # inlineable saved-tensor hooks active now are inlined by stage 2 (saved_hooks.py); the

@@ -11,7 +11,7 @@ from typing import Any, Callable
 import torch.fx
 
 from .. import cache
-from ..aot import captured_entry, per_shape_entry
+from ..aot import fallback_entries
 from ..aot.compile import AOTCompiled, run_as_fx
 from ..aot.dynamic import OUTSIDE_THE_TRACE, PerShapeCompiled, compile_graph, per_shape
 from ..aot.export import AOTArtifact, fake_mode_of_graph
@@ -74,7 +74,7 @@ def aot_backend(fw_compiler: Callable | None = None, bw_compiler: Callable | Non
                       inference_compiler=inf, keep_input_mutations=keep_input_mutations)
 
         def compile():
-            return _saving_shapes(compile_graph(gm, example_inputs, **stages), gm, compilers, None, stages)
+            return _saving_shapes(compile_graph(gm, example_inputs, **stages))
         user_key = getattr(kiln_aot_backend, "cache_key", None)
         partitioner = partition_fn if partition_fn is not None else config.aot_partition_fn
         if user_key is None and not plain:
@@ -128,19 +128,16 @@ def _name_of(fn: Any) -> str | None:
 def _dump_artifact(compiled) -> bytes:
     """The cache payload of an AOT result: its parts as an AOTArtifact (a dynamic one with its
     symbolic sizes, the guards its trace added and its per-call shape check)."""
-    if isinstance(compiled, PerShapeCompiled):
-        return per_shape_entry.dump(compiled)
-    captured = captured_entry.dump(compiled)
-    if captured is not None:
-        return captured
+    saved = fallback_entries.dump(compiled)    # (per shape, or run as captured)
+    if saved is not None:
+        return saved
     if not isinstance(compiled, AOTCompiled):
         raise ValueError(f"not an AOT result ({type(compiled).__name__})")
     return AOTArtifact(compiled.parts).to_bytes()
 
 
-def _saving_shapes(compiled, gm: torch.fx.GraphModule, compilers: tuple, rename: dict | None, stages: dict):
-    """``compiled``; a per-shape result saves each shape it compiles into its cache entry (and
-    loads those a load stored)."""
+def _saving_shapes(compiled):
+    """``compiled``; a per-shape result saves each shape it compiles into its cache entry."""
     if isinstance(compiled, PerShapeCompiled):
         def saver(compile_it):
             fn = compile_it()
@@ -150,7 +147,6 @@ def _saving_shapes(compiled, gm: torch.fx.GraphModule, compilers: tuple, rename:
                 return fn, None
         compiled.saver = saver
         compiled.on_new = cache.refresher(compiled)
-        compiled.load_one = lambda payload: _load_artifact(payload, gm, compilers, rename, stages)
     return compiled
 
 
@@ -168,14 +164,13 @@ def _load_artifact(payload: bytes, gm: torch.fx.GraphModule, compilers: tuple = 
     graphs whether and how they run as CUDA graphs). A dynamic result loads into ``gm``'s
     ShapeEnv; calls outside its symbolic trace are compiled per shape with ``stages`` (the
     options ``compile_graph`` got), as after a compile."""
-    if captured_entry.is_entry(payload):
-        return captured_entry.load(payload, gm)
-    if per_shape_entry.is_entry(payload):
-        if stages is None:
-            raise ValueError("a per-shape result loads with the stages' options")
-        return per_shape_entry.load(
-            payload, lambda reason: _saving_shapes(per_shape(gm, reason, **stages), gm, compilers, rename, stages),
-            lambda one: _load_artifact(one, gm, compilers, rename, stages))
+    if fallback_entries.is_entry(payload):
+        def make_per_shape(reason: str):
+            if stages is None:
+                raise ValueError("a per-shape result loads with the stages' options")
+            return _saving_shapes(per_shape(gm, reason, **stages))
+        return fallback_entries.load(payload, gm, make_per_shape,
+                                     lambda one: _load_artifact(one, gm, compilers, rename, stages))
     compiled = AOTArtifact.from_bytes(payload, rename, fake_mode=fake_mode_of_graph(gm)).load(*compilers)
     compiled.run_as_captured = gm       # as stage2_compile: eager's answer for RunAsCaptured
     if compiled.input_check is not None:

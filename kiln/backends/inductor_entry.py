@@ -29,10 +29,10 @@ from typing import Any, Callable
 import torch
 
 from .. import _torch, cache
-from ..aot import captured_entry, per_shape_entry
+from ..aot import fallback_entries
 from ..aot.compile import AOTCompiled, assemble
 from ..aot.donation import copies_when_graph_kept
-from ..aot.dynamic import OUTSIDE_THE_TRACE, PerShapeCompiled, per_shape
+from ..aot.dynamic import OUTSIDE_THE_TRACE, per_shape
 from ..aot.export import AOTArtifact, fake_mode_of_graph
 from ..aot.symbolic import has_symbols
 from ..aot.symbolic_codec import Decoder, encode_value
@@ -70,11 +70,9 @@ def dump(compiled: Any, records: dict, fw_output_strides: list | None, late: dic
     redump = getattr(compiled, "kiln_redump", None)
     if redump is not None:          # (loaded from an entry: that entry, with what compiled since)
         return redump()
-    if isinstance(compiled, PerShapeCompiled):
-        return per_shape_entry.dump(compiled)
-    captured = captured_entry.dump(compiled)
-    if captured is not None:
-        return captured
+    saved = fallback_entries.dump(compiled)    # (per shape, or run as captured)
+    if saved is not None:
+        return saved
     if not isinstance(compiled, AOTCompiled):
         raise ValueError(f"not an AOT result ({type(compiled).__name__}): a per-shape or as-captured graph")
     parts = compiled.parts
@@ -134,16 +132,16 @@ def _split_again(graph: torch.fx.GraphModule, pieces: list, cudagraphs: bool) ->
     return split
 
 
-def _load_per_shape(payload: bytes, gm: torch.fx.GraphModule, make_compile: Callable, cudagraphs: bool,
-                    rename: dict | None) -> Any:
-    """A per-shape result rebuilt: its stored shapes load from their entries, others compile
-    (and are added to the cache entry) as after a compile."""
+def _load_fallback(payload: bytes, gm: torch.fx.GraphModule, make_compile: Callable, cudagraphs: bool,
+                   rename: dict | None) -> Any:
+    """A graph run as captured, or a per-shape result: its stored shapes load from their
+    entries, others compile (and are added to the cache entry) as after a compile."""
     def make(reason: str):
         graph = make_compile(gm)
         compiled = graph.saving_shapes(per_shape(gm, reason, **graph.stage_options()))
         graph.stored_again = cache.refresher(compiled)
         return compiled
-    return per_shape_entry.load(payload, make, lambda one: load(one, gm, make_compile, cudagraphs, rename))
+    return fallback_entries.load(payload, gm, make, lambda one: load(one, gm, make_compile, cudagraphs, rename))
 
 
 def _stored_late(late: dict) -> dict:
@@ -167,10 +165,8 @@ def with_triton_records(payload: bytes) -> bytes:
     after the graph's first call, so after the cache stored the entry; a backward made at run
     time as well), for a package load
     that imports neither Triton nor Inductor."""
-    if captured_entry.is_entry(payload):
-        return payload
-    if per_shape_entry.is_entry(payload):
-        return per_shape_entry.map_shapes(payload, with_triton_records)
+    if fallback_entries.is_entry(payload):
+        return fallback_entries.map_shapes(payload, with_triton_records)
     obj = torch.load(io.BytesIO(payload), weights_only=True)
     added = False
     # (backwards made at run time too: a training step's backward for the loss only)
@@ -250,10 +246,8 @@ def load(payload: bytes, gm: torch.fx.GraphModule, make_compile: Callable[[torch
     """The compiled callable rebuilt from an entry. ``make_compile(gm)`` makes the
     ``GraphCompile`` that compiles a partial backward on demand. ``cudagraphs``: each loaded
     graph replays as CUDA graphs, decided from the stored graph as after a compile."""
-    if captured_entry.is_entry(payload):
-        return captured_entry.load(payload, gm)
-    if per_shape_entry.is_entry(payload):
-        return _load_per_shape(payload, gm, make_compile, cudagraphs, rename)
+    if fallback_entries.is_entry(payload):
+        return _load_fallback(payload, gm, make_compile, cudagraphs, rename)
     obj = torch.load(io.BytesIO(payload), weights_only=True)
     if not isinstance(obj, dict) or obj.get("format") != FORMAT:
         raise ValueError("not a kiln Inductor entry")
