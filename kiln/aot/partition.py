@@ -42,6 +42,7 @@ from ..errors import Unsupported
 from . import _utils as graph_utils
 from . import symbolic
 from .cse import eliminate_common_subexpressions, is_pure
+from .dropout_recompute import REBUILT, rebuild_dropout_for_backward
 
 aten = torch.ops.aten
 
@@ -281,7 +282,7 @@ def _banned(n: torch.fx.Node, bw: set) -> bool:
     if n.target is operator.getitem or graph_utils.is_view(n):
         return False
     return not _recompute_allowed(n) or _is_reduction_to_small(n) or \
-        (_materialized_in_backward(n, bw) and not _widens(n))
+        (_materialized_in_backward(n, bw) and not _widens(n) and REBUILT not in n.meta)
 
 
 def _widens(n: torch.fx.Node) -> bool:
@@ -366,6 +367,20 @@ def _without_common_subexpressions(gm: torch.fx.GraphModule) -> torch.fx.GraphMo
     return new
 
 
+def _with_dropout_rebuilt(joint_module: torch.fx.GraphModule, j: "_Joint", num_fwd_outputs: int) -> "_Joint":
+    """The joint graph whose backward reads dropout's output rebuilt from its mask
+    (``dropout_recompute.py``), on a copy; ``j`` itself where there is nothing to rebuild."""
+    if not any(n.target is aten.native_dropout.default for n in j.fw):
+        return j
+    copy = graph_utils.copy_graph_module(joint_module)
+    names = {n.name for n in j.bw}
+    if not rebuild_dropout_for_backward(copy.graph, {n for n in copy.graph.nodes if n.name in names}):
+        return j
+    copy.graph.lint()
+    copy.recompile()
+    return _Joint(copy, num_fwd_outputs)
+
+
 def min_cut_rematerialization_partition(joint_module: torch.fx.GraphModule, joint_inputs: Any = None, *,
                                         num_fwd_outputs: int) -> tuple[torch.fx.GraphModule, torch.fx.GraphModule]:
     """Save the cheapest cut between the primals and the backward; recompute the rest."""
@@ -377,6 +392,7 @@ def min_cut_rematerialization_partition(joint_module: torch.fx.GraphModule, join
     # (a copy: the caller's joint graph stays as traced)
     joint_module = _without_common_subexpressions(joint_module)
     j = _Joint(joint_module, num_fwd_outputs)
+    j = _with_dropout_rebuilt(joint_module, j, num_fwd_outputs)
     req = j.required_bw(claimed_only=True)
     # distance (in nodes) from each forward node to the backward (weights the cut)
     dist: dict = {n: 0 for n in req | j.unclaimed}
@@ -424,7 +440,7 @@ def min_cut_rematerialization_partition(joint_module: torch.fx.GraphModule, join
             # Saving a value the forward would only have kept in registers (all its users fuse
             # with it) costs a write it would not have made: twice the bytes. And the farther
             # from the backward, the longer a saved value stays alive: 10% more per node.
-            w = float(graph_utils.node_nbytes(n)) * (1.0 if _materialized(n) else 2.0)
+            w = float(graph_utils.node_nbytes(n)) * (1.0 if _materialized(n) and REBUILT not in n.meta else 2.0)
             w *= 1.1 ** max(min(dist.get(n, 100), 100), 1)
         if not math.isinf(w):
             w += 1e-6

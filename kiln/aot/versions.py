@@ -308,6 +308,9 @@ def unpack(ctx, given: set | None, watch: list, demand: list, everything: frozen
             raise
         finally:
             restore(undo)
+        # (the watched aliases would keep each saved tensor's memory alive until the graph
+        # dies, after this backward frees the saved tensors themselves)
+        ctx.kiln_watch = None
         ctx.kiln_done = now
         if now != everything:
             # detached: same memory and version counter, no grad_fn (a saved output's grad_fn is

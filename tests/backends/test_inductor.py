@@ -326,6 +326,9 @@ def test_modes_map_to_inductor_settings():
     default = lookup_backend("inductor")[0]
     assert default.config_patches["triton.cudagraphs"] is False
     assert default.config_patches["fallback_random"] is True
+    assert default.config_patches["combo_kernels"] is True      # (Triton only: one launch for many)
+    off = lookup_backend("inductor", options={"combo_kernels": False})[0]
+    assert off.config_patches["combo_kernels"] is False
     auto = lookup_backend("inductor", mode="max-autotune")[0]
     assert auto.config_patches["max_autotune"] is True
     assert auto.config_patches["triton.cudagraphs"] is False      # kiln owns CUDA graphs
