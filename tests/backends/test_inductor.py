@@ -327,6 +327,7 @@ def test_modes_map_to_inductor_settings():
     assert default.config_patches["triton.cudagraphs"] is False
     assert default.config_patches["fallback_random"] is True
     assert default.config_patches["combo_kernels"] is True      # (Triton only: one launch for many)
+    assert default.config_patches["combo_kernels_pointwise_only"] is True
     off = lookup_backend("inductor", options={"combo_kernels": False})[0]
     assert off.config_patches["combo_kernels"] is False
     auto = lookup_backend("inductor", mode="max-autotune")[0]
