@@ -22,6 +22,10 @@ forward outputs the user sees carry ``kiln_user_visible`` and ``kiln_eager_saved
 min-cut partitioner avoids saving one eager does not save (the user may change it in place
 before backward(), which eager allows); stage 2 copies such a value if a partitioner does.
 
+Checkpointed code (``torch.utils.checkpoint``): nodes tagged with a recompute region are never
+saved, both partitioners save what the region is computed from instead and the backward
+recomputes it (``recompute.py``).
+
 Dynamic graphs: a symbolic size the backward needs (a SymInt input, ``sym_size``, arithmetic
 on them) crosses as a Python int among the saved values, never as a tensor; byte counts use
 the traced sizes (hints).

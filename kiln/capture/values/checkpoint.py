@@ -35,7 +35,7 @@ import torch.utils.checkpoint as torch_checkpoint
 from ... import _torch
 from ...aot.recompute import POLICY_KEY, REGION_KEY, SELECTIVE_POLICY_KEY
 from ...errors import FrameRunsEagerly, Unsupported
-from .base import RealCallableValue, Value
+from .base import ConstantValue, RealCallableValue, Value
 from .containers import BaseSequenceValue
 from .functions import PartialValue, UserFunctionValue
 from .tensor import TensorValue
@@ -73,8 +73,6 @@ class CheckpointValue(RealCallableValue):
 
     def getattr(self, tx, name):
         if name in ("__name__", "__qualname__", "__module__", "__doc__"):
-            from .base import ConstantValue
-
             return ConstantValue(getattr(self.fn, name))
         raise Unsupported(f"attribute {name!r} of torch.utils.checkpoint.checkpoint")
 
