@@ -90,6 +90,8 @@ class _SelectivePolicyMode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if not fx_traceback.has_preserved_node_meta():     # (not tracing: nothing to tag)
+            return func(*args, **kwargs)
         decision = self.policy(SelectiveCheckpointContext(is_recompute=False), func, *args, **kwargs)
         if isinstance(decision, bool):
             decision = CheckpointPolicy.MUST_SAVE if decision else CheckpointPolicy.PREFER_RECOMPUTE
@@ -97,12 +99,16 @@ class _SelectivePolicyMode(TorchDispatchMode):
             raise TypeError(f"a selective checkpoint policy returned {decision!r} for {func} "
                             "(expected a CheckpointPolicy or a bool)")
         meta = fx_traceback.get_current_meta()
-        prior = meta.get(POLICY_KEY)
+        absent = object()
+        prior = meta.get(POLICY_KEY, absent)
         meta[POLICY_KEY] = decision
         try:
             return func(*args, **kwargs)
         finally:
-            meta[POLICY_KEY] = prior
+            if prior is absent:
+                meta.pop(POLICY_KEY, None)
+            else:
+                meta[POLICY_KEY] = prior
 
 
 # ---------------------------------------------------------------------------------------------

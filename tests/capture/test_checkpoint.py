@@ -313,3 +313,28 @@ def test_fullgraph_reports_what_cannot_be_captured():
 
     with pytest.raises(kiln.Unsupported, match="debug=True"):
         kiln.compile(f, backend="aot_eager", fullgraph=True)(torch.randn(3, requires_grad=True))
+
+
+def test_checkpoint_sequential():
+    from torch.utils.checkpoint import checkpoint_sequential
+
+    model = nn.Sequential(*[nn.Linear(16, 16) for _ in range(4)])
+    ref = copy.deepcopy(model)
+    x = torch.randn(4, 16, requires_grad=True)
+    x2 = x.detach().clone().requires_grad_()
+
+    def f(m, x):
+        return checkpoint_sequential(m, 2, x, use_reentrant=False).sum()
+
+    out = kiln.compile(f, backend="aot_eager")(model, x)
+    out.backward()
+    expected = f(ref, x2)
+    expected.backward()
+    assert_same(out, expected)
+    assert_same([x.grad, *[p.grad for p in model.parameters()]], [x2.grad, *[p.grad for p in ref.parameters()]])
+    cc = CompileCounter()
+    kiln.reset()
+    kiln.compile(f, backend=cc)(model, x)
+    assert cc.frame_count == 1
+    # (torch checkpoints every segment but the last, which runs as it is)
+    assert len({i for i in _region_ids(cc.graphs[0]) if i is not None}) == 1
