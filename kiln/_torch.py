@@ -613,3 +613,32 @@ def numpy_on_tensors():
     if tuple(_dtypes_impl._default_dtypes) != tuple(numpy_defaults):
         return None
     return tnp
+
+
+# -- activation checkpointing --------------------------------------------------------------------
+_checkpoint_default: tuple | None = None
+
+
+def checkpoint_default_mode() -> tuple[bool | None, str | None]:
+    """What this torch's ``torch.utils.checkpoint.checkpoint`` does when ``use_reentrant`` is
+    not given: ``(reentrant, warning)``, where ``reentrant`` is True or False, or None when
+    the call raises; ``warning`` is the message it warns with (None: no warning). Learnt once
+    by calling it on a tiny function: torch 2.11 to 2.13 warn and take the reentrant variant,
+    and the message announces an error for later versions."""
+    global _checkpoint_default
+    if _checkpoint_default is None:
+        import warnings
+
+        from torch.utils.checkpoint import checkpoint
+
+        x = torch.zeros((), requires_grad=True)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                out = checkpoint(torch.neg, x)
+                reentrant = out.grad_fn is not None and "Checkpoint" in type(out.grad_fn).__name__
+            except Exception:
+                reentrant = None
+        message = next((str(w.message) for w in caught if "use_reentrant" in str(w.message)), None)
+        _checkpoint_default = (reentrant, message)
+    return _checkpoint_default

@@ -22,6 +22,10 @@ forward outputs the user sees carry ``kiln_user_visible`` and ``kiln_eager_saved
 min-cut partitioner avoids saving one eager does not save (the user may change it in place
 before backward(), which eager allows); stage 2 copies such a value if a partitioner does.
 
+Checkpointed code (``torch.utils.checkpoint``): nodes tagged with a recompute region are never
+saved, both partitioners save what the region is computed from instead and the backward
+recomputes it (``recompute.py``).
+
 Dynamic graphs: a symbolic size the backward needs (a SymInt input, ``sym_size``, arithmetic
 on them) crosses as a Python int among the saved values, never as a tensor; byte counts use
 the traced sizes (hints).
@@ -40,7 +44,7 @@ from .. import _torch
 from ..config import config
 from ..errors import Unsupported
 from . import _utils as graph_utils
-from . import symbolic
+from . import recompute, symbolic
 from .cse import eliminate_common_subexpressions, is_pure
 from .dropout_recompute import REBUILT, rebuild_dropout_for_backward
 
@@ -100,6 +104,7 @@ class _Joint:
         # their inputs (a 1-byte mask for a 4-byte activation), as torch's "unclaimed" nodes.
         # Only pure ops qualify: a random op or a write stays where eager runs it.
         self.unclaimed = {n for n in self.bw if n not in tdep and _pure(n)}
+        self.has_regions = recompute.has_regions(g)
 
     def required_bw(self, claimed_only: bool = False) -> set:
         """Backward nodes the gradients need; ``claimed_only``: only those that must run in the
@@ -120,6 +125,8 @@ class _Joint:
         return [n for n in self.graph.nodes if n in s]
 
     def build(self, gm: torch.fx.GraphModule, saved: list) -> tuple[torch.fx.GraphModule, torch.fx.GraphModule]:
+        if self.has_regions:    # checkpointed code: its insides are recomputed, not saved
+            saved = recompute.saved_outside_regions(self, saved)
         saved = self.order(saved)
         fw_set = self.fw
         fw_graph = graph_utils.extract_graph(self.graph, self.primals, list(self.fw_outs) + saved,
@@ -403,6 +410,8 @@ def min_cut_rematerialization_partition(joint_module: torch.fx.GraphModule, join
                 dist[n] = min(ds)
 
     also_banned = _banned_by_fusion_structure(j)
+    fw_outs = {o for o in j.fw_outs if isinstance(o, torch.fx.Node)}
+    inside = {n for n in j.fw if recompute.inside_region(n, j.fw, fw_outs)} if j.has_regions else set()
     G = nx.DiGraph()
     G.add_node("source")
     G.add_node("sink")
@@ -415,10 +424,12 @@ def min_cut_rematerialization_partition(joint_module: torch.fx.GraphModule, join
         if n not in j.fw and n not in j.unclaimed:
             continue
         # (an unclaimed op is a backward op: running it there is never a recomputation)
-        if n in j.fw and (n.op == "placeholder" or n in also_banned or _banned(n, j.bw)):
+        if n in j.fw and n not in inside and (n.op == "placeholder" or n in also_banned or _banned(n, j.bw)):
             G.add_edge("source", n.name + "_in")
         val = n.meta.get("val")
-        if n.op == "get_attr":
+        if n in inside:
+            w = math.inf                                    # recomputed: a checkpointed region's insides
+        elif n.op == "get_attr":
             w = math.inf                                    # constants are re-read, never saved
         elif symbolic.is_sym(val):
             w = 8.0                                         # a symbolic size: saved as an int

@@ -29,7 +29,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 from ..errors import Unsupported
 from . import _utils as graph_utils, saved_hooks
-from . import symbolic
+from . import recompute, symbolic
 from . import versions
 from .overlap import overlapping_write
 
@@ -686,7 +686,7 @@ def create_aot_state(fn: Callable, example_inputs: Sequence[Any], *,
 
         # Pre-capture steps: each wrapper rewrites (flat_fn, args) and remembers how to undo it
         # around the compiled function. Dynamic graphs go through them with their fakes.
-        flat_fn: Callable = fn
+        flat_fn: Callable = recompute.traced_with_regions(fn)   # (checkpointed regions' tags)
         args = list(traced_inputs)
         srcs = list(sources)
         for wrapper_cls in (runtime.RNGStateWrapper, runtime.SpecializeNonTensorInputs, runtime.DedupInputs):

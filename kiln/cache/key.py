@@ -94,7 +94,7 @@ def _arg_text(a: Any, names: dict) -> str:
 
 
 # node meta the compiled code depends on (the rest, e.g. stack traces, does not change it)
-_META_KEYS = ("kiln_static", "kiln_symbol")
+_META_KEYS = ("kiln_static", "kiln_symbol", "ac_graph_id", "recompute", "kiln_checkpoint_policy")
 
 
 def graph_text(gm: torch.fx.GraphModule, example_inputs: list) -> str:

@@ -109,6 +109,7 @@ class OutputGraph:
         # the functions inlined into this capture: code -> (module name, qualname); a package
         # checks on load that their code is still the same (kiln/package/identity.py)
         self.inlined: dict = {}
+        self.recompute_regions = 0   # checkpointed calls captured (values/checkpoint.py numbers them)
         self._constant_nodes: dict[str, torch.fx.Node] = {}
         # autocast's dtype is not part of the tensor dispatch keys that TENSOR_MATCH checks:
         # a capture that starts inside autocast also guards the autocast state

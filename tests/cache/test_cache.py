@@ -2,6 +2,7 @@
 
 Graphs are tiny and use the aot_eager backend (test_inductor_cache.py: inductor); every test has its own
 cache directory (tests/conftest.py)."""
+import functools
 import os
 import subprocess
 import sys
@@ -100,6 +101,35 @@ def test_grad_mode_is_part_of_the_key(traces):
     with torch.no_grad():
         run(mlp, inputs(grad=False))
     assert kiln.cache.stats()["hits"] == 0 and len(traces) == 2
+
+
+def _mlp_body(x, w):
+    h = torch.relu(x @ w) * 2.0
+    return h
+
+
+def mlp_checkpointed(x, w):
+    return torch.utils.checkpoint.checkpoint(_mlp_body, x, w, use_reentrant=False).sum(1)
+
+
+def _save_matmuls(ctx, op, *args, **kwargs):
+    return op is torch.ops.aten.mm.default
+
+
+def mlp_selective(x, w):
+    context_fn = functools.partial(torch.utils.checkpoint.create_selective_checkpoint_contexts, _save_matmuls)
+    return torch.utils.checkpoint.checkpoint(_mlp_body, x, w, use_reentrant=False, context_fn=context_fn).sum(1)
+
+
+def test_checkpointing_is_part_of_the_key(traces):
+    """The same ops checkpointed save other values: another entry, as is another policy."""
+    for fn in (mlp, mlp_checkpointed, mlp_selective):
+        kiln.reset()
+        check_against_eager(fn)
+    assert kiln.cache.stats()["hits"] == 0 and len(traces) == 3
+    kiln.reset()
+    check_against_eager(mlp_selective)
+    assert kiln.cache.stats()["hits"] == 1 and len(traces) == 3
 
 
 def test_key_does_not_change_the_graph():

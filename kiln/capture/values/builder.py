@@ -20,6 +20,7 @@ from ..sources import (ITEM_DICT, ITEM_INDEX, ITEM_LIST, ITEM_TUPLE, AttrSource,
 from ..sources import is_argument_rooted
 from .base import CONSTANT_TYPES, ConstantValue, Value, is_constant_object, is_type_annotation
 from .builtins import _HANDLERS, BuiltinValue
+from .checkpoint import CHECKPOINT, CheckpointValue
 from .environ import EnvironValue
 from . import identity, itertools_fns  # noqa: F401  (register id() and the itertools handlers)
 from .exceptions import ExceptionValue
@@ -133,6 +134,8 @@ def wrap_callable(fn, source) -> Value:
         return BuiltinValue(fn, source)
     if fn is torch.is_tensor:
         return BuiltinValue(fn, source)
+    if fn is CHECKPOINT:   # captured as a recompute region, not traced through torch's internals
+        return CheckpointValue(fn, source)
     if is_torch_op(fn):
         return TorchOpValue(fn, source)
     if isinstance(fn, types.FunctionType):
