@@ -29,11 +29,12 @@ def reset() -> None:
     """Forget what this process compiled: every entry of every function (the next call
     captures again, or loads from the compile cache), the generated break functions and
     continuations, the in-memory dynamic-shape profiles, the CUDA-graph pools, recordings'
-    bookkeeping, step counter and stats, the compile cache's counters (``kiln.cache.stats()``)
-    and its warned-once messages, and the rows of ``kiln.activations.report()``.
+    bookkeeping, step counter and stats, and the rows of ``kiln.activations.report()``.
 
     What survives: files on disk under ``KILN_CACHE_DIR`` (the compile cache, frame records,
-    dynamic-shape profiles: ``kiln.cache.clear()`` or deleting the directory removes them),
+    dynamic-shape profiles: ``kiln.cache.clear()`` or deleting the directory removes them) and
+    the cache's counters (``kiln.cache.stats()``: a call after the reset that loads from the
+    cache is a hit of the same process; ``kiln.cache.reset_stats()`` zeroes them),
     ``kiln.config`` and the log topics, registered backends, and memos of facts that do not
     change (the CPU's vector ISA, op tables...). The full list, with why each survives, is in
     ``kiln/process_state.py``, which holds every process-wide table."""

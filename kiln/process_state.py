@@ -17,8 +17,6 @@ Cleared by ``reset()``:
 * CUDA graphs: ``pool_trees`` and ``pending_backwards`` (``cudagraphs/tree.py``),
   ``cudagraph_functions``, ``cudagraph_stats`` and ``cudagraph_skip_reasons``
   (``cudagraphs/function.py``), the step counter ``cudagraph_steps`` (``cudagraphs/steps.py``);
-* the compile cache's counters ``cache_stats`` and its warned-once set ``cache_warned``
-  (``cache/store.py``; ``kiln.cache.reset_stats()`` zeroes the counters alone);
 * ``activation_rows`` (``aot/activation_rows.py``, what ``kiln.activations.report()`` shows)
   and ``saved_hook_wrappers`` (``aot/saved_hooks.py``).
 
@@ -31,7 +29,11 @@ Kept here, not cleared, and why:
   resource; copies a graph compiled before the reset started may still be in flight on it;
 * ``triton_records`` (``backends/triton_kernels.py``): the kernels this process compiled,
   for packages; Inductor's own in-process caches may hand those kernels back after a reset
-  without compiling (nor recording) them again.
+  without compiling (nor recording) them again;
+* ``cache_stats`` and ``cache_warned`` (``cache/store.py``): the compile cache's counters
+  since the process started and what it warned about once. They count the cache on disk,
+  which a reset leaves: a reset followed by a call that loads from the cache is a hit of the
+  same process (``kiln.cache.reset_stats()`` zeroes the counters).
 
 Kept where they are, for the life of the process, because they are facts that do not change
 (or registrations made at import), not results of compiling:
@@ -45,7 +47,8 @@ Kept where they are, for the life of the process, because they are facts that do
 * registries filled at import or by the user: backends (``backends/registry.py``; a backend
   the user registered stays registered), runtime wrapper kinds (``aot/runtime.py``),
   builtin handlers (``capture/values/builtins.py``), and the op tables (constants);
-* interning: ``CompileKey._interned`` and ``InductorBackend._configured`` (equal keys stay one
+* interning: ``runtime/function._counting`` (a CompiledFunction class and its subclass that
+  counts CUDA-graph steps), ``CompileKey._interned`` and ``InductorBackend._configured`` (equal keys stay one
   object, so a function compiled before a reset and one compiled after agree on BACKEND_MATCH),
   ``backends/inductor._graph_numbers`` (graph names stay unique in the process);
 * per call or per thread, empty between calls: ``runtime/recording.recorder`` (while
@@ -114,7 +117,7 @@ cudagraph_functions: "weakref.WeakSet" = weakref.WeakSet()   # CudagraphFunction
 cudagraph_stats: collections.Counter = collections.Counter()         # calls by outcome
 cudagraph_skip_reasons: collections.Counter = collections.Counter()  # skips by reason
 
-# -- the compile cache ----------------------------------------------------------------------------
+# -- the compile cache (kept across reset()) ------------------------------------------------------
 
 cache_stats: dict = {"hits": 0, "misses": 0, "bypasses": 0, "bytes_read": 0, "bytes_written": 0,
                      "frame_hits": 0, "frame_misses": 0}
@@ -141,7 +144,7 @@ def reset_cache_stats() -> None:
 
 def reset() -> None:
     """Clear every table above except those kept across resets (``module_callers``,
-    ``side_streams``, ``triton_records``)."""
+    ``side_streams``, ``triton_records``, ``cache_stats``, ``cache_warned``)."""
     with registry_lock:
         registries = (list(function_caches), list(break_tables))
     for registry in registries:
@@ -149,9 +152,8 @@ def reset() -> None:
             held.clear()
     for table in (continuation_code, generated_code_origins, canonical_functions, callee_objects,
                   stack_walkers, dynamic_profiles, pool_trees, pending_backwards, cudagraph_stats,
-                  cudagraph_skip_reasons, cache_warned, activation_rows, saved_hook_wrappers):
+                  cudagraph_skip_reasons, activation_rows, saved_hook_wrappers):
         table.clear()
     with registry_lock:
         cudagraph_functions.clear()
     cudagraph_steps.reset()
-    reset_cache_stats()

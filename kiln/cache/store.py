@@ -40,7 +40,7 @@ def stats() -> dict:
 
 
 def reset_stats() -> None:
-    """Zero the counters (``kiln.reset()`` does too, with everything else it forgets)."""
+    """Zero the counters (``kiln.reset()`` leaves them: they count the cache on disk)."""
     reset_cache_stats()
 
 

@@ -28,7 +28,7 @@ from .. import logs
 from ..capture.codegen import MISS
 from ..capture.frame import ArgumentsDoNotBind, Entry, capture, eager_entry, eager_entry_for
 from ..config import config
-from ..cudagraphs.steps import run_in_step, state as _steps
+from ..cudagraphs.steps import run_in_step
 from ..errors import KilnError, Unsupported
 from ..compile_lock import COMPILE_LOCK
 from ..internal_errors import failed_before_effects, internal_error, is_users
@@ -348,15 +348,7 @@ def counting_steps(cls: type) -> type:
     call = cls.__call__
 
     def __call__(self, *args, **kwargs):
-        inside = _steps.inside
-        if getattr(inside, "in_step", False):
-            return call(self, *args, **kwargs)
-        _steps.count += 1
-        inside.in_step = True
-        try:
-            return call(self, *args, **kwargs)
-        finally:
-            inside.in_step = False
+        return run_in_step(call, self, *args, **kwargs)
     return _counting.setdefault(cls, type(cls.__name__, (cls,), {
         "__call__": __call__, "counts_steps": True, "__module__": cls.__module__,
         "__qualname__": cls.__qualname__, "__doc__": cls.__doc__}))
