@@ -10,17 +10,14 @@ import types
 
 import torch
 
+from . import process_state
 from .backends.registry import lookup_backend
-from .capture.frame import clear_resume_caches
-from .cudagraphs.tree import reset_trees
 from .package.artifacts import ARTIFACTS
-from .runtime import callees, function_cache
 from .runtime.compile_key import CompileKey
 from .runtime.eager_callable import EagerCallable
 from .runtime.function import CompiledFunction
 from .runtime.method import CompiledMethod
 from .runtime.module import CompiledModule, module_caller
-from .shapes.profile import clear_profiles
 
 __all__ = ["compile", "reset", "CompiledFunction", "CompiledMethod", "CompiledModule", "EagerCallable",
            "CompileKey"]
@@ -29,13 +26,19 @@ _MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-c
 
 
 def reset() -> None:
-    """Drop every compiled entry of every function (the next call captures again) and the
-    in-memory dynamic-shape profiles (those on disk stay: delete ``KILN_CACHE_DIR`` for that)."""
-    function_cache.clear_all()
-    clear_resume_caches()
-    clear_profiles()
-    callees.clear()
-    reset_trees()
+    """Forget what this process compiled: every entry of every function (the next call
+    captures again, or loads from the compile cache), the generated break functions and
+    continuations, the in-memory dynamic-shape profiles, the CUDA-graph pools, recordings'
+    bookkeeping, step counter and stats, and the rows of ``kiln.activations.report()``.
+
+    What survives: files on disk under ``KILN_CACHE_DIR`` (the compile cache, frame records,
+    dynamic-shape profiles: ``kiln.cache.clear()`` or deleting the directory removes them) and
+    the cache's counters (``kiln.cache.stats()``: a call after the reset that loads from the
+    cache is a hit of the same process; ``kiln.cache.reset_stats()`` zeroes them),
+    ``kiln.config`` and the log topics, registered backends, and memos of facts that do not
+    change (the CPU's vector ISA, op tables...). The full list, with why each survives, is in
+    ``kiln/process_state.py``, which holds every process-wide table."""
+    process_state.reset()
 
 
 def compile(fn=None, *, backend="inductor", mode=None, fullgraph=False, dynamic=None, options=None):

@@ -88,8 +88,7 @@ def explain(fn: Callable) -> Callable[..., ExplainOutput]:
                     reasons.append(BreakReason(entry, None, None, None, "runs as it is"))
                 continue
             if entry.replaced_by is not None:   # its generated code failed: the eager entry counts
-                if entry in cache.entries:
-                    cache.entries.remove(entry)
+                cache.replace(entry, None)
                 continue
             guards += entry.guards
             exc = entry.graph_break or entry.eager_reason
@@ -102,8 +101,7 @@ def explain(fn: Callable) -> Callable[..., ExplainOutput]:
                 if key not in seen:
                     seen.add(key)
                     reasons.append(reason)
-            if entry in cache.entries:  # explain leaves no entries behind
-                cache.entries.remove(entry)
+            cache.replace(entry, None)      # explain leaves no entries behind
         dropped = {id(e.graph_module) for e in replaced}
         graphs[:] = [g for g in graphs if id(g) not in dropped]
         ops = [sum(1 for n in g.graph.nodes if n.op in ("call_function", "call_method", "call_module"))

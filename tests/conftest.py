@@ -6,8 +6,9 @@ import kiln
 
 @pytest.fixture(autouse=True)
 def _fresh_kiln(tmp_path, monkeypatch):
-    """Every test starts with no compiled entries, logs off, default config and its own
-    empty cache directory (dynamic-shape profiles), frame records off (tests/cache: on)."""
+    """Every test starts with nothing of kiln's process-wide state (``kiln.reset()``: entries,
+    profiles, CUDA-graph pools and stats, cache counters...), logs off, default config and its
+    own empty cache directory, frame records off (tests/cache: on)."""
     kiln.reset()
     kiln.set_logs(None)
     cache = str(tmp_path / "kiln-cache")

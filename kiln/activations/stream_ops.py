@@ -30,8 +30,8 @@ from typing import Sequence
 import torch
 
 from ..aot._utils import op_name
+from ..process_state import side_streams as _side_streams
 
-_side_streams: dict = {}
 _KEY = "_kiln_in_flight"
 
 
@@ -40,7 +40,7 @@ def side_stream(device: torch.device):
     index = device.index if device.index is not None else torch.cuda.current_device()
     stream = _side_streams.get(index)
     if stream is None:
-        stream = _side_streams[index] = torch.cuda.Stream(device=index)
+        stream = _side_streams.setdefault(index, torch.cuda.Stream(device=index))   # (one per device)
     return stream
 
 

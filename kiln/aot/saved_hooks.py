@@ -33,6 +33,7 @@ import torch.fx
 import torch.utils._pytree as pytree
 
 from .. import _torch, logs
+from ..process_state import saved_hook_wrappers as _wrappers
 from . import _utils as graph_utils
 from .saved_hooks_schedule import schedule
 from .symbolic import has_symbols, is_sym_function, known_equal
@@ -44,7 +45,7 @@ INLINE_MARK = "_kiln_inline_saved_tensors_hook"
 # Marking and finding the hooks
 # ------------------------------------------------------------------------------------------------
 
-_wrappers: dict = {}      # key of a callable that takes no attributes -> (callable, marked wrapper)
+# (_wrappers: key of a callable that takes no attributes -> (callable, marked wrapper))
 
 
 def _callable_key(fn: Any) -> Any:

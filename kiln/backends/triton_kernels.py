@@ -35,6 +35,7 @@ from typing import Any
 
 from .. import _torch
 from ..cache import store
+from ..process_state import triton_records as _made
 
 FORMAT = 1
 SUFFIX = ".kt"
@@ -89,10 +90,10 @@ def record(module_globals: dict, kernel_sources: dict[str, str]) -> tuple[dict, 
     return header, b"".join(blobs)
 
 
-# The records made in this process, by module digest: a package saved here carries them even
-# with the cache off (then nothing is written to disk). The newest _MAX_MADE are kept (a
-# record is a few cubins: tens of KB to a few MB); an older one is read back from the cache.
-_made: dict[str, bytes] = {}
+# (_made) The records made in this process, by module digest: a package saved here carries
+# them even with the cache off (then nothing is written to disk). The newest _MAX_MADE are
+# kept (a record is a few cubins: tens of KB to a few MB); an older one is read back from the
+# cache.
 _MAX_MADE = 256
 
 

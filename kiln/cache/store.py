@@ -23,11 +23,9 @@ import warnings
 
 from .. import logs
 from ..config import config
+from ..process_state import cache_stats as _stats, cache_stats_lock, cache_warned as _warned, reset_cache_stats
 
 MAGIC = b"KILNAOT1"
-_stats = {"hits": 0, "misses": 0, "bypasses": 0, "bytes_read": 0, "bytes_written": 0,
-          "frame_hits": 0, "frame_misses": 0}
-_warned: set = set()
 
 
 class CorruptEntry(Exception):
@@ -42,18 +40,20 @@ def stats() -> dict:
 
 
 def reset_stats() -> None:
-    for k in _stats:
-        _stats[k] = 0
+    """Zero the counters (``kiln.reset()`` leaves them: they count the cache on disk)."""
+    reset_cache_stats()
 
 
 def count(name: str, n: int = 1) -> None:
-    _stats[name] += n
+    with cache_stats_lock:
+        _stats[name] += n
 
 
 def warn_once(what: str, message: str) -> None:
-    if what in _warned:
-        return
-    _warned.add(what)
+    with cache_stats_lock:
+        if what in _warned:
+            return
+        _warned.add(what)
     warnings.warn(f"kiln cache: {message}", RuntimeWarning, stacklevel=3)
 
 

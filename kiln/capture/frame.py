@@ -26,6 +26,8 @@ from .output_graph import OutputGraph, SymbolInput
 from .values.attributes import _MISSING, has_user_getattribute, static_lookup
 from .values.base import LazyArgument, NullValue
 from ..errors import ConstraintViolation
+from ..process_state import break_tables as _break_functions, continuation_code as _continuation_code
+from ..process_state import registry_lock
 from ..shapes.policy import ShapePolicy
 from .sources import LocalSource, RenderContext
 from .values.containers import IteratorValue
@@ -568,17 +570,8 @@ class _BreakTable:
     def __init__(self) -> None:
         self.entries: dict = {}
 
-
-_break_functions: "weakref.WeakSet[_BreakTable]" = weakref.WeakSet()   # for kiln.reset
-_continuation_code: dict = {}
-
-
-def clear_resume_caches() -> None:
-    """Forget generated break functions and continuations (``kiln.reset``)."""
-    for table in list(_break_functions):
-        table.entries.clear()
-    _continuation_code.clear()
-    resume.forget_generated()
+    def clear(self) -> None:
+        self.entries.clear()
 
 
 def break_function(fn, code, plan: "resume.BreakPlan", key, compiled_factory):
@@ -592,7 +585,8 @@ def break_function(fn, code, plan: "resume.BreakPlan", key, compiled_factory):
     if held is None or held[0] is not fn:   # (functools.wraps copies __dict__ to wrappers)
         held = (fn, _BreakTable())
         fn.__dict__["__kiln_breaks__"] = held
-        _break_functions.add(held[1])
+        with registry_lock:
+            _break_functions.add(held[1])
     per_fn = held[1].entries
     hit = per_fn.get(cache_key)
     if hit is not None:

@@ -24,6 +24,7 @@ import bytecode
 from bytecode import Bytecode, Instr, Label
 
 from ..errors import Unsupported
+from ..process_state import generated_code_origins as _ORIGINAL
 from . import bytecode_utils as bu
 from .values.base import NullValue
 from .values.containers import IteratorValue
@@ -230,9 +231,8 @@ CELL_PREFIX = "___cell_"
 # CPython before 3.13, where a frame keeps one dict)
 FRAME_LOCALS = "___flocals"
 
-# generated code object (its name blanked: it may be renamed after the user's function)
-# -> the user's code it was made from (what ``locals()`` lists)
-_ORIGINAL: dict[types.CodeType, types.CodeType] = {}
+# (_ORIGINAL: generated code object, its name blanked as it may be renamed after the user's
+# function -> the user's code it was made from, what ``locals()`` lists)
 
 
 def _unnamed(code: types.CodeType) -> types.CodeType:
@@ -252,11 +252,6 @@ def original_code(code: types.CodeType) -> types.CodeType:
     if not _ORIGINAL:
         return code
     return _ORIGINAL.get(_unnamed(code), code)
-
-
-def forget_generated() -> None:
-    """Drop the record of generated code (``kiln.reset``)."""
-    _ORIGINAL.clear()
 
 
 def _cells_as_locals(code: types.CodeType, items: list) -> list:

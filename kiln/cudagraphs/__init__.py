@@ -14,7 +14,6 @@ device (``tree.py``) and replays them. Modules, one idea each:
 from ..errors import CudagraphError
 from .function import CudagraphFunction, cudagraph_compiler, cudagraphify, live_functions, skip_reasons, stats
 from .reasons import GraphFacts, graph_facts
-from .tree import reset_trees
 
 __all__ = ["CudagraphError", "CudagraphFunction", "cudagraph_compiler", "cudagraphify", "GraphFacts",
-           "graph_facts", "reset_trees", "live_functions", "skip_reasons", "stats"]
+           "graph_facts", "live_functions", "skip_reasons", "stats"]

@@ -24,7 +24,6 @@ safe, and the in-place address check of step 2 guards the assumption on every ca
 """
 from __future__ import annotations
 
-import collections
 import warnings
 import weakref
 from typing import Any, Callable
@@ -34,22 +33,22 @@ import torch.fx
 
 from .. import logs
 from ..config import config
+from ..process_state import cudagraph_functions as _live, cudagraph_skip_reasons as skip_reasons
+from ..process_state import cudagraph_stats as stats, cudagraph_steps as _steps, registry_lock
 from .reasons import GraphFacts, graph_facts, skip
 from .recording import CannotRecord, Recording, _ptrs_equal, clear_cublas_workspaces
-from . import steps
 from .tree import _pending, consume, tree_for
 
 
-# Calls by outcome ("warmup", "record", "replay", "skip"), and skips by reason, for tests
-# and benchmarks.
-stats: collections.Counter = collections.Counter()
-skip_reasons: collections.Counter = collections.Counter()
-_live: "weakref.WeakSet[CudagraphFunction]" = weakref.WeakSet()
+# (stats: calls by outcome, "warmup", "record", "replay", "skip"; skip_reasons: skips by
+# reason; for tests and benchmarks)
 
 
 def live_functions() -> list:
-    """The CudagraphFunctions alive (each compiled graph with CUDA graphs on)."""
-    return list(_live)
+    """The CudagraphFunctions alive (each compiled graph with CUDA graphs on) made since the
+    last ``kiln.reset()``."""
+    with registry_lock:
+        return list(_live)
 
 
 # whether the current stream is capturing a CUDA graph (the caller's own); never on a CPU build
@@ -86,7 +85,8 @@ class CudagraphFunction:
         gm_attr = getattr(inner, "graph_module", None)
         if gm_attr is not None:
             self.graph_module = gm_attr
-        _live.add(self)
+        with registry_lock:
+            _live.add(self)
 
     def _key(self, args: list):
         key = []
@@ -124,14 +124,14 @@ class CudagraphFunction:
             self.warmed[key] = None if self.backward else \
                 [(weakref.ref(a), a.data_ptr()) if isinstance(a, torch.Tensor) else None for a in args]
             return self._warm_up(args, key, "")
-        if steps.warming == steps.count and key not in self.rewarmed:
+        if _steps.warming == _steps.count and key not in self.rewarmed:
             # another graph warmed up in this step: record in the next one (steps.py)
             self.rewarmed.add(key)
             return self._warm_up(args, key, " again (a graph of this step warmed up)")
         return self._record(args, key)
 
     def _warm_up(self, args: list, key, why: str):
-        steps.warming = steps.count
+        _steps.warming = _steps.count
         stats["warmup"] += 1
         if logs.enabled.cudagraphs:
             logs.log("cudagraphs", f"warm-up run of the {self.facts.name}{why}"

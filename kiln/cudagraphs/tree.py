@@ -45,6 +45,8 @@ import weakref
 
 import torch
 
+from ..process_state import pending_backwards as _pending, pool_trees as _trees
+
 _STALE = ("kiln: this tensor is an output of a CUDA-graph replay ({name}) and its memory was "
           "overwritten by a later replay. Outputs of a compiled function run with CUDA graphs "
           "(mode='reduce-overhead') stay valid until the function (or one called before it in the "
@@ -94,7 +96,7 @@ class Generation:
                     msg = _STALE.format(name=self.name, grad=_GRAD_HINT if self.backward else "")
                 _poison(s._cdata, msg)
         if self.cdata is not None and _pending.get(self.cdata) is self:
-            del _pending[self.cdata]
+            _pending.pop(self.cdata, None)     # (a backward on autograd's thread may take it first)
         self.visible, self.protected = [], None
 
     def visible_alive(self, idxs: list) -> bool:
@@ -113,7 +115,7 @@ class Generation:
         if _uses(s._cdata) > 1:
             _poison(s._cdata, _STALE.format(name=self.name, grad=""))
         if _pending.get(self.cdata) is self:
-            del _pending[self.cdata]
+            _pending.pop(self.cdata, None)
         self.protected = None
 
 
@@ -123,8 +125,8 @@ _uses = torch._C._storage_Use_Count
 # makes reading a storage's data raise ``msg`` (a CUDA build's binding)
 _poison = getattr(torch._C, "_set_storage_data_ptr_access_error_msg", None)
 
-# protected storage (its StorageImpl address) -> the generation whose saved tensors it holds
-_pending: dict = {}
+# (_pending: protected storage, its StorageImpl address -> the generation whose saved tensors
+# it holds)
 
 
 def consume(args: list, probes: list) -> None:
@@ -322,18 +324,11 @@ class PoolTree:
             return False
 
 
-_trees: dict = {}
-
-
 def tree_for(device: torch.device) -> PoolTree:
+    """The pool tree of a CUDA device (forgotten by ``kiln.reset``: recordings alive keep their
+    own pool reference)."""
     index = device.index if device.index is not None else torch.cuda.current_device()
     tree = _trees.get(index)
     if tree is None:
-        tree = _trees[index] = PoolTree(torch.device("cuda", index))
+        tree = _trees.setdefault(index, PoolTree(torch.device("cuda", index)))
     return tree
-
-
-def reset_trees() -> None:
-    """Forget the pools (kiln.reset): recordings alive keep their own pool reference."""
-    _trees.clear()
-    _pending.clear()

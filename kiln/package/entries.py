@@ -158,9 +158,7 @@ def install(cache, entries: list[Entry]) -> None:
     """Add loaded entries to a function's cache, after those it has (an entry the function
     has already, the same code under the same guards, is not added twice)."""
     have = {_identity(e) for e in cache.entries}
-    for e in entries:
-        if _identity(e) not in have:
-            cache.entries.append(e)
+    cache.extend([e for e in entries if _identity(e) not in have])
 
 
 def _identity(e: Entry) -> tuple:

@@ -3,7 +3,7 @@ matches none of them is logged and compiles, or raises ``PackageMiss``."""
 from __future__ import annotations
 
 from .. import logs
-from ..runtime.function import CompiledFunction
+from ..runtime.function import CompiledFunction, counting_steps
 from .errors import PackageMiss
 
 
@@ -21,6 +21,8 @@ class PackagedFunction(CompiledFunction):
         rebuilt) miss as the package's functions do."""
         if type(compiled) is CompiledFunction:
             compiled.__class__ = cls
+        elif type(compiled) is counting_steps(CompiledFunction):
+            compiled.__class__ = counting_steps(cls)
         if isinstance(compiled, cls):
             compiled._on_miss, compiled._package = on_miss, path
 

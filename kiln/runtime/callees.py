@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import types
 
+from ..process_state import callee_objects, canonical_functions, registry_lock, stack_walkers as _stack_walkers
+
 
 # Names that read the caller's frame: sys._getframe(1), inspect.stack(), warnings' stacklevel...
 _STACK_NAMES = frozenset({"_getframe", "_getframemodulename", "currentframe", "getouterframes",
                           "extract_stack", "format_stack", "print_stack", "walk_stack", "f_back",
                           "stacklevel"})
-_stack_walkers: dict = {}
 
 
 def walks_the_stack(code: types.CodeType) -> bool:
@@ -37,17 +38,9 @@ def compiled_per_key(fn: types.FunctionType) -> dict:
     global table weak in ``fn`` would still hold its values, and they hold ``fn``)."""
     held = fn.__dict__.get(_COMPILED_ATTR)
     if held is None or held[0] is not fn:   # (functools.wraps copies __dict__ to wrappers)
-        held = (fn, {})
-        fn.__dict__[_COMPILED_ATTR] = held
+        with registry_lock:     # (a callee is compiled where its call runs, in any thread)
+            held = fn.__dict__.get(_COMPILED_ATTR)
+            if held is None or held[0] is not fn:
+                held = (fn, {})
+                fn.__dict__[_COMPILED_ATTR] = held
     return held[1]
-
-
-canonical_functions: dict = {}
-callee_objects: dict = {}
-
-
-def clear() -> None:
-    """Forget the canonical functions, the closures seen and the stack walkers (``kiln.reset``)."""
-    canonical_functions.clear()
-    callee_objects.clear()
-    _stack_walkers.clear()

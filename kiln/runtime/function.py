@@ -28,7 +28,7 @@ from .. import logs
 from ..capture.codegen import MISS
 from ..capture.frame import ArgumentsDoNotBind, Entry, capture, eager_entry, eager_entry_for
 from ..config import config
-from ..cudagraphs import steps as _steps
+from ..cudagraphs.steps import run_in_step
 from ..errors import KilnError, Unsupported
 from ..compile_lock import COMPILE_LOCK
 from ..internal_errors import failed_before_effects, internal_error, is_users
@@ -57,8 +57,8 @@ class CompiledFactory:
     def __call__(self, fn: types.FunctionType) -> "CompiledFunction":
         per_key = compiled_per_key(fn)
         cf = per_key.get(self.key)
-        if cf is None:
-            cf = per_key[self.key] = CompiledFunction(fn, self.key, self.dynamic, self.artifacts)
+        if cf is None:      # (setdefault: threads that get here at once share one)
+            cf = per_key.setdefault(self.key, CompiledFunction(fn, self.key, self.dynamic, self.artifacts))
         return cf
 
     def callee(self, obj):
@@ -97,6 +97,7 @@ class CompiledFunction:
     records_frames = False    # kiln.compile's functions keep frame records (not continuations)
     records_key = None        # their key, once computed ("" when they are not kept)
     records_owner = None      # a continuation: the function whose frame record holds its entries
+    counts_steps = False      # its graphs run as CUDA graphs: its calls are steps (counting_steps)
 
     def __init__(self, fn: types.FunctionType, key: CompileKey, dynamic, artifacts: Artifacts):
         self._fn = fn
@@ -106,6 +107,13 @@ class CompiledFunction:
         self.artifacts = artifacts     # (saves and records the entries: kiln.package)
         self._factory = None if key.fullgraph else CompiledFactory(key, dynamic, artifacts)
         functools.update_wrapper(self, fn)
+        if uses_cudagraphs(key):
+            self.count_cudagraph_steps()
+
+    def count_cudagraph_steps(self) -> None:
+        """Count this function's calls as steps of CUDA graphs (``counting_steps``)."""
+        if not self.counts_steps:
+            self.__class__ = counting_steps(type(self))
 
     @property
     def original(self) -> Callable:
@@ -136,7 +144,6 @@ class CompiledFunction:
         return list(self._cache.recompile_reasons)
 
     def __call__(self, *args, **kwargs):
-        _steps.count += 1       # (CUDA graphs record in call order: kiln/cudagraphs/steps.py)
         key = self._key
         entries = self._cache.entries
         for entry in entries:
@@ -176,6 +183,11 @@ class CompiledFunction:
         return MISS
 
     def _miss(self, args: tuple, kwargs: dict):
+        if not self.counts_steps and uses_cudagraphs(self._key):
+            # compiled with CUDA graphs (kiln.config.cudagraphs on now): its calls count steps
+            # from now on, this one too
+            self.count_cudagraph_steps()
+            return run_in_step(CompiledFunction._miss, self, args, kwargs)
         if not config.cache:
             return self._capture_and_run(args, kwargs)
         with compiling(self):     # (what the cache stores now may grow at a backward())
@@ -242,7 +254,7 @@ class CompiledFunction:
             entry = self._eager_entry(u)
         if entry is None:   # not even an eager entry could be built
             return fn(*args, **kwargs)
-        cache.entries.insert(0, entry)
+        cache.add(entry)
         if recording.recorder.stack:
             recording.record_entry(cache, entry)
         try:
@@ -285,15 +297,10 @@ class CompiledFunction:
             eager = eager_entry_for(fn, entry.program, entry.guards, entry.key, entry.backend_name, u)
         except Exception:
             eager = None
-        entries = self._cache.entries
-        if entry in entries:
-            if eager is None:
-                entries.remove(entry)
-            else:
-                entries[entries.index(entry)] = eager
-                entry.replaced_by = eager
-                if recording.recorder.stack:
-                    recording.record_entry(self._cache, eager)
+        if self._cache.replace(entry, eager) and eager is not None:
+            entry.replaced_by = eager
+            if recording.recorder.stack:
+                recording.record_entry(self._cache, eager)
         return result
 
     def __get__(self, obj, objtype=None):
@@ -316,3 +323,32 @@ class CompiledFunction:
 
     def __repr__(self):
         return f"<kiln.CompiledFunction {self._fn.__qualname__} backend={self._key!r}>"
+
+
+def uses_cudagraphs(key: CompileKey) -> bool:
+    """Whether the graphs compiled now for ``key`` may run as CUDA graphs (the inductor
+    backend reads the mode, kiln.config.cudagraphs turns them on for any AOT backend; a
+    backend of the user's may use ``kiln.cudagraphs`` for the mode too)."""
+    return key.mode == "reduce-overhead" or config.cudagraphs
+
+
+_counting: dict = {}     # a CompiledFunction class -> its subclass that counts steps
+
+
+def counting_steps(cls: type) -> type:
+    """``cls`` (a CompiledFunction class) for a function whose graphs run as CUDA graphs: a
+    call that no other such call (in this thread) encloses is a step
+    (``kiln/cudagraphs/steps.py``). A subclass, so that the call path of the other compiled
+    functions stays without it; the same layout, so that a function becomes one in place."""
+    if cls.counts_steps:
+        return cls
+    counting = _counting.get(cls)
+    if counting is not None:
+        return counting
+    call = cls.__call__
+
+    def __call__(self, *args, **kwargs):
+        return run_in_step(call, self, *args, **kwargs)
+    return _counting.setdefault(cls, type(cls.__name__, (cls,), {
+        "__call__": __call__, "counts_steps": True, "__module__": cls.__module__,
+        "__qualname__": cls.__qualname__, "__doc__": cls.__doc__}))

@@ -2,16 +2,14 @@
 class that all its instances' entries belong to."""
 from __future__ import annotations
 
-import weakref
 from typing import TYPE_CHECKING, Callable
 
 import torch
 
+from ..process_state import module_callers as _module_callers
+
 if TYPE_CHECKING:
     from .function import CompiledFunction
-
-
-_module_callers: "weakref.WeakKeyDictionary[type, Callable]" = weakref.WeakKeyDictionary()
 
 
 def module_caller(cls: type) -> Callable:
@@ -23,7 +21,7 @@ def module_caller(cls: type) -> Callable:
             return module(*args, **kwargs)
         call_module.__qualname__ = f"{cls.__qualname__}.__call__"
         call_module.__module__ = cls.__module__   # (also names its dynamic-shape profile)
-        fn = _module_callers[cls] = call_module
+        fn = _module_callers.setdefault(cls, call_module)    # (one for all threads)
     return fn
 
 

@@ -18,6 +18,7 @@ import warnings
 
 from .. import logs
 from ..config import config
+from ..process_state import dynamic_profiles as _profiles
 
 FORMAT_VERSION = 1
 
@@ -112,9 +113,6 @@ class FrameProfile:
                           "the next process will rediscover the dynamic dims", RuntimeWarning)
 
 
-_profiles: dict[str, FrameProfile] = {}
-
-
 def profile_path(identity: dict) -> str:
     digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:24]
     return os.path.join(os.path.expanduser(config.cache_dir), "dynamic", f"{digest}.json")
@@ -144,8 +142,3 @@ def profile_for(fn: types.FunctionType) -> FrameProfile:
             warnings.warn(f"kiln: ignoring the unreadable dynamic-shape profile {path} "
                           f"({type(e).__name__}: {e}); it will be rewritten", RuntimeWarning)
     return prof
-
-
-def clear_profiles() -> None:
-    """Forget the in-memory profiles (``kiln.reset``); files on disk stay."""
-    _profiles.clear()

@@ -69,7 +69,7 @@ def graph(name, kind="inference", static=()):
 
 
 def step():
-    steps.count += 1
+    steps.state.count += 1
 
 
 def test_graphs_of_a_warm_up_step_record_in_the_next_step_in_call_order():

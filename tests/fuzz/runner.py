@@ -118,10 +118,12 @@ def internal_errors() -> list[str]:
     """The first line of each kiln internal error behind a frame that runs eagerly or a
     graph break, over every compiled function's entries (continuations included). Not
     wrong answers: compiles lost, each a kiln bug."""
-    from kiln.runtime.function_cache import _caches
+    from kiln.process_state import function_caches, registry_lock
 
     found = []
-    for cache in list(_caches):
+    with registry_lock:
+        caches = list(function_caches)
+    for cache in caches:
         for entry in list(cache.entries):
             for exc in (entry.eager_reason, entry.graph_break):
                 if exc is not None and getattr(exc, "internal", False):
