@@ -3,6 +3,7 @@ attention, labels, a padded attention mask) with bf16 autocast and fused AdamW: 
 torch.compile and kiln.compile (both with their default backend, Inductor), side by side.
 
     python benchmarks/hf_training.py [--models gpt2,llama,qwen2,t5,mistral] [--iters 20] [--json PATH]
+    python benchmarks/hf_training.py --interleave [--models ...]    # step times, alternating in one process
 
 Models, built from configs at these sizes (random weights, nothing downloaded):
 
@@ -118,6 +119,45 @@ def run_column(name: str, column: str, iters: int, device: str) -> dict:
             "peak_mib": peak / 2**20, "losses": losses}
 
 
+def run_interleaved(name: str, _column: str, iters: int, device: str) -> dict:
+    """torch.compile and kiln on two copies of one model in one process: after each one's
+    warm-up, their steps alternate, so a drift in the host's speed reaches both alike."""
+    import kiln
+
+    steps, times = {}, {"torch": [], "kiln": []}
+    for column, compiler in (("torch", torch.compile), ("kiln", kiln.compile)):
+        torch.manual_seed(0)
+        model = build(name).to(device).train()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device == "cuda")
+        fwd = compiler(model)
+
+        def step(i, fwd=fwd, opt=opt):
+            with torch.autocast(device, dtype=torch.bfloat16):
+                loss = fwd(**batch(name, i, device)).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        for i in range(6):
+            step(i)
+        steps[column] = step
+    for i in range(iters):
+        for column in (("torch", "kiln") if i % 2 == 0 else ("kiln", "torch")):
+            if device == "cuda":
+                torch.cuda.synchronize()
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record()
+                steps[column](6 + i)
+                b.record()
+                b.synchronize()
+                times[column].append(a.elapsed_time(b))
+            else:
+                t = time.perf_counter()
+                steps[column](6 + i)
+                times[column].append((time.perf_counter() - t) * 1e3)
+    t, k = statistics.median(times["torch"]), statistics.median(times["kiln"])
+    return {"model": name, "column": "interleave", "torch_step_ms": t, "kiln_step_ms": k, "ratio": k / t}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--models", default=",".join(SIZES))
@@ -126,12 +166,18 @@ def main(argv=None) -> int:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--json", default=None)
     p.add_argument("--timeout", type=int, default=900)
+    p.add_argument("--interleave", action="store_true",
+                   help="time torch.compile and kiln in one process, alternating steps (fair where the "
+                        "host's speed drifts between processes; peak memory and first step: run without it)")
     p.add_argument("--one", default=None, help=argparse.SUPPRESS)
     p.add_argument("--column", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.one:
-        print("RESULT " + json.dumps(run_column(args.one, args.column, args.iters, args.device)), flush=True)
+        run = run_interleaved if args.column == "interleave" else run_column
+        print("RESULT " + json.dumps(run(args.one, args.column, args.iters, args.device)), flush=True)
         return 0
+    if args.interleave:
+        args.columns = "interleave"
     rows = []
     for name in args.models.split(","):
         for column in args.columns.split(","):
@@ -158,6 +204,15 @@ def main(argv=None) -> int:
 
 
 def print_table(rows: list) -> None:
+    if any(r.get("column") == "interleave" for r in rows):
+        print("\n| model | torch.compile step (ms) | kiln step (ms) | kiln / torch |")
+        print("|---|---|---|---|")
+        for r in rows:
+            if "crash" in r:
+                print(f"| {r['model']} | crash: {r['crash'][-120:]!r} | | |")
+            else:
+                print(f"| {r['model']} | {r['torch_step_ms']:.2f} | {r['kiln_step_ms']:.2f} | {r['ratio']:.2f}x |")
+        return
     by = {(r["model"], r["column"]): r for r in rows}
     print("\n| model | column | first step (s) | step (ms) | vs torch.compile | peak (MiB) | vs torch.compile "
           "| losses, 6 steps | max diff from eager |")
