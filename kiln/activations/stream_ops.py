@@ -162,7 +162,7 @@ OPS = ("kiln::offload_start", "kiln::offload_finish", "kiln::prefetch", "kiln::p
 
 
 def in_graph(graph) -> bool:
-    """The graph runs these copies (Inductor must keep their schedule: backends/inductor.py)."""
+    """The graph runs these copies (Inductor must keep their schedule: backends/inductor/backend.py)."""
     return any(op_name(n) in OPS for n in graph.nodes)
 
 

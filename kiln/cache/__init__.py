@@ -4,7 +4,7 @@
 callable for a captured graph: loaded from ``<kiln.config.cache_dir>/aot/`` when an entry
 with the same key exists, else compiled by ``compile()`` and stored (``dump(compiled)``).
 Cached: graphs from the ``inductor`` backend (AOT result + Inductor's generated code,
-``kiln.backends.inductor_entry``), ``aot_eager``, and ``aot_backend``s that declare a
+``kiln.backends.inductor.cache_entry``), ``aot_eager``, and ``aot_backend``s that declare a
 ``cache_key`` (``kiln.aot.AOTArtifact``): a load rebuilds the callable without tracing or
 lowering. Dynamic graphs are keyed with their symbolic sizes and the capture's shape facts;
 their entries hold the symbolic sizes and the guards the compile added, which a load adds to

@@ -33,8 +33,8 @@ import hashlib
 import os
 from typing import Any
 
-from .. import _torch
-from ..cache import store
+from ... import _torch
+from ...cache import store
 
 FORMAT = 1
 SUFFIX = ".kt"
