@@ -81,7 +81,7 @@ class TensorValue(Value):
             raise Unsupported("reading tensor.grad inside a compiled function")
         if name == "data":
             return tx.output.call_op("call_method", "detach", (self,), {})
-        if name == "numpy" or name == "backward":   # numpy traced (numpy_values); backward
+        if name == "numpy" or name == "backward":   # numpy traced (capture/numpy); backward
             return MethodValue(self, name)          # breaks at the call, which sees create_graph
         if name in DATA_DEPENDENT_METHODS and name != "untyped_storage":
             raise Unsupported(f"Tensor.{name}() needs the tensor's data")
@@ -134,7 +134,7 @@ class TensorValue(Value):
         if name == "untyped_storage" and not args and not kwargs:
             return StorageValue(self)   # its size, guarded (storage.py)
         if name == "numpy":
-            from .numpy_conversions import tensor_numpy_method
+            from ..numpy.conversions import tensor_numpy_method
 
             return tensor_numpy_method(tx, self, args, kwargs)
         if name == "backward":
