@@ -29,7 +29,7 @@ from typing import Sequence
 
 import torch
 
-from ..aot._utils import op_name
+from ..aot.fx_graphs import op_name
 
 _side_streams: dict = {}
 _KEY = "_kiln_in_flight"

@@ -47,11 +47,11 @@ from ...aot.dynamic import PerShapeCompiled, compile_graph
 from ...aot.partition import min_cut_rematerialization_partition
 from ...cache import PAYLOAD_ATTR, store
 from ...compile_lock import COMPILE_LOCK
-from ...aot import _utils as graph_utils
+from ...aot import fake_propagation, fx_graphs
 from ...aot.donation import copies_when_graph_kept, donatable_saved_tensors
 from ...config import config
 from ...cudagraphs import cudagraphify, graph_facts
-from ...cudagraphs.function import try_partition
+from ...cudagraphs.partition import try_partition
 from ..registry import register_backend
 from . import cache_entry, generated_module, vec_isa_memo
 from .cache_entry import GeneratedCode, with_triton_records
@@ -263,16 +263,16 @@ class GraphCompile:
     # -- internals -------------------------------------------------------------------------------
     def _joint_passes(self, joint: torch.fx.GraphModule, flat_inputs: list) -> torch.fx.GraphModule:
         mode = fake_mode_of(flat_inputs, joint)
-        candidate = graph_utils.copy_graph_module(joint)
+        candidate = fx_graphs.copy_graph_module(joint)
         try:
-            graph_utils.record_val_calls(candidate.graph)
+            fake_propagation.record_val_calls(candidate.graph)
             # (autocast off, as for the compile: the passes trace their replacements, and the
             # graph's ATen ops already hold the casts)
             with _torch.inductor_config().patch(self.patches), _torch.inductor_compile_context(mode), \
                     torch._C._DisableAutocast():
                 candidate = _torch.inductor_joint_graph_passes(candidate, device_of(flat_inputs))
                 # (new nodes need their values; the rest keep theirs)
-                graph_utils.propagate_fake(candidate, flat_inputs, mode, keep_unchanged=True)
+                fake_propagation.propagate_fake(candidate, flat_inputs, mode, keep_unchanged=True)
             changed = _changed_outputs(joint, candidate)
             if changed:
                 raise RuntimeError(f"the passes changed the graph's outputs ({changed})")
@@ -337,7 +337,7 @@ class GraphCompile:
     def _inductor_compile(self, gm: torch.fx.GraphModule, example_inputs: list, kind: str):
         cfg = _torch.inductor_config()
         mode = fake_mode_of(example_inputs, gm)
-        graph = graph_utils.copy_graph_module(gm)      # Inductor rewrites the graph it compiles
+        graph = fx_graphs.copy_graph_module(gm)      # Inductor rewrites the graph it compiles
         if kind == "forward":
             self._fw_output_strides = None
             self._fw_num_outputs = gm.meta.get("kiln_num_fw_outputs", len(_outputs(gm)))
@@ -362,7 +362,7 @@ class GraphCompile:
             # inputs (dynamo lifts every size symbol to one); kiln's graphs read most sizes from
             # tensors, so a hit would drop the shape facts of the first compile: not for them.
             graph_patches = {"fx_graph_cache": False} if _has_symbols(example_inputs) else {}
-            from ...activations import stream_ops     # (not at import: a package load needs no ops)
+            from ...activations import stream_ops  # waits: its custom ops; a package load needs none
 
             if stream_ops.in_graph(graph.graph):
                 # Inductor's peak-memory reordering sees no memory in a copy that is in
@@ -431,7 +431,7 @@ class GraphCompile:
 
     def _fallback(self, gm: torch.fx.GraphModule, example_inputs: list, kind: str, error: BaseException):
         self._note_failure(f"the {kind} graph", error)
-        graph = graph_utils.copy_graph_module(gm)
+        graph = fx_graphs.copy_graph_module(gm)
         if kind == "backward":
             # saved values may come from an Inductor forward with other strides than traced
             _torch.inductor_view_to_reshape(graph)

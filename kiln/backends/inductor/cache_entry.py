@@ -39,7 +39,7 @@ from ...aot.symbolic_codec import Decoder, encode_value
 from ...cache.store import kernels_dir
 from ...config import config
 from ...cudagraphs import cudagraphify, graph_facts
-from ...cudagraphs.function import try_partition
+from ...cudagraphs.partition import try_partition
 from . import generated_module, triton_kernels, vec_isa_memo
 from .generated_module import realign_inputs
 
