@@ -25,7 +25,7 @@ from bytecode import Bytecode, Instr, Label
 
 from ..errors import Unsupported
 from . import bytecode_utils as bu
-from .values.base import NullValue
+from .values.base import UNBOUND as UNBOUND_VALUE, NullValue
 from .values.containers import IteratorValue
 from .values.exceptions import PrevExcValue
 
@@ -183,7 +183,6 @@ def plan_break(instrs: list[bu.Instr], index: int, layout: list[str], local_name
 
 def slot_kind(value) -> str:
     """How a stack slot of the interpreter is handed over (NULL, ITER, PREV_EXC, VALUE)."""
-    from .interpreter import UNBOUND as UNBOUND_VALUE
     if isinstance(value, NullValue):
         return NULL
     if value is UNBOUND_VALUE:

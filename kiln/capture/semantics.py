@@ -88,6 +88,10 @@ class PythonSemantics:
     def wrap(self, obj: Any, source, static: bool = False) -> Value:
         return self.output.builder.wrap(obj, source, static)
 
+    def wrap_pure_result(self, v: Any) -> Value:
+        """A value computed at capture time from constants (``builder.wrap_pure_result``)."""
+        return self.output.builder.wrap_pure_result(v)
+
     def wrap_attribute(self, value: Value, name: str) -> Value:
         if value.source is None:
             raise Unsupported(f"attribute {name!r} of {value.describe()} without a source")

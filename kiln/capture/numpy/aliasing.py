@@ -75,7 +75,7 @@ def _origin(tx):
 
 
 def _break_at_origin(tx, why: str, origin) -> None:
-    from ..interpreter import GraphBreakRequest
+    from ..interpreter import GraphBreakRequest  # cycle: the interpreter runs NumPy code
 
     if origin is None:
         raise Unsupported(why)

@@ -471,10 +471,8 @@ def _fold(tx, fn, args, kwargs) -> Value | None:
         return None   # traced instead: tnp raises the error, or eager does after a break
     if isinstance(result, np.ndarray):
         return None
-    from ..values.builder import wrap_pure_result
-
     try:
-        return wrap_pure_result(result)
+        return tx.wrap_pure_result(result)
     except Unsupported:
         return None
 
@@ -526,9 +524,7 @@ class NumpyClassValue(ClassValue):
             raise tx.user_exception(e)
         if isinstance(result, np.ndarray):
             raise Unsupported(f"np.{cls.__name__}(...) building an array from constants")
-        from ..values.builder import wrap_pure_result
-
-        return wrap_pure_result(result)
+        return tx.wrap_pure_result(result)
 
 
 def _dtype_argument(v: Value) -> Value:
@@ -661,7 +657,7 @@ def trace_numpy(tx, target, args: list[Value], kwargs: dict[str, Value], name: s
         # torch._numpy refused (or NumPy would raise): never guessed, NumPy runs it natively
         raise Unsupported(f"NumPy {name} could not be traced ({type(e).__name__}: {e})")
     check_aliasing(tx, name, args, arg_fakes, versions, result)
-    from .oracle import check_with_numpy
+    from .oracle import check_with_numpy  # cycle: the oracle reads NdarrayValue arguments
 
     expected = check_with_numpy(target, target.numpy_twin(), name, args, kwargs,
                                 lambda v: _argument(v, False), result)
@@ -711,7 +707,7 @@ def _wrap_result(tx, node, result, args, name, zero_dim, expected=None) -> Value
                 child.meta["example_value"] = r
                 items.append(_wrap_result(tx, child, r, (), name, zero_dim, e))
             else:
-                items.append(_constant_result(r, name))
+                items.append(_constant_result(tx, r, name))
         kind = type(expected) if isinstance(expected, (tuple, list)) else type(result)
         if kind is list:
             return ListValue(items)
@@ -720,14 +716,12 @@ def _wrap_result(tx, node, result, args, name, zero_dim, expected=None) -> Value
         return TupleValue(items)
     if result is None:
         return ConstantValue(None)
-    return _constant_result(result, name)
+    return _constant_result(tx, result, name)
 
 
-def _constant_result(r, name) -> Value:
-    from ..values.builder import wrap_pure_result
-
+def _constant_result(tx, r, name) -> Value:
     try:
-        return wrap_pure_result(r)
+        return tx.wrap_pure_result(r)
     except Unsupported:
         raise Unsupported(f"NumPy {name} returned a {type(r).__name__}, which cannot be captured")
 
@@ -770,7 +764,7 @@ def _symbolic_int_operand(tx, v, other: Value) -> Value | None:
 def numpy_binary(tx, op, a: Value, b: Value) -> Value:
     a, b = _operand(tx, a, b), _operand(tx, b, a)
     if op in _INPLACE and not (isinstance(a, NdarrayValue) and not a.scalar):
-        from ..semantics import _INPLACE_TO_BINARY
+        from ..semantics import _INPLACE_TO_BINARY  # cycle: semantics sends NumPy operators here
 
         op = _INPLACE_TO_BINARY[op]   # numbers and NumPy scalars are immutable: a new value
     name = op.__name__.strip("_")

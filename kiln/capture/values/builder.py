@@ -159,6 +159,10 @@ class Builder:
         self.by_source: dict = {}
         self.by_id: dict[int, tuple[Any, Value]] = {}
 
+    # Value classes reach this through the builder they are handed (``tx.output.builder``),
+    # since this module imports every kind of value.
+    wrap_pure_result = staticmethod(wrap_pure_result)
+
     def guard(self, kind: GuardKind, source, expected=None) -> None:
         if source is not None and self.output.guards_enabled_for(source):
             self.output.guards.add(Guard(kind, source, expected))
