@@ -21,16 +21,10 @@ def new_fake_mode() -> FakeTensorMode:
 # partial backward, the CUDA-graph checks. Running the graph needs none, and making a
 # FakeTensorMode imports torch._dynamo (seconds), which a package load must not pay for.
 LAZY_VAL = "kiln_val_spec"        # node meta: {shape, stride, dtype, device, requires_grad}
-
-
 # a loaded graph's op (no fake value): its value's devices and whether a size of it is known
 # only at run time, as traced (export.py writes them, CUDA graphs read them)
 DEVICES_META = "kiln_value_devices"
-
-
 UNBACKED_META = "kiln_value_unbacked"
-
-
 LAZY_MODE = "kiln_lazy_fakes"     # graph meta: {"mode": the FakeTensorMode once made}, shared
 
 

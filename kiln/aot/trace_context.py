@@ -33,8 +33,6 @@ def no_mkldnn_decompositions():
 # aten.lstm's Python kernels (torch._decomp, run by the Python dispatcher while tracing), and
 # where their hidden-state argument is
 _LSTM_OVERLOADS = (("input", 1), ("data", 2))
-
-
 _LSTM_KEYS = ("Autograd", "CompositeImplicitAutograd")
 
 
