@@ -27,7 +27,7 @@ Kept here, not cleared, and why:
   result (its entries are in ``function_caches`` and are cleared);
 * ``side_streams`` (``activations/stream_ops.py``): a device's copy stream, a device
   resource; copies a graph compiled before the reset started may still be in flight on it;
-* ``triton_records`` (``backends/triton_kernels.py``): the kernels this process compiled,
+* ``triton_records`` (``backends/inductor/triton_kernels.py``): the kernels this process compiled,
   for packages; Inductor's own in-process caches may hand those kernels back after a reset
   without compiling (nor recording) them again;
 * ``cache_stats`` and ``cache_warned`` (``cache/store.py``): the compile cache's counters
@@ -39,10 +39,10 @@ Kept where they are, for the life of the process, because they are facts that do
 (or registrations made at import), not results of compiling:
 
 * memos of facts: ``activations/policies.py`` (the hooks per dtype, ``fp8_supported``),
-  ``aot/_utils.py`` (``lstm_hidden_defect``, ``_default_decompositions``),
-  ``backends/generated_module.machine_facts``, ``backends/vec_isa_memo.py`` (``_facts_text``
+  ``aot/trace_context.lstm_hidden_defect``, ``aot/decompositions._default_decompositions``,
+  ``backends/inductor/generated_module.machine_facts``, ``backends/inductor/vec_isa_memo.py`` (``_facts_text``
   and the ISA records packages offer, ``_offered``), ``cache/key.versions``,
-  ``capture/values/numpy_values._numpy_callables``, ``aot/symbolic_codec._CLASSES``,
+  ``capture/numpy/values._numpy_callables``, ``aot/symbolic_codec._CLASSES``,
   ``capture/bytecode_utils._cache`` (a code object's decoded instructions, weak in the code);
 * registries filled at import or by the user: backends (``backends/registry.py``; a backend
   the user registered stays registered), runtime wrapper kinds (``aot/runtime.py``),

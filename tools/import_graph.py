@@ -2,10 +2,13 @@
 
     python tools/import_graph.py            # totals, the cycles, the files with most deferred imports
     python tools/import_graph.py --edges    # every edge between packages, with its imports
+    python tools/import_graph.py --deferred # every import inside a function, with its reason
 
 A package is a directory under kiln/ (``kiln.capture``) or a top-level module (``kiln.config``).
 An import inside a function is a *deferred* import: it counts as an edge all the same, since it
-runs (and needs the other package) whenever the function does.
+runs (and needs the other package) whenever the function does. Each one says on its line, in a
+comment, why it waits (a cycle it breaks, a cost it defers); ``--deferred`` lists them and exits
+with status 1 when one gives no reason.
 """
 from __future__ import annotations
 
@@ -50,15 +53,29 @@ def _submodule(module: str, name: str) -> str:
 
 def scan(root: str = ROOT):
     """(edges: (src, dst) -> [(file, line, deferred)], deferred imports per file)."""
+    edges, deferred, _ = _scan(root)
+    return edges, deferred
+
+
+def deferred_imports(root: str = ROOT) -> list[tuple[str, int, str, str]]:
+    """Every import of kiln's own inside a function: (file, line, its text, the comment on its
+    line: the reason it waits, or "")."""
+    return _scan(root)[2]
+
+
+def _scan(root: str):
     edges = collections.defaultdict(list)
     deferred = collections.Counter()
+    listed = []
     for dirpath, _, files in os.walk(root):
         for f in sorted(files):
             if not f.endswith(".py"):
                 continue
             path = os.path.join(dirpath, f)
             module = _module_of(path)
-            tree = ast.parse(open(path).read())
+            text = open(path).read()
+            lines = text.splitlines()
+            tree = ast.parse(text)
             inside = set()
             for fn in ast.walk(tree):
                 if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -68,13 +85,17 @@ def scan(root: str = ROOT):
                     continue
                 targets = [t for t in _imported(node, module, f == "__init__.py") if t.split(".")[0] == "kiln"]
                 if targets and id(node) in inside:
-                    deferred[os.path.relpath(path, os.path.dirname(root))] += 1
+                    rel = os.path.relpath(path, os.path.dirname(root))
+                    deferred[rel] += 1
+                    line = lines[node.lineno - 1]
+                    code, _, comment = line.partition("#")
+                    listed.append((rel, node.lineno, code.strip(), comment.strip()))
                 for t in targets:
                     src, dst = _package(module), _package(t)
                     if src != dst:
                         edges[(src, dst)].append((os.path.relpath(path, os.path.dirname(root)), node.lineno,
                                                   id(node) in inside))
-    return edges, deferred
+    return edges, deferred, sorted(listed)
 
 
 def cycles(edges) -> list[set]:
@@ -89,6 +110,13 @@ def main(argv: list[str]) -> int:
     sccs = cycles(edges)
     print("imports inside functions (kiln's own):", sum(deferred.values()))
     print("packages in cycles:", [sorted(c) for c in sccs] or "none")
+    if "--deferred" in argv:
+        unexplained = 0
+        for path, line, code, reason in deferred_imports():
+            unexplained += not reason
+            print(f"  {path}:{line}: {code}  # {reason or '(NO REASON GIVEN)'}")
+        print("without a reason:", unexplained)
+        return 1 if unexplained else 0
     if "--edges" in argv:
         for (src, dst), where in sorted(edges.items()):
             cyc = any(src in c and dst in c for c in sccs)

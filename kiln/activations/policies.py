@@ -206,7 +206,7 @@ DEFAULT_AHEAD = 2
 
 @functools.lru_cache(maxsize=None)
 def _offload_hooks(min_bytes: int, ahead: int) -> tuple:
-    from . import stream_ops   # deferred: registers the kiln:: custom ops, which only offload uses
+    from . import stream_ops  # waits: registers the kiln:: custom ops, which only offload uses
     from torch._prims_common import is_non_overlapping_and_dense_or_false as dense
 
     def pack(t):

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..aot._utils import format_bytes
 from ..aot.activation_rows import rows as _rows
+from ..aot.graph_bytes import format_bytes
 
 
 @dataclass

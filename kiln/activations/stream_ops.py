@@ -29,7 +29,7 @@ from typing import Sequence
 
 import torch
 
-from ..aot._utils import op_name
+from ..aot.fx_graphs import op_name
 from ..process_state import side_streams as _side_streams
 
 _KEY = "_kiln_in_flight"
@@ -162,7 +162,7 @@ OPS = ("kiln::offload_start", "kiln::offload_finish", "kiln::prefetch", "kiln::p
 
 
 def in_graph(graph) -> bool:
-    """The graph runs these copies (Inductor must keep their schedule: backends/inductor.py)."""
+    """The graph runs these copies (Inductor must keep their schedule: backends/inductor/backend.py)."""
     return any(op_name(n) in OPS for n in graph.nodes)
 
 

@@ -29,7 +29,8 @@ from .export import AOTArtifact, stage2_export
 from .runtime import RunAsCaptured
 from .graph_capture import AOTGraphCapture, stage1_graph_capture
 from .partition import Partition, default_partition, min_cut_rematerialization_partition
-from .state import AOTState, InputInfo, OutputInfo, ViewAndMutationMeta, create_aot_state
+from .prepare import create_aot_state
+from .state import AOTState, InputInfo, OutputInfo, ViewAndMutationMeta
 from .symbolic import SymbolicUnsupported
 
 __all__ = [

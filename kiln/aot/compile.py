@@ -18,8 +18,9 @@ import torch.fx
 from .. import _torch, logs
 from ..config import config
 from ..errors import Unsupported
-from . import _utils as graph_utils, saved_hooks, symbolic as symbolic_shapes
 from . import activation_rows
+from . import fake_propagation, fake_tensors, fx_graphs, graph_bytes, graph_text, saved_hooks
+from . import symbolic as symbolic_shapes
 from . import function as aot_function
 from . import partial as partial_backward
 from . import segments as segment_graphs
@@ -125,7 +126,7 @@ def build_parts(state, capture, partition_fn: Any = None) -> CompiledParts:
     gm = capture.graph_module
     gm.graph.lint()
     gm.recompile()
-    outs = graph_utils.flat_outputs(gm.graph)
+    outs = fx_graphs.flat_outputs(gm.graph)
     expected = capture.num_fw_outputs + (capture.num_primals if capture.is_joint else 0)
     if len(outs) != expected:
         raise ValueError(f"stage 2: the graph returns {len(outs)} values, expected {expected}")
@@ -134,7 +135,7 @@ def build_parts(state, capture, partition_fn: Any = None) -> CompiledParts:
         raise ValueError(f"stage 2: the graph takes {n_in} inputs, expected {len(capture.example_inputs)}")
     # Edits may have added nodes or changed ops: recompute the fake values of what changed.
     try:
-        graph_utils.propagate_fake(gm, capture.example_inputs, state.fake_mode, keep_unchanged=True)
+        fake_propagation.propagate_fake(gm, capture.example_inputs, state.fake_mode, keep_unchanged=True)
     except Exception as e:
         raise ValueError(f"stage 2: the graph does not run on its example inputs: {type(e).__name__}: {e}") from e
     common = dict(num_fw_outputs=capture.num_fw_outputs, tangent_positions=list(capture.tangent_positions),
@@ -162,7 +163,7 @@ def build_parts(state, capture, partition_fn: Any = None) -> CompiledParts:
                               copy_parameters=config.copy_saved_parameters)
     reads = None
     if segments is not None:
-        n_saved = len(graph_utils.flat_outputs(p.forward.graph)) - capture.num_fw_outputs
+        n_saved = len(fx_graphs.flat_outputs(p.forward.graph)) - capture.num_fw_outputs
         reads = [partial_backward.inputs_read(p.backward, capture.num_tangents, frozenset(t), n_saved)
                  for t, _, _ in segments]
     return CompiledParts(kind="training", forward=p.forward, backward=p.backward, saved=p.saved,
@@ -179,7 +180,7 @@ def check_input_writes(fw: torch.fx.GraphModule, expected: list[int]) -> None:
     a partitioner that drops a write, or a pass that adds one, would make the runtime skip a
     mutation or miss one."""
     phs = {p: i for i, p in enumerate(n for n in fw.graph.nodes if n.op == "placeholder")}
-    got = sorted(phs[n.args[0]] for n in fw.graph.nodes if graph_utils.is_input_write(n))
+    got = sorted(phs[n.args[0]] for n in fw.graph.nodes if fx_graphs.is_input_write(n))
     if got != sorted(expected):
         raise Unsupported(f"AOT autograd: the forward graph writes inputs {got}, expected {sorted(expected)} "
                           "(a partitioner that drops the graph's writes into its inputs)")
@@ -190,12 +191,12 @@ def clone_saved_before_writes(p, fake_mode) -> None:
     backward with the new value: the forward saves a copy taken before its first write instead
     (the runtime's copy-back used to come after the forward, ``versions.version_checks``)."""
     fw, bw = p.forward, p.backward
-    writes = [n for n in fw.graph.nodes if graph_utils.is_input_write(n)]
+    writes = [n for n in fw.graph.nodes if fx_graphs.is_input_write(n)]
     if not writes:
         return
     written = {w.args[0] for w in writes}
-    out = graph_utils.output_node(fw.graph)
-    outs = graph_utils.flat_outputs(fw.graph)
+    out = fx_graphs.output_node(fw.graph)
+    outs = fx_graphs.flat_outputs(fw.graph)
     bw_phs = [n for n in bw.graph.nodes if n.op == "placeholder"]
     changed = False
     for j in range(p.num_fw_outputs, len(outs)):
@@ -203,7 +204,7 @@ def clone_saved_before_writes(p, fake_mode) -> None:
         if not isinstance(s, torch.fx.Node):
             continue
         root = s
-        while graph_utils.is_view(root) and root.args and isinstance(root.args[0], torch.fx.Node):
+        while fx_graphs.is_view(root) and root.args and isinstance(root.args[0], torch.fx.Node):
             root = root.args[0]
         if root not in written:
             continue
@@ -242,10 +243,10 @@ def _inline_saved_hooks(state, p, nfw: int):
     # (inline worked on copies: a hook that fails half-way leaves the partition as it was)
     p.forward, p.backward = info.graphs
     info.graphs = None
-    fw_outs = graph_utils.flat_outputs(p.forward.graph)
+    fw_outs = fx_graphs.flat_outputs(p.forward.graph)
     saved = [s for s in fw_outs[nfw:] if isinstance(s, torch.fx.Node)]
     p.saved = [s.name for s in saved]
-    p.saved_bytes, p.saved_input_bytes = graph_utils.saved_bytes(saved)
+    p.saved_bytes, p.saved_input_bytes = graph_bytes.saved_bytes(saved)
     if "kiln_donated" in bw.meta:       # Inductor's: the saved positions changed
         p.backward.meta.update(bw.meta)
         p.backward.meta["kiln_num_saved"] = len(saved)
@@ -269,14 +270,14 @@ def copy_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
 def _examples_for(compiler: Callable, gm: torch.fx.GraphModule) -> list:
     """The example inputs ``compiler`` gets: none (an empty list) for one that declares it does
     not read them (``kiln_reads_example_inputs = False``: running a loaded graph then makes no
-    fake tensors, see ``_utils.ensure_vals``)."""
+    fake tensors, see ``fake_tensors.ensure_vals``)."""
     if getattr(compiler, "kiln_reads_example_inputs", True) is False:
         return []
     return _example_inputs(gm)
 
 
 def _example_inputs(gm: torch.fx.GraphModule) -> list:
-    graph_utils.ensure_vals(gm)       # (a loaded graph's are made on first need)
+    fake_tensors.ensure_vals(gm)       # (a loaded graph's are made on first need)
     return _known_example_inputs(gm)
 
 
@@ -419,23 +420,25 @@ class AOTCompiled(PartsView):
         lines = [f"# kiln AOT {p.kind} callable{' (dynamic: symbolic shapes)' if p.symbolic else ''}; runtime wrappers (pre-capture order, the first is outermost): "
                  + ", ".join(w.describe() for w in p.wrappers)]
         if p.kind == "inference":
-            lines.append(graph_utils.graph_text(p.forward, "inference graph"))
+            lines.append(graph_text.graph_text(p.forward, "inference graph"))
         else:
-            lines.append(graph_utils.graph_text(p.forward, f"forward graph: primals -> {p.num_fw_outputs} outputs + "
+            lines.append(graph_text.graph_text(p.forward, f"forward graph: primals -> {p.num_fw_outputs} outputs + "
                                                  f"{len(p.saved)} saved"))
-            lines.append(graph_utils.graph_text(p.backward, "backward graph: saved + tangents -> gradients"))
+            lines.append(graph_text.graph_text(p.backward, "backward graph: saved + tangents -> gradients"))
             if p.hooks is not None:
                 lines.append("# " + p.hooks.describe())
                 lines += hook_code(p.forward, p.backward)
-            lines.append(f"# saved for backward ({p.partitioner or 'custom'} partitioner): {graph_utils.count_saved(p.backward, p.saved)}, "
-                         f"{graph_utils.format_bytes(p.saved_bytes)} ({graph_utils.format_bytes(p.saved_bytes - p.saved_input_bytes)} "
-                         f"activations, {graph_utils.format_bytes(p.saved_input_bytes)} inputs): {', '.join(p.saved)}")
+            size = graph_bytes.format_bytes
+            lines.append(f"# saved for backward ({p.partitioner or 'custom'} partitioner): "
+                         f"{graph_bytes.count_saved(p.backward, p.saved)}, {size(p.saved_bytes)} "
+                         f"({size(p.saved_bytes - p.saved_input_bytes)} activations, "
+                         f"{size(p.saved_input_bytes)} inputs): {', '.join(p.saved)}")
         if self.input_check is not None:
             lines.append("# checked on every call: " + "; ".join(self.input_check.conditions))
         return "\n".join(lines)
 
     def __repr__(self) -> str:
-        extra = f", saved {graph_utils.format_bytes(self.saved_tensor_bytes)}" if self.kind == "training" else ""
+        extra = f", saved {graph_bytes.format_bytes(self.saved_tensor_bytes)}" if self.kind == "training" else ""
         return f"<kiln.aot.AOTCompiled {self.kind}{extra}>"
 
 

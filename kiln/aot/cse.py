@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from . import _utils as graph_utils
+from . import fake_propagation, fx_graphs
 
 
 def eliminate_common_subexpressions(graph: torch.fx.Graph) -> int:
@@ -29,7 +29,7 @@ def eliminate_common_subexpressions(graph: torch.fx.Graph) -> int:
     many nodes were removed."""
     first: dict = {}
     removed = 0
-    returned = set(graph_utils.flat_outputs(graph))
+    returned = set(fx_graphs.flat_outputs(graph))
     for n in list(graph.nodes):
         if not is_pure(n):
             continue
@@ -50,7 +50,7 @@ def is_pure(n: torch.fx.Node) -> bool:
     """An ATen call whose only result is its value (no write to an argument, no random draw)."""
     if n.op != "call_function" or not isinstance(n.target, torch._ops.OpOverload):
         return False
-    return not n.target._schema.is_mutable and not graph_utils.is_effect(n)
+    return not n.target._schema.is_mutable and not fx_graphs.is_effect(n)
 
 
 def _key(a: Any) -> Any:
@@ -64,7 +64,7 @@ def _key(a: Any) -> Any:
         raise TypeError("symbolic")
     if isinstance(a, float):
         return ("float", repr(a))                   # (-0.0 and 0.0, nan: told apart)
-    if isinstance(a, graph_utils.PLAIN_CONSTANTS):
+    if isinstance(a, fake_propagation.PLAIN_CONSTANTS):
         return (type(a), a)
     # anything else (a constant tensor, an opaque object) only as the same object: its own
     # == may not return a bool (the graph keeps it alive, so its id stays its own)

@@ -10,7 +10,7 @@ import torch
 import torch.fx
 
 from .. import _torch
-from . import _utils as graph_utils
+from . import fake_tensors, fx_graphs
 
 
 def donatable_saved_tensors(fw: torch.fx.GraphModule, bw: torch.fx.GraphModule, nfw: int) -> list[int]:
@@ -21,12 +21,13 @@ def donatable_saved_tensors(fw: torch.fx.GraphModule, bw: torch.fx.GraphModule, 
     def val(n):
         return n.meta.get("val") if isinstance(n, torch.fx.Node) else None
 
-    fw_outs = graph_utils.flat_outputs(fw.graph)
+    fw_outs = fx_graphs.flat_outputs(fw.graph)
     placeholders = [n for n in fw.graph.nodes if n.op == "placeholder"]
-    kept = {graph_utils.fake_storage(val(n)) for n in (*placeholders, *fw_outs[:nfw], *graph_utils.flat_outputs(bw.graph))} - {None}
+    kept = {fake_tensors.fake_storage(val(n))
+            for n in (*placeholders, *fw_outs[:nfw], *fx_graphs.flat_outputs(bw.graph))} - {None}
     donated = []
     for j, n in enumerate(fw_outs[nfw:]):
-        s = graph_utils.fake_storage(val(n))
+        s = fake_tensors.fake_storage(val(n))
         if s is not None and s not in kept:
             donated.append(j)
     return donated

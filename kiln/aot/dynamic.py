@@ -36,7 +36,7 @@ from .chain import compile_chained
 from .compile import stage2_compile
 from .graph_capture import stage1_graph_capture
 from .segments import NotSegmentable, plan
-from .state import create_aot_state
+from .prepare import create_aot_state
 from .symbolic import SymbolicUnsupported, symbolic_inputs
 
 log = logging.getLogger("kiln.aot")

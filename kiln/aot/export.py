@@ -29,7 +29,7 @@ from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
 from .. import _torch
 from ..errors import Unsupported
-from . import _utils as graph_utils
+from . import fake_tensors
 from .compile import PartsView
 from .compile import AOTCompiled, CompiledParts, assemble, build_parts
 from .runtime import wrapper_from_dict, wrapper_to_dict
@@ -133,7 +133,7 @@ def _decode_arg(a: Any, env: dict) -> Any:
     if k == "tuple":
         return tuple(_decode_arg(x, env) for x in v)
     if k == "dtype":
-        return graph_utils.dtype_from_str(v)
+        return fake_tensors.dtype_from_str(v)
     if k == "device":
         return torch.device(v)
     if k == "layout":
@@ -151,7 +151,7 @@ def _val_meta(v: Any) -> Any:
     if is_sym(v) or (isinstance(v, torch.Tensor) and has_symbols(v)):
         return {"sym": encode_value(v)}     # (rebuilt in the loading capture's ShapeEnv)
     if isinstance(v, torch.Tensor):
-        return graph_utils.meta_of_tensor(v)
+        return fake_tensors.meta_of_tensor(v)
     return None
 
 
@@ -216,7 +216,7 @@ def graph_from_data(data: dict, constants: dict, fake_mode=None, class_name: str
                     decoder=None, shared: dict | None = None) -> torch.fx.GraphModule:
     """``decoder`` (``symbolic_codec.Decoder``) rebuilds symbolic values (dynamic graphs).
     ``fake_mode``: where the static placeholders' fake values are made; None: made on first
-    need (``_utils.ensure_vals``), in one mode for all graphs given the same ``shared`` dict
+    need (``fake_tensors.ensure_vals``), in one mode for all graphs given the same ``shared`` dict
     (the graphs of one artifact)."""
     lazy = ({} if shared is None else shared) if fake_mode is None else None
     g = torch.fx.Graph()
@@ -232,10 +232,10 @@ def graph_from_data(data: dict, constants: dict, fake_mode=None, class_name: str
                     raise ValueError("artifact: a dynamic graph loads into a capture's FakeTensorMode (none given)")
                 n.meta["val"] = decoder.value(m["sym"])
             elif m is not None and lazy is not None:
-                n.meta[graph_utils.LAZY_VAL] = m
+                n.meta[fake_tensors.LAZY_VAL] = m
             elif m is not None:
-                n.meta["val"] = graph_utils.fake_like(fake_mode, m["shape"], m["stride"],
-                                                      graph_utils.dtype_from_str(m["dtype"]),
+                n.meta["val"] = fake_tensors.fake_like(fake_mode, m["shape"], m["stride"],
+                                                      fake_tensors.dtype_from_str(m["dtype"]),
                                                       torch.device(m["device"]), m.get("requires_grad", False))
             n.meta.update(d.get("tags", {}))
         elif op == "get_attr":
@@ -256,8 +256,8 @@ def graph_from_data(data: dict, constants: dict, fake_mode=None, class_name: str
             if "traced_strides" in d:
                 n.meta[STRIDES_META] = {int(i): tuple(s) for i, s in d["traced_strides"].items()}
             if "devices" in d:
-                n.meta[graph_utils.DEVICES_META] = [torch.device(x) for x in d["devices"]]
-                n.meta[graph_utils.UNBACKED_META] = bool(d.get("unbacked", False))
+                n.meta[fake_tensors.DEVICES_META] = [torch.device(x) for x in d["devices"]]
+                n.meta[fake_tensors.UNBACKED_META] = bool(d.get("unbacked", False))
         elif op == "output":
             n = g.output(*_decode_arg(d["args"], env))
         else:
@@ -267,8 +267,8 @@ def graph_from_data(data: dict, constants: dict, fake_mode=None, class_name: str
         env[d["name"]] = n
     g.lint()
     gm = _torch.lazy_graph_module(root, g, class_name=class_name)
-    if lazy is not None and any(graph_utils.LAZY_VAL in n.meta for n in g.nodes):
-        gm.meta[graph_utils.LAZY_MODE] = lazy
+    if lazy is not None and any(fake_tensors.LAZY_VAL in n.meta for n in g.nodes):
+        gm.meta[fake_tensors.LAZY_MODE] = lazy
     return gm
 
 

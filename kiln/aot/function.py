@@ -30,7 +30,7 @@ import torch.fx
 from .._torch import (applied_saved_tensors_hooks, inductor_view_to_reshape, is_symbolic,
                       saved_tensors_from_user_hooks, saved_tensors_hooks_paused)
 from ..errors import Unsupported
-from . import _utils as graph_utils
+from . import fx_graphs
 from . import fused_backward
 from .grad_aliasing import distinct, outputs_may_share_memory
 from . import partial as partial_backward
@@ -85,7 +85,7 @@ def layout_checked(call: Callable[[list], Any], gm: torch.fx.GraphModule | Calla
         except AssertionError as e:
             if "stride" not in str(e):
                 raise
-            g = graph_utils.copy_graph_module(gm if isinstance(gm, torch.fx.GraphModule) else gm())
+            g = fx_graphs.copy_graph_module(gm if isinstance(gm, torch.fx.GraphModule) else gm())
             inductor_view_to_reshape(g)
             fallback = caller(g)
             warnings.warn(f"kiln: {what} got a saved value in another layout than it was compiled "
@@ -103,10 +103,10 @@ def view_outputs(fw: Callable, parts) -> list[int]:
     that eager allows: the runtime returns it detached from that base (same memory). Views
     eager makes are re-taken outside (``alias_of_*`` outputs). For graphs run as FX, only the
     outputs that are view ops; for other compilers, any."""
-    outs = graph_utils.flat_outputs(parts.forward.graph)[:parts.num_fw_outputs]
+    outs = fx_graphs.flat_outputs(parts.forward.graph)[:parts.num_fw_outputs]
     if getattr(fw, "graph_module", None) is None:
         return list(range(len(outs)))
-    return [k for k, o in enumerate(outs) if isinstance(o, torch.fx.Node) and graph_utils.is_view(o)]
+    return [k for k, o in enumerate(outs) if isinstance(o, torch.fx.Node) and fx_graphs.is_view(o)]
 
 
 def detach_views(outs, view_outs: list[int]):
@@ -121,7 +121,7 @@ def detach_views(outs, view_outs: list[int]):
 
 def _static_zeros(parts) -> dict | None:
     """(shape, dtype, device) of each forward output that gets a tangent, when static."""
-    outs = graph_utils.flat_outputs(parts.forward.graph)
+    outs = fx_graphs.flat_outputs(parts.forward.graph)
     metas = {}
     for k in parts.tangent_positions:
         v = outs[k].meta.get("val") if isinstance(outs[k], torch.fx.Node) else None
@@ -312,7 +312,7 @@ def make_training_core(fw: Callable, bw: Callable, parts, compile_bw: Callable[[
     made: dict = {}             # backward_key -> (compiled, kept inputs or None: all)
     stored = stored or {}
     segmented = parts.segments is not None
-    n_saved = len(graph_utils.flat_outputs(parts.forward.graph)) - nfw
+    n_saved = len(fx_graphs.flat_outputs(parts.forward.graph)) - nfw
     n_args = len(parts.primal_requires_grad) - len(parts.handoffs)
     fused_graph: list = []      # (segments) built when first needed: None where it cannot be
     can_fuse: list = []         # (segments) whether the backward can run as one graph, once known
@@ -589,7 +589,7 @@ def make_training_core(fw: Callable, bw: Callable, parts, compile_bw: Callable[[
     # through its output (the segments reading that output, and theirs in turn)
     handed_back = _handed_back(parts, n_args) if segmented else {}
     groups = parts.segments if segmented else \
-        partial_backward.components(parts, graph_utils.flat_outputs(parts.forward.graph)[:nfw])
+        partial_backward.components(parts, fx_graphs.flat_outputs(parts.forward.graph)[:nfw])
     if segmented:
         # the first segment's node takes every input of the function (and the probe, last);
         # a later one the values handed to it only

@@ -23,7 +23,7 @@ import sympy
 import torch
 import torch.fx
 
-from . import _utils as graph_utils
+from . import fx_graphs
 
 _COPY_STRIDED = torch.ops.prims.copy_strided.default
 
@@ -36,7 +36,7 @@ def fuse(backward: torch.fx.GraphModule, *, num_saved: int, num_args: int, feeds
     output k's size, stride and offset in its base) adds its gradient scattered into the base's,
     as autograd's view node does. None where that cannot be one graph: a symbolic view that is
     not a permutation of its base, an output without a tangent, values without fake tensors."""
-    gm = graph_utils.copy_graph_module(backward)
+    gm = fx_graphs.copy_graph_module(backward)
     g = gm.graph
     phs = [n for n in g.nodes if n.op == "placeholder"]
     tangents = phs[num_saved:]
@@ -216,7 +216,7 @@ def _sort_topologically(g: torch.fx.Graph) -> None:
     order: list = []
     done: set = set()
     for root in list(g.nodes):
-        graph_utils.emit_inputs_first(root, done, order)
+        fx_graphs.emit_inputs_first(root, done, order)
     for prev, n in zip(order, order[1:]):
         if prev.next is not n:
             prev.append(n)

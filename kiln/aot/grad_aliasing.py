@@ -15,7 +15,7 @@ import operator
 import torch
 import torch.fx
 
-from . import _utils as graph_utils
+from . import fx_graphs
 
 
 def _extent(t: torch.Tensor) -> tuple[int, int] | None:
@@ -71,7 +71,7 @@ def outputs_may_share_memory(graph: torch.fx.Graph, outputs: list | None = None)
     item of such an op's list). False lets a backward skip ``distinct`` on every call:
     duplicate computations were merged into one node before, so aliasing shows here."""
     roots = set()
-    for out in (graph_utils.flat_outputs(graph) if outputs is None else outputs):
+    for out in (fx_graphs.flat_outputs(graph) if outputs is None else outputs):
         if not isinstance(out, torch.fx.Node):
             continue
         root = _alias_root(out)

@@ -27,7 +27,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from .. import _torch
 from ..errors import Unsupported
-from . import _utils as graph_utils
+from . import fake_propagation, fake_tensors, functional_tensors, fx_graphs, graph_bytes, graph_text, trace_context
 from . import segments
 from . import symbolic
 from .partition import partition_capture
@@ -80,17 +80,17 @@ class AOTGraphCapture:
                  f"({self.num_fw_outputs} forward outputs, {self.num_primals} gradients)"
                  if self.is_joint else
                  f"inference graph: primals -> {self.num_fw_outputs} outputs")
-        lines = [graph_utils.graph_text(self.graph_module, title)]
+        lines = [graph_text.graph_text(self.graph_module, title)]
         if self.is_joint:
             lines.append("# tangents_j is the gradient of forward output: "
                          + ", ".join(f"tangents_{j + 1}->out[{k}]" for j, k in enumerate(self.tangent_positions)))
             try:
                 d = partition_capture(self, "default")
                 m = partition_capture(self, "min_cut")
-                lines.append(f"# saved for backward: default partitioner {graph_utils.format_bytes(d.saved_bytes)} "
-                             f"({graph_utils.count_saved(d.backward, d.saved)}), "
-                             f"min-cut {graph_utils.format_bytes(m.saved_bytes)} "
-                             f"({graph_utils.count_saved(m.backward, m.saved)})")
+                lines.append(f"# saved for backward: default partitioner {graph_bytes.format_bytes(d.saved_bytes)} "
+                             f"({graph_bytes.count_saved(d.backward, d.saved)}), "
+                             f"min-cut {graph_bytes.format_bytes(m.saved_bytes)} "
+                             f"({graph_bytes.count_saved(m.backward, m.saved)})")
             except Exception as e:  # an edited graph may not partition until stage 2 checks it
                 lines.append(f"# saved for backward: unavailable ({type(e).__name__}: {e})")
         return "\n".join(lines)
@@ -169,19 +169,19 @@ def _capture(state: AOTState) -> AOTGraphCapture:
         after everything the function computes: ``aten.copy_(primal, new value)``."""
         for i in in_graph:
             with torch.no_grad():
-                p[i].copy_(graph_utils.from_fun(fp[i]))
+                p[i].copy_(functional_tensors.from_fun(fp[i]))
 
     if not state.needs_autograd:
         def inference(*p):
-            with graph_utils.exclude_functionalize_key():
-                fp = [graph_utils.to_fun(x) for x in p]
+            with functional_tensors.exclude_functionalize_key():
+                fp = [functional_tensors.to_fun(x) for x in p]
                 try:
                     with torch.no_grad():
                         outs = fn(*fp)
                         write_inputs(p, fp)
                 finally:
                     torch._C._set_grad_enabled(prior_grad)
-                return [graph_utils.from_fun(o) for o in outs]
+                return [functional_tensors.from_fun(o) for o in outs]
 
         gm = _trace(state, inference, primals)
         names = [f"primals_{i + 1}" for i in range(n)]
@@ -206,10 +206,10 @@ def _capture(state: AOTState) -> AOTGraphCapture:
 
         def joint(*pt):
             p, z, t = pt[:n], pt[n:n + m], pt[n + m:]
-            with graph_utils.exclude_functionalize_key():
-                fp = [graph_utils.to_fun(x) for x in p]
-                fz = [graph_utils.to_fun(x) for x in z]
-                ft = [graph_utils.to_fun(x) for x in t]
+            with functional_tensors.exclude_functionalize_key():
+                fp = [functional_tensors.to_fun(x) for x in p]
+                fz = [functional_tensors.to_fun(x) for x in z]
+                ft = [functional_tensors.to_fun(x) for x in t]
                 try:
                     # the function runs in its own entry mode: a graph that starts under no_grad
                     # and turns grad mode on records autograd only from there
@@ -243,8 +243,8 @@ def _capture(state: AOTState) -> AOTGraphCapture:
                 full: list = [None] * n + grads[len(grad_primals):]
                 for i, g in zip(grad_primals, grads):
                     full[i] = g
-                return [graph_utils.from_fun(o) for o in outs] + \
-                    [graph_utils.from_fun(g) if g is not None else None for g in full]
+                return [functional_tensors.from_fun(o) for o in outs] + \
+                    [functional_tensors.from_fun(g) if g is not None else None for g in full]
 
         gm = _trace(state, joint, primals + zs + tangents)
         if len(reach) == len(grad_primals):
@@ -261,7 +261,7 @@ def _capture(state: AOTState) -> AOTGraphCapture:
             if node.op not in ("placeholder", "output"):
                 node.meta.setdefault("kiln_phase", "backward")
 
-    graph_utils.rename_placeholders(gm, names)
+    fx_graphs.rename_placeholders(gm, names)
     phs = [p for p in gm.graph.nodes if p.op == "placeholder"]
     mutated = meta.all_mutated_indices
     n_args = len(state.flat_args)
@@ -280,16 +280,16 @@ def _capture(state: AOTState) -> AOTGraphCapture:
         else:
             p.meta["kiln_tangent"] = True
             p.meta["kiln_phase"] = "backward"
-    graph_utils.remove_aliases(gm)
+    fx_graphs.remove_aliases(gm)
     with_eager_layouts(gm, meta)
-    graph_utils.dce(gm)
+    fx_graphs.dce(gm)
     saved_inputs, saved_outputs = [], []
     if kind == "joint":
         saved_inputs, saved_outputs = meta.eager_saved_inputs(), meta.eager_saved_fw_outputs()
         mark_user_visible(gm, n_args, meta.num_fw_outputs, meta, saved_inputs, saved_outputs)
     gm.graph.lint()
     gm.recompile()
-    graph_utils.record_val_calls(gm.graph)     # (stage 2 then re-runs only what an edit changes)
+    fake_propagation.record_val_calls(gm.graph)     # (stage 2 then re-runs only what an edit changes)
     return AOTGraphCapture(
         graph_module=gm, kind=kind, num_primals=n, num_fw_outputs=nfw,
         tangent_positions=tangent_positions,
@@ -309,7 +309,7 @@ def with_eager_layouts(gm: torch.fx.GraphModule, meta) -> None:
     (``prims.copy_strided``, which a compiler fuses into the kernel that computes it). Static
     layouts only; sizes 0 and 1 do not count."""
     n_mut = len(meta.mutated_data_indices)
-    out = graph_utils.output_node(gm.graph)
+    out = fx_graphs.output_node(gm.graph)
     flat = list(out.args[0])
     changed = False
     # the outputs, and the intermediates whose views the runtime takes again with eager's
@@ -320,12 +320,12 @@ def with_eager_layouts(gm: torch.fx.GraphModule, meta) -> None:
         val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
         if not isinstance(val, torch.Tensor):
             continue
-        dtype = graph_utils.dtype_from_str(info.dtype) if info.dtype else val.dtype
+        dtype = fake_tensors.dtype_from_str(info.dtype) if info.dtype else val.dtype
         if dtype != val.dtype:      # (a decomposition that lost eager's type promotion)
             with _right_after(gm.graph, node):
                 c = gm.graph.call_function(torch.ops.prims.convert_element_type.default, (node, dtype))
             c.meta = {key: v for key, v in node.meta.items() if key != "val"}
-            with graph_utils.fake_mode_of([val]):
+            with fake_tensors.fake_mode_of([val]):
                 c.meta["val"] = val = torch.ops.prims.convert_element_type.default(val, dtype)
             node = flat[n_mut + j] = c
             changed = True
@@ -338,7 +338,7 @@ def with_eager_layouts(gm: torch.fx.GraphModule, meta) -> None:
         with _right_after(gm.graph, node):
             c = gm.graph.call_function(torch.ops.prims.copy_strided.default, (node, list(info.stride)))
         c.meta = {key: v for key, v in node.meta.items() if key != "val"}
-        with graph_utils.fake_mode_of([val]):
+        with fake_tensors.fake_mode_of([val]):
             c.meta["val"] = torch.ops.prims.copy_strided.default(val, list(info.stride))
         flat[n_mut + j] = c
         changed = True
@@ -368,7 +368,7 @@ def mark_user_visible(gm: torch.fx.GraphModule, n: int, nfw: int, meta, saved_in
             p.meta["kiln_user_visible"] = True
             p.meta["kiln_eager_saved"] = i in saved_inputs
     n_mut = len(meta.mutated_data_indices)
-    for k, o in enumerate(graph_utils.flat_outputs(gm.graph)[:nfw]):
+    for k, o in enumerate(fx_graphs.flat_outputs(gm.graph)[:nfw]):
         if k >= n_mut and isinstance(o, torch.fx.Node):
             o.meta["kiln_user_visible"] = True
             o.meta["kiln_eager_saved"] = o.meta.get("kiln_eager_saved", False) or k in saved_outputs
@@ -378,7 +378,7 @@ def _trace(state: AOTState, f, args) -> torch.fx.GraphModule:
     try:
         # preserve_node_meta: each node records the ATen op it was decomposed from
         # (meta "original_aten"), which the activation policies read (saved_hooks.py)
-        with graph_utils.preserve_rng_state(), graph_utils.no_mkldnn_decompositions(), \
+        with trace_context.preserve_rng_state(), trace_context.no_mkldnn_decompositions(), \
                 FunctionalTensorMode(_allow_token_discovery=True), fx_traceback.preserve_node_meta(), \
                 _torch.lazy_graph_modules():      # (renamed and rewritten next: no code made yet)
             gm = make_fx(f, decomposition_table=state.decompositions)(*args)
@@ -402,6 +402,6 @@ def _tangent_for(state: AOTState, k: int) -> torch.Tensor:
         shape, dtype, device = meta.inputs[mutated[k]].new_size, p.dtype, p.device
     else:
         o = meta.fw_output_info(k)
-        shape, dtype, device = o.size, graph_utils.dtype_from_str(o.dtype), torch.device(o.device)
+        shape, dtype, device = o.size, fake_tensors.dtype_from_str(o.dtype), torch.device(o.device)
     with state.fake_mode:
         return torch.empty(tuple(shape), dtype=dtype, device=device)

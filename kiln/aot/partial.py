@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 import torch.fx
 
-from . import _utils as graph_utils
+from . import fake_propagation, fake_tensors, fx_graphs
 
 aten = torch.ops.aten
 
@@ -39,7 +39,7 @@ def grad_dependencies(joint: torch.fx.GraphModule, num_fw_outputs: int) -> list[
     placeholder order)."""
     tangents = [n for n in joint.graph.nodes if n.op == "placeholder" and n.meta.get("kiln_tangent")]
     deps = tangent_sets(joint.graph, tangents)
-    grads = graph_utils.flat_outputs(joint.graph)[num_fw_outputs:]
+    grads = fx_graphs.flat_outputs(joint.graph)[num_fw_outputs:]
     # eager's autograd reaches a leaf through its graph, whatever the values: a gradient that
     # is a constant (zeros) still comes from the outputs that reach it (graph_capture._reached_by)
     reach = joint.meta.get("kiln_grad_reach", {})
@@ -51,7 +51,7 @@ def without_tangents(backward: torch.fx.GraphModule, num_tangents: int, given: f
     """A copy of ``backward`` (saved values + tangents -> gradients) in which a value computed
     from missing tangents only is replaced by ``zeros_like`` of it where a value computed from
     a given tangent uses it, and gradients computed from missing tangents only are None."""
-    graph_utils.ensure_vals(backward)     # (a loaded graph's: the zeros are sized from them)
+    fake_tensors.ensure_vals(backward)     # (a loaded graph's: the zeros are sized from them)
     _ensure_node_vals(backward)
     gm = torch.fx.GraphModule(backward, _copy(backward.graph), class_name=type(backward).__name__)
     g = gm.graph
@@ -81,7 +81,7 @@ def without_tangents(backward: torch.fx.GraphModule, num_tangents: int, given: f
                 if z is None:
                     z = zeros[a] = _zeros_of(g, a, sizes)
                 n.replace_input_with(a, z)
-    out = graph_utils.output_node(g)
+    out = fx_graphs.output_node(g)
     flat = list(out.args[0])
     out.args = (tuple(None if isinstance(v, torch.fx.Node) and dead(v) else v for v in flat),)
     # every user of a dead value is dead now: remove them all (the dead-code pass keeps ops it
@@ -130,11 +130,11 @@ def _ensure_node_vals(gm: torch.fx.GraphModule) -> None:
     if all("val" in n.meta for n in nodes):
         return
     vals = [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
-    mode = graph_utils.fake_mode_of(vals)
+    mode = fake_tensors.fake_mode_of(vals)
     if mode is None or any(v is None for v in vals):
         return
     try:
-        graph_utils.propagate_fake(gm, vals, mode)
+        fake_propagation.propagate_fake(gm, vals, mode)
     except Exception:         # (the zeros are then zeros_like: correct, only slower)
         return
 

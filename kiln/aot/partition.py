@@ -43,7 +43,7 @@ import torch.fx
 from .. import _torch
 from ..config import config
 from ..errors import Unsupported
-from . import _utils as graph_utils
+from . import fx_graphs, graph_bytes
 from . import recompute, symbolic
 from .cse import eliminate_common_subexpressions, is_pure
 from .dropout_recompute import REBUILT, rebuild_dropout_for_backward
@@ -78,7 +78,7 @@ class _Joint:
         phs = [n for n in g.nodes if n.op == "placeholder"]
         self.tangents = [p for p in phs if _is_tangent(p)]
         self.primals = [p for p in phs if not _is_tangent(p)]
-        outs = graph_utils.flat_outputs(g)
+        outs = fx_graphs.flat_outputs(g)
         self.fw_outs = outs[:num_fwd_outputs]
         self.grads = outs[num_fwd_outputs:]
         if len(self.grads) != len(self.primals):
@@ -88,7 +88,7 @@ class _Joint:
         for n in g.nodes:
             if n.op not in ("placeholder", "output") and any(a in tdep for a in n.all_input_nodes):
                 tdep.add(n)
-        fw_anc = graph_utils.ancestors(self.fw_outs)
+        fw_anc = fx_graphs.ancestors(self.fw_outs)
         if fw_anc & tdep:
             bad = sorted(x.name for x in fw_anc & tdep)[:3]
             raise Unsupported(f"partition: forward outputs depend on tangents ({', '.join(bad)})")
@@ -129,10 +129,10 @@ class _Joint:
             saved = recompute.saved_outside_regions(self, saved)
         saved = self.order(saved)
         fw_set = self.fw
-        fw_graph = graph_utils.extract_graph(self.graph, self.primals, list(self.fw_outs) + saved,
-                                   keep=lambda n: graph_utils.is_effect(n) and n in fw_set)
+        fw_graph = fx_graphs.extract_graph(self.graph, self.primals, list(self.fw_outs) + saved,
+                                   keep=lambda n: fx_graphs.is_effect(n) and n in fw_set)
         bw_graph = _recompute_at_first_use(
-            graph_utils.extract_graph(self.graph, saved + self.tangents, list(self.grads)))
+            fx_graphs.extract_graph(self.graph, saved + self.tangents, list(self.grads)))
         fw = _torch.lazy_graph_module(gm, fw_graph, class_name="KilnForward")
         bw = _torch.lazy_graph_module(gm, bw_graph, class_name="KilnBackward")
         return fw, bw
@@ -155,8 +155,8 @@ def _recompute_at_first_use(g: torch.fx.Graph) -> torch.fx.Graph:
     order: list = []
     done = set(phs)
     for n in g.nodes:
-        if n.op == "output" or (n in tangent_dep and n.op != "placeholder") or graph_utils.is_random(n):
-            graph_utils.emit_inputs_first(n, done, order)
+        if n.op == "output" or (n in tangent_dep and n.op != "placeholder") or fx_graphs.is_random(n):
+            fx_graphs.emit_inputs_first(n, done, order)
     new = torch.fx.Graph()
     env: dict = {}
     for p in phs:
@@ -174,7 +174,7 @@ def _save_view_bases(j: _Joint, saved: set) -> set:
     """Save a view's base instead of the view (same storage) and re-take the view in backward."""
     out = set()
     for s in saved:
-        while graph_utils.is_view(s) and _only_tensor_arg(s) and s.args[0] in j.fw:
+        while fx_graphs.is_view(s) and _only_tensor_arg(s) and s.args[0] in j.fw:
             s = s.args[0]
         out.add(s)
     return out
@@ -224,7 +224,7 @@ def _recompute_allowed(n: torch.fx.Node) -> bool:
         return True
     if not isinstance(t, torch._ops.OpOverload):
         return False
-    if graph_utils.is_random(n):
+    if fx_graphs.is_random(n):
         return False
     if t.is_view or torch.Tag.pointwise in t.tags:
         return True
@@ -232,10 +232,10 @@ def _recompute_allowed(n: torch.fx.Node) -> bool:
 
 
 def _is_reduction_to_small(n: torch.fx.Node) -> bool:
-    if n.op != "call_function" or graph_utils.is_view(n) or n.target is operator.getitem:
+    if n.op != "call_function" or fx_graphs.is_view(n) or n.target is operator.getitem:
         return False
-    ins = sum(graph_utils.node_nbytes(a) for a in n.all_input_nodes)
-    return graph_utils.node_nbytes(n) * 4 < ins
+    ins = sum(graph_bytes.node_nbytes(a) for a in n.all_input_nodes)
+    return graph_bytes.node_nbytes(n) * 4 < ins
 
 
 # random ops a kernel generates inside a fused kernel (never recomputed, but fusible)
@@ -248,7 +248,7 @@ def _fusible(n: torch.fx.Node) -> bool:
         return False
     if _recompute_allowed(n):
         return True
-    return graph_utils.is_random(n) and n.target._opname in _FUSIBLE_RANDOM_OPS
+    return fx_graphs.is_random(n) and n.target._opname in _FUSIBLE_RANDOM_OPS
 
 
 def _fuses_into(a: torch.fx.Node, user: torch.fx.Node) -> bool:
@@ -263,7 +263,7 @@ def _materialized_in_backward(n: torch.fx.Node, bw: set) -> bool:
     """A backward op that cannot fuse with ``n`` (a matmul's gradient, say) reads it, through
     views or not: the backward would write it out whole anyway, so recomputing it saves no
     memory the backward does not spend again and costs a kernel."""
-    if graph_utils.is_view(n):
+    if fx_graphs.is_view(n):
         return False
     stack, seen = [n], {n}
     while stack:
@@ -271,7 +271,7 @@ def _materialized_in_backward(n: torch.fx.Node, bw: set) -> bool:
         for u in cur.users:
             if u in bw and not _fuses_into(cur, u):
                 return True
-            if graph_utils.is_view(u) and u not in seen:
+            if fx_graphs.is_view(u) and u not in seen:
                 seen.add(u)
                 stack.append(u)
     return False
@@ -286,7 +286,7 @@ def _banned(n: torch.fx.Node, bw: set) -> bool:
     """Never recompute this node in the backward."""
     if n.op != "call_function":
         return False
-    if n.target is operator.getitem or graph_utils.is_view(n):
+    if n.target is operator.getitem or fx_graphs.is_view(n):
         return False
     return not _recompute_allowed(n) or _is_reduction_to_small(n) or \
         (_materialized_in_backward(n, bw) and not _widens(n) and REBUILT not in n.meta)
@@ -295,9 +295,9 @@ def _banned(n: torch.fx.Node, bw: set) -> bool:
 def _widens(n: torch.fx.Node) -> bool:
     """``n`` is at least twice the bytes of the activations it is made from (max-pool's int64
     indices from int8 offsets, an upcast): recomputing it in the backward does save memory."""
-    ins = sum(graph_utils.node_nbytes(a) for a in n.all_input_nodes
+    ins = sum(graph_bytes.node_nbytes(a) for a in n.all_input_nodes
               if not (a.op == "placeholder" and a.meta.get("kiln_static")))
-    return 2 * ins <= graph_utils.node_nbytes(n)
+    return 2 * ins <= graph_bytes.node_nbytes(n)
 
 
 def _banned_by_fusion_structure(j: _Joint) -> set:
@@ -340,7 +340,7 @@ def _banned_by_fusion_structure(j: _Joint) -> set:
             continue
         first = first_unfusible(users, max(order[u] for u in users))
         for u in users:
-            if order[u] > first and _fuses_into(used, u) and not graph_utils.is_view(u):
+            if order[u] > first and _fuses_into(used, u) and not fx_graphs.is_view(u):
                 banned.add(u)
 
     visited: set = set()
@@ -356,7 +356,7 @@ def _banned_by_fusion_structure(j: _Joint) -> set:
                 continue
             visited.add(cur)
             if pos > order[start] + 100 and not heap:
-                if not graph_utils.is_view(cur):
+                if not fx_graphs.is_view(cur):
                     banned.add(cur)
                 break
             for u in cur.users:
@@ -367,7 +367,7 @@ def _banned_by_fusion_structure(j: _Joint) -> set:
 
 
 def _without_common_subexpressions(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
-    new = graph_utils.copy_graph_module(gm)
+    new = fx_graphs.copy_graph_module(gm)
     if not eliminate_common_subexpressions(new.graph):
         return gm
     new.recompile()         # (lazy: marks the code stale)
@@ -379,7 +379,7 @@ def _with_dropout_rebuilt(joint_module: torch.fx.GraphModule, j: "_Joint", num_f
     (``dropout_recompute.py``), on a copy; ``j`` itself where there is nothing to rebuild."""
     if not any(n.target is aten.native_dropout.default for n in j.fw):
         return j
-    copy = graph_utils.copy_graph_module(joint_module)
+    copy = fx_graphs.copy_graph_module(joint_module)
     names = {n.name for n in j.bw}
     if not rebuild_dropout_for_backward(copy.graph, {n for n in copy.graph.nodes if n.name in names}):
         return j
@@ -435,14 +435,14 @@ def min_cut_rematerialization_partition(joint_module: torch.fx.GraphModule, join
             w = 8.0                                         # a symbolic size: saved as an int
         elif isinstance(val, (tuple, list)) or not isinstance(val, torch.Tensor):
             w = math.inf                                    # save its getitems instead
-        elif graph_utils.is_view(n) and _only_tensor_arg(n):
+        elif fx_graphs.is_view(n) and _only_tensor_arg(n):
             w = math.inf                                    # save the base: same storage
         elif n.meta.get("kiln_user_visible") and not n.meta.get("kiln_eager_saved"):
             # the user may change it before backward(): stage 2 copies it if it is cut (one
             # multi-tensor copy per call). For a parameter (a BatchNorm's bias, which the
             # normalized activations after it are recomputed from) that copy is worth its
             # bytes; for anything else (an input batch, an output), never.
-            w = float(graph_utils.node_nbytes(n)) if n.op == "placeholder" and n.meta.get("kiln_static") else 1e15
+            w = float(graph_bytes.node_nbytes(n)) if n.op == "placeholder" and n.meta.get("kiln_static") else 1e15
         elif n.op == "placeholder" and n.meta.get("kiln_mutated"):
             w = 1e15                                        # copied into after the forward
         elif n.op == "placeholder" and n.meta.get("kiln_static"):
@@ -451,7 +451,7 @@ def min_cut_rematerialization_partition(joint_module: torch.fx.GraphModule, join
             # Saving a value the forward would only have kept in registers (all its users fuse
             # with it) costs a write it would not have made: twice the bytes. And the farther
             # from the backward, the longer a saved value stays alive: 10% more per node.
-            w = float(graph_utils.node_nbytes(n)) * (1.0 if _materialized(n) and REBUILT not in n.meta else 2.0)
+            w = float(graph_bytes.node_nbytes(n)) * (1.0 if _materialized(n) and REBUILT not in n.meta else 2.0)
             w *= 1.1 ** max(min(dist.get(n, 100), 100), 1)
         if not math.isinf(w):
             w += 1e-6
@@ -499,14 +499,14 @@ def partition_joint(gm: torch.fx.GraphModule, joint_inputs: Any, num_fw_outputs:
     fn = resolve_partition_fn(partition_fn)
     fw, bw = fn(gm, joint_inputs, num_fwd_outputs=num_fw_outputs)
     fw.meta.setdefault("kiln_num_fw_outputs", num_fw_outputs)   # (the rest are saved tensors)
-    fw_outs = graph_utils.flat_outputs(fw.graph)
+    fw_outs = fx_graphs.flat_outputs(fw.graph)
     saved = fw_outs[num_fw_outputs:]
     n_bw_in = sum(1 for n in bw.graph.nodes if n.op == "placeholder")
     if n_bw_in != len(saved) + num_tangents:
         raise ValueError(f"partition: the backward takes {n_bw_in} inputs, expected {len(saved)} saved "
                          f"values + {num_tangents} tangents")
     saved_nodes = [s for s in saved if isinstance(s, torch.fx.Node)]
-    total, inputs = graph_utils.saved_bytes(saved_nodes)
+    total, inputs = graph_bytes.saved_bytes(saved_nodes)
     return Partition(fw, bw, num_fw_outputs, [s.name for s in saved_nodes], total, inputs)
 
 

@@ -37,7 +37,7 @@ import torch.fx.traceback as fx_traceback
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import CheckpointPolicy, SelectiveCheckpointContext
 
-from . import _utils as graph_utils
+from . import fx_graphs
 
 REGION_KEY = "ac_graph_id"
 POLICY_KEY = "recompute"
@@ -124,7 +124,7 @@ def _recomputable(n: torch.fx.Node) -> bool:
     t = n.target
     if not isinstance(t, torch._ops.OpOverload):
         return False
-    return not t._schema.is_mutable and not graph_utils.is_effect(n)
+    return not t._schema.is_mutable and not fx_graphs.is_effect(n)
 
 
 def inside_region(n: torch.fx.Node, forward: set, forward_outputs: set) -> bool:

@@ -19,7 +19,7 @@ import torch.utils._pytree as pytree
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from ..errors import Unsupported
-from . import _utils as graph_utils, symbolic
+from . import functional_tensors, symbolic, trace_context
 from .state import InputInfo, OutputInfo, ViewAndMutationMeta
 from .symbolic_codec import encode_value
 from .versions import attach_late_checks
@@ -88,7 +88,7 @@ class RNGStateWrapper(RuntimeWrapper):
 
     def pre_capture(self, fn, args, static, sources):
         def traced_without_drawing(*a):
-            with graph_utils.preserve_rng_state():
+            with trace_context.preserve_rng_state():
                 return fn(*a)
         traced_without_drawing.__wrapped__ = fn
         return traced_without_drawing, args, static, sources
@@ -433,10 +433,10 @@ class MutationsAndAliases(RuntimeWrapper):
             out = fn(*a)
             outs, _ = pytree.tree_flatten(out)
             for t in a:
-                graph_utils.sync(t)
+                functional_tensors.sync(t)
             res = [a[i] for i in mutated] + [outs[k] for k in graph_outs] + [outs[k]._base for k in base_of]
             for t in res:
-                graph_utils.sync(t)
+                functional_tensors.sync(t)
             return res
         return functional_outputs, args, static, sources
 

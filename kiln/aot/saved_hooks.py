@@ -34,7 +34,8 @@ import torch.utils._pytree as pytree
 
 from .. import _torch, logs
 from ..process_state import saved_hook_wrappers as _wrappers
-from . import _utils as graph_utils
+from . import fake_propagation, fake_tensors, functional_tensors, fx_graphs, graph_bytes
+from . import trace_context
 from .saved_hooks_schedule import schedule
 from .symbolic import has_symbols, is_sym_function, known_equal
 
@@ -136,14 +137,14 @@ def trace_hook(fn: Callable, arg: Any, decompositions: dict | None, what: str) -
     holder: dict = {}
 
     def flat(*tensors):
-        with graph_utils.exclude_functionalize_key():
+        with functional_tensors.exclude_functionalize_key():
             full = list(leaves)
             for i, t in zip(tensor_at, tensors):
-                full[i] = graph_utils.to_fun(t)
+                full[i] = functional_tensors.to_fun(t)
             out = fn(pytree.tree_unflatten(full, spec))
             for i in tensor_at:
                 # eager would change the saved tensor itself (a value the graphs also use)
-                graph_utils.sync(full[i])
+                functional_tensors.sync(full[i])
                 elem = full[i].elem
                 if torch._functionalize_has_data_mutation(elem) or \
                         torch._functionalize_has_metadata_mutation(elem):
@@ -153,8 +154,8 @@ def trace_hook(fn: Callable, arg: Any, decompositions: dict | None, what: str) -
             result = []
             for i, o in enumerate(out_leaves):
                 if isinstance(o, torch.Tensor):
-                    graph_utils.sync(o)
-                    result.append(graph_utils.from_fun(o))
+                    functional_tensors.sync(o)
+                    result.append(functional_tensors.from_fun(o))
                 elif isinstance(o, _CONSTANT_TYPES):
                     consts[i] = o
                 else:
@@ -164,7 +165,7 @@ def trace_hook(fn: Callable, arg: Any, decompositions: dict | None, what: str) -
             return result
 
     try:
-        with graph_utils.preserve_rng_state(), FunctionalTensorMode(_allow_token_discovery=True):
+        with trace_context.preserve_rng_state(), FunctionalTensorMode(_allow_token_discovery=True):
             gm = make_fx(flat, decomposition_table=decompositions or {})(*[leaves[i] for i in tensor_at])
     except HookNotTraceable:
         raise
@@ -210,22 +211,22 @@ class InlinedHooks:
         return (f"saved-tensor hooks inlined: pack={self.pack}, unpack={self.unpack}; "
                 f"{len(self.packed)} packed ({', '.join(s for s, _ in self.packed) or '-'}), "
                 f"{len(self.kept)} kept as they are ({', '.join(self.kept) or '-'}); saved activations "
-                f"{graph_utils.format_bytes(self.bytes_before)} -> {graph_utils.format_bytes(self.bytes_after)}"
-                + (f" (+{graph_utils.format_bytes(self.offloaded_bytes)} offloaded)" if self.offloaded_bytes else ""))
+                f"{graph_bytes.format_bytes(self.bytes_before)} -> {graph_bytes.format_bytes(self.bytes_after)}"
+                + (f" (+{graph_bytes.format_bytes(self.offloaded_bytes)} offloaded)" if self.offloaded_bytes else ""))
 
 
 def activations(fw: torch.fx.GraphModule, bw: torch.fx.GraphModule, nfw: int) -> set:
     """The saved values (forward-graph nodes) that are activations: tensors sharing memory with
     no forward input, no forward output the user sees and no gradient."""
-    fw_outs = graph_utils.flat_outputs(fw.graph)
+    fw_outs = fx_graphs.flat_outputs(fw.graph)
     visible = [n for n in fw.graph.nodes if n.op == "placeholder"] + list(fw_outs[:nfw]) + \
-        list(graph_utils.flat_outputs(bw.graph))
-    kept = {graph_utils.fake_storage(n.meta.get("val")) for n in visible if isinstance(n, torch.fx.Node)} - {None}
+        list(fx_graphs.flat_outputs(bw.graph))
+    kept = {fake_tensors.fake_storage(n.meta.get("val")) for n in visible if isinstance(n, torch.fx.Node)} - {None}
     acts = set()
     for n in fw_outs[nfw:]:
         if not isinstance(n, torch.fx.Node) or n.op == "placeholder":
             continue
-        s = graph_utils.fake_storage(n.meta.get("val"))
+        s = fake_tensors.fake_storage(n.meta.get("val"))
         if s is not None and s not in kept:
             acts.add(n)
     return acts
@@ -254,7 +255,7 @@ def _refresh_values(fw: torch.fx.GraphModule, bw: torch.fx.GraphModule, fake_mod
     """Recompute every node's fake value (the backward's placeholders take the forward's
     saved values), so that values copied from one traced hook are distinct tensors."""
     fw_phs = [n for n in fw.graph.nodes if n.op == "placeholder"]
-    graph_utils.propagate_fake(fw, [n.meta.get("val") for n in fw_phs], fake_mode)
+    fake_propagation.propagate_fake(fw, [n.meta.get("val") for n in fw_phs], fake_mode)
     bw_phs = [n for n in bw.graph.nodes if n.op == "placeholder"]
     by_name = {n.name: n for n in fw.graph.nodes}
     vals = []
@@ -263,7 +264,7 @@ def _refresh_values(fw: torch.fx.GraphModule, bw: torch.fx.GraphModule, fake_mod
         if src is not None and src in by_name:
             ph.meta["val"] = by_name[src].meta.get("val")
         vals.append(ph.meta.get("val"))
-    graph_utils.propagate_fake(bw, vals, fake_mode)
+    fake_propagation.propagate_fake(bw, vals, fake_mode)
 
 
 def _meta_key(v: torch.Tensor):
@@ -291,7 +292,7 @@ def inline(hooks: tuple, fw: torch.fx.GraphModule, bw: torch.fx.GraphModule, nfw
     static tensor metadata; with ``fake_mode``, the graphs' values are then recomputed so that
     no two nodes share one fake tensor."""
     pack, unpack = hooks
-    fw_outs = graph_utils.flat_outputs(fw.graph)
+    fw_outs = fx_graphs.flat_outputs(fw.graph)
     saved = list(fw_outs[nfw:])
     bw_phs = [n for n in bw.graph.nodes if n.op == "placeholder"]
     acts = activations(fw, bw, nfw)
@@ -319,11 +320,11 @@ def inline(hooks: tuple, fw: torch.fx.GraphModule, bw: torch.fx.GraphModule, nfw
             reused = True
         else:
             p = trace_hook(mine[0], val, decompositions, "pack")
-            packed_vals = [n.meta.get("val") for n in graph_utils.flat_outputs(p.graph.graph)]
+            packed_vals = [n.meta.get("val") for n in fx_graphs.flat_outputs(p.graph.graph)]
             u = trace_hook(mine[1], p.rebuild(packed_vals), decompositions, "unpack")
             if key is not None:
                 memo[key] = (p, u)
-        outs = [n.meta.get("val") for n in graph_utils.flat_outputs(u.graph.graph)]
+        outs = [n.meta.get("val") for n in fx_graphs.flat_outputs(u.graph.graph)]
         if len(outs) != 1 or u.out_constants or not isinstance(outs[0], torch.Tensor) \
                 or not _same_meta(outs[0], val):
             got = ", ".join(f"{tuple(o.shape)} {o.dtype}" if isinstance(o, torch.Tensor) else type(o).__name__
@@ -399,7 +400,7 @@ def inline(hooks: tuple, fw: torch.fx.GraphModule, bw: torch.fx.GraphModule, nfw
 
 def _activation_bytes(nodes: list) -> int:
     """Bytes of the saved values that are not graph inputs (one count per storage)."""
-    total, inputs = graph_utils.saved_bytes(nodes)
+    total, inputs = graph_bytes.saved_bytes(nodes)
     return total - inputs
 
 

@@ -14,7 +14,7 @@ compute stream wait for each copy at once. After inlining, this pass spreads the
   and device memory holds at most ``ahead`` prefetched tensors before their use.
 
 Inductor keeps this order: kiln compiles a graph with these ops without Inductor's peak-memory
-reordering (backends/inductor.py), which sees no memory in a copy in flight and would start every
+reordering (backends/inductor/backend.py), which sees no memory in a copy in flight and would start every
 copy back at the top of the backward.
 
 Only moves that keep the graph valid are made (inputs before, users after); the others stay
@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 import torch.fx
 
-from ._utils import op_name
+from .fx_graphs import op_name
 
 
 

@@ -54,7 +54,7 @@ import torch.fx
 from torch.utils import _pytree as pytree
 
 from ..errors import Unsupported
-from . import _utils as graph_utils
+from . import functional_tensors, fx_graphs
 
 
 class NotSegmentable(Unsupported):
@@ -107,7 +107,7 @@ def refuse_writes(primals: list) -> None:
     """NotSegmentable when the traced function wrote into a handoff primal (in place, or its
     sizes and strides): eager's write would reach the handed value and its aliases too."""
     for z in primals:
-        graph_utils.sync(z)
+        functional_tensors.sync(z)
         elem = z.elem
         if torch._functionalize_has_data_mutation(elem) or torch._functionalize_has_metadata_mutation(elem):
             raise NotSegmentable("a later segment writes into a value an earlier one hands over")
@@ -157,7 +157,7 @@ def cut_outputs(gm: torch.fx.GraphModule) -> set:
         return set()
     cut = set()
     for later in outs:
-        seen = graph_utils.ancestors(later.all_input_nodes)
+        seen = fx_graphs.ancestors(later.all_input_nodes)
         cut.update(o for o in outs if o is not later and o in seen)
     return cut
 
@@ -178,7 +178,7 @@ def plan(gm: torch.fx.GraphModule) -> torch.fx.GraphModule | None:
             level[n] = 0
             continue
         level[n] = max((level[a] + (a in cut) for a in n.all_input_nodes), default=0)
-    new = graph_utils.copy_graph_module(gm)
+    new = fx_graphs.copy_graph_module(gm)
     by_name = {n.name: n for n in new.graph.nodes}
     handoffs: list[Handoff] = []
     for a in nodes:

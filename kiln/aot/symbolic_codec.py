@@ -20,7 +20,7 @@ import sympy
 import torch
 
 from .._torch import new_fake_mode
-from . import _utils as graph_utils
+from . import fake_tensors
 
 SYM_TAG = "__kiln_sym__"
 
@@ -179,7 +179,7 @@ class Decoder:
             stride = [self.int(s) for s in v["stride"]]
             offset = self.int(v["offset"])
             with self.fake_mode:
-                t = torch.empty_strided(shape, stride, dtype=graph_utils.dtype_from_str(v["dtype"]),
+                t = torch.empty_strided(shape, stride, dtype=fake_tensors.dtype_from_str(v["dtype"]),
                                         device=torch.device(v["device"]))
                 if not (isinstance(offset, int) and offset == 0):
                     t = t.as_strided(shape, stride, offset)

@@ -30,7 +30,7 @@ import torch
 import torch.fx
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from . import _utils as graph_utils
+from . import fx_graphs
 
 
 def tangent_uses(graph: torch.fx.Graph, tangents: list, backward_phase_only: bool = False) -> dict:
@@ -71,7 +71,7 @@ def version_checks(forward: torch.fx.GraphModule, backward: torch.fx.GraphModule
     nfw = capture.num_fw_outputs
     n_tangents = capture.num_tangents
     everything = frozenset(range(n_tangents))
-    outs = graph_utils.flat_outputs(forward.graph)
+    outs = fx_graphs.flat_outputs(forward.graph)
     saved = outs[nfw:]
     primal_of = {ph: i for i, ph in enumerate(n for n in forward.graph.nodes if n.op == "placeholder")}
     output_of: dict = {}
@@ -84,7 +84,7 @@ def version_checks(forward: torch.fx.GraphModule, backward: torch.fx.GraphModule
     # what eager's formulas read from each primal and forward output, per tangent
     joint = capture.graph_module.graph
     j_phs = [n for n in joint.nodes if n.op == "placeholder"]
-    j_outs = graph_utils.flat_outputs(joint)
+    j_outs = fx_graphs.flat_outputs(joint)
     j_uses = tangent_uses(joint, [p for p in j_phs if p.meta.get("kiln_tangent")], backward_phase_only=True)
 
     def eager_need(node) -> frozenset:
@@ -102,7 +102,7 @@ def version_checks(forward: torch.fx.GraphModule, backward: torch.fx.GraphModule
         demand.append(sorted(sorted(u) for u in bw_uses.get(bw_phs[j], ())) if j < len(bw_phs)
                       else [sorted(everything)])
         root = s
-        while graph_utils.is_view(root) and len(root.all_input_nodes) == 1 and isinstance(root.args[0], torch.fx.Node):
+        while fx_graphs.is_view(root) and len(root.all_input_nodes) == 1 and isinstance(root.args[0], torch.fx.Node):
             root = root.args[0]
         if root in primal_of and primal_of[root] in mutated:
             # the runtime copies the input's new value (or metadata) into it after the forward:

@@ -66,6 +66,6 @@ def list_backends() -> list[str]:
 
 
 def _load_builtins() -> None:
-    from . import eager  # noqa: F401  (registers itself)
-    from . import aot  # noqa: F401  (registers "aot_eager")
-    from . import inductor  # noqa: F401  (registers "inductor"; Inductor itself loads on first use)
+    from . import eager  # noqa: F401  cycle: each built-in backend registers itself here
+    from . import aot  # noqa: F401  cycle: registers "aot_eager" here
+    from . import inductor  # noqa: F401  cycle: registers "inductor" here

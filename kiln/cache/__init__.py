@@ -4,7 +4,7 @@
 callable for a captured graph: loaded from ``<kiln.config.cache_dir>/aot/`` when an entry
 with the same key exists, else compiled by ``compile()`` and stored (``dump(compiled)``).
 Cached: graphs from the ``inductor`` backend (AOT result + Inductor's generated code,
-``kiln.backends.inductor_entry``), ``aot_eager``, and ``aot_backend``s that declare a
+``kiln.backends.inductor.cache_entry``), ``aot_eager``, and ``aot_backend``s that declare a
 ``cache_key`` (``kiln.aot.AOTArtifact``): a load rebuilds the callable without tracing or
 lowering. Dynamic graphs are keyed with their symbolic sizes and the capture's shape facts;
 their entries hold the symbolic sizes and the guards the compile added, which a load adds to
@@ -26,7 +26,7 @@ from .. import logs
 from ..aot.symbolic_codec import EntryDoesNotFit
 from ..config import config
 from .compiling import compiling_function
-from . import explain, key as cache_key, store
+from . import key as cache_key, miss_reasons, store
 from .store import clear, reset_stats, stats
 
 __all__ = ["cached", "bypass", "stats", "reset_stats", "clear"]
@@ -99,7 +99,7 @@ def cached(gm, example_inputs: list, *, backend: str, options: dict, compile: Ca
         store.warn_once(("load", key), f"cannot load entry {key[:12]} ({type(e).__name__}: {e}); recompiling")
     store.count("misses")
     if logs.enabled.cache:
-        _log(f"miss {fn} ({key[:12]}): {not_fit or explain.why_missed(fn, parts)}")
+        _log(f"miss {fn} ({key[:12]}): {not_fit or miss_reasons.why_missed(fn, parts)}")
     compiled = compile()
     try:
         payload = dump(compiled)

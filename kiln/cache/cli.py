@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 
-from . import explain, store
+from . import miss_reasons, store
 
 
 def ls() -> int:
@@ -41,8 +41,8 @@ def why(function: str | None) -> int:
     for fn, parts in by_function.items():
         print(f"{fn}: {len(parts)} entr{'y' if len(parts) == 1 else 'ies'}")
         for i in range(1, len(parts)):
-            nearest = min(parts[:i], key=lambda p: len(explain.differences(p, parts[i])))
-            print(f"  entry {i + 1} missed: " + "; ".join(explain.differences(nearest, parts[i])) + "; all else equal")
+            nearest = min(parts[:i], key=lambda p: len(miss_reasons.differences(p, parts[i])))
+            print(f"  entry {i + 1} missed: " + "; ".join(miss_reasons.differences(nearest, parts[i])) + "; all else equal")
     return 0
 
 

@@ -1,9 +1,9 @@
 """The cache key of one captured graph: named parts, hashed together.
 
 The parts are kept apart (not only hashed) so that a miss can say which part differs from the
-nearest stored entry (``explain.py``). Every fact the compiled code depends on is a part; when
-in doubt a fact is included, since a needless miss costs a compile and a missing fact a wrong
-answer.
+nearest stored entry (``miss_reasons.py``). Every fact the compiled code depends on is a part;
+when in doubt a fact is included, since a needless miss costs a compile and a missing fact a
+wrong answer.
 
 Node names are not semantic: placeholders become ``in0, in1, ...`` and other nodes ``n0, n1,
 ...`` by position, so two functions differing only in local names share an entry.

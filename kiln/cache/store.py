@@ -70,9 +70,9 @@ def frames_dir() -> str:
 
 
 def kernels_dir() -> str:
-    """Kernel libraries written out of entries to be loaded (``backends.generated_module``):
+    """Kernel libraries written out of entries to be loaded (``backends.inductor.generated_module``):
     a copy of bytes an entry holds, so evicting or clearing them loses nothing; and the Triton
-    kernels recorded after a module's first call (``backends.triton_kernels``): evicting those
+    kernels recorded after a module's first call (``backends.inductor.triton_kernels``): evicting those
     only makes the next load go through Inductor, which records them again."""
     return os.path.join(os.path.expanduser(config.cache_dir), "kernels")
 

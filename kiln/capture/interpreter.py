@@ -26,7 +26,7 @@ from .guards import Guard, GuardKind
 from .imports import import_from, import_name
 from .resume import FrameIntrospection
 from .sources import GlobalSource
-from .values.base import NULL, ConstantValue, LazyArgument, NullValue, Value
+from .values.base import NULL, UNBOUND, ConstantValue, LazyArgument, NullValue, Value
 from .values.builtins import _classes
 from .values.containers import DictValue, IteratorValue, ListValue, SetValue, TupleValue
 from .values.exceptions import ExceptionValue, PrevExcValue
@@ -78,12 +78,6 @@ class _Return(Exception):
     def __init__(self, value: Value):
         self.value = value
 
-
-class _Unbound(Value):
-    """What LOAD_FAST_AND_CLEAR pushes for an unbound local (3.12 inlined comprehensions)."""
-
-
-UNBOUND = _Unbound()
 
 class FrameInterpreter(PythonSemantics):
     UserException = UserException

@@ -20,13 +20,13 @@ from ..errors import FrameRunsEagerly, Unsupported
 from .graph_constants import fx_argument
 from .guards import Guard, GuardKind, GuardSet, TensorMeta
 from .interpreter import UserException
+from .numpy.conversions import torch_function_on_numpy
+from .numpy.values import NdarrayValue
 from .side_effects import SideEffects
 from .sources import AttrSource, CaptureObjectSource, ConstSource, GlobalSource, ItemSource, Source
 from .values.base import ConstantValue, NullValue, Value
 from .values.builder import STATE_READERS, Builder, is_trusted_module, wrap_pure_result
 from .values.containers import DictValue, ListValue, NamedTupleValue, SetValue, TupleValue
-from .values.numpy_conversions import torch_function_on_numpy
-from .values.numpy_values import NdarrayValue
 from .values.overlap import has_internal_overlap, may_partially_overlap
 from .values.symbolic import SymNodeValue, SymRangeValue, SymSliceValue, wrap_sym
 from .values.tensor import TensorValue

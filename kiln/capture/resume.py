@@ -26,7 +26,7 @@ from bytecode import Bytecode, Instr, Label
 from ..errors import Unsupported
 from ..process_state import generated_code_origins as _ORIGINAL
 from . import bytecode_utils as bu
-from .values.base import NullValue
+from .values.base import UNBOUND as UNBOUND_VALUE, NullValue
 from .values.containers import IteratorValue
 from .values.exceptions import PrevExcValue
 
@@ -184,7 +184,6 @@ def plan_break(instrs: list[bu.Instr], index: int, layout: list[str], local_name
 
 def slot_kind(value) -> str:
     """How a stack slot of the interpreter is handed over (NULL, ITER, PREV_EXC, VALUE)."""
-    from .interpreter import UNBOUND as UNBOUND_VALUE
     if isinstance(value, NullValue):
         return NULL
     if value is UNBOUND_VALUE:

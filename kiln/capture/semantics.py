@@ -11,6 +11,7 @@ import torch
 
 from ..errors import Unsupported
 from .guards import GuardKind
+from .numpy.values import NdarrayValue, numpy_binary, numpy_unary
 from .sources import AttrSource, ConstSource, ItemSource, TypeSource
 from .values.base import ConstantValue, LazyArgument, NullValue, Value
 from .values.builder import wrap_pure_result
@@ -18,7 +19,6 @@ from .values.containers import (BaseSequenceValue, DictValue, DictViewValue, Ite
                                 ListValue, SetValue, TupleValue)
 from .values.functions import BoundMethodValue, NestedFunctionValue, UserFunctionValue
 from .values.identity import CaptureIdValue
-from .values.numpy_values import NdarrayValue, numpy_binary, numpy_unary
 from .values.objects import ClassValue, NewObjectValue, ObjectValue, static_lookup
 from .values.symbolic import (SymNodeValue, SymRangeValue, SymSliceValue, specialize, sym_binary,
                               sym_unary)
@@ -87,6 +87,10 @@ class PythonSemantics:
     # -- values: helpers used by value classes ---------------------------------------------
     def wrap(self, obj: Any, source, static: bool = False) -> Value:
         return self.output.builder.wrap(obj, source, static)
+
+    def wrap_pure_result(self, v: Any) -> Value:
+        """A value computed at capture time from constants (``builder.wrap_pure_result``)."""
+        return self.output.builder.wrap_pure_result(v)
 
     def wrap_attribute(self, value: Value, name: str) -> Value:
         if value.source is None:

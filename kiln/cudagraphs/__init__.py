@@ -9,10 +9,13 @@ device (``tree.py``) and replays them. Modules, one idea each:
 * ``tree.py``: the pool and its ordered recordings; stale outputs, pending backwards;
 * ``recording.py``: one recording: inputs read in place or copied, outputs per replay;
 * ``function.py``: the per-call decisions (warm-up, replay, re-record, fall back);
+* ``partition.py``: a graph split around the ops CUDA graphs cannot hold;
+* ``compiler.py``: a compiler whose graphs run as CUDA graphs (split where they must be);
 * ``steps.py``: the step counter that makes recordings follow the order graphs run in.
 """
 from ..errors import CudagraphError
-from .function import CudagraphFunction, cudagraph_compiler, cudagraphify, live_functions, skip_reasons, stats
+from .compiler import cudagraph_compiler
+from .function import CudagraphFunction, cudagraphify, live_functions, skip_reasons, stats
 from .reasons import GraphFacts, graph_facts
 
 __all__ = ["CudagraphError", "CudagraphFunction", "cudagraph_compiler", "cudagraphify", "GraphFacts",

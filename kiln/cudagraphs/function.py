@@ -221,33 +221,3 @@ def cudagraphify(compiled: Callable, gm: torch.fx.GraphModule | None, kind: str,
     if facts is None:
         facts = graph_facts(gm, kind)
     return CudagraphFunction(compiled, facts)
-
-
-def cudagraph_compiler(compiler: Callable, kind: str) -> Callable:
-    """A compiler ``(gm, example_inputs) -> callable`` whose results run as CUDA graphs (an
-    inference graph with a few ops CUDA graphs cannot hold is split around them)."""
-    def compile_with_cudagraphs(gm: torch.fx.GraphModule, example_inputs):
-        facts = graph_facts(gm, kind)
-        split = try_partition(gm, compiler, facts)
-        if split is not None:
-            return split
-        return CudagraphFunction(compiler(gm, example_inputs), facts)
-    compile_with_cudagraphs.__name__ = getattr(compiler, "__name__", "compiler")
-    compile_with_cudagraphs.__module__ = __name__
-    return compile_with_cudagraphs
-
-
-def try_partition(gm: torch.fx.GraphModule, compile_piece: Callable, facts: GraphFacts) -> Callable | None:
-    """``gm`` split around the ops CUDA graphs cannot hold (``partition.py``), or None when it
-    is not to be split (or splitting failed: then it runs whole, without CUDA graphs)."""
-    from .partition import can_partition, partitioned
-
-    if not can_partition(facts):
-        return None
-    try:
-        return partitioned(gm, compile_piece, facts)
-    except Exception as e:      # kiln's failure: the graph runs whole, its skip logged
-        if logs.enabled.cudagraphs:
-            logs.log("cudagraphs", f"could not split the {facts.name} ({type(e).__name__}: {e}); "
-                                   "it runs without CUDA graphs")
-        return None

@@ -114,3 +114,17 @@ def can_partition(facts: GraphFacts) -> bool:
     """Whether a refused graph may be split instead: an inference graph of static shapes
     whose only problem is some of its ops."""
     return facts.kind == "inference" and facts.skip is not None and facts.op_level and not facts.size_inputs
+
+
+def try_partition(gm: torch.fx.GraphModule, compile_piece: Callable, facts: GraphFacts) -> Callable | None:
+    """``gm`` split around the ops CUDA graphs cannot hold (``partitioned``), or None when it
+    is not to be split (or splitting failed: then it runs whole, without CUDA graphs)."""
+    if not can_partition(facts):
+        return None
+    try:
+        return partitioned(gm, compile_piece, facts)
+    except Exception as e:      # kiln's failure: the graph runs whole, its skip logged
+        if logs.enabled.cudagraphs:
+            logs.log("cudagraphs", f"could not split the {facts.name} ({type(e).__name__}: {e}); "
+                                   "it runs without CUDA graphs")
+        return None

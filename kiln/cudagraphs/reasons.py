@@ -25,7 +25,7 @@ import torch
 import torch.fx
 
 from .. import logs
-from ..aot._utils import DEVICES_META, UNBACKED_META, ensure_vals
+from ..aot.fake_tensors import DEVICES_META, UNBACKED_META, ensure_vals
 from ..config import config
 from ..errors import CudagraphError
 from ..internal_errors import mark_users

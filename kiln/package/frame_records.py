@@ -26,7 +26,7 @@ import types
 import uuid
 
 from .. import logs
-from ..backends import vec_isa_memo
+from ..backends.inductor import vec_isa_memo
 from ..cache import key as cache_key, store
 from ..capture.codegen import MISS
 from ..config import config

@@ -12,7 +12,7 @@ import types
 import torch
 
 from .. import logs
-from ..backends import vec_isa_memo
+from ..backends.inductor import vec_isa_memo
 from ..backends.registry import lookup_backend
 from ..runtime.compile_key import CompileKey
 from ..runtime.function import CompiledFunction

@@ -5,7 +5,7 @@ from __future__ import annotations
 import types
 
 from .. import logs
-from ..backends import vec_isa_memo
+from ..backends.inductor import vec_isa_memo
 from ..backends.registry import lookup_backend
 from ..runtime import CompiledFunction, CompiledMethod, CompiledModule
 from . import fileformat, identity

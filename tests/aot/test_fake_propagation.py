@@ -1,10 +1,10 @@
-"""kiln.aot._utils.propagate_fake(keep_unchanged=True): after an edit, only what changed is
-run again, and the values kept still describe the graph (shapes and memory sharing)."""
+"""kiln.aot.fake_propagation.propagate_fake(keep_unchanged=True): after an edit, only what
+changed is run again, and the values kept still describe the graph (shapes and memory sharing)."""
 import torch
 import torch.fx
 from torch.multiprocessing.reductions import StorageWeakRef
 
-import kiln.aot._utils as U
+from kiln.aot import fake_propagation, fake_tensors
 from kiln import _torch
 
 aten = torch.ops.aten
@@ -30,21 +30,21 @@ def _propagated():
     mode = _torch.new_fake_mode()
     with mode:
         x = torch.empty(2, 4)
-    U.propagate_fake(gm, [x], mode)
-    U.record_val_calls(gm.graph)
+    fake_propagation.propagate_fake(gm, [x], mode)
+    fake_propagation.record_val_calls(gm.graph)
     return gm, mode, x
 
 
 def test_unchanged_calls_keep_their_values_and_edits_rerun():
     gm, mode, x = _propagated()
     before = {n: n.meta.get("val") for n in gm.graph.nodes}
-    U.propagate_fake(gm, [x], mode, keep_unchanged=True)
+    fake_propagation.propagate_fake(gm, [x], mode, keep_unchanged=True)
     for n in gm.graph.nodes:
         if n.op == "call_function":
             assert n.meta["val"] is before[n], n.name             # nothing edited: nothing re-run
     a = next(n for n in gm.graph.nodes if n.target is aten.sin.default)
     a.target = aten.cos.default                                   # an edit
-    U.propagate_fake(gm, [x], mode, keep_unchanged=True)
+    fake_propagation.propagate_fake(gm, [x], mode, keep_unchanged=True)
     v = next(n for n in gm.graph.nodes if n.target is aten.view.default)
     b = next(n for n in gm.graph.nodes if n.target is aten.mul.Tensor)
     assert a.meta["val"] is not before[a]
@@ -62,7 +62,7 @@ def test_a_changed_shape_reruns_the_users():
     a.args = (t,)                                                 # now the sin of a 2x1 sum
     v = next(n for n in gm.graph.nodes if n.target is aten.view.default)
     v.args = (a, [2])
-    U.propagate_fake(gm, [x], mode, keep_unchanged=True)
+    fake_propagation.propagate_fake(gm, [x], mode, keep_unchanged=True)
     assert tuple(a.meta["val"].shape) == (2, 1)
     b = next(n for n in gm.graph.nodes if n.target is aten.mul.Tensor)
     assert tuple(b.meta["val"].shape) == (2,)                     # (its call is unchanged)
@@ -76,13 +76,11 @@ def test_values_are_propagated_without_the_callers_autocast():
     passes were dropped)."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from kiln.aot import _utils as U
-
     def f(a, b):
         return torch.mm(a, b) + 1
 
     gm = make_fx(f, tracing_mode="fake")(torch.randn(4, 4), torch.randn(4, 4))
     fakes = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        U.propagate_fake(gm, fakes, U.fake_mode_of(fakes))
+        fake_propagation.propagate_fake(gm, fakes, fake_tensors.fake_mode_of(fakes))
     assert all(n.meta["val"].dtype == torch.float32 for n in gm.graph.nodes if n.op == "call_function")

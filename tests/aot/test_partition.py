@@ -7,7 +7,7 @@ import kiln
 
 from kiln.aot import create_aot_state, stage1_graph_capture, stage2_compile
 from kiln.aot.partition import partition_capture
-from kiln.aot import _utils as U
+from kiln.aot import fx_graphs
 from kiln.testing import assert_same
 
 from _aot_helpers import DT, rg, rn
@@ -254,7 +254,7 @@ def test_min_cut_saves_a_relu_mask_not_the_activation():
         d = partition_capture(cap, "default")
         m = partition_capture(cap, "min_cut")
         compiled = stage2_compile(st, cap, partition_fn="min_cut")
-    masks = [n for n in U.flat_outputs(m.forward.graph)[m.num_fw_outputs:]
+    masks = [n for n in fx_graphs.flat_outputs(m.forward.graph)[m.num_fw_outputs:]
              if n.meta["val"].dtype == torch.bool]
     assert len(masks) == 1 and m.saved_activation_bytes == 16 * 64, m.saved
     assert d.saved_activation_bytes == 16 * 64 * 8                  # (the float64 activation)

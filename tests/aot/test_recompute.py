@@ -12,7 +12,7 @@ from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selectiv
 
 import kiln
 from kiln.aot import create_aot_state, stage1_graph_capture
-from kiln.aot import _utils as graph_utils
+from kiln.aot import fx_graphs, graph_bytes
 from kiln.aot.partition import partition_capture
 from kiln.backends import aot_backend
 from kiln.testing import CompileCounter
@@ -99,7 +99,7 @@ def test_random_draws_are_saved_not_recomputed():
     state, cap = _joint(Stack(True, p=0.1), x)
     with state:
         p = partition_capture(cap, "min_cut")
-    assert not any(graph_utils.is_random(n) for n in p.backward.graph.nodes)
+    assert not any(fx_graphs.is_random(n) for n in p.backward.graph.nodes)
     masks = [s for s in p.saved if _by_name(cap)[s].meta["val"].dtype == torch.bool]
     assert len(masks) == 3, p.saved            # one dropout mask per block
 
@@ -139,8 +139,8 @@ def test_compiled_forward_saves_less_with_checkpointing():
         compiled = kiln.compile(model, backend=backend)
         compiled(x).backward()
         fw, = forwards
-        saved = graph_utils.flat_outputs(fw.graph)[fw.meta["kiln_num_fw_outputs"]:]
-        return sum(graph_utils.node_nbytes(s) for s in saved
+        saved = fx_graphs.flat_outputs(fw.graph)[fw.meta["kiln_num_fw_outputs"]:]
+        return sum(graph_bytes.node_nbytes(s) for s in saved
                    if isinstance(s, torch.fx.Node) and s.op != "placeholder")
 
     x = torch.randn(64, 32, requires_grad=True)

@@ -33,7 +33,7 @@ def test_lstm_decomposition_hidden_states_keep_their_shape(monkeypatch):
     # torch 2.11's aten.lstm decomposition (the Python kernel that runs while tracing) returned
     # h_n and c_n with an extra dimension ((layers, 1, batch, hidden)); kiln reshapes them to
     # the hidden states passed in. A kernel with that defect stands in for it, on any torch.
-    from kiln.aot import _utils as U
+    from kiln.aot import trace_context
 
     op = torch.ops.aten.lstm.input
     called = []
@@ -46,9 +46,9 @@ def test_lstm_decomposition_hidden_states_keep_their_shape(monkeypatch):
             return out, h.unsqueeze(1), c.unsqueeze(1)
         monkeypatch.setitem(op.py_kernels, key, defective)
     op._dispatch_cache.clear()
-    U.lstm_hidden_defect.cache_clear()
+    trace_context.lstm_hidden_defect.cache_clear()
     try:
-        assert U.lstm_hidden_defect()
+        assert trace_context.lstm_hidden_defect()
         torch.manual_seed(0)
         m = nn.LSTM(4, 5, num_layers=2, batch_first=True)
         x = torch.randn(2, 3, 4)
@@ -59,4 +59,4 @@ def test_lstm_decomposition_hidden_states_keep_their_shape(monkeypatch):
     finally:
         monkeypatch.undo()
         op._dispatch_cache.clear()
-        U.lstm_hidden_defect.cache_clear()
+        trace_context.lstm_hidden_defect.cache_clear()

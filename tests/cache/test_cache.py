@@ -480,7 +480,7 @@ def test_a_hit_across_a_rename_names_the_callers_inputs(monkeypatch):
 def test_loaded_static_graph_makes_fake_inputs_only_when_read(monkeypatch, traces):
     """A loaded static artifact runs with no fake tensors (making a FakeTensorMode imports
     torch._dynamo); a partial backward, which sizes its zeros from them, makes them then."""
-    from kiln.aot import _utils as U
+    from kiln.aot import fake_tensors
 
     results = []
     real_cached = kiln.cache.cached
@@ -501,7 +501,7 @@ def test_loaded_static_graph_makes_fake_inputs_only_when_read(monkeypatch, trace
     assert kiln.cache.stats()["hits"] == 1 and len(traces) == 1
     parts = results[-1].parts
     phs = lambda gm: [n for n in gm.graph.nodes if n.op == "placeholder"]    # noqa: E731
-    assert all("val" not in n.meta and U.LAZY_VAL in n.meta for n in phs(parts.backward))
+    assert all("val" not in n.meta and fake_tensors.LAZY_VAL in n.meta for n in phs(parts.backward))
     a.sum().backward()                      # only one output: a partial backward
     assert all(isinstance(n.meta.get("val"), torch.Tensor) for n in phs(parts.backward))
     # its zeros are sized from fake values, not zeros_like (Inductor has no kernel for that

@@ -1011,7 +1011,7 @@ CASES = ids_unique([
     case(logging_info, A(R(4)), 2),
     case(logging_warning, A(R(4)), 2),
     case(logging_getlogger_debug, A(R(4)), 2),
-    # NumPy on constants is computed at capture time (tests/capture/test_numpy.py): no break
+    # NumPy on constants is computed at capture time (tests/capture/numpy/test_numpy.py): no break
     case(numpy_on_python_values, A(R(4)), 1),
     case(numpy_mid_expression, A(R(4)), 1),
     case(comptime_break, A(R(4)), 2),

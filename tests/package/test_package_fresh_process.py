@@ -42,7 +42,7 @@ def test_static_package_loads_without_dynamo_or_inductor(tmp_path, backend):
     """A static package needs no FakeTensorMode, ShapeEnv or Inductor: its load and first calls
     (inference, and a training step with its backward) import neither torch._dynamo nor
     torch._inductor (seconds of imports). An Inductor package runs
-    its generated code and C++ kernels loaded by kiln (``kiln.backends.generated_module``)."""
+    its generated code and C++ kernels loaded by kiln (``kiln.backends.inductor.generated_module``)."""
     (tmp_path / "pkgs").mkdir()
     assert "SAVED" in _run(tmp_path, "save_light", str(tmp_path / "pkgs"), backend)
     assert "LOADED LIGHT" in _run(tmp_path / "load", "load_light", str(tmp_path / "pkgs"), backend)

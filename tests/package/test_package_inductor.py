@@ -105,7 +105,7 @@ def test_package_carries_the_cpu_simd_answer(packages, tmp_path):
     import subprocess
     import sys
 
-    from kiln.backends import vec_isa_memo
+    from kiln.backends.inductor import vec_isa_memo
     from kiln.package import fileformat
 
     d, _, _ = packages
@@ -113,7 +113,7 @@ def test_package_carries_the_cpu_simd_answer(packages, tmp_path):
     assert m["vec_isa"] and m["vec_isa"][0]["facts"] == vec_isa_memo._facts()
     here = os.path.dirname(os.path.abspath(__file__))
     code = ("import torch, kiln, _pkg_models as M\n"
-            "import kiln.backends.generated_module as G\n"
+            "import kiln.backends.inductor.generated_module as G\n"
             "G.machine_facts = lambda: 'another machine'\n"
             f"f = kiln.load_package({str(d / 'f.kiln')!r}, M.f, on_miss='error')\n"
             "x, y = torch.randn(2, 4), torch.randn(2, 4)\n"

@@ -75,14 +75,13 @@ def storage_setter(cls: type):
 def get_attribute(tx, obj: Value, name: str, generic_get, generic_hook=object.__getattribute__) -> Value:
     """``obj.name``: the class's ``__getattribute__`` (``generic_get`` when it is the
     generic one), then ``__getattr__`` if that raised AttributeError."""
-    from ..semantics import UserException
     cls = obj.python_type()
     hook = user_hook(tx, cls, "__getattribute__", generic_hook)
     try:
         if hook is not None:
             return tx.call(UserFunctionValue(hook), [obj, ConstantValue(name)], {})
         return generic_get(tx, name)
-    except UserException as e:
+    except tx.UserException as e:
         if not isinstance(e.exc, AttributeError):
             raise
         fallback = static_lookup(cls, "__getattr__")
@@ -147,7 +146,7 @@ def descriptor_delete(tx, obj: Value, cls: type, name: str, desc) -> bool:
 def generic_method(obj: Value, fn) -> Value:
     """``object.__setattr__`` (or ``__getattribute__``/``__delattr__``) bound to ``obj``, as
     ``super().__setattr__`` returns it."""
-    from .builtins import BuiltinValue
+    from .builtins import BuiltinValue  # cycle: builtins model attribute lookup through here
     return BoundMethodValue(BuiltinValue(fn), obj)
 
 

@@ -159,8 +159,6 @@ class ConstantValue(Value):
         return [ConstantValue(v) for v in items]
 
     def getattr(self, tx, name):
-        from .builder import wrap_pure_result
-
         try:
             attr = getattr(self.value, name)
         except AttributeError as e:
@@ -168,12 +166,12 @@ class ConstantValue(Value):
         if isinstance(attr, type) or is_type_annotation(attr):
             # a class or typing construct (``Optional[int].__origin__`` is ``typing.Union``):
             # immutable, the same object eager reads; not a method to call
-            return wrap_pure_result(attr)
+            return tx.wrap_pure_result(attr)
         if callable(attr):
-            from .functions import PureMethodValue
+            from .functions import PureMethodValue  # cycle: function values are Values
 
             return PureMethodValue(attr, f"{type(self.value).__name__}.{name}")
-        return wrap_pure_result(attr)
+        return tx.wrap_pure_result(attr)
 
     def reconstruct(self, cg):
         if self._on_use is not None and self.source is not None:
@@ -205,3 +203,10 @@ class NullValue(Value):
 
 
 NULL = NullValue()
+
+
+class UnboundValue(Value):
+    """What LOAD_FAST_AND_CLEAR pushes for an unbound local (3.12 inlined comprehensions)."""
+
+
+UNBOUND = UnboundValue()

@@ -30,7 +30,7 @@ from . import new_objects  # noqa: F401  (registers collections.namedtuple)
 from .containers import DictValue, IteratorValue, ListValue, NamedTupleValue, SetValue, TupleValue
 from .functions import (BoundMethodValue, ExistingCellValue, PartialValue, TorchOpValue,
                         UserFunctionValue)
-from .numpy_values import is_numpy_object, pure_numpy_result, wrap_numpy
+from ..numpy.values import is_numpy_object, pure_numpy_result, wrap_numpy
 from .objects import ClassValue, NNModuleValue, ObjectValue, PythonModuleValue
 from .symbolic import size_value
 
@@ -116,7 +116,7 @@ def wrap_pure_result(v: Any) -> Value:
         return ConstantValue(v)  # immutable (see functions.signature_of; typing constructs)
     if type(v) is types.MappingProxyType:
         return DictValue({k: wrap_pure_result(x) for k, x in v.items()})  # Signature.parameters
-    numpy_value = pure_numpy_result(v)   # NumPy scalars, dtypes, finfo: see numpy_values
+    numpy_value = pure_numpy_result(v)   # NumPy scalars, dtypes, finfo: see numpy/values.py
     if numpy_value is not None:
         return numpy_value
     if isinstance(v, type):
@@ -161,6 +161,10 @@ class Builder:
         self.output = output
         self.by_source: dict = {}
         self.by_id: dict[int, tuple[Any, Value]] = {}
+
+    # Value classes reach this through the builder they are handed (``tx.output.builder``),
+    # since this module imports every kind of value.
+    wrap_pure_result = staticmethod(wrap_pure_result)
 
     def guard(self, kind: GuardKind, source, expected=None) -> None:
         if source is not None and self.output.guards_enabled_for(source):

@@ -80,8 +80,6 @@ class BuiltinValue(RealCallableValue):
 
 
 def call_builtin(tx, fn, args: list[Value], kwargs: dict[str, Value]) -> Value:
-    from .builder import wrap_pure_result
-
     if not _HANDLERS.get("__state_readers_registered__"):
         _HANDLERS["__state_readers_registered__"] = True
         _register_state_readers()
@@ -110,7 +108,7 @@ def call_builtin(tx, fn, args: list[Value], kwargs: dict[str, Value]) -> Value:
             res = fn(*[a.as_constant() for a in args], **{k: v.as_constant() for k, v in kwargs.items()})
         except Exception as e:
             raise tx.user_exception(e)
-        return wrap_pure_result(res)
+        return tx.wrap_pure_result(res)
     name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", repr(fn))
     raise Unsupported(f"call to builtin {getattr(fn, '__module__', None) or 'builtins'}.{name}"
                       + ("" if fn not in PURE_FUNCTIONS else " with non-constant arguments"))
@@ -118,22 +116,16 @@ def call_builtin(tx, fn, args: list[Value], kwargs: dict[str, Value]) -> Value:
 
 def _state_reader(tx, fn, args, kwargs):
     # guarded by GLOBAL_STATE, or constant in eager execution, or constant during capture
-    from .builder import STATE_READERS
+    from .builder import STATE_READERS  # cycle: the builder wraps every kind of value
 
     folded = STATE_READERS.get(fn)
     if folded is not None:
         return ConstantValue(folded)
-    return wrap_pure_result_lazy(fn(*[a.as_constant() for a in args]))
-
-
-def wrap_pure_result_lazy(v):
-    from .builder import wrap_pure_result
-
-    return wrap_pure_result(v)
+    return tx.wrap_pure_result(fn(*[a.as_constant() for a in args]))
 
 
 def _register_state_readers():
-    from .builder import STATE_READERS
+    from .builder import STATE_READERS  # cycle: the builder wraps every kind of value
 
     for f in STATE_READERS:
         _HANDLERS.setdefault(f, _state_reader)   # autocast readers keep their guarding handler
@@ -142,8 +134,8 @@ def _register_state_readers():
 def _autocast_reader(tx, fn, args, kwargs):
     # read at capture time; the autocast state becomes a guard (AUTOCAST_STATE)
     tx.output.guards.add(Guard(GuardKind.AUTOCAST_STATE, None, _autocast_state()))
-    return wrap_pure_result_lazy(fn(*[a.as_constant() for a in args],
-                                    **{k: v.as_constant() for k, v in kwargs.items()}))
+    return tx.wrap_pure_result(fn(*[a.as_constant() for a in args],
+                                  **{k: v.as_constant() for k, v in kwargs.items()}))
 
 
 for _fn in (torch.is_autocast_enabled, torch.get_autocast_dtype,
@@ -498,8 +490,6 @@ def _super(tx, fn, args, kwargs):
 # -- classes -------------------------------------------------------------------------------
 
 def construct_class(tx, cls_value: ClassValue, args: list[Value], kwargs: dict[str, Value]) -> Value:
-    from .builder import wrap_pure_result
-
     cls = cls_value.value
     if cls in (list, tuple) or (isinstance(cls, type) and issubclass(cls, (list, tuple))
                                 and not _is_namedtuple(cls) and _plain_init(cls)):
@@ -536,14 +526,14 @@ def construct_class(tx, cls_value: ClassValue, args: list[Value], kwargs: dict[s
             return size_value(tx.unpack_iterable(args[0]))
         if all(a.is_constant() for a in args) and all(v.is_constant() for v in kwargs.values()):
             try:
-                return wrap_pure_result(cls(*[a.as_constant() for a in args],
-                                            **{k: v.as_constant() for k, v in kwargs.items()}))
+                return tx.wrap_pure_result(cls(*[a.as_constant() for a in args],
+                                         **{k: v.as_constant() for k, v in kwargs.items()}))
             except Exception as e:
                 raise tx.user_exception(e)
         if cls is bool and len(args) == 1:
             return ConstantValue(tx.truthy(args[0]))
         if cls is torch.Size and len(args) == 1:
-            return wrap_pure_result(torch.Size([i.as_constant() for i in tx.unpack_iterable(args[0])]))
+            return tx.wrap_pure_result(torch.Size([i.as_constant() for i in tx.unpack_iterable(args[0])]))
         raise Unsupported(f"{cls.__name__}() of a value that is not a Python constant")
     if cls is torch.autocast or (isinstance(cls, type) and issubclass(cls, torch.autocast)
                                  and cls.__init__ is torch.autocast.__init__):
@@ -597,11 +587,11 @@ def construct_class(tx, cls_value: ClassValue, args: list[Value], kwargs: dict[s
     if cls is functools.partial:
         return PartialValue(args[0], list(args[1:]), dict(kwargs))
     if isinstance(cls, type) and issubclass(cls, torch.nn.Module):
-        from .new_objects import create_module   # torch.nn modules without parameters
+        from .new_objects import create_module  # cycle: new objects are built by builtins
 
         return create_module(tx, cls, args, kwargs)
     if cls in (torch.finfo, torch.iinfo):
-        return wrap_pure_result(cls(*[a.as_constant() for a in args]))
+        return tx.wrap_pure_result(cls(*[a.as_constant() for a in args]))
     if cls is object and not args:
         raise Unsupported("object() sentinel creation")
     if isinstance(cls, type) and issubclass(cls, BaseException) and cls.__module__ == "builtins" \

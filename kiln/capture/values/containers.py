@@ -146,9 +146,7 @@ class NamedTupleValue(TupleValue):
         if attr is not None:
             if isinstance(attr, (staticmethod, classmethod, property)) or callable(attr):
                 return tx.bind_user_attribute(self, attr, name)
-            from .builder import wrap_pure_result
-
-            return wrap_pure_result(attr)
+            return tx.wrap_pure_result(attr)
         return super().getattr(tx, name)
 
     def reconstruct(self, cg):
@@ -435,7 +433,8 @@ class NewDictObjectValue(DictValue):
         return get_attribute(tx, self, name, self.object_getattr)
 
     def object_getattr(self, tx, name):
-        from .objects import _MISSING, _is_data_descriptor, class_dict_source, static_lookup
+        from .objects import (_MISSING, _is_data_descriptor,  # cycle: objects use containers
+                              class_dict_source, static_lookup)
 
         cls_attr = static_lookup(self.cls, name)
         if isinstance(cls_attr, property):
@@ -447,7 +446,7 @@ class NewDictObjectValue(DictValue):
             view.items = self.attrs  # a live view of the instance attributes
             return view
         if name == "__class__":
-            from .objects import ClassValue
+            from .objects import ClassValue  # cycle: objects use containers
 
             return ClassValue(self.cls)
         if cls_attr is _MISSING:
@@ -460,7 +459,7 @@ class NewDictObjectValue(DictValue):
         set_attribute(tx, self, name, value, self.object_setattr)
 
     def object_setattr(self, tx, name, value):
-        from .objects import store_on_new_object
+        from .objects import store_on_new_object  # cycle: objects use containers
 
         store_on_new_object(tx, self, name, value)
 
@@ -468,7 +467,7 @@ class NewDictObjectValue(DictValue):
         del_attribute(tx, self, name, self.object_delattr)
 
     def object_delattr(self, tx, name):
-        from .objects import static_lookup
+        from .objects import static_lookup  # cycle: objects use containers
 
         if descriptor_delete(tx, self, self.cls, name, static_lookup(self.cls, name)):
             return
@@ -628,9 +627,7 @@ class SetValue(Value):
             return ConstantValue(None)
         if isinstance(result, (set, frozenset)):
             return SetValue({k: known[k] for k in result}, self.cls)
-        from .builder import wrap_pure_result
-
-        return wrap_pure_result(result)
+        return tx.wrap_pure_result(result)
 
     def _after(self, name, others):
         s = set(self.items)

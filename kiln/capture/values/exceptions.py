@@ -32,12 +32,10 @@ class ExceptionValue(Value):
         return True
 
     def getattr(self, tx, name):
-        from .builder import wrap_pure_result
-
         if name == "args":
             if self.source is not None:
                 return tx.wrap(self.exc.args, AttrSource(self.source, "args"))
-            return wrap_pure_result(self.exc.args)
+            return tx.wrap_pure_result(self.exc.args)
         raise Unsupported(f"attribute {name!r} of an exception")
 
     def reconstruct(self, cg):

@@ -41,10 +41,10 @@ class UserFunctionValue(Value):
         if self.fn is _inspect_signature and len(args) == 1 and not kwargs:
             return signature_of(tx, args[0])
         if self.fn is _FUNCTION_APPLY and args:   # MyFn.apply(...): see autograd_function.py
-            from .autograd_function import call_apply
+            from .autograd_function import call_apply  # cycle: they are function values
 
             return call_apply(tx, args[0], args[1:], kwargs)
-        from .attributes import MODELLED, call_modelled
+        from .attributes import MODELLED, call_modelled  # cycle: attribute lookup calls functions
 
         if self.fn in MODELLED:   # nn.Module.__setattr__(self, ...): the module store itself
             return call_modelled(tx, self.fn, args, kwargs)
@@ -359,15 +359,13 @@ class PureMethodValue(Value):
         return f"PureMethod({self.label})"
 
     def call(self, tx, args, kwargs):
-        from .builder import wrap_pure_result
-
         try:
             cargs = [a.as_constant() for a in args]
             ckw = {k: v.as_constant() for k, v in kwargs.items()}
         except Unsupported:
             raise Unsupported(f"{self.label}() with non-constant arguments")
         try:
-            return wrap_pure_result(self.method(*cargs, **ckw))
+            return tx.wrap_pure_result(self.method(*cargs, **ckw))
         except Exception as e:  # the user's own error, raised as eager would
             raise tx.user_exception(e)
 
@@ -397,7 +395,7 @@ class PartialValue(Value):
         return self.func.call(tx, [*self.args, *args], {**self.kwargs, **kwargs})
 
     def getattr(self, tx, name):
-        from .containers import DictValue, TupleValue
+        from .containers import DictValue, TupleValue  # cycle: containers call their functions
 
         if name == "func":
             return self.func
@@ -430,10 +428,8 @@ class TorchOpValue(RealCallableValue):
         return tx.output.call_torch_function(tx, self.fn, args, kwargs)
 
     def getattr(self, tx, name):
-        from .builder import wrap_pure_result
-
         if name in ("__name__", "__qualname__", "__module__"):
-            return wrap_pure_result(getattr(self.fn, name, None))
+            return tx.wrap_pure_result(getattr(self.fn, name, None))
         attr = getattr(self.fn, name, None)
         if attr is not None and callable(attr) and hasattr(self.fn, "overloads"):  # OpOverloadPacket
             return TorchOpValue(attr)

@@ -28,8 +28,6 @@ class LruCacheValue(RealCallableValue):
         return True
 
     def call(self, tx, args, kwargs):
-        from .builder import wrap_pure_result
-
         def constant(c) -> bool:     # (classes and typing constructs too: typing's cached [])
             return is_constant_object(c) or isinstance(c, type) or is_type_annotation(c) or (
                 type(c) is tuple and all(map(constant, c)))
@@ -48,7 +46,7 @@ class LruCacheValue(RealCallableValue):
         if not (is_constant_object(result) or is_type_annotation(result)):
             raise Unsupported(f"{self.describe()} returned a {type(result).__name__} (eager "
                               "shares the cached object; runs natively)")
-        return wrap_pure_result(result)
+        return tx.wrap_pure_result(result)
 
     def getattr(self, tx, name):
         if name in ("__name__", "__qualname__", "__module__", "__doc__"):

@@ -192,12 +192,10 @@ def check_init_only_configures(tx, cls: type, args, kwargs) -> None:
 
 @handles(collections.namedtuple)
 def _namedtuple(tx, fn, args, kwargs):
-    from .builder import wrap_pure_result
-
     cargs, ckwargs = _constants(tx, "collections.namedtuple", args, kwargs)
     # eager names the class's module after its caller's frame: the user's function
     ckwargs.setdefault("module", tx.f_globals.get("__name__"))
     try:
-        return wrap_pure_result(collections.namedtuple(*cargs, **ckwargs))
+        return tx.wrap_pure_result(collections.namedtuple(*cargs, **ckwargs))
     except Exception as e:
         raise tx.user_exception(e)

@@ -541,7 +541,7 @@ class ClassValue(ObjectValue):
         return tx.wrap(getattr(cls, name), AttrSource(self.source, name) if self.source else None)
 
     def call(self, tx, args, kwargs):
-        from .builtins import construct_class
+        from .builtins import construct_class  # cycle: builtins build on objects
 
         return construct_class(tx, self, args, kwargs)
 

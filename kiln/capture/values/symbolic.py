@@ -133,9 +133,7 @@ def wrap_sym(output, value, make_node) -> Value:
     SymNodeValue whose node ``make_node()`` creates (unless it is a symbol the graph already
     takes as an input)."""
     if not is_symbolic(value):
-        from .builder import wrap_pure_result
-
-        return wrap_pure_result(value)
+        return output.builder.wrap_pure_result(value)
     if isinstance(value, torch.SymBool):
         return ConstantValue(bool(value))   # decided now, guarded by the ShapeEnv
     expr = output.shape_env.replace(value.node.expr)

@@ -81,7 +81,7 @@ class TensorValue(Value):
             raise Unsupported("reading tensor.grad inside a compiled function")
         if name == "data":
             return tx.output.call_op("call_method", "detach", (self,), {})
-        if name == "numpy" or name == "backward":   # numpy traced (numpy_values); backward
+        if name == "numpy" or name == "backward":   # numpy traced (capture/numpy); backward
             return MethodValue(self, name)          # breaks at the call, which sees create_graph
         if name in DATA_DEPENDENT_METHODS and name != "untyped_storage":
             raise Unsupported(f"Tensor.{name}() needs the tensor's data")
@@ -103,16 +103,15 @@ class TensorValue(Value):
     def _metadata(self, tx, name: str, cargs, result) -> Value:
         """A size, stride, numel... of this tensor: constants, or (dynamic shapes) symbolic
         numbers computed in the graph from the tensor (or taken from a symbol input)."""
-        from .builder import wrap_pure_result
         if isinstance(result, tuple):
             if not any(is_symbolic(r) for r in result):
-                return wrap_pure_result(result)
+                return tx.wrap_pure_result(result)
             method = "stride" if name == "stride" else "size"
             items = [wrap_sym(tx.output, r, functools.partial(
                 tx.output.graph.call_method, method, (self.node, i))) for i, r in enumerate(result)]
             return size_value(items) if method == "size" else TupleValue(items)
         if not is_symbolic(result):
-            return wrap_pure_result(result)
+            return tx.wrap_pure_result(result)
         if name == "__len__":
             name, cargs = "size", (0,)
         return wrap_sym(tx.output, result, lambda: tx.output.graph.call_method(name, (self.node, *cargs)))
@@ -134,11 +133,11 @@ class TensorValue(Value):
         if name == "untyped_storage" and not args and not kwargs:
             return StorageValue(self)   # its size, guarded (storage.py)
         if name == "numpy":
-            from .numpy_conversions import tensor_numpy_method
+            from ..numpy.conversions import tensor_numpy_method  # cycle: ndarrays hold tensors
 
             return tensor_numpy_method(tx, self, args, kwargs)
         if name == "backward":
-            from ..interpreter import refuse_higher_order_grad
+            from ..interpreter import refuse_higher_order_grad  # cycle: it holds tensors
 
             refuse_higher_order_grad("Tensor.backward", list(args), kwargs, 2)
         if name in DATA_DEPENDENT_METHODS:
@@ -164,7 +163,7 @@ class TensorValue(Value):
 def _refuse_setitem_overlap(tx, fake: torch.Tensor, index, value: torch.Tensor) -> None:
     """``tensor[index] = value`` copies into the indexed part: eager may refuse the overlap
     (overlap.py). ``t[i] += 1`` writes back the very view it read, which eager allows."""
-    from ..output_graph import _to_fake
+    from ..output_graph import _to_fake  # cycle: the graph holds tensors
     try:
         with tx.output.fake_mode:
             target = fake[_to_fake(index)]   # what eager writes into (a copy if advanced)

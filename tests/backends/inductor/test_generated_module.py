@@ -1,4 +1,4 @@
-"""kiln's loader of Inductor's generated modules (``kiln.backends.generated_module``): the
+"""kiln's loader of Inductor's generated modules (``kiln.backends.inductor.generated_module``): the
 same source and C++ kernels, without importing Inductor; anything it cannot load itself is
 left to Inductor's loader. One tiny graph compiled once for the module."""
 import os
@@ -8,7 +8,7 @@ import torch
 
 import kiln
 from kiln import _torch
-from kiln.backends import generated_module as G
+from kiln.backends.inductor import generated_module as G
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""Inductor's CPU vector-ISA probe remembered per machine (kiln/backends/vec_isa_memo.py): a
+"""Inductor's CPU vector-ISA probe remembered per machine (kiln/backends/inductor/vec_isa_memo.py): a
 later process takes the stored answer only when every fact the probe depends on is the same."""
 import functools
 import json
@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from kiln.backends import vec_isa_memo as M
+from kiln.backends.inductor import vec_isa_memo as M
 
 
 @pytest.fixture
@@ -66,7 +66,7 @@ def test_another_machine_or_a_bad_record_probes_again(isa, tmp_path, monkeypatch
 
 
 def test_the_default_cache_dir_is_under_home_not_a_literal_tilde():
-    from kiln.backends import vec_isa_memo
+    from kiln.backends.inductor import vec_isa_memo
 
     path = vec_isa_memo._path(os.path.join("~", ".cache", "kiln"), {"cpu": "x"})
     assert not path.startswith("~") and path.startswith(os.path.expanduser("~"))

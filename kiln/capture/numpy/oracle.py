@@ -24,11 +24,11 @@ import numpy as np
 import torch
 
 from ...errors import Unsupported
-from .base import Value
-from .containers import DictValue, ListValue, TupleValue
-from .numpy_values import NdarrayValue
-from .symbolic import SymNodeValue, SymSliceValue
-from .tensor import TensorValue
+from ..values.base import Value
+from ..values.containers import DictValue, ListValue, TupleValue
+from ..values.symbolic import SymNodeValue, SymSliceValue
+from ..values.tensor import TensorValue
+from .values import NdarrayValue
 
 MAX_ELEMENTS = 1 << 16
 # Functions whose values are arbitrary (uninitialized memory): only types, dtypes, shapes.

@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch
 
 from ...errors import Unsupported
-from .base import ConstantValue, Value
-from .containers import TupleValue
+from ..values.base import ConstantValue, Value
+from ..values.containers import TupleValue
 
 # Where NumPy returns a view but torch._numpy a copy (torch has no negative strides): a write
 # to either side would show through the other in NumPy and not in the graph.
@@ -75,7 +75,7 @@ def _origin(tx):
 
 
 def _break_at_origin(tx, why: str, origin) -> None:
-    from ..interpreter import GraphBreakRequest
+    from ..interpreter import GraphBreakRequest  # cycle: the interpreter runs NumPy code
 
     if origin is None:
         raise Unsupported(why)

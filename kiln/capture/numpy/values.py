@@ -3,7 +3,7 @@
 An ndarray (or NumPy scalar) that the function computes is an ``NdarrayValue``: a tensor of
 the graph (node + fake tensor) that Python sees as a ``numpy.ndarray`` (or ``numpy.float64``...).
 NumPy functions, ndarray methods and operators on it become graph nodes that call
-``torch._numpy`` (see ``numpy_runtime``), which gives NumPy's semantics (dtype promotion,
+``torch._numpy`` (see ``runtime``), which gives NumPy's semantics (dtype promotion,
 float64 and int64 defaults, broadcasting, indexing) with torch operators. Nothing of NumPy
 runs when the graph runs.
 
@@ -21,7 +21,7 @@ Where NumPy values meet the outside world:
 * dtypes (``np.float32``, ``np.dtype("int64")``), ``np.finfo``/``np.iinfo`` and scalar
   constants are Python constants, computed at capture time;
 * every traced call is checked at capture time against NumPy itself on stand-in arrays
-  (``numpy_oracle``): where torch._numpy differs from NumPy, NumPy runs the call;
+  (``oracle``): where torch._numpy differs from NumPy, NumPy runs the call;
 * ``np.random`` is not traced: NumPy's generator is state kiln cannot guard or replay, so each
   call is a graph break and runs natively, drawing from NumPy's stream exactly as eager does.
 
@@ -41,17 +41,17 @@ import torch
 
 from ... import _torch
 from ...errors import Unsupported
-from .. import numpy_runtime as rt
 from ..graph_constants import fx_argument
 from ..guards import GuardKind
 from ..sources import AttrSource, RenderContext, Source
-from .base import ConstantValue, RealCallableValue, Value
-from .functions import MethodValue
-from .numpy_aliasing import check_aliasing
-from .containers import DictValue, ListValue, NamedTupleValue, TupleValue
-from .objects import ClassValue
-from .symbolic import SymNodeValue, SymSliceValue, specialize
-from .tensor import TensorValue
+from ..values.base import ConstantValue, RealCallableValue, Value
+from ..values.containers import DictValue, ListValue, NamedTupleValue, TupleValue
+from ..values.functions import MethodValue
+from ..values.objects import ClassValue
+from ..values.symbolic import SymNodeValue, SymSliceValue, specialize
+from ..values.tensor import TensorValue
+from . import runtime as rt
+from .aliasing import check_aliasing
 
 # torch dtypes that have a NumPy twin (Tensor.numpy() / torch.from_numpy accept them)
 _NUMPY_DTYPES = frozenset({torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
@@ -288,6 +288,38 @@ class NdarrayValue(Value):
         return cg.stash(self, lambda: f"{cg.bind(convert, 'to_numpy')}({self.tensor.reconstruct(cg)})")
 
 
+# -- a tensor seen as an ndarray (Tensor.numpy(), np.asarray(t)) --------------------------------
+def check_numpy_convertible(t: TensorValue) -> None:
+    """What ``Tensor.numpy()`` (and ``__array__``) needs; where it raises in eager, the
+    capture breaks and eager raises."""
+    fake = t.fake
+    if fake.requires_grad:
+        raise Unsupported("Tensor.numpy() on a tensor that requires grad (eager raises)")
+    if fake.device.type != "cpu":
+        raise Unsupported(f"Tensor.numpy() on a {fake.device.type} tensor (eager raises)")
+    if fake.dtype not in _NUMPY_DTYPES:
+        raise Unsupported(f"Tensor.numpy() on a {fake.dtype} tensor (eager raises)")
+    if fake.is_conj() or fake.is_neg() or fake.layout != torch.strided:
+        raise Unsupported("Tensor.numpy() on a tensor with a conjugate/negative bit or a layout")
+    _tnp()
+
+
+def tensor_to_ndarray(tx, t: TensorValue, force: bool = False) -> NdarrayValue:
+    """``t.numpy()``: the same memory, seen as an ndarray (``force``: detached first)."""
+    if force:
+        fake = t.fake
+        if fake.requires_grad:
+            t = tx.output.call_op("call_method", "detach", (t,), {})
+        if fake.device.type != "cpu":
+            t = tx.output.call_op("call_method", "cpu", (t,), {})
+        if fake.is_conj():
+            t = tx.output.call_op("call_method", "resolve_conj", (t,), {})
+        if fake.is_neg():
+            t = tx.output.call_op("call_method", "resolve_neg", (t,), {})
+    check_numpy_convertible(t)
+    return NdarrayValue(TensorValue(t.node, t.fake))
+
+
 def _getitem(tx, arr: NdarrayValue, index: Value) -> Value:
     """``arr[index]``: NumPy gives a scalar for a 0-d result, unless the index holds an
     Ellipsis (``a[...]``, ``a[0, ...]``); the scalar is a copy, never a view of ``arr``."""
@@ -381,8 +413,6 @@ def call_numpy_function(tx, fn, args: list[Value], kwargs: dict[str, Value]) -> 
         if name in ("asarray", "array", "asanyarray") and len(args) == 1 and set(kwargs) <= {"dtype"} \
                 and isinstance(args[0], TensorValue):
             # np.asarray(t): Tensor.__array__, the tensor's memory as an ndarray (np.array copies)
-            from .numpy_conversions import tensor_to_ndarray
-
             arr = tensor_to_ndarray(tx, args[0], force=False)
             dtype = kwargs.get("dtype")
             if dtype is not None and not (dtype.is_constant() and dtype.as_constant() is None) \
@@ -397,8 +427,6 @@ def call_numpy_function(tx, fn, args: list[Value], kwargs: dict[str, Value]) -> 
         if not isinstance(fn, np.ufunc):
             raise Unsupported(f"{label} on a torch.Tensor (NumPy dispatches to Tensor methods or "
                               "converts the tensor; not traced): use Tensor.numpy() first")
-        from .numpy_conversions import check_numpy_convertible
-
         for t in tensors:
             check_numpy_convertible(t)
         # a ufunc on tensors returns a tensor (Tensor.__array_wrap__: booleans as uint8)
@@ -417,8 +445,6 @@ TENSORS_AS_ARRAYS = frozenset({"where", "concatenate", "stack", "zeros_like", "o
 
 
 def _tensors_as_ndarrays(tx, v: Value) -> Value:
-    from .numpy_conversions import tensor_to_ndarray
-
     if isinstance(v, TensorValue):
         return tensor_to_ndarray(tx, v, force=False)
     if isinstance(v, (TupleValue, ListValue)):
@@ -445,10 +471,8 @@ def _fold(tx, fn, args, kwargs) -> Value | None:
         return None   # traced instead: tnp raises the error, or eager does after a break
     if isinstance(result, np.ndarray):
         return None
-    from .builder import wrap_pure_result
-
     try:
-        return wrap_pure_result(result)
+        return tx.wrap_pure_result(result)
     except Unsupported:
         return None
 
@@ -500,9 +524,7 @@ class NumpyClassValue(ClassValue):
             raise tx.user_exception(e)
         if isinstance(result, np.ndarray):
             raise Unsupported(f"np.{cls.__name__}(...) building an array from constants")
-        from .builder import wrap_pure_result
-
-        return wrap_pure_result(result)
+        return tx.wrap_pure_result(result)
 
 
 def _dtype_argument(v: Value) -> Value:
@@ -603,7 +625,7 @@ def _unsupported_arg(v: Value):
 
 def trace_numpy(tx, target, args: list[Value], kwargs: dict[str, Value], name: str,
                 zero_dim: str | None = None) -> Value:
-    """One graph node calling ``target`` (a ``numpy_runtime`` wrapper) on ``args``. Its
+    """One graph node calling ``target`` (a ``runtime`` wrapper) on ``args``. Its
     tensor results are ndarrays; ``zero_dim`` says what a 0-d result is ("scalar", "array",
     or None: by ``name``, as NumPy does)."""
     out = tx.output
@@ -635,7 +657,7 @@ def trace_numpy(tx, target, args: list[Value], kwargs: dict[str, Value], name: s
         # torch._numpy refused (or NumPy would raise): never guessed, NumPy runs it natively
         raise Unsupported(f"NumPy {name} could not be traced ({type(e).__name__}: {e})")
     check_aliasing(tx, name, args, arg_fakes, versions, result)
-    from .numpy_oracle import check_with_numpy
+    from .oracle import check_with_numpy  # cycle: the oracle reads NdarrayValue arguments
 
     expected = check_with_numpy(target, target.numpy_twin(), name, args, kwargs,
                                 lambda v: _argument(v, False), result)
@@ -651,7 +673,7 @@ def trace_numpy(tx, target, args: list[Value], kwargs: dict[str, Value], name: s
 
 def _wrap_result(tx, node, result, args, name, zero_dim, expected=None) -> Value:
     """The graph's result as Values. ``expected``: NumPy's own result on stand-ins (see
-    numpy_oracle), which says what a 0-d result is and which container holds several."""
+    oracle.py), which says what a 0-d result is and which container holds several."""
     np = numpy_module()
     if isinstance(result, torch.Tensor):
         for a in args:   # an in-place operation returns its receiver
@@ -685,7 +707,7 @@ def _wrap_result(tx, node, result, args, name, zero_dim, expected=None) -> Value
                 child.meta["example_value"] = r
                 items.append(_wrap_result(tx, child, r, (), name, zero_dim, e))
             else:
-                items.append(_constant_result(r, name))
+                items.append(_constant_result(tx, r, name))
         kind = type(expected) if isinstance(expected, (tuple, list)) else type(result)
         if kind is list:
             return ListValue(items)
@@ -694,14 +716,12 @@ def _wrap_result(tx, node, result, args, name, zero_dim, expected=None) -> Value
         return TupleValue(items)
     if result is None:
         return ConstantValue(None)
-    return _constant_result(result, name)
+    return _constant_result(tx, result, name)
 
 
-def _constant_result(r, name) -> Value:
-    from .builder import wrap_pure_result
-
+def _constant_result(tx, r, name) -> Value:
     try:
-        return wrap_pure_result(r)
+        return tx.wrap_pure_result(r)
     except Unsupported:
         raise Unsupported(f"NumPy {name} returned a {type(r).__name__}, which cannot be captured")
 
@@ -744,7 +764,7 @@ def _symbolic_int_operand(tx, v, other: Value) -> Value | None:
 def numpy_binary(tx, op, a: Value, b: Value) -> Value:
     a, b = _operand(tx, a, b), _operand(tx, b, a)
     if op in _INPLACE and not (isinstance(a, NdarrayValue) and not a.scalar):
-        from ..semantics import _INPLACE_TO_BINARY
+        from ..semantics import _INPLACE_TO_BINARY  # cycle: semantics sends NumPy operators here
 
         op = _INPLACE_TO_BINARY[op]   # numbers and NumPy scalars are immutable: a new value
     name = op.__name__.strip("_")

@@ -28,18 +28,18 @@ from typing import Any, Callable
 
 import torch
 
-from .. import _torch, cache
-from ..aot import fallback_entries
-from ..aot.compile import AOTCompiled, assemble
-from ..aot.donation import copies_when_graph_kept
-from ..aot.dynamic import OUTSIDE_THE_TRACE, per_shape
-from ..aot.export import AOTArtifact, fake_mode_of_graph
-from ..aot.symbolic import has_symbols
-from ..aot.symbolic_codec import Decoder, encode_value
-from ..cache.store import kernels_dir
-from ..config import config
-from ..cudagraphs import cudagraphify, graph_facts
-from ..cudagraphs.function import try_partition
+from ... import _torch, cache
+from ...aot import fallback_entries
+from ...aot.compile import AOTCompiled, assemble
+from ...aot.donation import copies_when_graph_kept
+from ...aot.dynamic import OUTSIDE_THE_TRACE, per_shape
+from ...aot.export import AOTArtifact, fake_mode_of_graph
+from ...aot.symbolic import has_symbols
+from ...aot.symbolic_codec import Decoder, encode_value
+from ...cache.store import kernels_dir
+from ...config import config
+from ...cudagraphs import cudagraphify, graph_facts
+from ...cudagraphs.partition import try_partition
 from . import generated_module, triton_kernels, vec_isa_memo
 from .generated_module import realign_inputs
 

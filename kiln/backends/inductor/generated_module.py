@@ -42,7 +42,7 @@ import tempfile
 import types
 from typing import Any, Callable
 
-from .. import logs
+from ... import logs
 from . import triton_kernels
 
 FORMAT = 1

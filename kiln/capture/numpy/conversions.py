@@ -7,40 +7,9 @@ from __future__ import annotations
 import torch
 
 from ...errors import Unsupported
-from .base import Value
-from .numpy_values import _NUMPY_DTYPES, NdarrayValue, _tnp
-from .tensor import TensorValue
-
-
-def check_numpy_convertible(t: TensorValue) -> None:
-    """What ``Tensor.numpy()`` (and ``__array__``) needs; where it raises in eager, the
-    capture breaks and eager raises."""
-    fake = t.fake
-    if fake.requires_grad:
-        raise Unsupported("Tensor.numpy() on a tensor that requires grad (eager raises)")
-    if fake.device.type != "cpu":
-        raise Unsupported(f"Tensor.numpy() on a {fake.device.type} tensor (eager raises)")
-    if fake.dtype not in _NUMPY_DTYPES:
-        raise Unsupported(f"Tensor.numpy() on a {fake.dtype} tensor (eager raises)")
-    if fake.is_conj() or fake.is_neg() or fake.layout != torch.strided:
-        raise Unsupported("Tensor.numpy() on a tensor with a conjugate/negative bit or a layout")
-    _tnp()
-
-
-def tensor_to_ndarray(tx, t: TensorValue, force: bool = False) -> NdarrayValue:
-    """``t.numpy()``: the same memory, seen as an ndarray (``force``: detached first)."""
-    if force:
-        fake = t.fake
-        if fake.requires_grad:
-            t = tx.output.call_op("call_method", "detach", (t,), {})
-        if fake.device.type != "cpu":
-            t = tx.output.call_op("call_method", "cpu", (t,), {})
-        if fake.is_conj():
-            t = tx.output.call_op("call_method", "resolve_conj", (t,), {})
-        if fake.is_neg():
-            t = tx.output.call_op("call_method", "resolve_neg", (t,), {})
-    check_numpy_convertible(t)
-    return NdarrayValue(TensorValue(t.node, t.fake))
+from ..values.base import Value
+from ..values.tensor import TensorValue
+from .values import NdarrayValue, tensor_to_ndarray
 
 
 def tensor_numpy_method(tx, t: TensorValue, args, kwargs) -> NdarrayValue:

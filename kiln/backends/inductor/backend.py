@@ -12,11 +12,11 @@ One captured graph goes through:
    generated code.
 
 Inductor runs with its CUDA graphs off and its FX graph cache on. ``mode`` and ``options``
-become Inductor config (``inductor_options.py``). With ``mode="reduce-overhead"`` (or
+become Inductor config (``options.py``). With ``mode="reduce-overhead"`` (or
 ``kiln.config.cudagraphs``) kiln records each compiled graph as CUDA graphs itself
 (``kiln.cudagraphs``), with no buffer donation in the backward (the forward's saved tensors
 live in the CUDA-graph pool, where the backward reads them in place). Static graphs go through
-kiln's compile cache (``inductor_entry.py``): a warm process loads the generated code and the
+kiln's compile cache (``cache_entry.py``): a warm process loads the generated code and the
 AOT wrappers, and traces and lowers nothing.
 
 Dynamic graphs are traced and compiled once with the capture's symbols, under a
@@ -41,22 +41,22 @@ from typing import Any, Callable
 import torch
 import torch.fx
 
-from .. import _torch, cache, logs
-from ..aot.compile import run_as_fx
-from ..aot.dynamic import PerShapeCompiled, compile_graph
-from ..aot.partition import min_cut_rematerialization_partition
-from ..cache import PAYLOAD_ATTR, store
-from ..compile_lock import COMPILE_LOCK
-from ..aot import _utils as graph_utils
-from ..aot.donation import copies_when_graph_kept, donatable_saved_tensors
-from ..config import config
-from ..cudagraphs import cudagraphify, graph_facts
-from ..cudagraphs.function import try_partition
-from . import generated_module, inductor_entry, vec_isa_memo
-from .inductor_entry import GeneratedCode, with_triton_records
-from .inductor_options import inductor_config_patches
+from ... import _torch, cache, logs
+from ...aot.compile import run_as_fx
+from ...aot.dynamic import PerShapeCompiled, compile_graph
+from ...aot.partition import min_cut_rematerialization_partition
+from ...cache import PAYLOAD_ATTR, store
+from ...compile_lock import COMPILE_LOCK
+from ...aot import fake_propagation, fx_graphs
+from ...aot.donation import copies_when_graph_kept, donatable_saved_tensors
+from ...config import config
+from ...cudagraphs import cudagraphify, graph_facts
+from ...cudagraphs.partition import try_partition
+from ..registry import register_backend
+from . import cache_entry, generated_module, vec_isa_memo
+from .cache_entry import GeneratedCode, with_triton_records
+from .options import inductor_config_patches
 from .progress import Progress
-from .registry import register_backend
 
 _graph_numbers = itertools.count(1)
 
@@ -115,9 +115,9 @@ class InductorBackend:
             compiled = with_triton_records_for_packages(cache.cached(
                 gm, example_inputs, backend="inductor", options=options,
                 compile=lambda: graph.run(example_inputs),
-                load=lambda payload, g, rename: inductor_entry.load(payload, g, self._graph_compile,
+                load=lambda payload, g, rename: cache_entry.load(payload, g, self._graph_compile,
                                                                     self.cudagraphs, rename),
-                dump=lambda compiled: inductor_entry.dump(compiled, records, graph._fw_output_strides,
+                dump=lambda compiled: cache_entry.dump(compiled, records, graph._fw_output_strides,
                                                            late)))
         finally:
             graph.records = {}      # (the generated code is on disk now; the callable keeps its module)
@@ -127,7 +127,7 @@ class InductorBackend:
     def load_artifact(self, payload: bytes, gm: torch.fx.GraphModule) -> Callable:
         """The compiled graph rebuilt from a cache payload (a package's artifact): no AOT
         tracing, no Inductor lowering."""
-        return inductor_entry.load(payload, gm, self._graph_compile, self.cudagraphs, {})
+        return cache_entry.load(payload, gm, self._graph_compile, self.cudagraphs, {})
 
     def _graph_compile(self, gm: torch.fx.GraphModule) -> "GraphCompile":
         return GraphCompile(self.config_patches, gm, cudagraphs=self.cudagraphs)
@@ -175,7 +175,7 @@ class GraphCompile:
         # set by the forward compile, read by the backward compile that follows it
         self._fw_output_strides: list | None = None
         self._fw_num_outputs = 0
-        # per graph kind, what the cache entry needs of Inductor's result (inductor_entry)
+        # per graph kind, what the cache entry needs of Inductor's result (cache_entry)
         self.records: dict = {}
         # the same for backwards made at run time (``function.backward_key`` -> GeneratedCode),
         # compiled after the entry was written; ``stored_again()`` then writes it again
@@ -198,7 +198,7 @@ class GraphCompile:
         return self.saving_shapes(compiled)
 
     def saving_shapes(self, compiled):
-        """``compiled``; a per-shape result keeps each shape's entry (``inductor_entry``) as
+        """``compiled``; a per-shape result keeps each shape's entry (``cache_entry``) as
         it compiles it, and has the cache entry written again."""
         if isinstance(compiled, PerShapeCompiled):
             compiled.saver = self._compile_and_dump
@@ -214,7 +214,7 @@ class GraphCompile:
             payload = None
             if len(self.fallbacks) == fallbacks:     # (a graph Inductor failed on: not stored)
                 try:
-                    payload = inductor_entry.dump(fn, self.records, self._fw_output_strides, {})
+                    payload = cache_entry.dump(fn, self.records, self._fw_output_strides, {})
                 except ValueError:
                     pass
             return fn, payload
@@ -263,16 +263,16 @@ class GraphCompile:
     # -- internals -------------------------------------------------------------------------------
     def _joint_passes(self, joint: torch.fx.GraphModule, flat_inputs: list) -> torch.fx.GraphModule:
         mode = fake_mode_of(flat_inputs, joint)
-        candidate = graph_utils.copy_graph_module(joint)
+        candidate = fx_graphs.copy_graph_module(joint)
         try:
-            graph_utils.record_val_calls(candidate.graph)
+            fake_propagation.record_val_calls(candidate.graph)
             # (autocast off, as for the compile: the passes trace their replacements, and the
             # graph's ATen ops already hold the casts)
             with _torch.inductor_config().patch(self.patches), _torch.inductor_compile_context(mode), \
                     torch._C._DisableAutocast():
                 candidate = _torch.inductor_joint_graph_passes(candidate, device_of(flat_inputs))
                 # (new nodes need their values; the rest keep theirs)
-                graph_utils.propagate_fake(candidate, flat_inputs, mode, keep_unchanged=True)
+                fake_propagation.propagate_fake(candidate, flat_inputs, mode, keep_unchanged=True)
             changed = _changed_outputs(joint, candidate)
             if changed:
                 raise RuntimeError(f"the passes changed the graph's outputs ({changed})")
@@ -337,7 +337,7 @@ class GraphCompile:
     def _inductor_compile(self, gm: torch.fx.GraphModule, example_inputs: list, kind: str):
         cfg = _torch.inductor_config()
         mode = fake_mode_of(example_inputs, gm)
-        graph = graph_utils.copy_graph_module(gm)      # Inductor rewrites the graph it compiles
+        graph = fx_graphs.copy_graph_module(gm)      # Inductor rewrites the graph it compiles
         if kind == "forward":
             self._fw_output_strides = None
             self._fw_num_outputs = gm.meta.get("kiln_num_fw_outputs", len(_outputs(gm)))
@@ -362,7 +362,7 @@ class GraphCompile:
             # inputs (dynamo lifts every size symbol to one); kiln's graphs read most sizes from
             # tensors, so a hit would drop the shape facts of the first compile: not for them.
             graph_patches = {"fx_graph_cache": False} if _has_symbols(example_inputs) else {}
-            from ..activations import stream_ops     # (not at import: a package load needs no ops)
+            from ...activations import stream_ops  # waits: its custom ops; a package load needs none
 
             if stream_ops.in_graph(graph.graph):
                 # Inductor's peak-memory reordering sees no memory in a copy that is in
@@ -394,7 +394,7 @@ class GraphCompile:
 
     @staticmethod
     def _generated_code(compiled: Callable, kind: str, donated: list, kept: list | None = None):
-        """What the cache entry keeps of Inductor's result (``inductor_entry.GeneratedCode``)."""
+        """What the cache entry keeps of Inductor's result (``cache_entry.GeneratedCode``)."""
         code = _torch.inductor_generated_code(compiled)
         if code is not None:
             # (how a later process loads the module and its kernels without Inductor)
@@ -431,7 +431,7 @@ class GraphCompile:
 
     def _fallback(self, gm: torch.fx.GraphModule, example_inputs: list, kind: str, error: BaseException):
         self._note_failure(f"the {kind} graph", error)
-        graph = graph_utils.copy_graph_module(gm)
+        graph = fx_graphs.copy_graph_module(gm)
         if kind == "backward":
             # saved values may come from an Inductor forward with other strides than traced
             _torch.inductor_view_to_reshape(graph)

@@ -33,9 +33,9 @@ import hashlib
 import os
 from typing import Any
 
-from .. import _torch
-from ..cache import store
-from ..process_state import triton_records as _made
+from ... import _torch
+from ...cache import store
+from ...process_state import triton_records as _made
 
 FORMAT = 1
 SUFFIX = ".kt"

@@ -6,7 +6,7 @@ import sys
 import threading
 import time
 
-from ..config import config as kiln_config
+from ...config import config as kiln_config
 
 
 class Progress:

@@ -1,6 +1,6 @@
 """backend="inductor" on CUDA (Triton kernels): the checks of test_inductor.py that differ on a
 GPU (random numbers, layouts, alignment), against eager. Skipped without CUDA (CI); run on
-the GPU machine with ``python -m pytest tests/backends/test_inductor_cuda.py``."""
+the GPU machine with ``python -m pytest tests/backends/inductor/test_inductor_cuda.py``."""
 from __future__ import annotations
 
 import copy

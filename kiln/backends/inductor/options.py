@@ -29,7 +29,7 @@ import difflib
 import typing
 from typing import Any
 
-from .. import _torch
+from ... import _torch
 
 # Options kiln cannot honour, and why. (Inductor's CUDA-graph options are only named here to be
 # refused and kept off: kiln replays CUDA graphs itself and never uses Inductor's.)

@@ -23,7 +23,7 @@ import kiln
 from kiln import _torch
 from kiln.aot import AOTCompiled
 from kiln.backends import lookup_backend
-from kiln.backends.progress import Progress
+from kiln.backends.inductor.progress import Progress
 from kiln.testing import CompileCounter
 
 RTOL = ATOL = 1e-5
@@ -519,8 +519,8 @@ dtypes = [o.meta["val"].dtype for o in outs if isinstance(o.meta.get("val"), tor
 assert torch.int8 in dtypes and torch.int64 not in dtypes, dtypes
 print("OK")
 """
-    env = {**os.environ, "KILN_CACHE": "0", "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.dirname(
-        os.path.abspath(__file__))))}
+    env = {**os.environ, "KILN_CACHE": "0", "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__)))))}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600,
                          cwd=tmp_path)
     assert out.returncode == 0 and "OK" in out.stdout, out.stderr[-3000:]

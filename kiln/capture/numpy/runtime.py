@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import _torch
+from ... import _torch
 
 
 def _tnp():

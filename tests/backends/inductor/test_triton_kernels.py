@@ -1,5 +1,5 @@
 """Triton kernels recorded after a module's first call and launched by kiln without Triton or
-Inductor (``kiln.backends.triton_kernels``). The launcher code, the module rewrite and every
+Inductor (``kiln.backends.inductor.triton_kernels``). The launcher code, the module rewrite and every
 refusal run on CPU; the record and load of real kernels, and a fresh process that imports
 neither Triton nor Inductor, on CUDA."""
 import json
@@ -12,9 +12,9 @@ import pytest
 import torch
 
 import kiln
-from kiln.backends import generated_module as G
-from kiln.backends import inductor_entry
-from kiln.backends import triton_kernels as T
+from kiln.backends.inductor import generated_module as G
+from kiln.backends.inductor import cache_entry
+from kiln.backends.inductor import triton_kernels as T
 from kiln.cache import store
 
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -91,7 +91,7 @@ def test_kernels_are_recorded_once_after_the_first_call_which_then_leaves_the_ca
     calls = []
     module = type("Module", (), {"call": staticmethod(lambda args: calls.append(list(args)) or len(args))})
     code = {"inputs_to_check": [], "mutated_input_idxs": [], "defers_input_alignment": False}
-    boxed = inductor_entry._entry_point(module, code, G.triton_recorder(fast, {}, str(tmp_path)))
+    boxed = cache_entry._entry_point(module, code, G.triton_recorder(fast, {}, str(tmp_path)))
     assert boxed([1, 2]) == 2 and boxed([3]) == 1
     assert recorded == [fast["triton"]] and calls == [[1, 2], [3]]
     assert os.path.exists(T.record_path(str(tmp_path), G.module_digest(fast)))
@@ -109,7 +109,7 @@ def test_a_failed_record_never_fails_the_call(tmp_path, monkeypatch):
     monkeypatch.setattr(T, "record", record)
     module = type("Module", (), {"call": staticmethod(lambda args: 5)})
     code = {"inputs_to_check": [], "mutated_input_idxs": [], "defers_input_alignment": False}
-    boxed = inductor_entry._entry_point(module, code, G.triton_recorder(fast, {}, str(tmp_path)))
+    boxed = cache_entry._entry_point(module, code, G.triton_recorder(fast, {}, str(tmp_path)))
     assert boxed([]) == 5 and boxed([]) == 5
     assert not T.is_recorded(str(tmp_path), G.module_digest(fast))
 
@@ -202,7 +202,6 @@ def _record_loads(monkeypatch) -> list:
 def test_recorded_kernels_match_inductors_in_process(tmp_path, monkeypatch):
     """A reduction Inductor autotunes among several configurations, recorded with the one it
     chose; kiln's loaded module returns what the compiled one returns."""
-    from kiln.backends import inductor_entry
 
     monkeypatch.setattr(kiln.config, "cache", True)
 
