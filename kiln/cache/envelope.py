@@ -54,13 +54,18 @@ VERSION = "version"        # a version of the format this kiln does not read (ne
 
 class EnvelopeError(Exception):
     """Bytes that are not a usable envelope of the format asked for. ``reason``: one of
-    FOREIGN, OLD, TRUNCATED, DAMAGED, VERSION; ``version``: the file's version of the format,
-    where it could be read."""
+    FOREIGN, OLD, TRUNCATED, DAMAGED, VERSION; the message says what was found (``describe``
+    puts the two together); ``version``: the file's version of the format, where it was read."""
 
     def __init__(self, reason: str, message: str, version: object = None):
         super().__init__(message)
         self.reason = reason
         self.version = version
+
+    def describe(self, what: str) -> str:
+        """The refusal in words, for a file that should have been ``what`` (a kiln cache entry)."""
+        return {FOREIGN: f"not {what}", OLD: "written by an earlier kiln", TRUNCATED: "truncated",
+                DAMAGED: "content hash mismatch", VERSION: "written by a newer kiln"}[self.reason] + f" ({self})"
 
 
 @dataclass(frozen=True)
@@ -130,10 +135,7 @@ def unpack(data: bytes, fmt: Format) -> Envelope:
     """The verified envelope in ``data``; EnvelopeError for anything else (nothing of it is
     returned before every check passed)."""
     _check_start(data, fmt)
-    try:
-        zf = zipfile.ZipFile(io.BytesIO(data))
-    except (zipfile.BadZipFile, ValueError, EOFError) as e:
-        raise EnvelopeError(TRUNCATED, f"truncated: its zip directory is missing or unreadable ({e})") from None
+    zf = _open(io.BytesIO(data), data[-_END.size:])
     with zf:
         infos = _check_layout(zf, data)
         info = _read_info(zf, fmt)
@@ -163,26 +165,35 @@ def read_header(path: str, *formats: Format) -> dict:
     with open(path, "rb") as f:
         start = f.read(len(_LOCAL_MAGIC) + 26 + len(HEADER))
         _check_start(start, formats[0])
-        f.seek(0)
-        try:
-            zf = zipfile.ZipFile(f)
-        except (zipfile.BadZipFile, ValueError, EOFError) as e:
-            raise EnvelopeError(TRUNCATED, f"truncated: its zip directory is missing or unreadable ({e})") from None
-        with zf:
+        f.seek(0, io.SEEK_END)
+        f.seek(max(f.tell() - _END.size, 0))
+        last = f.read()
+        with _open(f, last) as zf:
             return _read_info(zf, *formats)["header"]
+
+
+def _open(f, last: bytes) -> zipfile.ZipFile:
+    """The zip archive in ``f``, whose last bytes are ``last``."""
+    try:
+        return zipfile.ZipFile(f)
+    except (zipfile.BadZipFile, ValueError, EOFError, OSError) as e:
+        # (no end record where kiln writes it, at the end: the file was cut short)
+        if last.startswith(b"PK\x05\x06") and len(last) == _END.size:
+            raise _damaged(f"its zip directory is unreadable: {e}") from None
+        raise EnvelopeError(TRUNCATED, f"its zip directory is missing: {e}") from None
 
 
 def _check_start(data: bytes, fmt: Format) -> None:
     for magic, what in OLD_MAGICS.items():
         if data.startswith(magic):
-            raise EnvelopeError(OLD, f"{what} in the layout of an earlier kiln (not a zip archive)")
+            raise EnvelopeError(OLD, f"{what} in kiln's binary layout from before the zip envelope")
     # (the first local header names kiln.json: a zip that does not is no kiln file)
     if not (data.startswith(_LOCAL_MAGIC) and data[30:30 + len(HEADER)] == HEADER.encode()):
-        raise EnvelopeError(FOREIGN, f"not a {fmt.name} (no {HEADER} at its start)")
+        raise EnvelopeError(FOREIGN, f"no {HEADER} at its start")
 
 
 def _damaged(detail: str) -> EnvelopeError:
-    return EnvelopeError(DAMAGED, f"content hash mismatch ({detail})")
+    return EnvelopeError(DAMAGED, detail)
 
 
 def _check_layout(zf: zipfile.ZipFile, data: bytes) -> list:
@@ -262,13 +273,13 @@ def _read_info(zf: zipfile.ZipFile, *formats: Format) -> dict:
         raise _damaged(f"unreadable {HEADER}")
     fmt = next((f for f in formats if f.name == info.get("format")), None)
     if fmt is None:
-        raise EnvelopeError(FOREIGN, f"not a {formats[0].name} (a {info.get('format')!r} file)")
+        raise EnvelopeError(FOREIGN, f"a {info.get('format')!r} file")
     version = info.get("version")
     if not fmt.reads(version):
         older = isinstance(version, int) and version < fmt.version
-        raise EnvelopeError(OLD if older else VERSION, f"a {fmt.name} of version {version}; this kiln reads "
+        raise EnvelopeError(OLD if older else VERSION, f"version {version} of {fmt.name!r}; this kiln reads "
                             f"{', '.join(map(str, fmt.readable or (fmt.version,)))}", version)
     if info.get("sha256") != _content_hash(info) or not isinstance(info.get("members"), list) \
             or not isinstance(info.get("header"), dict) or not all(isinstance(m, dict) for m in info["members"]):
-        raise _damaged(f"of {HEADER}: truncated or changed bytes")
+        raise _damaged(f"{HEADER} does not match its content hash")
     return info

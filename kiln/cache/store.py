@@ -99,16 +99,10 @@ def _unpack(blob: bytes, fmt: envelope.Format) -> envelope.Envelope:
     try:
         found = envelope.unpack(blob, fmt)
     except envelope.EnvelopeError as e:
-        raise CorruptEntry(_why(e)) from None
+        raise CorruptEntry(e.describe(f"a {fmt.name}")) from None
     if fmt is not RECORD and list(found.members) != [PAYLOAD]:
         raise CorruptEntry(f"not a {fmt.name}: its members are {', '.join(found.members) or 'none'}")
     return found
-
-
-def _why(e: envelope.EnvelopeError) -> str:
-    if e.reason == envelope.OLD:
-        return f"{e}: written by an earlier kiln"
-    return str(e)
 
 
 def read(key: str) -> tuple[dict, bytes] | None:

@@ -133,10 +133,10 @@ def refusal(e: envelope.EnvelopeError, path: str) -> str:
     if e.reason == envelope.DAMAGED:
         return (f"{path} is damaged: its content hash does not match (truncated or changed bytes: {e}); "
                 "nothing of it was run. Save the package again")
+    readable = ", ".join(map(str, READABLE_FORMATS))
     if e.reason == envelope.OLD:
-        return (f"{path} has an older package format ({e}); this kiln reads format "
-                f"{', '.join(map(str, READABLE_FORMATS))}. {_AGAIN}")
-    return f"{path} has package format {e.version}; this kiln reads {', '.join(map(str, READABLE_FORMATS))}. {_AGAIN}"
+        return f"{path} has an older package format ({e}); this kiln reads format {readable}. {_AGAIN}"
+    return f"{path} has package format {e.version}, newer than this kiln reads ({readable}). {_AGAIN}"
 
 
 def check_environment(path: str, saved: dict) -> None:

@@ -9,7 +9,7 @@ import sys
 import textwrap
 
 import kiln
-from kiln.cache import store
+from kiln.cache import envelope, store
 
 _HELPERS = """
 import torch

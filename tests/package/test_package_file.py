@@ -1,6 +1,10 @@
-"""The package file: one file with a content hash; truncated, changed or foreign files are
-refused before anything in them runs; ``kiln package inspect`` prints the manifest."""
+"""The package file: an artifact envelope (a zip) with a content hash; truncated, changed,
+foreign or old-format files are refused before anything in them runs; ``kiln package inspect``
+prints the manifest."""
+import hashlib
 import json
+import struct
+import zipfile
 
 import pytest
 import torch
@@ -48,6 +52,50 @@ def test_bit_flipped(package, monkeypatch):
         flipped[pos] ^= 0x10
         package.write_bytes(bytes(flipped))
         _refused(package, "damaged", monkeypatch)
+
+
+def test_a_package_is_a_zip_whose_header_lists_the_manifest_and_blobs(package):
+    zf = zipfile.ZipFile(package)
+    assert zf.testzip() is None
+    info = json.loads(zf.read("kiln.json"))
+    assert (info["format"], info["version"]) == ("kiln package", fileformat.FORMAT_VERSION)
+    assert info["kiln"] == kiln.__version__ and info["torch"] == torch.__version__
+    pkg = fileformat.read(str(package))
+    blobs = [f"blobs/{i}" for i in range(len(pkg.blob_sizes()))]
+    assert blobs and zf.namelist() == ["kiln.json", "manifest.json", *blobs]
+    assert [m["name"] for m in info["members"]] == ["manifest.json", *blobs]
+    assert json.loads(zf.read("manifest.json")) == pkg.manifest
+    assert all(zf.read(b) == pkg.blob(i) for i, b in enumerate(blobs))
+
+
+def test_a_flipped_byte_in_any_member_is_refused(package, monkeypatch):
+    data = package.read_bytes()
+    for i in zipfile.ZipFile(package).infolist():
+        start = i.header_offset + 30 + len(i.filename)
+        for pos in (start, start + i.file_size // 2, start + i.file_size - 1):
+            flipped = bytearray(data)
+            flipped[pos] ^= 0x04
+            package.write_bytes(bytes(flipped))
+            _refused(package, "damaged: its content hash does not match", monkeypatch)
+
+
+def _old_layout_package(manifest: dict, blobs: list, format_version: int) -> bytes:
+    """A package as kilns before format 4 wrote it: their own binary layout."""
+    offsets, pos = [], 0
+    for b in blobs:
+        offsets.append([pos, len(b)])
+        pos += len(b)
+    text = json.dumps({**manifest, "format": format_version, "blobs": offsets}).encode()
+    body = struct.pack(">Q", len(text)) + text + b"".join(blobs)
+    return b"KILNPKG\x01" + hashlib.sha256(body).digest() + body
+
+
+def test_an_old_format_package_is_refused_saying_to_save_it_again(package, monkeypatch):
+    pkg = fileformat.read(str(package))
+    old = _old_layout_package(pkg.manifest, [pkg.blob(i) for i in range(len(pkg.blob_sizes()))], 3)
+    package.write_bytes(old)
+    _refused(package, "older package format.*this kiln reads format 4. Save the package again with this kiln",
+             monkeypatch)
 
 
 def test_foreign_file(package, monkeypatch):
