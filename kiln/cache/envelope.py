@@ -14,10 +14,11 @@ the header anyone can read (``unzip -p FILE kiln.json``)::
 The content hash is the SHA-256 of the header's JSON without its own ``sha256`` field (keys
 sorted, compact): it covers the header and, through their listed digests, every member. A
 reader checks, before it returns anything: the archive opens and starts with ``kiln.json``;
-the format name and version; each member's CRC-32 (zipfile), local header (against the zip's
-directory), size and SHA-256; that the members are exactly those listed; the content hash.
-So every byte kiln reads is checked before anything is unpickled or run, and a flipped byte
-anywhere else in the file is refused too or changes nothing that is read. ``read_header``
+the format name and version; the content hash; that the members are exactly those listed,
+each with its size and SHA-256 (zip's CRC-32s are for zip tools; kiln.json's is checked too);
+that the zip's own bookkeeping (local headers, directory, end record) is as ``pack`` writes it.
+So every byte of the file is checked before anything of it is unpickled or run: a changed
+byte anywhere is refused (in files under 4 GiB; zip64's own fields are left to zipfile). ``read_header``
 reads ``kiln.json`` alone (``kiln cache ls``), checking the content hash of the header only.
 
 This module sits in ``kiln/cache/``, the lowest layer that writes such files: the packages
@@ -32,6 +33,10 @@ import struct
 import zipfile
 from dataclasses import dataclass
 from typing import Mapping
+
+import torch
+
+from ..version import __version__
 
 HEADER = "kiln.json"
 _LOCAL_MAGIC = b"PK\x03\x04"
@@ -104,10 +109,6 @@ def _content_hash(info: dict) -> str:
 def pack(fmt: Format, header: dict, members: Mapping[str, bytes]) -> bytes:
     """The bytes of an envelope of ``fmt`` holding ``header`` (JSON; values JSON cannot hold
     are written as their ``str``) and ``members`` (name -> bytes, in this order)."""
-    import torch
-
-    from ..version import __version__
-
     if HEADER in members:
         raise ValueError(f"an envelope member cannot be named {HEADER}")
     listed = [{"name": name, "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
@@ -137,18 +138,19 @@ def unpack(data: bytes, fmt: Format) -> Envelope:
     _check_start(data, fmt)
     zf = _open(io.BytesIO(data), data[-_END.size:])
     with zf:
-        infos = _check_layout(zf, data)
+        spans = _check_layout(zf, data)
         info = _read_info(zf, fmt)
-        listed = info["members"]
-        names = [i.filename for i in infos[1:]]
-        if names != [m.get("name") for m in listed]:
-            raise _damaged(f"its members are not the ones its {HEADER} lists")
-        members = {}
-        for m in listed:
-            data_m = _read(zf, m["name"])
-            if len(data_m) != m.get("size") or hashlib.sha256(data_m).hexdigest() != m.get("sha256"):
-                raise _damaged(f"member {m['name']!r}")
-            members[m["name"]] = data_m
+    listed = info["members"]
+    if list(spans)[1:] != [m.get("name") for m in listed]:
+        raise _damaged(f"its members are not the ones its {HEADER} lists")
+    members = {}
+    for m in listed:
+        # (sliced out where the checked layout puts it: its SHA-256 makes zip's CRC-32 redundant)
+        start, size = spans[m["name"]]
+        data_m = data[start:start + size]
+        if size != m.get("size") or hashlib.sha256(data_m).hexdigest() != m.get("sha256"):
+            raise _damaged(f"member {m['name']!r}")
+        members[m["name"]] = data_m
     return Envelope(info, members)
 
 
@@ -196,17 +198,18 @@ def _damaged(detail: str) -> EnvelopeError:
     return EnvelopeError(DAMAGED, detail)
 
 
-def _check_layout(zf: zipfile.ZipFile, data: bytes) -> list:
-    """The archive's members, checked to be laid out byte for byte as ``pack`` writes them
-    (so that no byte of the file goes unchecked): kiln.json first, the members one after the
-    other from the start, each local header agreeing with the zip directory, the directory
-    filling the rest up to its end record, no comments."""
+def _check_layout(zf: zipfile.ZipFile, data: bytes) -> dict[str, tuple[int, int]]:
+    """Where each member's bytes are in ``data`` (name -> start, size), the archive checked to
+    be laid out byte for byte as ``pack`` writes it (so that no byte of the file goes
+    unchecked): kiln.json first, the members one after the other from the start, each local
+    header agreeing with the zip directory, the directory filling the rest up to its end
+    record, no comments."""
     infos = zf.infolist()
     if not infos or infos[0].filename != HEADER or zf.comment:
         raise _damaged(f"{HEADER} is not its first member")
     if len({i.filename for i in infos}) != len(infos):
         raise _damaged("a member name appears twice")
-    pos = 0
+    pos, spans = 0, {}
     for i in infos:
         if i.header_offset != pos or pos + _LOCAL_HEADER.size > len(data):
             raise _damaged(f"member {i.filename!r} is not where the zip directory says")
@@ -216,10 +219,13 @@ def _check_layout(zf: zipfile.ZipFile, data: bytes) -> list:
         if data[start:start + n] != name or not _as_written(i) or \
                 (not _zip64(i) and local != _local_header(i, name)):
             raise _damaged(f"the zip headers of member {i.filename!r} disagree")
+        spans[i.filename] = (start + n + extra, i.file_size)
         pos = start + n + extra + i.file_size
+    if pos > len(data):
+        raise _damaged(f"member {infos[-1].filename!r} runs past the end")
     if len(data) < zipfile.ZIP64_LIMIT:
         _check_directory(infos, data, pos)
-    return infos
+    return spans
 
 
 def _as_written(i: zipfile.ZipInfo) -> bool:

@@ -100,6 +100,7 @@ def _unpack(blob: bytes, fmt: envelope.Format) -> envelope.Envelope:
         found = envelope.unpack(blob, fmt)
     except envelope.EnvelopeError as e:
         raise CorruptEntry(e.describe(f"a {fmt.name}")) from None
+    # (an entry and a kernel record hold one payload; a frame record a package's members)
     if fmt is not RECORD and list(found.members) != [PAYLOAD]:
         raise CorruptEntry(f"not a {fmt.name}: its members are {', '.join(found.members) or 'none'}")
     return found
