@@ -11,9 +11,9 @@ Members (``unzip -l net.kiln``)::
                     zips among them, stored as they are), by index
 
 A file that is not such an envelope (foreign), that ends early (truncated), whose bytes changed
-(a CRC, a digest or the content hash does not match), or that an earlier kiln wrote (its own
-binary layout, format 3 or before) is refused before its manifest is even parsed: nothing of it
-runs.
+(a digest, the content hash or the zip's layout does not match), or that an earlier kiln wrote
+(its own binary layout, format 3 or before) is refused before its manifest is even parsed:
+nothing of it runs.
 """
 from __future__ import annotations
 
