@@ -1,31 +1,34 @@
-"""Entries on disk: ``<cache_dir>/aot/<key>.entry``, each in a hashed envelope.
-
-File layout: ``MAGIC`` (8 bytes), the SHA-256 of the rest (32 bytes), then a 4-byte header
-length, a JSON header (function name, key parts, versions) and the payload bytes. A file
-whose hash does not match (truncated, bit-flipped) or that cannot be read is treated as
-absent, with one warning; the compile that follows rewrites it. Writes go to a temporary
-file in the same directory and are renamed into place (atomic on POSIX), so concurrent
-writers of one key leave one whole entry, never a mix.
+"""Entries on disk: ``<cache_dir>/aot/<key>.entry``, each an artifact envelope
+(``kiln.cache.envelope``: a zip whose ``kiln.json`` holds the entry's header, function name,
+key parts and versions, and whose ``payload`` member holds the backend's bytes, all covered by a
+content hash). A file that is not a whole entry of this kiln (truncated, bit-flipped, foreign,
+written by an earlier kiln) or that cannot be read is treated as absent, with one warning; the
+compile that follows rewrites it. Writes go to a temporary file in the same directory and are
+renamed into place (atomic on POSIX), so concurrent writers of one key leave one whole entry,
+never a mix.
 
 Frame records (``kiln.package.frame_records``) live in
-``<cache_dir>/frames/<frame key>/<writer>.rec`` in the same envelope. The directory (entries and records together) is kept under
+``<cache_dir>/frames/<frame key>/<writer>.rec``, envelopes of their own format (a header, then
+the members of a package). The directory (entries and records together) is kept under
 ``kiln.config.cache_size_limit`` bytes by removing the least recently used files (a hit
 touches its file's mtime).
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import os
-import struct
 import tempfile
 import warnings
 
 from .. import logs
 from ..config import config
 from ..process_state import cache_stats as _stats, cache_stats_lock, cache_warned as _warned, reset_cache_stats
+from . import envelope
 
-MAGIC = b"KILNAOT1"
+# the envelopes of the cache directory (version 1 was an earlier kiln's own binary layout)
+ENTRY = envelope.Format("kiln cache entry", 2)
+RECORD = envelope.Format("kiln frame record", 2)
+KERNELS = envelope.Format("kiln kernel record", 2)
+PAYLOAD = "payload"
 
 
 class CorruptEntry(Exception):
@@ -81,26 +84,26 @@ def record_path(frame_key: str, writer: str) -> str:
     return os.path.join(frames_dir(), frame_key, f"{writer}.rec")
 
 
-def encode(header: dict, payload: bytes) -> bytes:
-    head = json.dumps(header, sort_keys=True, default=str).encode()
-    body = struct.pack("<I", len(head)) + head + payload
-    return MAGIC + hashlib.sha256(body).digest() + body
+def encode(header: dict, payload: bytes, fmt: envelope.Format = ENTRY) -> bytes:
+    """An envelope of ``fmt`` holding ``header`` and ``payload`` (its one member)."""
+    return envelope.pack(fmt, header, {PAYLOAD: payload})
 
 
-def decode(blob: bytes, header_only: bool = False) -> tuple[dict, bytes]:
-    if len(blob) < 44 or blob[:8] != MAGIC:
-        raise CorruptEntry("not a kiln cache entry (bad magic or truncated)")
-    body = blob[40:]
-    if not header_only and hashlib.sha256(body).digest() != blob[8:40]:
-        raise CorruptEntry("content hash mismatch (truncated or corrupted)")
-    (n,) = struct.unpack("<I", body[:4])
-    if 4 + n > len(body):
-        raise CorruptEntry("truncated header")
+def decode(blob: bytes, fmt: envelope.Format = ENTRY) -> tuple[dict, bytes]:
+    """(header, payload) of an envelope made by ``encode``; CorruptEntry for anything else."""
+    found = _unpack(blob, fmt)
+    return found.header, found.member(PAYLOAD)
+
+
+def _unpack(blob: bytes, fmt: envelope.Format) -> envelope.Envelope:
     try:
-        header = json.loads(body[4:4 + n])
-    except ValueError as e:
-        raise CorruptEntry(f"unreadable header: {e}") from e
-    return header, body[4 + n:]
+        found = envelope.unpack(blob, fmt)
+    except envelope.EnvelopeError as e:
+        raise CorruptEntry(e.describe(f"a {fmt.name}")) from None
+    # (an entry and a kernel record hold one payload; a frame record a package's members)
+    if fmt is not RECORD and list(found.members) != [PAYLOAD]:
+        raise CorruptEntry(f"not a {fmt.name}: its members are {', '.join(found.members) or 'none'}")
+    return found
 
 
 def read(key: str) -> tuple[dict, bytes] | None:
@@ -109,7 +112,18 @@ def read(key: str) -> tuple[dict, bytes] | None:
 
 
 def read_path(path: str) -> tuple[dict, bytes] | None:
-    """(header, payload) of a whole entry or record file, or None (absent, or corrupt: warned once)."""
+    """(header, payload) of a whole entry, or None (absent, or corrupt: warned once)."""
+    found = _read_file(path, ENTRY)
+    return None if found is None else (found.header, found.member(PAYLOAD))
+
+
+def read_record(path: str) -> envelope.Envelope | None:
+    """The verified frame record at ``path`` (its header and members), or None (absent, or
+    corrupt: warned once)."""
+    return _read_file(path, RECORD)
+
+
+def _read_file(path: str, fmt: envelope.Format) -> envelope.Envelope | None:
     try:
         with open(path, "rb") as f:
             blob = f.read()
@@ -119,7 +133,7 @@ def read_path(path: str) -> tuple[dict, bytes] | None:
         warn_once(("read", path), f"cannot read {path} ({e}); compiling instead")
         return None
     try:
-        header, payload = decode(blob)
+        found = _unpack(blob, fmt)
     except CorruptEntry as e:
         warn_once(("corrupt", path), f"ignoring entry {path}: {e}; it is recompiled and rewritten")
         return None
@@ -128,7 +142,7 @@ def read_path(path: str) -> tuple[dict, bytes] | None:
         os.utime(path)          # LRU: a hit is a use
     except OSError:
         pass
-    return header, payload
+    return found
 
 
 def write(key: str, header: dict, payload: bytes) -> bool:
@@ -136,9 +150,10 @@ def write(key: str, header: dict, payload: bytes) -> bool:
     return _write_file(entry_path(key), encode(header, payload))
 
 
-def write_record(frame_key: str, writer: str, header: dict, payload: bytes) -> bool:
-    """Write a frame record atomically; False (warned once) when the directory is not writable."""
-    return _write_file(record_path(frame_key, writer), encode(header, payload))
+def write_record(frame_key: str, writer: str, header: dict, members: dict[str, bytes]) -> bool:
+    """Write a frame record (``header`` and ``members``) atomically; False (warned once) when the
+    directory is not writable."""
+    return _write_file(record_path(frame_key, writer), envelope.pack(RECORD, header, members))
 
 
 def _write_file(path: str, blob: bytes) -> bool:
@@ -204,10 +219,10 @@ def _frame_dirs() -> list[str]:
 
 
 def read_header(path: str) -> dict | None:
+    """The header of the entry or frame record at ``path`` (reading that alone), or None."""
     try:
-        with open(path, "rb") as f:
-            return decode(f.read(), header_only=True)[0]
-    except (OSError, CorruptEntry):
+        return envelope.read_header(path, ENTRY, RECORD)
+    except (OSError, envelope.EnvelopeError):
         return None
 
 

@@ -1,33 +1,39 @@
-"""The package file: one file, checked whole before anything in it is used.
+"""The package file: one artifact envelope (``kiln.cache.envelope``), checked whole before
+anything in it is used.
 
-Layout::
+Members (``unzip -l net.kiln``)::
 
-    MAGIC (8 bytes)  SHA-256 of the rest (32 bytes)  manifest length (8 bytes, big-endian)
-    manifest (UTF-8 JSON)  blobs (concatenated; the manifest gives each one's offset and size)
+    kiln.json       format "kiln package", its version, the kiln and torch that wrote it, the
+                    size and SHA-256 of each member below, and the content hash over them all
+    manifest.json   everything readable: entries, guards as text, graphs as code, the versions
+                    it was saved with
+    blobs/0 ...     the graphs' tensor constants and the backends' artifacts (``torch.save``
+                    zips among them, stored as they are), by index
 
-The manifest holds everything readable (entries, guards as text, graphs as code, sizes, the
-versions it was saved with); the blobs hold the graphs' tensor constants and the backends' artifacts.
-A file with another magic, a length that does not add up (truncated) or another hash
-(changed bytes) is refused before its manifest is even parsed: nothing of it runs.
+A file that is not such an envelope (foreign), that ends early (truncated), whose bytes changed
+(a digest, the content hash or the zip's layout does not match), or that an earlier kiln wrote
+(its own binary layout, format 3 or before) is refused before its manifest is even parsed:
+nothing of it runs.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import platform
-import struct
 
+from ..cache import envelope
 from ..version import __version__
 from .errors import PackageError
 
-MAGIC = b"KILNPKG\x01"
 # 2: a continuation several graph breaks resume in is saved once ("ref"); 3: each shape
 # condition in parentheses (earlier kilns joined an ``or`` condition unparenthesized with
-# ``and``: a check that could pass wrongly, so formats 1 and 2 are not read)
-FORMAT_VERSION = 3
-READABLE_FORMATS = (3,)
-_HEAD = len(MAGIC) + 32 + 8
+# ``and``: a check that could pass wrongly, so formats 1 and 2 are not read); 4: the artifact
+# envelope (a zip) instead of kiln's own binary layout
+FORMAT_VERSION = 4
+READABLE_FORMATS = (4,)
+FORMAT = envelope.Format("kiln package", FORMAT_VERSION, READABLE_FORMATS)
+MANIFEST = "manifest.json"
+_AGAIN = "Save the package again with this kiln"
 
 
 class Blobs:
@@ -41,6 +47,10 @@ class Blobs:
         return len(self.parts) - 1
 
 
+def blob_name(index: int) -> str:
+    return f"blobs/{index}"
+
+
 def environment() -> dict:
     """What a package is valid for: kiln, torch and Python versions, and the device kinds."""
     import torch
@@ -52,21 +62,18 @@ def environment() -> dict:
     return env
 
 
-def pack(manifest: dict, blobs: Blobs) -> bytes:
-    """The bytes of a package (also the payload of a frame record, ``frame_records``)."""
-    offsets, pos = [], 0
-    for b in blobs.parts:
-        offsets.append([pos, len(b)])
-        pos += len(b)
-    manifest = {**manifest, "format": FORMAT_VERSION, "blobs": offsets}
-    text = json.dumps(manifest, sort_keys=True).encode()
-    body = struct.pack(">Q", len(text)) + text + b"".join(blobs.parts)
-    return MAGIC + hashlib.sha256(body).digest() + body
+def members(manifest: dict, blobs: Blobs) -> dict[str, bytes]:
+    """The members of a package (also of a frame record, ``frame_records``): the manifest, then
+    the blobs."""
+    out = {MANIFEST: json.dumps(manifest, sort_keys=True).encode()}
+    for i, data in enumerate(blobs.parts):
+        out[blob_name(i)] = data
+    return out
 
 
 def write(path: str, manifest: dict, blobs: Blobs) -> int:
     """Write the package atomically (a reader never sees half a file); returns its size."""
-    data = pack(manifest, blobs)
+    data = envelope.pack(FORMAT, {}, members(manifest, blobs))
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "wb") as f:
         f.write(data)
@@ -77,19 +84,29 @@ def write(path: str, manifest: dict, blobs: Blobs) -> int:
 class Package:
     """A package read and verified: its manifest, and its blobs by index."""
 
-    def __init__(self, manifest: dict, data: bytes, base: int):
-        self.manifest = manifest
-        self._data = data
-        self._base = base
+    def __init__(self, found: envelope.Envelope, path: str):
+        if MANIFEST not in found.members:
+            raise PackageError(f"{path} is damaged: it has no {MANIFEST}; nothing of it was run. {_AGAIN}")
+        try:
+            self.manifest = json.loads(found.member(MANIFEST))
+        except ValueError as e:       # (its digest matched: written so by a faulty kiln)
+            raise PackageError(f"{path} has an unreadable {MANIFEST} ({e}); {_AGAIN}") from None
+        self._members = found.members
 
     def blob(self, index: int) -> bytes:
-        off, size = self.manifest["blobs"][index]
-        return self._data[self._base + off:self._base + off + size]
+        return self._members[blob_name(index)]
+
+    def blob_sizes(self) -> list[int]:
+        sizes, i = [], 0
+        while blob_name(i) in self._members:
+            sizes.append(len(self._members[blob_name(i)]))
+            i += 1
+        return sizes
 
 
 def read(path: str) -> Package:
     """The verified package at ``path``; PackageError for anything that is not an intact
-    kiln package (checked before the manifest is parsed)."""
+    kiln package of this format (checked before the manifest is parsed)."""
     try:
         with open(path, "rb") as f:
             data = f.read()
@@ -100,23 +117,26 @@ def read(path: str) -> Package:
 
 def unpack(data: bytes, path: str) -> Package:
     """The verified package in ``data`` (read from ``path``, named in errors)."""
-    if not data.startswith(MAGIC):
-        raise PackageError(f"{path} is not a kiln package (no kiln package header); "
-                           "save one with compiled.save_package(path)")
-    if len(data) < _HEAD:
-        raise PackageError(f"{path} is truncated ({len(data)} bytes); save the package again")
-    digest, body = data[len(MAGIC):len(MAGIC) + 32], data[len(MAGIC) + 32:]
-    (n,) = struct.unpack(">Q", body[:8])
-    if 8 + n > len(body):
-        raise PackageError(f"{path} is truncated (its manifest needs {n} bytes); save the package again")
-    if hashlib.sha256(body).digest() != digest:
-        raise PackageError(f"{path} is damaged: its content hash does not match (truncated or changed "
-                           "bytes); nothing of it was run. Save the package again")
-    manifest = json.loads(body[8:8 + n])
-    if manifest.get("format") not in READABLE_FORMATS:
-        raise PackageError(f"{path} has package format {manifest.get('format')}; this kiln reads "
-                           f"{', '.join(map(str, READABLE_FORMATS))}. Save the package again with this kiln")
-    return Package(manifest, data, len(MAGIC) + 32 + 8 + n)
+    try:
+        found = envelope.unpack(data, FORMAT)
+    except envelope.EnvelopeError as e:
+        raise PackageError(refusal(e, path)) from None
+    return Package(found, path)
+
+
+def refusal(e: envelope.EnvelopeError, path: str) -> str:
+    """What a package load says of a file the envelope refused, and what to do."""
+    if e.reason == envelope.FOREIGN:
+        return f"{path} is not a kiln package ({e}); save one with compiled.save_package(path)"
+    if e.reason == envelope.TRUNCATED:
+        return f"{path} is truncated ({e}); nothing of it was run. Save the package again"
+    if e.reason == envelope.DAMAGED:
+        return (f"{path} is damaged: its content hash does not match (truncated or changed bytes: {e}); "
+                "nothing of it was run. Save the package again")
+    readable = ", ".join(map(str, READABLE_FORMATS))
+    if e.reason == envelope.OLD:
+        return f"{path} has an older package format ({e}); this kiln reads format {readable}. {_AGAIN}"
+    return f"{path} has package format {e.version}, newer than this kiln reads ({readable}). {_AGAIN}"
 
 
 def check_environment(path: str, saved: dict) -> None:

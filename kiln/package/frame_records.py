@@ -4,9 +4,10 @@ The graph-level cache (``kiln.cache.cached``) still needs a capture to find its 
 interpretation, fake tensors, ``torch._dynamo`` imported (about a second). So each function
 given to ``kiln.compile`` (cache on, a cacheable backend) also keeps *frame records*:
 ``<cache_dir>/frames/<frame key>/<writer>.rec``, the package form (``kiln.package``) of the
-entries this process captured for it, with the continuations of their graph breaks, in the
-store's hashed envelope. One file per writing process (rewritten whole, atomically, after each
-call that compiled something): concurrent writers never share a file.
+entries this process captured for it, with the continuations of their graph breaks: an
+artifact envelope (``kiln.cache.envelope``) holding the record's header and a package's
+members. One file per writing process (rewritten whole, atomically, after each call that
+compiled something): concurrent writers never share a file.
 
 In a fresh process, the first miss of a function (before capture) loads its frame's records,
 installs their entries as ``load_package`` does (guards and generated code re-resolve against
@@ -124,20 +125,20 @@ def _install_records(cf, fk: str) -> tuple[int, str]:
     for _, path in found:
         if installed >= room:
             break
-        got = store.read_path(path)           # (a damaged file: None, warned once)
-        if got is None:
+        found = store.read_record(path)       # (a damaged file: None, warned once)
+        if found is None:
             ignored.append(f"{os.path.basename(path)}: damaged or unreadable")
             try:
                 os.unlink(path)               # (never usable: records are replaced whole)
             except OSError:
                 pass
             continue
-        header, payload = got
+        header = found.header
         if header.get("kind") != "frame" or header.get("frame_key") != fk or header.get("environment") != env:
             ignored.append(f"{os.path.basename(path)}: written for another frame, kiln, torch or device")
             continue
         try:
-            pkg = fileformat.unpack(payload, path)
+            pkg = fileformat.Package(found, path)
             m = pkg.manifest
             identity.check(m["identity"], fn, fn)
         except PackageError as e:
@@ -204,9 +205,9 @@ def _write(cf, fk: str, name: str) -> None:
     manifest["callable_defaults"] = {where: _callable_defaults(f) for where, f in _defining(fn, entries).items()}
     header = {"kind": "frame", "frame_key": fk, "function": name, "backend": cf.key.backend_name,
               "entries": sum(counts.values()), "environment": _environment()}
-    payload = fileformat.pack(manifest, blobs)
-    if store.write_record(fk, _WRITER, header, payload):
-        _log(f"frame recorded {name}: {header['entries']} entries ({len(payload)} bytes)")
+    members = fileformat.members(manifest, blobs)
+    if store.write_record(fk, _WRITER, header, members):
+        _log(f"frame recorded {name}: {header['entries']} entries ({sum(map(len, members.values()))} bytes)")
     for e in walk_entries(entries):                   # a continuation's later compiles rewrite it too
         for r in e.resumes:
             r.records_owner = cf

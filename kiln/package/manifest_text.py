@@ -5,10 +5,10 @@ from . import fileformat
 
 
 def manifest_text(path: str) -> str:
-    pkg = fileformat.read(path)       # (verified: magic, length, content hash)
+    pkg = fileformat.read(path)       # (verified: format, version, content hash)
     m = pkg.manifest
     env, ident, key = m["environment"], m["identity"], m["key"]
-    sizes = [size for _, size in m["blobs"]]
+    sizes = pkg.blob_sizes()
     lines = [f"kiln package {path}",
              f"  saved with   kiln {env['kiln']}, torch {env['torch']}, python {env['python']}, "
              f"{env['machine']}, device {env['device_kind']}" + (f" ({env['cuda']})" if env.get("cuda") else ""),
@@ -33,7 +33,7 @@ def _entries(lines: list, entries: list, name: str, pkg, indent: str) -> None:
         lines += [f"{indent}    {g}" for g in e["guards_text"]]
         graph = e["graph"]
         if graph is not None:
-            sizes = [pkg.manifest["blobs"][graph[k]][1] for k in ("constants", "artifact") if k in graph]
+            sizes = [len(pkg.blob(graph[k])) for k in ("constants", "artifact") if k in graph]
             lines.append(f"{indent}  graph ({graph['kind']}, {' + '.join(map(str, sizes))} bytes):")
             lines += [f"{indent}    {ln}" for ln in graph["code"].splitlines()]
         lines.append(f"{indent}  generated code:")

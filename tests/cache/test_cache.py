@@ -3,11 +3,15 @@
 Graphs are tiny and use the aot_eager backend (test_inductor_cache.py: inductor); every test has its own
 cache directory (tests/conftest.py)."""
 import functools
+import hashlib
+import json
 import os
+import struct
 import subprocess
 import sys
 import textwrap
 import warnings
+import zipfile
 
 import pytest
 import torch
@@ -210,17 +214,32 @@ def test_loaded_entry_equals_compiled_field_by_field(monkeypatch):
     torch.testing.assert_close(a2[1].grad, b1[1].grad)
 
 
-@pytest.mark.parametrize("damage", ["truncate", "bitflip", "garbage", "unreadable"])
+def _old_layout_entry(header: dict, payload: bytes) -> bytes:
+    """An entry as kilns before the artifact envelope wrote it (their own binary layout)."""
+    head = json.dumps(header, sort_keys=True).encode()
+    body = struct.pack("<I", len(head)) + head + payload
+    return b"KILNAOT1" + hashlib.sha256(body).digest() + body
+
+
+@pytest.mark.parametrize("damage", ["truncate", "bitflip", "bitflip kiln.json", "bitflip payload", "garbage",
+                                    "old layout", "unreadable"])
 def test_corrupt_entry_is_ignored_recompiled_rewritten(damage, traces):
     run(mlp, inputs())
     [(key, path)] = store.entries()
     blob = open(path, "rb").read()
     if damage == "truncate":
         open(path, "wb").write(blob[: len(blob) // 2])
-    elif damage == "bitflip":
+    elif damage.startswith("bitflip"):
         b = bytearray(blob)
-        b[len(b) - 100] ^= 0x10
+        if damage == "bitflip":                   # (in the zip's directory)
+            b[len(b) - 100] ^= 0x10
+        else:                                     # in the middle of a member
+            member = zipfile.ZipFile(path).getinfo(damage.split()[1])
+            b[member.header_offset + 30 + len(member.filename) + member.file_size // 2] ^= 0x10
         open(path, "wb").write(bytes(b))
+    elif damage == "old layout":                  # the same entry, as an earlier kiln wrote it
+        header, payload = store.read(key)
+        open(path, "wb").write(_old_layout_entry(header, payload))
     elif damage == "garbage":
         open(path, "wb").write(b"not an entry")
     else:
@@ -234,6 +253,10 @@ def test_corrupt_entry_is_ignored_recompiled_rewritten(damage, traces):
     # one warning for the entry (a directory in its place also fails the rewrite: a second)
     assert len(cache_warnings) == (2 if damage == "unreadable" else 1), [str(x.message) for x in w]
     assert "ignoring entry" in str(cache_warnings[0].message) or "cannot read" in str(cache_warnings[0].message)
+    if damage.startswith("bitflip"):
+        assert "content hash mismatch" in str(cache_warnings[0].message)
+    if damage == "old layout":
+        assert "written by an earlier kiln" in str(cache_warnings[0].message)
     assert len(traces) == 2 and kiln.cache.stats()["hits"] == 0
     if damage != "unreadable":                    # rewritten whole: the next process hits
         assert store.read(key) is not None
@@ -353,7 +376,7 @@ def test_eight_processes_share_one_dir(tmp_path):
     records = store.records()
     assert len({k for k, _ in records}) == 6      # and the frame records: 3 constants x 2 functions
     for _, path in records:
-        assert store.read_path(path) is not None
+        assert store.read_record(path) is not None
         assert not [n for n in os.listdir(os.path.dirname(path)) if n.startswith(".tmp-")]
 
 

@@ -9,7 +9,7 @@ import sys
 import textwrap
 
 import kiln
-from kiln.cache import store
+from kiln.cache import envelope, store
 
 _HELPERS = """
 import torch
@@ -245,9 +245,9 @@ def test_a_record_from_another_kiln_or_torch_is_ignored(tmp_path):
     _setup(tmp_path)
     _run(tmp_path, "static")
     [(_, record)] = store.records()
-    header, payload = store.decode(open(record, "rb").read())
-    header["environment"]["torch"] = "0.0.0+other"
-    open(record, "wb").write(store.encode(header, payload))
+    found = envelope.read(record, store.RECORD)
+    header = {**found.header, "environment": {**found.header["environment"], "torch": "0.0.0+other"}}
+    open(record, "wb").write(envelope.pack(store.RECORD, header, found.members))
     r, err = _run(tmp_path, "static")
     assert r["captures"] == 1 and r["frame_hits"] == 0 and r["hits"] == 1
     assert "written for another frame, kiln, torch or device" in err

@@ -1,6 +1,10 @@
-"""The package file: one file with a content hash; truncated, changed or foreign files are
-refused before anything in them runs; ``kiln package inspect`` prints the manifest."""
+"""The package file: an artifact envelope (a zip) with a content hash; truncated, changed,
+foreign or old-format files are refused before anything in them runs; ``kiln package inspect``
+prints the manifest."""
+import hashlib
 import json
+import struct
+import zipfile
 
 import pytest
 import torch
@@ -50,6 +54,50 @@ def test_bit_flipped(package, monkeypatch):
         _refused(package, "damaged", monkeypatch)
 
 
+def test_a_package_is_a_zip_whose_header_lists_the_manifest_and_blobs(package):
+    zf = zipfile.ZipFile(package)
+    assert zf.testzip() is None
+    info = json.loads(zf.read("kiln.json"))
+    assert (info["format"], info["version"]) == ("kiln package", fileformat.FORMAT_VERSION)
+    assert info["kiln"] == kiln.__version__ and info["torch"] == torch.__version__
+    pkg = fileformat.read(str(package))
+    blobs = [f"blobs/{i}" for i in range(len(pkg.blob_sizes()))]
+    assert blobs and zf.namelist() == ["kiln.json", "manifest.json", *blobs]
+    assert [m["name"] for m in info["members"]] == ["manifest.json", *blobs]
+    assert json.loads(zf.read("manifest.json")) == pkg.manifest
+    assert all(zf.read(b) == pkg.blob(i) for i, b in enumerate(blobs))
+
+
+def test_a_flipped_byte_in_any_member_is_refused(package, monkeypatch):
+    data = package.read_bytes()
+    for i in zipfile.ZipFile(package).infolist():
+        start = i.header_offset + 30 + len(i.filename)
+        for pos in (start, start + i.file_size // 2, start + i.file_size - 1):
+            flipped = bytearray(data)
+            flipped[pos] ^= 0x04
+            package.write_bytes(bytes(flipped))
+            _refused(package, "damaged: its content hash does not match", monkeypatch)
+
+
+def _old_layout_package(manifest: dict, blobs: list, format_version: int) -> bytes:
+    """A package as kilns before format 4 wrote it: their own binary layout."""
+    offsets, pos = [], 0
+    for b in blobs:
+        offsets.append([pos, len(b)])
+        pos += len(b)
+    text = json.dumps({**manifest, "format": format_version, "blobs": offsets}).encode()
+    body = struct.pack(">Q", len(text)) + text + b"".join(blobs)
+    return b"KILNPKG\x01" + hashlib.sha256(body).digest() + body
+
+
+def test_an_old_format_package_is_refused_saying_to_save_it_again(package, monkeypatch):
+    pkg = fileformat.read(str(package))
+    old = _old_layout_package(pkg.manifest, [pkg.blob(i) for i in range(len(pkg.blob_sizes()))], 3)
+    package.write_bytes(old)
+    _refused(package, "older package format.*this kiln reads format 4. Save the package again with this kiln",
+             monkeypatch)
+
+
 def test_foreign_file(package, monkeypatch):
     package.write_bytes(b"PK\x03\x04 a zip file, not a kiln package" * 10)
     _refused(package, "not a kiln package", monkeypatch)
@@ -61,7 +109,7 @@ def test_other_versions_are_refused_clearly(package):
     pkg = fileformat.read(str(package))
     m = dict(pkg.manifest)
     blobs = fileformat.Blobs()
-    for i in range(len(m.pop("blobs"))):
+    for i in range(len(pkg.blob_sizes())):
         blobs.add(pkg.blob(i))
     for field, value, match in [("torch", "1.0.0", "torch 1.0.0"), ("kiln", "0.0.1", "kiln 0.0.1"),
                                 ("device_kind", "cuda", "CUDA")]:
@@ -80,6 +128,7 @@ def test_inspect_prints_the_manifest(package, capsys):
     assert "TENSOR_MATCH   L['x']: float32[3]" in out          # guards as text
     assert "def forward(self, l_x):" in out                     # graphs as code
     assert "__kiln_resume_with_break" in out and "def __kiln_entry(x):" in out
-    # the manifest itself is JSON with the sizes of the artifacts
-    m = fileformat.read(str(package)).manifest
-    assert all(size > 0 for _, size in m["blobs"]) and json.dumps(m)
+    # the manifest itself is JSON, and the artifacts are there with their sizes
+    pkg = fileformat.read(str(package))
+    assert pkg.blob_sizes() and all(size > 0 for size in pkg.blob_sizes()) and json.dumps(pkg.manifest)
+    assert f"artifacts    {len(pkg.blob_sizes())} ({sum(pkg.blob_sizes())} bytes)" in out

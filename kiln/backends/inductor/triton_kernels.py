@@ -101,7 +101,7 @@ def save(kernel_dir: str | None, module_digest: str, recorded: tuple[dict, bytes
     """Keep the record for packages saved by this process; write it to ``kernel_dir`` (the
     cache's) unless that is None."""
     header, payload = recorded
-    blob = store.encode(header, payload)
+    blob = store.encode(header, payload, store.KERNELS)
     _made[module_digest] = blob
     while len(_made) > _MAX_MADE:
         del _made[next(iter(_made))]
@@ -142,7 +142,7 @@ def load(kernel_dir: str, module_digest: str, kernel_sources: dict[str, str], bl
         except OSError:
             return None
     try:
-        header, payload = store.decode(blob)
+        header, payload = store.decode(blob, store.KERNELS)
     except store.CorruptEntry:
         if from_file:
             _discard(path)      # (rewritten after the next slow load)

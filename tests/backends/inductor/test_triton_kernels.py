@@ -55,7 +55,7 @@ def test_a_module_whose_kernels_were_not_recorded_loads_through_inductor(tmp_pat
 def test_a_corrupt_record_is_not_used_and_is_removed(tmp_path):
     fast = G.describe(TRITON_MODULE, {})
     path = T.record_path(str(tmp_path), G.module_digest(fast))
-    blob = store.encode({"format": T.FORMAT, "kernels": {}}, b"cubin")
+    blob = store.encode({"format": T.FORMAT, "kernels": {}}, b"cubin", store.KERNELS)
     with open(path, "wb") as f:
         f.write(blob[:-2] + b"xx")
     assert G.load(fast, {}, str(tmp_path)) is None
@@ -177,9 +177,9 @@ def test_a_warm_process_launches_recorded_kernels_without_triton_or_inductor(tmp
     # a record for another GPU or torch is not used: the module loads through Inductor
     for n in records:
         path = kernels / n
-        header, payload = store.decode(path.read_bytes())
+        header, payload = store.decode(path.read_bytes(), store.KERNELS)
         header["facts"]["torch"] = "0.0"
-        path.write_bytes(store.encode(header, payload))
+        path.write_bytes(store.encode(header, payload, store.KERNELS))
     other = _child(env)
     assert "torch._inductor" in other["imported"]
     torch.testing.assert_close(torch.tensor(other["out"]), torch.tensor(cold["out"]), rtol=0, atol=0)
@@ -258,7 +258,7 @@ def test_a_kernel_whose_name_triton_cuts_is_recorded(monkeypatch):
     for n in os.listdir(kernels):
         if n.endswith(T.SUFFIX):
             with open(os.path.join(kernels, n), "rb") as fh:
-                header, _ = store.decode(fh.read())
+                header, _ = store.decode(fh.read(), store.KERNELS)
             names += list(header["kernels"])
     assert any(len(name) > 150 for name in names), names
     kiln.reset()
