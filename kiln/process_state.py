@@ -17,7 +17,7 @@ Cleared by ``reset()``:
 * CUDA graphs: ``pool_trees`` and ``pending_backwards`` (``cudagraphs/tree.py``),
   ``cudagraph_functions``, ``cudagraph_stats`` and ``cudagraph_skip_reasons``
   (``cudagraphs/function.py``), the step counter ``cudagraph_steps`` (``cudagraphs/steps.py``);
-* ``activation_rows`` (``aot/activation_rows.py``, what ``kiln.activations.report()`` shows)
+* ``activation_rows`` (``aot/saved_hooks/rows.py``, what ``kiln.activations.report()`` shows)
   and ``saved_hook_wrappers`` (``aot/saved_hooks.py``).
 
 Kept here, not cleared, and why:

@@ -5,7 +5,7 @@ from typing import Callable
 
 import torch
 
-from ..aot.saved_hooks import mark_inline
+from ..aot.saved_hooks.inlining import mark_inline
 
 
 def inline_saved_tensors_hooks(fn: Callable) -> Callable:

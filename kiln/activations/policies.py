@@ -16,7 +16,7 @@ when a new policy object with the same settings is entered (the hooks are guarde
 * ``offload()``: accelerator activations are copied to pinned CPU memory and back on a side
   stream (kiln::offload_start/finish, kiln::prefetch/prefetch_wait, stream_ops.py), so that
   the copies overlap compute; the copy back starts ``ahead`` saved tensors before the first
-  use (saved_hooks_schedule.py). Tensors already on the CPU stay (on a CPU-only run the
+  use (aot/saved_hooks/schedule.py). Tensors already on the CPU stay (on a CPU-only run the
   policy changes nothing, and says so).
 """
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typing import Callable
 import torch
 
 from .. import logs
-from ..aot.saved_hooks import mark_inline
+from ..aot.saved_hooks.inlining import mark_inline
 from .hooks import saved_tensors_hooks
 from .report import ActivationReport, report as _report
 
@@ -98,7 +98,7 @@ def _ops_reading(saved: "torch.fx.Node", backward_users: list) -> set:
 
 
 def _hooks_for(own: tuple, probabilities: tuple | None) -> Callable:
-    """``kiln_hooks_for`` of a lossy policy (saved_hooks.inline): None (keep exact) for
+    """``kiln_hooks_for`` of a lossy policy (aot/saved_hooks/inlining.py): None (keep exact) for
     log-probabilities, ``probabilities`` for softmax outputs (None: keep them exact too), else
     the policy's own hooks."""
     def hooks_for(saved, backward_users):

@@ -1,14 +1,14 @@
 """What the inlined saved-tensor hooks did to the saved activations: ``report()``.
 
 Stage 2 records one row per compiled graph whose hooks it inlined
-(``kiln.aot.activation_rows``); ``report()`` returns them as an ``ActivationReport``
+(``kiln.aot.saved_hooks.rows``); ``report()`` returns them as an ``ActivationReport``
 (``bytes_before``/``bytes_after`` summed over the graphs, printed as a table). The same rows show under ``KILN_LOGS=activations``.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..aot.activation_rows import rows as _rows
+from ..aot.saved_hooks.rows import rows as _rows
 from ..aot.graph_bytes import format_bytes
 
 

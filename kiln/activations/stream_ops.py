@@ -68,7 +68,7 @@ def _empty_like_strided(t: torch.Tensor, device, pin: bool = False) -> torch.Ten
 def offload_start(t: torch.Tensor, ahead: int) -> torch.Tensor:
     """Start copying ``t`` to pinned CPU memory on the side stream; the token holds the copy.
     ``ahead``: how many later offloads may start before this one is finished (read by the
-    graph schedule, saved_hooks_schedule.py)."""
+    graph schedule, aot/saved_hooks/schedule.py)."""
     if t.device.type != "cuda":
         return _token(t.to("cpu", copy=True), None)
     compute = torch.cuda.current_stream(t.device)

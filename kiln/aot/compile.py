@@ -18,8 +18,9 @@ import torch.fx
 from .. import _torch, logs
 from ..config import config
 from ..errors import Unsupported
-from . import activation_rows
-from . import fake_propagation, fake_tensors, fx_graphs, graph_bytes, graph_text, saved_hooks
+from .saved_hooks import rows as activation_rows
+from . import fake_propagation, fake_tensors, fx_graphs, graph_bytes, graph_text
+from .saved_hooks import inlining as saved_hooks
 from . import symbolic as symbolic_shapes
 from . import function as aot_function
 from . import partial as partial_backward
@@ -28,7 +29,7 @@ from . import versions
 from .donation import donatable_saved_tensors
 from .partition import partition_joint
 from .runtime import RunAsCaptured, apply_post_compile
-from .saved_hooks import hook_code
+from .saved_hooks.inlining import hook_code
 from .traced_layouts import give_traced_layouts
 
 

@@ -33,7 +33,7 @@ from . import fake_tensors
 from .compile import PartsView
 from .compile import AOTCompiled, CompiledParts, assemble, build_parts
 from .runtime import wrapper_from_dict, wrapper_to_dict
-from .saved_hooks import InlinedHooks
+from .saved_hooks.inlining import InlinedHooks
 from .symbolic import fake_mode_for, graph_example_values, has_symbols, is_sym
 from .symbolic_codec import Decoder, encode_expr, encode_symbols, encode_value, replay_guards, standalone_fake_mode
 from .traced_layouts import STRIDES_META, traced_strides

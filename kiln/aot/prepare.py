@@ -11,7 +11,8 @@ import torch.fx
 from torch._subclasses.fake_tensor import FakeTensor
 
 from ..errors import Unsupported
-from . import fake_tensors, recompute, runtime, saved_hooks, symbolic
+from . import fake_tensors, recompute, runtime, symbolic
+from .saved_hooks import inlining as saved_hooks
 from .decompositions import default_decompositions
 from .overlap import overlapping_write
 from .state import AOTState, collect_metadata, mark_mutations_in_graph

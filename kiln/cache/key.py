@@ -23,8 +23,8 @@ import torch
 import torch.fx
 
 from ..aot.export import fake_mode_of_graph
-from ..aot.saved_hooks import active
-from ..aot.saved_hooks_key import cache_key
+from ..aot.saved_hooks.inlining import active
+from ..aot.saved_hooks.key import cache_key
 from ..config import config
 from ..version import __version__
 

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from .. import _torch
-from ..aot.saved_hooks_guard import describe as describe_hooks, hooks_are
+from ..aot.saved_hooks.guard import describe as describe_hooks, hooks_are
 from .sources import RenderContext, Source, is_argument_rooted
 
 

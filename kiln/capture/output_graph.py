@@ -10,8 +10,8 @@ import torch
 import torch.fx
 
 from .. import _torch
-from ..aot.saved_hooks import active as active_saved_hooks
-from ..aot.saved_hooks_guard import guard_value
+from ..aot.saved_hooks.inlining import active as active_saved_hooks
+from ..aot.saved_hooks.guard import guard_value
 from ..config import config
 from ..inplace_ops import inplace_name
 from ..shapes.marks import marked_dynamic

@@ -1,6 +1,6 @@
 """Offload on a side stream: the kiln::offload_start/finish and kiln::prefetch/
 prefetch_wait ops (kiln/activations/stream_ops.py), where the inlined graphs run them
-(kiln/aot/saved_hooks_schedule.py), artifacts that use them, and, on CUDA, the offload policy
+(kiln/aot/saved_hooks/schedule.py), artifacts that use them, and, on CUDA, the offload policy
 against eager (bitwise: offload is lossless), its side stream and its peak memory."""
 import json
 import os

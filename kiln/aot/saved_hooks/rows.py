@@ -2,7 +2,7 @@
 its saved activations. ``kiln.activations.report()`` shows them."""
 from __future__ import annotations
 
-from ..process_state import activation_rows as rows
+from ...process_state import activation_rows as rows
 
 
 def record(info) -> None:

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from .saved_hooks import _CONSTANT_TYPES, _global_names, _name
+from .inlining import _CONSTANT_TYPES, _global_names, _name
 
 
 def cache_key(hooks: tuple | None) -> Any:

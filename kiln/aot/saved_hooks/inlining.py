@@ -18,8 +18,8 @@ parameter or an output would add a copy instead of freeing one.
 Hooks that cannot be traced (data-dependent code, ops outside ATen, an unpack that does not
 give back the saved tensor's dtype and size) stay eager hooks, with the reason logged under
 ``KILN_LOGS=aot,activations``. The frontend guards the active inlineable hooks by identity,
-and the values they read (``SAVED_TENSOR_HOOKS``, saved_hooks_guard.py): other hooks
-recompile. The compile cache keys them by their code (saved_hooks_key.py). A hook's Python
+and the values they read (``SAVED_TENSOR_HOOKS``, saved_hooks/guard.py): other hooks
+recompile. The compile cache keys them by their code (saved_hooks/key.py). A hook's Python
 side effects run when it is traced, not on every call.
 """
 from __future__ import annotations
@@ -32,12 +32,12 @@ import torch
 import torch.fx
 import torch.utils._pytree as pytree
 
-from .. import _torch, logs
-from ..process_state import saved_hook_wrappers as _wrappers
-from . import fake_propagation, fake_tensors, functional_tensors, fx_graphs, graph_bytes
-from . import trace_context
-from .saved_hooks_schedule import schedule
-from .symbolic import has_symbols, is_sym_function, known_equal
+from ... import _torch, logs
+from ...process_state import saved_hook_wrappers as _wrappers
+from .. import fake_propagation, fake_tensors, functional_tensors, fx_graphs, graph_bytes
+from .. import trace_context
+from .schedule import schedule
+from ..symbolic import has_symbols, is_sym_function, known_equal
 
 INLINE_MARK = "_kiln_inline_saved_tensors_hook"
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 import torch.fx
 
-from .fx_graphs import op_name
+from ..fx_graphs import op_name
 
 
 

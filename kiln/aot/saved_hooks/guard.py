@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from .saved_hooks import _global_names, _name, active
+from .inlining import _global_names, _name, active
 
 
 def guard_value(hooks: tuple | None) -> tuple | None:
