@@ -15,7 +15,7 @@ from .. import _torch, cache, logs
 from ..errors import Unsupported
 from ..internal_errors import (EFFECTS_MARK, call_user, forget_frames, graph_has_effects,
                                internal_error, is_kiln_backend, is_users, mark_users)
-from . import bytecode_utils as bu
+from . import bytecode_utils
 from .codegen import (EntryCodegen, GuardProgram, alias_parameters, compile_function, readable_source,
                       signature_text)
 from .guards import Guard, GuardKind, TensorMeta
@@ -108,8 +108,8 @@ def capture(fn: types.FunctionType, args: tuple, kwargs: dict, *, key, backend: 
     are attached as ``exc.guards``)."""
     t0 = time.perf_counter()
     code = fn.__code__
-    if bu.is_generator_code(code) or bu.is_async_code(code):
-        kind = "generator" if bu.is_generator_code(code) else "coroutine / async function"
+    if bytecode_utils.is_generator_code(code) or bytecode_utils.is_async_code(code):
+        kind = "generator" if bytecode_utils.is_generator_code(code) else "coroutine / async function"
         raise Unsupported(f"{kind} {fn.__qualname__} (runs eagerly)", code.co_filename, code.co_firstlineno)
     policy = ShapePolicy(dynamic, fn)
     try:
@@ -619,4 +619,4 @@ def _named_like(user: types.CodeType, generated: types.CodeType) -> types.CodeTy
 
 
 def plan_line(code, exit) -> int:
-    return bu.decode(code)[exit.decoded_index].lineno or code.co_firstlineno
+    return bytecode_utils.decode(code)[exit.decoded_index].lineno or code.co_firstlineno

@@ -21,7 +21,7 @@ from ..config import config
 from ..errors import FrameRunsEagerly, Unsupported
 from ..internal_errors import internal_error, is_users
 from ..names import functions_under, resolve_name
-from . import bytecode_utils as bu, resume
+from . import bytecode_utils, resume
 from .guards import Guard, GuardKind
 from .imports import import_from, import_name
 from .resume import FrameIntrospection
@@ -97,11 +97,11 @@ class FrameInterpreter(PythonSemantics):
         self.parent = parent
         self.depth = 0 if parent is None else parent.depth + 1
         self.name = name or code.co_qualname
-        self.instructions = bu.decode(code)
+        self.instructions = bytecode_utils.decode(code)
         self.ip = 0
-        self.current: bu.Instr | None = None
+        self.current: bytecode_utils.Instr | None = None
         self.kw_names: tuple = ()
-        self.generator_items: list[Value] | None = [] if bu.is_generator_code(code) else None
+        self.generator_items: list[Value] | None = [] if bytecode_utils.is_generator_code(code) else None
         self.trusted_globals = output.is_trusted_globals(f_globals)
         self.handled_exc = None   # the exception of the except block being run (sys.exc_info)
         self.break_at: tuple[int, int] | None = None   # (ip, execution count), top frame only
@@ -239,7 +239,7 @@ class FrameInterpreter(PythonSemantics):
             v = self.stack[-1] = v.realize(self)
         return v
 
-    def jump(self, ins: bu.Instr) -> None:
+    def jump(self, ins: bytecode_utils.Instr) -> None:
         self.ip = ins.target
 
     # -- locals() ---------------------------------------------------------------------------
@@ -291,7 +291,7 @@ class FrameInterpreter(PythonSemantics):
     # -- inlining --------------------------------------------------------------------------
     def inline_function(self, fn: UserFunctionValue, args: list[Value], kwargs: dict[str, Value]) -> Value:
         code = fn.code()
-        if bu.is_async_code(code):
+        if bytecode_utils.is_async_code(code):
             raise Unsupported(f"calling async function {fn.name()}")
         if self.depth >= config.max_inline_depth:
             raise Unsupported(f"inlining deeper than config.max_inline_depth={config.max_inline_depth}")
@@ -303,14 +303,14 @@ class FrameInterpreter(PythonSemantics):
             cells[name] = cell
         if code in _DIFFERENTIATING:
             refuse_higher_order_grad(fn.name(), args, kwargs, _DIFFERENTIATING[code])
-        if bu.is_generator_code(code) and self.code is _CONTEXTMANAGER_INIT:
+        if bytecode_utils.is_generator_code(code) and self.code is _CONTEXTMANAGER_INIT:
             # a generator is materialized (run to its end) where it is created; the with body
             # of @contextlib.contextmanager must run between its enter and exit parts
             raise Unsupported(f"@contextlib.contextmanager {fn.name()} (its generator cannot be run "
                               "ahead of the with body)")
         child = FrameInterpreter(self.output, code, fn.globals(), f_locals, cells, parent=self,
                                  name=fn.name())
-        effects_before = self.output.effects_epoch() if bu.is_generator_code(code) else None
+        effects_before = self.output.effects_epoch() if bytecode_utils.is_generator_code(code) else None
         try:
             result = child.run()
         except Unsupported as e:
@@ -338,7 +338,7 @@ class FrameInterpreter(PythonSemantics):
     COPY_FREE_VARS = NOP  # cells of free variables are installed when the frame is created
 
     def MAKE_CELL(self, ins):
-        name = bu.cell_name(ins.arg)
+        name = bytecode_utils.cell_name(ins.arg)
         if name in self.cells and not isinstance(self.cells[name], NewCellValue):
             return
         v = self.locals.pop(name, None)
@@ -378,7 +378,7 @@ class FrameInterpreter(PythonSemantics):
             raise Unsupported(f"yield from {receiver.describe()}")
         item = receiver.next(self)
         if item is None:
-            if bu.SEND_KEEPS_RECEIVER:
+            if bytecode_utils.SEND_KEEPS_RECEIVER:
                 self.push(ConstantValue(None))
             else:
                 self.stack[-1] = ConstantValue(None)
@@ -437,21 +437,21 @@ class FrameInterpreter(PythonSemantics):
         self.output.side_effects.store_global(self.f_globals, ins.arg, self.pop())
 
     def LOAD_DEREF(self, ins):
-        name = bu.cell_name(ins.arg)
+        name = bytecode_utils.cell_name(ins.arg)
         cell = self.cells.get(name)
         if cell is None:
             raise Unsupported(f"closure variable {name!r} without a cell")
         self.push(cell.get(self))
 
     def STORE_DEREF(self, ins):
-        name = bu.cell_name(ins.arg)
+        name = bytecode_utils.cell_name(ins.arg)
         cell = self.cells.get(name)
         if cell is None:
             cell = self.cells[name] = NewCellValue(name)
         cell.set(self, self.pop())
 
     def LOAD_CLOSURE(self, ins):
-        name = bu.cell_name(ins.arg)
+        name = bytecode_utils.cell_name(ins.arg)
         cell = self.cells.get(name)
         if cell is None:
             cell = self.cells[name] = NewCellValue(name, self.locals.pop(name, None))
@@ -624,10 +624,10 @@ class FrameInterpreter(PythonSemantics):
         self.push(TupleValue(self.pop().items))
 
     def CALL_INTRINSIC_1(self, ins):
-        n = bu.intrinsic_number(ins.arg)
-        if n == bu.INTRINSIC_LIST_TO_TUPLE:
+        n = bytecode_utils.intrinsic_number(ins.arg)
+        if n == bytecode_utils.INTRINSIC_LIST_TO_TUPLE:
             self.LIST_TO_TUPLE(ins)
-        elif n == bu.INTRINSIC_UNARY_POSITIVE:
+        elif n == bytecode_utils.INTRINSIC_UNARY_POSITIVE:
             self.push(self.unary(operator.pos, self.pop()))
         else:
             raise Unsupported(f"CALL_INTRINSIC_1 {n}")
@@ -693,11 +693,11 @@ class FrameInterpreter(PythonSemantics):
     # operators
     def BINARY_OP(self, ins):
         a, b = self.popn(2)
-        self.push(self.binary(_BINARY[bu.binary_op_name(ins.arg)], a, b))
+        self.push(self.binary(_BINARY[bytecode_utils.binary_op_name(ins.arg)], a, b))
 
     def COMPARE_OP(self, ins):
         a, b = self.popn(2)
-        self.push(self.compare(_COMPARE[bu.compare_op_name(ins.arg)], a, b))
+        self.push(self.compare(_COMPARE[bytecode_utils.compare_op_name(ins.arg)], a, b))
 
     def IS_OP(self, ins):
         a, b = self.popn(2)

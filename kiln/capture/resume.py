@@ -25,7 +25,7 @@ from bytecode import Bytecode, Instr, Label
 
 from ..errors import Unsupported
 from ..process_state import generated_code_origins as _ORIGINAL
-from . import bytecode_utils as bu
+from . import bytecode_utils
 from .values.base import UNBOUND as UNBOUND_VALUE, NullValue
 from .values.containers import IteratorValue
 from .values.exceptions import PrevExcValue
@@ -83,7 +83,7 @@ class BreakPlan:
     exits: tuple[Exit, ...]      # empty when the native part returns
 
 
-def _effect(ins: bu.Instr) -> tuple[int, int, bool]:
+def _effect(ins: bytecode_utils.Instr) -> tuple[int, int, bool]:
     """(items popped, items pushed, whether the lowest pushed item may be NULL)."""
     op, arg = ins.opname, ins.arg
     if op == "CALL":
@@ -106,7 +106,7 @@ def _effect(ins: bu.Instr) -> tuple[int, int, bool]:
     return max(0, -pre), post + max(0, pre), False
 
 
-def plan_break(instrs: list[bu.Instr], index: int, layout: list[str], local_names: list[str],
+def plan_break(instrs: list[bytecode_utils.Instr], index: int, layout: list[str], local_names: list[str],
                pushed: tuple[str, ...] | None = None) -> BreakPlan:
     """Decide how far native execution runs from ``index`` and what each exit hands over.
 
@@ -268,7 +268,7 @@ def _cells_as_locals(code: types.CodeType, items: list) -> list:
             elif it.name == "LOAD_CLOSURE":
                 out.append(Instr("LOAD_FAST", local, lineno=loc))
             elif it.name == "LOAD_DEREF":
-                out += [Instr("LOAD_FAST", local, lineno=loc), bu.load_attr_instr("cell_contents", loc)]
+                out += [Instr("LOAD_FAST", local, lineno=loc), bytecode_utils.load_attr_instr("cell_contents", loc)]
             elif it.name == "STORE_DEREF":
                 out += [Instr("LOAD_FAST", local, lineno=loc), Instr("STORE_ATTR", "cell_contents", lineno=loc)]
             elif it.name == "DELETE_DEREF":
@@ -369,8 +369,9 @@ def _new_bytecode(code: types.CodeType, items: list, params: list[str], name: st
     bc.argnames = list(params)
     bc.cellvars = []  # they are locals holding the handed-over cells (_cells_as_locals)
     bc.freevars = list(code.co_freevars)
-    flags = code.co_flags & ~(bu.CO_VARARGS | bu.CO_VARKEYWORDS | bu.CO_GENERATOR |
-                              bu.CO_COROUTINE | bu.CO_ASYNC_GENERATOR | bu.CO_ITERABLE_COROUTINE)
+    flags = code.co_flags & ~(bytecode_utils.CO_VARARGS | bytecode_utils.CO_VARKEYWORDS
+                              | bytecode_utils.CO_GENERATOR | bytecode_utils.CO_COROUTINE
+                              | bytecode_utils.CO_ASYNC_GENERATOR | bytecode_utils.CO_ITERABLE_COROUTINE)
     bc.flags = flags
     if hasattr(bc, "qualname"):
         bc.qualname = name
@@ -422,7 +423,7 @@ def _original_items(code) -> list:
     from the real exception table: the abstract form does not keep them, and flow analysis
     from our prologue would not reach the blocks it jumps into."""
     items = list(Bytecode.from_code(code))
-    if not bu.set_exception_depths(code, items):
+    if not bytecode_utils.set_exception_depths(code, items):
         raise Unsupported("cannot map the code's exception table for a graph break")
     return items
 
@@ -434,7 +435,7 @@ def _raw_positions(code, items: list) -> dict[int, int]:
 
 def build_continuation(code: types.CodeType, exit: Exit, name: str) -> types.CodeType:
     items = _original_items(code)
-    decoded = bu.decode_with_raw(code, items)
+    decoded = bytecode_utils.decode_with_raw(code, items)
     entry_label = Label()
     target = decoded[exit.decoded_index]
     pos = _start_position(items, decoded, exit.decoded_index)
@@ -451,7 +452,7 @@ def build_break_function(code: types.CodeType, plan: BreakPlan, continue_fns: li
     """The break function's code; it reads ``continue_fns`` through weak references: the
     function made from it must hold them (``__kiln_continuations__``)."""
     items = _original_items(code)
-    decoded = bu.decode_with_raw(code, items)
+    decoded = bytecode_utils.decode_with_raw(code, items)
     start_raw = decoded[plan.start_index].raw
     pos_of = _raw_positions(code, items)
     lineno = decoded[plan.index].lineno or code.co_firstlineno
@@ -461,7 +462,7 @@ def build_break_function(code: types.CodeType, plan: BreakPlan, continue_fns: li
         epilogues += [label, *_epilogue(exit, cont, lineno)]
         if exit.kind == "jump":
             raw = decoded[plan.index].raw  # a fresh copy: retarget it in place
-            raw.set(bu.forward_jump_name(raw.name), label)
+            raw.set(bytecode_utils.forward_jump_name(raw.name), label)
         else:
             last = decoded[exit.decoded_index - 1].raw
             p = pos_of[id(last)]
@@ -509,7 +510,7 @@ def _epilogue(exit: Exit, cont: Callable, lineno: int) -> list:
         # the exception being handled (for the continuation), then the caller's restored
         # (the outermost handler's slot holds it) before the continuation runs
         out += [Instr("PUSH_NULL", lineno=lineno), Instr("LOAD_CONST", _handled_exception, lineno=lineno),
-                *bu.call_instructions(0, lineno), Instr("STORE_FAST", "___kiln_handled", lineno=lineno),
+                *bytecode_utils.call_instructions(0, lineno), Instr("STORE_FAST", "___kiln_handled", lineno=lineno),
                 Instr("LOAD_FAST", "___kiln_stack", lineno=lineno), Instr("LOAD_CONST", prev[0], lineno=lineno),
                 Instr("BINARY_SUBSCR", lineno=lineno), Instr("POP_EXCEPT", lineno=lineno)]
     # The code holds the continuation only weakly (calling the weak reference gives it back):
@@ -519,14 +520,14 @@ def _epilogue(exit: Exit, cont: Callable, lineno: int) -> list:
     # function holds the continuations strongly (``__kiln_continuations__``).
     out += [Instr("PUSH_NULL", lineno=lineno),
             Instr("PUSH_NULL", lineno=lineno), Instr("LOAD_CONST", weakref.ref(cont), lineno=lineno),
-            *bu.call_instructions(0, lineno),
+            *bytecode_utils.call_instructions(0, lineno),
             Instr("LOAD_FAST", "___kiln_stack", lineno=lineno)]
     for n in exit.local_names:
         out.append(Instr("LOAD_FAST", n, lineno=lineno))
     out.append(Instr("BUILD_TUPLE", len(exit.local_names), lineno=lineno))
     if prev:
         out.append(Instr("LOAD_FAST", "___kiln_handled", lineno=lineno))
-    out += bu.call_instructions(3 if prev else 2, lineno)
+    out += bytecode_utils.call_instructions(3 if prev else 2, lineno)
     out.append(Instr("RETURN_VALUE", lineno=lineno))
     return out
 

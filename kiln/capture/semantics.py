@@ -25,7 +25,7 @@ from .values.symbolic import (SymNodeValue, SymRangeValue, SymSliceValue, specia
 from .values.tensor import TensorValue
 
 _SYMBOLIC = (SymNodeValue, SymSliceValue, SymRangeValue)
-from . import bytecode_utils as bu
+from . import bytecode_utils
 
 
 class UserException(Unsupported):
@@ -499,10 +499,10 @@ def bind_arguments(tx, code: types.CodeType, name: str, args: list[Value], kwarg
     pos_names = names[:nargs]
     kwonly_names = names[nargs:nargs + nkwonly]
     i = nargs + nkwonly
-    varargs_name = names[i] if code.co_flags & bu.CO_VARARGS else None
+    varargs_name = names[i] if code.co_flags & bytecode_utils.CO_VARARGS else None
     if varargs_name:
         i += 1
-    varkw_name = names[i] if code.co_flags & bu.CO_VARKEYWORDS else None
+    varkw_name = names[i] if code.co_flags & bytecode_utils.CO_VARKEYWORDS else None
 
     def err(msg):
         return tx.user_exception(TypeError(f"{name}() {msg}"))

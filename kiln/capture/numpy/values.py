@@ -50,7 +50,7 @@ from ..values.functions import MethodValue
 from ..values.objects import ClassValue
 from ..values.symbolic import SymNodeValue, SymSliceValue, specialize
 from ..values.tensor import TensorValue
-from . import runtime as rt
+from . import runtime
 from .aliasing import check_aliasing
 
 # torch dtypes that have a NumPy twin (Tensor.numpy() / torch.from_numpy accept them)
@@ -115,7 +115,7 @@ class NumpyTensorSource(Source):
     base: Source
 
     def render(self, ctx: RenderContext) -> str:
-        return f"{ctx.bind(rt.ndarray_as_tensor, 'np2t')}({self.base.render(ctx)})"
+        return f"{ctx.bind(runtime.ndarray_as_tensor, 'np2t')}({self.base.render(ctx)})"
 
     def describe(self) -> str:
         return f"from_numpy({self.base.describe()})"
@@ -174,7 +174,7 @@ def _wrap_array_input(builder, obj, source) -> "NdarrayValue":
     if any(st < 0 for st in obj.strides):
         raise Unsupported("an ndarray argument with negative strides (a tensor cannot view it)")
     try:
-        tensor = rt.ndarray_as_tensor(obj)
+        tensor = runtime.ndarray_as_tensor(obj)
     except (TypeError, ValueError, RuntimeError) as e:
         raise Unsupported(f"an ndarray argument torch cannot view ({str(e)[:120]})")
     if tensor.dtype not in _NUMPY_DTYPES:
@@ -248,7 +248,7 @@ class NdarrayValue(Value):
             return tx.binary(operator.mul, self.tensor.call_method(tx, "numel", [], {}),
                              ConstantValue(self.fake.element_size()))
         if name in ("T", "real", "imag", "mT"):
-            return trace_numpy(tx, rt.NdarrayMethod(name, attribute=True), [self], {}, name,
+            return trace_numpy(tx, runtime.NdarrayMethod(name, attribute=True), [self], {}, name,
                                zero_dim="scalar" if self.scalar else None)
         tnp = _tnp()
         if not callable(getattr(tnp.ndarray, name, None)):
@@ -267,7 +267,7 @@ class NdarrayValue(Value):
         if name == "__setitem__":
             if self.scalar:
                 raise tx.user_exception(TypeError("NumPy scalars do not support item assignment"))
-            trace_numpy(tx, rt.NdarrayOperator(operator.setitem), [self, *args], {}, "__setitem__")
+            trace_numpy(tx, runtime.NdarrayOperator(operator.setitem), [self, *args], {}, "__setitem__")
             return ConstantValue(None)
         if name in _UNARY_DUNDERS:
             return numpy_unary(tx, _UNARY_DUNDERS[name], self)
@@ -278,13 +278,13 @@ class NdarrayValue(Value):
         if name == "astype" and args:
             args = [_dtype_argument(args[0]), *args[1:]]
         # a NumPy scalar's methods run on it as a 0-d array and give scalars back
-        return trace_numpy(tx, rt.NdarrayMethod(name), [self, *args], kwargs, name,
+        return trace_numpy(tx, runtime.NdarrayMethod(name), [self, *args], kwargs, name,
                            zero_dim="scalar" if self.scalar else None)
 
     def reconstruct(self, cg):
         if self.source is not None:
             return cg.source_expr(self.source)
-        convert = rt.tensor_as_numpy_scalar if self.scalar else rt.tensor_as_ndarray
+        convert = runtime.tensor_as_numpy_scalar if self.scalar else runtime.tensor_as_ndarray
         return cg.stash(self, lambda: f"{cg.bind(convert, 'to_numpy')}({self.tensor.reconstruct(cg)})")
 
 
@@ -326,7 +326,7 @@ def _getitem(tx, arr: NdarrayValue, index: Value) -> Value:
     parts = index.items if isinstance(index, TupleValue) else [index]
     has_ellipsis = any(p.is_constant() and p.as_constant() is Ellipsis for p in parts
                        if isinstance(p, ConstantValue))
-    result = trace_numpy(tx, rt.NdarrayOperator(operator.getitem), [arr, index], {}, "__getitem__",
+    result = trace_numpy(tx, runtime.NdarrayOperator(operator.getitem), [arr, index], {}, "__getitem__",
                          zero_dim="array")
     if isinstance(result, NdarrayValue) and result.fake.dim() == 0 and not has_ellipsis:
         copy = tx.output.call_op("call_method", "clone", (result.tensor,), {})
@@ -408,7 +408,7 @@ def call_numpy_function(tx, fn, args: list[Value], kwargs: dict[str, Value]) -> 
             return folded
     if "dtype" in kwargs:
         kwargs = {**kwargs, "dtype": _dtype_argument(kwargs["dtype"])}
-    target = rt.NumpyFunction(module, name)
+    target = runtime.NumpyFunction(module, name)
     if tensors:
         if name in ("asarray", "array", "asanyarray") and len(args) == 1 and set(kwargs) <= {"dtype"} \
                 and isinstance(args[0], TensorValue):
@@ -433,7 +433,7 @@ def call_numpy_function(tx, fn, args: list[Value], kwargs: dict[str, Value]) -> 
         result = trace_numpy(tx, target, args, kwargs, name, zero_dim="array")
         if not isinstance(result, NdarrayValue):
             raise Unsupported(f"{label} on a torch.Tensor returning {result.describe()}")
-        return tx.output.call_op("call_function", rt.ufunc_result_as_tensor, (result.tensor,), {})
+        return tx.output.call_op("call_function", runtime.ufunc_result_as_tensor, (result.tensor,), {})
     zero_dim = "scalar" if isinstance(fn, np.ufunc) else None
     return trace_numpy(tx, target, args, kwargs, name, zero_dim=zero_dim)
 
@@ -768,8 +768,8 @@ def numpy_binary(tx, op, a: Value, b: Value) -> Value:
 
         op = _INPLACE_TO_BINARY[op]   # numbers and NumPy scalars are immutable: a new value
     name = op.__name__.strip("_")
-    return trace_numpy(tx, rt.NdarrayOperator(op), [a, b], {}, name, zero_dim="scalar")
+    return trace_numpy(tx, runtime.NdarrayOperator(op), [a, b], {}, name, zero_dim="scalar")
 
 
 def numpy_unary(tx, op, v: Value) -> Value:
-    return trace_numpy(tx, rt.NdarrayOperator(op), [v], {}, op.__name__, zero_dim="scalar")
+    return trace_numpy(tx, runtime.NdarrayOperator(op), [v], {}, op.__name__, zero_dim="scalar")
