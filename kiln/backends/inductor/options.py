@@ -69,7 +69,7 @@ def inductor_config_patches(mode: str | None, options: dict | None) -> dict:
     included."""
     cfg = _torch.inductor_config()
     known = cfg.get_config_copy()
-    patches = dict(_DEFAULTS)
+    patches = {k: v for k, v in _DEFAULTS.items() if k in known}   # (a key another torch lacks)
     for k, v in _torch.inductor_mode_options(mode).items():
         if k not in _CUDAGRAPH_KEYS:
             patches[k] = v
