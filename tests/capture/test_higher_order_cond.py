@@ -213,3 +213,19 @@ def test_branch_writing_its_input_in_place_is_refused():
 
     with pytest.raises(Unsupported, match="in place"):
         kiln.compile(f, backend="eager", fullgraph=True)(torch.randn(3))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_nested_cond(backend):
+    def f(x):
+        def inner(a):
+            return torch.cond(a.max() > 0.5, lambda b: b * 3, lambda b: b + 3, (a,))
+        return torch.cond(x.sum() > 0, inner, lambda a: a.cos(), (x,))
+
+    counter = CompileCounter()
+    compiled = kiln.compile(f, backend=counter if backend == "eager" else backend, fullgraph=True)
+    for scale in (1, -1, 0.1, 1):
+        x = torch.rand(4) * scale
+        assert_same(compiled(x), f(x))
+    if backend == "eager":
+        assert counter.frame_count == 1

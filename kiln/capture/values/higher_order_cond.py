@@ -59,12 +59,13 @@ class CondValue(RealCallableValue):
         return call_cond(tx, args, kwargs)
 
 
-class _Branch:
+class Branch:
     """One traced branch: its nodes (still in the outer graph), its output tensors and their
     structure (a tensor, or a tuple/list of them)."""
 
-    def __init__(self, name: str, region: list, outputs: list[TensorValue], kind: type | None):
+    def __init__(self, name: str, what: str, region: list, outputs: list[TensorValue], kind: type | None):
         self.name = name
+        self.what = what        # its name in reasons: "a torch.cond true branch"
         self.region = region
         self.outputs = outputs
         self.kind = kind        # None: a single tensor; tuple or list: a sequence of them
@@ -91,49 +92,23 @@ def call_cond(tx, args: list[Value], kwargs: dict[str, Value]) -> Value:
         return tx.call(taken, list(operands), {})
     if pred.node is None:
         raise Unsupported("a torch.cond predicate with no graph value")
-    if _numel(pred.fake) != 1:
+    if numel(pred.fake) != 1:
         raise Unsupported("torch.cond with a predicate of more than one element (eager rejects it)")
 
-    graph, output = tx.output.graph, tx.output
+    output = tx.output
     branches = []
     for name, fn in (("true", true_fn), ("false", false_fn)):
-        branch = _trace_branch(tx, name, fn, operands)
+        branch = trace_branch(tx, name, f"a torch.cond {name} branch", fn, operands)
         branches.append(branch)
     true_b, false_b = branches
     _check_same_outputs(true_b, false_b)
 
-    operand_nodes = [o.node for o in operands]
-    lifted = []
-    for b in branches:
-        for a in b.reads():
-            if a not in operand_nodes and a not in lifted:
-                lifted.append(a)
-    inputs = operand_nodes + lifted
-    for n in inputs:
-        if "example_value" not in n.meta:
-            raise Unsupported(f"torch.cond: a branch reads {n.name}, which has no example value")
-    constants = output.constant_attrs
-    output.cond_count += 1
-    index = output.cond_count
-    gms = []
-    for b in branches:
-        gm = subgraph([(f"arg{i}", n) for i, n in enumerate(inputs)], b.region,
-                       [o.node for o in b.outputs], f"{b.name.capitalize()}Branch{index}", constants)
-        _refuse_input_outputs(gm, b.name)
-        gms.append(gm)
-    for b in reversed(branches):
-        for n in reversed(b.region):
-            graph.erase_node(n)
-
-    fake_inputs = [n.meta["example_value"] for n in inputs]
-    try:
-        with output.fake_mode:
-            fake_outs = COND_OP(pred.fake, gms[0], gms[1], tuple(fake_inputs))
-    except Unsupported:
-        raise
-    except Exception as e:
-        raise Unsupported(f"torch.cond: running the captured branches on fake tensors failed "
-                          f"({type(e).__name__}: {e})") from e
+    output.control_flow_ops += 1
+    inputs, gms = move_to_subgraphs(tx, branches, [o.node for o in operands],
+                                    [f"TrueBranch{output.control_flow_ops}", f"FalseBranch{output.control_flow_ops}"],
+                                    "torch.cond")
+    fake_inputs = tuple(n.meta["example_value"] for n in inputs)
+    fake_outs = fake_call(tx, COND_OP, (pred.fake, gms[0], gms[1], fake_inputs), "torch.cond")
     gm_nodes = [output.constant_node(gm) for gm in gms]
     node = output._op_node("call_function", COND_OP, (pred.node, *gm_nodes, tuple(inputs)), {})
     result = output._wrap_result(node, tuple(fake_outs))
@@ -141,6 +116,45 @@ def call_cond(tx, args: list[Value], kwargs: dict[str, Value]) -> Value:
     if true_b.kind is None:
         return items[0]
     return ListValue(items) if true_b.kind is list else TupleValue(items)
+
+
+def move_to_subgraphs(tx, branches: list[Branch], operand_nodes: list, class_names: list[str],
+                      what: str) -> tuple[list, list[torch.fx.GraphModule]]:
+    """Each branch's nodes, moved out of the capture's graph into a GraphModule taking the
+    same inputs: ``operand_nodes``, then what any branch reads from outside (lifted). Returns
+    those inputs and the GraphModules."""
+    output = tx.output
+    lifted: list = []
+    for b in branches:
+        for a in b.reads():
+            if a not in operand_nodes and a not in lifted:
+                lifted.append(a)
+    inputs = list(operand_nodes) + lifted
+    for n in inputs:
+        if "example_value" not in n.meta:
+            raise Unsupported(f"{what}: a subgraph reads {n.name}, which has no example value")
+    gms = []
+    for b, class_name in zip(branches, class_names):
+        gm = subgraph([(f"arg{i}", n) for i, n in enumerate(inputs)], b.region,
+                      [o.node for o in b.outputs], class_name, output.constant_attrs)
+        refuse_input_outputs(gm, b.what)
+        gms.append(gm)
+    for b in reversed(branches):
+        for n in reversed(b.region):
+            output.graph.erase_node(n)
+    return inputs, gms
+
+
+def fake_call(tx, op, args: tuple, what: str):
+    """``op(*args)`` on fake tensors: the example outputs of the node."""
+    try:
+        with tx.output.fake_mode:
+            return op(*args)
+    except Unsupported:
+        raise
+    except Exception as e:
+        raise Unsupported(f"{what}: running the captured subgraphs on fake tensors failed "
+                          f"({type(e).__name__}: {e})") from e
 
 
 def _bind(args: list[Value], kwargs: dict[str, Value]) -> dict[str, Value]:
@@ -168,7 +182,7 @@ def _operands(v: Value | None) -> list[TensorValue]:
     return list(v.items)
 
 
-def _numel(fake: torch.Tensor):
+def numel(fake: torch.Tensor):
     n = 1
     for d in fake.shape:
         if not isinstance(d, int):
@@ -177,7 +191,9 @@ def _numel(fake: torch.Tensor):
     return n
 
 
-def _trace_branch(tx, name: str, fn: Value, operands: list[TensorValue]) -> _Branch:
+def trace_branch(tx, name: str, what: str, fn: Value, operands: list[TensorValue]) -> Branch:
+    """``fn(*operands)`` inlined into the capture's graph; ``what`` names it in reasons ("a
+    torch.cond true branch"). Its nodes stay in the graph until the caller moves them out."""
     output = tx.output
     graph = output.graph
     before = set(graph.nodes)
@@ -187,17 +203,17 @@ def _trace_branch(tx, name: str, fn: Value, operands: list[TensorValue]) -> _Bra
     except FrameRunsEagerly:
         raise
     except Unsupported as e:
-        raise Unsupported(f"a torch.cond {name} branch kiln cannot capture ({e.construct})") from e
+        raise Unsupported(f"{what} kiln cannot capture ({e.construct})") from e
     region = new_nodes(graph, before)
     if output.side_effects.count() != effects:
-        raise Unsupported(f"a torch.cond {name} branch that changes Python state (it would change "
-                          "it whichever branch is taken)")
+        raise Unsupported(f"{what} that changes Python state (a subgraph "
+                          "of torch's control flow has no Python effects)")
     inside = set(region)
     for n in region:
         if n.op == "call_function" and n.target is torch._C._set_grad_enabled:
-            raise Unsupported(f"a torch.cond {name} branch that changes grad mode")
+            raise Unsupported(f"{what} that changes grad mode")
         if any(a not in inside for a in mutated_operands(n)):
-            raise Unsupported(f"a torch.cond {name} branch that changes a tensor in place that it "
+            raise Unsupported(f"{what} that changes a tensor in place that it "
                               "did not create")
     if isinstance(result, TensorValue):
         outputs, kind = [result], None
@@ -205,41 +221,43 @@ def _trace_branch(tx, name: str, fn: Value, operands: list[TensorValue]) -> _Bra
         outputs, kind = list(result.items), result.python_type()
         for item in outputs:
             if not isinstance(item, TensorValue):
-                raise Unsupported(f"a torch.cond {name} branch returning {item.describe()} "
-                                  "(kiln captures branches returning tensors)")
+                raise Unsupported(f"{what} returning {item.describe()} "
+                                  "(kiln captures tensor outputs)")
     else:
-        raise Unsupported(f"a torch.cond {name} branch returning {result.describe()} (kiln captures "
+        raise Unsupported(f"{what} returning {result.describe()} (kiln captures "
                           "a tensor or a tuple or list of tensors)")
     for o in outputs:
         if o.node is None:
-            raise Unsupported(f"a torch.cond {name} branch returning a tensor with no graph value")
-    return _Branch(name, region, outputs, kind)
+            raise Unsupported(f"{what} returning a tensor with no graph value")
+    return Branch(name, what, region, outputs, kind)
 
 
-def _check_same_outputs(a: _Branch, b: _Branch) -> None:
+def _check_same_outputs(a: Branch, b: Branch) -> None:
     def shape(kind, outs):
-        what = "a tensor" if kind is None else f"a {kind.__name__} of {len(outs)} tensors"
-        return what
+        return "a tensor" if kind is None else f"a {kind.__name__} of {len(outs)} tensors"
 
     if a.kind is not b.kind or len(a.outputs) != len(b.outputs):
         raise Unsupported(f"torch.cond branches returning different structures (true: "
                           f"{shape(a.kind, a.outputs)}, false: {shape(b.kind, b.outputs)})")
     for i, (x, y) in enumerate(zip(a.outputs, b.outputs)):
-        fx_, fy = x.fake, y.fake
-        if fx_.dtype != fy.dtype:
-            raise Unsupported(f"torch.cond branches returning different dtypes (output {i}: "
-                              f"{fx_.dtype} and {fy.dtype})")
-        if fx_.device != fy.device:
-            raise Unsupported(f"torch.cond branches returning tensors on different devices (output "
-                              f"{i}: {fx_.device} and {fy.device})")
-        # sizes compared as expressions: comparing SymInts would add guards
-        if [str(d) for d in fx_.shape] != [str(d) for d in fy.shape]:
-            raise Unsupported(f"torch.cond branches returning different shapes (output {i}: "
-                              f"{tuple(fx_.shape)} and {tuple(fy.shape)})")
+        reason = tensor_mismatch(x.fake, y.fake)
+        if reason is not None:
+            raise Unsupported(f"torch.cond branches returning different {reason} (output {i})")
 
 
-def _refuse_input_outputs(gm: torch.fx.GraphModule, name: str) -> None:
+def tensor_mismatch(x: torch.Tensor, y: torch.Tensor) -> str | None:
+    """How two tensors' dtype, device or shape differ ("dtypes (float32 and int32)"), or None."""
+    if x.dtype != y.dtype:
+        return f"dtypes ({x.dtype} and {y.dtype})"
+    if x.device != y.device:
+        return f"devices ({x.device} and {y.device})"
+    # sizes compared as expressions: comparing SymInts would add guards
+    if [str(d) for d in x.shape] != [str(d) for d in y.shape]:
+        return f"shapes ({tuple(x.shape)} and {tuple(y.shape)})"
+    return None
+
+
+def refuse_input_outputs(gm: torch.fx.GraphModule, what: str) -> None:
     out = next(n for n in gm.graph.nodes if n.op == "output")
     if any(isinstance(a, torch.fx.Node) and a.op == "placeholder" for a in out.args[0]):
-        raise Unsupported(f"a torch.cond {name} branch returning one of its inputs (an alias; "
-                          "torch's cond refuses it)")
+        raise Unsupported(f"{what} returning one of its inputs (an alias, which torch refuses)")
