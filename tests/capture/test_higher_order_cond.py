@@ -229,3 +229,16 @@ def test_nested_cond(backend):
         assert_same(compiled(x), f(x))
     if backend == "eager":
         assert counter.frame_count == 1
+
+
+def test_symbolic_size_predicate_inlines_the_taken_branch():
+    def f(x):
+        return torch.cond(x.shape[0] > 4, lambda a: a.sin(), lambda a: a.cos(), (x,))
+
+    counter = CompileCounter()
+    compiled = kiln.compile(f, backend=counter, dynamic=True, fullgraph=True)
+    for n in (3, 6, 8, 2):
+        x = torch.randn(n)
+        assert_same(compiled(x), f(x))
+    assert all(not _cond_nodes(gm) for gm in counter.graphs)
+    assert counter.frame_count == 2     # one graph per side of the guard on the size
