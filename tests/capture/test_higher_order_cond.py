@@ -242,3 +242,16 @@ def test_symbolic_size_predicate_inlines_the_taken_branch():
         assert_same(compiled(x), f(x))
     assert all(not _cond_nodes(gm) for gm in counter.graphs)
     assert counter.frame_count == 2     # one graph per side of the guard on the size
+
+
+def test_branch_returning_a_view_of_its_input_is_left_to_eager():
+    def f(x):
+        return torch.cond(x.sum() > 0, lambda a: a.view(-1), lambda a: a.reshape(-1) * 2, (x,))
+
+    with pytest.raises(Unsupported, match="alias"):
+        kiln.compile(f, backend="eager", fullgraph=True)(torch.rand(2, 3))
+    x = torch.rand(2, 3)
+    with pytest.raises(Exception) as eager_error:
+        f(x)
+    with pytest.raises(type(eager_error.value)):     # eager's cond refuses it: so does the call
+        kiln.compile(f, backend="eager")(x)

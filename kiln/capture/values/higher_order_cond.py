@@ -18,13 +18,14 @@ call with dynamo): the call is modelled as what it computes.
 
 Whatever eager would treat differently raises ``Unsupported`` at the call (the call then runs
 natively; an error under fullgraph): branches returning different structures, dtypes, shapes or
-devices; outputs that are not tensors; a branch returning one of its inputs (an alias, which
-torch refuses); a branch that changes Python state, changes a tensor it did not create in
+devices; outputs that are not tensors; a branch returning one of its inputs or a view of one (an
+alias, which torch refuses); a branch that changes Python state, changes a tensor it did not create in
 place, or changes grad mode (it would happen whichever branch is taken).
 """
 from __future__ import annotations
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from ...errors import FrameRunsEagerly, Unsupported
 from .base import ConstantValue, RealCallableValue, Value
@@ -133,11 +134,12 @@ def move_to_subgraphs(tx, branches: list[Branch], operand_nodes: list, class_nam
     for n in inputs:
         if "example_value" not in n.meta:
             raise Unsupported(f"{what}: a subgraph reads {n.name}, which has no example value")
+    for b in branches:
+        refuse_aliased_outputs(b, inputs)
     gms = []
     for b, class_name in zip(branches, class_names):
         gm = subgraph([(f"arg{i}", n) for i, n in enumerate(inputs)], b.region,
                       [o.node for o in b.outputs], class_name, output.constant_attrs)
-        refuse_input_outputs(gm, b.what)
         gms.append(gm)
     for b in reversed(branches):
         for n in reversed(b.region):
@@ -257,7 +259,12 @@ def tensor_mismatch(x: torch.Tensor, y: torch.Tensor) -> str | None:
     return None
 
 
-def refuse_input_outputs(gm: torch.fx.GraphModule, what: str) -> None:
-    out = next(n for n in gm.graph.nodes if n.op == "output")
-    if any(isinstance(a, torch.fx.Node) and a.op == "placeholder" for a in out.args[0]):
-        raise Unsupported(f"{what} returning one of its inputs (an alias, which torch refuses)")
+def refuse_aliased_outputs(branch: Branch, inputs: list) -> None:
+    """An output that is an input or a view of one: torch's control-flow ops refuse it (eager
+    raises), so the call is left to eager."""
+    storages = {StorageWeakRef(n.meta["example_value"].untyped_storage()) for n in inputs
+                if isinstance(n.meta["example_value"], torch.Tensor)}
+    for o in branch.outputs:
+        if StorageWeakRef(o.fake.untyped_storage()) in storages:
+            raise Unsupported(f"{branch.what} returning one of its inputs or a view of one (an "
+                              "alias, which torch refuses)")
