@@ -4,6 +4,8 @@ and ATen's ``aten.add_.Tensor`` are all ``add_``. Capture and the AOT stages app
 in-place checks (memory overlap, result type) by this name."""
 from __future__ import annotations
 
+import operator
+
 # Python's in-place operators on a tensor: the writes of these in-place methods
 OPERATORS = {"__iadd__": "add_", "__isub__": "sub_", "__imul__": "mul_", "__itruediv__": "div_",
              "__ifloordiv__": "floor_divide_", "__imod__": "remainder_", "__ipow__": "pow_",
@@ -25,3 +27,9 @@ def inplace_name(kind: str, target) -> str | None:
     if name in OPERATORS:
         return OPERATORS[name]
     return name if name.endswith("_") and not name.endswith("__") else None
+
+
+def mutates(kind: str, target) -> bool:
+    """An op run for its effect on its arguments (x[i] = v, x.add_(1), x += 1,
+    torch._foreach_mul_)."""
+    return target is operator.setitem or inplace_name(kind, target) is not None

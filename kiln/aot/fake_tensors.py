@@ -7,13 +7,23 @@ from typing import Any, Iterable
 import torch
 import torch.fx
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 
-def new_fake_mode() -> FakeTensorMode:
+def new_fake_mode(gm: torch.fx.GraphModule | None = None) -> FakeTensorMode:
     """A fake mode for AOT tracing of static graphs: no ShapeEnv (a dynamic graph is traced in
-    its capture's mode, see ``symbolic.py``). Real tensors that the traced code closes over
-    (constants) are allowed and become graph constants."""
+    its capture's mode, see ``symbolic.py``), except for a graph calling ``while_loop``, whose
+    fake implementation makes (and then ignores) sizes known only at run time. Real tensors
+    that the traced code closes over (constants) are allowed and become graph constants."""
+    if gm is not None and _calls_while_loop(gm):
+        return FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv())
     return FakeTensorMode(allow_non_fake_inputs=True)
+
+
+def _calls_while_loop(gm) -> bool:
+    graph = getattr(gm, "graph", None)
+    return graph is not None and any(n.op == "call_function" and n.target is torch.ops.higher_order.while_loop
+                                     for n in graph.nodes)
 
 
 # A static graph loaded from an artifact (``export.graph_from_data``) gets its placeholders'

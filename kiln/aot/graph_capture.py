@@ -33,6 +33,9 @@ from . import symbolic
 from .partition import partition_capture
 from .state import AOTState, U_DATA_DEPENDENT
 
+# higher-order ops an ATen graph may call: their branches are ATen subgraphs (get_attr)
+HIGHER_ORDER_OPS = (torch.ops.higher_order.cond, torch.ops.higher_order.while_loop)
+
 
 @dataclass
 class AOTGraphCapture:
@@ -385,8 +388,9 @@ def _trace(state: AOTState, f, args) -> torch.fx.GraphModule:
     except U_DATA_DEPENDENT as e:
         raise Unsupported(f"AOT autograd: data-dependent operation ({type(e).__name__}: {e})") from e
     for node in gm.graph.nodes:
+        # (a higher-order op, torch.cond or while_loop: make_fx traced its subgraphs into ATen)
         if node.op == "call_function" and not isinstance(node.target, torch._ops.OpOverload) \
-                and not symbolic.is_sym_function(node.target):
+                and node.target not in HIGHER_ORDER_OPS and not symbolic.is_sym_function(node.target):
             raise Unsupported(f"AOT autograd: the traced graph calls {node.target}, which is not an ATen op")
         if state.symbolic:
             symbolic.refuse_unbacked(node.meta.get("val"), f"{node.name} ({node.target})")

@@ -78,7 +78,7 @@ def create_aot_state(fn: Callable, example_inputs: Sequence[Any], *,
         fake_mode = symbolic.fake_mode_for(sym_vals)
         traced_inputs = symbolic.prepare_inputs(fake_mode, sym_vals, example_inputs)
     else:
-        fake_mode = fake_tensors.fake_mode_of(example_inputs) or fake_tensors.new_fake_mode()
+        fake_mode = fake_tensors.fake_mode_of(example_inputs) or fake_tensors.new_fake_mode(fn)
         traced_inputs = list(example_inputs)
     state = AOTState(fn=fn, example_inputs=example_inputs, fake_mode=fake_mode,
                      static_input_indices=static_input_indices,

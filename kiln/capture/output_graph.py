@@ -14,6 +14,7 @@ from ..aot.saved_hooks.inlining import active as active_saved_hooks
 from ..aot.saved_hooks.guard import guard_value
 from ..config import config
 from ..inplace_ops import inplace_name
+from ..inplace_ops import mutates as _mutates
 from ..shapes.marks import marked_dynamic
 from ..user_lines import USER_FRAME
 from ..errors import FrameRunsEagerly, Unsupported
@@ -110,6 +111,7 @@ class OutputGraph:
         # checks on load that their code is still the same (kiln/package/identity.py)
         self.inlined: dict = {}
         self.recompute_regions = 0   # checkpointed calls captured (values/checkpoint.py numbers them)
+        self.control_flow_ops = 0    # torch.cond and while_loop calls captured (numbering their subgraphs)
         self._constant_nodes: dict[str, torch.fx.Node] = {}
         # autocast's dtype is not part of the tensor dispatch keys that TENSOR_MATCH checks:
         # a capture that starts inside autocast also guards the autocast state
@@ -499,10 +501,11 @@ class OutputGraph:
         live = set(self.graph.nodes)
         for node in live:
             if any(a not in live for a in node.all_input_nodes):
-                # a value computed in a subgraph (a custom autograd.Function's forward, moved
-                # out of this graph) was used outside it: run the frame eagerly
-                raise Unsupported(f"{node.name} reads a value computed inside an "
-                                  "autograd.Function's forward")
+                # a value computed in a subgraph (a custom autograd.Function's forward or a
+                # torch.cond branch, moved out of this graph) was used outside it: run the
+                # frame eagerly
+                raise Unsupported(f"{node.name} reads a value computed inside a subgraph "
+                                  "(an autograd.Function's forward or a torch.cond branch)")
         for node in reversed(list(self.graph.nodes)):
             if node.op == "call_function" and node.target is _getitem and not node.users:
                 self.graph.erase_node(node)
@@ -546,12 +549,6 @@ def _placeholder_name(source: Source) -> str:
     if not s or s[0].isdigit():
         s = "in_" + s
     return s[:60]
-
-
-def _mutates(kind, target) -> bool:
-    """An op run for its effect on its arguments (x[i] = v, x.add_(1), x += 1,
-    torch._foreach_mul_)."""
-    return target is _operator.setitem or inplace_name(kind, target) is not None
 
 
 def _refuse_partial_overlap(name: str, args: tuple, kwargs: dict) -> None:

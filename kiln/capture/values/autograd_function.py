@@ -35,12 +35,12 @@ import torch
 from ... import _torch
 from ...errors import Unsupported
 from ..interpreter import BreakHere, GraphBreakRequest
-from ..output_graph import _mutates
 from ..semantics import bind_arguments
 from .base import CONSTANT_TYPES, ConstantValue, Value
 from .containers import DictValue, ListValue, SetValue, TupleValue
 from .functions import MethodValue, UserFunctionValue
 from .objects import ClassValue, NewObjectValue, static_lookup
+from .subgraphs import mutated_operands, new_nodes, subgraph
 from .tensor import TensorValue
 
 _BASE = torch.autograd.function._SingleLevelFunction
@@ -219,7 +219,7 @@ class _AutogradFunctionCall:
 
         before = set(self.graph.nodes)
         out = self._under_no_grad(lambda: self._trace_forward(ctx, inputs))
-        region_f = _new_nodes(self.graph, before)
+        region_f = new_nodes(self.graph, before)
         outs = self._check_outputs(out)
         self._check_forward_region(region_f)
         if not ctx.materialize_grads:
@@ -291,7 +291,7 @@ class _AutogradFunctionCall:
         inside = set(region)
         for n in region:
             name = n.target if n.op == "call_method" else getattr(n.target, "__name__", "")
-            if name in _METADATA_MUTATIONS and any(a not in inside for a in _mutated_operands(n)):
+            if name in _METADATA_MUTATIONS and any(a not in inside for a in mutated_operands(n)):
                 raise Unsupported(f"the forward changes the metadata of a tensor it did not "
                                   f"create ({name})")
 
@@ -323,14 +323,14 @@ class _AutogradFunctionCall:
                 result = self._under_no_grad(lambda: self._inline(backward, [ctx, *grads]))
         finally:
             _backward_depth[0] -= 1
-        region_b = _new_nodes(self.graph, before)
+        region_b = new_nodes(self.graph, before)
         if _effects_fingerprint(output.side_effects, ctx) != effects:
             raise Unsupported("the backward has side effects (they would happen in the forward)")
         inside = set(region_b)
         for n in region_b:
             if n.op == "call_function" and n.target is torch._C._set_grad_enabled:
                 raise Unsupported("a grad-mode change inside the backward")
-            if any(a not in inside for a in _mutated_operands(n)):
+            if any(a not in inside for a in mutated_operands(n)):
                 raise Unsupported("the backward changes a tensor in place that it did not create")
         grads_in = self._check_backward_result(result, inputs)
         return _Backward(grad_nodes, region_b, grads_in, ctx.saved_tensors_read)
@@ -400,14 +400,14 @@ class _AutogradFunctionCall:
                 raise Unsupported(f"a value without an example ({n.name}) read by the forward")
 
         constants = getattr(output, "constant_attrs", {})
-        fwd_gm = _subgraph(
+        fwd_gm = subgraph(
             [(f"in_{i}", n) for i, n in enumerate(in_nodes)], region_f,
             [outs[k].node for k in out_pos] + saved, f"{self.cls.__name__}Forward", constants)
         bwd_gm = None
         if backward is not None:
             grads_out = [backward.grads_in[p].node if backward.grads_in[p] is not None else None
                          for p in tensor_pos] + [None] * len(extras)
-            bwd_gm = _subgraph(
+            bwd_gm = subgraph(
                 [(f"grad_{i}", n) for i, n in enumerate(backward.grad_nodes)]
                 + [(f"saved_{i}", n) for i, n in enumerate(saved)],
                 backward.region, grads_out, f"{self.cls.__name__}Backward", constants)
@@ -481,41 +481,6 @@ def _autocast_off():
         yield
 
 
-def _new_nodes(graph, before: set) -> list:
-    """The nodes a trace added. Placeholders (inputs first read there) and ``get_attr``
-    constants (shared through the capture's cache) stay with the outer graph."""
-    return [n for n in graph.nodes if n not in before and n.op not in ("placeholder", "get_attr")]
-
-
-def _mutated_operands(node) -> list:
-    """The graph values an in-place node may write (its self, ``out=``, ``inplace=True``)."""
-    found = []
-    if node.op in ("call_function", "call_method"):
-        if _mutates(node.op, node.target) and node.args:
-            first = node.args[0]
-            found += list(first) if isinstance(first, (list, tuple)) else [first]
-        out = node.kwargs.get("out")
-        if out is not None:
-            found += list(out) if isinstance(out, (list, tuple)) else [out]
-        if node.kwargs.get("inplace") is True or _inplace_positional(node):
-            found.append(node.args[0] if node.args else None)
-    return [a for a in found if isinstance(a, torch.fx.Node)]
-
-
-def _inplace_positional(node) -> bool:
-    """``F.relu(x, True)``: an ``inplace`` parameter passed by position."""
-    if node.op != "call_function" or not callable(node.target):
-        return False
-    try:
-        params = list(inspect.signature(node.target).parameters)
-    except (TypeError, ValueError):
-        return False
-    if "inplace" not in params:
-        return False
-    i = params.index("inplace")
-    return i < len(node.args) and node.args[i] is True
-
-
 def _effects_fingerprint(side_effects, ctx: CtxValue):
     """What the capture's side effects and the containers reachable from ctx hold now."""
     state = [tuple((id(c), _items_ids(c)) for c in side_effects.containers),
@@ -553,32 +518,6 @@ def _items_ids(v):
     if isinstance(v, NewObjectValue):
         return tuple((k, id(i)) for k, i in v.attrs.items())
     return None
-
-
-def _subgraph(inputs: list, region: list, outputs: list, name: str, constants: dict) -> torch.fx.GraphModule:
-    """A GraphModule of ``region``'s nodes (copied), reading ``inputs`` ((name, node) pairs:
-    the nodes from outside it become its placeholders) and returning ``outputs`` (nodes, or
-    None). Constants the outer graph holds (``get_attr``) are held by the subgraph too."""
-    g = torch.fx.Graph()
-    root = torch.nn.Module()
-    env: dict = {}
-    for ph_name, n in inputs:
-        ph = g.placeholder(ph_name)
-        ph.meta["example_value"] = n.meta.get("example_value")
-        env.setdefault(n, ph)
-
-    def lookup(a):
-        if a not in env and a.op == "get_attr" and a.target in constants:
-            object.__setattr__(root, a.target, constants[a.target])
-            env[a] = g.get_attr(a.target)
-        if a not in env:
-            raise Unsupported(f"the {name} subgraph reads {a.name}, which it does not receive")
-        return env[a]
-
-    for n in region:
-        env[n] = g.node_copy(n, lookup)
-    g.output(tuple(lookup(o) if o is not None else None for o in outputs))
-    return torch.fx.GraphModule(root, g, class_name=name)
 
 
 def runtime_function(user_cls: type, fwd, bwd, n_out: int, n_sfb: int, non_diff: list[int],

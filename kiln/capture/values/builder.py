@@ -21,6 +21,8 @@ from ..sources import is_argument_rooted
 from .base import CONSTANT_TYPES, ConstantValue, Value, is_constant_object, is_type_annotation
 from .builtins import _HANDLERS, BuiltinValue
 from .checkpoint import CHECKPOINT, CheckpointValue
+from .higher_order_cond import COND_FUNCTIONS, CondValue
+from .higher_order_while import WHILE_LOOP_FUNCTIONS, WhileLoopValue
 from .environ import EnvironValue
 from . import identity, itertools_fns  # noqa: F401  (register id() and the itertools handlers)
 from .exceptions import ExceptionValue
@@ -136,6 +138,10 @@ def wrap_callable(fn, source) -> Value:
         return BuiltinValue(fn, source)
     if fn is CHECKPOINT:   # captured as a recompute region, not traced through torch's internals
         return CheckpointValue(fn, source)
+    if fn in COND_FUNCTIONS:   # captured as a higher-order op node, not traced through torch's wrapper
+        return CondValue(fn, source)
+    if fn in WHILE_LOOP_FUNCTIONS:
+        return WhileLoopValue(fn, source)
     if is_torch_op(fn):
         return TorchOpValue(fn, source)
     if isinstance(fn, types.FunctionType):
