@@ -19,6 +19,8 @@ the linearity of the backward (see there).
 """
 from __future__ import annotations
 
+import operator
+
 import sympy
 import torch
 import torch.fx
@@ -34,8 +36,9 @@ def fuse(backward: torch.fx.GraphModule, *, num_saved: int, num_args: int, feeds
     stands for, returning the gradients of the function's ``num_args`` inputs only. A handed
     value the runtime rebuilds as a view of an output (``("view", base, k)`` feeds; ``views``:
     output k's size, stride and offset in its base) adds its gradient scattered into the base's,
-    as autograd's view node does. None where that cannot be one graph: a symbolic view that is
-    not a permutation of its base, an output without a tangent, values without fake tensors."""
+    as autograd's view node does. None where that cannot be one graph: a symbolic view whose
+    size, stride or offset the graph cannot compute from its values' sizes, an output without a
+    tangent, values without fake tensors."""
     gm = fx_graphs.copy_graph_module(backward)
     g = gm.graph
     phs = [n for n in g.nodes if n.op == "placeholder"]
@@ -163,20 +166,79 @@ def _scattered(g: torch.fx.Graph, before: torch.fx.Node, base: torch.fx.Node, gr
             node.meta["val"] = perm.meta["val"].reshape(vb.shape)
         perm.meta["kiln_phase"] = node.meta["kiln_phase"] = "backward"
         return node
-    if any(isinstance(d, torch.SymInt) for d in (*size, *stride, offset, *vb.shape)):
-        return None
     with g.inserting_before(before):
-        zeros = g.call_function(torch.ops.aten.full.default, (list(vb.shape), 0),
+        # (a symbolic view, a slice of a projection: its size, stride and offset as graph
+        # values, computed from the sizes the graph's values have)
+        ints = _SymbolicInts(g, {**_size_sources([grad]), **sizes})
+        try:
+            shape, size_, stride_ = ([ints.node(d) for d in ds] for ds in (vb.shape, size, stride))
+            offset_ = ints.node(offset)
+        except _NoSource:
+            for n in reversed(ints.made):
+                g.erase_node(n)
+            return None
+        zeros = g.call_function(torch.ops.aten.full.default, (shape, 0),
                                 {"dtype": vb.dtype, "layout": torch.strided, "device": vb.device,
                                  "pin_memory": False})
-        node = g.call_function(torch.ops.aten.as_strided_scatter.default, (zeros, grad, list(size), list(stride),
-                                                                           offset))
+        node = g.call_function(torch.ops.aten.as_strided_scatter.default, (zeros, grad, size_, stride_, offset_))
     with mode:
         zeros.meta["val"] = torch.zeros(vb.shape, dtype=vb.dtype, device=vb.device)
         node.meta["val"] = torch.ops.aten.as_strided_scatter.default(zeros.meta["val"], vg.to(vb.dtype), list(size),
                                                                      list(stride), offset)
-    zeros.meta["kiln_phase"] = node.meta["kiln_phase"] = "backward"
+    for n in (*ints.made, zeros, node):
+        n.meta["kiln_phase"] = "backward"
     return node
+
+
+class _NoSource(Exception):
+    """A symbolic int the graph cannot compute from the sizes of its values."""
+
+
+class _SymbolicInts:
+    """Graph values for ints of a traced graph: a constant as it is, a symbolic one as nodes
+    that compute it (``sym_size`` of a value that has the size, then ``+``, ``*``, ``//``)."""
+
+    def __init__(self, g: torch.fx.Graph, sources: dict):
+        self.g = g
+        self.sources = sources          # sympy expression -> (node, dim) of a value that has it
+        self.done: dict = {}
+        self.made: list = []
+
+    def node(self, d):
+        if not isinstance(d, torch.SymInt):
+            return int(d)
+        return self._emit(d.node.expr)[0]
+
+    def _emit(self, e) -> tuple:
+        """(graph value, traced value) of the expression ``e``."""
+        if e in self.done:
+            return self.done[e]
+        if e.is_Integer:
+            return int(e), int(e)
+        if e in self.sources:
+            node, dim = self.sources[e]
+            out = self._call(torch.ops.aten.sym_size.int, (node, dim), node.meta["val"].shape[dim])
+        elif isinstance(e, (sympy.Add, sympy.Mul)):
+            op = operator.add if isinstance(e, sympy.Add) else operator.mul
+            out = self._emit(e.args[0])
+            for arg in e.args[1:]:
+                (a, va), (b, vb) = out, self._emit(arg)
+                out = self._call(op, (a, b), op(va, vb))
+        elif type(e).__name__ == "FloorDiv":
+            (a, va), (b, vb) = self._emit(e.args[0]), self._emit(e.args[1])
+            out = self._call(operator.floordiv, (a, b), va // vb)
+        else:
+            raise _NoSource(str(e))
+        self.done[e] = out
+        return out
+
+    def _call(self, target, args: tuple, value) -> tuple:
+        if all(isinstance(a, int) for a in args):
+            return value, value
+        n = self.g.call_function(target, args)
+        n.meta["val"] = value
+        self.made.append(n)
+        return n, value
 
 
 def _memory_order(size: tuple, stride: tuple, numel) -> list | None:
