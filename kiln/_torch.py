@@ -624,12 +624,16 @@ def checkpoint_default_mode() -> tuple[bool | None, str | None]:
     not given: ``(reentrant, warning)``, where ``reentrant`` is True or False, or None when
     the call raises; ``warning`` is the message it warns with (None: no warning). Learnt once
     by calling it on a tiny function: torch 2.11 to 2.13 warn and take the reentrant variant,
-    and the message announces an error for later versions."""
+    and the message announces an error for later versions. The function is called without
+    its ``torch._disable_dynamo`` wrapper, which would hand it to torch._dynamo."""
     global _checkpoint_default
     if _checkpoint_default is None:
+        import inspect
         import warnings
 
-        from torch.utils.checkpoint import checkpoint
+        import torch.utils.checkpoint
+
+        checkpoint = inspect.unwrap(torch.utils.checkpoint.checkpoint)
 
         x = torch.zeros((), requires_grad=True)
         with warnings.catch_warnings(record=True) as caught:

@@ -1,8 +1,9 @@
 """Frame records: a warm process skips capture too.
 
 The graph-level cache (``kiln.cache.cached``) still needs a capture to find its key: bytecode
-interpretation, fake tensors, ``torch._dynamo`` imported (about a second). So each function
-given to ``kiln.compile`` (cache on, a cacheable backend) also keeps *frame records*:
+interpretation, fake tensors (torch's FakeTensorMode imports ``torch._dynamo``: about a
+second). So each function given to ``kiln.compile`` (cache on, a cacheable backend) also keeps
+*frame records*:
 ``<cache_dir>/frames/<frame key>/<writer>.rec``, the package form (``kiln.package``) of the
 entries this process captured for it, with the continuations of their graph breaks: an
 artifact envelope (``kiln.cache.envelope``) holding the record's header and a package's

@@ -338,3 +338,15 @@ def test_checkpoint_sequential():
     assert cc.frame_count == 1
     # (torch checkpoints every segment but the last, which runs as it is)
     assert len({i for i in _region_ids(cc.graphs[0]) if i is not None}) == 1
+
+
+def test_learning_the_default_mode_leaves_torch_dynamo_alone():
+    """kiln learns what checkpoint does without ``use_reentrant`` by calling it, unwrapped:
+    its ``torch._disable_dynamo`` wrapper would import and call torch._dynamo (the peer)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, kiln; from kiln import _torch; _torch.checkpoint_default_mode(); "
+            "print('torch._dynamo' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

@@ -20,9 +20,10 @@ from ..sources import (ITEM_DICT, ITEM_INDEX, ITEM_LIST, ITEM_TUPLE, AttrSource,
 from ..sources import is_argument_rooted
 from .base import CONSTANT_TYPES, ConstantValue, Value, is_constant_object, is_type_annotation
 from .builtins import _HANDLERS, BuiltinValue
-from .checkpoint import CHECKPOINT, CheckpointValue
-from .higher_order_cond import COND_FUNCTIONS, CondValue
-from .higher_order_while import WHILE_LOOP_FUNCTIONS, WhileLoopValue
+from .checkpoint import CHECKPOINT, call_checkpoint
+from .higher_order_cond import COND_FUNCTIONS, call_cond
+from .higher_order_while import WHILE_LOOP_FUNCTIONS, call_while_loop
+from .modelled_functions import ModelledFunctionValue
 from .environ import EnvironValue
 from . import identity, itertools_fns  # noqa: F401  (register id() and the itertools handlers)
 from .exceptions import ExceptionValue
@@ -137,11 +138,11 @@ def wrap_callable(fn, source) -> Value:
     if fn is torch.is_tensor:
         return BuiltinValue(fn, source)
     if fn is CHECKPOINT:   # captured as a recompute region, not traced through torch's internals
-        return CheckpointValue(fn, source)
+        return ModelledFunctionValue(fn, source, "torch.utils.checkpoint.checkpoint", call_checkpoint)
     if fn in COND_FUNCTIONS:   # captured as a higher-order op node, not traced through torch's wrapper
-        return CondValue(fn, source)
+        return ModelledFunctionValue(fn, source, "torch.cond", call_cond)
     if fn in WHILE_LOOP_FUNCTIONS:
-        return WhileLoopValue(fn, source)
+        return ModelledFunctionValue(fn, source, "torch.while_loop", call_while_loop)
     if is_torch_op(fn):
         return TorchOpValue(fn, source)
     if isinstance(fn, types.FunctionType):

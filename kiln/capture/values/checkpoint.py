@@ -35,7 +35,7 @@ import torch.utils.checkpoint as torch_checkpoint
 from ... import _torch
 from ...aot.recompute import POLICY_KEY, REGION_KEY, SELECTIVE_POLICY_KEY
 from ...errors import FrameRunsEagerly, Unsupported
-from .base import ConstantValue, RealCallableValue, Value
+from .base import RealCallableValue, Value
 from .containers import BaseSequenceValue
 from .functions import PartialValue, UserFunctionValue
 from .tensor import TensorValue
@@ -60,27 +60,6 @@ class SelectivePolicy:
         return self.key
 
     __repr__ = __str__
-
-
-class CheckpointValue(RealCallableValue):
-    """``torch.utils.checkpoint.checkpoint`` itself."""
-
-    def describe(self):
-        return "Function(torch.utils.checkpoint.checkpoint)"
-
-    def truthy(self, tx):
-        return True
-
-    def getattr(self, tx, name):
-        if name in ("__name__", "__qualname__", "__module__", "__doc__"):
-            return ConstantValue(getattr(self.fn, name))
-        raise Unsupported(f"attribute {name!r} of torch.utils.checkpoint.checkpoint")
-
-    def reconstruct(self, cg):
-        return cg.bind(self.fn, "checkpoint")
-
-    def call(self, tx, args, kwargs):
-        return call_checkpoint(tx, args, kwargs)
 
 
 def call_checkpoint(tx, args: list[Value], kwargs: dict[str, Value]) -> Value:

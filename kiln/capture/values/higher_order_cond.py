@@ -28,7 +28,7 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from ...errors import FrameRunsEagerly, Unsupported
-from .base import ConstantValue, RealCallableValue, Value
+from .base import Value
 from .containers import BaseSequenceValue, ListValue, TupleValue
 from .subgraphs import mutated_operands, new_nodes, subgraph
 from .tensor import TensorValue
@@ -37,27 +37,6 @@ COND_FUNCTIONS = (torch.cond,)   # (torch._higher_order_ops.cond is the same fun
 COND_OP = torch.ops.higher_order.cond
 
 _PARAMETERS = ("pred", "true_fn", "false_fn", "operands")
-
-
-class CondValue(RealCallableValue):
-    """``torch.cond`` itself."""
-
-    def describe(self):
-        return "Function(torch.cond)"
-
-    def truthy(self, tx):
-        return True
-
-    def getattr(self, tx, name):
-        if name in ("__name__", "__qualname__", "__module__", "__doc__"):
-            return ConstantValue(getattr(self.fn, name))
-        raise Unsupported(f"attribute {name!r} of torch.cond")
-
-    def reconstruct(self, cg):
-        return cg.bind(self.fn, "cond")
-
-    def call(self, tx, args, kwargs):
-        return call_cond(tx, args, kwargs)
 
 
 class Branch:

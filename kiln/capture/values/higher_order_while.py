@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from ...errors import Unsupported
-from .base import ConstantValue, RealCallableValue, Value
+from .base import Value
 from .containers import BaseSequenceValue, TupleValue
 from .higher_order_cond import fake_call, move_to_subgraphs, numel, tensor_mismatch, trace_branch
 from .tensor import TensorValue
@@ -26,27 +26,6 @@ WHILE_LOOP_FUNCTIONS = (torch.while_loop,)   # (torch._higher_order_ops.while_lo
 WHILE_LOOP_OP = torch.ops.higher_order.while_loop
 
 _PARAMETERS = ("cond_fn", "body_fn", "carried_inputs")
-
-
-class WhileLoopValue(RealCallableValue):
-    """``torch.while_loop`` itself."""
-
-    def describe(self):
-        return "Function(torch.while_loop)"
-
-    def truthy(self, tx):
-        return True
-
-    def getattr(self, tx, name):
-        if name in ("__name__", "__qualname__", "__module__", "__doc__"):
-            return ConstantValue(getattr(self.fn, name))
-        raise Unsupported(f"attribute {name!r} of torch.while_loop")
-
-    def reconstruct(self, cg):
-        return cg.bind(self.fn, "while_loop")
-
-    def call(self, tx, args, kwargs):
-        return call_while_loop(tx, args, kwargs)
 
 
 def call_while_loop(tx, args: list[Value], kwargs: dict[str, Value]) -> Value:
