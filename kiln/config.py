@@ -57,6 +57,12 @@ class Config:
     # behaviour, at the cost of copying the weights each step). KILN_COPY_SAVED_PARAMETERS=1.
     copy_saved_parameters: bool = False
 
+    # Repeated blocks (the layers of an nn.ModuleList or nn.Sequential that trace to the same
+    # code) are traced, partitioned and lowered once and called per layer (kiln/capture/regions.py).
+    # Functions under torch.compiler.nested_compile_region are, whatever this says.
+    # KILN_REPEATED_BLOCKS=0: off.
+    repeated_blocks: bool = True
+
     # The partitioner kiln's AOT stages use when none is given (aot_backend(partition_fn=None)):
     # "default" (save what the backward reads), "min_cut" (recompute cheap ops instead of saving
     # them) or a callable (joint_module, joint_inputs, *, num_fwd_outputs) -> (fw, bw). The

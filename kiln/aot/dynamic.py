@@ -34,7 +34,9 @@ from ..errors import Unsupported
 from ..internal_errors import is_users
 from .chain import compile_chained
 from .compile import stage2_compile
+from . import regions
 from .graph_capture import stage1_graph_capture
+from .partition import resolve_partition_fn
 from .segments import NotSegmentable, plan
 from .prepare import create_aot_state
 from .symbolic import SymbolicUnsupported, symbolic_inputs
@@ -53,7 +55,9 @@ def _run_stages(gm, example_inputs, *, dynamic, decompositions, fw_compiler, bw_
         gm = plan(gm) or gm
         state = create_aot_state(gm, example_inputs, decompositions=decompositions, dynamic=dynamic,
                                  keep_input_mutations=keep_input_mutations)
-        capture = stage1_graph_capture(state)
+        # (a repeated block's calls: traced and partitioned once, with the graph's partitioner)
+        with regions.compiling(state.decompositions, resolve_partition_fn(partition_fn), state.fake_mode):
+            capture = stage1_graph_capture(state)
         return stage2_compile(state, capture, fw_compiler=fw_compiler, bw_compiler=bw_compiler,
                               partition_fn=partition_fn, inference_compiler=inference_compiler)
 

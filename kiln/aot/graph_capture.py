@@ -28,13 +28,13 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from .. import _torch
 from ..errors import Unsupported
 from . import fake_propagation, fake_tensors, functional_tensors, fx_graphs, graph_bytes, graph_text, trace_context
-from . import segments
+from . import regions, segments
 from . import symbolic
 from .partition import partition_capture
 from .state import AOTState, U_DATA_DEPENDENT
 
 # higher-order ops an ATen graph may call: their branches are ATen subgraphs (get_attr)
-HIGHER_ORDER_OPS = (torch.ops.higher_order.cond, torch.ops.higher_order.while_loop)
+HIGHER_ORDER_OPS = (torch.ops.higher_order.cond, torch.ops.higher_order.while_loop, regions.invoke_region)
 
 
 @dataclass

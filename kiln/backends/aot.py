@@ -115,6 +115,7 @@ def aot_backend(fw_compiler: Callable | None = None, bw_compiler: Callable | Non
     kiln_aot_backend.fw_compiler = getattr(fw_compiler, "__wrapped__", fw_compiler)
     kiln_aot_backend.bw_compiler = getattr(bw_compiler, "__wrapped__", bw_compiler)
     kiln_aot_backend.partition_fn = partition_fn
+    kiln_aot_backend.kiln_regions = True    # (the capture hands it repeated blocks as invoke_region nodes)
     return kiln_aot_backend
 
 

@@ -15,7 +15,7 @@ from .. import _torch, cache, logs
 from ..errors import Unsupported
 from ..internal_errors import (EFFECTS_MARK, call_user, forget_frames, graph_has_effects,
                                internal_error, is_kiln_backend, is_users, mark_users)
-from . import bytecode_utils
+from . import bytecode_utils, regions
 from .codegen import (EntryCodegen, GuardProgram, alias_parameters, compile_function, readable_source,
                       signature_text)
 from .guards import Guard, GuardKind, TensorMeta
@@ -217,6 +217,8 @@ def _compile_graph(fn, output: OutputGraph, cg: EntryCodegen, backend, backend_n
     graph = output.graph
     graph.output(tuple(cg.output_nodes))
     output.remove_unused()
+    if getattr(backend, "kiln_regions", False):    # (a backend tracing the graph's blocks once)
+        regions.outline(output)
     # (a graph that only hands back a symbol input still runs: the entry reads its outputs)
     has_ops = any(n.op not in ("placeholder", "output") for n in graph.nodes) or bool(cg.output_nodes)
     net_grad = None

@@ -112,6 +112,9 @@ class OutputGraph:
         self.inlined: dict = {}
         self.recompute_regions = 0   # checkpointed calls captured (values/checkpoint.py numbers them)
         self.control_flow_ops = 0    # torch.cond and while_loop calls captured (numbering their subgraphs)
+        # calls of candidate repeated blocks (regions.py): their nodes, outlined when the graph is done
+        self.region_spans: list = []
+        self.region_open = False
         self._constant_nodes: dict[str, torch.fx.Node] = {}
         # autocast's dtype is not part of the tensor dispatch keys that TENSOR_MATCH checks:
         # a capture that starts inside autocast also guards the autocast state

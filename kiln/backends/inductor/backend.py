@@ -47,7 +47,7 @@ from ...aot.dynamic import PerShapeCompiled, compile_graph
 from ...aot.partition import min_cut_rematerialization_partition
 from ...cache import PAYLOAD_ATTR, store
 from ...compile_lock import COMPILE_LOCK
-from ...aot import fake_propagation, fx_graphs
+from ...aot import fake_propagation, fx_graphs, regions
 from ...aot.donation import copies_when_graph_kept, donatable_saved_tensors
 from ...config import config
 from ...cudagraphs import cudagraphify, graph_facts
@@ -66,6 +66,7 @@ class InductorBackend:
     Inductor options (one object per distinct pair, so that compile keys stay interned)."""
 
     __name__ = "inductor"
+    kiln_regions = True         # (the capture hands it repeated blocks as invoke_region nodes)
 
     def __init__(self, mode: str | None = None, options: dict | None = None):
         self.mode = mode
@@ -338,6 +339,8 @@ class GraphCompile:
         cfg = _torch.inductor_config()
         mode = fake_mode_of(example_inputs, gm)
         graph = fx_graphs.copy_graph_module(gm)      # Inductor rewrites the graph it compiles
+        if regions.has_regions(graph):
+            regions.to_inductor(graph)
         if kind == "forward":
             self._fw_output_strides = None
             self._fw_num_outputs = gm.meta.get("kiln_num_fw_outputs", len(_outputs(gm)))
@@ -346,6 +349,10 @@ class GraphCompile:
                 with _torch.inductor_compile_context(mode):
                     graph = _torch.inductor_joint_graph_passes(graph, device_of(example_inputs))
             donated = gm.meta.get("kiln_donated", []) if kind == "backward" else []
+            if donated and regions.has_regions(gm):
+                # (Inductor lowers a subgraph with its parent's donated input positions: it
+                # would write into the block's own inputs at those positions)
+                donated = []
             if kind == "backward":
                 example_inputs = self._restride_saved(gm, example_inputs, mode)
                 # (the names say which inputs are donated: Inductor's FX graph cache keys on

@@ -8,6 +8,7 @@ from inspect import signature as _inspect_signature
 import torch
 
 from ...errors import Unsupported
+from .. import regions
 from ..sources import AttrSource, CellSource, ItemSource, is_argument_rooted
 from .base import ConstantValue, RealCallableValue, Value
 
@@ -51,6 +52,10 @@ class UserFunctionValue(Value):
         if _is_stdlib_function(self.fn):
             raise Unsupported(f"call to standard-library function "
                               f"{self.fn.__module__}.{self.fn.__qualname__} (runs natively)")
+        marked = regions.marked_region(self.fn)
+        if marked is not None:      # torch.compiler.nested_compile_region: a block of its own
+            return regions.record(tx, getattr(marked, "__qualname__", "region"), True,
+                                  lambda: tx.inline_function(UserFunctionValue(marked), args, kwargs))
         return tx.inline_function(self, args, kwargs)
 
     def getattr(self, tx, name):

@@ -14,7 +14,9 @@ from typing import Any
 
 import torch
 
+from ...config import config
 from ...errors import Unsupported
+from .. import regions
 from ..sources import AttrSource, ConstSource, ItemSource, TypeSource
 from .attributes import user_hook
 from .base import ConstantValue, Value
@@ -411,6 +413,9 @@ class NNModuleValue(ObjectValue):
         if not isinstance(forward, types.FunctionType):
             raise Unsupported(f"{type(self.value).__name__}.forward is not a Python function")
         tx.output.guard_class_attribute(type(self.value), "forward", forward)
+        if config.repeated_blocks and regions.is_repeated_block(self):
+            return regions.record(tx, type(self.value).__name__, False,
+                                  lambda: tx.call(UserFunctionValue(forward), [self, *args], kwargs))
         return tx.call(UserFunctionValue(forward), [self, *args], kwargs)
 
 

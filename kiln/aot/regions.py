@@ -1,0 +1,432 @@
+"""A repeated block traced, partitioned and lowered once: the ``invoke_region`` op.
+
+The capture (``kiln/capture/regions.py``) moves each call of a repeated block (the layers of an
+``nn.ModuleList``, a function under ``torch.compiler.nested_compile_region``) out of its graph
+into a GraphModule, and calls it with ``invoke_region(block, *operands)``. Calls whose code and
+input layouts are the same share one GraphModule: that is what makes them compile once.
+
+Stage 1 (``compiling``) traces a block the first time a call of it is met, not at every call:
+
+* **training**: the block's joint forward and backward, traced on its own (make_fx,
+  functionalized, the graph's decompositions) and partitioned with the graph's partitioner
+  into a forward (operands -> outputs and saved values) and a backward (saved values and
+  tangents -> the operands' gradients). Each call then goes through an autograd.Function
+  (``_RegionFunction``) that records ``invoke_region(forward, ...)`` in the joint graph and,
+  when the joint's backward reaches it, ``invoke_region(backward, ...)``.
+* **inference**: one functional ATen graph of the block, and one node per call.
+
+The graphs the stages hand on hold the traced blocks as attributes (one per block, whatever
+the number of calls); Inductor lowers each once (``to_inductor`` rewrites the nodes into
+torch's ``invoke_subgraph`` op, which Inductor lowers to one function per subgraph).
+
+Outside stage 1 (a metadata pass, a user's backend running the captured graph, the eager
+fallback) the node runs the block's captured code where it stands: the same values as the
+inlined code it replaced.
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+import torch
+import torch.fx
+from torch._C import DispatchKey
+from torch._ops import HigherOrderOperator
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.functional_tensor import FunctionalTensorMode
+from torch.fx import traceback as fx_traceback
+from torch.fx.experimental.proxy_tensor import (ProxyTorchDispatchMode, disable_proxy_modes_tracing, make_fx,
+                                                track_tensor_tree)
+from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import _disable_current_modes
+
+from .. import _torch
+from ..errors import Unsupported
+from . import functional_tensors, fx_graphs, trace_context
+
+# gm.meta[STAGE]: a block as captured (torch-level code) or as traced by stage 1 (ATen)
+STAGE = "kiln_region_stage"
+CAPTURED = "captured"
+TRACED = "traced"
+
+
+class InvokeRegion(HigherOrderOperator):
+    """``invoke_region(block, *operands) -> tuple of tensors``: ``block(*operands)``."""
+
+    def __init__(self) -> None:
+        super().__init__("kiln_invoke_region")
+
+    def __call__(self, block, *operands):
+        return super().__call__(block, *operands)
+
+
+invoke_region = InvokeRegion()
+
+
+def _run(block, operands) -> tuple:
+    return tuple(block(*operands))
+
+
+@invoke_region.py_impl(DispatchKey.CompositeExplicitAutograd)
+def _dense(block, *operands):
+    return _run(block, operands)
+
+
+@invoke_region.py_impl(FakeTensorMode)
+def _fake(mode, block, *operands):
+    with mode:
+        return _run(block, operands)
+
+
+@invoke_region.py_functionalize_impl
+def _functional(ctx, block, *operands):
+    if block.meta.get(STAGE) != TRACED:
+        raise Unsupported("kiln: a captured block reached functionalization untraced")
+    unwrapped = ctx.unwrap_tensors(operands)
+    with ctx.redispatch_to_next():
+        out = invoke_region(block, *unwrapped)
+    return ctx.wrap_tensors(out)
+
+
+@invoke_region.py_impl(ProxyTorchDispatchMode)
+def _proxy(mode, block, *operands):
+    if block.meta.get(STAGE) != TRACED:
+        raise Unsupported("kiln: a captured block reached the tracer untraced")
+    with disable_proxy_modes_tracing():
+        out = invoke_region(block, *operands)
+    root = mode.tracer.root
+    if not any(m is block for m in root.children()):
+        name = f"kiln_region_{sum(1 for _ in root.children())}"
+        while hasattr(root, name):
+            name += "_"
+        root.register_module(name, block)
+    args = pytree.tree_map(mode.tracer.unwrap_proxy, (block, *operands))
+    proxy = mode.tracer.create_proxy("call_function", invoke_region, args, {})
+    return track_tensor_tree(out, proxy, constant=None, tracer=mode.tracer)
+
+
+@invoke_region.py_impl(DispatchKey.Autograd)
+def _autograd(block, *operands):
+    if block.meta.get(STAGE) == TRACED:
+        with torch._C._AutoDispatchBelowAutograd():
+            return invoke_region(block, *operands)
+    stage = _current()
+    if stage is None:
+        # not in a stage-1 trace: the block's code, where it stands
+        return _run(block, operands)
+    needs_grad = torch.is_grad_enabled() and any(
+        isinstance(t, torch.Tensor) and t.requires_grad for t in operands)
+    traced = stage.traced(block, operands, needs_grad)
+    if not needs_grad:
+        with torch._C._AutoDispatchBelowAutograd():
+            return invoke_region(traced.forward, *operands)
+    return _RegionFunction.apply(traced, *operands)
+
+
+# -- stage 1 ---------------------------------------------------------------------------------------
+
+@dataclass
+class TracedBlock:
+    """A block as stage 1 traced it for one layout of its operands: ``forward`` (the inference
+    graph, or the partitioned forward returning the outputs then the saved values) and
+    ``backward`` (saved values, then the differentiable outputs' tangents -> one gradient per
+    operand; None for inference)."""
+    forward: torch.fx.GraphModule
+    backward: torch.fx.GraphModule | None
+    num_outputs: int
+    differentiable: list[bool]        # per output: it has a tangent
+    output_metas: list                # per output: (shape, dtype, device) of a zero tangent
+    # per saved value: the operand saved as it is (None: the forward returns it)
+    saved_operands: list = field(default_factory=list)
+
+
+class _Stage:
+    """The blocks traced during one stage-1 trace: one TracedBlock per (block, operand layout,
+    grad mode, autocast state)."""
+
+    def __init__(self, decompositions: dict, partition_fn: Callable, fake_mode):
+        self.decompositions = decompositions
+        self.partition_fn = partition_fn
+        self.fake_mode = fake_mode
+        self.blocks: dict = {}
+
+    def traced(self, block: torch.fx.GraphModule, operands: tuple, needs_grad: bool) -> TracedBlock:
+        key = (id(block), needs_grad, _autocast_state(), tuple(_layout(t) for t in operands))
+        found = self.blocks.get(key)
+        if found is None:
+            found = self.blocks[key] = (block, self._trace(block, operands, needs_grad))
+        return found[1]
+
+    def _trace(self, block, operands, needs_grad: bool) -> TracedBlock:
+        with _disable_current_modes(), self.fake_mode, fx_traceback.preserve_node_meta():
+            fakes = [_fresh(t, needs_grad) for t in operands]
+            if not needs_grad:
+                return _trace_inference(block, fakes, self.decompositions)
+            return _trace_training(block, fakes, self.decompositions, self.partition_fn)
+
+
+_STAGES = threading.local()
+
+
+def _current() -> _Stage | None:
+    stack = getattr(_STAGES, "stack", None)
+    return stack[-1] if stack else None
+
+
+@contextlib.contextmanager
+def compiling(decompositions: dict, partition_fn: Callable, fake_mode) -> Iterator[None]:
+    """Within: ``invoke_region`` nodes met by a trace are traced once per block (stage 1)."""
+    stack = _STAGES.__dict__.setdefault("stack", [])
+    stack.append(_Stage(decompositions, partition_fn, fake_mode))
+    try:
+        yield
+    finally:
+        stack.pop()
+
+
+@contextlib.contextmanager
+def inline() -> Iterator[None]:
+    """Within: ``invoke_region`` runs the block's code (no stage-1 tracing)."""
+    stack = _STAGES.__dict__.setdefault("stack", [])
+    stack.append(None)
+    try:
+        yield
+    finally:
+        stack.pop()
+
+
+def _layout(t) -> Any:
+    if isinstance(t, torch.Tensor):
+        return ("t", tuple(str(s) for s in t.shape), tuple(str(s) for s in t.stride()), str(t.dtype),
+                str(t.device), bool(t.requires_grad))
+    return ("v", repr(t))
+
+
+def _autocast_state() -> tuple:
+    return tuple((d, torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in ("cpu", "cuda"))
+
+
+def _fresh(t, needs_grad: bool):
+    """A leaf fake tensor of ``t``'s layout (a functional or traced wrapper left behind)."""
+    if not isinstance(t, torch.Tensor):
+        return t
+    out = torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype, device=t.device)
+    if needs_grad and t.requires_grad:
+        out.requires_grad_(True)
+    return out
+
+
+def _make_fx(fn, args, decompositions) -> torch.fx.GraphModule:
+    with trace_context.preserve_rng_state(), trace_context.no_mkldnn_decompositions(), \
+            FunctionalTensorMode(_allow_token_discovery=True), _torch.lazy_graph_modules():
+        gm = make_fx(fn, decomposition_table=decompositions)(*args)
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target is invoke_region:
+            raise Unsupported("kiln: a repeated block inside another")
+    return gm
+
+
+def _trace_inference(block, fakes: list, decompositions: dict) -> TracedBlock:
+    def inference(*p):
+        with functional_tensors.exclude_functionalize_key():
+            fp = [functional_tensors.to_fun(x) for x in p]
+            with torch.no_grad():
+                outs = _run(block, fp)
+            return [functional_tensors.from_fun(o) for o in outs]
+
+    gm = _make_fx(inference, fakes, decompositions)
+    fx_graphs.remove_aliases(gm)
+    fx_graphs.dce(gm)
+    _unaliased_outputs(gm)
+    gm.meta[STAGE] = TRACED
+    n = len(fx_graphs.flat_outputs(gm.graph))
+    return TracedBlock(gm, None, n, [False] * n, [None] * n)
+
+
+def _trace_training(block, fakes: list, decompositions: dict, partition_fn: Callable) -> TracedBlock:
+    with torch.enable_grad():
+        example = _run(block, fakes)
+    differentiable = [isinstance(o, torch.Tensor) and o.requires_grad for o in example]
+    metas = [(tuple(o.shape), o.dtype, o.device) if isinstance(o, torch.Tensor) else None for o in example]
+    tangents = [torch.empty(tuple(o.shape), dtype=o.dtype, device=o.device)
+                for o, d in zip(example, differentiable) if d]
+    n, m = len(fakes), len(tangents)
+    grad_primals = [i for i, p in enumerate(fakes) if isinstance(p, torch.Tensor) and p.requires_grad]
+
+    def joint(*pt):
+        p, t = pt[:n], pt[n:]
+        with functional_tensors.exclude_functionalize_key():
+            fp = [functional_tensors.to_fun(x) for x in p]
+            ft = [functional_tensors.to_fun(x) for x in t]
+            with torch.enable_grad():
+                outs = _run(block, fp)
+            _mark_forward_nodes()
+            d_outs, d_tangents = [], []
+            tangent_of = iter(ft)
+            for o, d in zip(outs, differentiable):
+                if d:
+                    g = next(tangent_of)
+                    if o.grad_fn is not None:
+                        d_outs.append(o)
+                        d_tangents.append(g)
+            gin = [fp[i] for i in grad_primals]
+            grads: list = [None] * len(gin)
+            if d_outs and gin:
+                with torch._C._DisableAutocast():
+                    grads = list(torch.autograd.grad(d_outs, gin, d_tangents, allow_unused=True))
+            full: list = [None] * n
+            for i, g in zip(grad_primals, grads):
+                full[i] = g
+            return [functional_tensors.from_fun(o) for o in outs] + \
+                [functional_tensors.from_fun(g) if g is not None else None for g in full]
+
+    gm = _make_fx(joint, fakes + tangents, decompositions)
+    fx_graphs.rename_placeholders(gm, [f"primals_{i + 1}" for i in range(n)] +
+                                  [f"tangents_{j + 1}" for j in range(m)])
+    for i, ph in enumerate(p for p in gm.graph.nodes if p.op == "placeholder"):
+        if i >= n:
+            ph.meta["kiln_tangent"] = True
+            ph.meta["kiln_phase"] = "backward"
+        else:
+            ph.meta.update(kiln_primal=True, kiln_static=False, kiln_mutated=False,
+                           kiln_requires_grad=bool(isinstance(fakes[i], torch.Tensor) and fakes[i].requires_grad))
+    for node in gm.graph.nodes:
+        if node.op not in ("placeholder", "output"):
+            node.meta.setdefault("kiln_phase", "backward")
+    fx_graphs.remove_aliases(gm)
+    fx_graphs.dce(gm)
+    gm.recompile()
+    fw, bw = partition_fn(gm, (list(fakes), list(tangents)), num_fwd_outputs=len(example))
+    saved_operands = _operands_saved_as_they_are(fw, len(example))
+    _unaliased_outputs(fw)
+    _unaliased_outputs(bw)
+    fw.meta[STAGE] = bw.meta[STAGE] = TRACED
+    return TracedBlock(fw, bw, len(example), differentiable, metas, saved_operands)
+
+
+def _operands_saved_as_they_are(fw: torch.fx.GraphModule, num_outputs: int) -> list:
+    """Saved values that are the forward's own inputs leave its outputs: the caller saves the
+    operand itself. Returns, per saved value, the operand's index (None: still returned)."""
+    phs = [n for n in fw.graph.nodes if n.op == "placeholder"]
+    out = next(n for n in reversed(fw.graph.nodes) if n.op == "output")
+    values = list(out.args[0])
+    found: list = []
+    kept = values[:num_outputs]
+    for v in values[num_outputs:]:
+        if isinstance(v, torch.fx.Node) and v.op == "placeholder":
+            found.append(phs.index(v))
+        else:
+            found.append(None)
+            kept.append(v)
+    out.args = (tuple(kept),)
+    return found
+
+
+def _unaliased_outputs(gm: torch.fx.GraphModule) -> None:
+    """A block's outputs own their memory: an output that is an input, a view of one or of
+    another output is cloned. (Inductor plans the caller's memory as if each output of a
+    subgraph were a buffer of its own: it would reuse an input's memory once the caller no
+    longer reads it, while the output still aliases it.)"""
+    phs = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    storages = {_storage(p) for p in phs} - {None}
+    out = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    values = list(out.args[0])
+    changed = False
+    for i, v in enumerate(values):
+        if not isinstance(v, torch.fx.Node):
+            continue
+        s = _storage(v)
+        if s is None:
+            continue
+        if s in storages:
+            with gm.graph.inserting_before(out):
+                c = gm.graph.call_function(torch.ops.aten.clone.default, (v,))
+            c.meta["val"] = v.meta["val"].clone()
+            values[i] = c
+            changed = True
+        else:
+            storages.add(s)
+    if changed:
+        out.args = (tuple(values),)
+    gm.recompile()
+
+
+def _storage(n: torch.fx.Node):
+    v = n.meta.get("val")
+    if isinstance(v, torch.Tensor):
+        from torch.multiprocessing.reductions import StorageWeakRef
+        return StorageWeakRef(v.untyped_storage())
+    return None
+
+
+def _mark_forward_nodes() -> None:
+    from torch.fx.experimental.proxy_tensor import get_proxy_mode
+
+    mode = get_proxy_mode()
+    if mode is not None:
+        for n in mode.tracer.graph.nodes:
+            n.meta.setdefault("kiln_phase", "forward")
+
+
+class _RegionFunction(torch.autograd.Function):
+    """One call of a traced block in a joint trace: its forward node now, its backward node
+    when the joint's backward reaches it."""
+
+    @staticmethod
+    def forward(ctx, traced: TracedBlock, *operands):
+        with torch._C._AutoDispatchBelowAutograd():
+            res = invoke_region(traced.forward, *operands)
+        outs, returned = res[:traced.num_outputs], iter(res[traced.num_outputs:])
+        saved = [next(returned) if i is None else operands[i] for i in traced.saved_operands]
+        tensors = [s for s in saved if isinstance(s, torch.Tensor)]
+        ctx.save_for_backward(*tensors)
+        ctx.others = [None if isinstance(s, torch.Tensor) else s for s in saved]
+        ctx.traced = traced
+        ctx.num_operands = len(operands)
+        ctx.mark_non_differentiable(*[o for o, d in zip(outs, traced.differentiable)
+                                      if not d and isinstance(o, torch.Tensor)])
+        return tuple(outs)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        traced = ctx.traced
+        tensors = iter(ctx.saved_tensors)
+        saved = [next(tensors) if s is None else s for s in ctx.others]
+        tangents = []
+        for g, d, meta in zip(grads, traced.differentiable, traced.output_metas):
+            if not d:
+                continue
+            if g is None:
+                shape, dtype, device = meta
+                g = torch.zeros(shape, dtype=dtype, device=device)
+            tangents.append(g.contiguous())
+        res = invoke_region(traced.backward, *saved, *tangents)
+        return (None, *res[:ctx.num_operands])
+
+
+# -- Inductor ------------------------------------------------------------------------------------
+
+def has_regions(gm: torch.fx.GraphModule) -> bool:
+    return any(n.op == "call_function" and n.target is invoke_region for n in gm.graph.nodes)
+
+
+def to_inductor(gm: torch.fx.GraphModule) -> None:
+    """Rewrite ``invoke_region(block, *operands)`` into torch's ``invoke_subgraph(block, name,
+    *operands)``, which Inductor lowers once per subgraph attribute and calls per node. Each
+    block is copied first: Inductor rewrites the graphs it compiles."""
+    copied: set = set()
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target is invoke_region:
+            block = node.args[0]
+            if block.target not in copied:
+                copied.add(block.target)
+                setattr(gm, block.target, fx_graphs.copy_graph_module(getattr(gm, block.target)))
+            node.target = torch.ops.higher_order.invoke_subgraph
+            node.args = (block, f"kiln_{block.target}", *node.args[1:])
+    gm.recompile()
+
+
+__all__ = ["invoke_region", "compiling", "inline", "has_regions", "to_inductor", "STAGE", "CAPTURED",
+           "TRACED", "TracedBlock"]
