@@ -14,7 +14,7 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from ...errors import FrameRunsEagerly, Unsupported
-from .base import Value
+from .base import ConstantValue, Value
 from .containers import ListValue, TupleValue
 from .subgraphs import mutated_operands, new_nodes, subgraph
 from .tensor import TensorValue
@@ -186,3 +186,31 @@ def numel(fake: torch.Tensor):
             return None     # a symbolic size: not known to be one element
         n *= d
     return n
+
+
+def first_slices(tx, xs: list[TensorValue]) -> list[TensorValue]:
+    """``x[0]`` of each tensor, a copy (``torch.select_copy``, as torch's scan and map trace
+    their bodies): the operands a body is traced on where it runs on slices. The nodes are
+    temporary (``erase_operand_nodes``)."""
+    zero = ConstantValue(0)
+    return [tx.output.call_op("call_function", torch.select_copy, (x, zero, zero), {}) for x in xs]
+
+
+def fresh_copies(tx, ts: list[TensorValue]) -> list[TensorValue]:
+    """A clone of each tensor: the operands a body is traced on where they stand for values
+    that change from step to step (a scan's carry), so that a closure reading the initial
+    tensor itself is not mistaken for the carry. The nodes are temporary."""
+    return [tx.output.call_op("call_function", torch.clone, (t,), {}) for t in ts]
+
+
+def erase_operand_nodes(tx, operands: list[TensorValue]) -> None:
+    """The temporary operand nodes, once the body that read them is in its subgraph."""
+    for v in reversed(operands):
+        if not v.node.users:
+            tx.output.graph.erase_node(v.node)
+
+
+def call_on_graph(tx, fn, *args) -> Value:
+    """``fn(*args)`` as a node of the capture's graph (args: values or Python constants)."""
+    return tx.output.call_op("call_function", fn,
+                             tuple(a if isinstance(a, Value) else ConstantValue(a) for a in args), {})
