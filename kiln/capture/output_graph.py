@@ -111,7 +111,7 @@ class OutputGraph:
         # checks on load that their code is still the same (kiln/package/identity.py)
         self.inlined: dict = {}
         self.recompute_regions = 0   # checkpointed calls captured (values/checkpoint.py numbers them)
-        self.control_flow_ops = 0    # torch.cond and while_loop calls captured (numbering their subgraphs)
+        self.control_flow_ops = 0    # torch.cond, while_loop, scan and map calls captured (numbering their subgraphs)
         self._constant_nodes: dict[str, torch.fx.Node] = {}
         # autocast's dtype is not part of the tensor dispatch keys that TENSOR_MATCH checks:
         # a capture that starts inside autocast also guards the autocast state
