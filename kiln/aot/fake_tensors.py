@@ -20,10 +20,14 @@ def new_fake_mode(gm: torch.fx.GraphModule | None = None) -> FakeTensorMode:
     return FakeTensorMode(allow_non_fake_inputs=True)
 
 
+# loops whose fake implementations (or Inductor's lowering, a while_loop) make sizes known
+# only at run time
+_LOOPS = (torch.ops.higher_order.while_loop, torch.ops.higher_order.scan, torch.ops.higher_order.map_impl)
+
+
 def _calls_while_loop(gm) -> bool:
     graph = getattr(gm, "graph", None)
-    return graph is not None and any(n.op == "call_function" and n.target is torch.ops.higher_order.while_loop
-                                     for n in graph.nodes)
+    return graph is not None and any(n.op == "call_function" and n.target in _LOOPS for n in graph.nodes)
 
 
 # A static graph loaded from an artifact (``export.graph_from_data``) gets its placeholders'

@@ -34,7 +34,11 @@ from .partition import partition_capture
 from .state import AOTState, U_DATA_DEPENDENT
 
 # higher-order ops an ATen graph may call: their branches are ATen subgraphs (get_attr)
-HIGHER_ORDER_OPS = (torch.ops.higher_order.cond, torch.ops.higher_order.while_loop, regions.invoke_region)
+# higher-order ops whose subgraphs make_fx traces into ATen (the capture's control flow and
+# scans), and kiln's repeated blocks (regions.py: traced once per block)
+HIGHER_ORDER_OPS = (torch.ops.higher_order.cond, torch.ops.higher_order.while_loop,
+                    torch.ops.higher_order.scan, torch.ops.higher_order.associative_scan,
+                    torch.ops.higher_order.map_impl, regions.invoke_region)
 
 
 @dataclass
@@ -388,7 +392,7 @@ def _trace(state: AOTState, f, args) -> torch.fx.GraphModule:
     except U_DATA_DEPENDENT as e:
         raise Unsupported(f"AOT autograd: data-dependent operation ({type(e).__name__}: {e})") from e
     for node in gm.graph.nodes:
-        # (a higher-order op, torch.cond or while_loop: make_fx traced its subgraphs into ATen)
+        # (a higher-order op, torch.cond, while_loop, a scan or map: make_fx traced its subgraphs into ATen)
         if node.op == "call_function" and not isinstance(node.target, torch._ops.OpOverload) \
                 and node.target not in HIGHER_ORDER_OPS and not symbolic.is_sym_function(node.target):
             raise Unsupported(f"AOT autograd: the traced graph calls {node.target}, which is not an ATen op")

@@ -155,11 +155,15 @@ def version_checks(forward: torch.fx.GraphModule, backward: torch.fx.GraphModule
 
 class _Saved:
     """What the recording pack hook stores in place of a saved tensor: it lives exactly as
-    long as the autograd node that saved it (the nodes of dead values die with them)."""
-    __slots__ = ("storage", "__weakref__")
+    long as the autograd node that saved it (the nodes of dead values die with them). It
+    holds the tensor detached (no reference back to the node): a backward run inside the
+    function itself (torch's scan builds its joint graph with autograd as it runs) unpacks
+    it."""
+    __slots__ = ("storage", "tensor", "__weakref__")
 
-    def __init__(self, storage):
+    def __init__(self, storage, tensor):
         self.storage = storage
+        self.tensor = tensor
 
 
 class Recording:
@@ -217,14 +221,16 @@ def recording_saves():
     rec = Recording()
 
     def pack(t):
-        tok = _Saved(StorageWeakRef(t.untyped_storage()) if isinstance(t, torch.Tensor) else None)
+        is_tensor = isinstance(t, torch.Tensor)
+        tok = _Saved(StorageWeakRef(t.untyped_storage()) if is_tensor else None,
+                     t.detach() if is_tensor else t)
         rec.tokens.append(weakref.ref(tok))
         return tok
 
     def unpack(tok):
-        if not rec.probing:     # pragma: no cover (no backward runs while recording)
-            raise RuntimeError("kiln.aot: a recorded saved tensor was unpacked")
-        return torch.empty(0)   # (``saves_below`` asks only whether something is saved)
+        if rec.probing:
+            return torch.empty(0)   # (``saves_below`` asks only whether something is saved)
+        return tok.tensor
 
     set_tracing = getattr(torch._C._autograd, "_saved_tensors_hooks_set_tracing", None)
     prior = set_tracing(False) if set_tracing is not None else None

@@ -111,7 +111,7 @@ class OutputGraph:
         # checks on load that their code is still the same (kiln/package/identity.py)
         self.inlined: dict = {}
         self.recompute_regions = 0   # checkpointed calls captured (values/checkpoint.py numbers them)
-        self.control_flow_ops = 0    # torch.cond and while_loop calls captured (numbering their subgraphs)
+        self.control_flow_ops = 0    # torch.cond, while_loop, scan and map calls captured (numbering their subgraphs)
         # calls of candidate repeated blocks (regions.py): their nodes, outlined when the graph is done
         self.region_spans: list = []
         self.region_open = False

@@ -297,6 +297,9 @@ class GraphCompile:
                         self.records[kind] = pieces
                     return split
             try:
+                untrusted = untrusted_lowering(gm, kind)
+                if untrusted is not None:
+                    raise RuntimeError(untrusted)
                 with self.progress, self.progress.phase(f"Inductor, graph {which}"):
                     compiled = self._inductor(gm, list(example_inputs), kind)
             except Exception as e:
@@ -521,6 +524,17 @@ def decomposition_table() -> dict:
             continue
         table[op] = fn
     return table
+
+
+def untrusted_lowering(gm: torch.fx.GraphModule, kind: str) -> str | None:
+    """Why Inductor must not compile ``gm``, where its lowering of an op in it is known to
+    give wrong values (None: none known). A backward graph calling ``scan`` (the scan of the
+    gradients): Inductor's scan lowering drops the gradient that flows in through the final
+    carry (torch.compile's own Inductor gives the same wrong gradients)."""
+    if kind == "backward" and any(n.op == "call_function" and n.target is torch.ops.higher_order.scan
+                                  for n in gm.graph.nodes):
+        return "Inductor's scan lowering gives wrong gradients through a scan's final carry"
+    return None
 
 
 def mark_donated_placeholders(gm: torch.fx.GraphModule, donated: list[int]) -> None:

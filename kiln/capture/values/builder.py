@@ -22,6 +22,9 @@ from .base import CONSTANT_TYPES, ConstantValue, Value, is_constant_object, is_t
 from .builtins import _HANDLERS, BuiltinValue
 from .checkpoint import CHECKPOINT, call_checkpoint
 from .higher_order_cond import COND_FUNCTIONS, call_cond
+from .higher_order_associative_scan import ASSOCIATIVE_SCAN_FUNCTIONS, call_associative_scan
+from .higher_order_map import MAP_FUNCTIONS, call_map
+from .higher_order_scan import SCAN_FUNCTIONS, call_scan
 from .higher_order_while import WHILE_LOOP_FUNCTIONS, call_while_loop
 from .modelled_functions import ModelledFunctionValue
 from .environ import EnvironValue
@@ -143,6 +146,13 @@ def wrap_callable(fn, source) -> Value:
         return ModelledFunctionValue(fn, source, "torch.cond", call_cond)
     if fn in WHILE_LOOP_FUNCTIONS:
         return ModelledFunctionValue(fn, source, "torch.while_loop", call_while_loop)
+    if fn in SCAN_FUNCTIONS:
+        return ModelledFunctionValue(fn, source, "torch._higher_order_ops.scan", call_scan)
+    if fn in ASSOCIATIVE_SCAN_FUNCTIONS:
+        return ModelledFunctionValue(fn, source, "torch._higher_order_ops.associative_scan",
+                                     call_associative_scan)
+    if fn in MAP_FUNCTIONS:
+        return ModelledFunctionValue(fn, source, "torch._higher_order_ops.map", call_map)
     if is_torch_op(fn):
         return TorchOpValue(fn, source)
     if isinstance(fn, types.FunctionType):

@@ -19,7 +19,7 @@ import torch
 from ...errors import Unsupported
 from .base import Value
 from .containers import BaseSequenceValue, TupleValue
-from .higher_order_cond import fake_call, move_to_subgraphs, numel, tensor_mismatch, trace_branch
+from .higher_order_bodies import fake_call, move_to_subgraphs, numel, tensor_mismatch, trace_branch
 from .tensor import TensorValue
 
 WHILE_LOOP_FUNCTIONS = (torch.while_loop,)   # (torch._higher_order_ops.while_loop is the same function)

@@ -1,0 +1,160 @@
+"""``torch._higher_order_ops.associative_scan(combine_fn, xs, dim, reverse=False,
+combine_mode="pointwise")`` in compiled code: a higher-order op node.
+
+torch's wrapper is not traced. ``combine_fn(a, b)`` is inlined once on two copies of ``x[0]``
+of each ``xs`` leaf (moved to scan along dimension 0, flipped for ``reverse``), moved into a
+GraphModule taking the flat left slices, the right slices, then what it reads from outside,
+and the graph gets one ``torch.ops.higher_order.associative_scan(combine_gm, xs,
+additional_inputs)`` node; its outputs are flipped back and moved to ``dim``.
+
+The op applies ``combine_fn`` to whole strided slices of ``xs`` at once. Eager's
+``combine_mode="generic"`` applies it through ``torch.vmap`` instead; the two agree for a
+pointwise function, so kiln captures only a ``combine_fn`` whose every operation is pointwise
+(ATen's ``pointwise`` tag) and that reads no sizes. ``combine_mode="pointwise"`` needs CUDA or
+XPU tensors (eager rejects others). torch's op has autograd for ``xs`` but not for tensors the
+function reads from outside: with grad mode on and one of those requiring grad, the call is
+refused.
+
+Also refused (the call runs natively; an error under fullgraph): leaves of ``xs`` that are not
+tensors, lack ``dim``, are empty along it or differ in shape; ``combine_fn`` returning another
+structure than ``xs`` or tensors of other dtypes, devices, shapes or strides than a slice;
+outputs that alias inputs or each other; Python side effects, in-place writes, grad-mode
+changes.
+"""
+from __future__ import annotations
+
+import torch
+from torch._higher_order_ops.associative_scan import associative_scan as _associative_scan
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from ...errors import Unsupported
+from .base import Value
+from .higher_order_bodies import (
+    call_on_graph, erase_operand_nodes, fake_call, first_slices, move_to_subgraphs,
+    refuse_outputs_aliasing_each_other, same_strides, tensor_mismatch, trace_branch,
+)
+from .higher_order_scan import scan_dimension
+from .value_trees import describe_structure, flatten_tensors, unflatten
+
+ASSOCIATIVE_SCAN_FUNCTIONS = (_associative_scan,)
+ASSOCIATIVE_SCAN_OP = torch.ops.higher_order.associative_scan
+
+_PARAMETERS = ("combine_fn", "xs", "dim", "reverse", "combine_mode")
+_MODES = ("pointwise", "generic")
+
+
+def call_associative_scan(tx, args: list[Value], kwargs: dict[str, Value]) -> Value:
+    bound = _bind(args, kwargs)
+    dim = _constant(bound["dim"], int, "dim")
+    reverse = _constant(bound["reverse"], bool, "reverse") if "reverse" in bound else False
+    mode = _constant(bound["combine_mode"], str, "combine_mode") if "combine_mode" in bound else "pointwise"
+    if mode not in _MODES:
+        raise Unsupported(f"associative_scan with combine_mode={mode!r} (eager rejects it)")
+    leaves, structure = flatten_tensors(bound["xs"], "an associative_scan xs")
+    if not leaves:
+        raise Unsupported("associative_scan without tensors (eager rejects it)")
+    if mode == "pointwise" and not all(x.fake.device.type in ("cuda", "xpu") for x in leaves):
+        raise Unsupported("associative_scan with combine_mode='pointwise' on tensors not on CUDA or "
+                          "XPU (eager rejects it)")
+    dim = scan_dimension(leaves, dim, "associative_scan")
+    if len({tuple(str(d) for d in x.fake.shape) for x in leaves}) > 1:
+        raise Unsupported("associative_scan of tensors of different shapes")
+
+    steps = [x if dim == 0 else call_on_graph(tx, torch.movedim, x, dim, 0) for x in leaves]
+    if reverse:
+        steps = [call_on_graph(tx, torch.flip, x, [0]) for x in steps]
+    # the op's fake implementation gives its outputs the strides of xs, its dense one makes
+    # them contiguous: contiguous xs keep the two alike (the values are the same)
+    steps = [tx.output.call_op("call_method", "contiguous", (x,), {}) for x in steps]
+    lhs, rhs = first_slices(tx, steps), first_slices(tx, steps)
+    body = trace_branch(tx, "combine", "an associative_scan combine_fn", bound["combine_fn"], lhs + rhs,
+                        call_args=[unflatten(structure, lhs), unflatten(structure, rhs)], nested=True)
+    if body.structure != structure:
+        raise Unsupported(f"an associative_scan combine_fn returning {describe_structure(body.structure)} "
+                          f"for xs of structure {describe_structure(structure)}")
+    for i, (out, x) in enumerate(zip(body.outputs, lhs)):
+        reason = tensor_mismatch(out.fake, x.fake)
+        if reason is None and not same_strides(out.fake, x.fake):
+            reason = f"strides ({out.fake.stride()} and {x.fake.stride()})"
+        if reason is not None:
+            raise Unsupported(f"an associative_scan combine_fn returning output {i} and a slice of "
+                              f"xs {i} of different {reason}")
+    refuse_outputs_aliasing_each_other(body)
+
+    output = tx.output
+    output.control_flow_ops += 1
+    operands = lhs + rhs
+    inputs, (gm,) = move_to_subgraphs(tx, [body], [o.node for o in operands],
+                                      [f"AssociativeScanCombine{output.control_flow_ops}"], "associative_scan")
+    erase_operand_nodes(tx, operands)
+    additional = inputs[len(operands):]
+    fakes = [n.meta["example_value"] for n in additional]
+    if torch.is_grad_enabled() and additional and \
+            any(isinstance(t, torch.Tensor) and t.requires_grad for t in [*fakes, *(x.fake for x in steps)]):
+        raise Unsupported("an associative_scan in training whose combine_fn reads tensors from outside "
+                          "(torch's associative_scan has no gradients for them)")
+    _refuse_non_pointwise(tx, gm, [o.fake for o in operands] + fakes)
+    fake_outs = fake_call(tx, ASSOCIATIVE_SCAN_OP, (gm, [x.fake for x in steps], tuple(fakes)), "associative_scan")
+    node = output._op_node("call_function", ASSOCIATIVE_SCAN_OP,
+                           (output.constant_node(gm), [x.node for x in steps], tuple(additional)), {})
+    items = list(output._wrap_result(node, tuple(fake_outs)).items)
+    if reverse:
+        items = [call_on_graph(tx, torch.flip, y, [0]) for y in items]
+    if dim != 0:
+        items = [call_on_graph(tx, torch.movedim, y, 0, dim) for y in items]
+    return unflatten(structure, items)
+
+
+class _AtenOps(TorchDispatchMode):
+    """Records the ATen ops run under it."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops: list = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(func)
+        return func(*args, **(kwargs or {}))
+
+
+def _refuse_non_pointwise(tx, gm: torch.fx.GraphModule, fake_inputs: list) -> None:
+    """The op applies ``gm`` to batches of slices: only pointwise ATen ops and no size reads
+    (a size of a slice would become a size of the batch) keep that equal to per-slice calls."""
+    for n in gm.graph.nodes:
+        if n.op in ("call_function", "call_method") and \
+                not isinstance(n.meta.get("example_value"), torch.Tensor):
+            raise Unsupported("an associative_scan combine_fn that reads sizes or makes non-tensor "
+                              "values (kiln captures pointwise functions)")
+    recorder = _AtenOps()
+    try:
+        with tx.output.fake_mode, recorder:
+            gm(*fake_inputs)
+    except Exception as e:
+        raise Unsupported(f"an associative_scan combine_fn kiln could not run on fake tensors "
+                          f"({type(e).__name__})") from e
+    for op in recorder.ops:
+        # (``prim`` ops read metadata: a tensor's device)
+        if getattr(op, "namespace", None) != "prim" and torch.Tag.pointwise not in getattr(op, "tags", ()):
+            raise Unsupported(f"an associative_scan combine_fn calling {op} (kiln captures pointwise "
+                              "functions: the op applies them to many slices at once)")
+
+
+def _constant(v: Value, kind: type, name: str):
+    if not v.is_constant() or type(v.as_constant()) is not kind:
+        raise Unsupported(f"associative_scan with {name}={v.describe()} (kiln captures a Python "
+                          f"{kind.__name__})")
+    return v.as_constant()
+
+
+def _bind(args: list[Value], kwargs: dict[str, Value]) -> dict[str, Value]:
+    if len(args) > len(_PARAMETERS):
+        raise Unsupported("associative_scan with more than five arguments (eager rejects it)")
+    bound = dict(zip(_PARAMETERS, args))
+    for k, v in kwargs.items():
+        if k not in _PARAMETERS or k in bound:
+            raise Unsupported(f"associative_scan with argument {k!r} (eager rejects it)")
+        bound[k] = v
+    missing = [p for p in _PARAMETERS[:3] if p not in bound]
+    if missing:
+        raise Unsupported(f"associative_scan without {', '.join(missing)}")
+    return bound
