@@ -112,6 +112,9 @@ class OutputGraph:
         self.inlined: dict = {}
         self.recompute_regions = 0   # checkpointed calls captured (values/checkpoint.py numbers them)
         self.control_flow_ops = 0    # torch.cond and while_loop calls captured (numbering their subgraphs)
+        # while a flex_attention score_mod/mask_mod is traced: how ``tensor[index]`` is captured
+        # there (see values/higher_order_flex.py), or None
+        self.subgraph_getitem = None
         self._constant_nodes: dict[str, torch.fx.Node] = {}
         # autocast's dtype is not part of the tensor dispatch keys that TENSOR_MATCH checks:
         # a capture that starts inside autocast also guards the autocast state

@@ -22,6 +22,7 @@ from .base import CONSTANT_TYPES, ConstantValue, Value, is_constant_object, is_t
 from .builtins import _HANDLERS, BuiltinValue
 from .checkpoint import CHECKPOINT, call_checkpoint
 from .higher_order_cond import COND_FUNCTIONS, call_cond
+from .higher_order_flex import flex_capture
 from .higher_order_while import WHILE_LOOP_FUNCTIONS, call_while_loop
 from .modelled_functions import ModelledFunctionValue
 from .environ import EnvironValue
@@ -143,6 +144,9 @@ def wrap_callable(fn, source) -> Value:
         return ModelledFunctionValue(fn, source, "torch.cond", call_cond)
     if fn in WHILE_LOOP_FUNCTIONS:
         return ModelledFunctionValue(fn, source, "torch.while_loop", call_while_loop)
+    flex = flex_capture(fn)   # flex_attention: a higher-order op node with score_mod/mask_mod subgraphs
+    if flex is not None:
+        return ModelledFunctionValue(fn, source, *flex)
     if is_torch_op(fn):
         return TorchOpValue(fn, source)
     if isinstance(fn, types.FunctionType):
