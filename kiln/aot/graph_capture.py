@@ -34,7 +34,8 @@ from .partition import partition_capture
 from .state import AOTState, U_DATA_DEPENDENT
 
 # higher-order ops an ATen graph may call: their branches are ATen subgraphs (get_attr)
-HIGHER_ORDER_OPS = (torch.ops.higher_order.cond, torch.ops.higher_order.while_loop)
+HIGHER_ORDER_OPS = (torch.ops.higher_order.cond, torch.ops.higher_order.while_loop,
+                    torch.ops.higher_order.flex_attention, torch.ops.higher_order.flex_attention_backward)
 
 
 @dataclass

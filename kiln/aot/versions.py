@@ -28,6 +28,7 @@ import weakref
 
 import torch
 import torch.fx
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from . import fx_graphs
@@ -217,11 +218,18 @@ def recording_saves():
     rec = Recording()
 
     def pack(t):
+        if isinstance(t, FakeTensor):
+            # a plain fake tensor, outside functionalization: a higher-order op's own
+            # implementation tracing its subgraph's backward (flex_attention's score_mod joint
+            # graph), which unpacks what it saves. Not the function's autograd graph.
+            return t
         tok = _Saved(StorageWeakRef(t.untyped_storage()) if isinstance(t, torch.Tensor) else None)
         rec.tokens.append(weakref.ref(tok))
         return tok
 
     def unpack(tok):
+        if isinstance(tok, torch.Tensor):
+            return tok
         if not rec.probing:     # pragma: no cover (no backward runs while recording)
             raise RuntimeError("kiln.aot: a recorded saved tensor was unpacked")
         return torch.empty(0)   # (``saves_below`` asks only whether something is saved)

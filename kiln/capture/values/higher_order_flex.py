@@ -169,7 +169,10 @@ def _empty_block_mask(tx, mod, q: TensorValue) -> TupleValue:
     items = []
     for item in real[:-1]:
         if isinstance(item, torch.Tensor):
-            items.append(tx.output.call_op("call_function", torch.tensor, (ConstantValue(item.tolist()),),
+            if not bool((item == item.flatten()[0]).all()):
+                raise Unsupported("torch's default BlockMask is not made of constant-filled tensors")
+            items.append(tx.output.call_op("call_function", torch.full,
+                                           (ConstantValue(list(item.shape)), ConstantValue(item.flatten()[0].item())),
                                            {"dtype": ConstantValue(item.dtype),
                                             "device": ConstantValue(q.fake.device)}))
         else:
