@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+from torch.nn.attention.flex_attention import AuxRequest, create_block_mask, flex_attention
 
 import kiln
 from kiln.errors import Unsupported
@@ -177,6 +177,17 @@ def test_scale_and_return_lse():
     q, k, v = _qkv()
     assert_same(compiled(q, k, v), f(q, k, v), **TOL)
     assert _flex_nodes(counter.graphs[0])[0].args[5] == 0.5
+
+
+def test_return_aux_lse():
+    def f(q, k, v):
+        out, aux = flex_attention(q, k, v, score_mod=causal_score, return_aux=AuxRequest(lse=True))
+        return out, aux.lse, aux.max_scores
+
+    q, k, v = _qkv()
+    out, lse, max_scores = kiln.compile(f, fullgraph=True, backend="aot_eager")(q, k, v)
+    assert max_scores is None
+    assert_same((out, lse), f(q, k, v)[:2], **TOL)
 
 
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])

@@ -275,7 +275,8 @@ def _constant(v, what: str):
         return {key: _constant(item, what) for key, item in v.items.items()}
     v = specialize(v)
     if isinstance(v, TupleValue):
-        v = TupleValue([specialize(i) for i in v.items])
+        items = [_constant(i, what) for i in v.items]
+        return v.cls._make(items) if hasattr(v.cls, "_make") else tuple(items)   # (AuxRequest)
     if not v.is_constant():
         raise Unsupported(f"flex_attention {what} {v.describe()} (kiln captures a constant)")
     return v.as_constant()
@@ -304,7 +305,6 @@ def _check_inputs(mod, q, k, v, enable_gqa) -> None:
         raise Unsupported("flex_attention with query and key of different embedding sizes (eager rejects it)")
     if not enable_gqa and hq != hkv or enable_gqa and hq % hkv != 0:
         raise Unsupported("flex_attention with query and key head counts eager rejects")
-    _static(v.size(1))
     if q.size(0) != k.size(0):
         raise Unsupported("flex_attention with query and key of different batch sizes")
 
