@@ -111,7 +111,7 @@ class OutputGraph:
         # checks on load that their code is still the same (kiln/package/identity.py)
         self.inlined: dict = {}
         self.recompute_regions = 0   # checkpointed calls captured (values/checkpoint.py numbers them)
-        self.control_flow_ops = 0    # torch.cond and while_loop calls captured (numbering their subgraphs)
+        self.control_flow_ops = 0    # cond, while_loop and flex_attention calls captured (numbering their subgraphs)
         # while a flex_attention score_mod/mask_mod is traced: how ``tensor[index]`` is captured
         # there (see values/higher_order_flex.py), or None
         self.subgraph_getitem = None

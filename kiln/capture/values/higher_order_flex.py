@@ -113,13 +113,14 @@ def call_flex_attention(tx, args: list[Value], kwargs: dict[str, Value]) -> Valu
         scale = 1.0 / math.sqrt(_static(q.fake.size(-1)))
     try:
         with tx.output.fake_mode:
-            options = mod._apply_kernel_options(q.fake, k.fake, v.fake, return_lse, options, return_aux)
+            options = _private(mod, "_apply_kernel_options")(q.fake, k.fake, v.fake, return_lse, options,
+                                                              return_aux)
     except Exception as e:
         raise Unsupported(f"flex_attention kernel_options eager rejects ({type(e).__name__}: {e})") from e
 
     score_mod = bound.get("score_mod", ConstantValue(None))
     if score_mod.is_constant() and score_mod.as_constant() is None:
-        score_mod = tx.output.builder.wrap(mod._identity, None)
+        score_mod = tx.output.builder.wrap(_private(mod, "_identity"), None)
     output = tx.output
     output.control_flow_ops += 1
     index = output.control_flow_ops
@@ -149,7 +150,7 @@ def _finalize(tx, out, lse, max_scores, return_lse, return_aux, options, mod) ->
     stats_are_log2 = options.get("BACKEND") != "FLASH"
 
     def scaled(stat, wanted):
-        if not wanted or _static(stat.fake.numel()) == 0:
+        if not wanted or bool(stat.fake.numel() == 0):   # (a guard, not a specialization)
             return ConstantValue(None)
         if not stats_are_log2:
             return stat
@@ -165,7 +166,7 @@ def _empty_block_mask(tx, mod, q: TensorValue) -> TupleValue:
     """The wrapper's mask when none is given (one block spanning every query and key, made of
     constant int32 tensors, ``noop_mask``), as its ``as_tuple()``; its tensors are made in the
     graph. torch makes it as a function of the query's device alone."""
-    real = mod._create_empty_block_mask(torch.empty(0), torch.empty(0)).as_tuple()
+    real = _private(mod, "_create_empty_block_mask")(torch.empty(0), torch.empty(0)).as_tuple()
     items = []
     for item in real[:-1]:
         if isinstance(item, torch.Tensor):
@@ -216,7 +217,7 @@ def _trace_mod(tx, fn: Value, q: TensorValue, is_score: bool, class_name: str):
     inputs = [(f"arg{i}", n) for i, n in enumerate(scalar_nodes + buffers)]
     gm = subgraph(inputs, branch.region, [branch.outputs[0].node], class_name, output.constant_attrs)
     out = gm.graph.output_node()
-    out.args = (out.args[0][0],)     # a score_mod returns one tensor, not a tuple
+    out.args = (out.args[0][0],)     # a score_mod or mask_mod returns one tensor, not a tuple
     gm.recompile()
     for n in reversed(branch.region):
         output.graph.erase_node(n)
@@ -252,6 +253,16 @@ def index_by_scalar_tensors(tx, tensor: TensorValue, index: Value) -> Value | No
         raise Unsupported(f"indexing in a flex_attention score_mod/mask_mod ({type(e).__name__}: {e})") from e
     node = output._op_node("call_function", operator.getitem, (tensor.node, output.to_fx(index)), {})
     return output._wrap_result(node, result)
+
+
+def _private(mod, name: str):
+    """A helper of torch's wrapper that kiln uses to compute what it computes (the default mask,
+    the kernel options); one a torch version lacks leaves the call to eager."""
+    found = getattr(mod, name, None)
+    if found is None:
+        raise Unsupported(f"flex_attention: this torch has no {FLEX_MODULE}.{name}, which kiln's "
+                          "model of the wrapper uses")
+    return found
 
 
 def _bind(fn, args: list[Value], kwargs: dict[str, Value]) -> dict[str, Value]:
@@ -319,7 +330,7 @@ def _check_mask_lengths(tx, mod, block_mask: Value, q, k) -> None:
     block = block_mask.getattr(tx, "BLOCK_SIZE")
     lengths = block_mask.getattr(tx, "seq_lengths")
     block, lengths = _constant(block, "BLOCK_SIZE"), _constant(lengths, "seq_lengths")
-    large = mod._LARGE_SPARSE_BLOCK_SIZE
+    large = _private(mod, "_LARGE_SPARSE_BLOCK_SIZE")
     if tuple(block) == (large, large):
         return
     if (q.size(-2), k.size(-2)) != tuple(lengths):
