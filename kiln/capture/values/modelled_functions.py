@@ -1,6 +1,7 @@
 """Torch functions that take functions and that the capture models itself instead of tracing
 torch's wrapper around them: ``torch.utils.checkpoint.checkpoint`` (a recompute region),
-``torch.cond`` and ``torch.while_loop`` (higher-order op nodes with subgraphs)."""
+``torch.cond``, ``torch.while_loop`` and ``flex_attention`` (higher-order op nodes with
+subgraphs), and ``create_block_mask`` (a graph break with its reason)."""
 from __future__ import annotations
 
 from typing import Callable
