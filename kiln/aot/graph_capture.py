@@ -34,11 +34,12 @@ from .partition import partition_capture
 from .state import AOTState, U_DATA_DEPENDENT
 
 # higher-order ops an ATen graph may call: their branches are ATen subgraphs (get_attr)
-# higher-order ops whose subgraphs make_fx traces into ATen (the capture's control flow and
-# scans), and kiln's repeated blocks (regions.py: traced once per block)
+# higher-order ops whose subgraphs make_fx traces into ATen (the capture's control flow, scans
+# and flex_attention), and kiln's repeated blocks (regions.py: traced once per block)
 HIGHER_ORDER_OPS = (torch.ops.higher_order.cond, torch.ops.higher_order.while_loop,
                     torch.ops.higher_order.scan, torch.ops.higher_order.associative_scan,
-                    torch.ops.higher_order.map_impl, regions.invoke_region)
+                    torch.ops.higher_order.map_impl, torch.ops.higher_order.flex_attention,
+                    torch.ops.higher_order.flex_attention_backward, regions.invoke_region)
 
 
 @dataclass

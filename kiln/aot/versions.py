@@ -28,6 +28,7 @@ import weakref
 
 import torch
 import torch.fx
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from . import fx_graphs
@@ -221,6 +222,11 @@ def recording_saves():
     rec = Recording()
 
     def pack(t):
+        if isinstance(t, FakeTensor):
+            # a plain fake tensor, outside functionalization: a higher-order op's own
+            # implementation tracing its subgraph's backward (flex_attention's score_mod joint
+            # graph), which unpacks what it saves. Not the function's autograd graph.
+            return t
         is_tensor = isinstance(t, torch.Tensor)
         tok = _Saved(StorageWeakRef(t.untyped_storage()) if is_tensor else None,
                      t.detach() if is_tensor else t)
@@ -228,6 +234,8 @@ def recording_saves():
         return tok
 
     def unpack(tok):
+        if isinstance(tok, torch.Tensor):
+            return tok
         if rec.probing:
             return torch.empty(0)   # (``saves_below`` asks only whether something is saved)
         return tok.tensor

@@ -111,10 +111,13 @@ class OutputGraph:
         # checks on load that their code is still the same (kiln/package/identity.py)
         self.inlined: dict = {}
         self.recompute_regions = 0   # checkpointed calls captured (values/checkpoint.py numbers them)
-        self.control_flow_ops = 0    # torch.cond, while_loop, scan and map calls captured (numbering their subgraphs)
+        self.control_flow_ops = 0    # cond, while_loop, scan, map and flex_attention calls captured (numbering their subgraphs)
         # calls of candidate repeated blocks (regions.py): their nodes, outlined when the graph is done
         self.region_spans: list = []
         self.region_open = False
+        # while a flex_attention score_mod/mask_mod is traced: how ``tensor[index]`` is captured
+        # there (see values/higher_order_flex.py), or None
+        self.subgraph_getitem = None
         self._constant_nodes: dict[str, torch.fx.Node] = {}
         # autocast's dtype is not part of the tensor dispatch keys that TENSOR_MATCH checks:
         # a capture that starts inside autocast also guards the autocast state

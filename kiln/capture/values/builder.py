@@ -25,6 +25,7 @@ from .higher_order_cond import COND_FUNCTIONS, call_cond
 from .higher_order_associative_scan import ASSOCIATIVE_SCAN_FUNCTIONS, call_associative_scan
 from .higher_order_map import MAP_FUNCTIONS, call_map
 from .higher_order_scan import SCAN_FUNCTIONS, call_scan
+from .higher_order_flex import flex_capture
 from .higher_order_while import WHILE_LOOP_FUNCTIONS, call_while_loop
 from .modelled_functions import ModelledFunctionValue
 from .environ import EnvironValue
@@ -153,6 +154,9 @@ def wrap_callable(fn, source) -> Value:
                                      call_associative_scan)
     if fn in MAP_FUNCTIONS:
         return ModelledFunctionValue(fn, source, "torch._higher_order_ops.map", call_map)
+    flex = flex_capture(fn)   # flex_attention: a higher-order op node with score_mod/mask_mod subgraphs
+    if flex is not None:
+        return ModelledFunctionValue(fn, source, *flex)
     if is_torch_op(fn):
         return TorchOpValue(fn, source)
     if isinstance(fn, types.FunctionType):

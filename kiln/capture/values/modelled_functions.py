@@ -1,7 +1,8 @@
 """Torch functions that take functions and that the capture models itself instead of tracing
 torch's wrapper around them: ``torch.utils.checkpoint.checkpoint`` (a recompute region),
-``torch.cond``, ``torch.while_loop`` and torch._higher_order_ops' ``scan``,
-``associative_scan`` and ``map`` (higher-order op nodes with subgraphs)."""
+``torch.cond``, ``torch.while_loop``, torch._higher_order_ops' ``scan``, ``associative_scan``
+and ``map``, and ``flex_attention`` (higher-order op nodes with subgraphs), and
+``create_block_mask`` (a graph break with its reason)."""
 from __future__ import annotations
 
 from typing import Callable

@@ -147,6 +147,10 @@ class TensorValue(Value):
             ckw = {k: v.as_constant() for k, v in kwargs.items()}
             return self._metadata(tx, name, cargs, getattr(self.fake, name)(*cargs, **ckw))
         if name == "__getitem__":
+            special = tx.output.subgraph_getitem
+            indexed = special(tx, self, *args) if special is not None and len(args) == 1 else None
+            if indexed is not None:
+                return indexed
             return tx.output.call_op("call_function", _getitem, (self, *args), {})
         if name == "__setitem__":
             if len(args) == 2 and isinstance(args[1], TensorValue) and same_storage(self.fake, args[1].fake):
