@@ -100,6 +100,32 @@ def test_a_training_graph_with_cond_loads_its_backward_too(work):
     torch.testing.assert_close(second, grads(branchy))
 
 
+def two_outputs(x, y):
+    a = torch.cond(x.sum() > 0, lambda a: a.sin() + y, lambda a: a.cos() * y, (x,))
+    return a * 2, (a * y).exp()
+
+
+def test_a_loaded_graph_with_cond_compiles_a_partial_backward_with_inductor(work):
+    """The first process's backward reached both outputs; the next one's only the first: its
+    backward is compiled from the loaded graph, whose subgraphs' inputs get fake values too
+    (Inductor checks them against the cond's operands)."""
+    for full in (True, False):
+        kiln.reset()
+        compiled = kiln.compile(two_outputs, fullgraph=True)
+        for sign in (1, -1):
+            x, y = _signed(sign), torch.randn(4, 3, requires_grad=True)
+            xa, xe = x.clone().requires_grad_(), x.clone().requires_grad_()
+            (o1, o2), (r1, r2) = compiled(xa, y), two_outputs(xe, y)
+            torch.testing.assert_close((o1, o2), (r1, r2))
+            with warnings.catch_warnings():
+                warnings.filterwarnings("error", "kiln: Inductor failed", RuntimeWarning)
+                (o1.sum() + o2.sum() if full else o1.sum()).backward()
+            (r1.sum() + r2.sum() if full else r1.sum()).backward()
+            torch.testing.assert_close(xa.grad, xe.grad)
+    assert kiln.cache.stats()["hits"] == 1 and work["traces"] == 1
+    assert work["inductor"] == 3                     # forward, backward; then the partial backward
+
+
 def test_while_loop_is_stored_and_loads(work):
     for _ in range(2):
         kiln.reset()
