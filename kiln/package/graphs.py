@@ -40,10 +40,21 @@ def save_graph(gm: torch.fx.GraphModule, compiled: Callable, add_blob: Callable[
     graph, tensors = _graph_to_data(gm, enc)
     buf = io.BytesIO()
     torch.save(tensors, buf)
-    out = {"kind": kind, "graph": graph, "constants": add_blob(buf.getvalue()), "code": gm.code.strip()}
+    out = {"kind": kind, "graph": graph, "constants": add_blob(buf.getvalue()), "code": _readable(gm)}
     if payload is not None:
         out["artifact"] = add_blob(payload)
     return out
+
+
+def _readable(gm: torch.fx.GraphModule) -> str:
+    """The graph's code, then each subgraph's under its attribute's name (``kiln package inspect``)."""
+    parts, seen = [gm.code.strip()], set()
+    for n in gm.graph.nodes:
+        sub = attribute(gm, n.target) if n.op == "get_attr" else None
+        if is_subgraph(sub) and id(sub) not in seen:
+            seen.add(id(sub))
+            parts.append(f"# {n.target}:\n" + _readable(sub))
+    return "\n\n".join(parts)
 
 
 def load_graph(saved: dict, blobs: Callable[[int], bytes], backend, dec: Decoder
