@@ -10,7 +10,8 @@ data: it round-trips through bytes and rebuilds, in any process, the same callab
     fn = kiln.aot.AOTArtifact.from_bytes(blob).load()          # fw/bw_compiler optional
 
 Graphs are stored node by node (op, name, ATen target, arguments) as JSON next to their
-Python code (for reading), tensor constants with ``torch.save``; loading uses
+Python code (for reading), the subgraphs their higher-order ops call (``cond``'s branches)
+the same way, each once (``subgraph_table``), tensor constants with ``torch.save``; loading uses
 ``torch.load(weights_only=True)``: no pickled code.
 """
 from __future__ import annotations
@@ -182,6 +183,9 @@ def _source_text(src: Any) -> str:
     return name if isinstance(name, str) else str(src)
 
 
+_SUBGRAPHS = "subgraphs/"       # (an attribute's target never holds a /)
+
+
 def graph_to_data(gm: torch.fx.GraphModule) -> tuple[dict, dict]:
     """(JSON-able description of ``gm``'s graph, its tensor constants). Its subgraphs (the
     GraphModules its higher-order ops call) are kept in ``"subgraphs"``, each once
@@ -194,9 +198,6 @@ def graph_to_data(gm: torch.fx.GraphModule) -> tuple[dict, dict]:
             data["subgraphs"].append(sub_data)
             constants.update({f"{_SUBGRAPHS}{i}/{target}": t for target, t in sub_constants.items()})
     return data, constants
-
-
-_SUBGRAPHS = "subgraphs/"       # (an attribute's target never holds a /)
 
 
 def _nodes_to_data(gm: torch.fx.GraphModule, table: SubgraphTable) -> tuple[dict, dict]:

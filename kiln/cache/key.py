@@ -8,6 +8,8 @@ wrong answer.
 Node names are not semantic: placeholders become ``in0, in1, ...`` and other nodes ``n0, n1,
 ...`` by position, so two functions differing only in local names share an entry.
 SymInt placeholders keep their names: they are the symbols the sizes of other inputs use.
+A subgraph a higher-order op calls is keyed whole (its nodes, constants and own subgraphs),
+once, under a number instead of its attribute's name (``aot.subgraph_table``).
 Nothing here edits the caller's graph: the text is built from a read-only walk.
 """
 from __future__ import annotations
