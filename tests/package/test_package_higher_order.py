@@ -113,3 +113,11 @@ def test_a_package_whose_subgraph_is_missing_never_runs_it(cond_package):
     for sign in (1, -1):
         x, y = M.signed((4, 3), sign), torch.randn(4, 3)
         torch.testing.assert_close(fast(x, y), M.with_cond(x, y))
+
+
+@pytest.mark.parametrize("name", ["cond", "while_loop", "scan", "map_impl", "flex_attention", "invoke_subgraph"])
+def test_higher_order_ops_are_saved_by_their_registered_name(name):
+    op = getattr(torch.ops.higher_order, name)
+    enc = Encoder(M.f).encode(op, identity=True)
+    assert enc == ["higher_order_op", name, type(op).__module__]
+    assert Decoder(M.f).decode(json.loads(json.dumps(enc))) is op
