@@ -136,6 +136,24 @@ def test_while_loop_is_stored_and_loads(work):
     assert kiln.cache.stats()["hits"] == 1 and work["traces"] == 1
 
 
+def nested(x, y):
+    def inner(a):
+        return torch.cond(a.mean() > 0.5, lambda b: b.sin() + y, lambda b: b.cos(), (a,))
+    return torch.cond(x.sum() > 0, inner, lambda a: a.exp() * y, (x,))
+
+
+def test_a_cond_inside_a_branch_is_stored_and_loads(work):
+    for _ in range(2):
+        kiln.reset()
+        compiled = kiln.compile(nested, backend="aot_eager", fullgraph=True)
+        for x in (torch.rand(4) + 1, torch.rand(4) * 0.1, -torch.rand(4) - 0.1):     # all three paths
+            y = torch.randn(4)
+            torch.testing.assert_close(compiled(x, y), nested(x, y))
+    assert kiln.cache.stats()["hits"] == 1 and work["traces"] == 1
+    [(_, path)] = store.entries()
+    assert "subgraph sub2:" in store.read_header(path)["parts"]["graph"]     # both branches, the inner cond's
+
+
 def test_keys_differ_when_only_a_branch_differs_and_not_for_local_names(work):
     for fn in (branchy, branchy_renamed):
         kiln.reset()
