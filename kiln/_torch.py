@@ -229,6 +229,32 @@ import torch._refs  # noqa: E402
 tensor_from_traced_values = torch._refs.tensor
 
 
+def is_higher_order_op(target: Any) -> bool:
+    """Whether ``target`` is a higher-order operator (``torch.ops.higher_order.cond``,
+    ``while_loop``, ``scan``, ``flex_attention``...: ops whose arguments include subgraphs)."""
+    return isinstance(target, torch._ops.HigherOrderOperator)
+
+
+def higher_order_op_home(op: Any) -> tuple[str, str]:
+    """(name, module defining its class): what finds ``op`` again in another process."""
+    return op.name(), type(op).__module__
+
+
+def higher_order_op(name: str, module: str | None = None) -> Any:
+    """The higher-order operator ``torch.ops.higher_order.<name>``. One defined outside torch's
+    own set (kiln's) is registered when the module defining it is imported: ``module`` is
+    imported when the name is not registered yet (only torch's and kiln's modules)."""
+    import importlib
+
+    found = torch._ops._higher_order_ops.get(name)
+    if found is None and module is not None and module.split(".")[0] in ("torch", "kiln"):
+        importlib.import_module(module)
+        found = torch._ops._higher_order_ops.get(name)
+    if found is None:
+        raise ValueError(f"this torch has no higher-order op {name!r}")
+    return found
+
+
 def is_fake(t: Any) -> bool:
     return isinstance(t, FakeTensor)
 

@@ -10,7 +10,8 @@ data: it round-trips through bytes and rebuilds, in any process, the same callab
     fn = kiln.aot.AOTArtifact.from_bytes(blob).load()          # fw/bw_compiler optional
 
 Graphs are stored node by node (op, name, ATen target, arguments) as JSON next to their
-Python code (for reading), tensor constants with ``torch.save``; loading uses
+Python code (for reading), the subgraphs their higher-order ops call (``cond``'s branches)
+the same way, each once (``subgraph_table``), tensor constants with ``torch.save``; loading uses
 ``torch.load(weights_only=True)``: no pickled code.
 """
 from __future__ import annotations
@@ -34,6 +35,7 @@ from .compile import PartsView
 from .compile import AOTCompiled, CompiledParts, assemble, build_parts
 from .runtime import wrapper_from_dict, wrapper_to_dict
 from .saved_hooks.inlining import InlinedHooks
+from .subgraph_table import SubgraphLoader, SubgraphTable, attribute, is_subgraph
 from .symbolic import fake_mode_for, graph_example_values, has_symbols, is_sym
 from .symbolic_codec import Decoder, encode_expr, encode_symbols, encode_value, replay_guards, standalone_fake_mode
 from .traced_layouts import STRIDES_META, traced_strides
@@ -57,17 +59,26 @@ _OPERATOR_NAMES = {v: k for k, v in _OPERATORS.items()}
 # Graph <-> plain data
 # ------------------------------------------------------------------------------------------------
 
+_HIGHER_ORDER = "torch.ops.higher_order."
+
+
 def _encode_target(t: Any) -> str:
     if isinstance(t, torch._ops.OpOverload):
         return f"torch.ops.{t.namespace}.{t._opname}.{t._overloadname}"
+    if _torch.is_higher_order_op(t):
+        return _HIGHER_ORDER + t.name()
     if t in _OPERATOR_NAMES:
         return _OPERATOR_NAMES[t]
-    raise Unsupported(f"export: cannot serialize a call to {t!r} (only ATen ops and operator.*)")
+    raise Unsupported(f"export: cannot serialize a call to {t!r} (only ATen ops, higher-order ops and operator.*)")
 
 
-def _decode_target(s: str) -> Any:
+def _decode_target(s: str, module: str | None = None) -> Any:
+    """``module``: where a higher-order op's class is defined (imported when the op is not
+    registered yet: kiln's own)."""
     if s in _OPERATORS:
         return _OPERATORS[s]
+    if s.startswith(_HIGHER_ORDER):
+        return _torch.higher_order_op(s[len(_HIGHER_ORDER):], module)
     parts = s.split(".")
     if len(parts) != 5 or parts[:2] != ["torch", "ops"]:
         raise ValueError(f"artifact: unknown call target {s!r}")
@@ -172,8 +183,24 @@ def _source_text(src: Any) -> str:
     return name if isinstance(name, str) else str(src)
 
 
+_SUBGRAPHS = "subgraphs/"       # (an attribute's target never holds a /)
+
+
 def graph_to_data(gm: torch.fx.GraphModule) -> tuple[dict, dict]:
-    """(JSON-able description of ``gm``'s graph, its tensor constants)."""
+    """(JSON-able description of ``gm``'s graph, its tensor constants). Its subgraphs (the
+    GraphModules its higher-order ops call) are kept in ``"subgraphs"``, each once
+    (``subgraph_table``), their constants under ``subgraphs/<number>/<target>``."""
+    table = SubgraphTable(lambda sub: _nodes_to_data(sub, table))
+    data, constants = _nodes_to_data(gm, table)
+    if table.entries:
+        data["subgraphs"] = []
+        for i, (sub_data, sub_constants) in enumerate(table.entries):
+            data["subgraphs"].append(sub_data)
+            constants.update({f"{_SUBGRAPHS}{i}/{target}": t for target, t in sub_constants.items()})
+    return data, constants
+
+
+def _nodes_to_data(gm: torch.fx.GraphModule, table: SubgraphTable) -> tuple[dict, dict]:
     nodes = []
     constants = {}
     for n in gm.graph.nodes:
@@ -188,14 +215,21 @@ def graph_to_data(gm: torch.fx.GraphModule) -> tuple[dict, dict]:
                     d.setdefault("tags", {})[k] = v
         elif n.op == "get_attr":
             d["target"] = n.target
-            obj = gm
-            for part in n.target.split("."):
-                obj = getattr(obj, part)
-            if not isinstance(obj, torch.Tensor):
-                raise Unsupported(f"export: graph attribute {n.target} is a {type(obj).__name__}, not a tensor")
-            constants[n.target] = obj.detach().clone()
+            obj = attribute(gm, n.target)
+            if is_subgraph(obj):
+                try:
+                    d["subgraph"] = table.number(obj)
+                except ValueError as e:
+                    raise Unsupported(f"export: graph attribute {n.target}: {e}") from None
+            elif isinstance(obj, torch.Tensor):
+                constants[n.target] = obj.detach().clone()
+            else:
+                raise Unsupported(f"export: graph attribute {n.target} is a {type(obj).__name__}, not a tensor "
+                                  "or a subgraph")
         elif n.op == "call_function":
             d["target"] = _encode_target(n.target)
+            if _torch.is_higher_order_op(n.target):
+                d["target_module"] = _torch.higher_order_op_home(n.target)[1]
             d["args"] = _encode_arg(tuple(n.args))
             d["kwargs"] = _encode_arg(dict(n.kwargs))
             if "kiln_phase" in n.meta:
@@ -217,8 +251,22 @@ def graph_from_data(data: dict, constants: dict, fake_mode=None, class_name: str
     """``decoder`` (``symbolic_codec.Decoder``) rebuilds symbolic values (dynamic graphs).
     ``fake_mode``: where the static placeholders' fake values are made; None: made on first
     need (``fake_tensors.ensure_vals``), in one mode for all graphs given the same ``shared`` dict
-    (the graphs of one artifact)."""
+    (the graphs of one artifact). Subgraphs load as GraphModules of their own, each once."""
     lazy = ({} if shared is None else shared) if fake_mode is None else None
+    saved = data.get("subgraphs") or []
+
+    def build(i: int) -> torch.fx.GraphModule:
+        prefix = f"{_SUBGRAPHS}{i}/"
+        sub_constants = {k[len(prefix):]: t for k, t in constants.items() if k.startswith(prefix)}
+        return _graph_from_nodes(saved[i], sub_constants, fake_mode, f"{class_name}Subgraph{i}", decoder, lazy,
+                                 subgraphs)
+
+    subgraphs = SubgraphLoader(len(saved), build)
+    return _graph_from_nodes(data, constants, fake_mode, class_name, decoder, lazy, subgraphs)
+
+
+def _graph_from_nodes(data: dict, constants: dict, fake_mode, class_name: str, decoder, lazy: dict | None,
+                      subgraphs: SubgraphLoader) -> torch.fx.GraphModule:
     g = torch.fx.Graph()
     env: dict = {}
     root = torch.nn.Module()
@@ -246,11 +294,14 @@ def graph_from_data(data: dict, constants: dict, fake_mode=None, class_name: str
                 if not hasattr(obj, p):
                     obj.add_module(p, torch.nn.Module())
                 obj = getattr(obj, p)
-            obj.register_buffer(last, constants[target])
+            if "subgraph" in d:
+                obj.add_module(last, subgraphs.get(d["subgraph"]))
+            else:
+                obj.register_buffer(last, constants[target])
             n = g.create_node("get_attr", target, name=d["name"])
         elif op == "call_function":
-            n = g.create_node("call_function", _decode_target(d["target"]), _decode_arg(d["args"], env),
-                              _decode_arg(d["kwargs"], env), name=d["name"])
+            n = g.create_node("call_function", _decode_target(d["target"], d.get("target_module")),
+                              _decode_arg(d["args"], env), _decode_arg(d["kwargs"], env), name=d["name"])
             if "phase" in d:
                 n.meta["kiln_phase"] = d["phase"]
             if "traced_strides" in d:

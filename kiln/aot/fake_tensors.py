@@ -9,6 +9,8 @@ import torch.fx
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
+from .subgraph_table import attribute, is_subgraph
+
 
 def new_fake_mode(gm: torch.fx.GraphModule | None = None) -> FakeTensorMode:
     """A fake mode for AOT tracing of static graphs: no ShapeEnv (a dynamic graph is traced in
@@ -51,12 +53,18 @@ def ensure_vals(gm: torch.fx.GraphModule) -> None:
     if shared.get("mode") is None:
         shared["mode"] = FakeTensorMode()
     mode = shared["mode"]
+    del gm.meta[LAZY_MODE]
     for n in gm.graph.nodes:
         m = n.meta.pop(LAZY_VAL, None) if n.op == "placeholder" else None
         if m is not None and "val" not in n.meta:
             n.meta["val"] = fake_like(mode, m["shape"], m["stride"], dtype_from_str(m["dtype"]),
                                       torch.device(m["device"]), m.get("requires_grad", False))
-    del gm.meta[LAZY_MODE]
+        if n.op == "get_attr":
+            # a subgraph (a higher-order op's): its placeholders too, in the same mode
+            # (Inductor compares them with the arguments the op passes)
+            sub = attribute(gm, str(n.target))
+            if is_subgraph(sub):
+                ensure_vals(sub)
 
 
 def fake_mode_of(inputs: Iterable[Any]) -> FakeTensorMode | None:

@@ -8,6 +8,8 @@ wrong answer.
 Node names are not semantic: placeholders become ``in0, in1, ...`` and other nodes ``n0, n1,
 ...`` by position, so two functions differing only in local names share an entry.
 SymInt placeholders keep their names: they are the symbols the sizes of other inputs use.
+A subgraph a higher-order op calls is keyed whole (its nodes, constants and own subgraphs),
+once, under a number instead of its attribute's name (``aot.subgraph_table``).
 Nothing here edits the caller's graph: the text is built from a read-only walk.
 """
 from __future__ import annotations
@@ -22,9 +24,11 @@ from typing import Any
 import torch
 import torch.fx
 
+from .. import _torch
 from ..aot.export import fake_mode_of_graph
 from ..aot.saved_hooks.inlining import active
 from ..aot.saved_hooks.key import cache_key
+from ..aot.subgraph_table import SubgraphTable, attribute, is_subgraph
 from ..config import config
 from ..version import __version__
 
@@ -43,6 +47,12 @@ def _target_text(target: Any) -> str:
         return f"torch.ops.{target.namespace}.{target._opname}.{target._overloadname}"
     if isinstance(target, torch._ops.OpOverloadPacket):
         return f"torch.ops.{target._qualified_op_name}"
+    if _torch.is_higher_order_op(target):
+        # (its class's module: tracing may inline its implementation, which must be keyable)
+        name, module = _torch.higher_order_op_home(target)
+        if module.split(".")[0] not in _KEYABLE_MODULES:
+            raise ValueError(f"the graph calls the higher-order op {name} of {module} (user code: not keyable)")
+        return f"torch.ops.higher_order.{name} ({module})"
     module = getattr(target, "__module__", None) or type(target).__module__
     name = getattr(target, "__qualname__", None) or getattr(target, "__name__", None) or repr(target)
     # A call to user code in the graph is keyed by its name only, so an edit to its body
@@ -98,7 +108,19 @@ _META_KEYS = ("kiln_static", "kiln_symbol", "ac_graph_id", "recompute", "kiln_ch
 
 
 def graph_text(gm: torch.fx.GraphModule, example_inputs: list) -> str:
-    """The graph with normalized names, its constants by content; read-only on ``gm``."""
+    """The graph with normalized names, its constants by content, then each subgraph its
+    higher-order ops call (numbered, once each: ``subgraph_table``); read-only on ``gm``."""
+    table = SubgraphTable(lambda sub: _graph_lines(sub, [], table))
+    lines = _graph_lines(gm, example_inputs, table)
+    graph_meta = {k: gm.meta[k] for k in ("kiln_fullgraph", "kiln_static_inputs") if k in gm.meta}
+    lines.append("meta " + json.dumps(graph_meta, sort_keys=True, default=str))
+    for i, sub in enumerate(table.entries):
+        lines.append(f"subgraph sub{i}:")
+        lines.extend("  " + line for line in sub)
+    return "\n".join(lines)
+
+
+def _graph_lines(gm: torch.fx.GraphModule, example_inputs: list, table: SubgraphTable) -> list[str]:
     names: dict = {}
     lines = []
     placeholders = 0
@@ -112,21 +134,20 @@ def graph_text(gm: torch.fx.GraphModule, example_inputs: list) -> str:
             names[node] = f"n{others}"
             others += 1
         meta = {k: node.meta[k] for k in _META_KEYS if k in node.meta}
-        line = f"{names[node]} = {node.op} {_target_text(node.target) if node.op != 'placeholder' else ''}" \
+        obj = attribute(gm, str(node.target)) if node.op == "get_attr" else None
+        # a subgraph is named by its number (its attribute's name is as local as a node's)
+        target = "" if node.op == "placeholder" else \
+            f"sub{table.number(obj)}" if is_subgraph(obj) else _target_text(node.target)
+        line = f"{names[node]} = {node.op} {target}" \
                f"({_arg_text(node.args, names)}, {_arg_text(node.kwargs, names)}) {json.dumps(meta, sort_keys=True, default=str)}"
-        if node.op == "get_attr":
-            obj = gm
-            for atom in str(node.target).split("."):
-                obj = getattr(obj, atom)
+        if node.op == "get_attr" and not is_subgraph(obj):
             if not isinstance(obj, torch.Tensor):
                 raise ValueError(f"cannot key attribute {node.target} of type {type(obj).__name__}")
             line += " = " + _arg_text(obj, names)
         if node.op == "call_module":
             raise ValueError("cannot key a call_module node")
         lines.append(line)
-    graph_meta = {k: gm.meta[k] for k in ("kiln_fullgraph", "kiln_static_inputs") if k in gm.meta}
-    lines.append("meta " + json.dumps(graph_meta, sort_keys=True, default=str))
-    return "\n".join(lines)
+    return lines
 
 
 def inputs_meta(gm: torch.fx.GraphModule, example_inputs: list) -> list:

@@ -15,6 +15,7 @@ import torch
 from torch.fx.immutable_collections import immutable_dict, immutable_list
 
 from .. import _torch
+from ..aot.subgraph_table import SubgraphLoader, SubgraphTable, attribute, is_subgraph
 from ..cache import PAYLOAD_ATTR
 from ..capture.values.autograd_function import runtime_function
 from .errors import NotPackageable
@@ -39,10 +40,21 @@ def save_graph(gm: torch.fx.GraphModule, compiled: Callable, add_blob: Callable[
     graph, tensors = _graph_to_data(gm, enc)
     buf = io.BytesIO()
     torch.save(tensors, buf)
-    out = {"kind": kind, "graph": graph, "constants": add_blob(buf.getvalue()), "code": gm.code.strip()}
+    out = {"kind": kind, "graph": graph, "constants": add_blob(buf.getvalue()), "code": _readable(gm)}
     if payload is not None:
         out["artifact"] = add_blob(payload)
     return out
+
+
+def _readable(gm: torch.fx.GraphModule) -> str:
+    """The graph's code, then each subgraph's under its attribute's name (``kiln package inspect``)."""
+    parts, seen = [gm.code.strip()], set()
+    for n in gm.graph.nodes:
+        sub = attribute(gm, n.target) if n.op == "get_attr" else None
+        if is_subgraph(sub) and id(sub) not in seen:
+            seen.add(id(sub))
+            parts.append(f"# {n.target}:\n" + _readable(sub))
+    return "\n\n".join(parts)
 
 
 def load_graph(saved: dict, blobs: Callable[[int], bytes], backend, dec: Decoder
@@ -95,6 +107,21 @@ def _unarg(a, env: dict, dec: Decoder):
 
 
 def _graph_to_data(gm: torch.fx.GraphModule, enc: Encoder) -> tuple[dict, dict]:
+    """(the graph as data, its tensor constants). Its subgraphs (the GraphModules its
+    higher-order ops call) are kept in ``"subgraphs"``, each once (``subgraph_table``), their
+    tensor constants under ``subgraph<_SUB><number><_SUB><target>``."""
+    tensors: dict = {}
+    table = SubgraphTable(lambda sub: _nodes_to_data(sub, enc, table))
+    data, tensors = _nodes_to_data(gm, enc, table)
+    if table.entries:
+        data["subgraphs"] = []
+        for i, (sub_data, sub_tensors) in enumerate(table.entries):
+            data["subgraphs"].append(sub_data)
+            tensors.update({f"{_SUBGRAPH}{i}{_SUB}{target}": t for target, t in sub_tensors.items()})
+    return data, tensors
+
+
+def _nodes_to_data(gm: torch.fx.GraphModule, enc: Encoder, table: SubgraphTable) -> tuple[dict, dict]:
     nodes, tensors, objects = [], {}, {}
     for n in gm.graph.nodes:
         d = {"op": n.op, "name": n.name}
@@ -102,10 +129,13 @@ def _graph_to_data(gm: torch.fx.GraphModule, enc: Encoder) -> tuple[dict, dict]:
             d["meta"] = {k: (v if isinstance(v, (bool, int, str)) else str(v))
                          for k, v in n.meta.items() if k in _META}
         elif n.op == "get_attr":
-            obj = gm
-            for part in n.target.split("."):
-                obj = getattr(obj, part)
-            if isinstance(obj, torch.Tensor):
+            obj = attribute(gm, n.target)
+            if is_subgraph(obj):
+                try:
+                    d["subgraph"] = table.number(obj)
+                except ValueError as e:
+                    raise NotPackageable(f"graph constant {n.target}: {e}") from None
+            elif isinstance(obj, torch.Tensor):
                 if type(obj) not in (torch.Tensor, torch.nn.Parameter):
                     raise NotPackageable(f"graph constant {n.target} is a {type(obj).__name__}")
                 tensors[n.target] = obj.detach()
@@ -134,11 +164,23 @@ def _graph_to_data(gm: torch.fx.GraphModule, enc: Encoder) -> tuple[dict, dict]:
 
 
 def _graph_from_data(data: dict, tensors: dict, dec: Decoder) -> torch.fx.GraphModule:
+    saved = data.get("subgraphs") or []
+
+    def build(i: int) -> torch.fx.GraphModule:
+        prefix = f"{_SUBGRAPH}{i}{_SUB}"
+        return _graph_from_nodes(saved[i], {k[len(prefix):]: t for k, t in tensors.items() if k.startswith(prefix)},
+                                 dec, subgraphs)
+
+    subgraphs = SubgraphLoader(len(saved), build)
+    return _graph_from_nodes(data, tensors, dec, subgraphs)
+
+
+def _graph_from_nodes(data: dict, tensors: dict, dec: Decoder, subgraphs: SubgraphLoader) -> torch.fx.GraphModule:
     root = torch.nn.Module()
     g = torch.fx.Graph()
     env: dict = {}
     for target, t in tensors.items():
-        if _SUB not in target:         # (a captured autograd.Function's subgraphs hold the rest)
+        if _SUB not in target:         # (subgraphs and a captured autograd.Function's hold the rest)
             _set_path(root, target, t)
     for target, enc in data["objects"].items():
         _set_path(root, target, dec.decode(enc))
@@ -148,6 +190,8 @@ def _graph_from_data(data: dict, tensors: dict, dec: Decoder) -> torch.fx.GraphM
             n = g.placeholder(d["name"])
             n.meta.update(d["meta"])
         elif op == "get_attr":
+            if "subgraph" in d:
+                _set_path(root, d["target"], subgraphs.get(d["subgraph"]))
             n = g.get_attr(d["target"])
         elif op == "output":
             n = g.output(*_unarg(d["args"], env, dec))
@@ -169,6 +213,7 @@ def _graph_from_data(data: dict, tensors: dict, dec: Decoder) -> torch.fx.GraphM
 # subgraphs as data (their tensor constants among the graph's, under ``node<_SUB>which<_SUB>``)
 # and the counts and positions it was made with.
 _SUB = "::"
+_SUBGRAPH = f"subgraph{_SUB}"
 
 
 def _captured_function_to_data(name: str, parts: dict, enc: Encoder, tensors: dict) -> list:

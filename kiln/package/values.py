@@ -9,7 +9,7 @@ to find each one again:
   global it reads) by where it is in the function given to ``load_package``;
 * a module, class or function by its qualified name (import + attributes), checked at
   save time to give back the very object;
-* a torch operator by its name.
+* a torch operator (higher-order ones included) by its name.
 
 Anything else (an object made in the call, a class defined inside a function) has no name
 that outlives the process: ``encode`` raises ``NotPackageable`` and the entry is left out.
@@ -30,6 +30,7 @@ from typing import Any, Callable
 import torch
 from torch.fx.immutable_collections import immutable_dict, immutable_list
 
+from .. import _torch
 from ..capture.codegen import MISS
 from ..capture.guard_cse import IdentityMemo
 from ..capture.module_state import ModuleStateMemo
@@ -233,6 +234,8 @@ def _op_name(obj) -> list | None:
         return ["op", obj._schema.name, obj._overloadname]
     if isinstance(obj, torch._ops.OpOverloadPacket):
         return ["op", obj._qualified_op_name, None]
+    if _torch.is_higher_order_op(obj):     # (by its registered name, and where its class is)
+        return ["higher_order_op", *_torch.higher_order_op_home(obj)]
     return None
 
 
@@ -540,6 +543,8 @@ class Decoder:
             return getattr(resolve_name(enc[1], enc[2]), enc[3])
         if tag == "op":
             return _resolve_op(enc[1], enc[2])
+        if tag == "higher_order_op":
+            return _torch.higher_order_op(enc[1], enc[2])
         if tag == "weakref":
             return weakref.ref(self.decode(enc[1]))
         if tag == "tuple":

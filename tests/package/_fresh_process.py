@@ -10,6 +10,10 @@
     python _fresh_process.py save_dynamic DIR BACKEND / load_dynamic DIR BACKEND
                                                  a dynamic=True package: two new sizes are
                                                  served, a third that breaks a guard misses
+    python _fresh_process.py save_higher_order DIR BACKEND / load_higher_order DIR BACKEND
+                                                 torch.cond (both branches, with gradients)
+                                                 and torch.while_loop, loaded with nothing
+                                                 captured, traced or lowered
 """
 import os
 import sys
@@ -166,6 +170,50 @@ def load_dynamic(d, backend):
     print("LOADED DYNAMIC")
 
 
+def save_higher_order(d, backend):
+    cond = kiln.compile(M.with_cond, backend=backend, fullgraph=True)
+    cond(M.signed((4, 3), 1), torch.randn(4, 3))
+    cond(M.signed((4, 3), -1).requires_grad_(), torch.randn(4, 3)).sum().backward()   # training too
+    loop = kiln.compile(M.with_while_loop, backend=backend, fullgraph=True)
+    loop(torch.rand(4), torch.rand(4))
+    for name, c in [("cond", cond), ("loop", loop)]:
+        report = c.save_package(os.path.join(d, f"{name}.kiln"))
+        assert report.entries > 0 and not report.left_out, report
+    print("SAVED")
+
+
+def load_higher_order(d, backend):
+    import kiln.runtime.function
+    import kiln.aot.dynamic
+    import kiln.aot.graph_capture
+    import kiln.backends.inductor
+
+    kiln.runtime.function.capture = _refuse("capture")
+    kiln.aot.dynamic.compile_graph = _refuse("AOT autograd")
+    kiln.aot.graph_capture.stage1_graph_capture = _refuse("AOT tracing")
+    kiln.backends.inductor.GraphCompile.run = _refuse("Inductor")
+    cond = kiln.load_package(os.path.join(d, "cond.kiln"), M.with_cond, on_miss="error")
+    loop = kiln.load_package(os.path.join(d, "loop.kiln"), M.with_while_loop, on_miss="error")
+    for sign in (1, -1, -1, 1):                 # both branches, inference
+        x, y = M.signed((4, 3), sign), torch.randn(4, 3)
+        torch.testing.assert_close(cond(x, y), M.with_cond(x, y))
+    for sign in (-1, 1):                        # both branches, with gradients
+        x, y = M.signed((4, 3), sign), torch.randn(4, 3)
+        xa, xe = x.clone().requires_grad_(), x.clone().requires_grad_()
+        out, ref = cond(xa, y), M.with_cond(xe, y)
+        torch.testing.assert_close(out, ref)
+        out.sum().backward()
+        ref.sum().backward()
+        torch.testing.assert_close(xa.grad, xe.grad)
+    for scale in (0.1, 1, 10, 1000):            # 5 trips down to none
+        x, w = torch.rand(4) * scale, torch.rand(4)
+        torch.testing.assert_close(loop(x, w), M.with_while_loop(x, w))
+    assert not CALLED, CALLED
+    print("LOADED HIGHER ORDER")
+
+
 if __name__ == "__main__":
     {"save": save, "load": load, "save_light": save_light, "load_light": load_light,
-     "save_dynamic": save_dynamic, "load_dynamic": load_dynamic}[sys.argv[1]](sys.argv[2], sys.argv[3])
+     "save_dynamic": save_dynamic, "load_dynamic": load_dynamic,
+     "save_higher_order": save_higher_order, "load_higher_order": load_higher_order,
+     }[sys.argv[1]](sys.argv[2], sys.argv[3])

@@ -158,3 +158,19 @@ def break_train_step(model, x):
     loss = h.pow(2).mean()
     loss.backward()
     return loss
+
+
+def with_cond(x, y):
+    """torch.cond on data: one graph whose branches are subgraphs (a closure lifted into both)."""
+    return torch.cond(x.sum() > 0, lambda a: a.sin() + y, lambda a: a.cos() * y, (x,))
+
+
+def with_while_loop(x, w):
+    """torch.while_loop: its trip count (0 to 5) is the data's."""
+    return torch.while_loop(lambda i, a: (i < 5) & (a.sum() < 100), lambda i, a: (i + 1, a * 2 + w),
+                            (torch.tensor(0), x))
+
+
+def signed(shape, sign):
+    """A random input whose sum has the given sign (``with_cond`` tests the sum)."""
+    return torch.rand(*shape) * sign + 0.01 * sign
