@@ -1,7 +1,8 @@
 """Peak memory and step time of training a model whose every block is checkpointed: eager,
 torch.compile and kiln.compile over the same checkpointing, side by side.
 
-    python benchmarks/checkpointed_training.py [--models llama,gpt] [--columns eager,torch,kiln] [--iters 20] [--json PATH]
+    python benchmarks/checkpointed_training.py [--models llama,gpt] [--columns eager,torch,kiln]
+        [--iters 20] [--json PATH]
     python benchmarks/checkpointed_training.py --cpu [--iters 2]       # a tiny variant, to check the script
 
 Models (random weights, nothing downloaded):

@@ -2,8 +2,8 @@
 grows: torch.compile and kiln.compile, each with and without compiling the repeated decoder
 layer once.
 
-    python benchmarks/compile_time.py [--layers 4,16,32] [--columns torch,torch_regions,kiln,kiln_regions,kiln_noregions]
-                                      [--iters 20] [--json PATH]
+    python benchmarks/compile_time.py [--layers 4,16,32] [--iters 20] [--json PATH]
+        [--columns torch,torch_regions,kiln,kiln_regions,kiln_noregions]
     python benchmarks/compile_time.py --cpu [--layers 2,4] [--iters 2]      # a tiny variant, to check the script
 
 Model: ``transformers.LlamaConfig`` at a small width but its real structure (random weights,
