@@ -58,10 +58,11 @@ class Config:
     copy_saved_parameters: bool = False
 
     # Repeated blocks (the layers of an nn.ModuleList or nn.Sequential that trace to the same
-    # code) are traced, partitioned and lowered once and called per layer (kiln/capture/regions.py).
-    # Functions under torch.compiler.nested_compile_region are, whatever this says.
-    # KILN_REPEATED_BLOCKS=0: off.
-    repeated_blocks: bool = True
+    # code) are traced, partitioned and lowered once and called per layer (kiln/capture/regions.py):
+    # a cold compile that grows little with depth, for a step that cannot fuse across layers
+    # (docs/compile-time.md has the measurements). Functions under
+    # torch.compiler.nested_compile_region are, whatever this says. KILN_REPEATED_BLOCKS=1: on.
+    repeated_blocks: bool = False
 
     # The partitioner kiln's AOT stages use when none is given (aot_backend(partition_fn=None)):
     # "default" (save what the backward reads), "min_cut" (recompute cheap ops instead of saving

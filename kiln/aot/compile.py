@@ -165,8 +165,8 @@ def build_parts(state, capture, partition_fn: Any = None) -> CompiledParts:
     reads = None
     if segments is not None:
         n_saved = len(fx_graphs.flat_outputs(p.forward.graph)) - capture.num_fw_outputs
-        reads = [partial_backward.inputs_read(p.backward, capture.num_tangents, frozenset(t), n_saved)
-                 for t, _, _ in segments]
+        reads = partial_backward.inputs_read_per_set(p.backward, capture.num_tangents,
+                                                      [t for t, _, _ in segments], n_saved)
     return CompiledParts(kind="training", forward=p.forward, backward=p.backward, saved=p.saved,
                          saved_bytes=p.saved_bytes, saved_input_bytes=p.saved_input_bytes,
                          partitioner=_partitioner_name(partition_fn), grad_dependencies=deps,

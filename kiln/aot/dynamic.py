@@ -33,6 +33,7 @@ from .. import _torch, logs
 from ..errors import Unsupported
 from ..internal_errors import is_users
 from .chain import compile_chained
+from .decompositions import default_decompositions
 from .compile import stage2_compile
 from . import regions
 from .graph_capture import stage1_graph_capture
@@ -53,10 +54,11 @@ def _run_stages(gm, example_inputs, *, dynamic, decompositions, fw_compiler, bw_
     with _torch.saved_tensors_hooks_paused():
         # a differentiable output that feeds another: the graph with its handoffs (segments.py)
         gm = plan(gm) or gm
-        state = create_aot_state(gm, example_inputs, decompositions=decompositions, dynamic=dynamic,
-                                 keep_input_mutations=keep_input_mutations)
         # (a repeated block's calls: traced and partitioned once, with the graph's partitioner)
-        with regions.compiling(state.decompositions, resolve_partition_fn(partition_fn), state.fake_mode):
+        with regions.compiling(default_decompositions() if decompositions is None else dict(decompositions),
+                               resolve_partition_fn(partition_fn)):
+            state = create_aot_state(gm, example_inputs, decompositions=decompositions, dynamic=dynamic,
+                                     keep_input_mutations=keep_input_mutations)
             capture = stage1_graph_capture(state)
         return stage2_compile(state, capture, fw_compiler=fw_compiler, bw_compiler=bw_compiler,
                               partition_fn=partition_fn, inference_compiler=inference_compiler)

@@ -121,6 +121,51 @@ def inputs_read(backward: torch.fx.GraphModule, num_tangents: int, given: frozen
     return reading_only(without_tangents(backward, num_tangents, given), num_saved)[1]
 
 
+def inputs_read_per_set(backward: torch.fx.GraphModule, num_tangents: int, givens: list,
+                        num_saved: int) -> list[list[int]]:
+    """``inputs_read`` for each set of tangents in ``givens``: what ``without_tangents`` keeps,
+    found by walking the graph from the gradients it still computes, without building each
+    partial graph (a model with a node per layer has as many sets as layers). Where the zeros
+    it would insert read inputs of their own (sized from symbolic sizes, or values with no
+    fake value), each partial graph is built."""
+    g = backward.graph
+    calls = [n for n in g.nodes if n.op == "call_function"]
+    phs = [n for n in g.nodes if n.op == "placeholder"]
+    if not all("val" in n.meta and _static_value(n.meta["val"]) for n in phs + calls):
+        return [inputs_read(backward, num_tangents, frozenset(t), num_saved) for t in givens]
+    deps = tangent_sets(g, phs[len(phs) - num_tangents:])
+    outputs = [v for v in fx_graphs.flat_outputs(g) if isinstance(v, torch.fx.Node)]
+    impure = [n for n in calls if n.is_impure()]
+    found = []
+    for given in givens:
+        given = frozenset(given)
+
+        def dead(n) -> bool:
+            d = deps.get(n)
+            return bool(d) and d.isdisjoint(given)
+        live: set = set()
+        stack = [n for n in outputs + impure if not dead(n)]
+        while stack:
+            n = stack.pop()
+            if n in live:
+                continue
+            live.add(n)
+            stack.extend(a for a in n.all_input_nodes if not dead(a) and a not in live)
+        found.append([i for i, p in enumerate(phs) if p in live])
+    return found
+
+
+def _static_value(v) -> bool:
+    """A tensor of static shape, None, or a tuple or list of them (a multi-output op's)."""
+    if v is None:
+        return True
+    if isinstance(v, torch.Tensor):
+        return not any(isinstance(d, torch.SymInt) for d in v.shape)
+    if isinstance(v, (tuple, list)):
+        return all(x is None or (isinstance(x, torch.Tensor) and _static_value(x)) for x in v)
+    return False
+
+
 def _ensure_node_vals(gm: torch.fx.GraphModule) -> None:
     """Fake values for the nodes of a graph that has them on its placeholders only (a loaded
     static artifact's): the zeros that replace a value are sized from it. Without one they

@@ -34,15 +34,16 @@ import torch
 import torch.fx
 from torch._C import DispatchKey
 from torch._ops import HigherOrderOperator
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensorMode, maybe_get_fake_mode
 from torch._subclasses.functional_tensor import FunctionalTensorMode
 from torch.fx import traceback as fx_traceback
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 from torch.fx.experimental.proxy_tensor import (ProxyTorchDispatchMode, disable_proxy_modes_tracing, make_fx,
                                                 track_tensor_tree)
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import _disable_current_modes
 
-from .. import _torch
+from .. import _torch, logs
 from ..errors import Unsupported
 from . import functional_tensors, fx_graphs, trace_context
 
@@ -76,8 +77,37 @@ def _dense(block, *operands):
 
 @invoke_region.py_impl(FakeTensorMode)
 def _fake(mode, block, *operands):
+    if block.meta.get(STAGE) != TRACED:
+        with mode:
+            return _run(block, operands)
+    # A traced block is a functional ATen graph whose outputs own their memory: their layouts
+    # follow from the operands' (the same block is met once per layer and per pass)
+    memo = block.meta.setdefault("kiln_fake_outputs", {})
+    key = (id(mode), tuple(_layout(t) for t in operands))
+    layouts = memo.get(key)
     with mode:
-        return _run(block, operands)
+        if layouts is None:
+            outs = _run(block, operands)
+            if not any(isinstance(o, torch.Tensor) and free_unbacked_symbols(o) for o in outs):
+                memo[key] = [_output_layout(o) for o in outs]
+            return outs
+        return tuple(_like(layout) for layout in layouts)
+
+
+def _output_layout(o):
+    if not isinstance(o, torch.Tensor):
+        return ("value", o)
+    return ("tensor", tuple(o.shape), tuple(o.stride()), o.storage_offset(), o.dtype, o.device)
+
+
+def _like(layout):
+    if layout[0] == "value":
+        return layout[1]
+    _, shape, stride, offset, dtype, device = layout
+    if offset == 0:
+        return torch.empty_strided(shape, stride, dtype=dtype, device=device)
+    extent = offset + 1 + sum((n - 1) * s for n, s in zip(shape, stride))
+    return torch.empty(extent, dtype=dtype, device=device).as_strided(shape, stride, offset)
 
 
 @invoke_region.py_functionalize_impl
@@ -119,6 +149,8 @@ def _autograd(block, *operands):
     needs_grad = torch.is_grad_enabled() and any(
         isinstance(t, torch.Tensor) and t.requires_grad for t in operands)
     traced = stage.traced(block, operands, needs_grad)
+    if traced is None:          # (kiln could not trace it on its own: its code, where it stands)
+        return _run(block, operands)
     if not needs_grad:
         with torch._C._AutoDispatchBelowAutograd():
             return invoke_region(traced.forward, *operands)
@@ -146,21 +178,30 @@ class _Stage:
     """The blocks traced during one stage-1 trace: one TracedBlock per (block, operand layout,
     grad mode, autocast state)."""
 
-    def __init__(self, decompositions: dict, partition_fn: Callable, fake_mode):
+    def __init__(self, decompositions: dict, partition_fn: Callable):
         self.decompositions = decompositions
         self.partition_fn = partition_fn
-        self.fake_mode = fake_mode
         self.blocks: dict = {}
 
     def traced(self, block: torch.fx.GraphModule, operands: tuple, needs_grad: bool) -> TracedBlock:
         key = (id(block), needs_grad, _autocast_state(), tuple(_layout(t) for t in operands))
         found = self.blocks.get(key)
         if found is None:
-            found = self.blocks[key] = (block, self._trace(block, operands, needs_grad))
+            try:
+                traced = self._trace(block, operands, needs_grad)
+            except Exception as e:  # noqa: BLE001 - the block then runs inlined, as captured
+                if logs.enabled.aot:
+                    logs.log("aot", f"repeated block {block.meta.get('kiln_region_name', '')} inlined: "
+                                    f"tracing it alone failed ({type(e).__name__}: {e})")
+                traced = None
+            found = self.blocks[key] = (block, traced)
         return found[1]
 
     def _trace(self, block, operands, needs_grad: bool) -> TracedBlock:
-        with _disable_current_modes(), self.fake_mode, fx_traceback.preserve_node_meta():
+        fake_mode = next((m for m in map(maybe_get_fake_mode, operands) if m is not None), None)
+        if fake_mode is None:
+            raise Unsupported("kiln: a repeated block traced on tensors that are not fake")
+        with _disable_current_modes(), fake_mode, fx_traceback.preserve_node_meta():
             fakes = [_fresh(t, needs_grad) for t in operands]
             if not needs_grad:
                 return _trace_inference(block, fakes, self.decompositions)
@@ -176,10 +217,11 @@ def _current() -> _Stage | None:
 
 
 @contextlib.contextmanager
-def compiling(decompositions: dict, partition_fn: Callable, fake_mode) -> Iterator[None]:
-    """Within: ``invoke_region`` nodes met by a trace are traced once per block (stage 1)."""
+def compiling(decompositions: dict, partition_fn: Callable) -> Iterator[None]:
+    """Within: ``invoke_region`` nodes met by the AOT stages' passes and traces run each block
+    as traced once (per operand layout), with these decompositions and this partitioner."""
     stack = _STAGES.__dict__.setdefault("stack", [])
-    stack.append(_Stage(decompositions, partition_fn, fake_mode))
+    stack.append(_Stage(decompositions, partition_fn))
     try:
         yield
     finally:

@@ -1,0 +1,255 @@
+"""Repeated blocks (kiln/capture/regions.py): the layers of a ModuleList that trace to the same
+code become invoke_region calls of one shared subgraph; a layer that differs keeps its own
+code; torch.compiler.nested_compile_region is honoured; the switch turns it off."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kiln
+from kiln.aot.regions import invoke_region
+from kiln.backends import aot_backend
+
+
+@pytest.fixture(autouse=True)
+def repeated_blocks():
+    with kiln.config.patch(repeated_blocks=True):
+        yield
+
+
+class Block(torch.nn.Module):
+    def __init__(self, d=8, eps=1e-6, act=F.silu):
+        super().__init__()
+        self.norm = torch.nn.Parameter(torch.ones(d))
+        self.up = torch.nn.Linear(d, 2 * d)
+        self.down = torch.nn.Linear(2 * d, d)
+        self.eps, self.act = eps, act
+
+    def forward(self, x):
+        h = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.norm
+        return x + self.down(self.act(self.up(h)))
+
+
+class Stack(torch.nn.Module):
+    def __init__(self, blocks):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(blocks)
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+class Recorder:
+    """A backend that hands the captured graph back and runs it as it is (regions outlined:
+    the node runs the block's code where it stands)."""
+    kiln_regions = True
+
+    def __init__(self):
+        self.graphs = []
+
+    def __call__(self, gm, example_inputs):
+        self.graphs.append(gm)
+        return gm.forward
+
+
+def region_calls(gm):
+    return [n for n in gm.graph.nodes if n.op == "call_function" and n.target is invoke_region]
+
+
+def blocks_of(gm):
+    return {n.args[0].target for n in region_calls(gm)}
+
+
+def check_training(model, compiled, x):
+    x1, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()
+    ref = model(x1)
+    ref.pow(2).sum().backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    out = compiled(x2)
+    out.pow(2).sum().backward()
+    torch.testing.assert_close(out, ref)
+    torch.testing.assert_close(x2.grad, x1.grad)
+    for p, g in zip(model.parameters(), grads):
+        torch.testing.assert_close(p.grad, g)
+
+
+def test_layers_of_one_class_share_one_subgraph():
+    torch.manual_seed(0)
+    model = Stack([Block() for _ in range(4)])
+    rec = Recorder()
+    check_training(model, kiln.compile(model, backend=rec), torch.randn(3, 8))
+    (gm,) = rec.graphs
+    assert len(region_calls(gm)) == 4 and len(blocks_of(gm)) == 1
+
+
+def test_a_layer_that_differs_keeps_its_own_code():
+    torch.manual_seed(0)
+    # another eps is a constant in the traced code; another activation another call
+    model = Stack([Block(), Block(), Block(eps=1e-3), Block(act=torch.tanh), Block()])
+    rec = Recorder()
+    check_training(model, kiln.compile(model, backend=rec), torch.randn(3, 8))
+    (gm,) = rec.graphs
+    assert len(region_calls(gm)) == 3 and len(blocks_of(gm)) == 1
+    # the two that differ are inlined: their ops are in the graph itself
+    assert any(n.op == "call_function" and n.target is torch.tanh for n in gm.graph.nodes)
+
+
+def test_layers_with_other_shapes_get_other_blocks():
+    torch.manual_seed(0)
+    model = Stack([Block(8), Block(8), Block(8)])
+    model.layers.append(torch.nn.Linear(8, 4))
+    model.layers.extend([Block(4), Block(4)])
+    rec = Recorder()
+    check_training(model, kiln.compile(model, backend=rec), torch.randn(3, 8))
+    (gm,) = rec.graphs
+    assert len(region_calls(gm)) == 5 and len(blocks_of(gm)) == 2
+
+
+def test_a_swapped_layer_recompiles():
+    torch.manual_seed(0)
+    model = Stack([Block() for _ in range(3)])
+    rec = Recorder()
+    compiled = kiln.compile(model, backend=rec)
+    x = torch.randn(3, 8, requires_grad=True)
+    torch.testing.assert_close(compiled(x), model(x))
+    assert len(region_calls(rec.graphs[0])) == 3
+    model.layers[1].act = torch.tanh         # one layer now computes something else
+    torch.testing.assert_close(compiled(x), model(x))
+    assert len(rec.graphs) == 2
+    assert len(region_calls(rec.graphs[1])) == 2
+
+
+def test_off_by_config():
+    model = Stack([Block() for _ in range(3)])
+    rec = Recorder()
+    with kiln.config.patch(repeated_blocks=False):
+        compiled = kiln.compile(model, backend=rec)
+        x = torch.randn(3, 8)
+        torch.testing.assert_close(compiled(x), model(x))
+    assert not region_calls(rec.graphs[0])
+
+
+def test_not_for_backends_that_do_not_trace_blocks():
+    model = Stack([Block() for _ in range(3)])
+    seen = []
+
+    def plain(gm, example_inputs):
+        seen.append(gm)
+        return gm.forward
+    x = torch.randn(3, 8)
+    torch.testing.assert_close(kiln.compile(model, backend=plain)(x), model(x))
+    assert not region_calls(seen[0])
+
+
+@pytest.mark.skipif(not hasattr(torch.compiler, "nested_compile_region"),
+                    reason="torch.compiler.nested_compile_region is newer than this torch")
+@pytest.mark.parametrize("repeated_blocks", [True, False])
+def test_nested_compile_region_is_honoured(repeated_blocks):
+    @torch.compiler.nested_compile_region
+    def gate(x, w):
+        return torch.sigmoid(x @ w) * x
+
+    def fn(x, w1, w2):
+        return gate(gate(x, w1), w2).sum() + gate(x, w1).mean()
+
+    rec = Recorder()
+    x, w1, w2 = torch.randn(4, 4), torch.randn(4, 4), torch.randn(4, 4)
+    with kiln.config.patch(repeated_blocks=repeated_blocks):
+        torch.testing.assert_close(kiln.compile(fn, backend=rec)(x, w1, w2), fn(x, w1, w2))
+    (gm,) = rec.graphs
+    assert len(region_calls(gm)) == 3 and len(blocks_of(gm)) == 1
+
+
+def test_a_block_that_writes_an_outside_tensor_stays_inlined():
+    class Counting(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+
+        def forward(self, x, acc):
+            acc.add_(1)
+            return self.lin(x) + acc
+
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = torch.nn.ModuleList([Counting() for _ in range(3)])
+
+        def forward(self, x, acc):
+            for layer in self.layers:
+                x = layer(x, acc)
+            return x
+
+    model = M()
+    rec = Recorder()
+    x = torch.randn(2, 4)
+    acc1, acc2 = torch.zeros(4), torch.zeros(4)
+    torch.testing.assert_close(kiln.compile(model, backend=rec)(x, acc1), model(x, acc2))
+    torch.testing.assert_close(acc1, acc2)
+    assert not region_calls(rec.graphs[0])
+
+
+class KVBlock(torch.nn.Module):
+    """A block that hands a tensor out (as a model hands out its KV cache) and computes further
+    from it."""
+
+    def __init__(self, d=8):
+        super().__init__()
+        self.k = torch.nn.Linear(d, d)
+        self.o = torch.nn.Linear(d, d)
+
+    def forward(self, x, cache):
+        k = self.k(x).transpose(0, 1)
+        cache.append(k)
+        return x + self.o(torch.tanh(k.transpose(0, 1)))
+
+
+class KVStack(torch.nn.Module):
+    def __init__(self, n=3):
+        super().__init__()
+        self.layers = torch.nn.ModuleList([KVBlock() for _ in range(n)])
+
+    def forward(self, x):
+        cache = []
+        for layer in self.layers:
+            x = layer(x, cache)
+        return x, cache
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_a_handed_out_tensor_gets_eagers_gradient(backend):
+    """The cache tensor is a graph output the block computes further from: the block is cut
+    there, so its gradient through the later part is eager's."""
+    torch.manual_seed(0)
+    model = KVStack()
+    x = torch.randn(5, 8)
+    ref, ref_cache = model(x)
+    want = torch.autograd.grad(ref.pow(2).sum(), ref_cache)
+    compiled = kiln.compile(model, backend=backend)
+    out, cache = compiled(x)
+    torch.testing.assert_close(out, ref)
+    for a, b in zip(cache, ref_cache):
+        torch.testing.assert_close(a, b)
+        assert a.stride() == b.stride()
+    got = torch.autograd.grad(out.pow(2).sum(), cache)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)
+
+
+def test_blocks_reach_the_aot_stages_as_one_traced_block():
+    torch.manual_seed(0)
+    graphs = {}
+
+    def keep(kind):
+        def compiler(gm, example_inputs):
+            graphs[kind] = gm
+            return gm
+        return compiler
+    backend = aot_backend(fw_compiler=keep("forward"), bw_compiler=keep("backward"))
+    model = Stack([Block() for _ in range(4)])
+    check_training(model, kiln.compile(model, backend=backend), torch.randn(3, 8))
+    for kind in ("forward", "backward"):
+        gm = graphs[kind]
+        assert len(region_calls(gm)) == 4 and len(blocks_of(gm)) == 1, kind
