@@ -108,28 +108,31 @@ class AOTGraphCapture:
                f"{self.num_tangents} tangents, {len(self.graph.nodes)} nodes>"
 
 
-def _reached_by(outs: list, tangent_ids: list, leaf: torch.Tensor) -> frozenset:
-    """The tangents (of ``outs``) whose output's autograd graph reaches ``leaf``: those a
-    backward() from which gives ``leaf`` a gradient in eager, zeros included. The traced
+def _reached_by(outs: list, tangent_ids: list, leaves: list) -> list[frozenset]:
+    """Per leaf, the tangents (of ``outs``) whose output's autograd graph reaches it: those a
+    backward() from which gives the leaf a gradient in eager, zeros included. The traced
     gradient's data flow can say less: a decomposition turns ``zeros_like(grad)`` (the
-    derivative of an overwritten ``copy_``) into a constant (fuzz seed 7348)."""
-    try:
-        edge = torch.autograd.graph.get_gradient_edge(leaf).node
-    except Exception:   # noqa: BLE001 - no edge to find: the traced data flow decides
-        return frozenset()
-    found = set()
+    derivative of an overwritten ``copy_``) into a constant (fuzz seed 7348). One walk of the
+    autograd graph per output, whatever the number of leaves."""
+    edges = []
+    for leaf in leaves:
+        try:
+            edges.append(torch.autograd.graph.get_gradient_edge(leaf).node)
+        except Exception:   # noqa: BLE001 - no edge to find: the traced data flow decides
+            edges.append(None)
+    wanted = {e for e in edges if e is not None}
+    found: dict = {e: set() for e in wanted}
     for o, j in zip(outs, tangent_ids):
         seen, todo = set(), [o.grad_fn]
         while todo:
             node = todo.pop()
             if node is None or node in seen:
                 continue
-            if node is edge:
-                found.add(j)
-                break
             seen.add(node)
+            if node in wanted:
+                found[node].add(j)
             todo.extend(nxt for nxt, _ in node.next_functions)
-    return frozenset(found)
+    return [frozenset(found[e]) if e is not None else frozenset() for e in edges]
 
 
 def _handed_outputs(seg, values: list, outs: list) -> list:
@@ -241,7 +244,7 @@ def _capture(state: AOTState) -> AOTGraphCapture:
                     gin = [fp[i] for i in grad_primals] + fz
                     grads: list = [None] * len(gin)
                     if d_outs and gin:
-                        reach[:] = [_reached_by(d_outs, d_js, fp[i]) for i in grad_primals]
+                        reach[:] = _reached_by(d_outs, d_js, [fp[i] for i in grad_primals])
                         # the backward as eager's engine runs it: autocast off (its ops take
                         # the dtypes of the forward ops they differentiate)
                         with torch._C._DisableAutocast():

@@ -253,3 +253,26 @@ def test_blocks_reach_the_aot_stages_as_one_traced_block():
     for kind in ("forward", "backward"):
         gm = graphs[kind]
         assert len(region_calls(gm)) == 4 and len(blocks_of(gm)) == 1, kind
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_blocks_on_cuda_under_autocast_with_adamw():
+    """The GPU path: Inductor's Triton kernels for the block, bf16 autocast, AdamW steps; the
+    parameters follow eager's."""
+    torch.manual_seed(0)
+    model = KVStack(4).cuda()
+    twin = KVStack(4).cuda()
+    twin.load_state_dict(model.state_dict())
+    compiled = kiln.compile(twin)
+    opts = [torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (model, twin)]
+    for _ in range(3):
+        x = torch.randn(16, 8, device="cuda")
+        for m, opt in zip((model, compiled), opts):
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                out, cache = m(x)
+                loss = out.float().pow(2).mean() + sum(c.float().mean() for c in cache)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+    for a, b in zip(model.parameters(), twin.parameters()):
+        torch.testing.assert_close(a, b, atol=2e-2, rtol=2e-2)
