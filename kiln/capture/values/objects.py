@@ -17,6 +17,7 @@ import torch
 from ...config import config
 from ...errors import Unsupported
 from .. import regions
+from . import module_hooks
 from ..sources import AttrSource, ConstSource, ItemSource, TypeSource
 from .attributes import user_hook
 from .base import ConstantValue, Value
@@ -408,15 +409,20 @@ class NNModuleValue(ObjectValue):
         raise Unsupported(f"del of module attribute {name!r} inside a compiled function")
 
     def call(self, tx, args, kwargs):
-        tx.output.guard_module_has_no_hooks(self)
+        hooks = module_hooks.forward_hooks(tx, self)     # (guarded; none: the no-hooks guard)
         forward = static_lookup(type(self.value), "forward")
         if not isinstance(forward, types.FunctionType):
             raise Unsupported(f"{type(self.value).__name__}.forward is not a Python function")
         tx.output.guard_class_attribute(type(self.value), "forward", forward)
-        if config.repeated_blocks and regions.is_repeated_block(self):
-            return regions.record(tx, type(self.value).__name__, False,
-                                  lambda: tx.call(UserFunctionValue(forward), [self, *args], kwargs))
-        return tx.call(UserFunctionValue(forward), [self, *args], kwargs)
+
+        def call_forward(args, kwargs):
+            if config.repeated_blocks and regions.is_repeated_block(self):
+                return regions.record(tx, type(self.value).__name__, False,
+                                      lambda: tx.call(UserFunctionValue(forward), [self, *args], kwargs))
+            return tx.call(UserFunctionValue(forward), [self, *args], kwargs)
+        if hooks is None:
+            return call_forward(args, kwargs)
+        return module_hooks.call_with_hooks(tx, self, hooks, args, kwargs, call_forward)
 
 
 class NewModuleListValue(Value):

@@ -159,9 +159,19 @@ class TensorValue(Value):
             return ConstantValue(None)
         if name == "type" and not args and not kwargs:
             return ConstantValue(self.fake.type().replace("Fake", ""))
+        if name == "requires_grad_" and self.fake.requires_grad and _asks_for_grad(args, kwargs):
+            return self     # (already requires grad: eager's call changes nothing)
         if name == "requires_grad_" or name == "retain_grad":
             raise Unsupported(f"Tensor.{name}() changes autograd state of a graph value")
         return tx.output.call_op("call_method", name, (self, *args), kwargs)
+
+
+def _asks_for_grad(args, kwargs) -> bool:
+    """``requires_grad_()``, ``requires_grad_(True)`` or ``requires_grad_(requires_grad=True)``."""
+    given = list(args) + [v for k, v in kwargs.items() if k == "requires_grad"]
+    if len(given) > 1 or set(kwargs) - {"requires_grad"}:
+        return False
+    return not given or (given[0].is_constant() and given[0].as_constant() is True)
 
 
 def _refuse_setitem_overlap(tx, fake: torch.Tensor, index, value: torch.Tensor) -> None:

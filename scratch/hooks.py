@@ -1,0 +1,18 @@
+import torch, kiln
+class M(torch.nn.Module):
+    def __init__(s): super().__init__(); s.a = torch.nn.Linear(4, 4); s.b = torch.nn.Linear(4, 4)
+    def forward(s, x): return s.b(torch.relu(s.a(x)))
+m = M()
+m.a.register_forward_hook(lambda mod, inp, out: out * 2)
+m.b.register_forward_pre_hook(lambda mod, args: (args[0] + 1,))
+m.a.register_forward_hook(lambda mod, inp, out: out.requires_grad_(True))
+def kw(mod, args, kwargs): return (args, kwargs)
+m.b.register_forward_pre_hook(kw, with_kwargs=True)
+x = torch.randn(3, 4)
+c = kiln.compile(m, backend="aot_eager", fullgraph=True)
+torch.testing.assert_close(c(x), m(x))
+h = m.a.register_forward_hook(lambda mod, inp, out: out - 3)
+torch.testing.assert_close(c(x), m(x))
+h.remove()
+torch.testing.assert_close(c(x), m(x))
+print("ok", kiln.explain(m)(x).graph_count if hasattr(kiln.explain(m)(x), "graph_count") else "")
