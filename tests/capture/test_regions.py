@@ -276,3 +276,33 @@ def test_blocks_on_cuda_under_autocast_with_adamw():
             opt.zero_grad()
     for a, b in zip(model.parameters(), twin.parameters()):
         torch.testing.assert_close(a, b, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_dynamic_shapes(backend):
+    """Blocks traced on symbolic sizes: one graph serves every length, gradients are eager's."""
+    torch.manual_seed(0)
+    model = Stack([Block() for _ in range(3)])
+    compiled = kiln.compile(model, backend=backend, dynamic=True)
+    for n in (3, 5, 7):
+        check_training(model, compiled, torch.randn(n, 8))
+    kv = KVStack()
+    compiled = kiln.compile(kv, backend=backend)          # automatic dynamic: a second graph
+    for n in (5, 6, 9):
+        x = torch.randn(n, 8)
+        out, cache = compiled(x)
+        ref, ref_cache = kv(x)
+        torch.testing.assert_close(out, ref)
+        got = torch.autograd.grad(out.sum(), cache)
+        want = torch.autograd.grad(ref.sum(), ref_cache)
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b)
+
+
+def test_not_where_graphs_replay_as_cuda_graphs():
+    model = Stack([Block() for _ in range(3)])
+    rec = Recorder()
+    with kiln.config.patch(cudagraphs=True):
+        x = torch.randn(3, 8)
+        torch.testing.assert_close(kiln.compile(model, backend=rec)(x), model(x))
+    assert not region_calls(rec.graphs[0])

@@ -66,7 +66,6 @@ class InductorBackend:
     Inductor options (one object per distinct pair, so that compile keys stay interned)."""
 
     __name__ = "inductor"
-    kiln_regions = True         # (the capture hands it repeated blocks as invoke_region nodes)
 
     def __init__(self, mode: str | None = None, options: dict | None = None):
         self.mode = mode
@@ -78,6 +77,12 @@ class InductorBackend:
     def cudagraphs(self) -> bool:
         """Whether compiled graphs are recorded as CUDA graphs (kiln.cudagraphs)."""
         return self.mode == "reduce-overhead" or config.cudagraphs
+
+    @property
+    def kiln_regions(self) -> bool:
+        """Whether the capture hands this backend repeated blocks as ``invoke_region`` nodes:
+        not where its graphs replay as CUDA graphs (their partitioning does not know blocks)."""
+        return not self.cudagraphs
 
     @property
     def config_patches(self) -> dict:
