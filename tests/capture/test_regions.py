@@ -62,6 +62,7 @@ def blocks_of(gm):
 
 
 def check_training(model, compiled, x):
+    model.zero_grad()
     x1, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()
     ref = model(x1)
     ref.pow(2).sum().backward()
