@@ -38,8 +38,9 @@ from torch._subclasses.fake_tensor import FakeTensorMode, maybe_get_fake_mode
 from torch._subclasses.functional_tensor import FunctionalTensorMode
 from torch.fx import traceback as fx_traceback
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
-from torch.fx.experimental.proxy_tensor import (ProxyTorchDispatchMode, disable_proxy_modes_tracing, make_fx,
-                                                track_tensor_tree)
+from torch.fx.experimental.proxy_tensor import (ProxyTorchDispatchMode, disable_proxy_modes_tracing, get_proxy_mode,
+                                                make_fx, track_tensor_tree)
+from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import _disable_current_modes
 
@@ -398,14 +399,11 @@ def _unaliased_outputs(gm: torch.fx.GraphModule) -> None:
 def _storage(n: torch.fx.Node):
     v = n.meta.get("val")
     if isinstance(v, torch.Tensor):
-        from torch.multiprocessing.reductions import StorageWeakRef
         return StorageWeakRef(v.untyped_storage())
     return None
 
 
 def _mark_forward_nodes() -> None:
-    from torch.fx.experimental.proxy_tensor import get_proxy_mode
-
     mode = get_proxy_mode()
     if mode is not None:
         for n in mode.tracer.graph.nodes:

@@ -26,6 +26,7 @@ see that output feed the later one, as eager's autograd graph does.
 from __future__ import annotations
 
 import collections
+import operator
 from dataclasses import dataclass, field
 
 import torch
@@ -38,7 +39,7 @@ from ..aot.recompute import REGION_KEY
 from .sources import AttrSource, ItemSource
 from .values.subgraphs import mutated_operands, new_nodes, subgraph
 
-_getitem = __import__("operator").getitem
+_getitem = operator.getitem
 
 # node meta that marks checkpointed code (values/checkpoint.py)
 _CHECKPOINT_META = (REGION_KEY, "kiln_checkpoint_policy", "recompute")
