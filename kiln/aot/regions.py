@@ -46,7 +46,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from .. import _torch, logs
 from ..errors import Unsupported
-from . import functional_tensors, fx_graphs, trace_context
+from . import functional_tensors, fx_graphs, recompute, trace_context
 
 # gm.meta[STAGE]: a block as captured (torch-level code) or as traced by stage 1 (ATen)
 STAGE = "kiln_region_stage"
@@ -289,6 +289,7 @@ def _trace_inference(block, fakes: list, decompositions: dict) -> TracedBlock:
 
 
 def _trace_training(block, fakes: list, decompositions: dict, partition_fn: Callable) -> TracedBlock:
+    block = recompute.traced_with_regions(block)    # (checkpointed code in it: tagged, recomputed)
     with torch.enable_grad():
         example = _run(block, fakes)
     differentiable = [isinstance(o, torch.Tensor) and o.requires_grad for o in example]

@@ -14,8 +14,8 @@ Candidates: a module called as an item of an ``nn.ModuleList`` or ``nn.Sequentia
 the user marked it. Only the outermost candidate of nested ones is recorded.
 
 A span stays inlined (with the reason under ``KILN_LOGS=aot``) where a shared block could
-differ from the inlined code: it changes grad mode or enters autocast without leaving it, holds
-checkpointed code, writes a tensor it did not create in place, returns a non-tensor value, an
+differ from the inlined code: it changes grad mode or enters autocast without leaving it, writes
+a tensor it did not create in place, returns a non-tensor value, an
 input, or two views of one tensor, or a tensor that later code writes in place.
 
 **Gradients.** One node is one autograd node. Where a block's output is a graph output (the
@@ -35,14 +35,11 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 from .. import logs
 from ..aot import regions as aot_regions
-from ..aot.recompute import REGION_KEY
 from .sources import AttrSource, ItemSource
 from .values.subgraphs import mutated_operands, new_nodes, subgraph
 
 _getitem = operator.getitem
 
-# node meta that marks checkpointed code (values/checkpoint.py)
-_CHECKPOINT_META = (REGION_KEY, "kiln_checkpoint_policy", "recompute")
 
 
 @dataclass
@@ -177,8 +174,6 @@ def _refusal(nodes: list) -> str | None:
             depth += 1
         if n.op == "call_function" and n.target is am._exit_autocast:
             depth -= 1
-        if any(k in n.meta for k in _CHECKPOINT_META):
-            return "it holds checkpointed code"
         if any(a not in inside for a in mutated_operands(n)):
             return "it writes in place a tensor it did not create"
     if depth != 0:

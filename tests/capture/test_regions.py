@@ -307,3 +307,40 @@ def test_not_where_graphs_replay_as_cuda_graphs():
         x = torch.randn(3, 8)
         torch.testing.assert_close(kiln.compile(model, backend=rec)(x), model(x))
     assert not region_calls(rec.graphs[0])
+
+
+class CheckpointedBlock(Block):
+    """A layer whose body is checkpointed and draws dropout (HF's gradient_checkpointing)."""
+
+    def forward(self, x):
+        return torch.utils.checkpoint.checkpoint(self.body, x, use_reentrant=False)
+
+    def body(self, x):
+        return F.dropout(super().forward(x), p=0.3, training=True)
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_checkpointed_blocks_are_shared_and_recompute_eagers_dropout(backend):
+    torch.manual_seed(0)
+    model = Stack([CheckpointedBlock() for _ in range(3)])
+    x = torch.randn(4, 8, requires_grad=True)
+    torch.manual_seed(1)
+    ref = model(x)
+    ref.pow(2).sum().backward()
+    want = [p.grad.clone() for p in model.parameters()] + [x.grad.clone()]
+    model.zero_grad()
+    x.grad = None
+    graphs = []
+
+    def keep(gm, example_inputs):
+        graphs.append(gm)
+        return gm
+    compiled = kiln.compile(model, backend=aot_backend(fw_compiler=keep) if backend == "aot_eager" else backend)
+    torch.manual_seed(1)
+    out = compiled(x)
+    out.pow(2).sum().backward()
+    torch.testing.assert_close(out, ref)
+    for got, w in zip([p.grad for p in model.parameters()] + [x.grad], want):
+        torch.testing.assert_close(got, w)
+    if graphs:
+        assert len(region_calls(graphs[0])) == 3 and len(blocks_of(graphs[0])) == 1
