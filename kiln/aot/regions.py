@@ -147,6 +147,11 @@ def _autograd(block, *operands):
     if stage is None:
         # not in a stage-1 trace: the block's code, where it stands
         return _run(block, operands)
+    # a block reads dense inputs: a view with gaps (a key split from a fused projection) is
+    # copied, so that Inductor, which lays the caller's buffers out densely, passes what the
+    # block was traced for
+    operands = tuple(t.contiguous() if isinstance(t, torch.Tensor) and not _dense(t)
+                     else t for t in operands)
     needs_grad = torch.is_grad_enabled() and any(
         isinstance(t, torch.Tensor) and t.requires_grad for t in operands)
     traced = stage.traced(block, operands, needs_grad)
@@ -249,6 +254,20 @@ def _layout(t) -> Any:
 
 def _autocast_state() -> tuple:
     return tuple((d, torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in ("cpu", "cuda"))
+
+
+def _dense(t: torch.Tensor) -> bool:
+    """Its elements fill its storage span without gaps or overlap, in some order of its dims
+    (symbolic sizes: assumed so)."""
+    sizes, strides = list(t.shape), list(t.stride())
+    if not all(isinstance(x, int) for x in sizes + strides):
+        return True
+    expected = 1
+    for size, stride in sorted((p for p in zip(sizes, strides) if p[0] != 1), key=lambda p: p[1]):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
 
 
 def _fresh(t, needs_grad: bool):
