@@ -150,7 +150,7 @@ def _autograd(block, *operands):
     # a block reads dense inputs: a view with gaps (a key split from a fused projection) is
     # copied, so that Inductor, which lays the caller's buffers out densely, passes what the
     # block was traced for
-    operands = tuple(t.contiguous() if isinstance(t, torch.Tensor) and not _dense(t)
+    operands = tuple(t.contiguous() if isinstance(t, torch.Tensor) and not _is_dense(t)
                      else t for t in operands)
     needs_grad = torch.is_grad_enabled() and any(
         isinstance(t, torch.Tensor) and t.requires_grad for t in operands)
@@ -256,7 +256,7 @@ def _autocast_state() -> tuple:
     return tuple((d, torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in ("cpu", "cuda"))
 
 
-def _dense(t: torch.Tensor) -> bool:
+def _is_dense(t: torch.Tensor) -> bool:
     """Its elements fill its storage span without gaps or overlap, in some order of its dims
     (symbolic sizes: assumed so)."""
     sizes, strides = list(t.shape), list(t.stride())
