@@ -262,15 +262,17 @@ def _observed_by_hooks(node_cls) -> None:
 
 def _copies(tensors: list) -> list:
     """Copies of ``tensors`` (same strides): one multi-tensor copy per device and dtype (a
-    kernel launch, not one per tensor: a ResNet copies a BatchNorm bias per layer), a clone
-    for the rest (layouts other than contiguous)."""
+    kernel launch, not one per tensor: a ResNet copies a BatchNorm bias per layer), a strided
+    copy for the rest (layouts other than contiguous; ``clone`` would lay a view with gaps,
+    a key split from a fused projection, out contiguously, and the backward compiled for the
+    view's strides would refuse it)."""
     out = [None] * len(tensors)
     groups: dict = {}
     for i, t in enumerate(tensors):
         if t.is_contiguous():
             groups.setdefault((t.device, t.dtype), []).append(i)
         else:
-            out[i] = t.clone()
+            out[i] = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=t.device).copy_(t)
     for idx in groups.values():
         dst = [torch.empty_like(tensors[i]) for i in idx]
         torch._foreach_copy_(dst, [tensors[i] for i in idx])

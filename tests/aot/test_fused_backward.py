@@ -209,10 +209,7 @@ class _SplitKV(torch.nn.Module):
         return x + self.o(torch.softmax(q @ k.transpose(-1, -2), -1) @ v), k, v
 
 
-@pytest.mark.parametrize("backend", ["aot_eager", pytest.param("inductor", marks=pytest.mark.xfail(
-    strict=True, raises=AssertionError,
-    reason="known bug: Inductor's backward is compiled for the handed key with its view's strides "
-           "(120, 24, 1) and receives it contiguous"))])
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 def test_handed_views_split_from_one_projection(backend):
     torch.manual_seed(0)
     model = _SplitKV()

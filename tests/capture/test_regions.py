@@ -373,11 +373,7 @@ class FusedStack(torch.nn.Module):
         return x, cache
 
 
-@pytest.mark.parametrize("backend", ["aot_eager", pytest.param("inductor", marks=pytest.mark.xfail(
-    strict=True, raises=AssertionError,
-    reason="a known bug of segmented graphs, blocks or not (tests/aot/test_fused_backward.py::"
-           "test_handed_views_split_from_one_projection): Inductor's backward expects a handed key "
-           "with its view's strides and gets it contiguous"))])
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 def test_blocks_reading_views_split_from_one_projection(backend):
     torch.manual_seed(0)
     model = FusedStack()
