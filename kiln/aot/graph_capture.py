@@ -147,16 +147,6 @@ def _handed_outputs(seg, values: list, outs: list) -> list:
     return [values[j] for j in seg.extra]
 
 
-def _mark_forward_nodes() -> None:
-    from torch.fx.experimental.proxy_tensor import get_proxy_mode
-
-    mode = get_proxy_mode()
-    if mode is None:  # pragma: no cover
-        return
-    for n in mode.tracer.graph.nodes:
-        n.meta.setdefault("kiln_phase", "forward")
-
-
 def stage1_graph_capture(state: AOTState) -> AOTGraphCapture:
     if state.closed:
         raise RuntimeError("stage1_graph_capture: the AOTState is closed")
@@ -233,7 +223,7 @@ def _capture(state: AOTState) -> AOTGraphCapture:
                     else:
                         outs = fn(*fp)
                     write_inputs(p, fp)
-                    _mark_forward_nodes()
+                    trace_context.mark_forward_nodes()
                     d_outs, d_tangents, d_js = [], [], []
                     for j, k in enumerate(tangent_positions):
                         o = outs[k]

@@ -38,8 +38,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode, maybe_get_fake_mode
 from torch._subclasses.functional_tensor import FunctionalTensorMode
 from torch.fx import traceback as fx_traceback
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
-from torch.fx.experimental.proxy_tensor import (ProxyTorchDispatchMode, disable_proxy_modes_tracing, get_proxy_mode,
-                                                make_fx, track_tensor_tree)
+from torch.fx.experimental.proxy_tensor import (ProxyTorchDispatchMode, disable_proxy_modes_tracing, make_fx,
+                                                track_tensor_tree)
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import _disable_current_modes
@@ -325,7 +325,7 @@ def _trace_training(block, fakes: list, decompositions: dict, partition_fn: Call
             ft = [functional_tensors.to_fun(x) for x in t]
             with torch.enable_grad():
                 outs = _run(block, fp)
-            _mark_forward_nodes()
+            trace_context.mark_forward_nodes()
             d_outs, d_tangents = [], []
             tangent_of = iter(ft)
             for o, d in zip(outs, differentiable):
@@ -421,13 +421,6 @@ def _storage(n: torch.fx.Node):
     if isinstance(v, torch.Tensor):
         return StorageWeakRef(v.untyped_storage())
     return None
-
-
-def _mark_forward_nodes() -> None:
-    mode = get_proxy_mode()
-    if mode is not None:
-        for n in mode.tracer.graph.nodes:
-            n.meta.setdefault("kiln_phase", "forward")
 
 
 class _RegionFunction(torch.autograd.Function):

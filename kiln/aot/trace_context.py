@@ -7,6 +7,7 @@ import functools
 from typing import Callable
 
 import torch
+from torch.fx.experimental.proxy_tensor import get_proxy_mode
 
 aten = torch.ops.aten
 
@@ -124,3 +125,12 @@ def saved_tensor_hooks_deferred():
         yield
     finally:
         setter(prior)
+
+
+def mark_forward_nodes() -> None:
+    """Tag every node the current make_fx trace made so far as forward (``kiln_phase``): a
+    joint function calls it between running the function and taking its gradients."""
+    mode = get_proxy_mode()
+    if mode is not None:
+        for n in mode.tracer.graph.nodes:
+            n.meta.setdefault("kiln_phase", "forward")

@@ -302,6 +302,9 @@ class OutputGraph:
             raise Unsupported("calling an nn.Module with hooks that cannot be guarded")
         if not _torch.module_hooks_empty(module_value.value):
             raise Unsupported(f"nn.Module {type(module_value.value).__name__} has hooks registered")
+        self.guard_no_global_module_hooks()
+
+    def guard_no_global_module_hooks(self) -> None:
         if any(_torch.global_module_hooks()):
             raise Unsupported("global nn.Module hooks are registered")
         if not self.module_hooks_guarded:

@@ -49,11 +49,7 @@ def forward_hooks(tx, module_value) -> Hooks | None:
     src = module_value.source
     if src is None or not output.guards_enabled_for(src):
         raise Unsupported("calling an nn.Module with hooks that cannot be guarded")
-    if any(_torch.global_module_hooks()):
-        raise Unsupported("global nn.Module hooks are registered")
-    if not output.module_hooks_guarded:
-        output.module_hooks_guarded = True
-        output.guards.add(Guard(GuardKind.NO_HOOKS, None))
+    output.guard_no_global_module_hooks()
     for d in _BACKWARD_DICTS + _FORWARD_DICTS:
         output.guards.add(Guard(GuardKind.DICT_KEYS, AttrSource(src, d), list(getattr(m, d, {}))))
 
