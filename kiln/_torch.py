@@ -264,13 +264,16 @@ def module_hooks_empty(m: torch.nn.Module) -> bool:
                 or m._backward_pre_hooks)
 
 
-def global_module_hooks() -> tuple:
-    """The dicts of globally registered nn.Module hooks (torch.nn.modules.module)."""
-    import torch.nn.modules.module as mm
+_GLOBAL_MODULE_HOOKS = tuple(n for n in (
+    "_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
+    "_global_backward_pre_hooks") if hasattr(torch.nn.modules.module, n))
 
-    return tuple(getattr(mm, n) for n in (
-        "_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
-        "_global_backward_pre_hooks") if hasattr(mm, n))
+
+def global_module_hooks() -> tuple:
+    """The dicts of globally registered nn.Module hooks (torch.nn.modules.module; read each
+    time: a guard on every call, and the dicts are torch's to replace)."""
+    mm = torch.nn.modules.module
+    return tuple(getattr(mm, n) for n in _GLOBAL_MODULE_HOOKS)
 
 
 # -- Inductor, as a kernel generator only ---------------------------------------------------------

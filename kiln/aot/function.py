@@ -141,6 +141,28 @@ class _Call:
         self.backward = backward
 
 
+class _Selection:
+    """(segments) The saved tensors one node keeps of a call's ``n``: ``kept``, their indices
+    among the call's; ``watch`` and ``demand``, the version-check fields for them, by their
+    place in the node's own list; ``saved_positions``, the position among the graph's saved
+    values of each kept one that is not a checked extra (those come last)."""
+    __slots__ = ("kept", "n", "watch", "demand", "saved_positions")
+
+    def __init__(self, kept: list, n: int, positions: list, watch: list, demand: list, everything: frozenset):
+        self.kept, self.n = kept, n
+        place = {i: k for k, i in enumerate(kept)}
+        self.watch = [(place[pos], need) for pos, need in watch if pos in place]
+        self.demand = [demand[i] if i < len(demand) else (everything,) for i in kept]
+        self.saved_positions = [positions[i] for i in kept if i < len(positions)]
+
+    def spread(self, values: list) -> list:
+        """The node's values laid out as the call's: None where another node keeps one."""
+        out = [None] * self.n
+        for i, v in zip(self.kept, values):
+            out[i] = v
+        return out
+
+
 class _Backward:
     """(segments) One call's backward across its nodes. The node that runs first (the last
     segment's) decides how: ``fused``, one graph for every segment, run by the first segment's
@@ -319,6 +341,7 @@ def make_training_core(fw: Callable, bw: Callable, parts, compile_bw: Callable[[
     fused_graph: list = []      # (segments) built when first needed: None where it cannot be
     can_fuse: list = []         # (segments) whether the backward can run as one graph, once known
     logged: set = set()
+    last_positions: list = [None]   # (segments) the saved tensors' positions of the last call
 
     def compiled_backward(key: str, build: Callable[[], tuple], what: str) -> tuple:
         """The backward named ``key``: loaded from the cache entry, or ``build()`` (its graph
@@ -381,7 +404,13 @@ def make_training_core(fw: Callable, bw: Callable, parts, compile_bw: Callable[[
         other = None if len(tensors) == len(saved) else \
             [(i, s) for i, s in enumerate(saved) if not isinstance(s, torch.Tensor)]
         # (segments) the saved position of each tensor, for the nodes that save some only
-        positions = [i for i, s in enumerate(saved) if isinstance(s, torch.Tensor)] if segmented else None
+        positions = None
+        if segmented:
+            positions = [i for i, s in enumerate(saved) if isinstance(s, torch.Tensor)]
+            if positions == last_positions[0]:
+                positions = last_positions[0]   # (the nodes find their selection by its identity)
+            else:
+                last_positions[0] = positions
         # saved only so that backward() checks their version counters, as eager's does
         tensors += [args[i] for i in check_inputs] + [fw_outs[k] for k in check_outputs]
         if several_nodes:
@@ -391,9 +420,12 @@ def make_training_core(fw: Callable, bw: Callable, parts, compile_bw: Callable[[
             # cycle through C++ that the gc never frees, and with them the call's inputs (fuzz
             # seed 3629). An alias shares the memory and the version counter (the checks stay)
             # but not the autograd history. The call's inputs stay as they are (their history
-            # is older than these nodes).
+            # is older than these nodes). A value the graph made that is neither an output nor a
+            # view gets no history: kept as it is.
             arg_ids = {id(a) for a in args}
-            tensors = [t if id(t) in arg_ids else t.detach() for t in tensors]
+            out_ids = {id(o) for o in fw_outs}
+            tensors = [t.detach() if (id(t) in out_ids or t._is_view()) and id(t) not in arg_ids else t
+                       for t in tensors]
         sizes = None if static_zeros is not None else \
             {k: (fw_outs[k].shape, fw_outs[k].dtype, fw_outs[k].device) for k in tangent_positions}
         call.result = (fw_outs, tensors, other, sizes, positions)
@@ -430,6 +462,21 @@ def make_training_core(fw: Callable, bw: Callable, parts, compile_bw: Callable[[
             # the inputs eager saved that this node takes (their versions are checked at its
             # backward), and the outputs eager saved (every node)
             my_checks = [i in primals for i in check_inputs] + [True] * len(check_outputs)
+            selections: dict = {}
+
+            def selection(positions: list, n: int) -> _Selection:
+                """What this node saves of the call's ``n`` tensors, laid out as ``positions``
+                (the same list object for every node of a call, and across calls while the
+                layout holds): found once, so that a node costs its own values, not all."""
+                got = selections.get(id(positions))
+                if got is not None and got[0] is positions:
+                    return got[1]
+                n_sv = len(positions)
+                kept = [i for i in range(n) if (positions[i] in reads if i < n_sv else my_checks[i - n_sv])]
+                sel = _Selection(kept, n, positions, watch, saved_demand, mine)
+                selections.clear()
+                selections[id(positions)] = (positions, sel)
+                return sel
 
         class KilnAOTFunction(torch.autograd.Function):
             @staticmethod
@@ -445,17 +492,19 @@ def make_training_core(fw: Callable, bw: Callable, parts, compile_bw: Callable[[
                 ctx.kiln_mine = mine
                 # the user's eager saved-tensor hooks pack what this node saves (not inlined)
                 ctx.kiln_user_hooks = applied_saved_tensors_hooks() is not None
-                if reads is not None:       # (segments) what this node's backward reads
-                    n_sv = len(positions)
-                    tensors = [t if (positions[i] in reads if i < n_sv else my_checks[i - n_sv]) else None
-                               for i, t in enumerate(tensors)]
+                node_watch = watch
+                if reads is not None:       # (segments) only what this node's backward reads
+                    sel = selection(positions, len(tensors))
+                    tensors = [tensors[i] for i in sel.kept]
+                    ctx.kiln_selection = sel
+                    node_watch = sel.watch
                 ctx.save_for_backward(*tensors)
-                ctx.kiln_saved_count = len(tensors) if reads is None else sum(t is not None for t in tensors)
+                ctx.kiln_saved_count = len(tensors)
                 # (eager's nodes behind this node's outputs saved tensors)
                 ctx.kiln_eager_saves = eager_saves
                 ctx.kiln_slots = len(tensors)
-                if watch:
-                    ctx.kiln_watch = versions.record(tensors, watch)
+                if node_watch:
+                    ctx.kiln_watch = versions.record(tensors, node_watch)
                 mine_out = tuple(fw_outs[k] for k in outputs)
                 if out_nondiff:
                     ctx.mark_non_differentiable(*[fw_outs[k] for k in out_nondiff
@@ -492,9 +541,13 @@ def make_training_core(fw: Callable, bw: Callable, parts, compile_bw: Callable[[
                             tangents_[j] = zeros_for(ctx, tangent_positions[j])
                 partial = None if whole and len(given) == n_tangents else frozenset(given)
                 versions.run_late_checks(ctx, partial, late_demand)
-                args = versions.unpack(ctx, partial, watch, saved_demand, mine)
+                sel = getattr(ctx, "kiln_selection", None)
+                if sel is None:
+                    args = versions.unpack(ctx, partial, watch, saved_demand, mine)
+                else:
+                    args = sel.spread(versions.unpack(ctx, partial, sel.watch, sel.demand, mine))
                 if len(args) < ctx.kiln_slots:      # (a node that saved nothing, unpacked again)
-                    args = [None] * ctx.kiln_slots
+                    args = [None] * ctx.kiln_slots    # (a node's own selection is spread already)
                 ctx.maybe_clear_saved_tensors()     # the graph frees each after its last use
                 if n_checked:
                     del args[len(args) - n_checked:]
@@ -537,17 +590,17 @@ def make_training_core(fw: Callable, bw: Callable, parts, compile_bw: Callable[[
         given = set(given) | {j for j in ctx.kiln_mine if not handed_back[j].isdisjoint(state.tangents)}
         partial = None if ctx.kiln_mine <= given else frozenset(given)
         versions.run_late_checks(ctx, partial, late_demand)
-        args = versions.unpack(ctx, partial, watch, saved_demand, ctx.kiln_mine)
+        sel = ctx.kiln_selection
+        args = versions.unpack(ctx, partial, sel.watch, sel.demand, ctx.kiln_mine)
         ctx.maybe_clear_saved_tensors()
-        if n_checked:
-            del args[len(args) - n_checked:]
         if ctx.kiln_other is not None:
             for i, s in ctx.kiln_other:
-                args.insert(i, s)
-        for i, v in enumerate(args):
+                state.saved[i] = s
+        # (the node's own values only: the checked ones, after the saved, are not the graph's)
+        for i, v in zip(sel.saved_positions, args):
             if v is not None:
                 # (a saved output would hold its node, and that node this state: a cycle)
-                state.saved[i] = v.detach() if isinstance(v, torch.Tensor) and v.grad_fn is not None else v
+                state.saved[i] = v.detach() if v.grad_fn is not None else v
 
     def hand_to_first(ctx, state, tangents_: list, given: set, primals: list) -> tuple:
         for j in given:
