@@ -504,7 +504,8 @@ def make_training_core(fw: Callable, bw: Callable, parts, compile_bw: Callable[[
                 ctx.kiln_eager_saves = eager_saves
                 ctx.kiln_slots = len(tensors)
                 if node_watch:
-                    ctx.kiln_watch = versions.record(tensors, node_watch)
+                    # (several nodes: the saved tensors that could hold a node are aliases already)
+                    ctx.kiln_watch = versions.record(tensors, node_watch, aliases=several_nodes)
                 mine_out = tuple(fw_outs[k] for k in outputs)
                 if out_nondiff:
                     ctx.mark_non_differentiable(*[fw_outs[k] for k in out_nondiff

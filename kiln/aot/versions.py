@@ -254,10 +254,14 @@ def recording_saves():
 # Runtime
 # ------------------------------------------------------------------------------------------------
 
-def record(tensors: list, watch: list) -> list:
+def record(tensors: list, watch: list, aliases: bool = False) -> list:
     """At forward time: (alias, version) of each watched saved tensor. The alias (``detach``)
     shares the tensor's version counter and memory (which the saved tensor keeps alive anyway)
-    and outlives the Python object the user may drop."""
+    and outlives the Python object the user may drop. ``aliases``: the tensors are such
+    aliases already (none holds its node)."""
+    if aliases:
+        return [(tensors[pos], tensors[pos]._version) if tensors[pos] is not None else (None, 0)
+                for pos, _ in watch]
     return [(tensors[pos].detach(), tensors[pos]._version) if tensors[pos] is not None else (None, 0)
             for pos, _ in watch]
 
