@@ -409,6 +409,23 @@ class NNModuleValue(ObjectValue):
         raise Unsupported(f"del of module attribute {name!r} inside a compiled function")
 
     def call(self, tx, args, kwargs):
+        cls = type(self.value)
+        call_fn = static_lookup(cls, "__call__")
+        if call_fn is not torch.nn.Module.__call__:
+            # the class's own __call__ (Hugging Face's layers checkpoint themselves there, and
+            # change their arguments): inlined, its ``super().__call__`` comes back below
+            if not isinstance(call_fn, types.FunctionType):
+                raise Unsupported(f"{cls.__name__}.__call__ is not a Python function")
+            tx.output.guard_class_attribute(cls, "__call__", call_fn)
+            return tx.call(UserFunctionValue(call_fn), [self, *args], kwargs)
+        return self.module_call(tx, args, kwargs)
+
+    def module_call(self, tx, args, kwargs):
+        """``nn.Module.__call__``: forward pre-hooks, ``forward``, forward hooks."""
+        cls = type(self.value)
+        for name in ("_call_impl", "_wrapped_call_impl"):
+            if static_lookup(cls, name) is not getattr(torch.nn.Module, name):
+                raise Unsupported(f"{cls.__name__} overrides nn.Module.{name}")
         hooks = module_hooks.forward_hooks(tx, self)     # (guarded; none: the no-hooks guard)
         forward = static_lookup(type(self.value), "forward")
         if not isinstance(forward, types.FunctionType):
@@ -586,6 +603,9 @@ class SuperValue(Value):
                 attr = klass.__dict__[name]
                 if attr is torch.nn.Module.__init__ and getattr(self.obj, "under_construction", False):
                     return _ModuleInit(self.obj)   # (new_objects.py: a module being initialized)
+                if attr in (torch.nn.Module.__call__, torch.nn.Module._call_impl) and \
+                        isinstance(self.obj, NNModuleValue):
+                    return _ModuleCall(self.obj)   # (a class's own __call__ calling nn.Module's)
                 if isinstance(attr, types.FunctionType):
                     return BoundMethodValue(UserFunctionValue(attr), self.obj)
                 if isinstance(attr, classmethod):
@@ -611,6 +631,20 @@ class _ObjectInit(Value):
             raise tx.user_exception(TypeError("object.__init__() takes exactly one argument "
                                               "(the instance to initialize)"))
         return ConstantValue(None)
+
+
+class _ModuleCall(Value):
+    """``nn.Module.__call__`` bound by ``super()`` to a module whose class overrides it: the
+    module's hooks and forward."""
+
+    def __init__(self, obj):
+        self.obj = obj
+
+    def describe(self):
+        return f"nn.Module.__call__ of {self.obj.describe()}"
+
+    def call(self, tx, args, kwargs):
+        return self.obj.module_call(tx, args, kwargs)
 
 
 class _ModuleInit(Value):
