@@ -1,0 +1,85 @@
+"""The structured trace (kiln/trace.py, fed by kiln/logs.py): one file per process, written in
+batches, switched by ``kiln.config.trace_dir``."""
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+
+import kiln
+from kiln import logs, trace
+
+
+def _records(directory: str) -> list:
+    out = []
+    for name in sorted(os.listdir(directory)):
+        with open(os.path.join(directory, name), encoding="utf-8") as f:
+            out += [json.loads(line) for line in f]
+    return out
+
+
+def test_config_switches_tracing_and_the_topics(tmp_path):
+    assert trace.writer is None and not logs.enabled.graph
+    with kiln.config.patch(trace_dir=str(tmp_path)):
+        assert trace.writer is not None and logs.enabled.graph and logs.enabled.cudagraphs
+        kiln.compile(lambda x: x + 1, backend="eager")(torch.ones(2))
+    assert trace.writer is None and not logs.enabled.graph      # off again: the topics too
+    (name,) = os.listdir(tmp_path)
+    assert name == f"kiln-trace-{os.getpid()}.jsonl"
+    recs = _records(str(tmp_path))
+    assert recs[0]["kind"] == "process" and [r["seq"] for r in recs] == list(range(len(recs)))
+    assert any(r["kind"] == "graph" for r in recs)
+
+
+def test_stderr_shows_only_the_chosen_topics(tmp_path, capsys):
+    kiln.set_logs("recompiles")
+    with kiln.config.patch(trace_dir=str(tmp_path)):
+        f = kiln.compile(lambda x: x * 2, backend="eager")
+        f(torch.ones(2))
+        f(torch.ones(3, 2))
+    err = capsys.readouterr().err
+    assert "[kiln:recompiles]" in err and "[kiln:graph]" not in err and "[kiln:guards]" not in err
+    kinds = {r["kind"] for r in _records(str(tmp_path))}
+    assert {"graph", "guards", "recompile"} <= kinds
+
+
+def test_records_are_written_in_batches(tmp_path):
+    w = trace.TraceWriter(str(tmp_path))
+    for i in range(trace.BATCH - 1):
+        w.record("message", "graph", f"m{i}", {})
+    assert not os.path.exists(w.path)           # buffered
+    w.record("message", "graph", "last of the batch", {})
+    with open(w.path) as f:
+        assert len(f.readlines()) == trace.BATCH
+    w.record("message", "graph", "one more", {})
+    w.flush()
+    with open(w.path) as f:
+        assert len(f.readlines()) == trace.BATCH + 1
+
+
+def test_a_rank_names_the_file(tmp_path):
+    import torch.distributed as dist
+
+    w = trace.TraceWriter(str(tmp_path))
+    w.record("message", "graph", "before init", {})
+    w.flush()
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        w.record("message", "graph", "after init", {})
+        w.flush()
+    finally:
+        dist.destroy_process_group()
+    assert os.listdir(tmp_path) == [f"kiln-trace-{os.getpid()}-rank0.jsonl"]
+    recs = _records(str(tmp_path))
+    assert [r["rank"] for r in recs] == [None, 0]
+
+
+def test_a_directory_it_cannot_write_stops_tracing_not_the_compile(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with kiln.config.patch(trace_dir=str(blocker / "sub")):
+        out = kiln.compile(lambda x: x - 1, backend="eager")(torch.ones(2))
+        trace.flush()
+    assert torch.equal(out, torch.zeros(2))
+    assert "tracing stops" in capsys.readouterr().err
