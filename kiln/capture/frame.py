@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import itertools
+import linecache
 import time
 import types
 import weakref
@@ -409,9 +410,18 @@ def eager_entry_for(fn, program: GuardProgram, guards: list[Guard], key, backend
 
 
 def break_fields(reason) -> dict:
-    """The trace fields of a graph break or an eager frame: its reason and the user's line."""
-    return {"reason": str(getattr(reason, "construct", reason)), "break_file": getattr(reason, "filename", None),
-            "break_line": getattr(reason, "lineno", None), "source_line": getattr(reason, "source_line", None)}
+    """The trace fields of a graph break or an eager frame: its reason and the user's line, with
+    the lines around it (a break deep in a call is in another function than the frame's)."""
+    filename, lineno = getattr(reason, "filename", None), getattr(reason, "lineno", None)
+    context = None
+    if filename and lineno:
+        first = max(1, lineno - 3)
+        lines = [linecache.getline(filename, n).rstrip("\n") for n in range(first, lineno + 4)]
+        while lines and not lines[-1]:
+            lines.pop()
+        context = {"first": first, "lines": lines} if lines else None
+    return {"reason": str(getattr(reason, "construct", reason)), "break_file": filename, "break_line": lineno,
+            "source_line": getattr(reason, "source_line", None), "context": context}
 
 
 def _log_guards(fn, guards: list[Guard], program: GuardProgram) -> None:

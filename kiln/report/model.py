@@ -49,6 +49,7 @@ def build_model(trace) -> dict:
     graphs_by_id: dict = {}
     last_graph_of: dict = {}
     recompiles, cache_events, partitions, cudagraphs, activations, packages = [], [], [], [], [], []
+    compiles = []           # (lane, end, seconds, label): each compile that reported its stages
     events = []
     stage_totals: dict = collections.defaultdict(float)
     counts = collections.Counter()
@@ -94,6 +95,7 @@ def build_model(trace) -> dict:
             stages = {k: float(v) for k, v in (r.get("stages") or {}).items()}
             for k, v in stages.items():
                 stage_totals[k] += v
+            compiles.append((r["_file"], when, sum(stages.values()), r.get("graph") or r.get("function") or ""))
             g = graphs_by_id.get((r["_file"], r.get("graph_id")))
             if g is not None:
                 g["stages"] = stages
@@ -108,7 +110,7 @@ def build_model(trace) -> dict:
             frame = frame_for(r)
             b = {"function": r.get("function"), "reason": r.get("reason") or msg, "line": r.get("break_line"),
                  "file": r.get("break_file"), "source_line": (r.get("source_line") or "").rstrip(),
-                 "t": when, "lane": r["_file"]}
+                 "context": r.get("context"), "t": when, "lane": r["_file"]}
             if frame is not None:
                 target = frame["breaks" if kind == "graph_break" else "eager"]
                 if not any(x["function"] == b["function"] and x["line"] == b["line"] and x["reason"] == b["reason"]
@@ -169,4 +171,4 @@ def build_model(trace) -> dict:
             "frames": frame_list, "recompiles": recompiles,
             "cache": [e for e in cache_events if e["action"] not in ("hit", "frame_hit", "frame_recorded")],
             "partitions": partitions, "cudagraphs": cudagraphs, "activations": activations, "packages": packages,
-            "events": events, "stage_names": stages}
+            "events": events, "stage_names": stages, "compiles": compiles}

@@ -110,6 +110,18 @@
     return pre;
   }
 
+  // The user's lines around a break (it may be deep in a call, outside the frame's source).
+  function breakContext(b) {
+    var c = b.context;
+    if (!c || !c.lines || !c.lines.length) return b.source_line ? h("pre", {cls: "code", text: b.source_line}) : null;
+    var pre = h("pre", {cls: "source"});
+    c.lines.forEach(function (text, i) {
+      var n = c.first + i;
+      pre.appendChild(h("span", {cls: "ln" + (n === b.line ? " brk" : "")}, h("span", {cls: "no", text: String(n)}), text + "\n"));
+    });
+    return pre;
+  }
+
   function graphView(g) {
     var d = h("details", {cls: "graph"});
     var total = 0; for (var k in g.stages) total += g.stages[k];
@@ -155,7 +167,7 @@
       var ul = h("ul", {cls: "breaks"});
       f.breaks.forEach(function (b) {
         ul.appendChild(h("li", {cls: "brk"}, h("b", {text: "graph break"}), " in " + resumeLabel(b.function) + " at " +
-          where(b.file, b.line) + ": " + b.reason, b.source_line ? h("pre", {cls: "code", text: b.source_line}) : null));
+          where(b.file, b.line) + ": " + b.reason, breakContext(b)));
       });
       f.eager.forEach(function (b) {
         ul.appendChild(h("li", {cls: "eager"}, h("b", {text: "runs eagerly"}), " " + (b.function || "") + ": " + b.reason));
@@ -255,7 +267,7 @@
   evSec.appendChild(evTable);
   function eventRow(e) {
     return h("tr", {id: "ev-" + e[0], cls: "k-" + e[3]}, h("td", {text: e[1].toFixed(3)}), h("td", {text: lane(e[2])}),
-      h("td", {text: e[3]}), h("td", {text: resumeLabel(e[5])}), h("td", {cls: "mono msg", text: e[6]}));
+      h("td", {text: e[3]}), h("td", {text: e[5] ? resumeLabel(e[5]) : ""}), h("td", {cls: "mono msg", text: e[6]}));
   }
   paged(evTable, D.events, eventRow)();
 

@@ -206,11 +206,8 @@ def timeline(model: dict, width: int = 1100) -> str:
     """One lane per process (per rank when distributed): each graph's compile as a span, and
     marks for breaks, recompiles and cache misses, at most one per pixel and kind."""
     lanes = model["lanes"]
-    spans, marks = [], []
+    spans, marks = model["compiles"], []
     for f in model["frames"]:
-        for g in f["graphs"]:
-            total = sum(g["stages"].values()) if g["stages"] else 0.0
-            spans.append((g["lane"], g["t"], total, g))
         for b in f["breaks"]:
             marks.append((b["lane"], b["t"], "graph_break"))
         for e in f["eager"]:
@@ -232,16 +229,15 @@ def timeline(model: dict, width: int = 1100) -> str:
                    f'fill="{"#f6f7f9" if i % 2 == 0 else "#eef0f3"}"/>'
                    f'<text x="0" y="{y + lane_h / 2 + 4}" font-size="12">{esc(lane["label"])}</text>')
     seen = set()
-    for lane, t, d, g in spans:
-        x, w = label_w + (t - d) * scale, max(d * scale, 1.0)
+    for lane, t, d, label in spans:
+        x, w = label_w + max(t - d, 0.0) * scale, max(d * scale, 1.0)
         col = (lane, int(x), int(w))
         if col in seen:
             continue
         seen.add(col)
         y = lane * lane_h
         out.append(f'<rect x="{x:.1f}" y="{y + 8}" width="{w:.1f}" height="{lane_h - 16}" fill="#4e79a7" '
-                   f'opacity="0.75"><title>{esc(node_label(g["function"]))}: graph {g["graph_id"]}, '
-                   f'{d:.3f} s</title></rect>')
+                   f'opacity="0.75"><title>{esc(label)}: {d:.3f} s</title></rect>')
     seen = set()
     for lane, t, kind in marks:
         x = label_w + t * scale
