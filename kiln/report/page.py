@@ -37,7 +37,9 @@ def page_data(model: dict, title: str) -> dict:
         "title": title, "built": time.strftime("%Y-%m-%d %H:%M:%S"),
         "overview": model["overview"], "lanes": model["lanes"], "frames": model["frames"],
         "recompiles": model["recompiles"], "cache": model["cache"], "cudagraphs": model["cudagraphs"],
-        "activations": model["activations"], "packages": model["packages"], "partitions": model["partitions"],
+        "activations": model["activations"], "packages": model["packages"],
+        # (the graphs' code is in each graph's partition already: the list keeps only sizes)
+        "partitions": [{k: v for k, v in p.items() if k not in ("forward", "backward")} for p in model["partitions"]],
         "events": model["events"], "stage_names": names,
         "svg": {"stages": svg.total_stage_bar(model["overview"]["stages"], names),
                 "timeline": svg.timeline(model), "partitions": svg.partition_bars(model["partitions"])},
