@@ -143,7 +143,7 @@ def where(fn) -> dict:
         _sources.add((filename, line))
         try:
             lines, first = inspect.getsourcelines(code)
-        except (OSError, TypeError):
+        except Exception:   # (no source: generated code, a REPL; the trace goes on without it)
             lines, first = [], line
         if lines:
             event("trace", "source", f"source of {name}", function=name, file=filename, line=first,

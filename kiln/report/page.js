@@ -302,25 +302,29 @@
       el.classList.add("hit");
     }
   }
-  var timer = null;
-  document.getElementById("search").addEventListener("input", function (ev) {
+  function search(q) {
+    q = q.trim().toLowerCase();
+    results.innerHTML = "";
+    if (!q) { results.hidden = true; return; }
+    if (!index) buildIndex();
+    var hits = index.filter(function (x) { return x.text.indexOf(q) >= 0; });
+    results.hidden = false;
+    results.appendChild(h("h2", {text: "Search: " + hits.length + " match(es)" + (hits.length > PAGE ? ", the first " + PAGE : "")}));
+    var ul = h("ul", {cls: "hits"});
+    hits.slice(0, PAGE).forEach(function (hit) {
+      var a = h("a", {href: "#" + hit.target, text: hit.label});
+      a.addEventListener("click", function (e) { e.preventDefault(); reveal(hit); });
+      ul.appendChild(h("li", {}, a));
+    });
+    results.appendChild(ul);
+  }
+  var timer = null, box = document.getElementById("search");
+  box.addEventListener("input", function () {
     clearTimeout(timer);
-    var q = ev.target.value.trim().toLowerCase();
-    timer = setTimeout(function () {
-      results.innerHTML = "";
-      if (!q) { results.hidden = true; return; }
-      if (!index) buildIndex();
-      var hits = index.filter(function (x) { return x.text.indexOf(q) >= 0; });
-      results.hidden = false;
-      results.appendChild(h("h2", {text: "Search: " + hits.length + " match(es)" + (hits.length > PAGE ? ", the first " + PAGE : "")}));
-      var ul = h("ul", {cls: "hits"});
-      hits.slice(0, PAGE).forEach(function (hit) {
-        var a = h("a", {href: "#" + hit.target, text: hit.label});
-        a.addEventListener("click", function (e) { e.preventDefault(); reveal(hit); });
-        ul.appendChild(h("li", {}, a));
-      });
-      results.appendChild(ul);
-    }, 150);
+    timer = setTimeout(function () { search(box.value); }, 150);
   });
+  // report.html#search=WORDS opens with that search (a link that shows one thing)
+  var asked = /^#search=(.*)$/.exec(location.hash);
+  if (asked) { box.value = decodeURIComponent(asked[1]); search(box.value); }
   document.body.setAttribute("data-ready", "1");
 })();

@@ -44,6 +44,16 @@ def test_rendered_page_shows_graphs_and_breaks(real_trace, tmp_path):
     assert "TENSOR_MATCH" in dom and "sizes" in dom        # a recompile's guard, a cache miss's diff
 
 
+def test_search(real_trace, tmp_path):
+    trace_dir, _ = real_trace
+    page = build_report(trace_dir, str(tmp_path / "report.html"))
+    dom = _dom(tmp_path, page + "#search=size%20mismatch")
+    results = re.search(r'<section id="results">(.*?)</section>', dom, re.S)
+    assert results is not None, "no search results drawn"
+    assert "match(es)" in results.group(1) and "recompile" in results.group(1)
+    assert "size mismatch" in results.group(1)
+
+
 def test_large_page_renders_without_error(tmp_path):
     from .test_report import _synthetic
 
