@@ -132,23 +132,28 @@ _sources: set = set()
 
 
 def where(fn) -> dict:
-    """``function``, ``file`` and ``line`` fields for an event about ``fn`` (a function or a
-    code object); while tracing, the first event about a function also records its source
-    (kind ``source``), so that a report shows the user's code without reading their files."""
+    """``function``, ``frame``, ``file`` and ``line`` fields for an event about ``fn`` (a
+    function or a code object). ``frame`` is the function a continuation after a graph break
+    continues (``fn``'s own name otherwise). While tracing, the first event about a frame also
+    records its source (kind ``source``; a module's forward for a compiled module), so that a
+    report shows the user's code without reading their files."""
     code = getattr(fn, "__code__", fn)
     name = getattr(fn, "__qualname__", None) or getattr(code, "co_qualname", None) or getattr(code, "co_name", "?")
+    frame = getattr(fn, "__kiln_frame__", None) or name
     filename = getattr(code, "co_filename", None)
     line = getattr(code, "co_firstlineno", None)
-    if trace.writer is not None and filename and (filename, line) not in _sources:
-        _sources.add((filename, line))
+    if trace.writer is not None and filename and (frame, filename) not in _sources:
+        _sources.add((frame, filename))
+        shown = getattr(fn, "__kiln_source__", None) or code
         try:
-            lines, first = inspect.getsourcelines(code)
+            lines, first = inspect.getsourcelines(shown)
+            shown_file = inspect.getsourcefile(shown) or filename
         except Exception:   # (no source: generated code, a REPL; the trace goes on without it)
-            lines, first = [], line
+            lines, first, shown_file = [], line, filename
         if lines:
-            event("trace", "source", f"source of {name}", function=name, file=filename, line=first,
-                  lines=[ln.rstrip("\n") for ln in lines])
-    return {"function": name, "file": filename, "line": line}
+            event("trace", "source", f"source of {frame}", function=name, frame=frame, frame_file=filename,
+                  file=shown_file, line=first, lines=[ln.rstrip("\n") for ln in lines])
+    return {"function": name, "frame": frame, "file": filename, "line": line}
 
 
 def log_compile_times(name: str, seconds: dict, **fields) -> None:

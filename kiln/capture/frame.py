@@ -561,7 +561,7 @@ def _finish_break(fn, output: OutputGraph, tx, ip: int, reason: Unsupported, key
     entry_fn = _compile_entry(fn, src, cg.ctx, {len(lines): tx.instructions[ip].lineno or code.co_firstlineno})
     if logs.enabled.graph_breaks:
         logs.event("graph_breaks", "graph_break", f"graph break in {fn.__qualname__}: {reason}", **logs.where(fn),
-                   **break_fields(reason))
+                   **break_fields(reason), continues_at=[plan_line(code, e) for e in plan.exits])
     if logs.enabled.guards:
         _log_guards(fn, guards, program)
     entry = Entry(key, backend_name, entry_fn, make_check(fn, program), program.guards, program,
@@ -633,7 +633,9 @@ def break_function(fn, code, plan: "resume.BreakPlan", key, compiled_factory):
             cont_code = _continuation_code[ck] = _named_like(code, resume.build_continuation(code, exit, name))
         cont_fn = types.FunctionType(cont_code, fn.__globals__, name, None, closure)
         cont_fn.__qualname__ = name
-        cont_fn.__kiln_resumes_at__ = plan_line(code, exit)     # (the trace links it to its break)
+        # (the trace links it to its break, and to the frame it continues)
+        cont_fn.__kiln_resumes_at__ = plan_line(code, exit)
+        cont_fn.__kiln_frame__ = getattr(fn, "__kiln_frame__", None) or fn.__qualname__
         compiled = compiled_factory(cont_fn)
         resumes.append(compiled)
         conts.append(resume.make_continue(compiled, exit.layout))

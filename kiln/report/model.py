@@ -1,9 +1,9 @@
 """The facts of a trace, gathered for the page: processes, frames with their graphs, breaks and
 source, recompiles, cache misses, partitions, CUDA-graph decisions and the event list.
 
-A *frame* is one user function (its file and first line): the graphs of its continuations
-after graph breaks (``__kiln_resume_<name>_line<N>``) belong to it, as do the graphs of
-every process that compiled it.
+A *frame* is one compiled function (its ``frame`` name and file): the graphs of its
+continuations after graph breaks (``__kiln_resume_<name>_line<N>``, whose records name the
+frame they continue) belong to it, as do the graphs of every process that compiled it.
 """
 from __future__ import annotations
 
@@ -33,11 +33,13 @@ def _lane_names(trace) -> dict:
 
 
 def _frame_key(r: dict):
-    return (r.get("file"), r.get("line"))
+    if r["kind"] == "source":
+        return (r.get("frame") or r.get("function"), r.get("frame_file"))
+    return (r.get("frame") or r.get("function"), r.get("file"))
 
 
-def _new_frame(key, function: str) -> dict:
-    return {"id": 0, "function": function, "file": key[0], "line": key[1], "source": None,
+def _new_frame(key, r: dict) -> dict:
+    return {"id": 0, "function": key[0], "file": r.get("file"), "line": r.get("line"), "source": None,
             "functions": [], "graphs": [], "breaks": [], "eager": [], "recompiles": [], "guards": 0}
 
 
@@ -60,10 +62,8 @@ def build_model(trace) -> dict:
             key = _frame_key(r)
             frame = frames.get(key)
             if frame is None:
-                frame = frames[key] = _new_frame(key, fn)
-            if fn and not fn.startswith("__kiln_resume_"):
-                frame["function"] = fn
-            if fn and fn not in frame["functions"]:
+                frame = frames[key] = _new_frame(key, r)
+            if fn and r["kind"] != "source" and fn not in frame["functions"]:
                 frame["functions"].append(fn)
             if fn:
                 frame_of_function[fn] = frame
@@ -80,8 +80,9 @@ def build_model(trace) -> dict:
                        msg if len(msg) <= MESSAGE_CHARS else msg[:MESSAGE_CHARS] + "…"])
         if kind == "source":
             frame = frame_for(r)
-            if frame is not None:
+            if frame is not None:     # (the file and line of what the page shows: a module's forward)
                 frame["source"] = {"first": r.get("line"), "lines": r.get("lines") or []}
+                frame["file"], frame["line"] = r.get("file"), r.get("line")
         elif kind == "graph":
             frame = frame_for(r)
             g = {"graph_id": r.get("graph_id"), "function": r.get("function"), "ops": r.get("ops", 0),
@@ -110,15 +111,16 @@ def build_model(trace) -> dict:
             frame = frame_for(r)
             b = {"function": r.get("function"), "reason": r.get("reason") or msg, "line": r.get("break_line"),
                  "file": r.get("break_file"), "source_line": (r.get("source_line") or "").rstrip(),
-                 "context": r.get("context"), "t": when, "lane": r["_file"]}
+                 "context": r.get("context"), "continues_at": r.get("continues_at") or [],
+                 "t": when, "lane": r["_file"]}
             if frame is not None:
                 target = frame["breaks" if kind == "graph_break" else "eager"]
                 if not any(x["function"] == b["function"] and x["line"] == b["line"] and x["reason"] == b["reason"]
                            for x in target):
                     target.append(b)
             elif kind == "eager":
-                frames.setdefault(("(eager)", None), _new_frame(("(eager)", None), "callables run as they are"))[
-                    "eager"].append(b)
+                frames.setdefault(("callables run as they are", None),
+                                  _new_frame(("callables run as they are", None), {}))["eager"].append(b)
         elif kind == "recompile":
             frame = frame_for(r)
             rc = {"function": r.get("function"), "file": r.get("file"), "line": r.get("line"),

@@ -98,7 +98,14 @@
     var src = f.source;
     if (!src || !src.lines || !src.lines.length) return h("p", {cls: "dim", text: "(source not recorded)"});
     var marks = {};
-    f.breaks.forEach(function (b) { if (b.line) (marks[b.line] = marks[b.line] || []).push("graph break: " + b.reason); });
+    function mark(line, text) { if (line) (marks[line] = marks[line] || []).push(text); }
+    f.breaks.forEach(function (b) {
+      var here = !b.continues_at.length || b.continues_at.indexOf(b.line) >= 0;
+      if (here) mark(b.line, "graph break: " + b.reason);
+      else b.continues_at.forEach(function (n) {    // (the break is deeper, in a call made here)
+        mark(n, "graph break inside this call, at " + where(b.file, b.line) + ": " + b.reason);
+      });
+    });
     f.eager.forEach(function (b) { if (b.line) (marks[b.line] = marks[b.line] || []).push("runs eagerly: " + b.reason); });
     var pre = h("pre", {cls: "source"});
     src.lines.forEach(function (text, i) {

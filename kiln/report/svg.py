@@ -60,8 +60,9 @@ def flow(frame: dict) -> str:
             resumes[f] = int(m.group(1))
     edges = []
     for b in frame["breaks"]:
+        lines = b.get("continues_at") or [b["line"]]   # (a break deep in a call resumes at the call)
         for f, line in resumes.items():
-            if line == b["line"] and b["function"] in functions and f != b["function"]:
+            if line in lines and b["function"] in functions and f != b["function"]:
                 edges.append((b["function"], f, b))
     level = {f: 0 for f in functions}
     for _ in functions:         # (longest path; the break graph has no cycles)
@@ -92,6 +93,8 @@ def flow(frame: dict) -> str:
         out.append(f'<line x1="{x1:.0f}" y1="{y1:.0f}" x2="{x2:.0f}" y2="{y2 - 2:.0f}" stroke="#666" '
                    f'stroke-width="1.5" marker-end="url(#arrow)"/>')
         label = f"break at line {b['line']}: {_short(b['reason'], 52)}"
+        if b["line"] not in (b.get("continues_at") or [b["line"]]):
+            label = f"break ({b['file'].rsplit('/', 1)[-1] if b['file'] else '?'}:{b['line']}): {_short(b['reason'], 44)}"
         out.append(f'<text class="edge" x="{(x1 + x2) / 2 + 8:.0f}" y="{(y1 + y2) / 2 + 4:.0f}" fill="#b3261e" '
                    f'font-size="11">{esc(label)}<title>{esc(b["reason"])}</title></text>')
     for f in functions:

@@ -125,10 +125,10 @@ def _synthetic(directory: str, n: int) -> None:
     i = 0
     while i < n:
         f = f"fn_{i % 300}"
-        where = {"function": f, "file": f"/src/model_{i % 300}.py", "line": 10}
+        where = {"function": f, "frame": f, "file": f"/src/model_{i % 300}.py", "line": 10}
         if i % 300 == i:
-            w.record("source", "trace", "s", {**where, "lines": [f"def {f}(x):", "    y = x + 1", "    print(y)",
-                                                                   "    return y"]})
+            w.record("source", "trace", "s", {**where, "frame_file": where["file"],
+                                              "lines": [f"def {f}(x):", "    y = x + 1", "    print(y)", "    return y"]})
         w.record("graph", "graph", code, {**where, "graph_id": i, "ops": 20, "up_to_break": True, "resumes_at": None})
         w.record("stage_times", "perf", "t", {**where, "graph": f, "graph_id": i,
                                               "stages": {"capture": 0.01, "aot": 0.02, "inductor": 0.05}})
@@ -155,3 +155,7 @@ def test_ten_thousand_events_build_fast_into_a_small_page(tmp_path):
     assert size < 12 * 1024 * 1024, size
     d = _parse(out).data
     assert d["overview"]["events"] > 10_000 and len(d["frames"]) == 300
+    schema = schema_check.load_schema()         # (the synthetic records are records kiln could write)
+    with open(workload.trace_paths(trace_dir)[0], encoding="utf-8") as f:
+        for line in f:
+            assert schema_check.errors(json.loads(line), schema) == []
