@@ -96,19 +96,13 @@ def set_trace_dir(directory: str | None) -> None:
     setting ``kiln.config.trace_dir`` does."""
     if directory:
         before = trace.writer
-        if trace.start(str(directory)) is not before:     # a new file: it opens with the process
-            _sources.clear()
-            _process_record()
+        torch = sys.modules.get("torch")
+        if trace.start(str(directory), {"kiln": __version__, "torch": getattr(torch, "__version__", None)}) \
+                is not before:
+            _sources.clear()        # (a new file records each frame's source again)
     else:
         trace.stop()
     _set_enabled()
-
-
-def _process_record() -> None:
-    torch = sys.modules.get("torch")
-    event("trace", "process", f"kiln {__version__}, pid {os.getpid()}", argv=list(sys.argv),
-          python=sys.version.split()[0], torch=getattr(torch, "__version__", None), kiln=__version__,
-          cwd=os.getcwd(), started=trace.writer.started if trace.writer else None)
 
 
 def log(topic: str, message: str) -> None:

@@ -43,10 +43,12 @@ def _jsonable(value):
 
 
 class TraceWriter:
-    """Appends records to ``<directory>/kiln-trace-<pid>[-rank<r>].jsonl`` in batches."""
+    """Appends records to ``<directory>/kiln-trace-<pid>[-rank<r>].jsonl`` in batches; the
+    first is the ``process`` record, with ``header``'s fields (the versions of the writer)."""
 
-    def __init__(self, directory: str):
+    def __init__(self, directory: str, header: dict | None = None):
         self.directory = os.path.abspath(os.path.expanduser(directory))
+        self.header = dict(header or {})
         self.pid = os.getpid()
         self.rank: int | None = None
         self.path = self._path_for(None)
@@ -56,6 +58,9 @@ class TraceWriter:
         self._buffer: list[dict] = []
         self._lock = threading.Lock()
         self.failed: str | None = None     # why writing stopped (the trace never fails a compile)
+        self.record("process", "trace", f"pid {self.pid}: {' '.join(sys.argv)}"[:300],
+                    {"argv": list(sys.argv), "python": sys.version.split()[0], "cwd": os.getcwd(),
+                     "started": self.started, **self.header})
 
     def _path_for(self, rank: int | None) -> str:
         suffix = "" if rank is None else f"-rank{rank}"
@@ -106,14 +111,14 @@ class TraceWriter:
 writer: TraceWriter | None = None
 
 
-def start(directory: str) -> TraceWriter:
+def start(directory: str, header: dict | None = None) -> TraceWriter:
     """Trace into ``directory`` (a running trace into another directory is flushed first)."""
     global writer
     if writer is not None:
         if writer.directory == os.path.abspath(os.path.expanduser(directory)):
             return writer
         stop()
-    writer = TraceWriter(directory)
+    writer = TraceWriter(directory, header)
     return writer
 
 
@@ -134,7 +139,7 @@ def _after_fork_in_child() -> None:
     """A forked child traces into a file of its own (its parent's buffer is its parent's)."""
     global writer
     if writer is not None:
-        writer = TraceWriter(writer.directory)
+        writer = TraceWriter(writer.directory, writer.header)
 
 
 atexit.register(flush)

@@ -45,8 +45,8 @@ def test_stderr_shows_only_the_chosen_topics(tmp_path, capsys):
 
 
 def test_records_are_written_in_batches(tmp_path):
-    w = trace.TraceWriter(str(tmp_path))
-    for i in range(trace.BATCH - 1):
+    w = trace.TraceWriter(str(tmp_path))        # (its first record: the process)
+    for i in range(trace.BATCH - 2):
         w.record("message", "graph", f"m{i}", {})
     assert not os.path.exists(w.path)           # buffered
     w.record("message", "graph", "last of the batch", {})
@@ -72,7 +72,7 @@ def test_a_rank_names_the_file(tmp_path):
         dist.destroy_process_group()
     assert os.listdir(tmp_path) == [f"kiln-trace-{os.getpid()}-rank0.jsonl"]
     recs = _records(str(tmp_path))
-    assert [r["rank"] for r in recs] == [None, 0]
+    assert [r["rank"] for r in recs] == [None, None, 0] and recs[0]["kind"] == "process"
 
 
 def test_a_directory_it_cannot_write_stops_tracing_not_the_compile(tmp_path, capsys):
@@ -83,3 +83,23 @@ def test_a_directory_it_cannot_write_stops_tracing_not_the_compile(tmp_path, cap
         trace.flush()
     assert torch.equal(out, torch.zeros(2))
     assert "tracing stops" in capsys.readouterr().err
+
+
+def test_a_forked_child_writes_its_own_file(tmp_path):
+    with kiln.config.patch(trace_dir=str(tmp_path)):
+        logs.event("graph", "message", "parent, before the fork")
+        pid = os.fork()
+        if pid == 0:            # the child: one record of its own, then out without cleanup
+            try:
+                logs.event("graph", "message", "child")
+                trace.flush()
+            finally:
+                os._exit(0)
+        os.waitpid(pid, 0)
+    assert sorted(os.listdir(tmp_path)) == sorted([f"kiln-trace-{os.getpid()}.jsonl", f"kiln-trace-{pid}.jsonl"])
+    with open(tmp_path / f"kiln-trace-{pid}.jsonl") as f:
+        child = [json.loads(line) for line in f]
+    assert [r["kind"] for r in child] == ["process", "message"] and child[1]["message"] == "child"
+    assert all(r["pid"] == pid for r in child)
+    parent = [r["message"] for r in _records(str(tmp_path)) if r["pid"] == os.getpid()]
+    assert "parent, before the fork" in parent and "child" not in parent

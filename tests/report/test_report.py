@@ -119,8 +119,7 @@ def test_cli_report(real_trace, tmp_path, capsys):
 
 def _synthetic(directory: str, n: int) -> None:
     """``n`` records through the real writer: frames with graphs, breaks, recompiles and misses."""
-    w = trace.TraceWriter(directory)
-    w.record("process", "trace", "p", {"argv": ["x"], "python": "3", "kiln": "0", "started": time.time()})
+    w = trace.TraceWriter(directory, {"kiln": "0"})
     code = "def forward(self, x):\n" + "".join(f"    t{i} = torch.ops.aten.add(x, {i})\n" for i in range(20))
     i = 0
     while i < n:
