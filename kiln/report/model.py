@@ -70,10 +70,14 @@ def build_model(trace) -> dict:
             return frame
         return frame_of_function.get(fn)
 
+    # each process record starts the clock of the records after it (tracing stopped and started
+    # again in one process appends to its file, with a new start)
+    base = {i: lane["started"] or t0 for i, lane in lanes.items()}
     for n, r in enumerate(trace.records):
         kind = r["kind"]
-        lane = lanes[r["_file"]]
-        when = (lane["started"] or t0) - t0 + float(r.get("t") or 0.0)
+        if kind == "process" and isinstance(r.get("started"), (int, float)):
+            base[r["_file"]] = r["started"]
+        when = base[r["_file"]] - t0 + float(r.get("t") or 0.0)
         counts[kind] += 1
         msg = r.get("message") or ""
         events.append([n, round(when, 6), r["_file"], kind, r.get("topic", ""), r.get("function") or r.get("graph") or "",

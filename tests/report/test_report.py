@@ -158,3 +158,20 @@ def test_ten_thousand_events_build_fast_into_a_small_page(tmp_path):
     with open(workload.trace_paths(trace_dir)[0], encoding="utf-8") as f:
         for line in f:
             assert schema_check.errors(json.loads(line), schema) == []
+
+
+def test_a_file_traced_twice_keeps_one_clock(tmp_path):
+    """Tracing stopped and started again appends to the process's file with a new start: the
+    later records are placed after the earlier ones."""
+    from kiln.report.model import build_model
+    from kiln.report.traces import read_trace
+
+    for name in ("first", "second"):
+        w = trace.TraceWriter(str(tmp_path), {"kiln": "0"})
+        w.record("graph", "graph", name, {"function": name, "frame": name, "file": "/a.py", "line": 1,
+                                          "graph_id": 1, "ops": 1, "up_to_break": False})
+        w.flush()
+        time.sleep(0.05)
+    frames = build_model(read_trace(str(tmp_path)))["frames"]
+    assert [f["function"] for f in frames] == ["first", "second"]
+    assert frames[1]["graphs"][0]["t"] >= frames[0]["graphs"][0]["t"] + 0.05
