@@ -34,7 +34,7 @@ def _lane_names(trace) -> dict:
 
 def _frame_key(r: dict):
     if r["kind"] == "source":
-        return (r.get("frame") or r.get("function"), r.get("frame_file"))
+        return (r.get("frame") or r.get("function"), r.get("frame_file") or r.get("file"))
     return (r.get("frame") or r.get("function"), r.get("file"))
 
 
