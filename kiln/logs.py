@@ -140,6 +140,8 @@ def where(fn) -> dict:
         _sources.add((frame, filename))
         shown = getattr(fn, "__kiln_source__", None) or code
         try:
+            if callable(shown):     # (a decorated forward: the source and file of the function itself)
+                shown = inspect.unwrap(shown)
             lines, first = inspect.getsourcelines(shown)
             shown_file = inspect.getsourcefile(shown) or filename
         except Exception:   # (no source: generated code, a REPL; the trace goes on without it)

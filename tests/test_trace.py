@@ -103,3 +103,36 @@ def test_a_forked_child_writes_its_own_file(tmp_path):
     assert all(r["pid"] == pid for r in child)
     parent = [r["message"] for r in _records(str(tmp_path)) if r["pid"] == os.getpid()]
     assert "parent, before the fork" in parent and "child" not in parent
+
+
+def _prints(y):
+    print("a break inside a call")
+    return y * 2
+
+
+class _Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(3, 3)
+
+    def forward(self, x):
+        y = self.lin(x)
+        y = _prints(y)
+        return y.relu()
+
+
+def test_a_module_frame_shows_its_forward_and_a_deep_break_its_call(tmp_path):
+    net = _Net()
+    with kiln.config.patch(trace_dir=str(tmp_path)):
+        out = kiln.compile(net, backend="eager")(torch.ones(2, 3))
+    torch.testing.assert_close(out, net(torch.ones(2, 3)))
+    recs = _records(str(tmp_path))
+    sources = {r["frame"]: r for r in recs if r["kind"] == "source"}
+    caller = sources["_Net.__call__"]     # (the module's caller, kiln's: its source is the forward)
+    assert caller["file"] == __file__ and any("def forward(self, x):" in ln for ln in caller["lines"])
+    forward_line = _Net.forward.__code__.co_firstlineno
+    brk = next(r for r in recs if r["kind"] == "graph_break" and r["frame"] == "_Net.forward")
+    assert brk["break_line"] == _prints.__code__.co_firstlineno + 1
+    assert brk["continues_at"] == [forward_line + 2]        # the line that calls _prints
+    cont = next(r for r in recs if r["kind"] == "graph" and r["function"].startswith("__kiln_resume_forward"))
+    assert cont["frame"] == "_Net.forward" and cont["resumes_at"] == forward_line + 2
