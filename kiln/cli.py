@@ -4,6 +4,7 @@
     kiln backends    the registered backend names
     kiln cache ls | why [FUNCTION] | clear     the compile cache (kiln/cache)
     kiln package inspect FILE    a package's manifest: entries, guards, graphs, generated code
+    kiln report DIR [-o report.html]    one HTML page from a structured trace (KILN_TRACE_DIR)
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from .cache import cli
 from kiln.backends import list_backends
 from kiln.package import PackageError
 from kiln.package.manifest_text import manifest_text
+from kiln.report import build_report
 import kiln
 
 
@@ -44,6 +46,16 @@ def _inspect(path: str) -> int:
     return 0
 
 
+def _report(path: str, output: str | None) -> int:
+    try:
+        written = build_report(path, output)
+    except (OSError, FileNotFoundError) as e:
+        print(f"kiln: {e}", file=sys.stderr)
+        return 1
+    print(written)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="kiln", description="kiln: a compiler for PyTorch programs")
     sub = p.add_subparsers(dest="command", required=True)
@@ -59,7 +71,12 @@ def main(argv: list[str] | None = None) -> int:
     psub = pkg.add_subparsers(dest="action", required=True)
     ins = psub.add_parser("inspect", help="print a package's manifest (nothing in it runs)")
     ins.add_argument("file")
+    rep = sub.add_parser("report", help="one HTML page from a structured trace (KILN_TRACE_DIR)")
+    rep.add_argument("trace", help="the trace directory (or one trace file)")
+    rep.add_argument("-o", "--output", help="the page to write (default: DIR/report.html)")
     args = p.parse_args(argv)
+    if args.command == "report":
+        return _report(args.trace, args.output)
     if args.command == "package":
         return _inspect(args.file)
     if args.command == "cache":

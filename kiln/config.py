@@ -10,7 +10,16 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
+
+# field name -> callbacks run with the new value when it is set (``observe``)
+_observers: dict[str, list[Callable[[Any], None]]] = {}
+
+
+def observe(field: str, callback: Callable[[Any], None]) -> None:
+    """Call ``callback(value)`` whenever ``config.<field>`` is set (also by ``patch``): a
+    setting that switches something on at once (``trace_dir``) rather than being read per use."""
+    _observers.setdefault(field, []).append(callback)
 
 
 @dataclasses.dataclass
@@ -69,6 +78,17 @@ class Config:
     # them) or a callable (joint_module, joint_inputs, *, num_fwd_outputs) -> (fw, bw). The
     # built-in backends name theirs. KILN_AOT_PARTITION_FN=min_cut.
     aot_partition_fn: Any = "default"
+
+    # A directory for the structured trace (kiln/trace.py): one JSON-lines file per process of
+    # every compile event (graphs, breaks, recompiles, stage times, cache, CUDA graphs,
+    # activations); ``kiln report DIR`` draws it as one HTML page (docs/report.md). "": off.
+    # KILN_TRACE_DIR=DIR.
+    trace_dir: str = ""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        object.__setattr__(self, name, value)
+        for callback in _observers.get(name, ()):
+            callback(value)
 
     def patch(self, **changes: Any) -> contextlib.AbstractContextManager:
         """Temporarily change fields: ``with kiln.config.patch(recompile_limit=1): ...``."""

@@ -50,11 +50,13 @@ Kept where they are, for the life of the process, because they are facts that do
 * interning: ``runtime/function._counting`` (a CompiledFunction class and its subclass that
   counts CUDA-graph steps), ``CompileKey._interned`` and ``InductorBackend._configured`` (equal keys stay one
   object, so a function compiled before a reset and one compiled after agree on BACKEND_MATCH),
-  ``backends/inductor._graph_numbers`` (graph names stay unique in the process);
+  ``backends/inductor._graph_numbers`` (graph names stay unique in the process), ``capture/frame._graph_ids``
+  (a traced graph's id, unique in the process's trace);
 * per call or per thread, empty between calls: ``runtime/recording.recorder`` (while
   ``kiln.explain`` runs), ``aot/segments._active``, ``cache/compiling`` (a context variable),
   ``capture/values/autograd_function._backward_depth`` (during one capture);
-* settings, not state: ``kiln.config`` and the log topics (``kiln.set_logs``);
+* settings, not state: ``kiln.config`` and the log topics (``kiln.set_logs``); the trace file being
+  written (``trace.writer``, ``logs._sources``: one process, one file, whatever a reset forgets);
 * on disk under ``KILN_CACHE_DIR``: the compile cache, frame records, dynamic-shape profiles,
   kernel records (``kiln.cache.clear()`` or deleting the directory removes them).
 

@@ -9,6 +9,7 @@ backend convention; the default runs the graph as FX), wraps them in a
 from __future__ import annotations
 
 import operator
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -74,6 +75,7 @@ class CompiledParts:
     saved_bytes: int = 0
     saved_input_bytes: int = 0
     partitioner: str = ""
+    partition_seconds: float = 0.0              # the partitioner's time (a compile's stage times)
     symbolic: bool = False                      # traced with symbolic shapes (a dynamic graph)
     # per primal, the tangents (indices into tangent_positions) its gradient depends on: a
     # backward call without those (backward() on another output) leaves the gradient None,
@@ -150,7 +152,9 @@ def build_parts(state, capture, partition_fn: Any = None) -> CompiledParts:
     n = capture.num_primals
     ex = capture.example_inputs
     deps = partial_backward.grad_dependencies(gm, capture.num_fw_outputs)
+    started = time.perf_counter()
     p = partition_joint(gm, (ex[:n], ex[n:]), capture.num_fw_outputs, capture.num_tangents, partition_fn)
+    partition_seconds = time.perf_counter() - started
     layout = gm.meta.get("kiln_segments")
     segments = None
     if layout is not None:      # (segments.py: the forward as one graph, a node per segment)
@@ -162,6 +166,8 @@ def build_parts(state, capture, partition_fn: Any = None) -> CompiledParts:
     hooks = _inline_saved_hooks(state, p, capture.num_fw_outputs)
     checks = versions.version_checks(p.forward, p.backward, capture, state.meta,
                               copy_parameters=config.copy_saved_parameters)
+    if logs.enabled.aot:
+        _log_partition(state, p, _partitioner_name(partition_fn), partition_seconds)
     reads = None
     if segments is not None:
         n_saved = len(fx_graphs.flat_outputs(p.forward.graph)) - capture.num_fw_outputs
@@ -170,10 +176,25 @@ def build_parts(state, capture, partition_fn: Any = None) -> CompiledParts:
     return CompiledParts(kind="training", forward=p.forward, backward=p.backward, saved=p.saved,
                          saved_bytes=p.saved_bytes, saved_input_bytes=p.saved_input_bytes,
                          partitioner=_partitioner_name(partition_fn), grad_dependencies=deps,
+                         partition_seconds=partition_seconds,
                          hooks=hooks, segments=segments, segment_reads=reads,
                          handoffs=[tuple(f) for f in layout.feeds] if layout is not None else [],
                          num_handed_outputs=layout.num_handed_outputs if layout is not None else 0,
                          **checks, **common)
+
+
+def _log_partition(state, p, partitioner: str | None, seconds: float) -> None:
+    """What the partition saves for the backward (the report's bytes per partition)."""
+    name = type(state.fn).__name__
+    name = name[5:] if name.startswith("Kiln_") else name
+    size = graph_bytes.format_bytes
+    activation = p.saved_bytes - p.saved_input_bytes
+    logs.event("aot", "partition", f"partition of {name} ({partitioner or 'custom'} partitioner): saved for backward "
+               f"{len(p.saved)} values, {size(p.saved_bytes)} ({size(activation)} activations, "
+               f"{size(p.saved_input_bytes)} inputs)", function=name, partitioner=partitioner or "custom",
+               saved=len(p.saved), saved_bytes=p.saved_bytes, saved_input_bytes=p.saved_input_bytes,
+               activation_bytes=activation, seconds=round(seconds, 6), forward=p.forward.code,
+               backward=p.backward.code)
 
 
 def check_input_writes(fw: torch.fx.GraphModule, expected: list[int]) -> None:
@@ -254,7 +275,10 @@ def _inline_saved_hooks(state, p, nfw: int):
         p.backward.meta["kiln_donated"] = donatable_saved_tensors(p.forward, p.backward, nfw)
     p.forward.meta.update({k: v for k, v in fw.meta.items() if k not in p.forward.meta})
     if logs.enabled.activations or logs.enabled.aot:
-        logs.log("activations" if logs.enabled.activations else "aot", info.describe())
+        logs.event("activations" if logs.enabled.activations else "aot", "activations", info.describe(),
+                   pack=info.pack, unpack=info.unpack, packed=len(info.packed), kept=len(info.kept),
+                   bytes_before=info.bytes_before, bytes_after=info.bytes_after,
+                   offloaded_bytes=info.offloaded_bytes)
     return info
 
 

@@ -6,6 +6,7 @@ torch.compile's ``aot_eager``).
 """
 from __future__ import annotations
 
+import time
 from typing import Any, Callable
 
 import torch.fx
@@ -74,7 +75,10 @@ def aot_backend(fw_compiler: Callable | None = None, bw_compiler: Callable | Non
                       inference_compiler=inf, keep_input_mutations=keep_input_mutations)
 
         def compile():
-            return _saving_shapes(compile_graph(gm, example_inputs, **stages))
+            started = time.perf_counter()
+            compiled = _saving_shapes(compile_graph(gm, example_inputs, **stages))
+            _note_stage_times(compiled, time.perf_counter() - started)
+            return compiled
         user_key = getattr(kiln_aot_backend, "cache_key", None)
         partitioner = partition_fn if partition_fn is not None else config.aot_partition_fn
         if user_key is None and not plain:
@@ -94,7 +98,10 @@ def aot_backend(fw_compiler: Callable | None = None, bw_compiler: Callable | Non
 
         def load(payload: bytes, g: torch.fx.GraphModule, rename: dict):
             # (the user's compilers, with kiln.config.cudagraphs wrapped as for a compile)
-            return _load_artifact(payload, g, compilers, rename, stages)
+            started = time.perf_counter()
+            compiled = _load_artifact(payload, g, compilers, rename, stages)
+            _set_stage_times(compiled, {"load": time.perf_counter() - started})
+            return compiled
         return cache.cached(gm, example_inputs, backend="aot_eager" if user_key is None else "aot_backend",
                             options=options, compile=compile, load=load, dump=_dump_artifact)
 
@@ -117,6 +124,20 @@ def aot_backend(fw_compiler: Callable | None = None, bw_compiler: Callable | Non
     kiln_aot_backend.partition_fn = partition_fn
     kiln_aot_backend.kiln_regions = True    # (the capture hands it repeated blocks as invoke_region nodes)
     return kiln_aot_backend
+
+
+def _note_stage_times(compiled, seconds: float) -> None:
+    """The compile's stages (the ``perf`` log, the trace): AOT tracing and partitioning; the
+    user's compilers, if any, count as part of ``aot``."""
+    partition = getattr(getattr(compiled, "parts", None), "partition_seconds", 0.0)
+    _set_stage_times(compiled, {"aot": seconds - partition, "partition": partition})
+
+
+def _set_stage_times(compiled, seconds: dict) -> None:
+    try:
+        compiled.kiln_compile_seconds = seconds
+    except AttributeError:      # (a result that takes no attributes: the backend's total is logged)
+        pass
 
 
 def _name_of(fn: Any) -> str | None:

@@ -37,9 +37,10 @@ def function_name(gm) -> str:
     return name[5:] if name.startswith("Kiln_") else name
 
 
-def _log(message: str) -> None:
+def _log(message: str, **fields) -> None:
+    """A cache event: ``fields`` has its ``action`` (hit, miss, bypass...) and ``function``."""
     if logs.enabled.cache:
-        logs.log("cache", message)
+        logs.event("cache", "cache", message, **fields)
 
 
 def bypass(gm, reason: str) -> None:
@@ -50,7 +51,7 @@ def bypass(gm, reason: str) -> None:
 
 def _bypass(fn: str, reason: str) -> None:
     store.count("bypasses")
-    _log(f"bypass {fn}: {reason}")
+    _log(f"bypass {fn}: {reason}", action="bypass", function=fn, reason=reason)
 
 
 def input_names(gm) -> list:
@@ -89,7 +90,8 @@ def cached(gm, example_inputs: list, *, backend: str, options: dict, compile: Ca
             if header.get("key") == key and header.get("parts") == parts:
                 compiled = load(payload, gm, _renames(header.get("inputs"), input_names(gm)))
                 store.count("hits")
-                _log(f"hit {fn} ({key[:12]}, {len(payload)} bytes)")
+                _log(f"hit {fn} ({key[:12]}, {len(payload)} bytes)", action="hit", function=fn, key=key,
+                     bytes=len(payload))
                 _refreshed_by(compiled, key, header, dump)
                 return offer(compiled, _stored(key, lambda c: dump(c)))
             store.warn_once(("mismatch", key), f"entry {key[:12]} does not match its key; recompiling")
@@ -99,12 +101,16 @@ def cached(gm, example_inputs: list, *, backend: str, options: dict, compile: Ca
         store.warn_once(("load", key), f"cannot load entry {key[:12]} ({type(e).__name__}: {e}); recompiling")
     store.count("misses")
     if logs.enabled.cache:
-        _log(f"miss {fn} ({key[:12]}): {not_fit or miss_reasons.why_missed(fn, parts)}")
+        nearest = miss_reasons.nearest(fn, parts)
+        why = not_fit or miss_reasons.describe(fn, nearest)
+        _log(f"miss {fn} ({key[:12]}): {why}", action="miss", function=fn, key=key, reason=why,
+             diff=[] if not_fit or nearest is None else nearest)
     compiled = compile()
     try:
         payload = dump(compiled)
     except Exception as e:
-        _log(f"not stored {fn}: {type(e).__name__}: {e}")
+        _log(f"not stored {fn}: {type(e).__name__}: {e}", action="not_stored", function=fn,
+             reason=f"{type(e).__name__}: {e}")
         return offer(compiled, _failed(f"{type(e).__name__}: {e}"))
     header = {"key": key, "function": fn, "backend": backend, "parts": parts, "inputs": input_names(gm)}
     store.write(key, header, payload)
@@ -130,10 +136,12 @@ def _refreshed_by(compiled: Callable, key: str, header: dict, dump: Callable[[Ca
         try:
             payload = dump(c)
         except Exception as e:
-            _log(f"not stored again {header.get('function')}: {type(e).__name__}: {e}")
+            _log(f"not stored again {header.get('function')}: {type(e).__name__}: {e}", action="not_stored",
+                 function=header.get("function"), reason=f"{type(e).__name__}: {e}")
             return
         store.write(key, header, payload)
-        _log(f"stored again {header.get('function')} ({key[:12]}, {len(payload)} bytes)")
+        _log(f"stored again {header.get('function')} ({key[:12]}, {len(payload)} bytes)", action="stored",
+             function=header.get("function"), key=key, bytes=len(payload))
         cf = owner() if owner is not None else None
         if cf is not None:
             cf.record_frames()

@@ -46,8 +46,8 @@ def differences(old: dict, new: dict) -> list[str]:
     return out
 
 
-def why_missed(function: str, parts: dict) -> str:
-    """The differences to the stored entry of ``function`` with the fewest, or why none."""
+def nearest(function: str, parts: dict) -> list[str] | None:
+    """The differences to the stored entry of ``function`` with the fewest (None: no entry)."""
     best = None
     for _, path in store.entries():
         header = store.read_header(path)
@@ -56,8 +56,14 @@ def why_missed(function: str, parts: dict) -> str:
         diffs = differences(header.get("parts", {}), parts)
         if best is None or len(diffs) < len(best):
             best = diffs
-    if best is None:
+    return best
+
+
+def describe(function: str, diffs: list[str] | None) -> str:
+    """``nearest``'s answer as one line."""
+    if diffs is None:
         return f"no entry stored for {function}"
-    if not best:
+    if not diffs:
         return "an entry with this key exists but could not be used"
-    return "; ".join(best) + "; all else equal"
+    return "; ".join(diffs) + "; all else equal"
+

@@ -254,7 +254,8 @@ def evict() -> None:
             try:
                 os.unlink(path)
                 if logs.enabled.cache:
-                    logs.log("cache", f"evicted {key[:12]} ({size} bytes): over cache_size_limit={limit}")
+                    logs.event("cache", "cache", f"evicted {key[:12]} ({size} bytes): over cache_size_limit={limit}",
+                               action="evicted", key=key, bytes=size)
             except OSError:
                 pass
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import itertools
+import linecache
 import time
 import types
 import weakref
@@ -72,6 +74,10 @@ class Entry:
 
     def describe_guards(self) -> str:
         return "\n".join(g.describe() for g in self.guards)
+
+
+# each captured graph's id in the structured trace (its graph, stage-time and partition records)
+_graph_ids = itertools.count(1)
 
 
 class ArgumentsDoNotBind(Exception):
@@ -232,8 +238,12 @@ def _compile_graph(fn, output: OutputGraph, cg: EntryCodegen, backend, backend_n
     gm = torch.fx.GraphModule(output.graph_root(), graph, class_name=f"Kiln_{_ident(fn.__qualname__)}")
     gm.meta["kiln_static_inputs"] = [i for i, inp in enumerate(inputs) if getattr(inp, "static", False)]
     gm.meta["kiln_fullgraph"] = getattr(output, "fullgraph", False)
+    graph_id = next(_graph_ids)
     if logs.enabled.graph:
-        logs.log("graph", f"graph of {fn.__qualname__}{note}:\n{gm.print_readable(print_output=False)}")
+        ops = sum(1 for n in graph.nodes if n.op not in ("placeholder", "output", "get_attr"))
+        logs.event("graph", "graph", f"graph of {fn.__qualname__}{note}:\n{gm.print_readable(print_output=False)}",
+                   **logs.where(fn), graph_id=graph_id, ops=ops, up_to_break=bool(note),
+                   resumes_at=getattr(fn, "__kiln_resumes_at__", None))
     if _symbolic_arithmetic_only(graph):
         # only Python int arithmetic on sizes (``n + 1`` of a dynamic int): nothing for a
         # tensor compiler to do; the graph runs as it is
@@ -260,7 +270,7 @@ def _compile_graph(fn, output: OutputGraph, cg: EntryCodegen, backend, backend_n
         phases = {"capture": backend_started - getattr(output, "capture_started", backend_started)}
         phases.update(getattr(compiled, "kiln_compile_seconds", None)
                       or {backend_name: time.perf_counter() - backend_started})
-        logs.log_compile_times(f"graph of {fn.__qualname__}{note}", phases)
+        logs.log_compile_times(f"graph of {fn.__qualname__}{note}", phases, **logs.where(fn), graph_id=graph_id)
     return gm, inputs, net_grad, compiled
 
 
@@ -399,13 +409,28 @@ def eager_entry_for(fn, program: GuardProgram, guards: list[Guard], key, backend
                  None, None, readable_source(src, ctx.local_alias), eager_reason=exc)
 
 
+def break_fields(reason) -> dict:
+    """The trace fields of a graph break or an eager frame: its reason and the user's line, with
+    the lines around it (a break deep in a call is in another function than the frame's)."""
+    filename, lineno = getattr(reason, "filename", None), getattr(reason, "lineno", None)
+    context = None
+    if filename and lineno:
+        first = max(1, lineno - 3)
+        lines = [linecache.getline(filename, n).rstrip("\n") for n in range(first, lineno + 4)]
+        while lines and not lines[-1]:
+            lines.pop()
+        context = {"first": first, "lines": lines} if lines else None
+    return {"reason": str(getattr(reason, "construct", reason)), "break_file": filename, "break_line": lineno,
+            "source_line": getattr(reason, "source_line", None), "context": context}
+
+
 def _log_guards(fn, guards: list[Guard], program: GuardProgram) -> None:
     lines = [f"guards of {fn.__qualname__}:", *("  " + g.describe() for g in guards)]
     if program.unchanged_tree is not None:
         covered, of = program.unchanged_tree.covered, len(program.python_guards)
         lines.append(f"  ({covered} of these {of} Python-level guards are skipped on a call that finds the "
                      "module tree unchanged since its last check: kiln/capture/module_state.py)")
-    logs.log("guards", "\n".join(lines))
+    logs.event("guards", "guards", "\n".join(lines), **logs.where(fn), guards=[g.describe() for g in guards])
 
 
 def _program(fn, output: OutputGraph, guards: list[Guard], ctx: RenderContext):
@@ -535,7 +560,8 @@ def _finish_break(fn, output: OutputGraph, tx, ip: int, reason: Unsupported, key
     # the call of the break function is at the user's line of the break
     entry_fn = _compile_entry(fn, src, cg.ctx, {len(lines): tx.instructions[ip].lineno or code.co_firstlineno})
     if logs.enabled.graph_breaks:
-        logs.log("graph_breaks", f"graph break in {fn.__qualname__}: {reason}")
+        logs.event("graph_breaks", "graph_break", f"graph break in {fn.__qualname__}: {reason}", **logs.where(fn),
+                   **break_fields(reason), continues_at=[plan_line(code, e) for e in plan.exits])
     if logs.enabled.guards:
         _log_guards(fn, guards, program)
     entry = Entry(key, backend_name, entry_fn, make_check(fn, program), program.guards, program,
@@ -607,6 +633,9 @@ def break_function(fn, code, plan: "resume.BreakPlan", key, compiled_factory):
             cont_code = _continuation_code[ck] = _named_like(code, resume.build_continuation(code, exit, name))
         cont_fn = types.FunctionType(cont_code, fn.__globals__, name, None, closure)
         cont_fn.__qualname__ = name
+        # (the trace links it to its break, and to the frame it continues)
+        cont_fn.__kiln_resumes_at__ = plan_line(code, exit)
+        cont_fn.__kiln_frame__ = getattr(fn, "__kiln_frame__", None) or fn.__qualname__
         compiled = compiled_factory(cont_fn)
         resumes.append(compiled)
         conts.append(resume.make_continue(compiled, exit.layout))

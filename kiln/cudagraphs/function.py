@@ -134,8 +134,9 @@ class CudagraphFunction:
         _steps.warming = _steps.count
         stats["warmup"] += 1
         if logs.enabled.cudagraphs:
-            logs.log("cudagraphs", f"warm-up run of the {self.facts.name}{why}"
-                                   f"{' for sizes ' + str(key) if key else ''} (recorded on a later call)")
+            logs.event("cudagraphs", "cudagraph", f"warm-up run of the {self.facts.name}{why}"
+                                                  f"{' for sizes ' + str(key) if key else ''} (recorded on a later call)",
+                       action="warm_up", graph=self.facts.name, sizes=key)
         clear_cublas_workspaces()       # (none made here stays allocated: recording.py)
         try:
             return self.inner(args)
@@ -164,8 +165,9 @@ class CudagraphFunction:
             self.copy_always.update(i for i in moved if i in optimistic)
             if logs.enabled.cudagraphs:
                 names = ", ".join(self.facts.input_names[i] for i in moved if i in optimistic)
-                logs.log("cudagraphs", f"re-recording the {self.facts.name}: input(s) {names} moved; "
-                                       "they are copied into the recording from now on")
+                logs.event("cudagraphs", "cudagraph", f"re-recording the {self.facts.name}: input(s) {names} moved; "
+                                                      "they are copied into the recording from now on",
+                           action="re_recorded", graph=self.facts.name, reason=f"input(s) {names} moved")
             return self._record(args, key)
         if len(recs) >= config.cudagraph_max_recording:
             names = ", ".join(self.facts.input_names[i] for i in moved) or "(copied inputs' layout)"
@@ -179,8 +181,9 @@ class CudagraphFunction:
             return self._without(args, self.disabled, "disabled")
         if logs.enabled.cudagraphs:
             names = ", ".join(self.facts.input_names[i] for i in moved)
-            logs.log("cudagraphs", f"re-recording the {self.facts.name} ({len(recs) + 1}/"
-                                   f"{config.cudagraph_max_recording}): static input(s) {names} moved")
+            logs.event("cudagraphs", "cudagraph", f"re-recording the {self.facts.name} ({len(recs) + 1}/"
+                                                  f"{config.cudagraph_max_recording}): static input(s) {names} moved",
+                       action="re_recorded", graph=self.facts.name, reason=f"static input(s) {names} moved")
         return self._record(args, key)
 
     def _record(self, args: list, key):
@@ -205,8 +208,10 @@ class CudagraphFunction:
         self.recordings.setdefault(key, []).append(rec)
         stats["record"] += 1
         if logs.enabled.cudagraphs:
-            logs.log("cudagraphs", f"recorded the {self.facts.name}{' for sizes ' + str(key) if key else ''}: "
-                                   f"{len(rec.inplace)} input(s) read in place, {len(rec.copied)} copied")
+            logs.event("cudagraphs", "cudagraph", f"recorded the {self.facts.name}{' for sizes ' + str(key) if key else ''}: "
+                                                  f"{len(rec.inplace)} input(s) read in place, {len(rec.copied)} copied",
+                       action="recorded", graph=self.facts.name, sizes=key, in_place=len(rec.inplace),
+                       copied=len(rec.copied))
         return outs
 
     def __repr__(self):

@@ -97,8 +97,9 @@ def partitioned(gm: torch.fx.GraphModule, compile_piece: Callable, facts: GraphF
         pieces += 1
     split.recompile()
     if logs.enabled.cudagraphs:
-        logs.log("cudagraphs", f"the {facts.name} is split: {pieces} part(s) recorded as CUDA graphs, "
-                               f"{len(reasons)} run between them ({'; '.join(reasons.values())})")
+        logs.event("cudagraphs", "cudagraph", f"the {facts.name} is split: {pieces} part(s) recorded as CUDA graphs, "
+                                              f"{len(reasons)} run between them ({'; '.join(reasons.values())})",
+                   action="partitioned", graph=facts.name, parts=pieces, reasons=list(reasons.values()))
     run = _caller(split)
 
     def run_partitioned(args: list):
@@ -125,6 +126,7 @@ def try_partition(gm: torch.fx.GraphModule, compile_piece: Callable, facts: Grap
         return partitioned(gm, compile_piece, facts)
     except Exception as e:      # kiln's failure: the graph runs whole, its skip logged
         if logs.enabled.cudagraphs:
-            logs.log("cudagraphs", f"could not split the {facts.name} ({type(e).__name__}: {e}); "
-                                   "it runs without CUDA graphs")
+            logs.event("cudagraphs", "cudagraph", f"could not split the {facts.name} ({type(e).__name__}: {e}); "
+                                                  "it runs without CUDA graphs",
+                       action="skipped", graph=facts.name, reason=f"could not split: {type(e).__name__}: {e}")
         return None

@@ -211,4 +211,5 @@ def skip(facts: GraphFacts, reason: str, logged: set, key: str | None = None) ->
         return
     logged.add(k)
     if logs.enabled.cudagraphs:
-        logs.log("cudagraphs", f"skipping CUDA graphs for the {facts.name}: {reason}\n{user_stack()}")
+        logs.event("cudagraphs", "cudagraph", f"skipping CUDA graphs for the {facts.name}: {reason}\n{user_stack()}",
+                   action="skipped", graph=facts.name, reason=str(reason))

@@ -179,7 +179,8 @@ class Recording:
         reuses, why = self.tree.reused_outputs(self.tree.handle)
         if why is not None:     # (e.g. the last inference's logits, held while training starts)
             if logs.enabled.cudagraphs:
-                logs.log("cudagraphs", f"the {self.facts.name} is captured into a fresh pool: {why}")
+                logs.event("cudagraphs", "cudagraph", f"the {self.facts.name} is captured into a fresh pool: {why}",
+                           action="fresh_pool", graph=self.facts.name, reason=str(why))
             self.tree.new_pool()
             reuses = []
         self.pool = self.tree.handle

@@ -44,9 +44,10 @@ _WRITER = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
 _MAX_RECORDS = 8                       # records read per frame, newest first
 _CACHEABLE = ("inductor", "aot_eager")
 
-def _log(message: str) -> None:
+def _log(message: str, **fields) -> None:
+    """A frame-record event: ``fields`` has its ``action`` (frame_hit, frame_miss...)."""
     if logs.enabled.cache:
-        logs.log("cache", message)
+        logs.event("cache", "cache", message, **fields)
 
 
 def _not_recorded(cf) -> str | None:
@@ -70,7 +71,8 @@ def frame_key(cf) -> str | None:
         why = _not_recorded(cf)
         if why is not None:
             fk = ""
-            _log(f"frame records off for {cf.original.__qualname__}: {why}")
+            _log(f"frame records off for {cf.original.__qualname__}: {why}", action="frame_off",
+                 function=cf.original.__qualname__, reason=why)
         else:
             fn = cf.original
             fk = cache_key.digest({"module": fn.__module__, "qualname": fn.__qualname__,
@@ -94,12 +96,13 @@ def lookup(cf, args: tuple, kwargs: dict):
         result = cf.retry_entries(args, kwargs)     # (the user's exceptions propagate)
         if result is not MISS:
             store.count("frame_hits")
-            _log(f"frame hit {name}: {n} entries installed, no capture")
+            _log(f"frame hit {name}: {n} entries installed, no capture", action="frame_hit", function=name,
+                 entries=n)
             return result
         mine = [e for e in cf.cache.entries if e.key is cf.key]
         why = f"the guards of its {n} entries fail: {mine[0].failure_reason(args, kwargs) if mine else '?'}"
     store.count("frame_misses")
-    _log(f"frame miss {name} ({why}); capturing")
+    _log(f"frame miss {name} ({why}); capturing", action="frame_miss", function=name, reason=why)
     return MISS
 
 
@@ -181,7 +184,8 @@ def record(cf) -> None:
     try:
         _write(cf, fk, name)
     except Exception as e:
-        _log(f"frame not recorded {name}: kiln error ({type(e).__name__}: {e}); please report this")
+        _log(f"frame not recorded {name}: kiln error ({type(e).__name__}: {e}); please report this",
+             action="frame_not_recorded", function=name, reason=f"{type(e).__name__}: {e}")
 
 
 def _write(cf, fk: str, name: str) -> None:
@@ -192,7 +196,7 @@ def _write(cf, fk: str, name: str) -> None:
             continue
         why = _uncheckable_callee(fn, e)
         if why is not None:
-            _log(f"not recorded: an entry of {name}: {why}")
+            _log(f"not recorded: an entry of {name}: {why}", action="frame_not_recorded", function=name, reason=why)
             continue
         entries.append(e)
     if not entries:
@@ -200,7 +204,8 @@ def _write(cf, fk: str, name: str) -> None:
     blobs, left = fileformat.Blobs(), []
     manifest, counts = build_manifest(fn, fn, cf, "function", entries, blobs, left, keep=_captured_here)
     for function, _, reason in left:
-        _log(f"not recorded: an entry of {function}: {reason}")
+        _log(f"not recorded: an entry of {function}: {reason}", action="frame_not_recorded", function=function,
+             reason=reason)
     if not manifest["entries"]:
         return
     manifest["callable_defaults"] = {where: _callable_defaults(f) for where, f in _defining(fn, entries).items()}
@@ -208,7 +213,9 @@ def _write(cf, fk: str, name: str) -> None:
               "entries": sum(counts.values()), "environment": _environment()}
     members = fileformat.members(manifest, blobs)
     if store.write_record(fk, _WRITER, header, members):
-        _log(f"frame recorded {name}: {header['entries']} entries ({sum(map(len, members.values()))} bytes)")
+        size = sum(map(len, members.values()))
+        _log(f"frame recorded {name}: {header['entries']} entries ({size} bytes)", action="frame_recorded",
+             function=name, entries=header["entries"], bytes=size)
     for e in walk_entries(entries):                   # a continuation's later compiles rewrite it too
         for r in e.resumes:
             r.records_owner = cf

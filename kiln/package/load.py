@@ -97,5 +97,6 @@ def load_package(path: str, model_or_fn, on_miss: str = "compile", check_source:
     entries = load_entries(m["entries"], fn, cf, pkg.blob)
     install(cache_for(fn), entries)
     if logs.enabled.package:
-        logs.log("package", f"loaded {len(entries)} entries of {fn.__qualname__} from {path}")
+        logs.event("package", "package", f"loaded {len(entries)} entries of {fn.__qualname__} from {path}",
+                   action="loaded", path=str(path), function=fn.__qualname__, entries=len(entries))
     return result

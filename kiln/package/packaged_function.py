@@ -38,8 +38,9 @@ class PackagedFunction(CompiledFunction):
                               "Call it as when the package was saved, save a package that covers this "
                               "call, or load with on_miss='compile'")
         if logs.enabled.package:
-            logs.log("package", f"miss in package {self._package} for {self._fn.__qualname__} "
-                     f"({reason}); compiling")
+            logs.event("package", "package", f"miss in package {self._package} for {self._fn.__qualname__} "
+                       f"({reason}); compiling", action="miss", path=str(self._package),
+                       function=self._fn.__qualname__, reason=str(reason))
         return super()._miss(args, kwargs)
 
     def __repr__(self):

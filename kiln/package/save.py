@@ -66,7 +66,8 @@ def save_package(compiled, path: str) -> SaveReport:
     size = fileformat.write(path, manifest, blobs)
     report = SaveReport(path, size, counts, [LeftOut(f, g, r) for f, g, r in left])
     if logs.enabled.package:
-        logs.log("package", str(report))
+        logs.event("package", "package", str(report), action="saved", path=str(path), bytes=size,
+                   function=getattr(fn, "__qualname__", None), left_out=[str(x) for x in report.left_out])
     return report
 
 

@@ -51,7 +51,8 @@ class EagerCallable:
             recording.record_uncompiled(self.reason)
         if not self._logged and logs.enabled.graph_breaks:
             self._logged = True
-            logs.log("graph_breaks", self.reason)
+            logs.event("graph_breaks", "eager", self.reason, function=getattr(self._target, "__qualname__", None),
+                       reason=self.reason, file=None, line=None)
         return self._target(*args, **kwargs)
 
     def __repr__(self):

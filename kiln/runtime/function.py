@@ -26,7 +26,7 @@ import torch
 from .. import _torch
 from .. import logs
 from ..capture.codegen import MISS
-from ..capture.frame import ArgumentsDoNotBind, Entry, capture, eager_entry, eager_entry_for
+from ..capture.frame import ArgumentsDoNotBind, Entry, break_fields, capture, eager_entry, eager_entry_for
 from ..config import config
 from ..cudagraphs.steps import run_in_step
 from ..errors import KilnError, Unsupported
@@ -220,8 +220,9 @@ class CompiledFunction:
         if reason is not None:
             cache.recompile_reasons.append(reason)
         if reason is not None and logs.enabled.recompiles:
-            logs.log("recompiles", f"Recompiling {fn.__qualname__} "
-                     f"({fn.__code__.co_filename}:{fn.__code__.co_firstlineno}): {reason}")
+            logs.event("recompiles", "recompile", f"Recompiling {fn.__qualname__} "
+                       f"({fn.__code__.co_filename}:{fn.__code__.co_firstlineno}): {reason}",
+                       **logs.where(fn), reason=str(reason), entries=len(cache.entries))
         # Everything capture raises is kiln's (the frame then runs eagerly), except what the
         # user's own code raised (their backend, a comptime callback), a ConstraintViolation
         # (their mark_dynamic contradicted) and arguments that do not fit the signature.
@@ -275,7 +276,8 @@ class CompiledFunction:
         """The entry that runs the frame eagerly (logged under graph_breaks)."""
         fn = self._fn
         if logs.enabled.graph_breaks:
-            logs.log("graph_breaks", f"{fn.__qualname__} runs eagerly: {e}")
+            logs.event("graph_breaks", "eager", f"{fn.__qualname__} runs eagerly: {e}", **logs.where(fn),
+                       **break_fields(e))
         try:
             return eager_entry(fn, e, self._key, self._key.backend_name)
         except Exception:
@@ -292,7 +294,8 @@ class CompiledFunction:
                         fn.__code__.co_filename, fn.__code__.co_firstlineno)
         u.internal = True
         if logs.enabled.graph_breaks:
-            logs.log("graph_breaks", f"{fn.__qualname__} runs eagerly: {u}")
+            logs.event("graph_breaks", "eager", f"{fn.__qualname__} runs eagerly: {u}", **logs.where(fn),
+                       **break_fields(u))
         try:
             eager = eager_entry_for(fn, entry.program, entry.guards, entry.key, entry.backend_name, u)
         except Exception:

@@ -21,6 +21,7 @@ def module_caller(cls: type) -> Callable:
             return module(*args, **kwargs)
         call_module.__qualname__ = f"{cls.__qualname__}.__call__"
         call_module.__module__ = cls.__module__   # (also names its dynamic-shape profile)
+        call_module.__kiln_source__ = cls.forward    # (the source a trace shows for it)
         fn = _module_callers.setdefault(cls, call_module)    # (one for all threads)
     return fn
 

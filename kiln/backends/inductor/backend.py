@@ -173,7 +173,8 @@ class GraphCompile:
         self.gm = gm
         self.number = next(_graph_numbers)
         name = type(gm).__name__
-        self.name = f"graph #{self.number} ({name[5:] if name.startswith('Kiln_') else name})"
+        self.function = name[5:] if name.startswith("Kiln_") else name
+        self.name = f"graph #{self.number} ({self.function})"
         self.inductor_seconds = 0.0
         self.fallbacks: list[tuple[str, BaseException]] = []
         self.progress = Progress(self.name)
@@ -199,7 +200,9 @@ class GraphCompile:
         finally:
             self._in_run = False
         total = time.perf_counter() - start
-        compiled.kiln_compile_seconds = {"aot": total - self.inductor_seconds, "inductor": self.inductor_seconds}
+        partition = getattr(getattr(compiled, "parts", None), "partition_seconds", 0.0)
+        compiled.kiln_compile_seconds = {"aot": total - self.inductor_seconds - partition, "partition": partition,
+                                         "inductor": self.inductor_seconds}
         compiled.kiln_inductor_fallbacks = self.fallbacks
         return self.saving_shapes(compiled)
 
@@ -307,6 +310,8 @@ class GraphCompile:
                     raise RuntimeError(untrusted)
                 with self.progress, self.progress.phase(f"Inductor, graph {which}"):
                     compiled = self._inductor(gm, list(example_inputs), kind)
+                if logs.enabled.graph:
+                    self._log_output_code(compiled, kind)
             except Exception as e:
                 compiled = self._fallback(gm, list(example_inputs), kind, e)
             if facts is not None:
@@ -317,7 +322,14 @@ class GraphCompile:
             self.inductor_seconds += secs
             if not self._in_run and logs.enabled.perf:   # a per-shape compile, on a later call
                 logs.log_compile_times(f"{self.name} {kind} graph, compiled for new input shapes",
-                                       {"inductor": secs})
+                                       {"inductor": secs}, function=self.name)
+
+    def _log_output_code(self, compiled, kind: str) -> None:
+        """Where Inductor wrote the generated module (a report links to it)."""
+        path = (_torch.inductor_module_globals(compiled) or {}).get("__file__")
+        if path:
+            logs.event("graph", "inductor_code", f"Inductor's code for the {kind} graph of {self.name}: {path}",
+                       function=self.function, graph=self.name, graph_kind=kind, path=path)
 
     def _compile_piece(self, piece: torch.fx.GraphModule, example_inputs: list, pieces: list):
         """One piece of CUDA ops of a split inference graph (kiln.cudagraphs.partition); what

@@ -55,7 +55,8 @@ def assert_inductor_compiled(counter: CountingInductor) -> None:
     assert counter.compiled
     for c in counter.compiled:
         assert c.kiln_inductor_fallbacks == [], c.kiln_inductor_fallbacks
-        assert set(c.kiln_compile_seconds) == {"aot", "inductor"}
+        # (a graph loaded from the compile cache reports its load instead)
+        assert set(c.kiln_compile_seconds) in ({"aot", "partition", "inductor"}, {"load"})
 
 
 # ------------------------------------------------------------------------------------------------
