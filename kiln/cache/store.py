@@ -123,13 +123,13 @@ def read(key: str) -> tuple[dict, bytes] | None:
     if found is None:           # (absent, or damaged here: the remote's replaces it)
         remote = _fetch("entry", key, ENTRY, path)
         if remote is not None:
-            found = remote.header, remote.member(PAYLOAD)
+            found = remote[0].header, remote[0].member(PAYLOAD)
     return found
 
 
-def _fetch(kind: str, key: str, fmt: envelope.Format, path: str) -> envelope.Envelope | None:
+def _fetch(kind: str, key: str, fmt: envelope.Format, path: str) -> tuple[envelope.Envelope, bytes] | None:
     """The remote cache's value of (kind, key), verified as a ``fmt`` envelope and written to
-    ``path``; None when it has none, or none that checks (a miss)."""
+    ``path`` (the envelope and its bytes); None when it has none, or none that checks (a miss)."""
     blob = remote_cache.get(kind, key)
     if blob is None:
         return None
@@ -139,7 +139,7 @@ def _fetch(kind: str, key: str, fmt: envelope.Format, path: str) -> envelope.Env
         warn_once(("corrupt remote", kind, key), f"ignoring the remote {kind} {key[:16]}: {e}")
         return None
     _write_file(path, blob, remote=None)
-    return found
+    return found, blob
 
 
 def read_path(path: str) -> tuple[dict, bytes] | None:
@@ -224,13 +224,7 @@ def read_kernel_record(path: str) -> bytes | None:
     except OSError:
         return None
     found = _fetch("kernels", os.path.basename(path), KERNELS, path)
-    if found is None:
-        return None
-    try:
-        with open(path, "rb") as f:
-            return f.read()
-    except OSError:             # (not writable here: the verified bytes, once more)
-        return envelope.pack(KERNELS, found.header, found.members)
+    return None if found is None else found[1]
 
 
 def _write_file(path: str, blob: bytes, remote: tuple[str, str] | None = None) -> bool:

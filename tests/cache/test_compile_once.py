@@ -1,16 +1,19 @@
 """One compile per job (kiln/cache/compile_once.py): two CPU ranks over gloo, each a process with
 a cache directory of its own (two hosts), run the same program or different ones."""
+import datetime
 import json
 import os
 import socket
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 import torch
 
 import kiln
+from kiln.cache import compile_once, key as K
 
 ROOT = os.path.dirname(os.path.dirname(kiln.__file__))
 
@@ -113,5 +116,44 @@ def test_with_a_warm_remote_cache_no_rank_compiles(tmp_path, remote):
 
 @pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not available")
 def test_without_a_job_nothing_is_claimed():
-    from kiln.cache import compile_once
     assert compile_once.claim("0" * 64, "f") is None
+
+
+@pytest.fixture
+def job_store(monkeypatch):
+    """A real TCPStore standing in for a job's, as rank 0 of 2 sees it."""
+    from kiln import _torch
+    store = torch.distributed.TCPStore("127.0.0.1", 0, 1, True, timeout=datetime.timedelta(seconds=30))
+    monkeypatch.setattr(_torch, "distributed_job", lambda: (store, 0, 2))
+    return store
+
+
+def test_a_claimer_without_an_entry_lets_the_others_compile_at_once(job_store):
+    first, second = compile_once.claim("a" * 64, "f"), compile_once.claim("a" * 64, "f")
+    assert first.mine and not second.mine
+    first.publish(compile_once.FAILED)
+    t = time.perf_counter()
+    assert second.receive() is None and time.perf_counter() - t < 1.0
+
+
+def test_a_claimer_that_never_publishes_is_waited_for_at_most_the_timeout(job_store):
+    compile_once.claim("b" * 64, "f")
+    waiter = compile_once.claim("b" * 64, "f")
+    with kiln.config.patch(distributed_compile_timeout=0.3):
+        t = time.perf_counter()
+        assert waiter.receive() is None
+        assert time.perf_counter() - t < 5.0
+
+
+def test_a_compile_that_raises_still_publishes(job_store):
+    def broken_compile():
+        raise RuntimeError("the backend failed")
+
+    gm = torch.fx.symbolic_trace(lambda x: x + 1)
+    inputs = [torch.randn(2)]
+    with pytest.raises(RuntimeError, match="the backend failed"):
+        kiln.cache.cached(gm, inputs, backend="aot_eager", options={}, compile=broken_compile,
+                          load=lambda *a: None, dump=lambda c: b"")
+    key = K.digest(K.key_parts(gm, inputs, "aot_eager", {}))
+    waiter = compile_once.claim(key, "f")                  # another rank, after the failure
+    assert not waiter.mine and waiter.receive() is None    # at once: it compiles for itself
