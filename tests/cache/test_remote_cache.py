@@ -442,3 +442,19 @@ def test_cli_ls_and_clear_remote_touch_only_kilns_keys(remote, traces):
     out = subprocess.run(cmd + ["ls", "--remote"], capture_output=True, text=True,
                          env={**env, "KILN_REMOTE_CACHE": ""}, timeout=120)
     assert out.returncode == 1 and "KILN_REMOTE_CACHE" in out.stderr
+
+
+def test_kernel_records_come_from_the_remote_cache_checked(remote):
+    """The Triton kernel records (GPU) go through the store as any other file: here an envelope
+    of their format, written on one machine and read on another."""
+    path = os.path.join(store.kernels_dir(), "triton-0123.kt")
+    blob = store.encode({"format": 1, "kernels": {}}, b"cubin bytes", store.KERNELS)
+    assert store.write_kernel_record(path, blob)
+    new_machine()
+    assert store.read_kernel_record(path) == blob and os.path.exists(path)      # fetched, kept here
+    assert kiln.cache.stats()["remote_hits"] == 1
+    new_machine()
+    remote_cache.put("kernels", os.path.basename(path), store.encode({}, b"x"))    # an entry, not a record
+    with pytest.warns(RuntimeWarning, match="ignoring the remote kernels"):
+        assert store.read_kernel_record(path) is None
+    assert not os.path.exists(path)
