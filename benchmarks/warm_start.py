@@ -2,6 +2,7 @@
 
     python benchmarks/warm_start.py [--device cuda] [--json PATH] [--backend inductor|aot_eager]
         [--models gpt2-infer,gpt2-train,mlp,mlp-train,qwen2-infer,qwen2-train,bert-infer,timm-infer]
+        [--remote [--redis-server PATH]]
 
 Every measurement runs in a fresh process. Per model and compiler (kiln, torch.compile):
 
@@ -31,6 +32,16 @@ caches the kiln runs filled. Target: <= 0.1 s added to eager's first output. "pk
 lists which of torch._dynamo and torch._inductor that process imported (a static aot_eager
 package needs neither; Inductor's generated code imports torch._inductor, which imports
 torch._dynamo).
+
+``--remote``: a fleet's fresh machine served from a warm Redis (a redis-server the benchmark
+starts on a free port of 127.0.0.1, persistence off; ``--redis-server`` names its binary). Per
+model and compiler: a cold process on "machine A" (its own empty local caches) fills Redis, then
+a fresh process on "machine B" (empty kiln, Inductor and Triton caches, the warm Redis) is timed.
+kiln uses ``KILN_REMOTE_CACHE``; torch.compile its Redis remote caches: FX graph and AOT autograd
+caches (``TORCHINDUCTOR_FX_GRAPH_REMOTE_CACHE``, ``TORCHINDUCTOR_AUTOGRAD_REMOTE_CACHE``) and the
+automatic-dynamic profiles (``TORCH_DYNAMO_AUTOMATIC_DYNAMIC_REMOTE_PGO``), all at
+``TORCHINDUCTOR_REDIS_URL``. Target: machine B's kiln adds <= 0.5 s to eager's first output,
+and <= 0.5x what torch.compile's machine B adds.
 
 Models (no downloads): ``gpt2-infer`` / ``gpt2-train`` a GPT-2-style decoder (6 layers, d=512,
 8 heads; batch 2, sequence 64) inference and one training step; ``mlp`` / ``mlp-train`` a small
@@ -146,6 +157,10 @@ def _child(model: str, compiler: str, device: str, backend: str, package: str | 
         extra = {**extra, **kiln.cache.stats()}
         if package:
             fn.save_package(package)
+    elif compiler == "torch":
+        from torch._dynamo.utils import counters          # (imported by torch.compile already)
+        extra = {**extra, "torch_caches": {k: v for k, v in counters["inductor"].items()
+                                           if k.startswith(("fxgraph_cache", "autograd_cache"))}}
     print("RESULT " + json.dumps({"first": first, **extra}), flush=True)
 
 
@@ -197,6 +212,87 @@ def _prime_bytecode(model, device, backend, base) -> None:
                 _measure(model, "package", device, backend, env, package)
 
 
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start_redis(binary: str, directory: str):
+    """A redis-server of the benchmark's own (persistence off): (process, url)."""
+    import redis
+    port = _free_port()
+    proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                             "--dir", directory], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    client = redis.Redis(host="127.0.0.1", port=port)
+    for _ in range(500):
+        try:
+            client.ping()
+            return proc, f"redis://127.0.0.1:{port}/0"
+        except redis.ConnectionError:
+            if proc.poll() is not None:
+                break
+            time.sleep(0.02)
+    proc.kill()
+    raise RuntimeError(f"could not start {binary}")
+
+
+def _remote_env(compiler: str, url: str) -> dict:
+    if compiler == "kiln":
+        return {"KILN_REMOTE_CACHE": url}
+    return {"TORCHINDUCTOR_FX_GRAPH_REMOTE_CACHE": "1", "TORCHINDUCTOR_AUTOGRAD_REMOTE_CACHE": "1",
+            "TORCH_DYNAMO_AUTOMATIC_DYNAMIC_REMOTE_PGO": "1", "TORCHINDUCTOR_REDIS_URL": url}
+
+
+def main_remote(a, models: list, base_of) -> None:
+    """``--remote``: machine A compiles into a warm Redis, a fresh machine B is timed."""
+    import redis
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="kiln-bench-redis-") as rd:
+        proc, url = _start_redis(a.redis_server, rd)
+        try:
+            for model in models:
+                base = base_of(model)
+                if base is None:
+                    continue
+                eager = _measure(model, "eager", a.device, a.backend, base)
+                row = {"model": model, "eager_first_s": eager["first"]}
+                for compiler in ("kiln", "torch"):
+                    redis.Redis.from_url(url).flushdb()
+                    env = {**base, **_remote_env(compiler, url)}
+                    with tempfile.TemporaryDirectory() as machine_a, tempfile.TemporaryDirectory() as machine_b:
+                        cold = _measure(model, compiler, a.device, a.backend, _caches_in(machine_a, env))
+                        fresh = _measure(model, compiler, a.device, a.backend, _caches_in(machine_b, env))
+                    row[f"{compiler}_cold_added_s"] = cold["first"] - eager["first"]
+                    row[f"{compiler}_remote_added_s"] = fresh["first"] - eager["first"]
+                    row[f"{compiler}_remote_exit_s"] = fresh["exit"]
+                    if compiler == "kiln":
+                        row["kiln_remote_cache"] = {k: fresh[k] for k in ("hits", "misses", "frame_hits", "remote_hits",
+                                                                          "remote_misses", "remote_errors",
+                                                                          "remote_bytes_read")}
+                    else:
+                        row["torch_remote_cache"] = fresh.get("torch_caches", {})
+                row["remote_ratio"] = row["kiln_remote_added_s"] / max(row["torch_remote_added_s"], 1e-9)
+                rows.append(row)
+                print(f"# {model} done: {json.dumps(row)}", file=sys.stderr, flush=True)
+                if a.json:
+                    with open(a.json, "w") as f:
+                        json.dump({"device": a.device, "backend": a.backend, "remote": True, "rows": rows}, f, indent=1)
+        finally:
+            proc.terminate()
+            proc.wait()
+    print(f"added to first output over eager, seconds: a fresh machine (empty local caches) and a warm Redis "
+          f"(device {a.device}, backend {a.backend})")
+    print(f"{'model':<12} {'eager 1st':>9} | {'kiln cold':>9} {'kiln B':>7} | {'torch cold':>10} {'torch B':>8} | "
+          f"{'B k/t':>6} | {'exit k/t (B)':>14} | kiln B cache | torch B caches")
+    for r in rows:
+        print(f"{r['model']:<12} {r['eager_first_s']:>9.3f} | {r['kiln_cold_added_s']:>9.3f} {r['kiln_remote_added_s']:>7.3f} | "
+              f"{r['torch_cold_added_s']:>10.3f} {r['torch_remote_added_s']:>8.3f} | {r['remote_ratio']:>6.2f} | "
+              f"{r['kiln_remote_exit_s']:>6.2f} / {r['torch_remote_exit_s']:<6.2f} | {r['kiln_remote_cache']} | "
+              f"{r['torch_remote_cache']}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cpu")
@@ -205,6 +301,9 @@ def main() -> None:
     ap.add_argument("--backend", default="inductor")
     ap.add_argument("--child", nargs=2)
     ap.add_argument("--package")
+    ap.add_argument("--remote", action="store_true",
+                    help="a fresh machine (empty local caches) served from a warm Redis, kiln and torch.compile")
+    ap.add_argument("--redis-server", default="redis-server", help="the redis-server binary --remote starts")
     ap.add_argument("--no-prime", action="store_true",
                     help="skip the untimed runs that compile library bytecode first (the cold columns then include it)")
     a = ap.parse_args()
@@ -213,10 +312,12 @@ def main() -> None:
         return
     rows = []
     pycache = tempfile.TemporaryDirectory(prefix="kiln-bench-pycache-")
-    for model in a.models.split(","):
+
+    def base_of(model: str) -> dict | None:
+        """The children's environment for ``model`` (bytecode primed), None to skip it."""
         if model == "timm-infer" and importlib.util.find_spec("timm") is None:
             print("# timm-infer skipped: timm is not installed", file=sys.stderr, flush=True)
-            continue
+            return None
         base = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
         # Every fresh process reads Python's bytecode caches, as it does wherever packages are
         # installed normally. Without them (a read-only site-packages, PYTHONDONTWRITEBYTECODE)
@@ -225,6 +326,15 @@ def main() -> None:
         base.setdefault("PYTHONPYCACHEPREFIX", pycache.name)
         if not a.no_prime:
             _prime_bytecode(model, a.device, a.backend, base)
+        return base
+
+    if a.remote:
+        main_remote(a, a.models.split(","), base_of)
+        return
+    for model in a.models.split(","):
+        base = base_of(model)
+        if base is None:
+            continue
         eager = _measure(model, "eager", a.device, a.backend, base)
         row = {"model": model, "eager_first_s": eager["first"]}
         for compiler in ("kiln", "torch"):

@@ -675,3 +675,20 @@ def checkpoint_default_mode() -> tuple[bool | None, str | None]:
         message = next((str(w.message) for w in caught if "use_reentrant" in str(w.message)), None)
         _checkpoint_default = (reentrant, message)
     return _checkpoint_default
+
+
+def distributed_job() -> tuple[Any, int, int] | None:
+    """(the default process group's key-value store, this rank, the world size) when
+    torch.distributed is initialized with more than one rank, else None. (Not imported here
+    when the program never imported torch.distributed.)"""
+    import sys
+    if "torch.distributed" not in sys.modules:
+        return None
+    import torch.distributed as dist
+    if not dist.is_available() or not dist.is_initialized():
+        return None
+    world = dist.get_world_size()
+    if world < 2:
+        return None
+    from torch.distributed import distributed_c10d
+    return distributed_c10d._get_default_store(), dist.get_rank(), world

@@ -3,6 +3,7 @@
     kiln info        versions of kiln, torch, bytecode and Python; CUDA; registered backends
     kiln backends    the registered backend names
     kiln cache ls | why [FUNCTION] | clear     the compile cache (kiln/cache)
+    kiln cache ls --remote | clear --remote    the remote cache (KILN_REMOTE_CACHE)
     kiln package inspect FILE    a package's manifest: entries, guards, graphs, generated code
     kiln report DIR [-o report.html]    one HTML page from a structured trace (KILN_TRACE_DIR)
 """
@@ -63,10 +64,13 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("backends", help="registered backends")
     cache = sub.add_parser("cache", help="the compile cache: ls, why [FUNCTION], clear")
     csub = cache.add_subparsers(dest="action", required=True)
-    csub.add_parser("ls", help="stored entries")
+    ls = csub.add_parser("ls", help="stored entries")
+    ls.add_argument("--remote", action="store_true", help="the remote cache's (KILN_REMOTE_CACHE) instead")
     w = csub.add_parser("why", help="how a function's entries differ (why they missed)")
     w.add_argument("function", nargs="?")
-    csub.add_parser("clear", help="remove every entry")
+    clear = csub.add_parser("clear", help="remove every entry")
+    clear.add_argument("--remote", action="store_true",
+                       help="remove kiln's keys from the remote cache (KILN_REMOTE_CACHE) instead")
     pkg = sub.add_parser("package", help="packages (kiln.load_package): inspect FILE")
     psub = pkg.add_subparsers(dest="action", required=True)
     ins = psub.add_parser("inspect", help="print a package's manifest (nothing in it runs)")
@@ -80,6 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "package":
         return _inspect(args.file)
     if args.command == "cache":
+        if getattr(args, "remote", False):
+            return {"ls": cli.ls_remote, "clear": cli.clear_remote}[args.action]()
         return {"ls": cli.ls, "clear": cli.clear, "why": lambda: cli.why(args.function)}[args.action]()
     return {"info": _info, "backends": _backends}[args.command]()
 

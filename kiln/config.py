@@ -40,6 +40,21 @@ class Config:
     cache_frames: bool = True
     # Bytes the compile cache (cache_dir/aot) may hold; least recently used entries go first.
     cache_size_limit: int = 2 * 1024 ** 3
+    # The remote cache (kiln/remote_cache.py, docs/cache-and-packages.md): a Redis server that
+    # machines share, read after the local cache and written through. KILN_REMOTE_CACHE=
+    # redis://host:port/db; "" (the default): off. Needs redis-py (pip install kiln[redis]).
+    remote_cache: str = ""
+    # Seconds a connection or command to the remote cache may take before kiln gives up on it
+    # (and leaves the server alone for 30 s).
+    remote_cache_timeout: float = 0.25
+    # Values larger than this are kept local only (a value is stored in 4 MiB chunks).
+    remote_cache_max_bytes: int = 256 * 1024 ** 2
+    # Under torch.distributed (initialized, more than one rank), ranks that miss the same graph
+    # compile it once: the first claims it in the process group's store, the others wait for
+    # its entry there (kiln/cache/compile_once.py). KILN_DISTRIBUTED_COMPILE_ONCE=0: off.
+    distributed_compile_once: bool = True
+    # Seconds a rank waits for another rank's compile of the same graph before compiling it itself.
+    distributed_compile_timeout: float = 1800.0
     # dynamic=None: a dim (or int input) seen with a new value is recompiled symbolic.
     automatic_dynamic_shapes: bool = True
     # Python int inputs are always specialized (a new value recompiles), never symbolic.
@@ -121,6 +136,8 @@ def _from_env(cfg: Config) -> Config:
             value: Any = raw.strip().lower() in ("1", "true", "yes", "on")
         elif isinstance(default, int):
             value = int(raw)
+        elif isinstance(default, float):
+            value = float(raw)
         else:
             value = raw
         setattr(cfg, f.name, value)

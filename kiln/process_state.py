@@ -122,7 +122,10 @@ cudagraph_skip_reasons: collections.Counter = collections.Counter()  # skips by 
 # -- the compile cache (kept across reset()) ------------------------------------------------------
 
 cache_stats: dict = {"hits": 0, "misses": 0, "bypasses": 0, "bytes_read": 0, "bytes_written": 0,
-                     "frame_hits": 0, "frame_misses": 0}
+                     "frame_hits": 0, "frame_misses": 0, "job_hits": 0,
+                     # the remote cache (remote_cache.py)
+                     "remote_hits": 0, "remote_misses": 0, "remote_errors": 0,
+                     "remote_bytes_read": 0, "remote_bytes_written": 0}
 cache_stats_lock = threading.Lock()   # (a count may come from a compile on autograd's thread)
 cache_warned: set = set()             # what the cache warned about once
 

@@ -20,16 +20,16 @@ def test_config_patch_restores_and_rejects_unknown():
 
 def test_environment_overrides_config_and_logs():
     code = ("import kiln, torch\n"
-            "print(kiln.config.recompile_limit)\n"
+            "print(kiln.config.recompile_limit, kiln.config.remote_cache_timeout, kiln.config.remote_cache)\n"
             "f = kiln.compile(lambda x: x + 1, backend=\"eager\")\n"
             "f(torch.randn(2)); f(torch.randn(3))\n")
-    env = {"KILN_RECOMPILE_LIMIT": "3", "KILN_LOGS": "graph,guards,recompiles", "PATH": "/usr/bin:/bin"}
+    env = {"KILN_RECOMPILE_LIMIT": "3", "KILN_REMOTE_CACHE_TIMEOUT": "0.5", "KILN_REMOTE_CACHE": "", "KILN_LOGS": "graph,guards,recompiles", "PATH": "/usr/bin:/bin"}
     import os
 
     env = {**os.environ, **env}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "3"
+    assert out.stdout.strip() == "3 0.5"
     assert "[kiln:graph]" in out.stderr and "[kiln:guards]" in out.stderr
     assert "[kiln:recompiles] Recompiling <lambda>" in out.stderr and "size mismatch" in out.stderr
 

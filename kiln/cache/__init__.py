@@ -15,6 +15,11 @@ with its reason under ``KILN_LOGS=cache``. A cache failure never fails the call:
 Frame records (``kiln.package.frame_records``): each compiled function also keeps its entries
 in package form, so that a warm process installs them before capturing at all.
 
+Remote cache (``kiln.remote_cache``): with ``KILN_REMOTE_CACHE=redis://host:port/db`` the
+entries, frame records and kernel records are also read from and written to a Redis server that
+machines share (``store`` reads it after the local directory). One compile per job
+(``compile_once``): ranks of a torch.distributed job that miss the same graph compile it once.
+
 ``kiln.config.cache = False`` (or ``KILN_CACHE=0``) turns the cache off.
 """
 from __future__ import annotations
@@ -26,7 +31,7 @@ from .. import logs
 from ..aot.symbolic_codec import EntryDoesNotFit
 from ..config import config
 from .compiling import compiling_function
-from . import key as cache_key, miss_reasons, store
+from . import compile_once, key as cache_key, miss_reasons, store
 from .store import clear, reset_stats, stats
 
 __all__ = ["cached", "bypass", "stats", "reset_stats", "clear"]
@@ -105,15 +110,50 @@ def cached(gm, example_inputs: list, *, backend: str, options: dict, compile: Ca
         why = not_fit or miss_reasons.describe(fn, nearest)
         _log(f"miss {fn} ({key[:12]}): {why}", action="miss", function=fn, key=key, reason=why,
              diff=[] if not_fit or nearest is None else nearest)
-    compiled = compile()
+    job = compile_once.claim(key, fn)       # (None: no torch.distributed job)
+    if job is not None and not job.mine:
+        received = _received(job, gm, key, parts, load, dump)
+        if received is not None:
+            return received
     try:
-        payload = dump(compiled)
+        compiled = compile()
+        try:
+            payload = dump(compiled)
+        except Exception as e:
+            _log(f"not stored {fn}: {type(e).__name__}: {e}", action="not_stored", function=fn,
+                 reason=f"{type(e).__name__}: {e}")
+            return offer(compiled, _failed(f"{type(e).__name__}: {e}"))
+        header = {"key": key, "function": fn, "backend": backend, "parts": parts, "inputs": input_names(gm)}
+        store.write(key, header, payload)
+        if job is not None and job.mine:
+            job.publish(store.encode(header, payload))
+    finally:
+        if job is not None and job.mine:
+            job.publish(compile_once.FAILED)        # (no entry: the waiting ranks compile it themselves)
+    _refreshed_by(compiled, key, header, dump)
+    return offer(compiled, _stored(key, lambda c: dump(c)))
+
+
+def _received(job: compile_once.Claim, gm, key: str, parts: dict, load: Callable, dump: Callable) -> Callable | None:
+    """The graph another rank of the job compiled (``compile_once``), loaded from the entry it
+    published and written to this machine's cache; None (logged) when there is none to use."""
+    blob = job.receive()
+    if blob is None:
+        return None
+    try:
+        header, payload = store.decode(blob)
+        if header.get("key") != key or header.get("parts") != parts:
+            raise store.CorruptEntry("it does not match its key")
+        compiled = load(payload, gm, _renames(header.get("inputs"), input_names(gm)))
     except Exception as e:
-        _log(f"not stored {fn}: {type(e).__name__}: {e}", action="not_stored", function=fn,
-             reason=f"{type(e).__name__}: {e}")
-        return offer(compiled, _failed(f"{type(e).__name__}: {e}"))
-    header = {"key": key, "function": fn, "backend": backend, "parts": parts, "inputs": input_names(gm)}
-    store.write(key, header, payload)
+        _log(f"rank {job.rank}: cannot use the entry of {job.function} ({key[:12]}) another rank "
+             f"compiled ({type(e).__name__}: {e}); compiling it here", action="job_refused", function=job.function,
+             key=key, reason=f"{type(e).__name__}: {e}")
+        return None
+    store.write_received(key, blob)
+    store.count("job_hits")
+    _log(f"rank {job.rank}: received {job.function} ({key[:12]}, {len(payload)} bytes) from the rank that compiled it",
+         action="job_hit", function=job.function, key=key)
     _refreshed_by(compiled, key, header, dump)
     return offer(compiled, _stored(key, lambda c: dump(c)))
 

@@ -1,8 +1,12 @@
-"""``kiln cache ls | why [FUNCTION] | clear``: what the compile cache holds and why it missed."""
+"""``kiln cache ls | why [FUNCTION] | clear``: what the compile cache holds and why it missed;
+``kiln cache ls --remote | clear --remote``: the same of the remote cache (KILN_REMOTE_CACHE)."""
 from __future__ import annotations
 
 import os
+import sys
 
+from .. import remote_cache
+from ..config import config
 from . import miss_reasons, store
 
 
@@ -51,3 +55,40 @@ def clear() -> int:
     store.clear()
     print(f"removed {entries} entries and {records} frame records from {os.path.dirname(store.aot_dir())}")
     return 0
+
+
+def ls_remote() -> int:
+    """Every value kiln stored in the remote cache: kind, key, size, the versions that wrote it."""
+    url = _remote_url()
+    if url is None:
+        return 1
+    try:
+        rows = remote_cache.ls()
+    except remote_cache.RemoteUnavailable as e:
+        print(f"error: the remote cache {url} is unavailable: {e}", file=sys.stderr)
+        return 1
+    for kind, key, size, versions in rows:
+        print(f"{kind:<8} {key[:32]:<32}  {size:>9}  {versions}")
+    print(f"{len(rows)} values, {sum(max(r[2], 0) for r in rows)} bytes in {url}")
+    return 0
+
+
+def clear_remote() -> int:
+    """Remove kiln's keys (and only those) from the remote cache."""
+    url = _remote_url()
+    if url is None:
+        return 1
+    try:
+        n = remote_cache.clear()
+    except remote_cache.RemoteUnavailable as e:
+        print(f"error: the remote cache {url} is unavailable: {e}", file=sys.stderr)
+        return 1
+    print(f"removed {n} keys under {remote_cache.PREFIX!r} from {url}")
+    return 0
+
+
+def _remote_url() -> str | None:
+    if not config.remote_cache:
+        print("error: no remote cache: set KILN_REMOTE_CACHE=redis://host:port/db", file=sys.stderr)
+        return None
+    return remote_cache.describe_url(config.remote_cache)

@@ -12,6 +12,13 @@ Frame records (``kiln.package.frame_records``) live in
 the members of a package). The directory (entries and records together) is kept under
 ``kiln.config.cache_size_limit`` bytes by removing the least recently used files (a hit
 touches its file's mtime).
+
+The remote cache (``kiln.remote_cache``, on when ``kiln.config.remote_cache`` names a Redis
+server) stands behind the directory: an entry, frame record or kernel record absent here is
+asked of it, checked as a file of the directory is (the envelope's content hash, its format),
+and written here before use; every write here is written there too. Remote kinds: ``entry``
+(by key), ``frame`` (by frame key: the newest record any writer made of the frame) and
+``kernels`` (a kernel record, by file name).
 """
 from __future__ import annotations
 
@@ -19,7 +26,7 @@ import os
 import tempfile
 import warnings
 
-from .. import logs
+from .. import logs, remote_cache
 from ..config import config
 from ..process_state import cache_stats as _stats, cache_stats_lock, cache_warned as _warned, reset_cache_stats
 from . import envelope
@@ -38,7 +45,9 @@ class CorruptEntry(Exception):
 def stats() -> dict:
     """Counters since the process started (or ``reset_stats()``): hits, misses, bypasses,
     bytes_read, bytes_written (graphs), frame_hits, frame_misses (frame records: a hit skipped
-    capture)."""
+    capture), job_hits (graphs another rank of a torch.distributed job compiled), and the
+    remote cache's: remote_hits, remote_misses, remote_errors (the server
+    failing), remote_bytes_read, remote_bytes_written."""
     return dict(_stats)
 
 
@@ -107,8 +116,30 @@ def _unpack(blob: bytes, fmt: envelope.Format) -> envelope.Envelope:
 
 
 def read(key: str) -> tuple[dict, bytes] | None:
-    """(header, payload) of a whole entry, or None (absent, or corrupt: warned once)."""
-    return read_path(entry_path(key))
+    """(header, payload) of a whole entry, or None (absent, or corrupt: warned once); from the
+    remote cache when it is not here (and written here then)."""
+    path = entry_path(key)
+    found = read_path(path)
+    if found is None:           # (absent, or damaged here: the remote's replaces it)
+        remote = _fetch("entry", key, ENTRY, path)
+        if remote is not None:
+            found = remote[0].header, remote[0].member(PAYLOAD)
+    return found
+
+
+def _fetch(kind: str, key: str, fmt: envelope.Format, path: str) -> tuple[envelope.Envelope, bytes] | None:
+    """The remote cache's value of (kind, key), verified as a ``fmt`` envelope and written to
+    ``path`` (the envelope and its bytes); None when it has none, or none that checks (a miss)."""
+    blob = remote_cache.get(kind, key)
+    if blob is None:
+        return None
+    try:
+        found = _unpack(blob, fmt)
+    except CorruptEntry as e:
+        warn_once(("corrupt remote", kind, key), f"ignoring the remote {kind} {key[:16]}: {e}")
+        return None
+    _write_file(path, blob, remote=None)
+    return found, blob
 
 
 def read_path(path: str) -> tuple[dict, bytes] | None:
@@ -146,17 +177,57 @@ def _read_file(path: str, fmt: envelope.Format) -> envelope.Envelope | None:
 
 
 def write(key: str, header: dict, payload: bytes) -> bool:
-    """Write atomically; False (warned once) when the directory is not writable."""
-    return _write_file(entry_path(key), encode(header, payload))
+    """Write atomically (and to the remote cache); False (warned once) when the directory is
+    not writable."""
+    return _write_file(entry_path(key), encode(header, payload), remote=("entry", key))
 
 
 def write_record(frame_key: str, writer: str, header: dict, members: dict[str, bytes]) -> bool:
-    """Write a frame record (``header`` and ``members``) atomically; False (warned once) when the
-    directory is not writable."""
-    return _write_file(record_path(frame_key, writer), envelope.pack(RECORD, header, members))
+    """Write a frame record (``header`` and ``members``) atomically (and to the remote cache);
+    False (warned once) when the directory is not writable."""
+    blob = envelope.pack(RECORD, header, members)
+    return _write_file(record_path(frame_key, writer), blob, remote=("frame", frame_key))
 
 
-def _write_file(path: str, blob: bytes) -> bool:
+def write_received(key: str, blob: bytes) -> bool:
+    """An entry's bytes received whole from another rank of the job (which wrote them to the
+    remote cache): written here only."""
+    return _write_file(entry_path(key), blob)
+
+
+REMOTE_WRITER = "remote"       # (the file name of a frame record fetched from the remote cache)
+
+
+def fetch_records(frame_key: str) -> list[tuple[str, str]]:
+    """``records(frame_key)``, and when there are none here, the remote cache's record of the
+    frame, written here first."""
+    found = records(frame_key)
+    if not found and _fetch("frame", frame_key, RECORD, record_path(frame_key, REMOTE_WRITER)) is not None:
+        found = records(frame_key)
+    return found
+
+
+def write_kernel_record(path: str, blob: bytes) -> bool:
+    """A kernel record (a ``KERNELS`` envelope) at ``path`` in ``kernels_dir()``, and in the
+    remote cache."""
+    return _write_file(path, blob, remote=("kernels", os.path.basename(path)))
+
+
+def read_kernel_record(path: str) -> bytes | None:
+    """The bytes of the kernel record at ``path``, from the remote cache (checked, and written
+    at ``path``) when it is not there; None when neither has it."""
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        pass
+    except OSError:
+        return None
+    found = _fetch("kernels", os.path.basename(path), KERNELS, path)
+    return None if found is None else found[1]
+
+
+def _write_file(path: str, blob: bytes, remote: tuple[str, str] | None = None) -> bool:
     directory = os.path.dirname(path)
     tmp = None
     try:
@@ -169,6 +240,8 @@ def _write_file(path: str, blob: bytes) -> bool:
     except OSError as e:
         root = os.path.expanduser(config.cache_dir)
         warn_once(("write", root), f"cannot write to {directory} ({e}); running without a cache")
+        if remote is not None:
+            remote_cache.put(*remote, blob)
         return False
     finally:
         if tmp is not None:
@@ -178,6 +251,8 @@ def _write_file(path: str, blob: bytes) -> bool:
                 pass
     count("bytes_written", len(blob))
     evict()
+    if remote is not None:
+        remote_cache.put(*remote, blob)
     return True
 
 

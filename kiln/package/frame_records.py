@@ -120,7 +120,7 @@ def load(cf) -> tuple[int, str]:
 
 def _install_records(cf, fk: str) -> tuple[int, str]:
     fn, cache = cf.original, cf.cache
-    found = store.records(fk)[:_MAX_RECORDS]
+    found = store.fetch_records(fk)[:_MAX_RECORDS]     # (or the remote cache's record)
     if not found:
         return 0, "no record"
     env = _environment()

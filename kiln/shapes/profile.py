@@ -5,7 +5,9 @@ compiles those dims dynamic at once instead of recompiling once more to rediscov
 A profile is keyed by the code's identity (file, qualified name, first line, a hash of the
 bytecode): an edited function starts a new profile. Files are written atomically (a temporary
 file renamed over the old one), and one that cannot be read or parsed is ignored with a
-warning, never trusted.
+warning, never trusted. With a remote cache (``kiln.remote_cache``) a profile is written there
+too, by the same digest, and a process with no file of its own reads the remote one (checked by
+its content hash there, and parsed as strictly as a file).
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ import tempfile
 import types
 import warnings
 
-from .. import logs
+from .. import logs, remote_cache
 from ..config import config
 from ..process_state import dynamic_profiles as _profiles
 
@@ -102,9 +104,11 @@ class FrameProfile:
         self.dirty = False
         try:
             os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            text = json.dumps(self.to_json(), indent=1)
+            remote_cache.put("profile", _remote_key(self.path), text.encode())
             fd, tmp = tempfile.mkstemp(dir=os.path.dirname(self.path), prefix=".tmp-", suffix=".json")
             with os.fdopen(fd, "w") as f:
-                json.dump(self.to_json(), f, indent=1)
+                f.write(text)
             os.replace(tmp, self.path)
             if logs.enabled.dynamic:
                 logs.log("dynamic", f"wrote profile {self.path}")
@@ -118,6 +122,10 @@ def profile_path(identity: dict) -> str:
     return os.path.join(os.path.expanduser(config.cache_dir), "dynamic", f"{digest}.json")
 
 
+def _remote_key(path: str) -> str:
+    return os.path.basename(path)[:-len(".json")]
+
+
 def profile_for(fn: types.FunctionType) -> FrameProfile:
     """The profile of ``fn``'s code: in memory, else read from the cache directory, else new."""
     identity = code_identity(fn.__code__, fn.__qualname__, getattr(fn, "__module__", None))
@@ -127,10 +135,17 @@ def profile_for(fn: types.FunctionType) -> FrameProfile:
         return prof
     path = profile_path(identity) if config.cache_dir else None
     prof = _profiles[key] = FrameProfile(identity, path)
-    if path is not None and os.path.exists(path):
+    remote = None
+    if path is not None and not os.path.exists(path):
+        remote = remote_cache.get("profile", _remote_key(path))
+    if path is not None and (remote is not None or os.path.exists(path)):
         try:
-            with open(path) as f:
-                prof.load_json(json.load(f))
+            if remote is not None:
+                prof.load_json(json.loads(remote))
+                prof.dirty = True               # (written here at the next capture)
+            else:
+                with open(path) as f:
+                    prof.load_json(json.load(f))
             if logs.enabled.dynamic:
                 logs.log("dynamic", f"read profile {path} for {identity['qualname']}: "
                          f"dynamic {dict((k, sorted(v)) for k, v in prof.dynamic_dims.items())}"

@@ -106,7 +106,7 @@ def save(kernel_dir: str | None, module_digest: str, recorded: tuple[dict, bytes
     while len(_made) > _MAX_MADE:
         del _made[next(iter(_made))]
     if kernel_dir is not None:
-        store._write_file(record_path(kernel_dir, module_digest), blob)
+        store.write_kernel_record(record_path(kernel_dir, module_digest), blob)
 
 
 def is_recorded(kernel_dir: str | None, module_digest: str) -> bool:
@@ -136,10 +136,8 @@ def load(kernel_dir: str, module_digest: str, kernel_sources: dict[str, str], bl
     path = record_path(kernel_dir, module_digest)
     from_file = blob is None
     if from_file:
-        try:
-            with open(path, "rb") as f:
-                blob = f.read()
-        except OSError:
+        blob = store.read_kernel_record(path)      # (or the remote cache's)
+        if blob is None:
             return None
     try:
         header, payload = store.decode(blob, store.KERNELS)

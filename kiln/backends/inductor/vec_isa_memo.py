@@ -10,7 +10,9 @@ version), torch (version and install), the Python that runs the probe and the en
 probe sees. kiln stores the answer under ``<cache_dir>/vec_isa/`` named by a digest of exactly
 those facts, and a later process with the same facts takes it instead of probing again; any
 change (another CPU, compiler or torch) is another name, so the probe runs again. A record
-that cannot be read, or names an ISA this torch does not know, is ignored.
+that cannot be read, or names an ISA this torch does not know, is ignored. With a remote cache
+(``kiln.remote_cache``) the record is written there too, by the same name, and a machine with
+no record of its own takes the remote one when its facts are exactly this machine's.
 """
 from __future__ import annotations
 
@@ -21,6 +23,8 @@ import os
 import platform
 import sys
 import tempfile
+
+from ... import remote_cache
 
 FORMAT = 1
 
@@ -61,8 +65,11 @@ def _read_facts() -> dict:
 
 
 def _path(cache_dir: str, facts: dict) -> str:
-    digest = hashlib.sha256(json.dumps(facts, sort_keys=True, default=repr).encode()).hexdigest()[:32]
-    return os.path.join(os.path.expanduser(cache_dir), "vec_isa", digest + ".json")
+    return os.path.join(os.path.expanduser(cache_dir), "vec_isa", _digest(facts) + ".json")
+
+
+def _digest(facts: dict) -> str:
+    return hashlib.sha256(json.dumps(facts, sort_keys=True, default=repr).encode()).hexdigest()[:32]
 
 
 def _computed(fn) -> bool:
@@ -104,6 +111,13 @@ def _read_record(cache_dir: str, facts: dict) -> list:
     try:
         with open(_path(cache_dir, facts), encoding="utf-8") as f:
             out.append(json.load(f))
+    except FileNotFoundError:
+        remote = remote_cache.get("vec_isa", _digest(facts))     # (checked against the facts by prime)
+        if remote is not None:
+            try:
+                out.append(json.loads(remote))
+            except ValueError:
+                pass
     except (OSError, ValueError):
         pass
     return out + list(_offered)
@@ -157,12 +171,14 @@ def remember(cache_dir: str) -> None:
         path = _path(cache_dir, facts)
         if os.path.exists(path):
             return
+        valid = current()
+        text = json.dumps({"facts": facts, "valid": [isa.supported_vec_isa_list.index(i) for i in valid],
+                           "names": [str(i) for i in valid]}, default=repr)
+        remote_cache.put("vec_isa", _digest(facts), text.encode())
         os.makedirs(os.path.dirname(path), exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-")
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            valid = current()
-            json.dump({"facts": facts, "valid": [isa.supported_vec_isa_list.index(i) for i in valid],
-                       "names": [str(i) for i in valid]}, f, default=repr)
+            f.write(text)
         os.replace(tmp, path)
     except (OSError, ValueError):
         pass            # (an unwritable cache dir: the next process probes again)
