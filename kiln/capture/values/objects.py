@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from ... import _torch
 from ...config import config
 from ...errors import Unsupported
 from .. import regions
@@ -409,6 +410,14 @@ class NNModuleValue(ObjectValue):
         raise Unsupported(f"del of module attribute {name!r} inside a compiled function")
 
     def call(self, tx, args, kwargs):
+        if _torch.is_ddp(self.value):
+            # DDP's bookkeeping (its reducer, the ranks) is no tensor program: the graph breaks
+            # at the call, which runs DDP's forward with the wrapped module compiled on its own
+            # (``kiln/runtime/ddp.py``)
+            e = Unsupported("DistributedDataParallel's forward runs outside the graph (its wrapped "
+                            "module is compiled on its own)")
+            e.inside_callee = True
+            raise e
         hooks = module_hooks.forward_hooks(tx, self)     # (guarded; none: the no-hooks guard)
         forward = static_lookup(type(self.value), "forward")
         if not isinstance(forward, types.FunctionType):
