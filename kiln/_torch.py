@@ -748,3 +748,14 @@ def ddp_bucketed_parameters(ddp: torch.nn.Module) -> dict[int, torch.Tensor]:
     ignored = set(getattr(ddp, "parameters_to_ignore", ()) or ())
     return {id(p): p for name, p in ddp.module.named_parameters()
             if p.requires_grad and name not in ignored and not getattr(p, "_ddp_ignored", False)}
+
+
+def runs_outside_graphs(fn: Any) -> bool:
+    """Whether torch marked ``fn`` to run outside compiled graphs: a wrapper that hands its
+    work to ``torch._dynamo.disable`` when called (``torch._disable_dynamo``'s, FSDP2's hooks')
+    or one ``torch._dynamo.disable`` made (told by the flag it sets). Read from the code's names,
+    without importing torch._dynamo."""
+    if getattr(fn, "_torchdynamo_disable", False):
+        return True
+    code = getattr(fn, "__code__", None)
+    return code is not None and "_dynamo" in code.co_names and "disable" in code.co_names

@@ -41,6 +41,7 @@ from ..cache.compiling import compiling
 from .function_cache import cache_for
 from .method import CompiledMethod
 from .ddp import DDPForward
+from .hooked_module import HookedModuleCall
 from .module import CompiledModule, module_caller
 
 _FAILED = object()   # the generated code failed before any effect (see CompiledFunction._recover)
@@ -92,10 +93,13 @@ class CompiledFactory:
                 return DDPForward(obj, lambda module, *args, **kwargs: module(*args, **kwargs))
             return DDPForward(obj, self(module_caller(type(inner))))
         if isinstance(obj, torch.nn.Module):
-            # the module's own hooks were checked (NO_HOOKS) where the call was captured
             forward = type(obj).forward
             if isinstance(forward, types.FunctionType) and not walks_the_stack(forward.__code__):
-                return CompiledMethod(self(forward), obj)
+                if _torch.module_hooks_empty(obj):
+                    return CompiledMethod(self(forward), obj)
+                # hooks the capture could not inline (the break may be inside one): they run
+                # natively around the compiled forward
+                return HookedModuleCall(obj, CompiledMethod(self(forward), obj))
         return obj
 
 

@@ -431,7 +431,13 @@ class NNModuleValue(ObjectValue):
             return tx.call(UserFunctionValue(forward), [self, *args], kwargs)
         if hooks is None:
             return call_forward(args, kwargs)
-        return module_hooks.call_with_hooks(tx, self, hooks, args, kwargs, call_forward)
+        try:
+            return module_hooks.call_with_hooks(tx, self, hooks, args, kwargs, call_forward)
+        except Unsupported as e:
+            # a hook that cannot be inlined (FSDP2's): a break at this call, where the hooks
+            # run natively around the compiled forward (``runtime/hooked_module.py``)
+            e.inside_callee = True
+            raise
 
 
 class NewModuleListValue(Value):
