@@ -1,0 +1,269 @@
+"""DistributedDataParallel under kiln, on 2 real processes over gloo: both wrappings train as eager
+DDP does, the graph is cut at DDP's gradient buckets before the backend, a bucket's all-reduce
+starts while earlier pieces' backward still runs, and no_sync / find_unused_parameters /
+static_graph behave as in eager DDP."""
+from __future__ import annotations
+
+import torch
+
+import kiln
+from _distributed import assert_params_equal, requires_gloo, run_ranks, same_model
+
+pytestmark = requires_gloo
+
+D = 64
+LAYERS = 6
+LAYER_BYTES = (D * D + D) * 4
+TWO_LAYERS_MB = 2 * LAYER_BYTES / 2**20      # a bucket cap that holds two layers exactly
+
+
+class Stack(torch.nn.Module):
+    def __init__(self, unused: bool = False):
+        super().__init__()
+        self.layers = torch.nn.ModuleList([torch.nn.Linear(D, D) for _ in range(LAYERS)])
+        if unused:
+            self.unused = torch.nn.Linear(D, D)     # never called: find_unused_parameters
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = torch.tanh(layer(x))
+        return x
+
+
+def _ddp(model, **kw):
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    return DDP(model, **kw)
+
+
+def _batch(rank: int, step: int, n: int = 8):
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    return torch.randn(n, D, generator=g)
+
+
+def _train_like_eager(rank, world, wrapping, ddp_kw, backend="aot_eager", steps=4):
+    eager = _ddp(same_model(Stack), **ddp_kw)
+    if wrapping == "kiln(DDP)":
+        trained = _ddp(same_model(Stack), **ddp_kw)
+        step_fn = kiln.compile(trained, backend=backend)
+    else:
+        trained = _ddp(kiln.compile(same_model(Stack), backend=backend), **ddp_kw)
+        step_fn = trained
+    opt_e = torch.optim.SGD(eager.parameters(), lr=0.1)
+    opt_k = torch.optim.SGD(trained.parameters(), lr=0.1)
+    for step in range(steps):
+        x = _batch(rank, step)
+        for model, opt in ((eager, opt_e), (step_fn, opt_k)):
+            loss = model(x).pow(2).mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            if model is eager:
+                want = loss
+        torch.testing.assert_close(loss, want, rtol=1e-5, atol=1e-6)
+    assert_params_equal(eager, trained)
+
+
+def _worker_wrappings(rank, world):
+    for wrapping in ("kiln(DDP)", "DDP(kiln)"):
+        _train_like_eager(rank, world, wrapping, dict(bucket_cap_mb=TWO_LAYERS_MB))
+
+
+def test_both_wrappings_train_like_eager_ddp():
+    run_ranks(_worker_wrappings)
+
+
+class _RecordingBackend:
+    """Runs each graph as it is; keeps, per graph, which of ``params`` its inputs are."""
+
+    def __init__(self, params):
+        self.ids = {id(p): n for n, p in params}
+        self.pieces = []
+
+    def __call__(self, gm, example_inputs):
+        self.pieces.append({self.ids[id(t)] for t in example_inputs if id(t) in self.ids})
+        return gm.forward
+
+
+def _worker_pieces_are_buckets(rank, world, wrapping):
+    model = same_model(Stack)
+    params = [(n, p) for n, p in model.named_parameters()]
+    backend = _RecordingBackend(params)
+    if wrapping == "kiln(DDP)":
+        ddp = _ddp(model, bucket_cap_mb=TWO_LAYERS_MB)
+        step_fn = kiln.compile(ddp, backend=backend)
+    else:
+        ddp = _ddp(kiln.compile(model, backend=backend), bucket_cap_mb=TWO_LAYERS_MB)
+        step_fn = ddp
+    buckets = {}
+    names = {id(p): n for n, p in params}
+
+    def record(state, bucket):
+        buckets[bucket.index()] = {names[id(p)] for p in bucket.parameters()}
+        fut = torch.futures.Future()
+        fut.set_result(bucket.buffer())
+        return fut
+    ddp.register_comm_hook(None, record)
+    for step in range(2):
+        step_fn(_batch(rank, step)).sum().backward()
+    # the backend got one piece per bucket (compiled once), each with the parameters of a bucket
+    assert len(backend.pieces) == LAYERS // 2, backend.pieces
+    assert sorted(map(sorted, backend.pieces)) == sorted(map(sorted, buckets.values())), (backend.pieces, buckets)
+
+
+def test_graph_is_cut_at_ddp_buckets_before_the_backend():
+    run_ranks(_worker_pieces_are_buckets, "kiln(DDP)")
+
+
+def test_ddp_of_a_compiled_module_is_cut_at_buckets_too():
+    run_ranks(_worker_pieces_are_buckets, "DDP(kiln)")
+
+
+def _node_accumulating(root, param):
+    """The backward node that hands ``param`` its gradient."""
+    seen, todo = set(), [root]
+    while todo:
+        node = todo.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        for nxt, _ in node.next_functions:
+            if nxt is not None and getattr(nxt, "variable", None) is param:
+                return node
+            todo.append(nxt)
+    raise AssertionError("no node accumulates the parameter")
+
+
+def _worker_overlap(rank, world, compiled, cap_mb):
+    model = same_model(Stack)
+    ddp = _ddp(model, bucket_cap_mb=cap_mb)
+    step_fn = kiln.compile(ddp, backend="aot_eager") if compiled else ddp
+    events = []
+
+    def record(state, bucket):
+        events.append(f"bucket {bucket.index()} ready")
+        fut = torch.futures.Future()
+        fut.set_result(bucket.buffer())
+        return fut
+    ddp.register_comm_hook(None, record)
+    for step in range(2):
+        events.clear()
+        loss = step_fn(_batch(rank, step)).sum()
+        first = _node_accumulating(loss.grad_fn, model.layers[0].weight)
+        first.register_prehook(lambda grads: events.append("first layer's backward starts"))
+        loss.backward()
+    started = events.index("first layer's backward starts")
+    ready_before = [e for e in events[:started] if e.startswith("bucket")]
+    # buckets of the later layers are all-reduced while the first layer's backward has not run
+    assert len(ready_before) == LAYERS // 2 - 1, events
+
+
+def test_buckets_are_all_reduced_while_earlier_pieces_run_backward():
+    run_ranks(_worker_overlap, True, TWO_LAYERS_MB)
+
+
+def test_eager_ddp_overlaps_the_same_way():
+    run_ranks(_worker_overlap, False, TWO_LAYERS_MB)
+
+
+def _worker_no_sync(rank, world):
+    eager = _ddp(same_model(Stack), bucket_cap_mb=TWO_LAYERS_MB)
+    ddp = _ddp(same_model(Stack), bucket_cap_mb=TWO_LAYERS_MB)
+    compiled = kiln.compile(ddp, backend="aot_eager")
+    for step in range(3):
+        for model, call in ((eager, eager), (ddp, compiled)):
+            with model.no_sync():                 # accumulate locally, no all-reduce
+                call(_batch(rank, 10 * step)).sum().backward()
+            local = [p.grad.clone() for p in model.parameters()]
+            call(_batch(rank, 10 * step + 1)).sum().backward()
+            if model is eager:
+                want_local, want = local, [p.grad.clone() for p in model.parameters()]
+            else:
+                got_local, got = local, [p.grad.clone() for p in model.parameters()]
+            model.zero_grad()
+        for a, b in zip(got_local + got, want_local + want):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    # the local gradients differ between ranks, the synced ones do not
+    import torch.distributed as dist
+
+    gathered = [None] * world
+    dist.all_gather_object(gathered, (got_local[0], got[0]))
+    assert not torch.equal(gathered[0][0], gathered[1][0])
+    torch.testing.assert_close(gathered[0][1], gathered[1][1])
+
+
+def test_no_sync_accumulates_like_eager_ddp():
+    run_ranks(_worker_no_sync)
+
+
+class Branchy(torch.nn.Module):
+    """Uses its ``skip`` layer only when told: find_unused_parameters finds it unused."""
+
+    def __init__(self):
+        super().__init__()
+        self.stack = Stack(unused=True)
+        self.skip = torch.nn.Linear(D, D)
+
+    def forward(self, x, use_skip: bool):
+        y = self.stack(x)
+        return self.skip(y) if use_skip else y
+
+
+def _worker_find_unused(rank, world):
+    kw = dict(bucket_cap_mb=TWO_LAYERS_MB, find_unused_parameters=True)
+    eager = _ddp(same_model(Branchy), **kw)
+    ddp = _ddp(same_model(Branchy), **kw)
+    compiled = kiln.compile(ddp, backend="aot_eager")
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (eager, ddp)]
+    for step in range(4):
+        x = _batch(rank, step)
+        losses = []
+        for call, opt in zip((eager, compiled), opts):
+            loss = call(x, step % 2 == 1).pow(2).mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=False)
+            losses.append(loss)
+        torch.testing.assert_close(losses[1], losses[0], rtol=1e-5, atol=1e-6)
+    assert_params_equal(eager, ddp)
+
+
+def test_find_unused_parameters_like_eager_ddp():
+    run_ranks(_worker_find_unused)
+
+
+def _worker_static_graph(rank, world):
+    _train_like_eager(rank, world, "kiln(DDP)", dict(bucket_cap_mb=TWO_LAYERS_MB, static_graph=True), steps=5)
+
+
+def test_static_graph_like_eager_ddp():
+    run_ranks(_worker_static_graph)
+
+
+def _worker_ranks_agree(rank, world):
+    import torch.distributed as dist
+
+    counter = kiln.testing.CompileCounter()
+    eager = _ddp(same_model(Stack), bucket_cap_mb=TWO_LAYERS_MB)
+    compiled = kiln.compile(_ddp(same_model(Stack), bucket_cap_mb=TWO_LAYERS_MB), backend=counter)
+    for step in range(2):
+        x = _batch(rank, step)
+        torch.testing.assert_close(compiled(x), eager(x))
+    graphs = [gm.code for gm in counter.graphs]
+    everyone = [None] * world
+    dist.all_gather_object(everyone, graphs)
+    assert everyone[0] == everyone[1]            # the same pieces on every rank
+    # a shape seen on one rank only: that rank compiles again, the other does not wait for it
+    n = 8 if rank == 0 else 5
+    for step in range(2, 4):
+        x = _batch(rank, step, n)
+        out, want = compiled(x), eager(x)
+        out.sum().backward()
+        want.sum().backward()
+        torch.testing.assert_close(out, want)
+    for a, b in zip(eager.parameters(), compiled.parameters()):
+        torch.testing.assert_close(b.grad, a.grad, rtol=1e-5, atol=1e-6)
+
+
+def test_ranks_agree_and_a_recompile_on_one_rank_does_not_hang():
+    run_ranks(_worker_ranks_agree)
