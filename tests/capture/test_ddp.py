@@ -67,9 +67,10 @@ def _train_like_eager(rank, world, wrapping, ddp_kw, backend="aot_eager", steps=
 def _worker_wrappings(rank, world):
     for wrapping in ("kiln(DDP)", "DDP(kiln)"):
         _train_like_eager(rank, world, wrapping, dict(bucket_cap_mb=TWO_LAYERS_MB))
+    _train_like_eager(rank, world, "kiln(DDP)", dict(bucket_cap_mb=TWO_LAYERS_MB, static_graph=True))
 
 
-def test_both_wrappings_train_like_eager_ddp():
+def test_both_wrappings_and_static_graph_train_like_eager_ddp():
     run_ranks(_worker_wrappings)
 
 
@@ -111,12 +112,14 @@ def _worker_pieces_are_buckets(rank, world, wrapping):
     assert sorted(map(sorted, backend.pieces)) == sorted(map(sorted, buckets.values())), (backend.pieces, buckets)
 
 
-def test_graph_is_cut_at_ddp_buckets_before_the_backend():
-    run_ranks(_worker_pieces_are_buckets, "kiln(DDP)")
+def _worker_both_cut_at_buckets(rank, world):
+    for wrapping in ("kiln(DDP)", "DDP(kiln)"):
+        kiln.reset()
+        _worker_pieces_are_buckets(rank, world, wrapping)
 
 
-def test_ddp_of_a_compiled_module_is_cut_at_buckets_too():
-    run_ranks(_worker_pieces_are_buckets, "DDP(kiln)")
+def test_graph_is_cut_at_ddp_buckets_before_the_backend_in_both_wrappings():
+    run_ranks(_worker_both_cut_at_buckets)
 
 
 def _node_accumulating(root, param):
@@ -158,12 +161,13 @@ def _worker_overlap(rank, world, compiled, cap_mb):
     assert len(ready_before) == LAYERS // 2 - 1, events
 
 
+def _worker_overlap_like_eager(rank, world):
+    _worker_overlap(rank, world, False, TWO_LAYERS_MB)     # eager DDP: the order to match
+    _worker_overlap(rank, world, True, TWO_LAYERS_MB)
+
+
 def test_buckets_are_all_reduced_while_earlier_pieces_run_backward():
-    run_ranks(_worker_overlap, True, TWO_LAYERS_MB)
-
-
-def test_eager_ddp_overlaps_the_same_way():
-    run_ranks(_worker_overlap, False, TWO_LAYERS_MB)
+    run_ranks(_worker_overlap_like_eager)
 
 
 def _worker_no_sync(rank, world):
@@ -192,8 +196,13 @@ def _worker_no_sync(rank, world):
     torch.testing.assert_close(gathered[0][1], gathered[1][1])
 
 
-def test_no_sync_accumulates_like_eager_ddp():
-    run_ranks(_worker_no_sync)
+def _worker_no_sync_and_unused(rank, world):
+    _worker_no_sync(rank, world)
+    _worker_find_unused(rank, world)
+
+
+def test_no_sync_and_find_unused_parameters_like_eager_ddp():
+    run_ranks(_worker_no_sync_and_unused)
 
 
 class Branchy(torch.nn.Module):
@@ -226,18 +235,6 @@ def _worker_find_unused(rank, world):
             losses.append(loss)
         torch.testing.assert_close(losses[1], losses[0], rtol=1e-5, atol=1e-6)
     assert_params_equal(eager, ddp)
-
-
-def test_find_unused_parameters_like_eager_ddp():
-    run_ranks(_worker_find_unused)
-
-
-def _worker_static_graph(rank, world):
-    _train_like_eager(rank, world, "kiln(DDP)", dict(bucket_cap_mb=TWO_LAYERS_MB, static_graph=True), steps=5)
-
-
-def test_static_graph_like_eager_ddp():
-    run_ranks(_worker_static_graph)
 
 
 def _worker_ranks_agree(rank, world):
