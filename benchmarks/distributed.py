@@ -14,7 +14,9 @@ The model is benchmarks/inductor.py's GPT-2-style stack: 12 layers, d=1024, 16 h
 
 Wrappers:
 
-* ``ddp``: ``DistributedDataParallel(model)`` (default 25 MiB buckets); the compiled column is
+* ``ddp``: ``DistributedDataParallel(model)`` (default 25 MiB buckets, ``--bucket-cap-mb`` to
+  change them: on the tiny ``--cpu`` model, 0.05 gives several buckets, though torch.compile's
+  DDPOptimizer refuses a cap under its 1 MiB first bucket); the compiled column is
   ``torch.compile(ddp)`` / ``kiln.compile(ddp)``. Both cut the graph at DDP's buckets, so a
   bucket's all-reduce overlaps the backward of the layers before it.
 * ``fsdp2``: ``fully_shard`` on every block and on the root; the compiled column compiles each
@@ -63,7 +65,8 @@ def wrap(model: GPT, wrapper: str, column: str, device: torch.device, args):
     if wrapper == "ddp":
         from torch.nn.parallel import DistributedDataParallel as DDP
 
-        ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+        kw = {} if args.bucket_cap_mb is None else {"bucket_cap_mb": args.bucket_cap_mb}
+        ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None, **kw)
         return ddp, compiler(column, args)(ddp) if column != "eager" else ddp
     from torch.distributed.fsdp import fully_shard
 
@@ -189,6 +192,8 @@ def main(argv=None) -> int:
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--cpu", action="store_true", help="the tiny sizes, on the CPU over gloo")
+    p.add_argument("--bucket-cap-mb", type=float, default=None,
+                   help="DDP's bucket_cap_mb (default: DDP's 25 MiB, the first bucket 1 MiB)")
     p.add_argument("--fsdp-compile", choices=("blocks", "whole"), default="blocks")
     p.add_argument("--kiln-backend", default="inductor")
     p.add_argument("--torch-backend", default="inductor")
