@@ -264,3 +264,30 @@ def _worker_ranks_agree(rank, world):
 
 def test_ranks_agree_and_a_recompile_on_one_rank_does_not_hang():
     run_ranks(_worker_ranks_agree)
+
+
+class AutocastInside(Stack):
+    """Enters autocast inside its forward: its graph is not cut (one piece, still correct)."""
+
+    def forward(self, x):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = super().forward(x)
+        return y.float()
+
+
+def _worker_not_cut(rank, world):
+    counter = kiln.testing.CompileCounter()
+    eager = _ddp(same_model(AutocastInside), bucket_cap_mb=TWO_LAYERS_MB)
+    ddp = _ddp(same_model(AutocastInside), bucket_cap_mb=TWO_LAYERS_MB)
+    compiled = kiln.compile(ddp, backend=counter)
+    for step in range(2):
+        x = _batch(rank, step)
+        for call in (eager, compiled):
+            call(x).pow(2).mean().backward()
+    for a, b in zip(eager.parameters(), ddp.parameters()):
+        torch.testing.assert_close(b.grad, a.grad, rtol=1e-5, atol=1e-6)
+    assert counter.frame_count == 1
+
+
+def test_a_graph_that_enters_autocast_is_not_cut_and_trains_like_eager():
+    run_ranks(_worker_not_cut)
