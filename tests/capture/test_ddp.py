@@ -18,9 +18,9 @@ TWO_LAYERS_MB = 2 * LAYER_BYTES / 2**20      # a bucket cap that holds two layer
 
 
 class Stack(torch.nn.Module):
-    def __init__(self, unused: bool = False):
+    def __init__(self, unused: bool = False, d: int = D):
         super().__init__()
-        self.layers = torch.nn.ModuleList([torch.nn.Linear(D, D) for _ in range(LAYERS)])
+        self.layers = torch.nn.ModuleList([torch.nn.Linear(d, d) for _ in range(LAYERS)])
         if unused:
             self.unused = torch.nn.Linear(D, D)     # never called: find_unused_parameters
 
@@ -36,9 +36,9 @@ def _ddp(model, **kw):
     return DDP(model, **kw)
 
 
-def _batch(rank: int, step: int, n: int = 8):
+def _batch(rank: int, step: int, n: int = 8, d: int = D):
     g = torch.Generator().manual_seed(1000 * step + rank)
-    return torch.randn(n, D, generator=g)
+    return torch.randn(n, d, generator=g)
 
 
 def _train_like_eager(rank, world, wrapping, ddp_kw, backend="aot_eager", steps=4):
@@ -86,15 +86,15 @@ class _RecordingBackend:
         return gm.forward
 
 
-def _worker_pieces_are_buckets(rank, world, wrapping):
-    model = same_model(Stack)
+def _worker_pieces_are_buckets(rank, world, wrapping, d=D, **ddp_kw):
+    model = same_model(lambda: Stack(d=d))
     params = [(n, p) for n, p in model.named_parameters()]
     backend = _RecordingBackend(params)
     if wrapping == "kiln(DDP)":
-        ddp = _ddp(model, bucket_cap_mb=TWO_LAYERS_MB)
+        ddp = _ddp(model, **ddp_kw)
         step_fn = kiln.compile(ddp, backend=backend)
     else:
-        ddp = _ddp(kiln.compile(model, backend=backend), bucket_cap_mb=TWO_LAYERS_MB)
+        ddp = _ddp(kiln.compile(model, backend=backend), **ddp_kw)
         step_fn = ddp
     buckets = {}
     names = {id(p): n for n, p in params}
@@ -106,16 +106,20 @@ def _worker_pieces_are_buckets(rank, world, wrapping):
         return fut
     ddp.register_comm_hook(None, record)
     for step in range(2):
-        step_fn(_batch(rank, step)).sum().backward()
+        step_fn(_batch(rank, step, d=d)).sum().backward()
     # the backend got one piece per bucket (compiled once), each with the parameters of a bucket
-    assert len(backend.pieces) == LAYERS // 2, backend.pieces
+    assert len(backend.pieces) == len(buckets) > 1, (backend.pieces, buckets)
     assert sorted(map(sorted, backend.pieces)) == sorted(map(sorted, buckets.values())), (backend.pieces, buckets)
+    return len(buckets)
 
 
 def _worker_both_cut_at_buckets(rank, world):
     for wrapping in ("kiln(DDP)", "DDP(kiln)"):
         kiln.reset()
-        _worker_pieces_are_buckets(rank, world, wrapping)
+        assert _worker_pieces_are_buckets(rank, world, wrapping, bucket_cap_mb=TWO_LAYERS_MB) == LAYERS // 2
+    # DDP's defaults: a first bucket of 1 MiB (four 256-wide layers), then 25 MiB (the other two)
+    kiln.reset()
+    assert _worker_pieces_are_buckets(rank, world, "kiln(DDP)", d=256) == 2
 
 
 def test_graph_is_cut_at_ddp_buckets_before_the_backend_in_both_wrappings():
