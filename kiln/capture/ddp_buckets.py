@@ -37,6 +37,7 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
+import torch.amp.autocast_mode as _autocast
 import torch.fx
 
 from .. import _torch, logs
@@ -44,16 +45,8 @@ from ..aot.dynamic import PerShapeCompiled
 from ..compile_lock import COMPILE_LOCK
 from ..internal_errors import is_users
 
-_MODE_CHANGES = None
-
-
-def _mode_changes() -> tuple:
-    global _MODE_CHANGES
-    if _MODE_CHANGES is None:
-        import torch.amp.autocast_mode as am
-
-        _MODE_CHANGES = (torch._C._set_grad_enabled, am._enter_autocast, am._exit_autocast)
-    return _MODE_CHANGES
+# grad mode and autocast switched inside a graph (see the module's docstring)
+_MODE_CHANGES = (torch._C._set_grad_enabled, _autocast._enter_autocast, _autocast._exit_autocast)
 
 
 def plan_pieces(gm: torch.fx.GraphModule, inputs: list, ddp) -> list[list[torch.fx.Node]] | None:
@@ -76,8 +69,7 @@ def plan_pieces(gm: torch.fx.GraphModule, inputs: list, ddp) -> list[list[torch.
     returned = output.args[0] if isinstance(output.args[0], (tuple, list)) else (output.args[0],)
     if any(not isinstance(a, torch.fx.Node) or a.op == "get_attr" for a in returned):
         return None
-    changes = _mode_changes()
-    if any(n.op == "call_function" and n.target in changes for n in work):
+    if any(n.op == "call_function" and n.target in _MODE_CHANGES for n in work):
         return None
 
     first_cap, cap = _torch.ddp_bucket_caps(ddp)

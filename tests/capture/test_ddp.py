@@ -43,29 +43,43 @@ def _batch(rank: int, step: int, n: int = 8, d: int = D):
 
 def _train_like_eager(rank, world, wrapping, ddp_kw, backend="aot_eager", steps=4):
     eager = _ddp(same_model(Stack), **ddp_kw)
+    eager_step = eager
     if wrapping == "kiln(DDP)":
         trained = _ddp(same_model(Stack), **ddp_kw)
         step_fn = kiln.compile(trained, backend=backend)
+    elif wrapping == "kiln(step calling DDP)":
+        trained = _ddp(same_model(Stack), **ddp_kw)
+
+        def step(model, x):
+            return model(torch.sin(x)) * 2      # work before and after the DDP call
+
+        compiled_step = kiln.compile(step, backend=backend)
+
+        def step_fn(x):
+            return compiled_step(trained, x)
+
+        def eager_step(x):
+            return step(eager, x)
     else:
         trained = _ddp(kiln.compile(same_model(Stack), backend=backend), **ddp_kw)
         step_fn = trained
     opt_e = torch.optim.SGD(eager.parameters(), lr=0.1)
     opt_k = torch.optim.SGD(trained.parameters(), lr=0.1)
-    for step in range(steps):
-        x = _batch(rank, step)
-        for model, opt in ((eager, opt_e), (step_fn, opt_k)):
-            loss = model(x).pow(2).mean()
+    for step_index in range(steps):
+        x = _batch(rank, step_index)
+        losses = []
+        for call, opt in ((eager_step, opt_e), (step_fn, opt_k)):
+            loss = call(x).pow(2).mean()
             loss.backward()
             opt.step()
             opt.zero_grad()
-            if model is eager:
-                want = loss
-        torch.testing.assert_close(loss, want, rtol=1e-5, atol=1e-6)
+            losses.append(loss)
+        torch.testing.assert_close(losses[1], losses[0], rtol=1e-5, atol=1e-6)
     assert_params_equal(eager, trained)
 
 
 def _worker_wrappings(rank, world):
-    for wrapping in ("kiln(DDP)", "DDP(kiln)"):
+    for wrapping in ("kiln(DDP)", "DDP(kiln)", "kiln(step calling DDP)"):
         _train_like_eager(rank, world, wrapping, dict(bucket_cap_mb=TWO_LAYERS_MB))
     _train_like_eager(rank, world, "kiln(DDP)", dict(bucket_cap_mb=TWO_LAYERS_MB, static_graph=True))
 
