@@ -680,6 +680,7 @@ def checkpoint_default_mode() -> tuple[bool | None, str | None]:
 # ``_active_ddp_module`` is the protocol DDP keeps for compilers: set while the wrapped module
 # runs (``DistributedDataParallel._inside_ddp_forward``), read where a graph is finished.
 
+@_functools.lru_cache(maxsize=None)
 def ddp_class() -> type | None:
     """``DistributedDataParallel``, or None where torch.distributed is not built."""
     if not torch.distributed.is_available():
