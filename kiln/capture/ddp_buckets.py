@@ -206,6 +206,8 @@ def compile_pieces(gm: torch.fx.GraphModule, pieces: list[list[torch.fx.Node]], 
         return tuple(values[s] for s in out_slots)
 
     run_pieces.kiln_ddp_pieces = [p.gm for p in parts]
+    run_pieces.kiln_unsaved_reason = ("a graph cut at DDP's gradient buckets has no saved form (its pieces "
+                                      "are in the compile cache, for kiln's backends)")
     if logs.enabled.graph:
         logs.log("graph", f"graph {type(gm).__name__} cut at DDP's gradient buckets into {len(parts)} pieces")
     return run_pieces

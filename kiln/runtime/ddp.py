@@ -7,14 +7,17 @@ then tells the reducer which outputs the backward starts from (``_pre_forward``,
 ranks: they are not tensor programs, and kiln does not capture them (torch.compile does not
 either). Capture breaks the graph at the DDP call (``values/objects.py``); the break hands the
 DDP module to ``CompiledFactory.callee``, which returns ``DDPForward``: DDP's forward with the
-wrapped module's call compiled for the same compile key. Its graph is cut at DDP's gradient
-buckets where it is finished (``capture/ddp_buckets.py``).
+wrapped module's call compiled for the same compile key. ``kiln.compile(ddp)`` itself is a
+``CompiledDDP``, which runs ``DDPForward`` with no captured frame around it. The wrapped
+module's graph is cut at DDP's gradient buckets where it is finished
+(``capture/ddp_buckets.py``).
 """
 from __future__ import annotations
 
 from typing import Callable
 
 from .. import _torch
+from .module import CompiledModule, module_caller
 
 
 class DDPForward:
@@ -34,3 +37,39 @@ class DDPForward:
             # __call__: DDP runs as it is (its wrapped module too)
             return ddp(*args, **kwargs)
         return _torch.run_ddp_forward(ddp, self.call_module, args, kwargs)
+
+
+def compiled_ddp_module(ddp, compile_function: Callable):
+    """What ``kiln.compile(ddp)`` returns: a ``CompiledModule`` of the DDP module whose call is
+    ``DDPForward`` straight away (no captured frame around it, so ``fullgraph=True`` holds for the
+    wrapped module's graph, and a call costs no graph break). Its entries, recompile reasons and
+    package are those of the wrapped module's compiled function; ``compile_function(fn)`` makes
+    it, for the compile key of the ``kiln.compile`` call."""
+    inner = ddp.module
+    if isinstance(inner, CompiledModule):       # kiln.compile(DDP(kiln.compile(model)))
+        compiled = inner.compiled_function
+        forward = DDPForward(ddp, call_plainly)
+    else:
+        compiled = compile_function(module_caller(type(inner)))
+        forward = DDPForward(ddp, compiled)
+    return CompiledDDP(ddp, compiled, forward)
+
+
+def call_plainly(module, *args, **kwargs):
+    """The wrapped module's call when it is compiled already (``DDP(kiln.compile(model))``)."""
+    return module(*args, **kwargs)
+
+
+class CompiledDDP(CompiledModule):
+    """``kiln.compile(ddp)``: the DDP module (its parameters, ``no_sync()``, state dict...) whose
+    call runs ``DDPForward``."""
+
+    def __init__(self, ddp, compiled, forward: DDPForward):
+        super().__init__(ddp, compiled)
+        object.__setattr__(self, "_kiln_ddp_forward", forward)
+
+    def __call__(self, *args, **kwargs):
+        return self._kiln_ddp_forward(*args, **kwargs)
+
+    def forward(self, *args, **kwargs):
+        return self._kiln_ddp_forward(*args, **kwargs)

@@ -40,7 +40,7 @@ from .compile_key import CompileKey
 from ..cache.compiling import compiling
 from .function_cache import cache_for
 from .method import CompiledMethod
-from .ddp import DDPForward
+from .ddp import DDPForward, call_plainly
 from .hooked_module import HookedModuleCall
 from .module import CompiledModule, module_caller
 
@@ -90,7 +90,7 @@ class CompiledFactory:
             # its own hooks: through the caller of its class)
             inner = obj.module
             if isinstance(inner, CompiledModule):
-                return DDPForward(obj, lambda module, *args, **kwargs: module(*args, **kwargs))
+                return DDPForward(obj, call_plainly)
             return DDPForward(obj, self(module_caller(type(inner))))
         if isinstance(obj, torch.nn.Module):
             forward = type(obj).forward

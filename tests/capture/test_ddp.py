@@ -309,3 +309,24 @@ def _worker_not_cut(rank, world):
 
 def test_a_graph_that_enters_autocast_is_not_cut_and_trains_like_eager():
     run_ranks(_worker_not_cut)
+
+
+def _worker_fullgraph(rank, world):
+    counter = kiln.testing.CompileCounter()
+    eager = _ddp(same_model(Stack), bucket_cap_mb=TWO_LAYERS_MB)
+    ddp = _ddp(same_model(Stack), bucket_cap_mb=TWO_LAYERS_MB)
+    compiled = kiln.compile(ddp, backend=counter, fullgraph=True)
+    for step in range(2):
+        x = _batch(rank, step)
+        for call in (eager, compiled):
+            call(x).pow(2).mean().backward()
+    for a, b in zip(eager.parameters(), ddp.parameters()):
+        torch.testing.assert_close(b.grad, a.grad, rtol=1e-5, atol=1e-6)
+    assert counter.frame_count == LAYERS // 2        # the pieces of the one graph
+    assert compiled.entries and not compiled.entries[0].graph_break
+
+
+def test_compile_ddp_with_fullgraph():
+    """``kiln.compile(DDP(model), fullgraph=True)``: DDP's forward around one graph of the model
+    (cut at the buckets), no graph break."""
+    run_ranks(_worker_fullgraph)
