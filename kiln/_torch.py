@@ -692,3 +692,91 @@ def distributed_job() -> tuple[Any, int, int] | None:
         return None
     from torch.distributed import distributed_c10d
     return distributed_c10d._get_default_store(), dist.get_rank(), world
+
+
+# -- DistributedDataParallel ----------------------------------------------------------------
+# kiln runs DDP's bookkeeping as torch runs it (outside any graph) and compiles the module it
+# wraps; these read the DDP internals that takes. DDP's class attribute
+# ``_active_ddp_module`` is the protocol DDP keeps for compilers: set while the wrapped module
+# runs (``DistributedDataParallel._inside_ddp_forward``), read where a graph is finished.
+
+@_functools.lru_cache(maxsize=None)
+def ddp_class() -> type | None:
+    """``DistributedDataParallel``, or None where torch.distributed is not built."""
+    if not torch.distributed.is_available():
+        return None
+    from torch.nn.parallel import DistributedDataParallel
+    return DistributedDataParallel
+
+
+def is_ddp(obj: Any) -> bool:
+    cls = ddp_class()
+    return cls is not None and isinstance(obj, cls)
+
+
+def active_ddp_module() -> torch.nn.Module | None:
+    """The DDP module whose wrapped module is running now (on any wrapping: ``DDP(kiln.compile(m))``
+    too), or None."""
+    cls = ddp_class()
+    return None if cls is None else getattr(cls, "_active_ddp_module", None)
+
+
+def ddp_runs_plainly(ddp: torch.nn.Module) -> bool:
+    """Whether ``run_ddp_forward`` can stand for ``ddp(...)``: no hooks on the DDP module itself
+    (nor global ones), and the wrapped module is called (not only its ``forward``, as when every
+    parameter's all-reduce is delayed)."""
+    return (module_hooks_empty(ddp) and not any(global_module_hooks())
+            and not getattr(ddp, "_delay_all_reduce_all_params", False)
+            and all(hasattr(ddp, a) for a in ("_pre_forward", "_post_forward", "_use_python_reducer")))
+
+
+def run_ddp_forward(ddp: torch.nn.Module, call_module: Callable, args: tuple, kwargs: dict) -> Any:
+    """``DistributedDataParallel.forward`` with the wrapped module's call made by
+    ``call_module(module, *inputs, **kwargs)``: the same steps, in the same order (its
+    ``_pre_forward`` prepares the reducer and moves the inputs, ``_post_forward`` tells the
+    reducer which outputs the backward starts from). Only where ``ddp_runs_plainly``."""
+    cls = type(ddp)
+    with torch.autograd.profiler.record_function("DistributedDataParallel.forward"):
+        inputs, kwargs = ddp._pre_forward(*args, **kwargs)
+        if ddp._use_python_reducer:
+            output = call_module(ddp.module, *inputs, **kwargs)
+        else:
+            # what ``_inside_ddp_forward`` does (entered without its torch._dynamo wrapper)
+            old = cls._active_ddp_module
+            cls._active_ddp_module = ddp
+            try:
+                output = call_module(ddp.module, *inputs, **kwargs)
+            finally:
+                cls._active_ddp_module = old
+        return ddp._post_forward(output)
+
+
+def ddp_bucket_caps(ddp: torch.nn.Module) -> tuple[int, int]:
+    """(first bucket's cap, other buckets' cap) in bytes, as this DDP module's reducer fills its
+    buckets (parameters in reverse order; the first bucket is the 1 MiB default unless
+    ``bucket_cap_mb`` was given)."""
+    cap = int(ddp.bucket_bytes_cap)
+    config = getattr(ddp, "_bucket_config", None)
+    if config is not None:
+        return int(config.first_bucket_bytes_cap), cap
+    first = torch.distributed._DEFAULT_FIRST_BUCKET_BYTES if getattr(ddp, "bucket_bytes_cap_default", False) else cap
+    return min(first, cap), cap
+
+
+def ddp_bucketed_parameters(ddp: torch.nn.Module) -> dict[int, torch.Tensor]:
+    """id -> parameter, for the parameters whose gradients this DDP module all-reduces
+    (requiring grad, not in ``parameters_to_ignore``)."""
+    ignored = set(getattr(ddp, "parameters_to_ignore", ()) or ())
+    return {id(p): p for name, p in ddp.module.named_parameters()
+            if p.requires_grad and name not in ignored and not getattr(p, "_ddp_ignored", False)}
+
+
+def runs_outside_graphs(fn: Any) -> bool:
+    """Whether torch marked ``fn`` to run outside compiled graphs: a wrapper that hands its
+    work to ``torch._dynamo.disable`` when called (``torch._disable_dynamo``'s, FSDP2's hooks')
+    or one ``torch._dynamo.disable`` made (told by the flag it sets). Read from the code's names,
+    without importing torch._dynamo."""
+    if getattr(fn, "_torchdynamo_disable", False):
+        return True
+    code = getattr(fn, "__code__", None)
+    return code is not None and "_dynamo" in code.co_names and "disable" in code.co_names

@@ -10,10 +10,11 @@ import types
 
 import torch
 
-from . import process_state
+from . import _torch, process_state
 from .backends.registry import lookup_backend
 from .package.artifacts import ARTIFACTS
 from .runtime.compile_key import CompileKey
+from .runtime.ddp import compiled_ddp_module
 from .runtime.eager_callable import EagerCallable
 from .runtime.function import CompiledFunction
 from .runtime.method import CompiledMethod
@@ -105,6 +106,9 @@ def compile(fn=None, *, backend="inductor", mode=None, fullgraph=False, dynamic=
                             "compile the original (`.original`) instead")
         if isinstance(target, functools.partial):
             return functools.partial(wrap(target.func), *target.args, **target.keywords)
+        if _torch.is_ddp(target):
+            # DDP's bookkeeping runs as torch runs it, the module it wraps compiled
+            return compiled_ddp_module(target, compiled)
         if isinstance(target, torch.nn.Module):
             return CompiledModule(target, compiled(module_caller(type(target))))
         if isinstance(target, types.MethodType) and isinstance(target.__func__, types.FunctionType):

@@ -9,7 +9,7 @@ DOCS = ROOT / "docs"
 # (the examples of a later page may use what an earlier one defined)
 PAGES = ["graph-breaks.md", "aot.md", "numpy.md", "models.md", "capture.md", "overhead.md", "inductor.md",
          "cudagraphs.md", "dynamic-shapes.md", "fuzzing.md", "cache-and-packages.md", "activation-memory.md",
-         "configuration.md", "architecture.md", "compile-time.md", "report.md"]
+         "configuration.md", "architecture.md", "compile-time.md", "report.md", "distributed.md"]
 
 
 def _blocks(path: pathlib.Path) -> list:

@@ -18,7 +18,7 @@ from ..config import config
 from ..errors import Unsupported
 from ..internal_errors import (EFFECTS_MARK, call_user, forget_frames, graph_has_effects,
                                internal_error, is_kiln_backend, is_users, mark_users)
-from . import bytecode_utils, regions
+from . import bytecode_utils, ddp_buckets, regions
 from .codegen import (EntryCodegen, GuardProgram, alias_parameters, compile_function, readable_source,
                       signature_text)
 from .guards import Guard, GuardKind, TensorMeta
@@ -253,8 +253,29 @@ def _compile_graph(fn, output: OutputGraph, cg: EntryCodegen, backend, backend_n
     # do: the graph's own mode changes are in the graph.
     output.restore_grad_mode()
     examples = [_example_input(inp) for inp in inputs]
-    # A backend kiln provides fails as kiln (the frame then runs eagerly); one the user
-    # passed is the user's code: its exceptions, and a result that is not callable, are theirs.
+
+    def compile_one(graph_module, example_inputs):
+        return _call_backend(backend, backend_name, graph_module, example_inputs)
+    ddp = _torch.active_ddp_module()
+    pieces = ddp_buckets.plan_pieces(gm, inputs, ddp) if ddp is not None else None
+    if pieces is not None:
+        # DDP runs the wrapped module: the graph cut at its gradient buckets, for overlap
+        compiled = ddp_buckets.compile_pieces(gm, pieces, examples, compile_one)
+    else:
+        compiled = compile_one(gm, examples)
+    if logs.enabled.perf:
+        # a backend may report its phases (the inductor backend: aot, inductor)
+        phases = {"capture": backend_started - getattr(output, "capture_started", backend_started)}
+        phases.update(getattr(compiled, "kiln_compile_seconds", None)
+                      or {backend_name: time.perf_counter() - backend_started})
+        logs.log_compile_times(f"graph of {fn.__qualname__}{note}", phases, **logs.where(fn), graph_id=graph_id)
+    return gm, inputs, net_grad, compiled
+
+
+def _call_backend(backend, backend_name: str, gm: torch.fx.GraphModule, examples: list) -> Callable:
+    """``backend(gm, examples)``. A backend kiln provides fails as kiln (the frame then runs
+    eagerly); one the user passed is the user's code: its exceptions, and a result that is
+    not callable, are theirs."""
     kilns = is_kiln_backend(backend)
     if not kilns:
         _log_user_backend_bypass(gm, backend, backend_name)
@@ -265,13 +286,7 @@ def _compile_graph(fn, output: OutputGraph, cg: EntryCodegen, backend, backend_n
         if not kilns:
             mark_users(e)
         raise e
-    if logs.enabled.perf:
-        # a backend may report its phases (the inductor backend: aot, inductor)
-        phases = {"capture": backend_started - getattr(output, "capture_started", backend_started)}
-        phases.update(getattr(compiled, "kiln_compile_seconds", None)
-                      or {backend_name: time.perf_counter() - backend_started})
-        logs.log_compile_times(f"graph of {fn.__qualname__}{note}", phases, **logs.where(fn), graph_id=graph_id)
-    return gm, inputs, net_grad, compiled
+    return compiled
 
 
 def _log_user_backend_bypass(gm, backend, backend_name: str) -> None:

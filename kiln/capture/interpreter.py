@@ -17,6 +17,7 @@ import types
 import torch
 
 
+from .. import _torch
 from ..config import config
 from ..errors import FrameRunsEagerly, Unsupported
 from ..internal_errors import internal_error, is_users
@@ -291,6 +292,11 @@ class FrameInterpreter(PythonSemantics):
     # -- inlining --------------------------------------------------------------------------
     def inline_function(self, fn: UserFunctionValue, args: list[Value], kwargs: dict[str, Value]) -> Value:
         code = fn.code()
+        if _torch.runs_outside_graphs(getattr(fn, "fn", None)):   # (a nested function: made here)
+            # torch marks it to run natively (FSDP2's hooks gather and free parameters, talk to
+            # the other ranks): a break at its call, where it runs as it is
+            raise Unsupported(f"{fn.name()} is marked by torch to run outside compiled graphs "
+                              "(torch._disable_dynamo)")
         if bytecode_utils.is_async_code(code):
             raise Unsupported(f"calling async function {fn.name()}")
         if self.depth >= config.max_inline_depth:

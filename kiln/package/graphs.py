@@ -29,6 +29,9 @@ def save_graph(gm: torch.fx.GraphModule, compiled: Callable, add_blob: Callable[
         payload = None
     else:
         dump = getattr(compiled, PAYLOAD_ATTR, None)
+        unsaved = getattr(compiled, "kiln_unsaved_reason", None)     # (a compiled form says why)
+        if dump is None and unsaved is not None:
+            raise NotPackageable(unsaved)
         if dump is None:
             raise NotPackageable(f"the backend's compiled graph ({type(compiled).__name__}) has no saved "
                                  "form (only kiln's eager, aot_eager and inductor backends have one)")

@@ -40,7 +40,9 @@ from .compile_key import CompileKey
 from ..cache.compiling import compiling
 from .function_cache import cache_for
 from .method import CompiledMethod
-from .module import CompiledModule
+from .ddp import DDPForward, call_plainly
+from .hooked_module import HookedModuleCall
+from .module import CompiledModule, module_caller
 
 _FAILED = object()   # the generated code failed before any effect (see CompiledFunction._recover)
 
@@ -83,11 +85,21 @@ class CompiledFactory:
             if walks_the_stack(obj.__func__.__code__):
                 return obj
             return CompiledMethod(self(obj.__func__), obj.__self__)
+        if _torch.is_ddp(obj):
+            # DDP's bookkeeping runs as torch runs it; the module it wraps is compiled (with
+            # its own hooks: through the caller of its class)
+            inner = obj.module
+            if isinstance(inner, CompiledModule):
+                return DDPForward(obj, call_plainly)
+            return DDPForward(obj, self(module_caller(type(inner))))
         if isinstance(obj, torch.nn.Module):
-            # the module's own hooks were checked (NO_HOOKS) where the call was captured
             forward = type(obj).forward
             if isinstance(forward, types.FunctionType) and not walks_the_stack(forward.__code__):
-                return CompiledMethod(self(forward), obj)
+                if _torch.module_hooks_empty(obj):
+                    return CompiledMethod(self(forward), obj)
+                # hooks the capture could not inline (the break may be inside one): they run
+                # natively around the compiled forward
+                return HookedModuleCall(obj, CompiledMethod(self(forward), obj))
         return obj
 
 

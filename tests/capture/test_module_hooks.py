@@ -105,3 +105,29 @@ def test_hf_gradient_checkpointing_is_one_graph():
         torch.testing.assert_close(p.grad, want[n], atol=1e-5, rtol=1e-4)
     r = kiln.explain(m)(input_ids=ids, labels=ids)
     assert (r.graph_count, r.graph_break_count) == (1, 0)
+
+
+def test_hooks_that_run_outside_graphs_run_natively_around_the_compiled_forward():
+    """Hooks torch marks to run outside compiled graphs (FSDP2's are such): a break at the
+    module's call, the hooks run natively, in order, and the module's forward is compiled."""
+    m = Net()
+    seen = []
+
+    @torch._disable_dynamo
+    def pre(mod, args):
+        seen.append("pre")
+        return (args[0] * 2,)
+
+    @torch._disable_dynamo
+    def post(mod, args, out):
+        seen.append("post")
+        return out + 1
+
+    m.a.register_forward_pre_hook(pre)
+    m.a.register_forward_hook(post)
+    counter = kiln.testing.CompileCounter()
+    c = kiln.compile(m, backend=counter)
+    check(m, c, torch.randn(3, 4))
+    assert seen == ["pre", "post"] * 2
+    ops = [n.target for g in counter.graphs for n in g.graph.nodes if n.op == "call_function"]
+    assert torch._C._nn.linear in ops or torch.nn.functional.linear in ops   # m.a's forward compiled

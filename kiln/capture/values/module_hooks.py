@@ -12,7 +12,10 @@ activation statistics. Each hook is inlined like any call, in ``Module.__call__`
 
 Guards: the hook dicts' keys (which hooks, in which order, which take kwargs) and each hook
 function's identity, so registering or removing a hook recompiles. Backward hooks (module
-full backward hooks) and global module hooks still run the call natively.
+full backward hooks) and global module hooks still run the call natively. A hook that cannot be
+inlined (one torch marks to run outside compiled graphs, as FSDP2's) breaks the graph at the
+module's call, where the hooks run natively around the compiled forward
+(``kiln/runtime/hooked_module.py``).
 """
 from __future__ import annotations
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from ... import _torch
 from ...config import config
 from ...errors import Unsupported
 from .. import regions
@@ -409,6 +410,14 @@ class NNModuleValue(ObjectValue):
         raise Unsupported(f"del of module attribute {name!r} inside a compiled function")
 
     def call(self, tx, args, kwargs):
+        if _torch.is_ddp(self.value):
+            # DDP's bookkeeping (its reducer, the ranks) is no tensor program: the graph breaks
+            # at the call, which runs DDP's forward with the wrapped module compiled on its own
+            # (``kiln/runtime/ddp.py``)
+            e = Unsupported("DistributedDataParallel's forward runs outside the graph (its wrapped "
+                            "module is compiled on its own)")
+            e.inside_callee = True
+            raise e
         cls = type(self.value)
         call_fn = static_lookup(cls, "__call__")
         if call_fn is not torch.nn.Module.__call__:
@@ -439,7 +448,13 @@ class NNModuleValue(ObjectValue):
             return tx.call(UserFunctionValue(forward), [self, *args], kwargs)
         if hooks is None:
             return call_forward(args, kwargs)
-        return module_hooks.call_with_hooks(tx, self, hooks, args, kwargs, call_forward)
+        try:
+            return module_hooks.call_with_hooks(tx, self, hooks, args, kwargs, call_forward)
+        except Unsupported as e:
+            # a hook that cannot be inlined (FSDP2's): a break at this call, where the hooks
+            # run natively around the compiled forward (``runtime/hooked_module.py``)
+            e.inside_callee = True
+            raise
 
 
 class NewModuleListValue(Value):

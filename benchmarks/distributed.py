@@ -1,0 +1,235 @@
+"""Data-parallel training under torch.distributed: eager, torch.compile and kiln.compile under the
+same wrapper (DDP, FSDP2), side by side. Launched by torchrun, one process per rank:
+
+    torchrun --nproc_per_node 2 benchmarks/distributed.py [--wrappers ddp,fsdp2]
+        [--columns eager,torch,kiln] [--iters 20] [--warmup 3] [--json PATH] [--trace DIR]
+    torchrun --nproc_per_node 2 benchmarks/distributed.py --cpu --iters 3     # a tiny check, gloo
+
+CUDA with NCCL when the GPUs are there (rank r on cuda:r), gloo on the CPU otherwise.
+
+The model is benchmarks/inductor.py's GPT-2-style stack: 12 layers, d=1024, 16 heads, vocabulary
+50257, batch 8 per rank, sequence 256 (``--cpu``: 2 layers, d=64, 4 heads, vocabulary 512, batch
+2, sequence 32). A step is the forward under bf16 autocast (CUDA only), the loss, the backward
+(with the wrapper's gradient communication) and an AdamW step (fused on CUDA).
+
+Wrappers:
+
+* ``ddp``: ``DistributedDataParallel(model)`` (default 25 MiB buckets, ``--bucket-cap-mb`` to
+  change them: on the tiny ``--cpu`` model, 0.05 gives several buckets, though torch.compile's
+  DDPOptimizer refuses a cap under its 1 MiB first bucket); the compiled column is
+  ``torch.compile(ddp)`` / ``kiln.compile(ddp)``. Both cut the graph at DDP's buckets, so a
+  bucket's all-reduce overlaps the backward of the layers before it.
+* ``fsdp2``: ``fully_shard`` on every block and on the root; the compiled column compiles each
+  block (``--fsdp-compile blocks``, as TorchTitan does) or the whole model (``whole``).
+
+Per (wrapper, column), printed by rank 0 as a table and written with ``--json``: ``first step``
+(wall seconds of step 1: the cold compile), ``step`` (the median of ``--iters`` steps after
+``--warmup`` more: CUDA events on a GPU, the wall clock on a CPU), ``tokens/s`` over all ranks,
+``peak`` (``torch.cuda.max_memory_allocated`` on rank 0 over the timed steps; not measured on a
+CPU), and ``max loss diff``: the largest relative difference of the column's losses from eager's
+over every step, on rank 0 (the same batches, the same initial weights).
+
+``--trace DIR``: a profiler trace (Chrome JSON) of 3 steps of each compiled column on rank 0,
+where the all-reduce (DDP) or reduce-scatter (FSDP2) kernels can be seen overlapping the
+backward.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from inductor import GPT  # noqa: E402
+
+CUDA_SIZE = dict(layers=12, d=1024, heads=16, vocab=50257, batch=8, seq=256)
+CPU_SIZE = dict(layers=2, d=64, heads=4, vocab=512, batch=2, seq=32)
+WRAPPERS = ("ddp", "fsdp2")
+COLUMNS = ("eager", "torch", "kiln")
+
+
+def build(size: dict, device: torch.device) -> GPT:
+    torch.manual_seed(0)
+    return GPT(vocab=size["vocab"], d=size["d"], layers=size["layers"], heads=size["heads"],
+               max_seq=max(1024, size["seq"])).to(device)
+
+
+def wrap(model: GPT, wrapper: str, column: str, device: torch.device, args):
+    """(the wrapped model, the callable a step calls)."""
+    if wrapper == "ddp":
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        kw = {} if args.bucket_cap_mb is None else {"bucket_cap_mb": args.bucket_cap_mb}
+        ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None, **kw)
+        return ddp, compiler(column, args)(ddp) if column != "eager" else ddp
+    from torch.distributed.fsdp import fully_shard
+
+    compile_fn = compiler(column, args) if column != "eager" else None
+    for i, block in enumerate(model.blocks):
+        fully_shard(block)
+    fully_shard(model)
+    if compile_fn is not None and args.fsdp_compile == "blocks":
+        for i, block in enumerate(model.blocks):
+            model.blocks[i] = compile_fn(block)
+        return model, model
+    return model, compile_fn(model) if compile_fn is not None else model
+
+
+def compiler(column: str, args):
+    if column == "torch":
+        return lambda m: torch.compile(m, backend=args.torch_backend)
+    import kiln
+
+    return lambda m: kiln.compile(m, backend=args.kiln_backend)
+
+
+def batches(size: dict, device: torch.device, rank: int, step: int):
+    g = torch.Generator().manual_seed(10_000 * rank + step)
+    idx = torch.randint(0, size["vocab"], (size["batch"], size["seq"] + 1), generator=g)
+    return idx[:, :-1].to(device), idx[:, 1:].to(device)
+
+
+def run_column(wrapper: str, column: str, size: dict, device: torch.device, args) -> dict:
+    rank = dist.get_rank()
+    model, call = wrap(build(size, device), wrapper, column, device, args)
+    cuda = device.type == "cuda"
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, **({"fused": True} if cuda else {}))
+    losses = []
+
+    def step(i: int):
+        idx, targets = batches(size, device, rank, i)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda):
+            loss = call(idx, targets)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.detach().float().item())
+
+    def sync():
+        if cuda:
+            torch.cuda.synchronize()
+        dist.barrier()
+
+    sync()
+    t = time.perf_counter()
+    step(0)
+    sync()
+    first = time.perf_counter() - t
+    for i in range(1, 1 + args.warmup):
+        step(i)
+    sync()
+    times, peak = [], 0
+    for i in range(1 + args.warmup, 1 + args.warmup + args.iters):
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            step(i)
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b))
+            peak = max(peak, torch.cuda.max_memory_allocated())
+        else:
+            t = time.perf_counter()
+            step(i)
+            times.append((time.perf_counter() - t) * 1e3)
+    if args.trace and column != "eager" and rank == 0:
+        trace(step, 1 + args.warmup + args.iters, os.path.join(args.trace, f"{wrapper}_{column}.json"))
+    elif args.trace and column != "eager":
+        for i in range(3):
+            step(1 + args.warmup + args.iters + i)
+    sync()
+    ms = statistics.median(times)
+    tokens = size["batch"] * size["seq"] * dist.get_world_size()
+    return {"wrapper": wrapper, "column": column, "first_s": first, "step_ms": ms,
+            "tokens_per_s": tokens / (ms / 1e3), "peak_mib": peak / 2**20, "losses": losses}
+
+
+def trace(step, start: int, path: str) -> None:
+    from torch.profiler import ProfilerActivity, profile
+
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with profile(activities=activities) as prof:
+        for i in range(3):
+            step(start + i)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+    prof.export_chrome_trace(path)
+
+
+def max_rel_diff(a: list, b: list) -> float:
+    return max(abs(x - y) / max(abs(y), 1e-12) for x, y in zip(a, b))
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| wrapper | column | first step (s) | step (ms) | vs eager | tokens/s | peak (MiB) | max loss diff |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if "crash" in r:
+            lines.append(f"| {r['wrapper']} | {r['column']} | crash: {r['crash'][-100:]!r} | | | | | |")
+            continue
+        eager = next((e for e in rows if e["wrapper"] == r["wrapper"] and e["column"] == "eager"
+                      and "crash" not in e), None)
+        vs = f"{r['step_ms'] / eager['step_ms']:.2f}x" if eager else ""
+        diff = f"{max_rel_diff(r['losses'], eager['losses']):.1e}" if eager else ""
+        peak = f"{r['peak_mib']:.0f}" if r["peak_mib"] else "n/a"
+        lines.append(f"| {r['wrapper']} | {r['column']} | {r['first_s']:.2f} | {r['step_ms']:.2f} | {vs} | "
+                     f"{r['tokens_per_s']:.0f} | {peak} | {diff} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--wrappers", default=",".join(WRAPPERS))
+    p.add_argument("--columns", default=",".join(COLUMNS))
+    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--cpu", action="store_true", help="the tiny sizes, on the CPU over gloo")
+    p.add_argument("--bucket-cap-mb", type=float, default=None,
+                   help="DDP's bucket_cap_mb (default: DDP's 25 MiB, the first bucket 1 MiB)")
+    p.add_argument("--fsdp-compile", choices=("blocks", "whole"), default="blocks")
+    p.add_argument("--kiln-backend", default="inductor")
+    p.add_argument("--torch-backend", default="inductor")
+    p.add_argument("--json", default=None)
+    p.add_argument("--trace", default=None, help="a directory for rank 0's profiler traces")
+    args = p.parse_args(argv)
+
+    cuda = torch.cuda.is_available() and not args.cpu
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    if cuda:
+        torch.cuda.set_device(local)
+    device = torch.device("cuda", local) if cuda else torch.device("cpu")
+    dist.init_process_group("nccl" if cuda else "gloo")
+    size = CUDA_SIZE if cuda else CPU_SIZE
+    rows = []
+    try:
+        for wrapper in args.wrappers.split(","):
+            for column in args.columns.split(","):
+                try:
+                    rows.append(run_column(wrapper, column, size, device, args))
+                except Exception as e:  # noqa: BLE001 - one broken cell does not stop the others
+                    rows.append({"wrapper": wrapper, "column": column, "crash": f"{type(e).__name__}: {e}"})
+                if dist.get_rank() == 0:
+                    r = rows[-1]
+                    print(f"{wrapper} {column}: " + (r.get("crash") or f"{r['step_ms']:.2f} ms"), flush=True)
+                    if args.json:
+                        with open(args.json, "w") as fh:
+                            json.dump({"size": size, "device": str(device), "rows": rows}, fh, indent=1)
+        if dist.get_rank() == 0:
+            where = torch.cuda.get_device_name(device) + " + NCCL" if cuda else "CPU + gloo"
+            print(f"\n{dist.get_world_size()} ranks, {where}, size {size}\n")
+            print(table(rows))
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
