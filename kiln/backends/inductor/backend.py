@@ -321,7 +321,7 @@ class GraphCompile:
             secs = time.perf_counter() - start
             self.inductor_seconds += secs
             if not self._in_run and logs.enabled.perf:   # a per-shape compile, on a later call
-                logs.log_compile_times(f"{self.name} {kind} graph, compiled for new input shapes",
+                logs.log_compile_times(f"{self.name} {kind} graph, compiled at a later call (its first, or new input shapes)",
                                        {"inductor": secs}, function=self.name)
 
     def _log_output_code(self, compiled, kind: str) -> None:
