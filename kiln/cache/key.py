@@ -218,8 +218,13 @@ def device_info(example_inputs: list) -> dict:
     kinds = sorted({x.device.type for x in example_inputs if isinstance(x, torch.Tensor)})
     info: dict = {"kinds": kinds}
     if "cuda" in kinds and torch.cuda.is_available():
-        idx = next(x.device.index for x in example_inputs if isinstance(x, torch.Tensor) and x.device.type == "cuda")
+        indices = sorted({x.device.index for x in example_inputs if isinstance(x, torch.Tensor)
+                          and x.device.type == "cuda"})
+        idx = indices[0]
         info["cuda"] = [torch.cuda.get_device_name(idx), list(torch.cuda.get_device_capability(idx))]
+        # Inductor's code names the device it was compiled for (its device guard, its streams):
+        # an entry compiled for cuda:0 does not run on cuda:1 (the ranks of one machine)
+        info["cuda_indices"] = indices
     return info
 
 

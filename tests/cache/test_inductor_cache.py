@@ -292,3 +292,23 @@ def test_fresh_process_loads_the_dynamic_graph_automatic_dynamic_made(tmp_path):
     assert child(7, 9) == (0, 0, 0, 0, 1)     # the frame record's dynamic entry: no capture
     _drop_frame_records()
     assert child(7, 9) == (0, 0, 1, 0, 0)     # symbolic at once (the profile), and loaded
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+def test_an_entry_compiled_for_one_gpu_is_not_served_to_another(work):
+    """Inductor's code names the device it was compiled for: the ranks of one machine (cuda:0,
+    cuda:1) sharing a cache directory each compile their own entry, and both run."""
+    def f(x, w):
+        return torch.relu(x @ w).sum(1) * 2
+
+    outs = []
+    for dev in ("cuda:0", "cuda:1"):
+        kiln.reset()
+        x, w = torch.randn(8, 16, device=dev), torch.randn(16, 4, device=dev)
+        before = kiln.cache.stats()["misses"]
+        out = kiln.compile(f, backend="inductor")(x, w)
+        torch.testing.assert_close(out, f(x, w))
+        assert out.device == x.device
+        outs.append(kiln.cache.stats()["misses"] - before)
+    assert outs == [1, 1]
+    assert work["inductor"] == 2
