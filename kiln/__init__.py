@@ -18,19 +18,82 @@ compiled graphs) and ``activations`` (the cast, fp8 and offload policies and the
 ``PackageMismatch``, ``PackageMiss`` for packages (``kiln.package``); ``CudagraphError`` for CUDA graphs (``mode="reduce-overhead"``, ``kiln.config.cudagraphs``; see
 ``kiln.cudagraphs``).
 """
-from . import aot, backends, cache, testing
-from .api import compile, reset
-from .runtime import CompiledFunction, CompiledMethod, CompiledModule
-from .capture.comptime import comptime
+import importlib as _importlib
+import sys as _sys
+import types as _types
+
 from .config import config
-from .errors import ConstraintViolation, CudagraphError, Unsupported
-from .explain import explain
-from .logs import set_logs
-from .package import PackageError, PackageMismatch, PackageMiss, load_package
-from .shapes import mark_dynamic, mark_static
 from .version import __version__
-from . import activations
-from .activations.hooks import inline_saved_tensors_hooks, saved_tensors_hooks
+
+# ``import kiln`` imports no torch: the names below are imported with their modules at the first
+# use of any of them, so that the ``kiln`` command's subcommands that need no compiler (``kiln
+# report``) start at once. After that first use the package holds exactly what an eager import
+# would have bound.
+_MODULES = ("aot", "backends", "cache", "testing", "activations")
+_NAMES = {
+    ".api": ("compile", "reset"),
+    ".runtime": ("CompiledFunction", "CompiledMethod", "CompiledModule"),
+    ".capture.comptime": ("comptime",),
+    ".errors": ("ConstraintViolation", "CudagraphError", "Unsupported"),
+    ".explain": ("explain",),
+    ".logs": ("set_logs",),
+    ".package": ("PackageError", "PackageMismatch", "PackageMiss", "load_package"),
+    ".shapes": ("mark_dynamic", "mark_static"),
+    ".activations.hooks": ("inline_saved_tensors_hooks", "saved_tensors_hooks"),
+}
+# names that are also submodules: importing the submodule binds it on the package, where the
+# function or object of that name belongs
+_SHADOWED = frozenset({"config", "explain"})
+
+
+_LAZY = frozenset(_MODULES).union(*_NAMES.values())
+_MISSING = object()
+
+
+class _Kiln(_types.ModuleType):
+    def __getattr__(self, name: str):
+        d = self.__dict__
+        if name in _LAZY and not d.get("_loaded"):
+            self._load()
+            if name in d:
+                return d[name]
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+    def _load(self) -> None:
+        """Import and bind every lazy name. Reached again while a module it imports is still
+        being imported (which may ask the package for a name): what that module does not hold
+        yet stays unbound, and a later use loads again."""
+        d = self.__dict__
+        if d.get("_loading"):
+            return
+        bind = _types.ModuleType.__setattr__
+        bind(self, "_loading", True)
+        try:
+            complete = True
+            for m in _MODULES:
+                bind(self, m, _importlib.import_module(f"{__name__}.{m}"))
+            for module, names in _NAMES.items():
+                mod = _importlib.import_module(module, __name__)
+                for n in names:
+                    value = getattr(mod, n, _MISSING)
+                    if value is _MISSING:
+                        complete = False
+                    else:
+                        bind(self, n, value)
+            bind(self, "_loaded", complete)
+        finally:
+            bind(self, "_loading", False)
+
+    def __setattr__(self, name: str, value) -> None:
+        if name in _SHADOWED and isinstance(value, _types.ModuleType):
+            return
+        _types.ModuleType.__setattr__(self, name, value)
+
+    def __dir__(self):
+        return sorted(set(self.__dict__) | set(__all__))
+
+
+_sys.modules[__name__].__class__ = _Kiln
 
 __all__ = ["compile", "reset", "explain", "comptime", "config", "Unsupported", "aot", "backends",
            "testing", "set_logs", "CompiledFunction", "CompiledMethod", "CompiledModule",

@@ -13,32 +13,40 @@ import argparse
 import platform
 import sys
 
-from .cache import cli
-from kiln.backends import list_backends
-from kiln.package import PackageError
-from kiln.package.manifest_text import manifest_text
-from kiln.report import build_report
-import kiln
+from .report import build_report
+from .version import __version__
+
+
+def _cache_cli():
+    from .cache import cli     # (torch: only the subcommands that read the cache pay its import)
+    return cli
+
+
+def _list_backends() -> list:
+    from .backends import list_backends     # (torch: imported by the subcommands that need it)
+    return list_backends()
 
 
 def _info() -> int:
     import bytecode
     import torch
 
-    print(f"kiln      {kiln.__version__}")
+    print(f"kiln      {__version__}")
     print(f"python    {platform.python_version()} ({sys.executable})")
     print(f"torch     {torch.__version__}  cuda available: {torch.cuda.is_available()}")
     print(f"bytecode  {bytecode.__version__}")
-    print(f"backends  {', '.join(list_backends())}")
+    print(f"backends  {', '.join(_list_backends())}")
     return 0
 
 
 def _backends() -> int:
-    print("\n".join(list_backends()))
+    print("\n".join(_list_backends()))
     return 0
 
 
 def _inspect(path: str) -> int:
+    from .package import PackageError     # (torch: imported by the subcommands that need it)
+    from .package.manifest_text import manifest_text     # (torch, as above)
     try:
         print(manifest_text(path))
     except PackageError as e:
@@ -84,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "package":
         return _inspect(args.file)
     if args.command == "cache":
+        cli = _cache_cli()
         if getattr(args, "remote", False):
             return {"ls": cli.ls_remote, "clear": cli.clear_remote}[args.action]()
         return {"ls": cli.ls, "clear": cli.clear, "why": lambda: cli.why(args.function)}[args.action]()

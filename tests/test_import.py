@@ -1,0 +1,45 @@
+"""``import kiln`` imports no torch, so that the ``kiln`` command's subcommands that need no
+compiler (``kiln report``) start at once; the first use of a name imports the rest, and the
+package then holds what an eager import binds."""
+import json
+import subprocess
+import sys
+
+import kiln
+
+
+def _run(code: str) -> dict:
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_import_kiln_imports_no_torch():
+    r = _run("import json, sys, kiln; import kiln.report; "
+             "print(json.dumps({'torch': 'torch' in sys.modules, 'cache': kiln.config.cache}))")
+    assert r == {"torch": False, "cache": True}
+
+
+def test_the_report_command_imports_no_torch(tmp_path):
+    import torch
+
+    with kiln.config.patch(trace_dir=str(tmp_path)):
+        kiln.compile(lambda x: x.sin() + 1, backend="aot_eager")(torch.randn(3))
+    r = _run("import json, sys; from kiln.cli import main; "
+             f"rc = main(['report', {str(tmp_path)!r}, '-o', {str(tmp_path / 'r.html')!r}]); "
+             "print(json.dumps({'torch': 'torch' in sys.modules, 'rc': rc}))")
+    assert r == {"torch": False, "rc": 0}
+    assert (tmp_path / "r.html").read_text().startswith("<!DOCTYPE html>")
+
+
+def test_every_public_name_is_bound_at_first_use():
+    for name in kiln.__all__:
+        assert getattr(kiln, name) is not None, name
+    assert callable(kiln.explain) and callable(kiln.compile)
+    assert type(kiln.config).__name__ == "Config"
+
+
+def test_a_submodule_imported_first_does_not_shadow_its_name():
+    r = _run("import json, kiln.explain, kiln.config; import kiln; "
+             "print(json.dumps({'explain': callable(kiln.explain), "
+             "'config': type(kiln.config).__name__}))")
+    assert r == {"explain": True, "config": "Config"}
