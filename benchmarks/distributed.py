@@ -38,7 +38,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 
@@ -46,6 +45,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from cells import timed_steps  # noqa: E402
 from inductor import GPT  # noqa: E402
 
 CUDA_SIZE = dict(layers=12, d=1024, heads=16, vocab=50257, batch=8, seq=256)
@@ -124,28 +124,13 @@ def run_column(wrapper: str, column: str, size: dict, device: torch.device, args
     for i in range(1, 1 + args.warmup):
         step(i)
     sync()
-    times, peak = [], 0
-    for i in range(1 + args.warmup, 1 + args.warmup + args.iters):
-        if cuda:
-            torch.cuda.reset_peak_memory_stats()
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            step(i)
-            b.record()
-            b.synchronize()
-            times.append(a.elapsed_time(b))
-            peak = max(peak, torch.cuda.max_memory_allocated())
-        else:
-            t = time.perf_counter()
-            step(i)
-            times.append((time.perf_counter() - t) * 1e3)
+    ms, peak = timed_steps(step, device.type, args.iters, 0, first=1 + args.warmup)
     if args.trace and column != "eager" and rank == 0:
         trace(step, 1 + args.warmup + args.iters, os.path.join(args.trace, f"{wrapper}_{column}.json"))
     elif args.trace and column != "eager":
         for i in range(3):
             step(1 + args.warmup + args.iters + i)
     sync()
-    ms = statistics.median(times)
     tokens = size["batch"] * size["seq"] * dist.get_world_size()
     return {"wrapper": wrapper, "column": column, "first_s": first, "step_ms": ms,
             "tokens_per_s": tokens / (ms / 1e3), "peak_mib": peak / 2**20, "losses": losses}
