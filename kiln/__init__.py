@@ -50,14 +50,38 @@ _LAZY = frozenset(_MODULES).union(*_NAMES.values())
 _MISSING = object()
 
 
+def _importing_kiln() -> bool:
+    """Whether one of kiln's modules is being imported now."""
+    for name, m in list(_sys.modules.items()):
+        if name.startswith("kiln.") and getattr(getattr(m, "__spec__", None), "_initializing", False):
+            return True
+    return False
+
+
 class _Kiln(_types.ModuleType):
     def __getattr__(self, name: str):
         d = self.__dict__
+        if name.startswith("__"):
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        if _importing_kiln():
+            # kiln's own ``from .. import cache`` while its modules import: that module only
+            # (loading every name now would import a module that is halfway through its import)
+            if name in _SHADOWED or name not in _MODULES and name in _LAZY:
+                raise AttributeError(f"module {__name__!r} has no attribute {name!r} yet (kiln is importing)")
+            return self._submodule(name)
         if name in _LAZY and not d.get("_loaded"):
             self._load()
-            if name in d:
-                return d[name]
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        if name in d:
+            return d[name]
+        return self._submodule(name)
+
+    def _submodule(self, name: str):
+        try:
+            return _importlib.import_module(f"{__name__}.{name}")
+        except ModuleNotFoundError as e:
+            if e.name != f"{__name__}.{name}":
+                raise
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
 
     def _load(self) -> None:
         """Import and bind every lazy name. Reached again while a module it imports is still
