@@ -107,7 +107,7 @@ class CompiledFunction:
     """A function compiled by kiln. Call it like the original."""
 
     records_frames = False    # kiln.compile's functions keep frame records (not continuations)
-    records_key = None        # their key, once computed ("" when they are not kept)
+    records_key = None        # (the settings it was computed under, their key: "" when they are not kept)
     records_owner = None      # a continuation: the function whose frame record holds its entries
     counts_steps = False      # its graphs run as CUDA graphs: its calls are steps (counting_steps)
 

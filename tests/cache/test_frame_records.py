@@ -98,6 +98,17 @@ def test_warm_process_installs_entries_without_capture(tmp_path):
     assert warm["hits"] == warm["misses"] == 0 and not warm["dynamo"]    # (no capture: no torch._dynamo)
 
 
+def test_a_record_made_under_other_capture_settings_is_not_used(tmp_path):
+    """A record holds what a capture made under its settings (repeated blocks, int
+    specialization...): switching one on captures again instead of installing the old entries."""
+    _setup(tmp_path)
+    _run(tmp_path, "static")
+    r, _ = _run(tmp_path, "static", env={"KILN_SPECIALIZE_INT": "1"})
+    assert r["captures"] == 1 and r["frame_hits"] == 0 and r["frame_misses"] == 1
+    r, _ = _run(tmp_path, "static", env={"KILN_SPECIALIZE_INT": "1"})     # its own record
+    assert r["captures"] == 0 and r["frame_hits"] == 1
+
+
 def test_renamed_function_misses_the_frame_but_hits_the_graph_cache(tmp_path):
     _setup(tmp_path)
     _run(tmp_path, "static")
