@@ -377,6 +377,30 @@ class AOTArtifact(PartsView):
         torch.save({"format": FORMAT, "version": VERSION, "meta": text, "constants": constants}, buf)
         return buf.getvalue()
 
+    @staticmethod
+    def rebind_cuda(blob: bytes, old: int, new: int) -> bytes:
+        """The artifact's bytes with every use of CUDA device ``old`` moved to ``new``: its
+        graphs' device arguments and values' devices (the metadata names a device only as its
+        string, ``"cuda:N"``), and its constants. (A graph compiled on one GPU of a machine,
+        loaded by a rank on another.)"""
+        obj = torch.load(io.BytesIO(blob), weights_only=True, map_location={f"cuda:{old}": f"cuda:{new}"})
+        if not isinstance(obj, dict) or obj.get("format") != FORMAT:
+            raise ValueError("not a kiln AOT artifact")
+        was, now = f"cuda:{old}", f"cuda:{new}"
+
+        def moved(v: Any) -> Any:
+            if isinstance(v, str):
+                return now if v == was else v
+            if isinstance(v, list):
+                return [moved(x) for x in v]
+            if isinstance(v, dict):
+                return {k: moved(x) for k, x in v.items()}
+            return v
+        obj["meta"] = json.dumps(moved(json.loads(obj["meta"])))
+        buf = io.BytesIO()
+        torch.save(obj, buf)
+        return buf.getvalue()
+
     @classmethod
     def from_bytes(cls, blob: bytes, rename: dict | None = None, fake_mode=None) -> "AOTArtifact":
         """``rename``: input names (``L['x']`` -> ``L['inp']``) to use in the loaded metadata, for

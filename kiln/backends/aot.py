@@ -102,8 +102,10 @@ def aot_backend(fw_compiler: Callable | None = None, bw_compiler: Callable | Non
             compiled = _load_artifact(payload, g, compilers, rename, stages)
             _set_stage_times(compiled, {"load": time.perf_counter() - started})
             return compiled
+        # (kiln's own stages name a device only in the artifact; a user's compilers may bake one in)
         return cache.cached(gm, example_inputs, backend="aot_eager" if user_key is None else "aot_backend",
-                            options=options, compile=compile, load=load, dump=_dump_artifact)
+                            options=options, compile=compile, load=load, dump=_dump_artifact,
+                            rebind=_rebind_artifact if user_key is None else None)
 
     def load_artifact(payload: bytes, g: torch.fx.GraphModule):
         """The AOT result rebuilt from a cache payload (a package's artifact): no tracing."""
@@ -177,6 +179,13 @@ def _with_cudagraphs(fw_compiler, bw_compiler, inference_compiler) -> tuple:
     base = fw_compiler or run_as_fx
     return (cudagraph_compiler(base, "forward"), cudagraph_compiler(bw_compiler or base, "backward"),
             cudagraph_compiler(inference_compiler or base, "inference"))
+
+
+def _rebind_artifact(payload: bytes, old: int, new: int) -> bytes:
+    """The payload for CUDA device ``new``, from one compiled for ``old`` (``cache.cached``)."""
+    if fallback_entries.is_entry(payload):
+        return fallback_entries.map_shapes(payload, lambda one: _rebind_artifact(one, old, new))
+    return AOTArtifact.rebind_cuda(payload, old, new)
 
 
 def _load_artifact(payload: bytes, gm: torch.fx.GraphModule, compilers: tuple = (None, None, None),

@@ -73,15 +73,22 @@ def _renames(stored: Any, current: list) -> dict:
 
 
 def cached(gm, example_inputs: list, *, backend: str, options: dict, compile: Callable[[], Callable],
-           load: Callable[[bytes, Any, dict], Callable], dump: Callable[[Callable], bytes]) -> Callable:
+           load: Callable[[bytes, Any, dict], Callable], dump: Callable[[Callable], bytes],
+           rebind: Callable[[bytes, int, int], bytes] | None = None) -> Callable:
     """The compiled ``gm``: loaded (``load(payload, gm, rename)``; ``rename`` maps the stored
     input names to the caller's) or compiled (``compile()``) and stored (``dump(compiled)``;
-    it raises ValueError for a result it cannot store)."""
+    it raises ValueError for a result it cannot store).
+
+    ``rebind(payload, from_index, to_index)``: the payload of a graph on one CUDA device, made
+    to run on another (a backend whose code names its device). With it, such a graph's key
+    leaves the index out, and an entry compiled on cuda:0 loads on cuda:1 rebound: the ranks
+    of one machine share their compiles."""
     fn = function_name(gm)
     if not config.cache:
         return offer(compile(), lambda c: dump(c))
     try:
-        parts = cache_key.key_parts(gm, example_inputs, backend, options)
+        device = _one_cuda_device(gm, example_inputs) if rebind is not None else None
+        parts = cache_key.key_parts(gm, example_inputs, backend, options, cuda=device)
         key = cache_key.digest(parts)
     except Exception as e:          # a graph kiln cannot key: compile it, uncached
         _bypass(fn, f"cannot compute the key: {type(e).__name__}: {e}")
@@ -93,12 +100,13 @@ def cached(gm, example_inputs: list, *, backend: str, options: dict, compile: Ca
             header, payload = found
             # the header must describe this key (a hash collision or a renamed file is a miss)
             if header.get("key") == key and header.get("parts") == parts:
+                header, payload = _on_device(header, payload, device, rebind)
                 compiled = load(payload, gm, _renames(header.get("inputs"), input_names(gm)))
                 store.count("hits")
                 _log(f"hit {fn} ({key[:12]}, {len(payload)} bytes)", action="hit", function=fn, key=key,
                      bytes=len(payload))
                 _refreshed_by(compiled, key, header, dump)
-                return offer(compiled, _stored(key, lambda c: dump(c)))
+                return offer(compiled, _stored(key, lambda c: dump(c), device, rebind))
             store.warn_once(("mismatch", key), f"entry {key[:12]} does not match its key; recompiling")
     except EntryDoesNotFit as e:    # a dynamic entry traced under guards these sizes fail
         not_fit = str(e)
@@ -112,7 +120,7 @@ def cached(gm, example_inputs: list, *, backend: str, options: dict, compile: Ca
              diff=[] if not_fit or nearest is None else nearest)
     job = compile_once.claim(key, fn)       # (None: no torch.distributed job)
     if job is not None and not job.mine:
-        received = _received(job, gm, key, parts, load, dump)
+        received = _received(job, gm, key, parts, load, dump, device, rebind)
         if received is not None:
             return received
     try:
@@ -124,6 +132,8 @@ def cached(gm, example_inputs: list, *, backend: str, options: dict, compile: Ca
                  reason=f"{type(e).__name__}: {e}")
             return offer(compiled, _failed(f"{type(e).__name__}: {e}"))
         header = {"key": key, "function": fn, "backend": backend, "parts": parts, "inputs": input_names(gm)}
+        if device is not None:
+            header["cuda_device"] = device
         store.write(key, header, payload)
         if job is not None and job.mine:
             job.publish(store.encode(header, payload))
@@ -131,10 +141,27 @@ def cached(gm, example_inputs: list, *, backend: str, options: dict, compile: Ca
         if job is not None and job.mine:
             job.publish(compile_once.FAILED)        # (no entry: the waiting ranks compile it themselves)
     _refreshed_by(compiled, key, header, dump)
-    return offer(compiled, _stored(key, lambda c: dump(c)))
+    return offer(compiled, _stored(key, lambda c: dump(c), device, rebind))
 
 
-def _received(job: compile_once.Claim, gm, key: str, parts: dict, load: Callable, dump: Callable) -> Callable | None:
+def _one_cuda_device(gm, example_inputs: list) -> int | None:
+    """The graph's CUDA device when it names exactly one (its entry can be rebound)."""
+    indices = cache_key.cuda_indices(gm, example_inputs)
+    return indices[0] if len(indices) == 1 else None
+
+
+def _on_device(header: dict, payload: bytes, device: int | None,
+               rebind: Callable[[bytes, int, int], bytes] | None) -> tuple[dict, bytes]:
+    """The entry for ``device``: rebound when it was compiled for another (its header then
+    names the new device, so that an entry stored again from it says what it holds)."""
+    stored = header.get("cuda_device")
+    if device is None or rebind is None or stored is None or stored == device:
+        return header, payload
+    return {**header, "cuda_device": device}, rebind(payload, int(stored), device)
+
+
+def _received(job: compile_once.Claim, gm, key: str, parts: dict, load: Callable, dump: Callable,
+              device: int | None = None, rebind: Callable | None = None) -> Callable | None:
     """The graph another rank of the job compiled (``compile_once``), loaded from the entry it
     published and written to this machine's cache; None (logged) when there is none to use."""
     blob = job.receive()
@@ -144,6 +171,7 @@ def _received(job: compile_once.Claim, gm, key: str, parts: dict, load: Callable
         header, payload = store.decode(blob)
         if header.get("key") != key or header.get("parts") != parts:
             raise store.CorruptEntry("it does not match its key")
+        header, payload = _on_device(header, payload, device, rebind)
         compiled = load(payload, gm, _renames(header.get("inputs"), input_names(gm)))
     except Exception as e:
         _log(f"rank {job.rank}: cannot use the entry of {job.function} ({key[:12]}) another rank "
@@ -155,7 +183,7 @@ def _received(job: compile_once.Claim, gm, key: str, parts: dict, load: Callable
     _log(f"rank {job.rank}: received {job.function} ({key[:12]}, {len(payload)} bytes) from the rank that compiled it",
          action="job_hit", function=job.function, key=key)
     _refreshed_by(compiled, key, header, dump)
-    return offer(compiled, _stored(key, lambda c: dump(c)))
+    return offer(compiled, _stored(key, lambda c: dump(c), device, rebind))
 
 
 # -- an entry that grows after its compile ------------------------------------------------------
@@ -224,12 +252,14 @@ def offer(compiled: Callable, payload: Callable[[Callable], bytes]) -> Callable:
     return compiled
 
 
-def _stored(key: str, fallback: Callable[[Callable], bytes]) -> Callable[[Callable], bytes]:
-    """The payload as the cache stored it (read back at save time: not kept in memory)."""
+def _stored(key: str, fallback: Callable[[Callable], bytes], device: int | None = None,
+            rebind: Callable[[bytes, int, int], bytes] | None = None) -> Callable[[Callable], bytes]:
+    """The payload as the cache stored it (read back at save time: not kept in memory), for
+    this process's device."""
     def payload(compiled):
         found = store.read(key)
         if found is not None and found[0].get("key") == key:
-            return found[1]
+            return _on_device(found[0], found[1], device, rebind)[1]
         return fallback(compiled)
     return payload
 

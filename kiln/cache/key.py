@@ -82,22 +82,26 @@ def _tensor_meta(t: torch.Tensor) -> dict:
             "type": type(t).__name__, "layout": str(t.layout)}
 
 
-def _arg_text(a: Any, names: dict) -> str:
+def _arg_text(a: Any, names: dict, cuda: int | None = None) -> str:
+    """``cuda``: the one CUDA device index of a graph keyed without it (``cuda_indices``): that
+    device is written ``index=@``."""
     if isinstance(a, torch.fx.Node):
         return "%" + names[a]
     if isinstance(a, (list, tuple)):
-        inner = ", ".join(_arg_text(x, names) for x in a)
+        inner = ", ".join(_arg_text(x, names, cuda) for x in a)
         return f"[{inner}]" if isinstance(a, list) else f"({inner})"
     if isinstance(a, dict):
-        return "{" + ", ".join(f"{k!r}: {_arg_text(v, names)}" for k, v in a.items()) + "}"
+        return "{" + ", ".join(f"{k!r}: {_arg_text(v, names, cuda)}" for k, v in a.items()) + "}"
     if isinstance(a, torch.Tensor):
         return f"tensor({json.dumps(_tensor_meta(a), sort_keys=True)}, {_tensor_digest(a)})"
     if isinstance(a, (bool, int, float, str, type(None), complex)):
         return f"{type(a).__name__}:{a!r}"     # typed: 1, 1.0 and True differ
+    if isinstance(a, torch.device) and cuda is not None and a.type == "cuda" and a.index == cuda:
+        return "device(type='cuda', index=@)"
     if isinstance(a, (torch.dtype, torch.device, torch.layout, torch.memory_format)):
         return repr(a)
     if isinstance(a, slice):
-        return f"slice({_arg_text(a.start, names)}, {_arg_text(a.stop, names)}, {_arg_text(a.step, names)})"
+        return f"slice({_arg_text(a.start, names, cuda)}, {_arg_text(a.stop, names, cuda)}, {_arg_text(a.step, names, cuda)})"
     if a is Ellipsis:
         return "..."
     raise ValueError(f"cannot key an argument of type {type(a).__name__}")
@@ -107,11 +111,12 @@ def _arg_text(a: Any, names: dict) -> str:
 _META_KEYS = ("kiln_static", "kiln_symbol", "ac_graph_id", "recompute", "kiln_checkpoint_policy")
 
 
-def graph_text(gm: torch.fx.GraphModule, example_inputs: list) -> str:
+def graph_text(gm: torch.fx.GraphModule, example_inputs: list, cuda: int | None = None) -> str:
     """The graph with normalized names, its constants by content, then each subgraph its
-    higher-order ops call (numbered, once each: ``subgraph_table``); read-only on ``gm``."""
-    table = SubgraphTable(lambda sub: _graph_lines(sub, [], table))
-    lines = _graph_lines(gm, example_inputs, table)
+    higher-order ops call (numbered, once each: ``subgraph_table``); read-only on ``gm``.
+    ``cuda``: the graph's one CUDA device, written without its index (``cuda_indices``)."""
+    table = SubgraphTable(lambda sub: _graph_lines(sub, [], table, cuda))
+    lines = _graph_lines(gm, example_inputs, table, cuda)
     graph_meta = {k: gm.meta[k] for k in ("kiln_fullgraph", "kiln_static_inputs") if k in gm.meta}
     lines.append("meta " + json.dumps(graph_meta, sort_keys=True, default=str))
     for i, sub in enumerate(table.entries):
@@ -120,7 +125,8 @@ def graph_text(gm: torch.fx.GraphModule, example_inputs: list) -> str:
     return "\n".join(lines)
 
 
-def _graph_lines(gm: torch.fx.GraphModule, example_inputs: list, table: SubgraphTable) -> list[str]:
+def _graph_lines(gm: torch.fx.GraphModule, example_inputs: list, table: SubgraphTable,
+                 cuda: int | None = None) -> list[str]:
     names: dict = {}
     lines = []
     placeholders = 0
@@ -139,11 +145,11 @@ def _graph_lines(gm: torch.fx.GraphModule, example_inputs: list, table: Subgraph
         target = "" if node.op == "placeholder" else \
             f"sub{table.number(obj)}" if is_subgraph(obj) else _target_text(node.target)
         line = f"{names[node]} = {node.op} {target}" \
-               f"({_arg_text(node.args, names)}, {_arg_text(node.kwargs, names)}) {json.dumps(meta, sort_keys=True, default=str)}"
+               f"({_arg_text(node.args, names, cuda)}, {_arg_text(node.kwargs, names, cuda)}) {json.dumps(meta, sort_keys=True, default=str)}"
         if node.op == "get_attr" and not is_subgraph(obj):
             if not isinstance(obj, torch.Tensor):
                 raise ValueError(f"cannot key attribute {node.target} of type {type(obj).__name__}")
-            line += " = " + _arg_text(obj, names)
+            line += " = " + _arg_text(obj, names, cuda)
         if node.op == "call_module":
             raise ValueError("cannot key a call_module node")
         lines.append(line)
@@ -214,7 +220,11 @@ def versions() -> dict:
             "key": KEY_VERSION}
 
 
-def device_info(example_inputs: list) -> dict:
+def device_info(example_inputs: list, one_cuda_device: bool = False) -> dict:
+    """The kinds of device the inputs are on; for CUDA, the GPU's name and capability and the
+    device indices. ``one_cuda_device``: the graph names one CUDA device and its entry is
+    rebound to another at load (``cached``'s ``rebind``), so the index is left out: the ranks
+    of one machine, each on its own GPU, share the entry."""
     kinds = sorted({x.device.type for x in example_inputs if isinstance(x, torch.Tensor)})
     info: dict = {"kinds": kinds}
     if "cuda" in kinds and torch.cuda.is_available():
@@ -223,9 +233,32 @@ def device_info(example_inputs: list) -> dict:
         idx = indices[0]
         info["cuda"] = [torch.cuda.get_device_name(idx), list(torch.cuda.get_device_capability(idx))]
         # Inductor's code names the device it was compiled for (its device guard, its streams):
-        # an entry compiled for cuda:0 does not run on cuda:1 (the ranks of one machine)
-        info["cuda_indices"] = indices
+        # an entry compiled for cuda:0 runs on cuda:1 only rebound (the ranks of one machine)
+        info["cuda_indices"] = "one, rebound at load" if one_cuda_device else indices
     return info
+
+
+def cuda_indices(gm: torch.fx.GraphModule, example_inputs: list) -> list[int]:
+    """The CUDA device indices a graph names: its inputs', its tensor constants' and its device
+    arguments' (its subgraphs' too). A device given without an index is the current one."""
+    found: set = set()
+
+    def note(v: Any) -> None:
+        if isinstance(v, torch.Tensor) and v.device.type == "cuda":
+            found.add(v.device.index)
+        elif isinstance(v, torch.device) and v.type == "cuda":
+            found.add(v.index if v.index is not None else torch.cuda.current_device())
+
+    for x in example_inputs:
+        note(x)
+    for module in gm.modules():
+        if not isinstance(module, torch.fx.GraphModule):
+            continue
+        for node in module.graph.nodes:
+            if node.op == "get_attr":
+                note(attribute(module, str(node.target)))
+            torch.fx.node.map_aggregate((node.args, node.kwargs), lambda v: note(v) or v)
+    return sorted(found)
 
 
 def is_dynamic(gm: torch.fx.GraphModule, example_inputs: list) -> bool:
@@ -257,17 +290,19 @@ def shape_facts(gm: torch.fx.GraphModule, example_inputs: list) -> dict | None:
             "divisible": sorted(str(d) for d in getattr(env, "divisible", ()))}
 
 
-def key_parts(gm: torch.fx.GraphModule, example_inputs: list, backend: str, options: dict) -> dict:
+def key_parts(gm: torch.fx.GraphModule, example_inputs: list, backend: str, options: dict,
+              cuda: int | None = None) -> dict:
     """Every part of the key, as plain JSON data. Raises ValueError for what cannot be keyed
-    (the caller then bypasses the cache)."""
+    (the caller then bypasses the cache). ``cuda``: the one CUDA device of a graph whose entry
+    is rebound to the loading process's device: the key does not name its index."""
     return {
         "shapes": shape_facts(gm, example_inputs),
-        "graph": graph_text(gm, example_inputs),
+        "graph": graph_text(gm, example_inputs, cuda),
         "inputs": inputs_meta(gm, example_inputs),
         "backend": {"name": backend, "options": options},
         "global_state": global_state(),
         "versions": versions(),
-        "device": device_info(example_inputs),
+        "device": device_info(example_inputs, one_cuda_device=cuda is not None),
         "saved_tensor_hooks": saved_tensor_hooks(),
         "aot": {"copy_saved_parameters": config.copy_saved_parameters},
     }

@@ -24,7 +24,10 @@ _RANK = textwrap.dedent("""
     real = D._run_stages
     D._run_stages = lambda *a, **k: (traces.append(1), real(*a, **k))[1]
     kiln.set_logs("cache")
-    rank, port, program = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+    rank, port, program, device = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+    if device == "cuda":            # (each rank on its own GPU, as torchrun's ranks of one machine)
+        torch.cuda.set_device(rank)
+    backend = "inductor" if device == "cuda" else "aot_eager"
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
                             timeout=datetime.timedelta(seconds=60))
 
@@ -39,11 +42,11 @@ _RANK = textwrap.dedent("""
 
     fns = {"same": [shared], "differ": [only_here, shared] if rank else [shared],
            "more": [shared, extra, only_here] if rank == 0 else [only_here]}[program]
-    x = torch.randn(3, 4)
-    w = torch.randn(4, 5, requires_grad=True)
+    x = torch.randn(3, 4, device=device)
+    w = torch.randn(4, 5, device=device, requires_grad=True)
     for fn in fns:
         args = (x, w) if fn is not extra else (x,)
-        out, ref = kiln.compile(fn, backend="aot_eager")(*args), fn(*args)
+        out, ref = kiln.compile(fn, backend=backend)(*args), fn(*args)
         torch.testing.assert_close(out, ref)
         if fn is not extra:
             out.sum().backward()
@@ -59,12 +62,12 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def _job(tmp_path, program, run="a", env=None):
+def _job(tmp_path, program, run="a", env=None, device="cpu"):
     """Both ranks' results (each checked its outputs against eager)."""
     script = tmp_path / "rank.py"
     script.write_text(_RANK)
     port = _free_port()
-    procs = [subprocess.Popen([sys.executable, str(script), str(rank), str(port), program],
+    procs = [subprocess.Popen([sys.executable, str(script), str(rank), str(port), program, device],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               env={**os.environ, "PYTHONPATH": ROOT, **(env or {}),
                                    "KILN_CACHE_DIR": str(tmp_path / run / f"host{rank}")})
@@ -87,6 +90,14 @@ def test_two_ranks_running_the_same_program_compile_once(tmp_path):
     assert r0["traces"] + r1["traces"] == 1                 # one compile in the job
     assert r0["job_hits"] + r1["job_hits"] == 1             # the other rank received it
     assert "for the job" in err0 + err1 and "received shared" in err0 + err1
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+def test_two_ranks_on_two_gpus_of_one_machine_compile_once(tmp_path):
+    """Inductor's code names its GPU: the rank that receives the entry rebinds it to its own."""
+    (r0, err0), (r1, err1) = _job(tmp_path, "same", device="cuda")
+    assert r0["traces"] + r1["traces"] == 1
+    assert r0["job_hits"] + r1["job_hits"] == 1
 
 
 def test_ranks_whose_programs_differ_compile_their_own_graphs_and_share_the_rest(tmp_path):

@@ -295,9 +295,9 @@ def test_fresh_process_loads_the_dynamic_graph_automatic_dynamic_made(tmp_path):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs two CUDA devices")
-def test_an_entry_compiled_for_one_gpu_is_not_served_to_another(work):
+def test_an_entry_compiled_for_one_gpu_is_served_to_another_rebound(work):
     """Inductor's code names the device it was compiled for: the ranks of one machine (cuda:0,
-    cuda:1) sharing a cache directory each compile their own entry, and both run."""
+    cuda:1) sharing a cache directory share one compile, rebound to each GPU, and both run."""
     def f(x, w):
         return torch.relu(x @ w).sum(1) * 2
 
@@ -310,5 +310,5 @@ def test_an_entry_compiled_for_one_gpu_is_not_served_to_another(work):
         torch.testing.assert_close(out, f(x, w))
         assert out.device == x.device
         outs.append(kiln.cache.stats()["misses"] - before)
-    assert outs == [1, 1]
-    assert work["inductor"] == 2
+    assert outs == [1, 0]
+    assert work["inductor"] == 1

@@ -53,7 +53,7 @@ from ...config import config
 from ...cudagraphs import cudagraphify, graph_facts
 from ...cudagraphs.partition import try_partition
 from ..registry import register_backend
-from . import cache_entry, generated_module, vec_isa_memo
+from . import cache_entry, device_rebinding, generated_module, vec_isa_memo
 from .cache_entry import GeneratedCode, with_triton_records
 from .options import inductor_config_patches
 from .progress import Progress
@@ -124,7 +124,8 @@ class InductorBackend:
                 load=lambda payload, g, rename: cache_entry.load(payload, g, self._graph_compile,
                                                                     self.cudagraphs, rename),
                 dump=lambda compiled: cache_entry.dump(compiled, records, graph._fw_output_strides,
-                                                           late)))
+                                                           late),
+                rebind=device_rebinding.rebind))
         finally:
             graph.records = {}      # (the generated code is on disk now; the callable keeps its module)
         graph.stored_again = cache.refresher(compiled)

@@ -201,7 +201,8 @@ def load(fast: dict | None, constants: dict, kernel_dir: str, triton_record: byt
         return None
     triton = {}
     if fast.get("triton"):
-        triton = triton_kernels.load(kernel_dir, module_digest(fast), fast["triton"], triton_record)
+        triton = triton_kernels.load(kernel_dir, module_digest(fast), fast["triton"], triton_record,
+                                     cuda_device(fast["source"]))
         if triton is None:          # (not recorded yet, or not for this GPU)
             return None
     rt = Runtime(kernels, fast["extern"], triton)
@@ -216,8 +217,19 @@ def load(fast: dict | None, constants: dict, kernel_dir: str, triton_record: byt
 
 
 def module_digest(fast: dict) -> str:
-    """Names the module's recorded Triton kernels (``triton_kernels``)."""
-    return _digest(fast["source"].encode())
+    """Names the module's recorded Triton kernels (``triton_kernels``): the module as compiled
+    (a module rebound to another GPU, ``device_rebinding``, keeps that name)."""
+    return fast.get("record_digest") or _digest(fast["source"].encode())
+
+
+_DEVICE_GUARD = re.compile(r"_DeviceGuard\((\d+)\)")
+
+
+def cuda_device(source: str) -> int | None:
+    """The CUDA device a generated module runs its kernels on (its device guard), when it names
+    one: where its recorded Triton kernels are loaded."""
+    found = {int(i) for i in _DEVICE_GUARD.findall(source)}
+    return found.pop() if len(found) == 1 else None
 
 
 def triton_recorder(fast: dict | None, module_globals: dict | None, kernel_dir: str | None

@@ -129,10 +129,13 @@ def saved_blob(kernel_dir: str, module_digest: str) -> bytes | None:
 # Loading (no Triton, no Inductor)
 # ------------------------------------------------------------------------------------------------
 
-def load(kernel_dir: str, module_digest: str, kernel_sources: dict[str, str], blob: bytes | None = None
-         ) -> dict | None:
+def load(kernel_dir: str, module_digest: str, kernel_sources: dict[str, str], blob: bytes | None = None,
+         device: int | None = None) -> dict | None:
     """The module's kernels by global name, launchable, or None (the module then loads through
-    Inductor). ``blob``: the record a package carries (else it is read from ``kernel_dir``)."""
+    Inductor). ``blob``: the record a package carries (else it is read from ``kernel_dir``).
+    ``device``: the CUDA device the module runs them on (else the one they were recorded on):
+    a cubin does not name its device, and the record's facts must hold for the device it
+    loads on."""
     path = record_path(kernel_dir, module_digest)
     from_file = blob is None
     if from_file:
@@ -146,12 +149,13 @@ def load(kernel_dir: str, module_digest: str, kernel_sources: dict[str, str], bl
             _discard(path)      # (rewritten after the next slow load)
         return None
     try:
-        if header.get("format") != FORMAT or header.get("facts") != device_facts(header["device"]):
+        on = header["device"] if device is None else device
+        if header.get("format") != FORMAT or header.get("facts") != device_facts(on):
             return None
         recorded = header["kernels"]
         if {n: k["source"] for n, k in recorded.items()} != kernel_sources:
             return None
-        return {name: TritonKernel.from_record(name, k, payload, kernel_dir, header["device"])
+        return {name: TritonKernel.from_record(name, k, payload, kernel_dir, on)
                 for name, k in recorded.items()}
     except Exception:           # (a cubin the driver refuses, a record from another kiln)
         return None
