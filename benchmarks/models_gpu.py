@@ -2,14 +2,16 @@
 process, with the fraction of the hardware's limit each one reaches.
 
     python benchmarks/models_gpu.py [--models llama,qwen2,...] [--columns eager,torch,kiln]
-        [--iters 20] [--warmup 5] [--timeout 900] [--json PATH] [--peak-tflops F --peak-tbps B]
+        [--iters 20] [--warmup 5] [--timeout 570] [--json PATH] [--peak-tflops F --peak-tbps B]
     python benchmarks/models_gpu.py --merge A.json B.json ...   # one table from earlier runs
     python benchmarks/models_gpu.py --device cpu --tiny [--models ...]   # every case shrunk, to check the script
 
 A run of every case takes longer than one 10-minute command: split it by ``--models`` (and
-``--columns``), each with its own ``--json``, and print the whole table with ``--merge``. The
-eager cell of a case must be in one of the merged files: the cold compile and the hardware
-fraction of the compiled cells are computed from it.
+``--columns``), each with its own ``--json``, and print the whole table with ``--merge``, e.g.
+``--models llama``, ``mistral``, ``qwen2,decode``, ``t5``, ``bert``, ``vit_s,resnet50`` (a
+family, ``llama``, names both its cases). The eager cell of a case must be in one of the merged
+files: the cold compile and the hardware fraction of the compiled cells are computed from it.
+A file given later replaces an earlier one's cell of the same case and column.
 
 Cases (random weights from configs, nothing downloaded; every model at its library's defaults:
 KV cache on, grouped-query attention, labels, an attention mask with one padded row). Unless
@@ -40,7 +42,11 @@ fused AdamW step (``hf_training.training_step``); only the model is compiled.
   at a time, passing ``past_key_values`` and ``use_cache=True`` as users do. The cache is
   ``transformers.StaticCache`` (in every column): a cache that grows each token changes the
   shapes each call, which CUDA graphs cannot replay; a static cache is what transformers
-  itself uses to compile decoding. The step is the median time of one decoded token.
+  itself uses to compile decoding. Its tensors are allocated by one eager prefill before the
+  clock (a compiler tracing the allocation would see them as ordinary inputs). The compiled
+  model runs the prefill too, as in a user's own loop (transformers' ``generate`` compiles
+  only the decoding steps). The step is the median time of one decoded token (the prefill
+  calls are not among them); the first step is the first generation, prefill and 64 tokens.
 
 The timm cases are reported as skipped where timm is not installed.
 
@@ -318,11 +324,17 @@ def run_decode(case: str, column: str, size: dict, device: str, iters: int, warm
             step(t)
 
     with torch.no_grad():
+        # the cache allocates its tensors at its first update: done here by one eager prefill, before
+        # the clock, so that no compiler traces the allocation (transformers marks the tensors as
+        # static addresses only outside a compiled region)
+        forward(prompt, 0)
         first = timed_first(first_generation, device)
         tokens, losses = state.pop("tokens"), state.pop("losses")
         times, peak = step_times(step, device, iters * new, warmup * new, first=new)
     per_token = [ms for k, ms in enumerate(times) if k % new]        # without the prefilling calls
     embedding = model.get_input_embeddings().weight
+    if model.get_output_embeddings().weight is embedding:       # tied: the output layer reads all of it
+        embedding = None
     param_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p is not embedding)
     cfg = model.config
     head_dim = cfg.hidden_size // cfg.num_attention_heads
@@ -346,8 +358,15 @@ def run_one(cell: dict, device: str, tiny: bool, iters: int, warmup: int) -> dic
     if column == "kiln":
         stats = kiln.cache.stats()
         row["graphs"] = stats["misses"] + stats["bypasses"]
+        if case == "decode":
+            from kiln.cudagraphs import skip_reasons, stats as graph_calls
+
+            row["cudagraphs"] = {"calls": dict(graph_calls), "skipped": dict(skip_reasons)}
     elif column == "torch":
-        row["graphs"] = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+        counters = torch._dynamo.utils.counters
+        row["graphs"] = counters["stats"]["unique_graphs"]
+        if case == "decode":
+            row["cudagraphs"] = {"graphs skipped": counters["inductor"]["cudagraph_skips"]}
     row["device_name"] = torch.cuda.get_device_name() if device == "cuda" else "cpu"
     row["torch"] = torch.__version__
     return row
@@ -392,7 +411,7 @@ def print_table(rows: list, meta: list, args) -> None:
     devices = sorted({r["device_name"] for r in rows if good(r)})
     print()
     for m in meta:
-        print(f"run: device {m.get('device_name')}, torch {m.get('torch')}, transformers {m.get('transformers')}, "
+        print(f"run: {m.get('device')}, torch {m.get('torch')}, transformers {m.get('transformers')}, "
               f"timm {m.get('timm')}, kiln commit {m.get('commit')}, {'tiny sizes, ' if m.get('tiny') else ''}"
               f"iters {m.get('iters')}, warmup {m.get('warmup')}")
     for name in devices:
@@ -423,12 +442,15 @@ def print_table(rows: list, meta: list, args) -> None:
                   f"| {ratio(r['peak_mib'], t and t['peak_mib'])} | {hardware_fraction(case, r, e, args)} "
                   f"| {diff} | {r.get('graphs', '')} |")
             if case == "qwen2" and e and column != "eager":
+                compile_s = r["compile_pass_s"] - e["compile_pass_s"]
+                t_compile_s = t["compile_pass_s"] - e["compile_pass_s"] if t else None
                 notes.append(f"qwen2 / {column}: compile time across all {len(r['step_ms_by_length'])} lengths "
-                             f"{r['compile_pass_s'] - e['compile_pass_s']:.1f} s (first pass "
-                             f"{r['compile_pass_s']:.1f} s, eager's {e['compile_pass_s']:.1f} s)")
+                             f"{compile_s:.1f} s{f' ({ratio(compile_s, t_compile_s)} torch)' if column == 'kiln' else ''}"
+                             f" (first pass {r['compile_pass_s']:.1f} s, eager's {e['compile_pass_s']:.1f} s)")
             if case == "decode" and e and column != "eager":
                 same = sum(a == b for a, b in zip(r["tokens"], e["tokens"]))
-                notes.append(f"decode / {column}: {same} of {len(e['tokens'])} generated tokens equal eager's")
+                notes.append(f"decode / {column}: {same} of {len(e['tokens'])} generated tokens equal eager's; "
+                             f"CUDA graphs: {r.get('cudagraphs')}")
     print("\nstep: qwen2's is the sum over its lengths of each length's median; decode's is per token. "
           "cold compile: first step minus eager's. hardware: MFU = eager's FLOP count / step / peak "
           "FLOP/s; BW = bytes a token must read / step / peak bandwidth.")
@@ -446,12 +468,13 @@ def print_summary(by: dict) -> None:
         steps[case] = k["step_ms"] / t["step_ms"]
         if k["peak_mib"] and t["peak_mib"]:
             peaks[case] = k["peak_mib"] / t["peak_mib"]
-        if good(e) and t["first_step_s"] > e["first_step_s"]:
-            colds[case] = (k["first_step_s"] - e["first_step_s"]) / (t["first_step_s"] - e["first_step_s"])
+        key = "compile_pass_s" if "compile_pass_s" in k else "first_step_s"   # qwen2: all its lengths
+        if good(e) and t[key] > e[key]:
+            colds[case] = (k[key] - e[key]) / (t[key] - e[key])
         if good(e):
             diffs[case] = max_rel_diff(k["losses"], e["losses"])
     print("\nsummary, kiln / torch.compile (targets: geomean step <= 0.9x, none above 1.0x; peak <= 1.0x and "
-          "cold compile <= 1.0x on every case; losses within 1e-3 of eager's):")
+          "cold compile <= 1.0x on every case, qwen2's over all its lengths; losses within 1e-3 of eager's):")
     if not steps:
         print("- no case with both compilers")
         return
@@ -498,7 +521,7 @@ def run_meta(args) -> dict:
         commit += " (with uncommitted changes)" if dirty else ""
     except (OSError, subprocess.SubprocessError):
         commit = "unknown"
-    return {"device_name": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
+    return {"device": args.device,      # (its name comes from the cells: the parent does not start CUDA)
             "torch": torch.__version__, "transformers": version("transformers"), "timm": version("timm"),
             "commit": commit, "tiny": args.tiny, "iters": args.iters, "warmup": args.warmup}
 
@@ -512,7 +535,7 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, default=5, help="untimed steps before them (same units)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cuda", "cpu"])
     p.add_argument("--tiny", action="store_true", help="every case shrunk, to check the script on a CPU")
-    p.add_argument("--timeout", type=int, default=900, help="seconds per cell")
+    p.add_argument("--timeout", type=int, default=570, help="seconds per cell (default: under 10 minutes)")
     p.add_argument("--json", default=None, help="write the rows here (after every cell)")
     p.add_argument("--merge", nargs="+", metavar="JSON", help="print one table from earlier --json files")
     p.add_argument("--peak-tflops", type=float, default=None, help="the device's dense bf16 peak, TFLOP/s")
