@@ -409,7 +409,7 @@ def geomean(values: list) -> float:
 def print_table(rows: list, meta: list, args) -> None:
     by = {(r["case"], r["column"]): r for r in rows}
     devices = sorted({r["device_name"] for r in rows if good(r)})
-    print()
+    print(f"\ndevices: {', '.join(devices) or 'none'}")
     for m in meta:
         print(f"run: {m.get('device')}, torch {m.get('torch')}, transformers {m.get('transformers')}, "
               f"timm {m.get('timm')}, kiln commit {m.get('commit')}, {'tiny sizes, ' if m.get('tiny') else ''}"
@@ -484,8 +484,8 @@ def print_summary(by: dict) -> None:
             continue
         worst = max(values, key=values.get)
         over = [c for c, v in values.items() if v > target]
-        print(f"- {label}: geomean {geomean(list(values.values())):.2f}x over {len(values)} cases, max "
-              f"{values[worst]:.2f}x ({worst}); above {target:.1f}x: {', '.join(over) or 'none'}")
+        print(f"- {label}: geomean {geomean(list(values.values())):.3f}x over {len(values)} cases, max "
+              f"{values[worst]:.3f}x ({worst}); above {target:.1f}x: {', '.join(over) or 'none'}")
     if diffs:
         worst = max(diffs, key=diffs.get)
         over = [c for c, v in diffs.items() if v > 1e-3]
