@@ -72,9 +72,9 @@ def timed_first(step: Callable[[], object], device: str) -> float:
     return time.perf_counter() - start
 
 
-def timed_steps(step: Callable[[int], object], device: str, iters: int, warmup: int, first: int = 0) -> tuple:
-    """``warmup`` untimed calls ``step(first + i)``, then the median of ``iters`` timed ones in ms
-    and the peak bytes allocated over the timed ones (0 on a CPU)."""
+def step_times(step: Callable[[int], object], device: str, iters: int, warmup: int, first: int = 0) -> tuple:
+    """``warmup`` untimed calls ``step(first + i)``, then ``iters`` timed ones: their times in ms
+    (in call order) and the peak bytes allocated over them (0 on a CPU)."""
     for i in range(warmup):
         step(first + i)
     sync(device)
@@ -93,6 +93,13 @@ def timed_steps(step: Callable[[int], object], device: str, iters: int, warmup: 
             t = time.perf_counter()
             step(i)
             times.append((time.perf_counter() - t) * 1e3)
+    return times, peak
+
+
+def timed_steps(step: Callable[[int], object], device: str, iters: int, warmup: int, first: int = 0) -> tuple:
+    """``warmup`` untimed calls ``step(first + i)``, then the median of ``iters`` timed ones in ms
+    and the peak bytes allocated over the timed ones (0 on a CPU)."""
+    times, peak = step_times(step, device, iters, warmup, first)
     return statistics.median(times), peak
 
 

@@ -60,16 +60,36 @@ def build(name: str):
     return transformers.AutoModelForCausalLM.from_config(cfg)
 
 
-def batch(name: str, step: int, device: str) -> dict:
-    s = SIZES[name]
+def token_batch(size: int, seq: int, step: int, device: str, vocab: int = 30000, target: int | None = None) -> dict:
+    """Random token ids (the same for a given ``step``), an attention mask whose first row is
+    padded on the left, and labels: the ids themselves, or ``target`` random tokens (an
+    encoder-decoder's)."""
     g = torch.Generator().manual_seed(1000 + step)
-    ids = torch.randint(1, 30000, (s["batch"], s["seq"]), generator=g).to(device)
+    ids = torch.randint(1, vocab, (size, seq), generator=g).to(device)
     mask = torch.ones_like(ids)
-    mask[0, : s["seq"] // 8] = 0                   # one padded row
-    if name == "t5":
-        labels = torch.randint(1, 30000, (s["batch"], s["target"]), generator=g).to(device)
+    mask[0, : seq // 8] = 0                        # one padded row
+    if target:
+        labels = torch.randint(1, vocab, (size, target), generator=g).to(device)
         return {"input_ids": ids, "attention_mask": mask, "labels": labels}
     return {"input_ids": ids, "attention_mask": mask, "labels": ids}
+
+
+def batch(name: str, step: int, device: str) -> dict:
+    s = SIZES[name]
+    return token_batch(s["batch"], s["seq"], step, device, target=s.get("target"))
+
+
+def training_step(loss_of, opt, device: str):
+    """``step(i)``: the loss of batch ``i`` (``loss_of(i)``) under bf16 autocast, its backward and
+    an optimizer step; returns the loss, detached."""
+    def step(i: int):
+        with torch.autocast(device, dtype=torch.bfloat16):
+            loss = loss_of(i)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss.detach()
+    return step
 
 
 def run_column(name: str, column: str, iters: int, device: str) -> dict:
@@ -85,13 +105,7 @@ def run_column(name: str, column: str, iters: int, device: str) -> dict:
     else:
         fwd = model
 
-    def step(i: int) -> float:
-        with torch.autocast(device, dtype=torch.bfloat16):
-            loss = fwd(**batch(name, i, device)).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return loss.detach()
+    step = training_step(lambda i: fwd(**batch(name, i, device)).loss, opt, device)
 
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     start = time.perf_counter()
@@ -131,12 +145,7 @@ def run_interleaved(name: str, _column: str, iters: int, device: str) -> dict:
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device == "cuda")
         fwd = compiler(model)
 
-        def step(i, fwd=fwd, opt=opt):
-            with torch.autocast(device, dtype=torch.bfloat16):
-                loss = fwd(**batch(name, i, device)).loss
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+        step = training_step(lambda i, fwd=fwd: fwd(**batch(name, i, device)).loss, opt, device)
         for i in range(6):
             step(i)
         steps[column] = step

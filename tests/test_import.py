@@ -43,3 +43,13 @@ def test_a_submodule_imported_first_does_not_shadow_its_name():
              "print(json.dumps({'explain': callable(kiln.explain), "
              "'config': type(kiln.config).__name__}))")
     assert r == {"explain": True, "config": "Config"}
+
+
+def test_first_use_under_no_grad_loads_the_compiler():
+    # the lazy load runs wherever the first name is used: inference code under torch.no_grad()
+    r = _run("import json, torch, kiln\n"
+             "with torch.no_grad():\n"
+             "    f = kiln.compile(lambda x: x * 2 + 1, backend='aot_eager')\n"
+             "    y = f(torch.ones(3))\n"
+             "print(json.dumps({'y': y.tolist()}))")
+    assert r == {"y": [3.0, 3.0, 3.0]}

@@ -211,7 +211,8 @@ def _plain_backward_probe():
     ``autograd.grad`` or ``backward(inputs=...)`` a handed output may be one of the inputs,
     whose gradient autograd captures at its node, so the nodes must each run their own piece."""
     leaf = torch.zeros((), requires_grad=True)
-    return leaf, leaf.view(()).grad_fn.next_functions[0][0]
+    with torch.enable_grad():         # the module may first be imported under no_grad (kiln loads lazily)
+        return leaf, leaf.view(()).grad_fn.next_functions[0][0]
 
 
 _PROBE, _PROBE_NODE = _plain_backward_probe()
