@@ -821,7 +821,8 @@ class _WaitedCollective(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, act):
-        # (a fresh alias: the wrapper's inner tensor keeps its own autograd state)
+        # (a fresh alias: the wrapper's inner tensor keeps its own autograd state. A view,
+        # as the wrapper eager hands on is one: writing it in place is refused as in eager)
         return act.trigger_wait().view_as(act.elem)
 
     @staticmethod
