@@ -1,9 +1,9 @@
 """Tensor parallelism (``parallelize_module`` with ColwiseParallel/RowwiseParallel, as TorchTitan
 plans a transformer block) under kiln, on 2 real processes over gloo: the compiled block and model
 train as eager tensor parallelism does (outputs, gradients and parameters after SGD and AdamW
-steps). A module whose parameters are DTensors runs outside the graph, with DTensor's own
-dispatch and collectives; the code between them (norms, attention, activations, residual adds)
-is compiled."""
+steps), with sequence parallelism too. A module whose parameters are DTensors runs outside the
+graph, with DTensor's own dispatch and collectives; the code between them (norms, attention,
+activations, residual adds) is compiled."""
 from __future__ import annotations
 
 import pytest
@@ -155,13 +155,17 @@ def _worker(rank, world, what, optimizer):
     assert len(graphs) == count
     if what == "block":
         _explain(model)
+        _writing_rowwise_output_in_place_is_refused_as_in_eager(mesh)
+    else:
+        _sequence_parallel_trains_as_eager(rank, world, mesh)
 
 
 def test_tensor_parallel_block_compiled_trains_as_eager_with_sgd_and_breaks_at_dtensor_modules():
+    # (also: writing RowwiseParallel's output in place is refused, compiled or not)
     run_ranks(_worker, "block", "sgd")
 
 
-def test_tensor_parallel_model_compiled_trains_as_eager_with_adamw():
+def test_tensor_parallel_model_and_sequence_parallel_block_compiled_train_as_eager_with_adamw():
     run_ranks(_worker, "model", "adamw")
 
 
@@ -174,3 +178,50 @@ def _explain(block):
     # the residual add after RowwiseParallel's output (reduced over the ranks, waited for) is
     # captured with the norm after it
     assert any(" + " in g.code and "rms_norm" in g.code for g in report.graphs), code
+
+
+class InPlaceResidual(Block):
+    def forward(self, x):
+        out = self.mlp(self.ffn_norm(x))
+        out += x        # (RowwiseParallel's output: a view its autograd Function made)
+        return out
+
+
+def _writing_rowwise_output_in_place_is_refused_as_in_eager(mesh):
+    errors = []
+    for call in (lambda m: m, lambda m: kiln.compile(m, backend="aot_eager")):
+        with pytest.raises(RuntimeError, match="is a view and is being modified inplace") as e:
+            call(_parallel(InPlaceResidual, mesh))(_inputs(0, True))
+        errors.append(e)
+    assert len(errors) == 2
+
+
+def _sequence_parallel_plan():
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import PrepareModuleInput
+
+    _, _, colwise, rowwise, sequence = _tp_api()
+    gather = lambda: PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))  # noqa: E731
+    plan = _block_plan(colwise, lambda: rowwise(output_layouts=Shard(1)))
+    plan.update({"attention_norm": sequence(), "ffn_norm": sequence(), "attention": gather(), "mlp": gather()})
+    return plan
+
+
+def _sequence_parallel_trains_as_eager(rank, world, mesh):
+    """TorchTitan's plan with sequence parallelism: the norms on sequence shards, the block's
+    input and output a rank's shard of the sequence."""
+    parallelize_module = _tp_api()[1]
+    eager, model = (parallelize_module(same_model(Block), mesh, _sequence_parallel_plan()) for _ in range(2))
+    compiled = kiln.compile(model, backend="aot_eager")
+    opts = [torch.optim.AdamW(m.parameters(), lr=0.05) for m in (eager, model)]
+    for step in range(2):
+        x = _inputs(step, True).chunk(world, dim=1)[rank].clone()
+        outs = []
+        for call, opt in zip((eager, compiled), opts):
+            out = call(x)
+            out.pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+            outs.append(out)
+        torch.testing.assert_close(outs[1], outs[0], rtol=1e-5, atol=1e-6)
+    assert_params_equal(eager, model)
