@@ -169,6 +169,40 @@ def test_tensor_parallel_model_and_sequence_parallel_block_compiled_train_as_eag
     run_ranks(_worker, "model", "adamw")
 
 
+def test_a_reduced_output_is_waited_for_on_its_autograd_path():
+    """RowwiseParallel's output, an AsyncCollectiveTensor, is handed on as the plain tensor it
+    stands for; the gradient reaches the wrapper's own grad_fn (what eager's unwrapping does)."""
+    from kiln.runtime.tensor_parallel import DTensorModuleCall
+
+    try:
+        from torch.distributed._functional_collectives import AsyncCollectiveTensor
+    except ImportError:     # pragma: no cover
+        pytest.skip("no AsyncCollectiveTensor")
+
+    class Reduced(torch.autograd.Function):     # (stands for DTensor's to_local of a reduced sum)
+        @staticmethod
+        def forward(ctx, t):
+            return AsyncCollectiveTensor(t.detach() * 3)
+
+        @staticmethod
+        def backward(ctx, grad):
+            return grad * 3
+
+    class Rowwise(torch.nn.Module):
+        def forward(self, x):
+            return Reduced.apply(x), x.sum()
+
+    x = torch.randn(4, requires_grad=True)
+    out, total = DTensorModuleCall(Rowwise())(x)
+    assert type(out) is torch.Tensor and type(total) is torch.Tensor
+    torch.testing.assert_close(out, x.detach() * 3)
+    (out * torch.arange(4.0)).sum().backward()
+    torch.testing.assert_close(x.grad, torch.arange(4.0) * 3)
+    with torch.no_grad():
+        plain, _ = DTensorModuleCall(Rowwise())(x)
+    assert type(plain) is torch.Tensor and not plain.requires_grad
+
+
 def _explain(block):
     report = kiln.explain(block)(_inputs(0, True))
     reasons = [b.reason for b in report.break_reasons]
