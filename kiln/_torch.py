@@ -78,6 +78,7 @@ def global_state_description() -> dict[str, Any]:
 import functools as _functools
 import hashlib as _hashlib
 import inspect as _inspect
+import sys as _sys
 
 from torch._guards import GuardSource as _GuardSource
 from torch._guards import Source as _TorchSource
@@ -776,16 +777,12 @@ def ddp_bucketed_parameters(ddp: torch.nn.Module) -> dict[int, torch.Tensor]:
 # redistribute its inputs and outputs (collectives). kiln compiles no DTensor program: such a
 # module is called as it is, outside the graph, and the code around it is compiled.
 
-@_functools.lru_cache(maxsize=None)
 def dtensor_class() -> type | None:
-    """``torch.distributed.tensor.DTensor``, or None where torch.distributed is not built."""
-    if not torch.distributed.is_available():
-        return None
-    try:
-        from torch.distributed.tensor import DTensor
-    except ImportError:     # pragma: no cover - torch without DTensor
-        return None
-    return DTensor
+    """``torch.distributed.tensor.DTensor`` where it is imported, else None. Read from
+    ``sys.modules``: a program that has not imported it holds no DTensor, and importing it
+    (half a second) would slow every capture down."""
+    module = _sys.modules.get("torch.distributed.tensor")
+    return getattr(module, "DTensor", None)
 
 
 def is_dtensor(obj: Any) -> bool:
@@ -801,17 +798,12 @@ def holds_dtensors(module: torch.nn.Module) -> bool:
     return any(is_dtensor(t) for t in (*module._parameters.values(), *module._buffers.values()))
 
 
-@_functools.lru_cache(maxsize=None)
 def async_collective_tensor_class() -> type | None:
     """The wrapper a functional collective's result comes in (what ``RowwiseParallel``'s output
-    ``to_local()`` returns): waited for at its first use. None where it does not exist."""
-    if not torch.distributed.is_available():
-        return None
-    try:
-        from torch.distributed._functional_collectives import AsyncCollectiveTensor
-    except ImportError:     # pragma: no cover
-        return None
-    return AsyncCollectiveTensor
+    ``to_local()`` returns), waited for at its first use; None where it is not imported (then
+    there is none to see)."""
+    module = _sys.modules.get("torch.distributed._functional_collectives")
+    return getattr(module, "AsyncCollectiveTensor", None)
 
 
 class _WaitedCollective(torch.autograd.Function):
