@@ -6,24 +6,32 @@ graph, with DTensor's own dispatch and collectives; the code between them (norms
 activations, residual adds) is compiled."""
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 import torch
 
 import kiln
 from _distributed import assert_params_equal, requires_gloo, run_ranks, same_model
 
-pytestmark = requires_gloo
+
+def _has_tensor_parallel() -> bool:
+    try:
+        return importlib.util.find_spec("torch.distributed.tensor.parallel") is not None
+    except ImportError:       # pragma: no cover - torch without torch.distributed
+        return False
+
+
+pytestmark = [requires_gloo, pytest.mark.skipif(not _has_tensor_parallel(),
+                                                reason="needs torch.distributed.tensor.parallel (DTensor)")]
 
 D, HEADS, VOCAB = 16, 4, 32
 
 
 def _tp_api():
-    try:
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel, SequenceParallel,
-                                                       parallelize_module)
-    except ImportError:       # pragma: no cover - torch without DTensor
-        pytest.skip("torch.distributed.tensor.parallel is not available")
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel, SequenceParallel,
+                                                   parallelize_module)
     return init_device_mesh, parallelize_module, ColwiseParallel, RowwiseParallel, SequenceParallel
 
 
@@ -174,10 +182,7 @@ def test_a_reduced_output_is_waited_for_on_its_autograd_path():
     stands for; the gradient reaches the wrapper's own grad_fn (what eager's unwrapping does)."""
     from kiln.runtime.tensor_parallel import DTensorModuleCall
 
-    try:
-        from torch.distributed._functional_collectives import AsyncCollectiveTensor
-    except ImportError:     # pragma: no cover
-        pytest.skip("no AsyncCollectiveTensor")
+    from torch.distributed._functional_collectives import AsyncCollectiveTensor
 
     class Reduced(torch.autograd.Function):     # (stands for DTensor's to_local of a reduced sum)
         @staticmethod
