@@ -8,10 +8,10 @@ included, and the code before and after it is compiled.
 
 Its output is handed on as plain tensors: ``RowwiseParallel``'s output (``to_local()`` of a
 DTensor reduced over the ranks) is an AsyncCollectiveTensor, a wrapper waited for at its first
-use, which a graph cannot take as input. It is waited for here, on the autograd path it came
-on, so that the code reading it (the residual add after an attention or MLP block) is captured
-instead of breaking again. The values are the same; only the wait comes before the next op
-instead of inside it.
+use. It is waited for here, on the autograd path it came on, so that the code reading it (the
+residual add after an attention or MLP block) takes a plain tensor, in a graph or not. The
+values are the same; only the wait comes before the next op instead of inside it. (A wrapper
+that reaches a graph another way is waited for at the graph's entry: ``capture/frame.py``.)
 """
 from __future__ import annotations
 
