@@ -1,7 +1,7 @@
 """Data-parallel training under torch.distributed: eager, torch.compile and kiln.compile under the
 same wrapper (DDP, FSDP2), side by side. Launched by torchrun, one process per rank:
 
-    torchrun --nproc_per_node 2 benchmarks/distributed.py [--wrappers ddp,fsdp2]
+    torchrun --nproc_per_node 2 benchmarks/distributed.py [--wrappers ddp,fsdp2,tp]
         [--columns eager,torch,kiln] [--iters 20] [--warmup 3] [--json PATH] [--trace DIR]
     torchrun --nproc_per_node 2 benchmarks/distributed.py --cpu --iters 3     # a tiny check, gloo
 
@@ -21,6 +21,11 @@ Wrappers:
   bucket's all-reduce overlaps the backward of the layers before it.
 * ``fsdp2``: ``fully_shard`` on every block and on the root; the compiled column compiles each
   block (``--fsdp-compile blocks``, as TorchTitan does) or the whole model (``whole``).
+* ``tp``: tensor parallelism over all ranks (``parallelize_module`` on a 1-D mesh): each block's
+  MLP split Megatron-style, ``fc1`` colwise and ``fc2`` rowwise (the stack's attention reads a
+  fused qkv projection that a colwise split does not cut per head, so it stays replicated);
+  every rank reads the same batch, and tokens/s counts it once. The compiled column compiles
+  the whole model: kiln runs the DTensor modules outside its graphs and compiles the rest.
 
 Per (wrapper, column), printed by rank 0 as a table and written with ``--json``: ``first step``
 (wall seconds of step 1: the cold compile), ``step`` (the median of ``--iters`` steps after
@@ -50,7 +55,7 @@ from inductor import GPT  # noqa: E402
 
 CUDA_SIZE = dict(layers=12, d=1024, heads=16, vocab=50257, batch=8, seq=256)
 CPU_SIZE = dict(layers=2, d=64, heads=4, vocab=512, batch=2, seq=32)
-WRAPPERS = ("ddp", "fsdp2")
+WRAPPERS = ("ddp", "fsdp2", "tp")
 COLUMNS = ("eager", "torch", "kiln")
 
 
@@ -68,6 +73,14 @@ def wrap(model: GPT, wrapper: str, column: str, device: torch.device, args):
         kw = {} if args.bucket_cap_mb is None else {"bucket_cap_mb": args.bucket_cap_mb}
         ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None, **kw)
         return ddp, compiler(column, args)(ddp) if column != "eager" else ddp
+    if wrapper == "tp":
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+        mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+        for block in model.blocks:
+            parallelize_module(block, mesh, {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()})
+        return model, compiler(column, args)(model) if column != "eager" else model
     from torch.distributed.fsdp import fully_shard
 
     compile_fn = compiler(column, args) if column != "eager" else None
@@ -90,6 +103,7 @@ def compiler(column: str, args):
 
 
 def batches(size: dict, device: torch.device, rank: int, step: int):
+    """The step's batch on ``rank`` (tensor parallelism: pass rank 0 on every rank, the same batch)."""
     g = torch.Generator().manual_seed(10_000 * rank + step)
     idx = torch.randint(0, size["vocab"], (size["batch"], size["seq"] + 1), generator=g)
     return idx[:, :-1].to(device), idx[:, 1:].to(device)
@@ -103,7 +117,7 @@ def run_column(wrapper: str, column: str, size: dict, device: torch.device, args
     losses = []
 
     def step(i: int):
-        idx, targets = batches(size, device, rank, i)
+        idx, targets = batches(size, device, 0 if wrapper == "tp" else rank, i)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda):
             loss = call(idx, targets)
         loss.backward()
@@ -131,7 +145,7 @@ def run_column(wrapper: str, column: str, size: dict, device: torch.device, args
         for i in range(3):
             step(1 + args.warmup + args.iters + i)
     sync()
-    tokens = size["batch"] * size["seq"] * dist.get_world_size()
+    tokens = size["batch"] * size["seq"] * (1 if wrapper == "tp" else dist.get_world_size())
     return {"wrapper": wrapper, "column": column, "first_s": first, "step_ms": ms,
             "tokens_per_s": tokens / (ms / 1e3), "peak_mib": peak / 2**20, "losses": losses}
 

@@ -78,6 +78,7 @@ def global_state_description() -> dict[str, Any]:
 import functools as _functools
 import hashlib as _hashlib
 import inspect as _inspect
+import sys as _sys
 
 from torch._guards import GuardSource as _GuardSource
 from torch._guards import Source as _TorchSource
@@ -769,6 +770,66 @@ def ddp_bucketed_parameters(ddp: torch.nn.Module) -> dict[int, torch.Tensor]:
     ignored = set(getattr(ddp, "parameters_to_ignore", ()) or ())
     return {id(p): p for name, p in ddp.module.named_parameters()
             if p.requires_grad and name not in ignored and not getattr(p, "_ddp_ignored", False)}
+
+
+# -- DTensor (tensor parallel) --------------------------------------------------------------
+# ``parallelize_module`` turns a module's parameters into DTensors and adds hooks that
+# redistribute its inputs and outputs (collectives). kiln compiles no DTensor program: such a
+# module is called as it is, outside the graph, and the code around it is compiled.
+
+def dtensor_class() -> type | None:
+    """``torch.distributed.tensor.DTensor`` where it is imported, else None. Read from
+    ``sys.modules``: a program that has not imported it holds no DTensor, and importing it
+    (half a second) would slow every capture down."""
+    module = _sys.modules.get("torch.distributed.tensor")
+    return getattr(module, "DTensor", None)
+
+
+def is_dtensor(obj: Any) -> bool:
+    cls = dtensor_class()
+    return cls is not None and isinstance(obj, cls)
+
+
+def holds_dtensors(module: torch.nn.Module) -> bool:
+    """Whether ``module``'s own parameters or buffers (not its children's) include a DTensor:
+    a module ``parallelize_module`` or ``distribute_module`` distributed."""
+    if dtensor_class() is None:
+        return False
+    return any(is_dtensor(t) for t in (*module._parameters.values(), *module._buffers.values()))
+
+
+def async_collective_tensor_class() -> type | None:
+    """The wrapper a functional collective's result comes in (what ``RowwiseParallel``'s output
+    ``to_local()`` returns), waited for at its first use; None where it is not imported (then
+    there is none to see)."""
+    module = _sys.modules.get("torch.distributed._functional_collectives")
+    return getattr(module, "AsyncCollectiveTensor", None)
+
+
+class _WaitedCollective(torch.autograd.Function):
+    """An AsyncCollectiveTensor as the plain tensor it stands for, waited for now, on the same
+    autograd path (the gradient goes to the wrapper's own grad_fn unchanged, as in eager where
+    any op on the wrapper unwraps it)."""
+
+    @staticmethod
+    def forward(ctx, act):
+        # (a fresh alias: the wrapper's inner tensor keeps its own autograd state. A view,
+        # as the wrapper eager hands on is one: writing it in place is refused as in eager)
+        return act.trigger_wait().view_as(act.elem)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
+def waited_collective(t: Any) -> Any:
+    """``t`` as a plain tensor where it is an AsyncCollectiveTensor; otherwise ``t``."""
+    cls = async_collective_tensor_class()
+    if cls is None or type(t) is not cls:
+        return t
+    if t.requires_grad and torch.is_grad_enabled():
+        return _WaitedCollective.apply(t)
+    return t.trigger_wait()
 
 
 def runs_outside_graphs(fn: Any) -> bool:

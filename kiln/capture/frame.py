@@ -315,7 +315,7 @@ def _entry_head(fn, output: OutputGraph, cg: EntryCodegen, inputs, net_grad, com
     marked = False
     if compiled is not None:
         cg.ctx.namespace["___graph"] = compiled
-        graph_args = [shape.arg_expr(inp.symbol) if isinstance(inp, SymbolInput) else f"___in{index_of[id(inp)]}"
+        graph_args = [shape.arg_expr(inp.symbol) if isinstance(inp, SymbolInput) else _graph_arg(inp, index_of, cg)
                       for inp in inputs]
         if graph_has_effects(output.graph):
             lines.append(f"    {EFFECTS_MARK} = True")
@@ -329,10 +329,19 @@ def _entry_head(fn, output: OutputGraph, cg: EntryCodegen, inputs, net_grad, com
     return guards, program, lines, marked
 
 
+def _graph_arg(inp, index_of: dict, cg: EntryCodegen) -> str:
+    """The entry's expression for a tensor input of the graph call: the tensor the guards
+    checked, or for an AsyncCollectiveTensor the plain tensor it stands for."""
+    name = f"___in{index_of[id(inp)]}"
+    if inp.waits:
+        return f"{cg.bind(_torch.waited_collective)}({name})"
+    return name
+
+
 def _with_final_tensor_metas(output: OutputGraph, guards: list[Guard]) -> list[Guard]:
     """TENSOR_MATCH texts of dynamic inputs as the capture ended: a dim the program
     specialized prints as its value, not as the symbol it started as."""
-    final = {inp.source: TensorMeta.of(inp.real, inp.sizes, inp.strides)
+    final = {inp.source: TensorMeta.of(inp.guarded, inp.sizes, inp.strides)
              for inp in output.tensor_inputs if inp.dynamic and inp.real is not None}
     return [Guard(g.kind, g.source, final[g.source]) if g.kind is GuardKind.TENSOR_MATCH
             and g.source in final else g for g in guards]
@@ -462,7 +471,7 @@ def _program(fn, output: OutputGraph, guards: list[Guard], ctx: RenderContext):
 
 
 def _real_input(inp) -> torch.Tensor:
-    return inp.real
+    return inp.guarded
 
 
 def _example_input(inp):

@@ -52,6 +52,15 @@ class TensorInput:
         self.dims = dims      # DimDynamic per dim, None when static
         self.marked_dynamic = frozenset()
         self.size_symbols: list = []
+        # the caller's tensor where ``real`` stands for it: an AsyncCollectiveTensor, which the
+        # guards check and the entry waits for before the graph call (``real`` is the waited one)
+        self.waited_from: torch.Tensor | None = None
+        self.waits = False        # (kept once the capture's tensors are dropped)
+
+    @property
+    def guarded(self) -> torch.Tensor:
+        """The tensor the guards check: the caller's."""
+        return self.real if self.waited_from is None else self.waited_from
 
     @property
     def dynamic(self) -> bool:
@@ -166,7 +175,7 @@ class OutputGraph:
         self.tx_stack.clear()
         self.side_effects = SideEffects()
         for inp in self.tensor_inputs:
-            inp.real = None
+            inp.real = inp.waited_from = None
 
     def restore_grad_mode(self) -> None:
         self.restore_autocast()
@@ -178,6 +187,13 @@ class OutputGraph:
             raise Unsupported("a fake tensor as input")
         if t.is_sparse or t.layout != torch.strided:
             raise Unsupported(f"a tensor with layout {t.layout}")
+        waited_from = None
+        if type(t) is _torch.async_collective_tensor_class():
+            # a reduced tensor whose wait is deferred (RowwiseParallel's output run natively):
+            # the graph takes the plain tensor it stands for, waited for at the entry
+            waited_from = t
+            with torch.set_grad_enabled(self._grad_enabled_at_start):
+                t = _torch.waited_collective(t)
         if type(t) not in (torch.Tensor, torch.nn.Parameter):
             raise Unsupported(f"a tensor subclass {type(t).__name__} as input")
         described = source.describe()
@@ -204,8 +220,11 @@ class OutputGraph:
         node.meta["kiln_source"] = described
         node.meta["kiln_static"] = static
         value = TensorValue(node, fake, source, type(t))
-        meta = TensorMeta.of(t, fake.size(), fake.stride()) if dims is not None else TensorMeta.of(t)
+        guarded = t if waited_from is None else waited_from
+        meta = TensorMeta.of(guarded, fake.size(), fake.stride()) if dims is not None else TensorMeta.of(guarded)
         inp = TensorInput(source, value, static, meta, t, dims)
+        inp.waited_from = waited_from
+        inp.waits = waited_from is not None
         if dims is not None:
             inp.marked_dynamic = marked_dynamic(t)
             # the symbols as created (a SymInt's expression later reads through replacements)

@@ -42,6 +42,7 @@ from .function_cache import cache_for
 from .method import CompiledMethod
 from .ddp import DDPForward, call_plainly
 from .hooked_module import HookedModuleCall
+from .tensor_parallel import DTensorModuleCall
 from .module import CompiledModule, module_caller
 
 _FAILED = object()   # the generated code failed before any effect (see CompiledFunction._recover)
@@ -92,6 +93,8 @@ class CompiledFactory:
             if isinstance(inner, CompiledModule):
                 return DDPForward(obj, call_plainly)
             return DDPForward(obj, self(module_caller(type(inner))))
+        if isinstance(obj, torch.nn.Module) and _torch.holds_dtensors(obj):
+            return DTensorModuleCall(obj)   # (DTensor parameters: it runs as it is, hooks included)
         if isinstance(obj, torch.nn.Module):
             forward = type(obj).forward
             if isinstance(forward, types.FunctionType) and not walks_the_stack(forward.__code__):

@@ -418,6 +418,16 @@ class NNModuleValue(ObjectValue):
                             "module is compiled on its own)")
             e.inside_callee = True
             raise e
+        if _torch.holds_dtensors(self.value):
+            # a module tensor parallelism distributed: its parameters are DTensors, and its
+            # hooks redistribute its inputs and outputs over the ranks. kiln compiles no
+            # DTensor program, so the call runs as it is (DTensor's own dispatch, its
+            # collectives included) and the code around it is compiled
+            # (``runtime/tensor_parallel.py``).
+            e = Unsupported(f"{type(self.value).__name__} has DTensor parameters (tensor parallel): "
+                            "its call runs outside the graph, with DTensor's own dispatch")
+            e.inside_callee = True
+            raise e
         cls = type(self.value)
         call_fn = static_lookup(cls, "__call__")
         if call_fn is not torch.nn.Module.__call__:
