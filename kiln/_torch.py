@@ -772,6 +772,14 @@ def ddp_bucketed_parameters(ddp: torch.nn.Module) -> dict[int, torch.Tensor]:
             if p.requires_grad and name not in ignored and not getattr(p, "_ddp_ignored", False)}
 
 
+def has_static_address(t: torch.Tensor) -> bool:
+    """Whether ``t`` was marked with ``torch._dynamo.mark_static_address`` (Hugging Face's static
+    KV cache marks its tensors so): its address stays the same from call to call, so CUDA graphs
+    read and write it in place, as a parameter. (Read from the attribute the mark sets: kiln
+    never calls torch._dynamo.)"""
+    return getattr(t, "_dynamo_static_input_type", None) is not None
+
+
 # -- DTensor (tensor parallel) --------------------------------------------------------------
 # ``parallelize_module`` turns a module's parameters into DTensors and adds hooks that
 # redistribute its inputs and outputs (collectives). kiln compiles no DTensor program: such a

@@ -290,6 +290,29 @@ def test_buffer_mutation_is_written_back():
     assert stats["replay"] >= 2
 
 
+def test_a_static_kv_cache_is_written_in_place_by_the_replays():
+    """A decoding step writes this token's keys into a cache marked at a static address (as
+    Hugging Face's StaticCache marks its tensors) and advances a length counter: the replays
+    write both in place, as torch's CUDA graphs do, instead of skipping the graph."""
+    def step(x, cache, length):
+        cache.index_copy_(0, length, x)
+        length.add_(1)
+        return cache.sum(0) * 2
+
+    cache, length = torch.zeros(16, 8, device=DEV), torch.zeros(1, dtype=torch.long, device=DEV)
+    ref_cache, ref_length = cache.clone(), length.clone()
+    torch._dynamo.mark_static_address(cache)
+    torch._dynamo.mark_static_address(length)
+    cm = kiln.compile(step, mode="reduce-overhead")
+    for _ in range(6):
+        x = torch.randn(1, 8, device=DEV)
+        close(cm(x, cache, length), step(x, ref_cache, ref_length))
+        close(cache, ref_cache)
+        assert int(length) == int(ref_length)
+    assert not skip_reasons, dict(skip_reasons)
+    assert stats["record"] == 1 and stats["replay"] == 4, stats
+
+
 def test_graph_break_chain_reads_previous_outputs_in_place():
     def f(x):
         y = torch.sin(x) * 2

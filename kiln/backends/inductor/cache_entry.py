@@ -185,16 +185,22 @@ def with_triton_records(payload: bytes) -> bytes:
     return buf.getvalue()
 
 
+# (measured on an H100: 12 Triton kernels compile serially in about as long as the pool starts)
+PARALLEL_LOAD_KERNELS = 12
+
+
 def _load_generated(graphs: dict) -> dict:
     """Each graph's generated module, imported. Modules with C++ kernels take this machine's
     stored vector-ISA answer (``vec_isa_memo``) instead of Inductor's per-process probe.
     (Inductor's precompiled-header step, also run per process, stays: the header setting is
     part of the kernels' build command, so loading without it would compile them again.)
 
-    Kernels load in this process (``compile_threads=1``): they come from the C++ and Triton
-    compilers' disk caches, and asking for Inductor's worker pool would start its worker
-    processes (seconds of CPU, and more at exit) for nothing. Parallelism is all that
-    setting changes: a kernel missing from those caches is compiled here, one at a time."""
+    Kernels load in this process (``compile_threads=1``) when there are few: they come from
+    the C++ and Triton compilers' disk caches, and asking for Inductor's worker pool would
+    start its worker processes (seconds of CPU, and more at exit) for nothing. Many Triton
+    kernels not recorded by kiln (an entry another rank compiled, or a machine whose first
+    load this is) are rather missing from Triton's cache too: they compile in Inductor's pool,
+    in parallel, as at a compile. Parallelism is all that setting changes."""
     kernel_dir = kernels_dir()
     modules = {kind: generated_module.load(code.get("fast"), code["constants"], kernel_dir, code.get("triton_record"))
                for kind, code in graphs.items()}
@@ -204,7 +210,9 @@ def _load_generated(graphs: dict) -> dict:
     if cpp:
         vec_isa_memo.prime(config.cache_dir)
     if rest:
-        with _torch.inductor_config().patch(compile_threads=1):
+        unrecorded = sum(code["source_code"].count("async_compile.triton(") for code in rest.values())
+        threads = {} if unrecorded >= PARALLEL_LOAD_KERNELS else {"compile_threads": 1}
+        with _torch.inductor_config().patch(**threads):
             modules.update({kind: _torch.inductor_load_generated_module(code) for kind, code in rest.items()})
     if cpp:
         vec_isa_memo.remember(config.cache_dir)

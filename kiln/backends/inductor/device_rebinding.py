@@ -47,23 +47,34 @@ _KNOWN = re.compile("|".join(_FORMS))
 # What could name a device in a form not above: the module is then not rebound.
 _SUSPECT = re.compile(r"_DeviceGuard\(|set_device\(|get_raw_stream\(|default_generators\[|cuda:|index=")
 _PLACEHOLDER = "\x00"
+_COMMENT = re.compile(r"^[ \t]*#.*$", re.MULTILINE)
 
 
 def rebind_source(source: str, old: int, new: int) -> str:
     """``source`` naming CUDA device ``new`` where it named ``old``. Raises ValueError for a
-    source naming another CUDA device, or a device in a form kiln does not know."""
+    source naming another CUDA device, or a device in a form kiln does not know. (Comment
+    lines, which show the graph's values as ``f32[8, 4]cuda:0``, follow along unchecked.)"""
+    comments: list[str] = []
+
+    def hide(m: re.Match) -> str:
+        comments.append(re.sub(rf"cuda:{old}\b", f"cuda:{new}", m.group(0)))
+        return "\x01"
+
     def swap(m: re.Match) -> str:
         if int(m.group(0)) != old:
             raise ValueError(f"the module names CUDA device {m.group(0)} besides {old}")
         return _PLACEHOLDER
-    marked = _KNOWN.sub(swap, source)
+    if "\x01" in source or _PLACEHOLDER in source:
+        raise ValueError("the module holds control characters kiln uses to rebind it")
+    marked = _KNOWN.sub(swap, _COMMENT.sub(hide, source))
     for m in _SUSPECT.finditer(marked):
         after = marked[m.end():m.end() + 1]
         if after != _PLACEHOLDER:
             line = marked.count("\n", 0, m.start()) + 1
             raise ValueError(f"the module names a device in a form kiln does not rebind (line {line}: "
                              f"{marked[m.start():m.end() + 24]!r})")
-    return marked.replace(_PLACEHOLDER, str(new))
+    restored = iter(comments)
+    return re.sub("\x01", lambda m: next(restored), marked.replace(_PLACEHOLDER, str(new)))
 
 
 def _rebind_code(code: dict, old: int, new: int) -> dict:

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from ... import _torch
 from ...errors import Unsupported
 from ..comptime import Comptime, comptime_value
 from ..guards import Guard, GuardKind
@@ -249,7 +250,9 @@ class Builder:
             if source is None:
                 raise Unsupported("a tensor that is not reachable from the arguments, globals "
                                   "or closures (cannot be a graph input)")
-            return self.output.add_tensor_input(obj, source, static)
+            # (a tensor marked at a static address, a static KV cache's: read and written in
+            # place by CUDA graphs, as a parameter is)
+            return self.output.add_tensor_input(obj, source, static or _torch.has_static_address(obj))
         if t is torch.Size and source is not None:
             # item by item, so that a size that varies can become symbolic like an int input
             g(GuardKind.TYPE_MATCH, source, t)

@@ -33,6 +33,8 @@ MODULE = textwrap.dedent('''
     def triton_poi_fused_relu_0(in_out_ptr0, xnumel, XBLOCK : tl.constexpr):
         xoffset = tl.program_id(0) * XBLOCK
     """, device_str='cuda')
+    # Topologically Sorted Source Nodes: [relu], Original ATen: [aten.relu]
+    #   %arg0_1 : Tensor "f32[8, 16][16, 1]cuda:1" = PlaceHolder[target=arg0_1]
     def call(args):
         arg0_1, arg1_1 = args
         with torch.cuda._DeviceGuard(1):
@@ -58,6 +60,7 @@ def test_every_form_naming_the_device_is_rebound():
     # the rest is untouched: names, sizes, the kernel's code
     assert out.replace("3", "1") == MODULE.replace("3", "1")
     assert "stream1 = get_raw_stream(3)" in out and "(8, 4), (4, 1)" in out
+    assert '"f32[8, 16][16, 1]cuda:3" = PlaceHolder' in out
     assert cuda_device(out) == 3 and cuda_device(MODULE) == 1
     assert rebind_source(out, 3, 1) == MODULE
 
