@@ -3,9 +3,10 @@
 At a graph break before instruction *i* of a frame, the compiled entry runs the graph
 captured so far, writes side effects back, rebuilds the live stack and locals, and calls the
 **break function**: a copy of the frame's code (made with the ``bytecode`` library) whose
-prologue pushes the stack back and jumps to *i*. Instruction *i* (and the rest of its
-expression, until no NULL is left on the stack) runs natively, inside the original code's
-try/with regions, so exceptions are handled exactly as in eager. Then an epilogue, placed
+prologue pushes the stack back and jumps to *i*. Instruction *i* runs natively (a call that
+broke the graph; another instruction with the rest of its expression, until no NULL is left
+on the stack), inside the original code's try/with regions, so exceptions are handled exactly
+as in eager. Then an epilogue, placed
 outside every try region, packs the stack and the live locals and calls the **continuation**:
 the original code resumed at that point, compiled lazily as its own ``CompiledFunction``
 (its own guards and entries). A conditional jump at *i* has two continuations, one per
@@ -60,6 +61,7 @@ _NATIVE_OK = {"KW_NAMES", "LOAD_CLOSURE"}
 _COND_JUMPS = {"POP_JUMP_IF_FALSE", "POP_JUMP_IF_TRUE", "POP_JUMP_IF_NONE", "POP_JUMP_IF_NOT_NONE",
                "JUMP_IF_FALSE_OR_POP", "JUMP_IF_TRUE_OR_POP"}
 _PUSHES_NULL = {"PUSH_NULL"}
+_CALLS = {"CALL", "CALL_FUNCTION_EX"}
 # where a continuation may start with NULLs on its stack: plain control flow inside an
 # expression, not exception or generator machinery
 _RESUMABLE_WITH_NULLS = {"JUMP", "FOR_ITER", "LOAD_FAST_AND_CLEAR"} | _COND_JUMPS
@@ -110,8 +112,12 @@ def plan_break(instrs: list[bytecode_utils.Instr], index: int, layout: list[str]
                pushed: tuple[str, ...] | None = None) -> BreakPlan:
     """Decide how far native execution runs from ``index`` and what each exit hands over.
 
-    Native execution runs to the end of the expression around the break (until no NULL is
-    left on the stack). Where that expression goes on with a jump (a 3.12 inlined
+    Native execution runs the break's instruction; a call's result is then handed to the
+    continuation, which compiles the rest of the expression (``self.w2(F.silu(self.w1(x)) *
+    self.w3(x))`` broken at ``w1``: ``w3``, ``silu``, the product and ``w2`` are the
+    continuation's), the stack's NULLs handed over as such. Another break instruction runs on
+    natively to the end of the expression around it (until no NULL is left on the stack).
+    Where that expression goes on with a jump (a 3.12 inlined
     comprehension inside a call: ``torch.stack([f(t) for t in xs])``, or a conditional
     expression as an argument), the exit is at the jump and its NULLs are handed over as
     such (spilled by the epilogue, pushed back by the continuation's prologue).
@@ -127,10 +133,18 @@ def plan_break(instrs: list[bytecode_utils.Instr], index: int, layout: list[str]
     names = list(local_names)
     exits: list[Exit] = []
 
+    # the break's own call: once it returned, the rest of the expression is the continuation's
+    # (compiled), its NULLs handed over as such. (The slots below the call's result are the
+    # interpreter's, whose kinds are known, not guessed from the bytecode.)
+    own_call = index + 1 if first.opname == "PRECALL" else index
     k = index
     while True:
         ins = instrs[k]
         if k > index and NULL not in kinds:
+            exits.append(Exit("fallthrough", k, tuple(kinds), tuple(names)))
+            break
+        if k == own_call + 1 and instrs[own_call].opname in _CALLS and ins.target is None \
+                and ins.opname not in _NOT_BREAKABLE:
             exits.append(Exit("fallthrough", k, tuple(kinds), tuple(names)))
             break
         if k > index and (ins.target is not None or (ins.opname in _NOT_BREAKABLE

@@ -187,7 +187,7 @@ CASES = ids_unique([
     case(listcomp_helper, A(R(3), _tensors(3, 3)), 4, marks=CLOSURE_RECOMPILES_311),
     case(listcomp_item, A(R(4), [fixed(1.0), fixed(2.0)]), 1),
     case(listcomp_in_call, A(_tensors(2, 3)), 3),
-    case(listcomp_in_method_call, A(R(3), _tensors(2, 3)), on(1, 2)),
+    case(listcomp_in_method_call, A(R(3), _tensors(2, 3)), on(2, 3)),
     case(dictcomp_helper, A(R(3), _tensors(2, 3)), 3, marks=CLOSURE_RECOMPILES_311),
     case(dictcomp_item_key, A(R(3), [fixed(1.0), fixed(2.0), fixed(1.0)]), 3, marks=CLOSURE_RECOMPILES_311),
     case(setcomp_item, A(R(3), [fixed(1.0), fixed(2.0), fixed(1.0)]), 1),
@@ -210,7 +210,7 @@ CASES = ids_unique([
     case(inside_try, A(R(3), _tensors(2, 2)), 1),
     case(inside_for_loop, A(R(3), _tensors(2, 3)), 5, marks=CLOSURE_RECOMPILES_311),
     case(walrus_binds_outer, A(R(3), _tensors(2, 3)), 5, marks=CLOSURE_RECOMPILES_311),
-    case(starred_into_call, A(R(3), _tensors(2, 3)), on(1, 0)),
+    case(starred_into_call, A(R(3), _tensors(2, 3)), 1),
     case(keyword_argument_of_call, A(R(3), _tensors(2, 3)), 1),
 ])
 
