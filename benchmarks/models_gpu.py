@@ -82,7 +82,7 @@ Reported per cell:
   dynamo's ``unique_graphs``).
 
 The summary gives, over the cases where both compilers ran, kiln's step, peak memory and cold
-compile over torch.compile's (geometric mean and the largest), against the targets of issue 33:
+compile over torch.compile's (geometric mean and the largest), against the targets kiln is held to:
 geomean step <= 0.9x and none above 1.0x, peak <= 1.0x and cold compile <= 1.0x on every case.
 """
 from __future__ import annotations
