@@ -89,6 +89,7 @@ def cached(gm, example_inputs: list, *, backend: str, options: dict, compile: Ca
     try:
         device = _one_cuda_device(gm, example_inputs) if rebind is not None else None
         parts = cache_key.key_parts(gm, example_inputs, backend, options, cuda=device)
+        on_device = _on_device(device, rebind)
         key = cache_key.digest(parts)
     except Exception as e:          # a graph kiln cannot key: compile it, uncached
         _bypass(fn, f"cannot compute the key: {type(e).__name__}: {e}")
@@ -100,13 +101,13 @@ def cached(gm, example_inputs: list, *, backend: str, options: dict, compile: Ca
             header, payload = found
             # the header must describe this key (a hash collision or a renamed file is a miss)
             if header.get("key") == key and header.get("parts") == parts:
-                header, payload = _on_device(header, payload, device, rebind)
+                header, payload = on_device(header, payload)
                 compiled = load(payload, gm, _renames(header.get("inputs"), input_names(gm)))
                 store.count("hits")
                 _log(f"hit {fn} ({key[:12]}, {len(payload)} bytes)", action="hit", function=fn, key=key,
                      bytes=len(payload))
                 _refreshed_by(compiled, key, header, dump)
-                return offer(compiled, _stored(key, lambda c: dump(c), device, rebind))
+                return offer(compiled, _stored(key, lambda c: dump(c), on_device))
             store.warn_once(("mismatch", key), f"entry {key[:12]} does not match its key; recompiling")
     except EntryDoesNotFit as e:    # a dynamic entry traced under guards these sizes fail
         not_fit = str(e)
@@ -120,7 +121,7 @@ def cached(gm, example_inputs: list, *, backend: str, options: dict, compile: Ca
              diff=[] if not_fit or nearest is None else nearest)
     job = compile_once.claim(key, fn)       # (None: no torch.distributed job)
     if job is not None and not job.mine:
-        received = _received(job, gm, key, parts, load, dump, device, rebind)
+        received = _received(job, gm, key, parts, load, dump, on_device)
         if received is not None:
             return received
     try:
@@ -141,7 +142,7 @@ def cached(gm, example_inputs: list, *, backend: str, options: dict, compile: Ca
         if job is not None and job.mine:
             job.publish(compile_once.FAILED)        # (no entry: the waiting ranks compile it themselves)
     _refreshed_by(compiled, key, header, dump)
-    return offer(compiled, _stored(key, lambda c: dump(c), device, rebind))
+    return offer(compiled, _stored(key, lambda c: dump(c), on_device))
 
 
 def _one_cuda_device(gm, example_inputs: list) -> int | None:
@@ -150,18 +151,21 @@ def _one_cuda_device(gm, example_inputs: list) -> int | None:
     return indices[0] if len(indices) == 1 else None
 
 
-def _on_device(header: dict, payload: bytes, device: int | None,
-               rebind: Callable[[bytes, int, int], bytes] | None) -> tuple[dict, bytes]:
-    """The entry for ``device``: rebound when it was compiled for another (its header then
-    names the new device, so that an entry stored again from it says what it holds)."""
-    stored = header.get("cuda_device")
-    if device is None or rebind is None or stored is None or stored == device:
-        return header, payload
-    return {**header, "cuda_device": device}, rebind(payload, int(stored), device)
+def _on_device(device: int | None, rebind: Callable[[bytes, int, int], bytes] | None
+               ) -> Callable[[dict, bytes], tuple[dict, bytes]]:
+    """``(header, payload) -> (header, payload)`` for ``device``: an entry compiled for another
+    is rebound (its header then names the new device, so that an entry stored again from it
+    says what it holds)."""
+    def bind(header: dict, payload: bytes) -> tuple[dict, bytes]:
+        stored = header.get("cuda_device")
+        if device is None or rebind is None or stored is None or stored == device:
+            return header, payload
+        return {**header, "cuda_device": device}, rebind(payload, int(stored), device)
+    return bind
 
 
 def _received(job: compile_once.Claim, gm, key: str, parts: dict, load: Callable, dump: Callable,
-              device: int | None = None, rebind: Callable | None = None) -> Callable | None:
+              on_device: Callable[[dict, bytes], tuple[dict, bytes]]) -> Callable | None:
     """The graph another rank of the job compiled (``compile_once``), loaded from the entry it
     published and written to this machine's cache; None (logged) when there is none to use."""
     blob = job.receive()
@@ -171,7 +175,7 @@ def _received(job: compile_once.Claim, gm, key: str, parts: dict, load: Callable
         header, payload = store.decode(blob)
         if header.get("key") != key or header.get("parts") != parts:
             raise store.CorruptEntry("it does not match its key")
-        header, payload = _on_device(header, payload, device, rebind)
+        header, payload = on_device(header, payload)
         compiled = load(payload, gm, _renames(header.get("inputs"), input_names(gm)))
     except Exception as e:
         _log(f"rank {job.rank}: cannot use the entry of {job.function} ({key[:12]}) another rank "
@@ -183,7 +187,7 @@ def _received(job: compile_once.Claim, gm, key: str, parts: dict, load: Callable
     _log(f"rank {job.rank}: received {job.function} ({key[:12]}, {len(payload)} bytes) from the rank that compiled it",
          action="job_hit", function=job.function, key=key)
     _refreshed_by(compiled, key, header, dump)
-    return offer(compiled, _stored(key, lambda c: dump(c), device, rebind))
+    return offer(compiled, _stored(key, lambda c: dump(c), on_device))
 
 
 # -- an entry that grows after its compile ------------------------------------------------------
@@ -252,14 +256,14 @@ def offer(compiled: Callable, payload: Callable[[Callable], bytes]) -> Callable:
     return compiled
 
 
-def _stored(key: str, fallback: Callable[[Callable], bytes], device: int | None = None,
-            rebind: Callable[[bytes, int, int], bytes] | None = None) -> Callable[[Callable], bytes]:
+def _stored(key: str, fallback: Callable[[Callable], bytes],
+            on_device: Callable[[dict, bytes], tuple[dict, bytes]]) -> Callable[[Callable], bytes]:
     """The payload as the cache stored it (read back at save time: not kept in memory), for
     this process's device."""
     def payload(compiled):
         found = store.read(key)
         if found is not None and found[0].get("key") == key:
-            return _on_device(found[0], found[1], device, rebind)[1]
+            return on_device(found[0], found[1])[1]
         return fallback(compiled)
     return payload
 
