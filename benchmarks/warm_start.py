@@ -33,6 +33,9 @@ lists which of torch._dynamo and torch._inductor that process imported (a static
 package needs neither; Inductor's generated code imports torch._inductor, which imports
 torch._dynamo).
 
+``--profile DIR``: each timed kiln child writes a cProfile summary of its first output into DIR
+(``<model>-<compiler>-<pid>.txt``), to see where a warm start spends its time.
+
 ``--remote``: a fleet's fresh machine served from a warm Redis (a redis-server the benchmark
 starts on a free port of 127.0.0.1, persistence off; ``--redis-server`` names its binary). Per
 model and compiler: a cold process on "machine A" (its own empty local caches) fills Redis, then
@@ -134,6 +137,11 @@ def _child(model: str, compiler: str, device: str, backend: str, package: str | 
     sync()
     # from wrapping the model (torch.compile imports torch._dynamo there; kiln's first
     # capture imports it through ShapeEnv) to the first output
+    profile = os.environ.get("KILN_BENCH_PROFILE") if compiler in ("kiln", "package") else None
+    if profile:
+        import cProfile
+        profiler = cProfile.Profile()
+        profiler.enable()
     start = time.perf_counter()
     if compiler == "kiln":
         fn = kiln.compile(net, backend=backend)
@@ -151,8 +159,10 @@ def _child(model: str, compiler: str, device: str, backend: str, package: str | 
             fn(*args, **kwargs)
     sync()
     first = time.perf_counter() - start
+    if profile:
+        _write_profile(profiler, os.path.join(profile, f"{model}-{compiler}-{os.getpid()}.txt"), first)
     # the heavy torch modules the first output needed (a static aot_eager package: none)
-    extra = {"imported": [m for m in ("torch._dynamo", "torch._inductor") if m in sys.modules]}
+    extra = {"imported": [m for m in ("torch._dynamo", "torch._inductor", "sympy") if m in sys.modules]}
     if compiler == "kiln":
         extra = {**extra, **kiln.cache.stats()}
         if package:
@@ -162,6 +172,22 @@ def _child(model: str, compiler: str, device: str, backend: str, package: str | 
         extra = {**extra, "torch_caches": {k: v for k, v in counters["inductor"].items()
                                            if k.startswith(("fxgraph_cache", "autograd_cache"))}}
     print("RESULT " + json.dumps({"first": first, **extra}), flush=True)
+
+
+def _write_profile(profiler, path: str, first: float) -> None:
+    """The first output's profile (``--profile``): the 60 costliest calls, by cumulative and by
+    own time."""
+    import io
+    import pstats
+    profiler.disable()
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    out = io.StringIO()
+    stats = pstats.Stats(profiler, stream=out)
+    out.write(f"first output: {first:.3f} s\n")
+    stats.sort_stats("cumulative").print_stats(60)
+    stats.sort_stats("tottime").print_stats(40)
+    with open(path, "w") as f:
+        f.write(out.getvalue())
 
 
 class WithLoss(torch.nn.Module):
@@ -203,6 +229,7 @@ def _caches_in(d: str, base: dict) -> dict:
 def _prime_bytecode(model, device, backend, base) -> None:
     """One untimed cold run of each compiler (and a package save) over throwaway caches: the
     modules they import leave their bytecode in PYTHONPYCACHEPREFIX."""
+    base = {k: v for k, v in base.items() if k != "KILN_BENCH_PROFILE"}      # (not timed: not profiled)
     for compiler in ("kiln", "torch"):
         with tempfile.TemporaryDirectory() as d:
             env = _caches_in(d, base)
@@ -304,9 +331,13 @@ def main() -> None:
     ap.add_argument("--remote", action="store_true",
                     help="a fresh machine (empty local caches) served from a warm Redis, kiln and torch.compile")
     ap.add_argument("--redis-server", default="redis-server", help="the redis-server binary --remote starts")
+    ap.add_argument("--profile", metavar="DIR",
+                    help="kiln's timed children write a cProfile summary of their first output into DIR")
     ap.add_argument("--no-prime", action="store_true",
                     help="skip the untimed runs that compile library bytecode first (the cold columns then include it)")
     a = ap.parse_args()
+    if a.profile and not a.child:
+        os.environ["KILN_BENCH_PROFILE"] = os.path.abspath(a.profile)
     if a.child:
         _child(a.child[0], a.child[1], a.device, a.backend, a.package)
         return

@@ -25,10 +25,9 @@ import types as _types
 from .config import config
 from .version import __version__
 
-# ``import kiln`` imports no torch: the names below are imported with their modules at the first
-# use of any of them, so that the ``kiln`` command's subcommands that need no compiler (``kiln
-# report``) start at once. After that first use the package holds exactly what an eager import
-# would have bound.
+# ``import kiln`` imports no torch: each name below is imported with its own module at its first
+# use, so that the ``kiln`` command's subcommands that need no compiler (``kiln report``) start
+# at once, and a warm start (``kiln.compile`` served by the cache) imports no tracer.
 _MODULES = ("aot", "backends", "cache", "testing", "activations")
 _NAMES = {
     ".api": ("compile", "reset"),
@@ -47,7 +46,7 @@ _SHADOWED = frozenset({"config", "explain"})
 
 
 _LAZY = frozenset(_MODULES).union(*_NAMES.values())
-_MISSING = object()
+_HOME = {name: module for module, names in _NAMES.items() for name in names}
 
 
 def _importing_kiln() -> bool:
@@ -60,20 +59,20 @@ def _importing_kiln() -> bool:
 
 class _Kiln(_types.ModuleType):
     def __getattr__(self, name: str):
-        d = self.__dict__
         if name.startswith("__"):
             raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
         if _importing_kiln():
             # kiln's own ``from .. import cache`` while its modules import: that module only
-            # (loading every name now would import a module that is halfway through its import)
+            # (a name's module may be halfway through its import)
             if name in _SHADOWED or name not in _MODULES and name in _LAZY:
                 raise AttributeError(f"module {__name__!r} has no attribute {name!r} yet (kiln is importing)")
             return self._submodule(name)
-        if name in _LAZY and not d.get("_loaded"):
-            self._load()
-        if name in d:
-            return d[name]
-        return self._submodule(name)
+        home = _HOME.get(name)
+        if home is None:
+            return self._submodule(name)
+        value = getattr(_importlib.import_module(home, __name__), name)
+        _types.ModuleType.__setattr__(self, name, value)
+        return value
 
     def _submodule(self, name: str):
         try:
@@ -82,31 +81,6 @@ class _Kiln(_types.ModuleType):
             if e.name != f"{__name__}.{name}":
                 raise
             raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
-
-    def _load(self) -> None:
-        """Import and bind every lazy name. Reached again while a module it imports is still
-        being imported (which may ask the package for a name): what that module does not hold
-        yet stays unbound, and a later use loads again."""
-        d = self.__dict__
-        if d.get("_loading"):
-            return
-        bind = _types.ModuleType.__setattr__
-        bind(self, "_loading", True)
-        try:
-            complete = True
-            for m in _MODULES:
-                bind(self, m, _importlib.import_module(f"{__name__}.{m}"))
-            for module, names in _NAMES.items():
-                mod = _importlib.import_module(module, __name__)
-                for n in names:
-                    value = getattr(mod, n, _MISSING)
-                    if value is _MISSING:
-                        complete = False
-                    else:
-                        bind(self, n, value)
-            bind(self, "_loaded", complete)
-        finally:
-            bind(self, "_loading", False)
 
     def __setattr__(self, name: str, value) -> None:
         if name in _SHADOWED and isinstance(value, _types.ModuleType):

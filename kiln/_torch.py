@@ -8,14 +8,26 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+import functools as _functools
+import sys as _sys
+
 import torch
 import torch.fx
-from torch._subclasses.fake_tensor import (  # noqa: F401  (re-exported)
-    DataDependentOutputException,
-    DynamicOutputShapeException,
-    FakeTensor,
-    FakeTensorMode,
-)
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode  # noqa: F401  (re-exported)
+
+# torch's symbolic shapes (ShapeEnv, fake modes with symbols): ``kiln/_torch_symbolic.py``,
+# imported at the first use of one of these names (it imports sympy, which a warm start skips)
+_SYMBOLIC = frozenset({"DATA_DEPENDENT_ERRORS", "DimDynamic", "ShapeEnv", "StatelessSymbolicContext",
+                       "KilnShapeEnv", "SymbolSource", "SYMBOL_ID_SPACE", "symbol_id", "new_fake_mode",
+                       "fake_from_real", "symbolic_int", "static_fake_mode"})
+
+
+def __getattr__(name: str) -> Any:
+    if name in _SYMBOLIC:
+        from . import _torch_symbolic  # (sympy: only tracing needs it, never a warm start)
+        return getattr(_torch_symbolic, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 # C-level checks. TensorGuards compares, for several tensors at once, the Python type, dispatch
 # keys, dtype, device, requires_grad, sizes and strides, and also that no two are the same
@@ -27,19 +39,6 @@ from torch._C._dynamo.guards import GlobalStateGuard, TensorGuards  # noqa: F401
 Graph = torch.fx.Graph
 GraphModule = torch.fx.GraphModule
 Node = torch.fx.Node
-
-# Exceptions that mean "this op needs real data": the frame cannot be captured as one graph.
-DATA_DEPENDENT_ERRORS: tuple[type[BaseException], ...] = (
-    DataDependentOutputException,
-    DynamicOutputShapeException,
-)
-try:  # torch >= 2.1 raises this for data-dependent guards on unbacked symbols
-    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
-
-    DATA_DEPENDENT_ERRORS += (GuardOnDataDependentSymNode,)
-except ImportError:  # pragma: no cover
-    pass
-
 
 def make_tensor_guards(tensors: list[torch.Tensor], dims: tuple[list, list] | None = None) -> Any:
     """A TensorGuards. ``dims``: (sizes, strides) per tensor with None where a size or stride
@@ -74,102 +73,6 @@ def global_state_description() -> dict[str, Any]:
     }
 
 
-# -- symbolic shapes ------------------------------------------------------------------------------
-import functools as _functools
-import hashlib as _hashlib
-import inspect as _inspect
-import sys as _sys
-
-from torch._guards import GuardSource as _GuardSource
-from torch._guards import Source as _TorchSource
-from torch.fx.experimental.symbolic_shapes import (  # noqa: F401  (re-exported)
-    DimDynamic,
-    ShapeEnv,
-    StatelessSymbolicContext,
-)
-
-# Symbol ids are a hash of the symbol's source name in [0, SYMBOL_ID_SPACE), probed linearly
-# on collision. torch hashes into 100 slots; with tens of dynamic dims that collides
-# often, and a collision makes a name depend on what else was allocated first. 10,000 slots
-# keep collisions rare while names stay short (``s4821``).
-SYMBOL_ID_SPACE = 10_000
-
-
-def symbol_id(source_name: str, taken: set) -> int:
-    """The stable id of the symbol for ``source_name``: its hash, probed past ``taken``."""
-    i = int(_hashlib.sha256(source_name.encode()).hexdigest(), 16) % SYMBOL_ID_SPACE
-    while i in taken:
-        i = (i + 1) % SYMBOL_ID_SPACE
-    return i
-
-
-class _SitedGuards(list):
-    """The ShapeEnv's guard list, remembering where in the user's code each guard arose."""
-
-    def __init__(self, env: "KilnShapeEnv"):
-        super().__init__()
-        self.env = env
-        self.sites: list = []
-
-    def append(self, guard) -> None:
-        super().append(guard)
-        self.sites.append(self.env.where())
-
-
-class KilnShapeEnv(ShapeEnv):
-    """torch's ShapeEnv, with kiln's stable symbol ids, and the user's line behind each
-    guard and specialization (``location`` is set by the capture)."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.location: Any = None            # () -> (filename, lineno, source line)
-        self.specialized_at: dict = {}       # symbol -> where it became a constant
-        self.guards = _SitedGuards(self)
-
-    def where(self):
-        return self.location() if self.location is not None else None
-
-    def _generate_unique_id(self, source_name: str) -> int:
-        i = symbol_id(source_name, self.unique_ids)
-        self.unique_ids.add(i)
-        return i
-
-    def _set_replacement(self, a, tgt, msg):
-        if getattr(tgt, "is_number", False) and a not in self.specialized_at:
-            self.specialized_at[a] = self.where()
-        return super()._set_replacement(a, tgt, msg)
-
-
-class SymbolSource(_TorchSource):
-    """What torch's ShapeEnv needs of a source: its name (``L['x']``). kiln's own sources do
-    the guarding; this only names symbols and locates them in torch's messages."""
-
-    def __init__(self, text: str):
-        self.text = text
-
-    def __eq__(self, other):
-        return isinstance(other, SymbolSource) and other.text == self.text
-
-    def __hash__(self):
-        return hash(("kiln", self.text))
-
-    def __repr__(self):
-        return self.text
-
-    @property
-    def _name_template(self) -> str:
-        return self.text
-
-    @property
-    def guard_source(self):
-        return _GuardSource.LOCAL
-
-
-# torch 2.13 derives ``name`` (a cached property) from _name_template; older torch calls name().
-if not isinstance(_inspect.getattr_static(_TorchSource, "name", None), _functools.cached_property):
-    SymbolSource.name = lambda self: self.text  # type: ignore[assignment]
-
-
 def lazy_graph_module(root: Any, graph: torch.fx.Graph, class_name: str = "GraphModule") -> torch.fx.GraphModule:
     """A GraphModule whose Python code is generated when something first runs it or reads its
     ``code``, not when it is made or ``recompile()``d: the AOT stages build and rewrite large
@@ -185,32 +88,6 @@ def lazy_graph_modules():
     from torch.fx._lazy_graph_module import _use_lazy_graph_module
 
     return _use_lazy_graph_module(True)
-
-
-def new_fake_mode() -> FakeTensorMode:
-    """A fake mode with a ShapeEnv: static inputs have int sizes, dynamic ones symbols."""
-    # ops whose output size depends on data (nonzero) or that produce Python numbers from data
-    # (item) raise, as without a ShapeEnv: kiln breaks the graph there
-    env = KilnShapeEnv(allow_scalar_outputs=False, allow_dynamic_output_shape_ops=False)
-    return FakeTensorMode(allow_non_fake_inputs=False, shape_env=env)
-
-
-def fake_from_real(mode: FakeTensorMode, t: torch.Tensor, source_name: str | None = None,
-                   dims: list | None = None) -> torch.Tensor:
-    """The fake of ``t``: static sizes, or, where ``dims[i]`` is a DimDynamic other than
-    STATIC, a symbol named from ``source_name``."""
-    if dims is None or all(d is DimDynamic.STATIC for d in dims):
-        return mode.from_tensor(t, static_shapes=True)
-    ctx = StatelessSymbolicContext(dynamic_sizes=list(dims))
-    return mode.from_tensor(t, symbolic_context=ctx, source=SymbolSource(source_name))
-
-
-def symbolic_int(mode: FakeTensorMode, value: int, source_name: str):
-    """A SymInt for a Python int input (any value, no 0/1 specialization)."""
-    env = mode.shape_env
-    src = SymbolSource(source_name)
-    sym = env.create_unspecified_symbol(value, source=src, dynamic_dim=DimDynamic.DYNAMIC)
-    return env.create_symintnode(sym, hint=value, source=src)
 
 
 def python_dispatcher():
@@ -536,13 +413,6 @@ def inductor_mode_options(mode: str | None, dynamic: bool | None = None) -> dict
     from torch._inductor import list_mode_options
 
     return dict(list_mode_options(mode, dynamic))
-
-
-def static_fake_mode() -> FakeTensorMode:
-    """A fake mode for a graph with static shapes that still has a ShapeEnv (every size is an
-    int): Inductor's FX graph cache needs one to store and look up graphs."""
-    return FakeTensorMode(allow_non_fake_inputs=True, static_shapes=True,
-                          shape_env=ShapeEnv(allow_scalar_outputs=False, allow_dynamic_output_shape_ops=False))
 
 
 def backward_keeps_graph() -> bool:

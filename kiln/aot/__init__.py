@@ -23,20 +23,41 @@ with their symbols: the graphs take the SymInts as inputs and serve every size, 
 callable checks each call against the traced shapes (``symbolic.py``). The backend compiles per
 concrete shapes where that is not possible (``dynamic.py``). Dynamic graphs are not exported.
 """
-from .compile import AOTCompiled, run_as_fx, stage2_compile
-from .dynamic import PerShapeCompiled, compile_graph
-from .export import AOTArtifact, stage2_export
-from .runtime import RunAsCaptured
-from .graph_capture import AOTGraphCapture, stage1_graph_capture
-from .partition import Partition, default_partition, min_cut_rematerialization_partition
-from .prepare import create_aot_state
-from .state import AOTState, InputInfo, OutputInfo, ViewAndMutationMeta
-from .symbolic import SymbolicUnsupported
+import importlib as _importlib
+
+# Each name is imported with its own module at its first use: a warm start loads compiled
+# graphs (``export``, ``function``, ``runtime``) without importing the tracing stages.
+_HOME = {
+    "AOTCompiled": ".compile", "run_as_fx": ".compile", "stage2_compile": ".compile",
+    "PerShapeCompiled": ".dynamic", "compile_graph": ".dynamic",
+    "AOTArtifact": ".export", "stage2_export": ".export",
+    "RunAsCaptured": ".runtime",
+    "AOTGraphCapture": ".graph_capture", "stage1_graph_capture": ".graph_capture",
+    "Partition": ".partition", "default_partition": ".partition",
+    "min_cut_rematerialization_partition": ".partition",
+    "create_aot_state": ".prepare",
+    "AOTState": ".state", "InputInfo": ".state", "OutputInfo": ".state", "ViewAndMutationMeta": ".state",
+    "SymbolicUnsupported": ".symbolic",
+}
+
+
+def __getattr__(name: str):
+    home = _HOME.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(_importlib.import_module(home, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_HOME))
+
 
 __all__ = [
     "create_aot_state", "stage1_graph_capture", "stage2_compile", "stage2_export",
     "AOTState", "AOTGraphCapture", "AOTCompiled", "AOTArtifact", "Partition",
     "InputInfo", "OutputInfo", "ViewAndMutationMeta",
-    "default_partition", "min_cut_rematerialization_partition", "run_as_fx", "config",
+    "default_partition", "min_cut_rematerialization_partition", "run_as_fx",
     "compile_graph", "PerShapeCompiled", "SymbolicUnsupported", "RunAsCaptured",
 ]

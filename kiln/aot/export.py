@@ -26,10 +26,10 @@ from typing import Any, Callable
 
 import torch
 import torch.fx
-from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
 from .. import _torch
 from ..errors import Unsupported
+from ..lazy_imports import LazyModule
 from . import fake_tensors
 from .compile import PartsView
 from .compile import AOTCompiled, CompiledParts, assemble, build_parts
@@ -39,6 +39,8 @@ from .subgraph_table import SubgraphLoader, SubgraphTable, attribute, is_subgrap
 from .symbolic import fake_mode_for, graph_example_values, has_symbols, is_sym
 from .symbolic_codec import Decoder, encode_expr, encode_symbols, encode_value, replay_guards, standalone_fake_mode
 from .traced_layouts import STRIDES_META, traced_strides
+
+_shapes = LazyModule("torch.fx.experimental.symbolic_shapes")     # (sympy: not at a warm start)
 
 FORMAT = "kiln.aot.artifact"
 VERSION = 1
@@ -171,7 +173,7 @@ def _value_facts(v: Any) -> dict:
     if not tensors:
         return {}
     try:
-        unbacked = bool(free_unbacked_symbols(v))
+        unbacked = bool(_shapes.free_unbacked_symbols(v))
     except Exception:   # noqa: BLE001 - unknown: as a size known only at run time
         unbacked = True
     return {"devices": sorted({str(t.device) for t in tensors}), "unbacked": unbacked}

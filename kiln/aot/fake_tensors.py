@@ -7,7 +7,6 @@ from typing import Any, Iterable
 import torch
 import torch.fx
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
-from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 from .subgraph_table import attribute, is_subgraph
 
@@ -18,6 +17,8 @@ def new_fake_mode(gm: torch.fx.GraphModule | None = None) -> FakeTensorMode:
     fake implementation makes (and then ignores) sizes known only at run time. Real tensors
     that the traced code closes over (constants) are allowed and become graph constants."""
     if gm is not None and _calls_while_loop(gm):
+        from torch.fx.experimental.symbolic_shapes import ShapeEnv      # (sympy: not at a warm start)
+
         return FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv())
     return FakeTensorMode(allow_non_fake_inputs=True)
 

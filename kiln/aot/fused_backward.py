@@ -21,11 +21,13 @@ from __future__ import annotations
 
 import operator
 
-import sympy
 import torch
 import torch.fx
 
+from ..lazy_imports import LazyModule
 from . import fx_graphs
+
+sympy = LazyModule("sympy")       # (imported when a backward is fused, not at a warm start)
 
 _COPY_STRIDED = torch.ops.prims.copy_strided.default
 

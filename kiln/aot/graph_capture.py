@@ -31,7 +31,7 @@ from . import fake_propagation, fake_tensors, functional_tensors, fx_graphs, gra
 from . import regions, segments
 from . import symbolic
 from .partition import partition_capture
-from .state import AOTState, U_DATA_DEPENDENT
+from .state import AOTState
 
 # higher-order ops an ATen graph may call: their branches are ATen subgraphs (get_attr)
 # higher-order ops whose subgraphs make_fx traces into ATen (the capture's control flow, scans
@@ -383,7 +383,7 @@ def _trace(state: AOTState, f, args) -> torch.fx.GraphModule:
                 FunctionalTensorMode(_allow_token_discovery=True), fx_traceback.preserve_node_meta(), \
                 _torch.lazy_graph_modules():      # (renamed and rewritten next: no code made yet)
             gm = make_fx(f, decomposition_table=state.decompositions)(*args)
-    except U_DATA_DEPENDENT as e:
+    except _torch.DATA_DEPENDENT_ERRORS as e:
         raise Unsupported(f"AOT autograd: data-dependent operation ({type(e).__name__}: {e})") from e
     for node in gm.graph.nodes:
         # (a higher-order op, torch.cond, while_loop, a scan or map: make_fx traced its subgraphs into ATen)

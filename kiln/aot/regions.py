@@ -37,7 +37,6 @@ from torch._ops import HigherOrderOperator
 from torch._subclasses.fake_tensor import FakeTensorMode, maybe_get_fake_mode
 from torch._subclasses.functional_tensor import FunctionalTensorMode
 from torch.fx import traceback as fx_traceback
-from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 from torch.fx.experimental.proxy_tensor import (ProxyTorchDispatchMode, disable_proxy_modes_tracing, make_fx,
                                                 track_tensor_tree)
 from torch.multiprocessing.reductions import StorageWeakRef
@@ -46,7 +45,10 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from .. import _torch, logs
 from ..errors import Unsupported
+from ..lazy_imports import LazyModule
 from . import functional_tensors, fx_graphs, recompute, trace_context
+
+_shapes = LazyModule("torch.fx.experimental.symbolic_shapes")     # (sympy: not at a warm start)
 
 # gm.meta[STAGE]: a block as captured (torch-level code) or as traced by stage 1 (ATen)
 STAGE = "kiln_region_stage"
@@ -89,7 +91,7 @@ def _fake(mode, block, *operands):
     with mode:
         if layouts is None:
             outs = _run(block, operands)
-            if not any(isinstance(o, torch.Tensor) and free_unbacked_symbols(o) for o in outs):
+            if not any(isinstance(o, torch.Tensor) and _shapes.free_unbacked_symbols(o) for o in outs):
                 memo[key] = [_output_layout(o) for o in outs]
             return outs
         return tuple(_like(layout) for layout in layouts)

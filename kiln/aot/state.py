@@ -27,6 +27,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
 from torch.multiprocessing.reductions import StorageWeakRef
 
+from .. import _torch
 from ..errors import Unsupported
 from . import fake_tensors, functional_tensors, trace_context
 from . import symbolic
@@ -327,7 +328,7 @@ def collect_metadata(flat_fn: Callable, fake_args: list, *, static: Sequence[boo
             with versions.recording_saves() as recording:
                 out = flat_fn(*f_args)
             grad_after = torch.is_grad_enabled()
-        except U_DATA_DEPENDENT as e:
+        except _torch.DATA_DEPENDENT_ERRORS as e:
             raise Unsupported(f"AOT autograd: data-dependent operation ({type(e).__name__}: {e})") from e
         finally:
             torch._C._set_grad_enabled(prior_grad)
@@ -588,13 +589,3 @@ def _views_of_intermediates(outs: list, outputs: list[OutputInfo]) -> list[Outpu
     return bases
 
 
-U_DATA_DEPENDENT: tuple = ()
-try:
-    from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
-
-    U_DATA_DEPENDENT = (DataDependentOutputException, DynamicOutputShapeException)
-    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
-
-    U_DATA_DEPENDENT += (GuardOnDataDependentSymNode,)
-except ImportError:  # pragma: no cover
-    pass

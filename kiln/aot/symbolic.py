@@ -16,22 +16,20 @@ and measured with hints.
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Callable, Sequence
 
-import sympy
 import torch
-from torch.fx.experimental.symbolic_shapes import (
-    free_symbols,
-    free_unbacked_symbols,
-    has_free_unbacked_symbols,
-    statically_known_true,
-    sym_eq,
-)
-from torch.utils._sympy.numbers import int_oo
-from torch.utils._sympy.printers import PythonPrinter
 
 from ..errors import Unsupported
+from ..lazy_imports import LazyModule
+
+# (imported at first use: a warm start of static graphs reads none of them)
+sympy = LazyModule("sympy")
+_shapes = LazyModule("torch.fx.experimental.symbolic_shapes")
+_sympy_numbers = LazyModule("torch.utils._sympy.numbers")
+_sympy_printers = LazyModule("torch.utils._sympy.printers")
 
 SYM_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool)
 
@@ -48,7 +46,7 @@ def is_sym(v: Any) -> bool:
 def has_symbols(v: Any) -> bool:
     """A SymInt/SymBool with free symbols, or a tensor with a symbolic size, stride or offset."""
     if is_sym(v):
-        return bool(free_symbols(v))
+        return bool(_shapes.free_symbols(v))
     if isinstance(v, torch.Tensor):
         return any(has_symbols(s) for s in (*v.shape, *v.stride(), v.storage_offset()))
     if isinstance(v, (tuple, list)):
@@ -62,9 +60,9 @@ def refuse_unbacked(v: Any, what: str) -> None:
         for x in v:
             refuse_unbacked(x, what)
         return
-    if (is_sym(v) or isinstance(v, torch.Tensor)) and has_free_unbacked_symbols(v):
+    if (is_sym(v) or isinstance(v, torch.Tensor)) and _shapes.has_free_unbacked_symbols(v):
         raise Unsupported(f"AOT autograd: {what} has a data-dependent size or value "
-                          f"({', '.join(sorted(map(str, free_unbacked_symbols(v))))})")
+                          f"({', '.join(sorted(map(str, _shapes.free_unbacked_symbols(v))))})")
 
 
 def is_sym_function(f: Any) -> bool:
@@ -106,7 +104,7 @@ def known_equal(a: Any, b: Any) -> bool:
     guard (the caller treats False as "may differ")."""
     if isinstance(a, (tuple, list)):
         a, b = tuple(a), tuple(b)
-    return statically_known_true(sym_eq(a, b))
+    return _shapes.statically_known_true(_shapes.sym_eq(a, b))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -115,7 +113,11 @@ def known_equal(a: Any, b: Any) -> bool:
 
 # torch's Python printer: symbols print as their names, which ``ShapeCode`` binds; functions
 # print as Python (``//``, ``max``) or ``math.*``/``torch.sym_*`` calls
-_PRINTER = PythonPrinter()
+@functools.lru_cache(maxsize=None)
+def _printer():
+    return _sympy_printers.PythonPrinter()
+
+
 _NAMESPACE = {"math": math, "torch": torch}
 
 
@@ -125,7 +127,7 @@ def _tensor_exprs(t: torch.Tensor) -> tuple[list, list, Any]:
 
 def _finite(b: Any) -> bool:
     # torch's int_oo claims is_finite; compare with the infinities instead
-    return isinstance(b, sympy.Integer) and b not in (int_oo, -int_oo)
+    return isinstance(b, sympy.Integer) and b not in (_sympy_numbers.int_oo, -_sympy_numbers.int_oo)
 
 
 class ShapeCode:
@@ -173,7 +175,7 @@ class ShapeCode:
     def values(self, exprs: Sequence[Any]) -> Callable[[Sequence], tuple]:
         """``f(args) -> tuple`` of the expressions' values (ints/bools) for these arguments."""
         exprs = [expr_of(e) if not isinstance(e, sympy.Basic) else e for e in exprs]
-        body = ", ".join(_PRINTER.doprint(e) for e in exprs)
+        body = ", ".join(_printer().doprint(e) for e in exprs)
         return self._compile("kiln_shape_values", self._bindings(exprs) + [f"    return ({body}{',' if exprs else ''})"])
 
     def _shape_env(self):
@@ -220,19 +222,19 @@ class ShapeCode:
             if isinstance(f, torch.Tensor):
                 sizes, strides, offset = _tensor_exprs(f)
                 exprs += sizes + strides + [offset]
-                conds.append(f"a[{i}].shape == ({''.join(_PRINTER.doprint(e) + ', ' for e in sizes)})")
-                conds.append(f"a[{i}].stride() == ({''.join(_PRINTER.doprint(e) + ', ' for e in strides)})")
+                conds.append(f"a[{i}].shape == ({''.join(_printer().doprint(e) + ', ' for e in sizes)})")
+                conds.append(f"a[{i}].stride() == ({''.join(_printer().doprint(e) + ', ' for e in strides)})")
                 if offset.free_symbols:     # a static offset is relative to nothing the graphs read
-                    conds.append(f"a[{i}].storage_offset() == {_PRINTER.doprint(offset)}")
+                    conds.append(f"a[{i}].storage_offset() == {_printer().doprint(offset)}")
             elif is_sym(f):
                 e = expr_of(f)
                 exprs.append(e)
                 if self.where.get(e) != f"a[{i}]":   # specialized, or its symbol is read elsewhere
-                    conds.append(f"a[{i}] == {_PRINTER.doprint(e)}")
+                    conds.append(f"a[{i}] == {_printer().doprint(e)}")
         conds += self._range_conditions(ranges)
         for g in guards:
             exprs.append(g)
-            conds.append(f"({_PRINTER.doprint(g)})")
+            conds.append(f"({_printer().doprint(g)})")
         binds = self._bindings(exprs)
         # Reading a binding can fail on a wrong argument (an int where a tensor was traced):
         # that is a mismatch, not an error.

@@ -16,11 +16,13 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-import sympy
 import torch
 
-from .._torch import new_fake_mode
+from .. import _torch
+from ..lazy_imports import LazyModule
 from . import fake_tensors
+
+sympy = LazyModule("sympy")       # (a warm start of static graphs decodes no expression)
 
 SYM_TAG = "__kiln_sym__"
 
@@ -253,7 +255,7 @@ def standalone_fake_mode(symbols: list):
     the ranges and the guards tracing added."""
     from torch.utils._sympy.value_ranges import ValueRanges
 
-    mode = new_fake_mode()
+    mode = _torch.new_fake_mode()
     env = mode.shape_env
     values = getattr(env, "backed_var_to_val", None)
     if values is None:

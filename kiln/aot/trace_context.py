@@ -7,7 +7,6 @@ import functools
 from typing import Callable
 
 import torch
-from torch.fx.experimental.proxy_tensor import get_proxy_mode
 
 aten = torch.ops.aten
 
@@ -130,6 +129,8 @@ def saved_tensor_hooks_deferred():
 def mark_forward_nodes() -> None:
     """Tag every node the current make_fx trace made so far as forward (``kiln_phase``): a
     joint function calls it between running the function and taking its gradients."""
+    from torch.fx.experimental.proxy_tensor import get_proxy_mode    # (sympy: not at a warm start)
+
     mode = get_proxy_mode()
     if mode is not None:
         for n in mode.tracer.graph.nodes:

@@ -17,11 +17,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
-import sympy
-
 from ..errors import Unsupported
+from ..lazy_imports import LazyModule
 from .sources import STORAGE_OFFSET, STRIDE, SIZE, Source, TensorPropertySource
 from .values.symbolic import is_symbolic
+
+sympy = LazyModule("sympy")       # (a warm start of static graphs builds no shape guard)
 
 
 def _printer():

@@ -17,9 +17,6 @@ from ..config import config
 from .marks import marked_dynamic, marked_static
 from .profile import profile_for
 
-DimDynamic = _torch.DimDynamic
-
-
 class ShapePolicy:
     def __init__(self, dynamic: bool | None, fn):
         self.dynamic = dynamic
@@ -27,6 +24,7 @@ class ShapePolicy:
 
     def tensor_dims(self, name: str, t: torch.Tensor, static_input: bool) -> list | None:
         """The DimDynamic of each dim of tensor input ``name``, or None when all are static."""
+        DimDynamic = _torch.DimDynamic
         forced_dyn, forced_static = marked_dynamic(t), marked_static(t)
         n = t.dim()
         if static_input:
