@@ -140,6 +140,11 @@ def _child(model: str, compiler: str, device: str, backend: str, package: str | 
     profile = os.environ.get("KILN_BENCH_PROFILE") if compiler in ("kiln", "package") else None
     if profile:
         import cProfile
+        import gc
+        collections: list = []       # (generation, seconds) of each garbage collection
+        gc.callbacks.append(lambda phase, info: collections.append(
+            (info["generation"], time.perf_counter())) if phase == "start" else
+            collections.append((info["generation"], time.perf_counter() - collections.pop()[1])))
         profiler = cProfile.Profile()
         profiler.enable()
     start = time.perf_counter()
@@ -160,7 +165,7 @@ def _child(model: str, compiler: str, device: str, backend: str, package: str | 
     sync()
     first = time.perf_counter() - start
     if profile:
-        _write_profile(profiler, os.path.join(profile, f"{model}-{compiler}-{os.getpid()}.txt"), first)
+        _write_profile(profiler, os.path.join(profile, f"{model}-{compiler}-{os.getpid()}.txt"), first, collections)
     # the heavy torch modules the first output needed (a static aot_eager package: none)
     extra = {"imported": [m for m in ("torch._dynamo", "torch._inductor", "sympy") if m in sys.modules]}
     if compiler == "kiln":
@@ -174,9 +179,9 @@ def _child(model: str, compiler: str, device: str, backend: str, package: str | 
     print("RESULT " + json.dumps({"first": first, **extra}), flush=True)
 
 
-def _write_profile(profiler, path: str, first: float) -> None:
-    """The first output's profile (``--profile``): the 60 costliest calls, by cumulative and by
-    own time."""
+def _write_profile(profiler, path: str, first: float, collections: list) -> None:
+    """The first output's profile (``--profile``): its garbage collections, and the 60 costliest
+    calls, by cumulative and by own time."""
     import io
     import pstats
     profiler.disable()
@@ -184,6 +189,9 @@ def _write_profile(profiler, path: str, first: float) -> None:
     out = io.StringIO()
     stats = pstats.Stats(profiler, stream=out)
     out.write(f"first output: {first:.3f} s\n")
+    for g in (0, 1, 2):
+        times = [t for gen, t in collections if gen == g]
+        out.write(f"garbage collections of generation {g}: {len(times)}, {sum(times):.3f} s\n")
     stats.sort_stats("cumulative").print_stats(60)
     stats.sort_stats("tottime").print_stats(40)
     with open(path, "w") as f:

@@ -55,6 +55,10 @@ class Config:
     distributed_compile_once: bool = True
     # Seconds a rank waits for another rank's compile of the same graph before compiling it itself.
     distributed_compile_timeout: float = 1800.0
+    # Seconds a rank that received a graph waits, at a generated module's first call, for the
+    # compiling rank's record of its Triton kernels (made at that rank's first call) before it
+    # builds them itself through Inductor.
+    distributed_kernel_timeout: float = 60.0
     # dynamic=None: a dim (or int input) seen with a new value is recompiled symbolic.
     automatic_dynamic_shapes: bool = True
     # Python int inputs are always specialized (a new value recompiles), never symbolic.

@@ -122,7 +122,7 @@ cudagraph_skip_reasons: collections.Counter = collections.Counter()  # skips by 
 # -- the compile cache (kept across reset()) ------------------------------------------------------
 
 cache_stats: dict = {"hits": 0, "misses": 0, "bypasses": 0, "bytes_read": 0, "bytes_written": 0,
-                     "frame_hits": 0, "frame_misses": 0, "job_hits": 0,
+                     "frame_hits": 0, "frame_misses": 0, "job_hits": 0, "job_kernels": 0,
                      # the remote cache (remote_cache.py)
                      "remote_hits": 0, "remote_misses": 0, "remote_errors": 0,
                      "remote_bytes_read": 0, "remote_bytes_written": 0}

@@ -176,7 +176,8 @@ def _received(job: compile_once.Claim, gm, key: str, parts: dict, load: Callable
         if header.get("key") != key or header.get("parts") != parts:
             raise store.CorruptEntry("it does not match its key")
         header, payload = on_device(header, payload)
-        compiled = load(payload, gm, _renames(header.get("inputs"), input_names(gm)))
+        with compile_once.receiving(job):
+            compiled = load(payload, gm, _renames(header.get("inputs"), input_names(gm)))
     except Exception as e:
         _log(f"rank {job.rank}: cannot use the entry of {job.function} ({key[:12]}) another rank "
              f"compiled ({type(e).__name__}: {e}); compiling it here", action="job_refused", function=job.function,

@@ -15,14 +15,28 @@ that dies leaves the waiters waiting up to ``config.distributed_compile_timeout`
 which they compile for themselves. With a remote cache, the claimer's entry is also written there,
 and a job on a warm remote cache misses nothing, so no rank claims or compiles at all.
 
+A received entry's Triton kernels: the claimer records them (``triton_kernels``) after the
+first call of each generated module, when Inductor has picked each kernel's configuration; it
+then publishes the record too (``<PREFIX>kernels/<module digest>``). The entry is published
+before that, at the end of the compile, so a receiver loads it at once and defers each module
+whose kernels are not recorded yet to that module's first call, where it waits for the record
+(``config.distributed_kernel_timeout`` seconds at most), instead of building every kernel again
+through Inductor. The claimer reaches that first call without the receiver's help, since both
+run the same program: the receiver is already past every collective before it; a module that
+holds a collective itself (it would wait for the receiver) is never deferred. A record that
+does not come in time (the claimer's program went elsewhere) is built through Inductor as
+before.
+
 On whenever torch.distributed is initialized with more than one rank and
 ``config.distributed_compile_once`` is True (the default; ``KILN_DISTRIBUTED_COMPILE_ONCE=0``
 turns it off). What each rank did is logged under ``KILN_LOGS=cache``.
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
-from typing import Any
+import threading
+from typing import Any, Iterator
 
 from .. import _torch, logs
 from ..config import config
@@ -72,6 +86,51 @@ class Claim:
                  "store it; compiling it here")
             return None
         return bytes(blob)
+
+    def wait_kernels(self, module_digest: str) -> bytes | None:
+        """The Triton kernel record the claimer publishes after its first call of the module
+        ``module_digest``, or None when it does not come within ``distributed_kernel_timeout``."""
+        name = f"{_PREFIX}kernels/{module_digest}"
+        timeout = datetime.timedelta(seconds=float(config.distributed_kernel_timeout))
+        try:
+            self.store.wait([name], timeout)
+            return bytes(self.store.get(name))
+        except Exception as e:
+            _log(f"rank {self.rank}: no Triton kernels of module {module_digest[:12]} ({self.function}) "
+                 f"from the rank that compiled it ({type(e).__name__}: {e}); building them here")
+            return None
+
+
+def publish_kernels(module_digest: str, blob: bytes) -> None:
+    """A Triton kernel record made here (``triton_kernels``), for the ranks that received the
+    module from this one and wait for it at its first call (``Claim.wait_kernels``)."""
+    if not config.distributed_compile_once:
+        return
+    try:
+        job = _torch.distributed_job()
+        if job is not None:
+            job[0].set(f"{_PREFIX}kernels/{module_digest}", blob)
+    except Exception as e:            # (the waiting ranks time out and build the kernels)
+        _log(f"could not publish the Triton kernels of module {module_digest[:12]}: {type(e).__name__}: {e}")
+
+
+_receiving = threading.local()
+
+
+@contextlib.contextmanager
+def receiving(claim: Claim) -> Iterator[None]:
+    """Within: the entry being loaded is the one ``claim``'s compiling rank published."""
+    prior = getattr(_receiving, "claim", None)
+    _receiving.claim = claim
+    try:
+        yield
+    finally:
+        _receiving.claim = prior
+
+
+def received_from() -> Claim | None:
+    """The claim whose entry is being loaded now (``receiving``), None outside one."""
+    return getattr(_receiving, "claim", None)
 
 
 def claim(key: str, function: str) -> Claim | None:

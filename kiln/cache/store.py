@@ -45,7 +45,8 @@ class CorruptEntry(Exception):
 def stats() -> dict:
     """Counters since the process started (or ``reset_stats()``): hits, misses, bypasses,
     bytes_read, bytes_written (graphs), frame_hits, frame_misses (frame records: a hit skipped
-    capture), job_hits (graphs another rank of a torch.distributed job compiled), and the
+    capture), job_hits (graphs another rank of a torch.distributed job compiled), job_kernels
+    (generated modules of those loaded with that rank's recorded Triton kernels), and the
     remote cache's: remote_hits, remote_misses, remote_errors (the server
     failing), remote_bytes_read, remote_bytes_written."""
     return dict(_stats)

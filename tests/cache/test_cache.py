@@ -85,7 +85,7 @@ def test_second_compile_loads_without_tracing(traces):
     s = kiln.cache.stats()
     assert s["hits"] == 1 and s["misses"] == 1 and s["bytes_read"] > 0
     assert set(s) == {"hits", "misses", "bypasses", "bytes_read", "bytes_written", "frame_hits", "frame_misses",
-                      "job_hits", "remote_hits", "remote_misses", "remote_errors", "remote_bytes_read",
+                      "job_hits", "job_kernels", "remote_hits", "remote_misses", "remote_errors", "remote_bytes_read",
                       "remote_bytes_written"}
 
 
@@ -429,7 +429,7 @@ def test_stats_is_public_after_import_kiln():
                          env={**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(kiln.__file__))})
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == ("['bypasses', 'bytes_read', 'bytes_written', 'frame_hits', 'frame_misses', 'hits', "
-                                  "'job_hits', 'misses', 'remote_bytes_read', 'remote_bytes_written', "
+                                  "'job_hits', 'job_kernels', 'misses', 'remote_bytes_read', 'remote_bytes_written', "
                                   "'remote_errors', 'remote_hits', 'remote_misses']")
 
 

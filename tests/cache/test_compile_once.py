@@ -94,10 +94,14 @@ def test_two_ranks_running_the_same_program_compile_once(tmp_path):
 
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs two CUDA devices")
 def test_two_ranks_on_two_gpus_of_one_machine_compile_once(tmp_path):
-    """Inductor's code names its GPU: the rank that receives the entry rebinds it to its own."""
+    """Inductor's code names its GPU: the rank that receives the entry rebinds it to its own, and
+    loads its forward and backward modules with the Triton kernels the compiling rank recorded
+    at its first calls (none built again)."""
     (r0, err0), (r1, err1) = _job(tmp_path, "same", device="cuda")
     assert r0["traces"] + r1["traces"] == 1
     assert r0["job_hits"] + r1["job_hits"] == 1
+    receiver = r0 if r0["job_hits"] else r1
+    assert receiver["job_kernels"] == 2, err0 + err1
 
 
 def test_ranks_whose_programs_differ_compile_their_own_graphs_and_share_the_rest(tmp_path):
@@ -168,3 +172,19 @@ def test_a_compile_that_raises_still_publishes(job_store):
     key = K.digest(K.key_parts(gm, inputs, "aot_eager", {}))
     waiter = compile_once.claim(key, "f")                  # another rank, after the failure
     assert not waiter.mine and waiter.receive() is None    # at once: it compiles for itself
+
+
+def test_a_recorded_kernel_is_handed_to_the_rank_that_waits_for_it(job_store):
+    claimer, receiver = compile_once.claim("c" * 64, "f"), compile_once.claim("c" * 64, "f")
+    assert claimer.mine and not receiver.mine
+    compile_once.publish_kernels("d" * 64, b"a kernel record")   # (after the claimer's first call)
+    assert receiver.wait_kernels("d" * 64) == b"a kernel record"
+
+
+def test_a_kernel_record_that_never_comes_is_waited_for_at_most_the_timeout(job_store):
+    compile_once.claim("e" * 64, "f")
+    receiver = compile_once.claim("e" * 64, "f")
+    with kiln.config.patch(distributed_kernel_timeout=0.3):
+        t = time.perf_counter()
+        assert receiver.wait_kernels("f" * 64) is None         # (it builds the kernels itself)
+        assert time.perf_counter() - t < 5.0

@@ -37,6 +37,7 @@ from ...aot.dynamic import OUTSIDE_THE_TRACE, per_shape
 from ...aot.export import AOTArtifact, fake_mode_of_graph
 from ...aot.symbolic import has_symbols
 from ...aot.symbolic_codec import Decoder, encode_value
+from ...cache import compile_once, store
 from ...cache.store import kernels_dir
 from ...config import config
 from ...cudagraphs import cudagraphify, graph_facts
@@ -191,7 +192,7 @@ def with_triton_records(payload: bytes) -> bytes:
 PARALLEL_LOAD_KERNELS = 12
 
 
-def _load_generated(graphs: dict) -> dict:
+def _load_generated(graphs: dict, wait_for_kernels: bool = True) -> dict:
     """Each graph's generated module, imported. Modules with C++ kernels take this machine's
     stored vector-ISA answer (``vec_isa_memo``) instead of Inductor's per-process probe.
     (Inductor's precompiled-header step, also run per process, stays: the header setting is
@@ -202,11 +203,18 @@ def _load_generated(graphs: dict) -> dict:
     start its worker processes (seconds of CPU, and more at exit) for nothing. Many Triton
     kernels not recorded by kiln (an entry another rank compiled, or a machine whose first
     load this is) are rather missing from Triton's cache too: they compile in Inductor's pool,
-    in parallel, as at a compile. Parallelism is all that setting changes."""
+    in parallel, as at a compile. Parallelism is all that setting changes.
+
+    An entry received from the rank of a job that compiled it (``compile_once``) has no
+    recorded Triton kernels yet: each such module is loaded at its first call instead, once that
+    rank's record has come (``_awaiting_kernels``)."""
     kernel_dir = kernels_dir()
     modules = {kind: generated_module.load(code.get("fast"), code["constants"], kernel_dir, code.get("triton_record"))
                for kind, code in graphs.items()}
-    rest = {kind: code for kind, code in graphs.items() if modules[kind] is None}
+    sender = compile_once.received_from() if wait_for_kernels else None
+    awaiting = {kind: code for kind, code in graphs.items()
+                if modules[kind] is None and sender is not None and _kernels_may_come(code)}
+    rest = {kind: code for kind, code in graphs.items() if modules[kind] is None and kind not in awaiting}
     slow = set(rest)
     cpp = any("async_compile.cpp" in code["source_code"] for code in rest.values())
     if cpp:
@@ -219,9 +227,45 @@ def _load_generated(graphs: dict) -> dict:
     if cpp:
         vec_isa_memo.remember(config.cache_dir)
     # a module loaded through Inductor records its Triton kernels for the next process
-    return {kind: _entry_point(modules[kind], code, generated_module.triton_recorder(
+    return {kind: _awaiting_kernels(kind, code, sender) if kind in awaiting else
+            _entry_point(modules[kind], code, generated_module.triton_recorder(
                 code.get("fast"), vars(modules[kind]), kernel_dir if config.cache else None) if kind in slow else None)
             for kind, code in graphs.items()}
+
+
+def _kernels_may_come(code: dict) -> bool:
+    """Whether the compiling rank's record of the module's Triton kernels is worth waiting
+    for: the module has Triton kernels, and no collective (its first call on that rank would
+    wait for this rank, which would be waiting for the record)."""
+    fast = code.get("fast")
+    return bool(fast and fast.get("triton")) and "c10d" not in code["source_code"]
+
+
+def _awaiting_kernels(kind: str, code: dict, sender: compile_once.Claim) -> Callable:
+    """The entry point of a received module whose Triton kernels the compiling rank records at
+    its own first call: at this one's first call, the module is loaded with that record (and
+    the record written to this machine's cache), or through Inductor when it does not come."""
+    loaded: list = []
+
+    def resolve() -> Callable:
+        digest = generated_module.module_digest(code["fast"])
+        blob = sender.wait_kernels(digest)
+        if blob is not None:
+            kernel_dir = kernels_dir()
+            module = generated_module.load(code["fast"], code["constants"], kernel_dir, blob)
+            if module is not None:
+                store.count("job_kernels")
+                if config.cache:
+                    store.write_kernel_record(triton_kernels.record_path(kernel_dir, digest), blob)
+                return _entry_point(module, code)
+        return _load_generated({kind: code}, wait_for_kernels=False)[kind]
+
+    def boxed(args: list):
+        if not loaded:
+            loaded.append(resolve())
+        return loaded[0](args)
+    boxed._boxed_call = True
+    return boxed
 
 
 def _entry_point(module: Any, code: dict, after_first_call: Callable[[], None] | None = None) -> Callable:

@@ -34,7 +34,7 @@ import os
 from typing import Any
 
 from ... import _torch
-from ...cache import store
+from ...cache import compile_once, store
 from ...process_state import triton_records as _made
 
 FORMAT = 1
@@ -99,7 +99,8 @@ _MAX_MADE = 256
 
 def save(kernel_dir: str | None, module_digest: str, recorded: tuple[dict, bytes]) -> None:
     """Keep the record for packages saved by this process; write it to ``kernel_dir`` (the
-    cache's) unless that is None."""
+    cache's) unless that is None; publish it to the ranks of a job that received the module
+    from this one and wait for it (``compile_once``)."""
     header, payload = recorded
     blob = store.encode(header, payload, store.KERNELS)
     _made[module_digest] = blob
@@ -107,6 +108,7 @@ def save(kernel_dir: str | None, module_digest: str, recorded: tuple[dict, bytes
         del _made[next(iter(_made))]
     if kernel_dir is not None:
         store.write_kernel_record(record_path(kernel_dir, module_digest), blob)
+    compile_once.publish_kernels(module_digest, blob)
 
 
 def is_recorded(kernel_dir: str | None, module_digest: str) -> bool:
