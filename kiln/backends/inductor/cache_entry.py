@@ -29,7 +29,7 @@ from typing import Any, Callable
 
 import torch
 
-from ... import _torch, cache
+from ... import _torch, cache, logs
 from ...aot import fallback_entries
 from ...aot.compile import AOTCompiled, assemble
 from ...aot.donation import copies_when_graph_kept
@@ -233,12 +233,21 @@ def _load_generated(graphs: dict, wait_for_kernels: bool = True) -> dict:
             for kind, code in graphs.items()}
 
 
+def _log(message: str) -> None:
+    if logs.enabled.cache:
+        logs.log("cache", message)
+
+
 def _kernels_may_come(code: dict) -> bool:
     """Whether the compiling rank's record of the module's Triton kernels is worth waiting
     for: the module has Triton kernels, and no collective (its first call on that rank would
     wait for this rank, which would be waiting for the record)."""
     fast = code.get("fast")
-    return bool(fast and fast.get("triton")) and "c10d" not in code["source_code"]
+    source = code["source_code"]
+    # (collectives are ops of ``_c10d_functional`` or ``c10d``; every module's header names
+    # ``torch._C._distributed_c10d`` for its symmetric-memory allocator, which is not one)
+    return bool(fast and fast.get("triton")) and "torch.ops._c10d_functional." not in source \
+        and "torch.ops.c10d." not in source
 
 
 def _awaiting_kernels(kind: str, code: dict, sender: compile_once.Claim) -> Callable:
@@ -247,8 +256,11 @@ def _awaiting_kernels(kind: str, code: dict, sender: compile_once.Claim) -> Call
     the record written to this machine's cache), or through Inductor when it does not come."""
     loaded: list = []
 
+    digest = generated_module.module_digest(code["fast"])
+    _log(f"rank {sender.rank}: {kind} module {digest[:12]} of {sender.function} loads at its first call, with "
+         "the Triton kernels the rank that compiled it records at its own")
+
     def resolve() -> Callable:
-        digest = generated_module.module_digest(code["fast"])
         blob = sender.wait_kernels(digest)
         if blob is not None:
             kernel_dir = kernels_dir()
@@ -257,7 +269,10 @@ def _awaiting_kernels(kind: str, code: dict, sender: compile_once.Claim) -> Call
                 store.count("job_kernels")
                 if config.cache:
                     store.write_kernel_record(triton_kernels.record_path(kernel_dir, digest), blob)
+                _log(f"rank {sender.rank}: {kind} module {digest[:12]} loaded with the received Triton kernels")
                 return _entry_point(module, code)
+            _log(f"rank {sender.rank}: the received Triton kernels of module {digest[:12]} do not load here; "
+                 "building them")
         return _load_generated({kind: code}, wait_for_kernels=False)[kind]
 
     def boxed(args: list):
