@@ -548,6 +548,14 @@ def checkpoint_default_mode() -> tuple[bool | None, str | None]:
     return _checkpoint_default
 
 
+def current_cuda_device() -> int | None:
+    """This process's current CUDA device once CUDA is initialized here, else None (asking
+    would initialize it)."""
+    if not torch.cuda.is_initialized():
+        return None
+    return torch.cuda.current_device()
+
+
 def distributed_job() -> tuple[Any, int, int] | None:
     """(the default process group's key-value store, this rank, the world size) when
     torch.distributed is initialized with more than one rank, else None. (Not imported here

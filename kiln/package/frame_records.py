@@ -28,7 +28,7 @@ import os
 import types
 import uuid
 
-from .. import logs
+from .. import _torch, logs
 from ..backends.inductor import vec_isa_memo
 from ..cache import key as cache_key, store
 from ..capture.codegen import MISS
@@ -80,6 +80,9 @@ def frame_key(cf) -> str | None:
             fk = cache_key.digest({"module": fn.__module__, "qualname": fn.__qualname__,
                            "code": identity.code_hash(fn.__code__), "compile": key_of(cf),
                            "settings": dict(settings),
+                           # (the ranks of one machine, each on its own GPU, guard on their own
+                           # device: each keeps its record, where the remote cache keeps one per key)
+                           "cuda_device": _torch.current_cuda_device(),
                            "versions": cache_key.versions(), "environment": fileformat.environment()})
         known = cf.records_key = (settings, fk)
     return known[1] or None

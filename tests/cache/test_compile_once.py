@@ -188,3 +188,13 @@ def test_a_kernel_record_that_never_comes_is_waited_for_at_most_the_timeout(job_
         t = time.perf_counter()
         assert receiver.wait_kernels("f" * 64) is None         # (it builds the kernels itself)
         assert time.perf_counter() - t < 5.0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+def test_with_a_warm_remote_cache_ranks_on_two_gpus_capture_nothing(tmp_path, remote):
+    """Each rank guards on its own GPU: each finds its own frame record in the remote cache
+    (the key names the current device), so neither captures."""
+    _job(tmp_path, "same", run="a", device="cuda")
+    (r0, err0), (r1, err1) = _job(tmp_path, "same", run="b", device="cuda")      # new hosts
+    assert r0["traces"] + r1["traces"] == 0
+    assert (r0["frame_hits"], r1["frame_hits"]) == (1, 1), err0 + err1
