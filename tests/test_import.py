@@ -64,13 +64,15 @@ out = kiln.compile(net, backend="aot_eager")(x)
 out.sum().backward()
 expected = net(x)
 print(json.dumps({"frame_hits": kiln.cache.stats()["frame_hits"], "equal": torch.allclose(out, expected),
-                  "imported": [m for m in ("sympy", "torch.fx.experimental.symbolic_shapes") if m in sys.modules]}))
+                  "imported": [m for m in ("sympy", "torch.fx.experimental.symbolic_shapes", "bytecode",
+                                           "kiln.capture.interpreter") if m in sys.modules]}))
 """
 
 
-def test_a_warm_start_imports_no_symbolic_shapes(tmp_path):
+def test_a_warm_start_imports_no_tracer(tmp_path):
     # a process served by the cache (frame records: nothing traced) imports neither sympy nor
-    # torch's symbolic shapes, a third of a second of every warm start; the cold one traces
+    # torch's symbolic shapes (a third of a second of every warm start), nor kiln's bytecode
+    # tracer; the cold one traces
     import os
     env = {**os.environ, "KILN_CACHE_DIR": str(tmp_path), "KILN_CACHE_FRAMES": "1"}   # (the defaults)
 

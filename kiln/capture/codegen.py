@@ -28,13 +28,13 @@ from __future__ import annotations
 import builtins
 import dis
 import importlib
+from inspect import CO_VARARGS, CO_VARKEYWORDS
 import re
 import types
 from typing import Any, NamedTuple
 
 from .. import _torch
 from ..errors import Unsupported
-from .bytecode_utils import CO_VARARGS, CO_VARKEYWORDS
 from .guards import Guard, GuardKind, without_call_objects
 from . import module_state
 from .guard_cse import straight_line

@@ -5,9 +5,14 @@ from __future__ import annotations
 
 import types
 
+from ..lazy_imports import LazyModule
 from .codegen import alias_parameters, compile_function, global_names, readable_source
-from .frame import Entry, break_function, make_check
+from .entry import Entry, make_check
 from .sources import RenderContext
+
+# the bytecode tracer, imported for an entry whose frame breaks its graph: a record or package
+# of whole graphs loads without it
+_frame = LazyModule("kiln.capture.frame")
 
 
 def names_read(source: str) -> list[str]:
@@ -37,4 +42,4 @@ def rebuild_break_function(fn: types.FunctionType, plan, key, compiled_factory):
     """The break function of ``fn`` for a break ``plan`` of its own frame, and the
     CompiledFunctions of its continuations (made by ``compiled_factory``), as capture makes
     them."""
-    return break_function(fn, fn.__code__, plan, key, compiled_factory)
+    return _frame.break_function(fn, fn.__code__, plan, key, compiled_factory)

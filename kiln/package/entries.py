@@ -12,7 +12,7 @@ from __future__ import annotations
 import types
 from typing import Callable
 
-from ..capture.frame import Entry
+from ..capture.entry import Entry
 from ..capture.guards import _float_same
 from ..capture.rebuild import entry_context, names_read, rebuild_break_function, rebuild_entry
 from ..errors import Unsupported

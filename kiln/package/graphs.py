@@ -17,7 +17,7 @@ from torch.fx.immutable_collections import immutable_dict, immutable_list
 from .. import _torch
 from ..aot.subgraph_table import SubgraphLoader, SubgraphTable, attribute, is_subgraph
 from ..cache import PAYLOAD_ATTR
-from ..capture.values.autograd_function import runtime_function
+from ..capture.captured_function import runtime_function
 from .errors import NotPackageable
 from .values import Decoder, Encoder
 

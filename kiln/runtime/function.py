@@ -26,12 +26,13 @@ import torch
 from .. import _torch
 from .. import logs
 from ..capture.codegen import MISS
-from ..capture.frame import ArgumentsDoNotBind, Entry, break_fields, capture, eager_entry, eager_entry_for
+from ..capture.entry import ArgumentsDoNotBind, Entry, break_fields
 from ..config import config
 from ..cudagraphs.steps import run_in_step
 from ..errors import KilnError, Unsupported
 from ..compile_lock import COMPILE_LOCK
 from ..internal_errors import failed_before_effects, internal_error, is_users
+from ..lazy_imports import LazyModule
 from ..user_lines import at_users_line
 from . import recording
 from .artifacts import Artifacts
@@ -44,6 +45,15 @@ from .ddp import DDPForward, call_plainly
 from .hooked_module import HookedModuleCall
 from .tensor_parallel import DTensorModuleCall
 from .module import CompiledModule, module_caller
+
+# the bytecode tracer, imported at the first capture: a warm process whose entries come from
+# the cache or a package runs without it
+_frame = LazyModule("kiln.capture.frame")
+
+
+def capture(fn: types.FunctionType, args: tuple, kwargs: dict, **how) -> Entry:
+    """The entry ``capture/frame.py`` captures for this call (its bytecode traced into graphs)."""
+    return _frame.capture(fn, args, kwargs, **how)
 
 _FAILED = object()   # the generated code failed before any effect (see CompiledFunction._recover)
 
@@ -294,7 +304,7 @@ class CompiledFunction:
             logs.event("graph_breaks", "eager", f"{fn.__qualname__} runs eagerly: {e}", **logs.where(fn),
                        **break_fields(e))
         try:
-            return eager_entry(fn, e, self._key, self._key.backend_name)
+            return _frame.eager_entry(fn, e, self._key, self._key.backend_name)
         except Exception:
             return None
 
@@ -312,7 +322,7 @@ class CompiledFunction:
             logs.event("graph_breaks", "eager", f"{fn.__qualname__} runs eagerly: {u}", **logs.where(fn),
                        **break_fields(u))
         try:
-            eager = eager_entry_for(fn, entry.program, entry.guards, entry.key, entry.backend_name, u)
+            eager = _frame.eager_entry_for(fn, entry.program, entry.guards, entry.key, entry.backend_name, u)
         except Exception:
             eager = None
         if self._cache.replace(entry, eager) and eager is not None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import threading
 from typing import Callable
 
-from ..capture.frame import Entry
+from ..capture.entry import Entry
 from ..process_state import function_caches, registry_lock
 
 

@@ -36,6 +36,7 @@ from ... import _torch
 from ...errors import Unsupported
 from ..interpreter import BreakHere, GraphBreakRequest
 from ..semantics import bind_arguments
+from ..captured_function import runtime_function
 from .base import CONSTANT_TYPES, ConstantValue, Value
 from .containers import DictValue, ListValue, SetValue, TupleValue
 from .functions import MethodValue, UserFunctionValue
@@ -518,46 +519,3 @@ def _items_ids(v):
     if isinstance(v, NewObjectValue):
         return tuple((k, id(i)) for k, i in v.attrs.items())
     return None
-
-
-def runtime_function(user_cls: type, fwd, bwd, n_out: int, n_sfb: int, non_diff: list[int],
-                     dirty_inputs: list[int]):
-    """The callable that the graph node calls: ``apply`` of a generated autograd.Function
-    whose forward runs ``fwd`` (returning the outputs, then the values the backward reads:
-    the first ``n_sfb`` through ``ctx.save_for_backward``, as the user saved them) and whose
-    backward runs ``bwd``."""
-
-    class CapturedFunction(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, *inputs):
-            res = fwd(*inputs)
-            outs, saved = res[:n_out], res[n_out:]
-            if n_sfb:
-                ctx.save_for_backward(*saved[:n_sfb])
-            ctx.kiln_saved = saved[n_sfb:]
-            if non_diff:
-                ctx.mark_non_differentiable(*[outs[i] for i in non_diff])
-            if dirty_inputs:
-                ctx.mark_dirty(*[inputs[i] for i in dirty_inputs])
-            return tuple(outs)
-
-        @staticmethod
-        def backward(ctx, *grads):
-            if bwd is None:   # not executable when captured: guards keep it so
-                raise RuntimeError(f"kiln: the backward of {user_cls.__qualname__} was not captured")
-            saved = (*ctx.saved_tensors, *ctx.kiln_saved) if n_sfb else ctx.kiln_saved
-            return tuple(bwd(*grads, *saved))
-
-    CapturedFunction.__name__ = CapturedFunction.__qualname__ = f"Captured{user_cls.__name__}"
-
-    def call(*args):
-        return CapturedFunction.apply(*args)
-
-    call.__name__ = call.__qualname__ = f"autograd_function_{user_cls.__name__}"
-    call.__module__ = "kiln"
-    call.function_class = CapturedFunction
-    call.user_class = user_cls
-    # (what rebuilds it: a package saves these, ``runtime_function(**...)`` in a new process)
-    call.kiln_captured_function = dict(user_cls=user_cls, fwd=fwd, bwd=bwd, n_out=n_out, n_sfb=n_sfb,
-                                       non_diff=list(non_diff), dirty_inputs=list(dirty_inputs))
-    return call
