@@ -84,3 +84,13 @@ def test_a_warm_start_imports_no_tracer(tmp_path):
     assert cold["frame_hits"] == 0 and cold["equal"]
     warm = run()
     assert warm == {"frame_hits": 1, "equal": True, "imported": []}
+
+
+def test_the_aot_stages_and_their_modules_are_reachable_from_the_package():
+    # kiln.aot binds its names at their first use: its stage modules are reachable as
+    # attributes too, as when the package imported them all
+    r = _run("import json, kiln\n"
+             "print(json.dumps({'module': kiln.aot.dynamic.__name__,\n"
+             "                  'same': kiln.aot.compile_graph is kiln.aot.dynamic.compile_graph,\n"
+             "                  'stage': kiln.aot.stage2_compile.__module__}))")
+    assert r == {"module": "kiln.aot.dynamic", "same": True, "stage": "kiln.aot.compile"}
