@@ -43,13 +43,15 @@ _HOME = {
 
 def __getattr__(name: str):
     home = _HOME.get(name)
-    if home is None:            # a stage's module (``kiln.aot.dynamic``), as an eager import bound it
+    if home is None and not name.startswith("__"):   # a stage's module (``kiln.aot.dynamic``)
         try:
             return _importlib.import_module(f"{__name__}.{name}")
         except ModuleNotFoundError as e:
             if e.name != f"{__name__}.{name}":
                 raise
             raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     value = getattr(_importlib.import_module(home, __name__), name)
     globals()[name] = value
     return value
