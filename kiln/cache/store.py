@@ -214,6 +214,12 @@ def write_kernel_record(path: str, blob: bytes) -> bool:
     return _write_file(path, blob, remote=("kernels", os.path.basename(path)))
 
 
+def write_received_kernel_record(path: str, blob: bytes) -> bool:
+    """A kernel record received whole from another rank of the job (which wrote it to the
+    remote cache): written here only."""
+    return _write_file(path, blob)
+
+
 def read_kernel_record(path: str) -> bytes | None:
     """The bytes of the kernel record at ``path``, from the remote cache (checked, and written
     at ``path``) when it is not there; None when neither has it."""

@@ -254,8 +254,6 @@ def _awaiting_kernels(kind: str, code: dict, sender: compile_once.Claim) -> Call
     """The entry point of a received module whose Triton kernels the compiling rank records at
     its own first call: at this one's first call, the module is loaded with that record (and
     the record written to this machine's cache), or through Inductor when it does not come."""
-    loaded: list = []
-
     digest = generated_module.module_digest(code["fast"])
     _log(f"rank {sender.rank}: {kind} module {digest[:12]} of {sender.function} loads at its first call, with "
          "the Triton kernels the rank that compiled it records at its own")
@@ -268,17 +266,21 @@ def _awaiting_kernels(kind: str, code: dict, sender: compile_once.Claim) -> Call
             if module is not None:
                 store.count("job_kernels")
                 if config.cache:
-                    store.write_kernel_record(triton_kernels.record_path(kernel_dir, digest), blob)
+                    store.write_received_kernel_record(triton_kernels.record_path(kernel_dir, digest), blob)
                 _log(f"rank {sender.rank}: {kind} module {digest[:12]} loaded with the received Triton kernels")
                 return _entry_point(module, code)
             _log(f"rank {sender.rank}: the received Triton kernels of module {digest[:12]} do not load here; "
                  "building them")
         return _load_generated({kind: code}, wait_for_kernels=False)[kind]
 
+    def first(args: list):
+        nonlocal call
+        call = resolve()
+        return call(args)
+    call = first
+
     def boxed(args: list):
-        if not loaded:
-            loaded.append(resolve())
-        return loaded[0](args)
+        return call(args)
     boxed._boxed_call = True
     return boxed
 
