@@ -23,6 +23,7 @@ import sys as _sys
 import types as _types
 
 from .config import config
+from .lazy_imports import submodule as _import_submodule
 from .version import __version__
 
 # ``import kiln`` imports no torch: each name below is imported with its own module at its first
@@ -75,12 +76,7 @@ class _Kiln(_types.ModuleType):
         return value
 
     def _submodule(self, name: str):
-        try:
-            return _importlib.import_module(f"{__name__}.{name}")
-        except ModuleNotFoundError as e:
-            if e.name != f"{__name__}.{name}":
-                raise
-            raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+        return _import_submodule(__name__, name)
 
     def __setattr__(self, name: str, value) -> None:
         if name in _SHADOWED and isinstance(value, _types.ModuleType):

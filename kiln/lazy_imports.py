@@ -12,6 +12,17 @@ import importlib
 from typing import Any
 
 
+def submodule(package: str, name: str):
+    """The submodule ``package.name``, imported: what a lazy package's ``__getattr__`` returns
+    for a name it does not bind itself (AttributeError when there is no such module)."""
+    try:
+        return importlib.import_module(f"{package}.{name}")
+    except ModuleNotFoundError as e:
+        if e.name != f"{package}.{name}":
+            raise
+        raise AttributeError(f"module {package!r} has no attribute {name!r}") from None
+
+
 class LazyModule:
     """Stands for the module ``name``, imported at the first attribute read."""
 

@@ -25,6 +25,8 @@ concrete shapes where that is not possible (``dynamic.py``). Dynamic graphs are 
 """
 import importlib as _importlib
 
+from ..lazy_imports import submodule
+
 # Each name is imported with its own module at its first use: a warm start loads compiled
 # graphs (``export``, ``function``, ``runtime``) without importing the tracing stages.
 _HOME = {
@@ -44,12 +46,7 @@ _HOME = {
 def __getattr__(name: str):
     home = _HOME.get(name)
     if home is None and not name.startswith("__"):   # a stage's module (``kiln.aot.dynamic``)
-        try:
-            return _importlib.import_module(f"{__name__}.{name}")
-        except ModuleNotFoundError as e:
-            if e.name != f"{__name__}.{name}":
-                raise
-            raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+        return submodule(__name__, name)
     if home is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     value = getattr(_importlib.import_module(home, __name__), name)
