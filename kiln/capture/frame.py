@@ -11,7 +11,6 @@ from typing import Callable
 import torch
 
 from .. import _torch, cache, logs
-from ..config import config
 from ..errors import Unsupported
 from ..internal_errors import (EFFECTS_MARK, call_user, forget_frames, graph_has_effects,
                                internal_error, is_kiln_backend, is_users, mark_users)
@@ -155,7 +154,7 @@ def _compile_graph(fn, output: OutputGraph, cg: EntryCodegen, backend, backend_n
     graph = output.graph
     graph.output(tuple(cg.output_nodes))
     output.remove_unused()
-    if getattr(backend, "kiln_regions", False) and not config.cudagraphs:
+    if getattr(backend, "kiln_regions", False):
         regions.outline(output)     # (a backend tracing the graph's blocks once)
     # (a graph that only hands back a symbol input still runs: the entry reads its outputs)
     has_ops = any(n.op not in ("placeholder", "output") for n in graph.nodes) or bool(cg.output_nodes)

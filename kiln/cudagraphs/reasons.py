@@ -120,9 +120,34 @@ def _devices(value) -> list:
     return []
 
 
+def _subgraphs(n: torch.fx.Node) -> list:
+    """The graphs a higher-order op node runs (a repeated block's ``invoke_region``, a branch
+    of ``cond``): its ``get_attr`` arguments that name GraphModules of the owning module."""
+    if n.op != "call_function" or not isinstance(n.target, torch._ops.HigherOrderOperator):
+        return []
+    owner = n.graph.owning_module
+    found = []
+    for a in n.args:
+        if isinstance(a, torch.fx.Node) and a.op == "get_attr" and owner is not None:
+            sub = owner
+            for part in a.target.split("."):
+                sub = getattr(sub, part, None)
+            if isinstance(sub, torch.fx.GraphModule):
+                found.append(sub)
+    return found
+
+
 def op_reason(n: torch.fx.Node) -> str | None:
     """Why one op of a graph cannot be in a CUDA graph (None: it can). Placeholders and
-    outputs are not ops."""
+    outputs are not ops. A higher-order op is checked through the graphs it runs: a replay
+    runs their ops as recorded."""
+    for sub in _subgraphs(n):
+        for inner in sub.graph.nodes:
+            if inner.op in ("placeholder", "output"):
+                continue
+            why = op_reason(inner)
+            if why is not None:
+                return f"{why} (inside {_op_name(n.target)})"
     if n.op == "call_function" and getattr(n.target, "namespace", None) == "kiln":
         # stream_ops.py: copies on a side stream, timed by events, into pinned CPU memory
         return f"op {_op_name(n.target)} moves saved activations on a side stream (kiln.activations." \

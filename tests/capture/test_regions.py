@@ -300,13 +300,52 @@ def test_dynamic_shapes(backend):
             torch.testing.assert_close(a, b)
 
 
-def test_not_where_graphs_replay_as_cuda_graphs():
+def test_also_where_graphs_replay_as_cuda_graphs():
     model = Stack([Block() for _ in range(3)])
     rec = Recorder()
     with kiln.config.patch(cudagraphs=True):
-        x = torch.randn(3, 8)
+        x = torch.randn(3, 8, requires_grad=True)
         torch.testing.assert_close(kiln.compile(model, backend=rec)(x), model(x))
-    assert not region_calls(rec.graphs[0])
+    assert len(region_calls(rec.graphs[0])) == 3
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_blocks_replay_as_cuda_graphs(monkeypatch):
+    """mode="reduce-overhead": the block is lowered once and every layer's call is recorded in
+    the forward's and the backward's CUDA graphs; training and inference follow eager."""
+    from kiln.aot import regions as aot_regions
+    from kiln.cudagraphs import stats
+
+    lowered = []
+    to_inductor = aot_regions.to_inductor
+
+    def counting(gm):
+        lowered.append(len(region_calls(gm)))
+        to_inductor(gm)
+    monkeypatch.setattr(aot_regions, "to_inductor", counting)
+    torch.manual_seed(0)
+    model = Stack([Block() for _ in range(4)]).cuda()
+    twin = Stack([Block() for _ in range(4)]).cuda()
+    twin.load_state_dict(model.state_dict())
+    compiled = kiln.compile(twin, mode="reduce-overhead")
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, twin)]
+    replays = stats["replay"]
+    for _ in range(4):
+        x = torch.randn(16, 8, device="cuda")
+        for m, opt in zip((model, compiled), opts):
+            m(x).pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+    for a, b in zip(model.parameters(), twin.parameters()):
+        torch.testing.assert_close(a, b)
+    with torch.no_grad():
+        for _ in range(3):
+            x = torch.randn(16, 8, device="cuda")
+            torch.testing.assert_close(compiled(x), model(x))
+    # forward and backward: the first layer's input needs no gradient, so it is its own code;
+    # inference: all four layers
+    assert sorted(lowered) == [3, 3, 4], lowered
+    assert stats["replay"] > replays
 
 
 class CheckpointedBlock(Block):

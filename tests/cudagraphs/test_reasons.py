@@ -3,6 +3,7 @@ the or-error switch and the logs: CPU-testable."""
 from __future__ import annotations
 
 import json
+import operator
 
 import pytest
 import torch
@@ -51,6 +52,36 @@ def test_cpu_op_item_and_dynamic_shape_ops_are_skip_reasons():
     assert "data-dependent output shape" in one_op_graph(torch.ops.aten.nonzero.default, None).skip
     cpu_input = traced(lambda x: x + 1, (4,), device="cpu")
     assert "cpu device" in cpu_input.skip and not cpu_input.op_level
+
+
+def region_graph(block_fn):
+    """A forward graph calling a repeated block (``invoke_region``) whose ATen graph is
+    ``block_fn`` traced on a fake CUDA tensor."""
+    from torch._subclasses import FakeTensorMode
+
+    from kiln.aot.regions import invoke_region
+
+    mode = FakeTensorMode(allow_non_fake_inputs=False)
+    with mode:
+        x = torch.empty(4, device="cuda")
+        block = make_fx(block_fn)(x)
+        out = tuple(block_fn(x))
+    root = torch.nn.Module()
+    root.block = block
+    g = torch.fx.Graph()
+    p = g.placeholder("x")
+    p.meta["val"] = x
+    n = g.call_function(invoke_region, (g.get_attr("block"), p))
+    n.meta["val"] = out
+    g.output((g.call_function(operator.getitem, (n, 0)),))
+    return graph_facts(torch.fx.GraphModule(root, g), "forward")
+
+
+def test_ops_inside_a_repeated_block_are_checked():
+    """A replay runs a block's ops as recorded: the check looks inside the block."""
+    assert region_graph(lambda x: (torch.relu(x) * 2,)).skip is None
+    facts = region_graph(lambda x: (x + torch.ones(4, device="cpu").sum(),))
+    assert "cpu device" in facts.skip and "inside kiln_invoke_region" in facts.skip and facts.op_level
 
 
 def test_meta_tensors_do_not_skip():

@@ -78,11 +78,10 @@ class InductorBackend:
         """Whether compiled graphs are recorded as CUDA graphs (kiln.cudagraphs)."""
         return self.mode == "reduce-overhead" or config.cudagraphs
 
-    @property
-    def kiln_regions(self) -> bool:
-        """Whether the capture hands this backend repeated blocks as ``invoke_region`` nodes:
-        not where its graphs replay as CUDA graphs (their partitioning does not know blocks)."""
-        return not self.cudagraphs
+    # the capture hands this backend repeated blocks as ``invoke_region`` nodes (CUDA graphs
+    # included: a replay runs each block's kernels as recorded, and the compile-time check
+    # looks inside every block)
+    kiln_regions = True
 
     @property
     def config_patches(self) -> dict:
