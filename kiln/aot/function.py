@@ -547,7 +547,7 @@ def make_training_core(fw: Callable, bw: Callable, parts, compile_bw: Callable[[
                 if sel is None:
                     args = versions.unpack(ctx, partial, watch, saved_demand, mine)
                 else:
-                    args = sel.spread(versions.unpack(ctx, partial, sel.watch, sel.demand, mine))
+                    args = sel.spread(versions.unpack(ctx, partial, sel.watch, sel.demand, mine, drop_spent=True))
                 if len(args) < ctx.kiln_slots:      # (a node that saved nothing, unpacked again)
                     args = [None] * ctx.kiln_slots    # (a node's own selection is spread already)
                 ctx.maybe_clear_saved_tensors()     # the graph frees each after its last use
@@ -593,7 +593,7 @@ def make_training_core(fw: Callable, bw: Callable, parts, compile_bw: Callable[[
         partial = None if ctx.kiln_mine <= given else frozenset(given)
         versions.run_late_checks(ctx, partial, late_demand)
         sel = ctx.kiln_selection
-        args = versions.unpack(ctx, partial, sel.watch, sel.demand, ctx.kiln_mine)
+        args = versions.unpack(ctx, partial, sel.watch, sel.demand, ctx.kiln_mine, drop_spent=True)
         ctx.maybe_clear_saved_tensors()
         if ctx.kiln_other is not None:
             for i, s in ctx.kiln_other:

@@ -304,7 +304,8 @@ _SAVED_PARAMETER_HINT = (
     "kiln.config.copy_saved_parameters = True (KILN_COPY_SAVED_PARAMETERS=1) to save copies, as eager does.")
 
 
-def unpack(ctx, given: set | None, watch: list, demand: list, everything: frozenset) -> list:
+def unpack(ctx, given: set | None, watch: list, demand: list, everything: frozenset,
+           drop_spent: bool = False) -> list:
     """The saved tensors for this backward call, with eager's checks.
 
     Eager's autograd frees each node's saved tensors once backward() went through it, node by
@@ -313,7 +314,10 @@ def unpack(ctx, given: set | None, watch: list, demand: list, everything: frozen
     are kept (``ctx.kiln_stash``, with their versions) for a later backward() through the
     others, which raises eager's errors itself: a tensor changed in place since the forward, or
     used by a backward op that an earlier backward() ran (its eager node is freed). ``demand``:
-    per saved tensor, the tangent sets of the ops that use it."""
+    per saved tensor, the tangent sets of the ops that use it. ``drop_spent``: the caller's
+    backward graphs read only what they use (a segment's), so the stash keeps only the tensors
+    an op that has not run yet reads; the others, like eager's freed nodes, go now (a later
+    backward that needs one raises eager's error before reading it)."""
     now = everything if given is None else frozenset(given)
     done = getattr(ctx, "kiln_done", None)
     if done is None:                       # the first backward through this call
@@ -333,7 +337,9 @@ def unpack(ctx, given: set | None, watch: list, demand: list, everything: frozen
         if now != everything:
             # detached: same memory and version counter, no grad_fn (a saved output's grad_fn is
             # this node: a reference cycle through C++ the garbage collector cannot see)
-            stash = [(t.detach(), t._version) if t is not None else (None, 0) for t in saved]
+            stash = [(t.detach(), t._version) if t is not None and not (
+                drop_spent and _spent(demand[pos] if pos < len(demand) else (everything,), now)) else (None, 0)
+                for pos, t in enumerate(saved)]
             for t, _, pos, version in undo:
                 stash[pos] = (stash[pos][0], version)    # stale: refused if a later call needs it
             ctx.kiln_stash = stash
@@ -366,6 +372,12 @@ def unpack(ctx, given: set | None, watch: list, demand: list, everything: frozen
     if ctx.kiln_done == everything:
         ctx.kiln_stash = None
     return saved
+
+
+def _spent(uses, done: frozenset) -> bool:
+    """Every op that reads a saved tensor (``uses``: their tangent sets) ran in a backward
+    through ``done``: eager freed its node's saved tensors then."""
+    return all(not u.isdisjoint(done) for u in uses)
 
 
 def attach_late_checks(outputs, mutated: list) -> None:

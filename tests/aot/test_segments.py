@@ -179,8 +179,10 @@ class _Forwards:
         self.backend = aot_backend(fw_compiler=fw, bw_compiler=bw, partition_fn="min_cut")
 
 
-def _kv_model(layers=3):
-    """A decoder stack that returns each layer's keys and values (a KV cache) and the loss."""
+def _kv_model(layers=3, window=None):
+    """A decoder stack that returns each layer's keys and values (a KV cache) and the loss.
+    ``window``: the cache keeps the last ``window`` keys and values, slices that nothing
+    later reads (Mistral's sliding-window cache)."""
     torch.manual_seed(0)
     ws = [torch.nn.Linear(8, 24) for _ in range(layers)]
     head = torch.nn.Linear(8, 5)
@@ -193,7 +195,7 @@ def _kv_model(layers=3):
             k = torch.cat([torch.empty(0), k.transpose(0, 1).reshape(-1)]).view(8, -1).t()
             att = torch.softmax(q @ k.transpose(0, 1), -1)
             h = h + att @ v
-            cache += [k, v]
+            cache += [k, v] if window is None else [k[-window:], v[-window:]]
         logits = head(h)
         loss = torch.nn.functional.cross_entropy(logits, target)
         return loss, logits, cache
@@ -255,6 +257,45 @@ def test_segments_save_only_what_their_backward_reads():
               if t is not None} for n in kiln_nodes]
     total = set().union(*saved)
     assert all(len(s) < len(total) for s in saved), ([len(s) for s in saved], len(total))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_backward_through_the_loss_frees_what_it_read_while_the_outputs_are_held(backend):
+    """A training loop keeps the model's outputs (its KV cache, logits, the loss) past
+    backward(): eager's nodes freed their saved tensors when backward() went through them, and
+    kiln's must too, not keep them for a backward through the cache that eager would refuse."""
+    import gc
+
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    f, mods = _kv_model(layers=4, window=4)
+    cf = kiln.compile(f, backend=backend)
+    x = torch.randn(6, 8, requires_grad=True)
+    target = torch.randint(0, 5, (6,))
+    for _ in range(2):
+        loss, logits, cache = cf(x, target)
+        nodes, todo = {}, [loss.grad_fn]
+        while todo:
+            n = todo.pop()
+            if n is None or n in nodes:
+                continue
+            nodes[n] = None
+            todo.extend(m for m, _ in n.next_functions)
+        held = {t.untyped_storage().data_ptr() for t in [x, target, logits, *cache, *(p for m in mods for p in m.parameters())]}
+        saved = [StorageWeakRef(t.untyped_storage()) for n in nodes
+                 if getattr(getattr(n, "_forward_cls", None), "kiln_aot", False)
+                 for t in n.saved_tensors if t is not None and t.untyped_storage().data_ptr() not in held]
+        assert saved
+        loss.backward()
+        gc.collect()
+        assert all(s.expired() for s in saved), sum(not s.expired() for s in saved)
+    # a backward through the cache now goes through nodes backward() ran: eager refuses it
+    r_loss, r_logits, r_cache = f(x, target)
+    r_loss.backward()
+    with pytest.raises(RuntimeError, match="second time"):
+        r_cache[0].sum().backward()
+    with pytest.raises(RuntimeError, match="second time"):
+        cache[0].sum().backward()
 
 
 def test_a_view_output_that_feeds_another_gets_its_hooks_gradient():
