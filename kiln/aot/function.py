@@ -327,6 +327,8 @@ def make_training_core(fw: Callable, bw: Callable, parts, compile_bw: Callable[[
     nondiff = {k for k, rg in enumerate(parts.fw_output_requires_grad) if not rg}
     deps = [frozenset(d) for d in parts.grad_dependencies] if parts.grad_dependencies is not None else None
     static_zeros = _static_zeros(parts)
+    # (static shapes) a backward through some outputs frees what only the ops it ran read
+    drop_spent = not parts.symbolic
     check_inputs, check_outputs = list(parts.check_inputs), list(parts.check_outputs)
     copy_saved = list(parts.copy_saved)
     saving_outputs = frozenset(parts.eager_saving_outputs)
@@ -545,9 +547,9 @@ def make_training_core(fw: Callable, bw: Callable, parts, compile_bw: Callable[[
                 versions.run_late_checks(ctx, partial, late_demand)
                 sel = getattr(ctx, "kiln_selection", None)
                 if sel is None:
-                    args = versions.unpack(ctx, partial, watch, saved_demand, mine)
+                    args = versions.unpack(ctx, partial, watch, saved_demand, mine, drop_spent)
                 else:
-                    args = sel.spread(versions.unpack(ctx, partial, sel.watch, sel.demand, mine, drop_spent=True))
+                    args = sel.spread(versions.unpack(ctx, partial, sel.watch, sel.demand, mine, drop_spent))
                 if len(args) < ctx.kiln_slots:      # (a node that saved nothing, unpacked again)
                     args = [None] * ctx.kiln_slots    # (a node's own selection is spread already)
                 ctx.maybe_clear_saved_tensors()     # the graph frees each after its last use
@@ -593,7 +595,7 @@ def make_training_core(fw: Callable, bw: Callable, parts, compile_bw: Callable[[
         partial = None if ctx.kiln_mine <= given else frozenset(given)
         versions.run_late_checks(ctx, partial, late_demand)
         sel = ctx.kiln_selection
-        args = versions.unpack(ctx, partial, sel.watch, sel.demand, ctx.kiln_mine, drop_spent=True)
+        args = versions.unpack(ctx, partial, sel.watch, sel.demand, ctx.kiln_mine, drop_spent)
         ctx.maybe_clear_saved_tensors()
         if ctx.kiln_other is not None:
             for i, s in ctx.kiln_other:

@@ -314,10 +314,11 @@ def unpack(ctx, given: set | None, watch: list, demand: list, everything: frozen
     are kept (``ctx.kiln_stash``, with their versions) for a later backward() through the
     others, which raises eager's errors itself: a tensor changed in place since the forward, or
     used by a backward op that an earlier backward() ran (its eager node is freed). ``demand``:
-    per saved tensor, the tangent sets of the ops that use it. ``drop_spent``: the caller's
-    backward graphs read only what they use (a segment's), so the stash keeps only the tensors
-    an op that has not run yet reads; the others, like eager's freed nodes, go now (a later
-    backward that needs one raises eager's error before reading it)."""
+    per saved tensor, the tangent sets of the ops that use it. ``drop_spent`` (graphs of static
+    shapes): the stash keeps only the tensors an op that has not run yet reads; the others go
+    now, as eager's freed nodes' do (a later backward that needs one raises eager's error before
+    reading it). A graph of symbolic shapes keeps them all: its later partial backward may read
+    a symbolic size from any of them."""
     now = everything if given is None else frozenset(given)
     done = getattr(ctx, "kiln_done", None)
     if done is None:                       # the first backward through this call
@@ -337,8 +338,8 @@ def unpack(ctx, given: set | None, watch: list, demand: list, everything: frozen
         if now != everything:
             # detached: same memory and version counter, no grad_fn (a saved output's grad_fn is
             # this node: a reference cycle through C++ the garbage collector cannot see)
-            stash = [(t.detach(), t._version) if t is not None and not (
-                drop_spent and _spent(demand[pos] if pos < len(demand) else (everything,), now)) else (None, 0)
+            stash = [(None, 0) if t is None or drop_spent and _spent(
+                demand[pos] if pos < len(demand) else (everything,), now) else (t.detach(), t._version)
                 for pos, t in enumerate(saved)]
             for t, _, pos, version in undo:
                 stash[pos] = (stash[pos][0], version)    # stale: refused if a later call needs it
