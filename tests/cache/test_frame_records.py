@@ -4,9 +4,12 @@ tests/conftest.py); the child counts kiln's capture entry point and checks its r
 eager (outputs and gradients)."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
+
+import pytest
 
 import kiln
 from kiln.cache import envelope, store
@@ -83,9 +86,28 @@ def _run(tmp_path, mode, *sizes, backend="aot_eager", env=None):
     return json.loads(line[7:]), p.stderr
 
 
-def test_warm_process_installs_entries_without_capture(tmp_path):
+@pytest.fixture(scope="module")
+def cold_static(tmp_path_factory):
+    """The first process of most tests here, run once for the module: ``f`` (the "static"
+    mode, aot_eager) compiled over an empty cache directory, which it records. Its result, its
+    stderr and the cache directory it left."""
+    d = tmp_path_factory.mktemp("cold-static")
+    _setup(d)
+    cache = d / "kiln-cache"
+    result, err = _run(d, "static", env={"KILN_CACHE_DIR": str(cache), "KILN_CACHE_FRAMES": "1"})
+    return result, err, cache
+
+
+def _setup_after_cold(tmp_path, cold_static):
+    """``_setup(tmp_path)`` and the test's own cache directory as the cold "static" process
+    left it (a copy: records and entries name no path; the test may change it freely)."""
     _setup(tmp_path)
-    cold, err = _run(tmp_path, "static")
+    shutil.copytree(cold_static[2], kiln.config.cache_dir)
+    return cold_static[:2]
+
+
+def test_warm_process_installs_entries_without_capture(tmp_path, cold_static):
+    cold, err = _setup_after_cold(tmp_path, cold_static)
     assert cold["captures"] == 1 and cold["frame_misses"] == 1 and cold["misses"] == 1
     assert "frame miss f (no record)" in err and "frame recorded f: 1 entries" in err
     [(_, record)] = store.records()
@@ -98,29 +120,26 @@ def test_warm_process_installs_entries_without_capture(tmp_path):
     assert warm["hits"] == warm["misses"] == 0 and not warm["dynamo"]    # (no capture: no torch._dynamo)
 
 
-def test_a_record_made_under_other_capture_settings_is_not_used(tmp_path):
+def test_a_record_made_under_other_capture_settings_is_not_used(tmp_path, cold_static):
     """A record holds what a capture made under its settings (repeated blocks, int
     specialization...): switching one on captures again instead of installing the old entries."""
-    _setup(tmp_path)
-    _run(tmp_path, "static")
+    _setup_after_cold(tmp_path, cold_static)      # (f compiled and recorded by a first process)
     r, _ = _run(tmp_path, "static", env={"KILN_SPECIALIZE_INT": "1"})
     assert r["captures"] == 1 and r["frame_hits"] == 0 and r["frame_misses"] == 1
     r, _ = _run(tmp_path, "static", env={"KILN_SPECIALIZE_INT": "1"})     # its own record
     assert r["captures"] == 0 and r["frame_hits"] == 1
 
 
-def test_renamed_function_misses_the_frame_but_hits_the_graph_cache(tmp_path):
-    _setup(tmp_path)
-    _run(tmp_path, "static")
+def test_renamed_function_misses_the_frame_but_hits_the_graph_cache(tmp_path, cold_static):
+    _setup_after_cold(tmp_path, cold_static)      # (f compiled and recorded by a first process)
     r, err = _run(tmp_path, "renamed")
     assert r["captures"] == 1 and r["frame_misses"] == 1 and r["frame_hits"] == 0
     assert r["hits"] == 1 and r["misses"] == 0
     assert "frame miss f_renamed (no record)" in err
 
 
-def test_changed_source_of_an_inlined_callee_or_the_function_is_not_used(tmp_path):
-    _setup(tmp_path)
-    _run(tmp_path, "static")
+def test_changed_source_of_an_inlined_callee_or_the_function_is_not_used(tmp_path, cold_static):
+    _setup_after_cold(tmp_path, cold_static)      # (f compiled and recorded by a first process)
     _setup(tmp_path, helper_c="3.0")              # the inlined helper changed: the record is ignored
     r, err = _run(tmp_path, "static")             # (the child checks it against the new helper)
     assert r["captures"] == 1 and r["frame_hits"] == 0 and r["frame_misses"] == 1
@@ -132,9 +151,8 @@ def test_changed_source_of_an_inlined_callee_or_the_function_is_not_used(tmp_pat
     assert r["captures"] == 1 and r["frame_hits"] == 0 and "frame miss f (no record)" in err
 
 
-def test_changed_global_fails_the_guard_and_recompiles(tmp_path):
-    _setup(tmp_path)
-    _run(tmp_path, "static")
+def test_changed_global_fails_the_guard_and_recompiles(tmp_path, cold_static):
+    _setup_after_cold(tmp_path, cold_static)      # (f compiled and recorded by a first process)
     r, err = _run(tmp_path, "static", env={"SCALE": "5.0"})   # compared with eager at SCALE=5
     assert r["captures"] == 1 and r["frame_hits"] == 0 and r["frame_misses"] == 1
     assert "EQUALS_MATCH failed: G['SCALE'] == 2.0" in err
@@ -168,9 +186,8 @@ def test_dynamic_entry_serves_new_sizes(tmp_path):
     assert warm["captures"] == 0 and warm["frame_hits"] == 1 and "frame hit dyn" in err
 
 
-def test_corrupt_record_is_ignored_with_one_warning(tmp_path):
-    _setup(tmp_path)
-    _run(tmp_path, "static")
+def test_corrupt_record_is_ignored_with_one_warning(tmp_path, cold_static):
+    _setup_after_cold(tmp_path, cold_static)      # (f compiled and recorded by a first process)
     [(_, record)] = store.records()
     blob = bytearray(open(record, "rb").read())
     blob[len(blob) // 2] ^= 0x20
@@ -251,10 +268,9 @@ def test_a_backend_without_cache_key_keeps_no_records(capsys):
     assert store.records() == []
 
 
-def test_a_record_from_another_kiln_or_torch_is_ignored(tmp_path):
+def test_a_record_from_another_kiln_or_torch_is_ignored(tmp_path, cold_static):
     """A whole record (its hash matches) written by another kiln, torch or device: ignored."""
-    _setup(tmp_path)
-    _run(tmp_path, "static")
+    _setup_after_cold(tmp_path, cold_static)      # (f compiled and recorded by a first process)
     [(_, record)] = store.records()
     found = envelope.read(record, store.RECORD)
     header = {**found.header, "environment": {**found.header["environment"], "torch": "0.0.0+other"}}
