@@ -365,17 +365,18 @@ def test_fresh_process_with_warm_cache_traces_nothing(tmp_path):
     assert _result(_child(tmp_path, 2, 2)) == (0, 2, 0, 0)
 
 
-def test_eight_processes_share_one_dir(tmp_path):
-    procs = [_child(tmp_path, c % 3 + 1, i) for i, c in enumerate(range(8))]
+def test_four_processes_share_one_dir(tmp_path):
+    # (two processes per constant, started together: every entry and record has two writers)
+    procs = [_child(tmp_path, c % 2 + 1, i) for i, c in enumerate(range(4))]
     for p in procs:
         _result(p)                                # each checked its results against eager
     entries = store.entries()
-    assert len(entries) == 6                      # 3 constants x 2 functions
+    assert len(entries) == 4                      # 2 constants x 2 functions
     for key, path in entries:
         assert store.read(key) is not None        # every entry whole (hash checked)
     assert not [n for n in os.listdir(store.aot_dir()) if n.startswith(".tmp-")]
     records = store.records()
-    assert len({k for k, _ in records}) == 6      # and the frame records: 3 constants x 2 functions
+    assert len({k for k, _ in records}) == 4      # and the frame records: 2 constants x 2 functions
     for _, path in records:
         assert store.read_record(path) is not None
         assert not [n for n in os.listdir(os.path.dirname(path)) if n.startswith(".tmp-")]
