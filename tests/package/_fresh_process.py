@@ -1,4 +1,5 @@
-"""Run in a fresh Python process by test_package_fresh_process.py:
+"""Run in a fresh Python process by test_package_fresh_process.py (the save functions are
+also called in the test process itself: only the loading side must be a fresh process):
 
     python _fresh_process.py save DIR BACKEND   compile, call and save packages into DIR
     python _fresh_process.py load DIR BACKEND   load them with capture, AOT and Inductor

@@ -19,6 +19,7 @@ from kiln.package import PackageError, fileformat
 from kiln.package.graphs import _graph_from_data, _graph_to_data
 from kiln.package.values import Decoder, Encoder
 
+import _fresh_process as P
 import _pkg_models as M
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -38,9 +39,13 @@ def _run(cwd: pathlib.Path, *args: str) -> str:
 
 
 @pytest.mark.parametrize("backend", ["eager", "aot_eager", "inductor"])
-def test_cond_and_while_loop_packages_load_elsewhere_without_compiling(tmp_path, backend):
+def test_cond_and_while_loop_packages_load_elsewhere_without_compiling(tmp_path, monkeypatch, backend):
     (tmp_path / "pkgs").mkdir()
-    assert "SAVED" in _run(tmp_path / "save", "save_higher_order", str(tmp_path / "pkgs"), backend)
+    # saved here (a cache dir of its own), loaded in a fresh process
+    monkeypatch.setattr(kiln.config, "cache_dir", str(tmp_path / "save" / "kiln-cache"))
+    kiln.reset()
+    P.save_higher_order(str(tmp_path / "pkgs"), backend)
+    kiln.reset()
     assert "LOADED HIGHER ORDER" in _run(tmp_path / "load", "load_higher_order", str(tmp_path / "pkgs"), backend)
 
 
