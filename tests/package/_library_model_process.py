@@ -2,7 +2,8 @@
 
     python _library_model_process.py save PATH    compile a tiny Hugging Face Qwen2 (its
                                                   defaults: KV cache on, 2 key/value heads),
-                                                  call it, save a package
+                                                  call it (the logits must equal eager's),
+                                                  print the cache stats, save a package
     python _library_model_process.py load PATH    load it with capture made to fail; the
                                                   logits must equal eager's
     python _library_model_process.py warm -       compile and call it with the compile cache
@@ -82,10 +83,11 @@ def main(mode: str, path: str) -> None:
             torch.testing.assert_close(c(input_ids=ids).logits, m(input_ids=ids).logits)
         print("STATS " + json.dumps(kiln.cache.stats()))
         return
-    if mode == "save":
+    if mode == "save":                # (the stats as "warm" prints them: a cold run, with a package)
         c = kiln.compile(m, backend="aot_eager")
         with torch.no_grad():
-            c(input_ids=ids)
+            torch.testing.assert_close(c(input_ids=ids).logits, m(input_ids=ids).logits)
+        print("STATS " + json.dumps(kiln.cache.stats()))
         saved = c.save_package(path)
         assert sum(saved.saved.values()) >= 1, saved.left_out
         print("saved", saved.saved)

@@ -7,6 +7,7 @@ import functools
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
 
@@ -26,47 +27,63 @@ def _run(*args, **env_vars):
     return r.stdout
 
 
-def test_a_transformers_decoder_package_loads_in_a_fresh_process_without_capture(tmp_path):
+def _stats(out: str) -> dict:
+    return json.loads(out.split("STATS ", 1)[1].splitlines()[0])
+
+
+def _first_process(tmp_path_factory, mode: str) -> tuple:
+    """The first process of two tests, run once for the module: ``mode`` (``save`` or
+    ``save-train``) compiles the model over an empty cache directory (frame records on), calls
+    it, prints the cache stats and saves a package. Its output, the package and the cache."""
     pytest.importorskip("transformers")
-    path = str(tmp_path / "qwen2.kiln")
-    assert "saved" in _run("save", path)
+    d = tmp_path_factory.mktemp(mode)
+    path, cache = d / "qwen2.kiln", d / "cache"
+    out = _run(mode, str(path), KILN_CACHE_DIR=str(cache), KILN_CACHE_FRAMES="1")
+    return out, str(path), cache
+
+
+@pytest.fixture(scope="module")
+def decoder_saved(tmp_path_factory):
+    return _first_process(tmp_path_factory, "save")
+
+
+@pytest.fixture(scope="module")
+def training_step_saved(tmp_path_factory):
+    return _first_process(tmp_path_factory, "save-train")
+
+
+def test_a_transformers_decoder_package_loads_in_a_fresh_process_without_capture(decoder_saved):
+    out, path, _ = decoder_saved
+    assert "saved" in out
     assert "loaded" in _run("load", path)
 
 
-def test_a_warm_process_serves_a_transformers_decoder_from_its_frame_record(tmp_path):
+def test_a_warm_process_serves_a_transformers_decoder_from_its_frame_record(tmp_path, decoder_saved):
     """The record's inlined functions sit under decorators' wrappers (``can_return_tuple``) and
     include a dataclass's generated ``__init__``: all are checked by name in the new process."""
-    pytest.importorskip("transformers")
+    out, _, first_cache = decoder_saved
     cache = str(tmp_path / "cache")
-
-    def stats():
-        out = _run("warm", "-", KILN_CACHE_DIR=cache, KILN_CACHE_FRAMES="1")
-        return json.loads(out.split("STATS ", 1)[1])
-    cold = stats()
+    shutil.copytree(first_cache, cache)           # (the cache the first process left: ours to change)
+    cold = _stats(out)
     assert cold["frame_misses"] == 1
-    warm = stats()
+    warm = _stats(_run("warm", "-", KILN_CACHE_DIR=cache, KILN_CACHE_FRAMES="1"))
     assert warm["frame_hits"] == 1 and warm["frame_misses"] == 0, warm
 
 
-def _stats(out: str) -> dict:
-    return json.loads(out.split("STATS ", 1)[1])
-
-
-def test_a_transformers_training_step_package_loads_and_compiles_nothing(tmp_path):
+def test_a_transformers_training_step_package_loads_and_compiles_nothing(tmp_path, training_step_saved):
     """Inductor, a training step at the model's defaults: the entry holds the forward and the
     backward made at run time (the segmented graph's, as one), so the loading process neither
     captures nor lowers anything."""
-    pytest.importorskip("transformers")
-    path = str(tmp_path / "qwen2-train.kiln")
-    _run("save-train", path, KILN_CACHE_DIR=str(tmp_path / "cache"))
+    _, path, _ = training_step_saved
     loaded = _stats(_run("load-train", path, KILN_CACHE_DIR=str(tmp_path / "empty")))
     assert loaded["imported"] == [], loaded
 
 
-def test_a_warm_process_serves_a_training_step_from_its_frame_record(tmp_path):
-    pytest.importorskip("transformers")
+def test_a_warm_process_serves_a_training_step_from_its_frame_record(tmp_path, training_step_saved):
+    out, _, first_cache = training_step_saved
     cache = str(tmp_path / "cache")
-    cold = _stats(_run("warm-train", "-", KILN_CACHE_DIR=cache, KILN_CACHE_FRAMES="1"))
+    shutil.copytree(first_cache, cache)
+    cold = _stats(out)
     assert cold["frame_misses"] == 1
     warm = _stats(_run("warm-train", "-", KILN_CACHE_DIR=cache, KILN_CACHE_FRAMES="1"))
     assert warm["frame_hits"] == 1 and warm["frame_misses"] == 0 and warm["misses"] == 0, warm
