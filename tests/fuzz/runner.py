@@ -161,17 +161,6 @@ def run_program(prog: Program, backend, dynamic=None, calls=None, cache_dir: str
 
 
 def _run(prog, backend, dynamic, calls, cache_dir) -> Outcome:
-    # What was alive before this run (in a test process: everything the earlier tests left) is
-    # frozen for its duration: ``_leaked``'s collections then walk only the objects this run
-    # made (its inputs, kiln's entries and their cycles), not a heap of a million objects.
-    gc.freeze()
-    try:
-        return _run_unfrozen(prog, backend, dynamic, calls, cache_dir)
-    finally:
-        gc.unfreeze()
-
-
-def _run_unfrozen(prog, backend, dynamic, calls, cache_dir) -> Outcome:
     start = time.perf_counter()
     out = Outcome(prog.seed, backend, dynamic, "ok")
     source = prog.source()
