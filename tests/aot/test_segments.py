@@ -239,11 +239,8 @@ def test_kv_cache_graph_is_one_forward_and_grads_match_eager():
     assert counter.backwards >= 2       # one per segment that has a gradient
 
 
-def test_segments_save_only_what_their_backward_reads():
-    f, mods = _kv_model(layers=4)
-    cf = kiln.compile(f, backend="aot_eager")
-    x = torch.randn(6, 8, requires_grad=True)
-    loss, logits, cache = cf(x, torch.randint(0, 5, (6,)))
+def _kiln_nodes(loss) -> list:
+    """The autograd nodes of kiln's compiled graphs behind ``loss``."""
     nodes, todo = {}, [loss.grad_fn]
     while todo:
         n = todo.pop()
@@ -251,7 +248,15 @@ def test_segments_save_only_what_their_backward_reads():
             continue
         nodes[n] = None
         todo.extend(m for m, _ in n.next_functions)
-    kiln_nodes = [n for n in nodes if getattr(getattr(n, "_forward_cls", None), "kiln_aot", False)]
+    return [n for n in nodes if getattr(getattr(n, "_forward_cls", None), "kiln_aot", False)]
+
+
+def test_segments_save_only_what_their_backward_reads():
+    f, mods = _kv_model(layers=4)
+    cf = kiln.compile(f, backend="aot_eager")
+    x = torch.randn(6, 8, requires_grad=True)
+    loss, logits, cache = cf(x, torch.randint(0, 5, (6,)))
+    kiln_nodes = _kiln_nodes(loss)
     assert len(kiln_nodes) >= 3
     saved = [{(t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape)) for t in n.saved_tensors
               if t is not None} for n in kiln_nodes]
@@ -274,16 +279,8 @@ def test_a_backward_through_the_loss_frees_what_it_read_while_the_outputs_are_he
     target = torch.randint(0, 5, (6,))
     for _ in range(2):
         loss, logits, cache = cf(x, target)
-        nodes, todo = {}, [loss.grad_fn]
-        while todo:
-            n = todo.pop()
-            if n is None or n in nodes:
-                continue
-            nodes[n] = None
-            todo.extend(m for m, _ in n.next_functions)
         held = {t.untyped_storage().data_ptr() for t in [x, target, logits, *cache, *(p for m in mods for p in m.parameters())]}
-        saved = [StorageWeakRef(t.untyped_storage()) for n in nodes
-                 if getattr(getattr(n, "_forward_cls", None), "kiln_aot", False)
+        saved = [StorageWeakRef(t.untyped_storage()) for n in _kiln_nodes(loss)
                  for t in n.saved_tensors if t is not None and t.untyped_storage().data_ptr() not in held]
         assert saved
         loss.backward()
