@@ -30,12 +30,22 @@ def requires_cuda(fn):
     return pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")(fn)
 
 
+_TESTS_PER_FULL_COLLECTION = 500
+_tests_since_full_collection = 0
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_teardown(item, nextitem):
     """After each test (its fixtures torn down, kiln reset): what it left unreachable is
     collected, and what is still alive is frozen (``gc.freeze``), so that later collections,
     automatic or a test's own, walk only the objects made since. A worker's heap grows to a
-    million objects over the suite, and every full collection walked all of them."""
+    million objects over the suite, and every full collection walked all of them. Every
+    500 tests the frozen objects are collected too (what died since it was frozen)."""
+    global _tests_since_full_collection
     yield
+    _tests_since_full_collection += 1
+    if _tests_since_full_collection >= _TESTS_PER_FULL_COLLECTION:
+        _tests_since_full_collection = 0
+        gc.unfreeze()
     gc.collect()
     gc.freeze()
