@@ -129,9 +129,10 @@ def _subgraphs(n: torch.fx.Node) -> list:
     found = []
     for a in n.args:
         if isinstance(a, torch.fx.Node) and a.op == "get_attr" and owner is not None:
-            sub = owner
-            for part in a.target.split("."):
-                sub = getattr(sub, part, None)
+            try:
+                sub = owner.get_submodule(a.target)
+            except AttributeError:      # (a tensor attribute, not a module)
+                continue
             if isinstance(sub, torch.fx.GraphModule):
                 found.append(sub)
     return found
