@@ -10,7 +10,7 @@ CUDA with NCCL when the GPUs are there (rank r on cuda:r), gloo on the CPU other
 The model is benchmarks/inductor.py's GPT-2-style stack: 12 layers, d=1024, 16 heads, vocabulary
 50257, batch 8 per rank, sequence 256 (``--cpu``: 2 layers, d=64, 4 heads, vocabulary 512, batch
 2, sequence 32). A step is the forward under bf16 autocast (CUDA only), the loss, the backward
-(with the wrapper's gradient communication) and an AdamW step (fused on CUDA).
+(with the wrapper's gradient communication) and an AdamW step (fused on CUDA; one tensor at a time under tensor parallelism).
 
 Wrappers:
 
@@ -34,15 +34,28 @@ Per (wrapper, column), printed by rank 0 as a table and written with ``--json``:
 CPU), and ``max loss diff``: the largest relative difference of the column's losses from eager's
 over every step, on rank 0 (the same batches, the same initial weights).
 
-``--trace DIR``: a profiler trace (Chrome JSON) of 3 steps of each compiled column on rank 0,
-where the all-reduce (DDP) or reduce-scatter (FSDP2) kernels can be seen overlapping the
-backward.
+``--interleave``: every column is compiled first, then the columns take turns (``--rounds``
+turns of ``--iters`` steps each) and each one's step is the median over its turns, so that all
+see the same state of a noisy host. No peak memory then: every column's model is resident.
+
+``--mode reduce-overhead`` compiles both compilers' columns with CUDA graphs. kiln's cut of DDP
+graphs into pieces is set by ``KILN_DDP_PIECE_MB`` (``kiln.config.ddp_piece_mb``) in the
+environment of the run.
+
+``--cprofile``: rank 0 prints a cProfile of 10 more steps of each column (where the host's time
+goes).
+
+``--trace DIR``: a profiler trace (Chrome JSON) of 3 steps of each column on rank 0, where the
+all-reduce (DDP) or reduce-scatter (FSDP2) kernels can be seen overlapping the backward. Rank 0
+prints each trace's summary (``trace_overlap.py``): the collectives' time, how much of it ran
+beside computation, how much was exposed, and the heaviest kernels.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import statistics
 import sys
 import time
 
@@ -50,8 +63,9 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cells import timed_steps  # noqa: E402
+from cells import step_times, timed_steps  # noqa: E402
 from inductor import GPT  # noqa: E402
+from trace_overlap import render, summary  # noqa: E402
 
 CUDA_SIZE = dict(layers=12, d=1024, heads=16, vocab=50257, batch=8, seq=256)
 CPU_SIZE = dict(layers=2, d=64, heads=4, vocab=512, batch=2, seq=32)
@@ -95,11 +109,12 @@ def wrap(model: GPT, wrapper: str, column: str, device: torch.device, args):
 
 
 def compiler(column: str, args):
+    mode = {"mode": args.mode} if args.mode else {}
     if column == "torch":
-        return lambda m: torch.compile(m, backend=args.torch_backend)
+        return lambda m: torch.compile(m, backend=args.torch_backend, **mode)
     import kiln
 
-    return lambda m: kiln.compile(m, backend=args.kiln_backend)
+    return lambda m: kiln.compile(m, backend=args.kiln_backend, **mode)
 
 
 def batches(size: dict, device: torch.device, rank: int, step: int):
@@ -109,11 +124,16 @@ def batches(size: dict, device: torch.device, rank: int, step: int):
     return idx[:, :-1].to(device), idx[:, 1:].to(device)
 
 
-def run_column(wrapper: str, column: str, size: dict, device: torch.device, args) -> dict:
+def prepare(wrapper: str, column: str, size: dict, device: torch.device, args) -> dict:
+    """One column built, wrapped and compiled: its step function (``step(i)`` trains on batch
+    ``i``), the wall seconds of its first step (the cold compile), and its losses so far."""
     rank = dist.get_rank()
     model, call = wrap(build(size, device), wrapper, column, device, args)
     cuda = device.type == "cuda"
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, **({"fused": True} if cuda else {}))
+    # (the fused and foreach AdamW refuse a mix of DTensor and plain parameters, which this
+    # tensor parallelism makes: the attention's stay replicated, plain tensors)
+    impl = {"foreach": False} if wrapper == "tp" else {"fused": True} if cuda else {}
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, **impl)
     losses = []
 
     def step(i: int):
@@ -125,29 +145,67 @@ def run_column(wrapper: str, column: str, size: dict, device: torch.device, args
         opt.zero_grad(set_to_none=True)
         losses.append(loss.detach().float().item())
 
-    def sync():
-        if cuda:
-            torch.cuda.synchronize()
-        dist.barrier()
-
-    sync()
+    sync(device)
     t = time.perf_counter()
     step(0)
-    sync()
+    sync(device)
     first = time.perf_counter() - t
     for i in range(1, 1 + args.warmup):
         step(i)
-    sync()
+    sync(device)
+    return {"wrapper": wrapper, "column": column, "step": step, "first_s": first, "losses": losses}
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    dist.barrier()
+
+
+def result(c: dict, ms: float, peak: int, size: dict) -> dict:
+    tokens = size["batch"] * size["seq"] * (1 if c["wrapper"] == "tp" else dist.get_world_size())
+    return {"wrapper": c["wrapper"], "column": c["column"], "first_s": c["first_s"], "step_ms": ms,
+            "tokens_per_s": tokens / (ms / 1e3), "peak_mib": peak / 2**20, "losses": c["losses"]}
+
+
+def run_column(wrapper: str, column: str, size: dict, device: torch.device, args) -> dict:
+    rank = dist.get_rank()
+    c = prepare(wrapper, column, size, device, args)
+    step = c["step"]
     ms, peak = timed_steps(step, device.type, args.iters, 0, first=1 + args.warmup)
-    if args.trace and column != "eager" and rank == 0:
-        trace(step, 1 + args.warmup + args.iters, os.path.join(args.trace, f"{wrapper}_{column}.json"))
-    elif args.trace and column != "eager":
+    if args.trace and rank == 0:
+        path = os.path.join(args.trace, f"{wrapper}_{column}.json")
+        trace(step, 1 + args.warmup + args.iters, path)
+        print(render(summary(path)), flush=True)
+    elif args.trace:
         for i in range(3):
             step(1 + args.warmup + args.iters + i)
-    sync()
-    tokens = size["batch"] * size["seq"] * (1 if wrapper == "tp" else dist.get_world_size())
-    return {"wrapper": wrapper, "column": column, "first_s": first, "step_ms": ms,
-            "tokens_per_s": tokens / (ms / 1e3), "peak_mib": peak / 2**20, "losses": losses}
+    if args.cprofile:
+        python_profile(step, 1 + args.warmup + args.iters + 3, print_it=rank == 0)
+    sync(device)
+    return result(c, ms, peak, size)
+
+
+def run_interleaved(wrapper: str, columns: list[str], size: dict, device: torch.device, args) -> list[dict]:
+    """Every column compiled first, then timed in turns (``--rounds`` turns of ``--iters`` steps
+    each), so that each sees the same state of the host and GPUs; the step is the median over all
+    turns. Each column trains on the same batches in the same order. No peak memory: the
+    columns' models are all resident."""
+    prepared = []
+    for column in columns:
+        try:
+            prepared.append(prepare(wrapper, column, size, device, args))
+        except Exception as e:  # noqa: BLE001 - one broken cell does not stop the others
+            prepared.append({"wrapper": wrapper, "column": column, "crash": f"{type(e).__name__}: {e}"})
+    times: dict[str, list] = {c["column"]: [] for c in prepared if "crash" not in c}
+    first = 1 + args.warmup
+    for r in range(args.rounds):
+        for c in prepared:
+            if "crash" not in c:
+                t, _ = step_times(c["step"], device.type, args.iters, 0, first=first + r * args.iters)
+                times[c["column"]] += t
+    return [c if "crash" in c else result(c, statistics.median(times[c["column"]]), 0, size)
+            for c in prepared]
 
 
 def trace(step, start: int, path: str) -> None:
@@ -161,6 +219,21 @@ def trace(step, start: int, path: str) -> None:
         if torch.cuda.is_available():
             torch.cuda.synchronize()
     prof.export_chrome_trace(path)
+
+
+def python_profile(step, start: int, print_it: bool, steps: int = 10) -> None:
+    """cProfile of ``steps`` steps (every rank runs them; rank 0 prints where the host's time went)."""
+    import cProfile
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.enable()
+    for i in range(steps):
+        step(start + i)
+    prof.disable()
+    if print_it:
+        for order in ("tottime", "cumulative"):
+            pstats.Stats(prof).sort_stats(order).print_stats(30)
 
 
 def max_rel_diff(a: list, b: list) -> float:
@@ -184,20 +257,38 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def report(rows: list[dict], args) -> None:
+    """Rank 0 prints the newest rows and rewrites the JSON (a run stopped early keeps them)."""
+    if dist.get_rank() != 0:
+        return
+    for r in rows:
+        if not r.get("reported"):
+            print(f"{r['wrapper']} {r['column']}: " + (r.get("crash") or f"{r['step_ms']:.2f} ms"), flush=True)
+            r["reported"] = True
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"size": args.size, "device": args.device, "rows": rows}, fh, indent=1)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--wrappers", default=",".join(WRAPPERS))
     p.add_argument("--columns", default=",".join(COLUMNS))
     p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--interleave", action="store_true",
+                   help="compile every column first, then time them in turns (fair step times on a noisy host)")
+    p.add_argument("--rounds", type=int, default=5, help="turns per column with --interleave")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--cpu", action="store_true", help="the tiny sizes, on the CPU over gloo")
     p.add_argument("--bucket-cap-mb", type=float, default=None,
                    help="DDP's bucket_cap_mb (default: DDP's 25 MiB, the first bucket 1 MiB)")
     p.add_argument("--fsdp-compile", choices=("blocks", "whole"), default="blocks")
+    p.add_argument("--mode", default=None, help="both compilers' mode (reduce-overhead: CUDA graphs)")
     p.add_argument("--kiln-backend", default="inductor")
     p.add_argument("--torch-backend", default="inductor")
     p.add_argument("--json", default=None)
     p.add_argument("--trace", default=None, help="a directory for rank 0's profiler traces")
+    p.add_argument("--cprofile", action="store_true", help="rank 0 prints a cProfile of 10 steps per column")
     args = p.parse_args(argv)
 
     cuda = torch.cuda.is_available() and not args.cpu
@@ -207,20 +298,21 @@ def main(argv=None) -> int:
     device = torch.device("cuda", local) if cuda else torch.device("cpu")
     dist.init_process_group("nccl" if cuda else "gloo")
     size = CUDA_SIZE if cuda else CPU_SIZE
+    args.size, args.device = size, str(device)
     rows = []
     try:
         for wrapper in args.wrappers.split(","):
-            for column in args.columns.split(","):
+            columns = args.columns.split(",")
+            if args.interleave:
+                rows += run_interleaved(wrapper, columns, size, device, args)
+                report(rows, args)
+                continue
+            for column in columns:
                 try:
                     rows.append(run_column(wrapper, column, size, device, args))
                 except Exception as e:  # noqa: BLE001 - one broken cell does not stop the others
                     rows.append({"wrapper": wrapper, "column": column, "crash": f"{type(e).__name__}: {e}"})
-                if dist.get_rank() == 0:
-                    r = rows[-1]
-                    print(f"{wrapper} {column}: " + (r.get("crash") or f"{r['step_ms']:.2f} ms"), flush=True)
-                    if args.json:
-                        with open(args.json, "w") as fh:
-                            json.dump({"size": size, "device": str(device), "rows": rows}, fh, indent=1)
+                report(rows, args)
         if dist.get_rank() == 0:
             where = torch.cuda.get_device_name(device) + " + NCCL" if cuda else "CPU + gloo"
             print(f"\n{dist.get_world_size()} ranks, {where}, size {size}\n")

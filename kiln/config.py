@@ -85,6 +85,15 @@ class Config:
     # behaviour, at the cost of copying the weights each step). KILN_COPY_SAVED_PARAMETERS=1.
     copy_saved_parameters: bool = False
 
+    # The most pieces a graph is cut into at DDP's gradient buckets (kiln/capture/ddp_buckets.py):
+    # consecutive buckets join one piece until it holds 1/ddp_pieces of the graph's bucketed
+    # parameter bytes. Each cut lets the all-reduce of the buckets before it overlap the backward
+    # after it, and costs host time per step (a piece is its own autograd node and graph call):
+    # on two H100 over NVLink, a 1 GB GPT-2-style model trained 0.86x eager DDP's step with 4
+    # pieces, 0.70x uncut, 1.29x with one piece per 25 MiB bucket (docs/distributed.md). 1: not
+    # cut (for fast links); 0: one piece per bucket, as torch.compile's DDPOptimizer. KILN_DDP_PIECES.
+    ddp_pieces: int = 4
+
     # Repeated blocks (the layers of an nn.ModuleList or nn.Sequential that trace to the same
     # code) are traced, partitioned and lowered once and called per layer (kiln/capture/regions.py):
     # a cold compile that grows little with depth, for a step that cannot fuse across layers

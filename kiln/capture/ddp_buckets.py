@@ -15,7 +15,15 @@ the first one smaller (1 MiB unless ``bucket_cap_mb`` was given; ``_torch.ddp_bu
 The graph's nodes are walked backwards and each parameter is counted where it is read last;
 once a bucket is full a new one starts, at a node whose value a later piece or the output
 reads (a piece that hands nothing on would be cut off). Nodes before the first parameter join
-the first piece. Where a value other than a tensor (a size, a tuple) would cross a cut, the two
+the first piece.
+
+**The pieces** join consecutive buckets until each holds ``1/config.ddp_pieces`` of the
+bucketed bytes (4 pieces at most by default; 0: a piece per bucket). A cut is not free: each
+piece is a graph call and an autograd node of its own, host time on every step, and no fusion
+crosses it. On a step the host bounds (as a GPT-2-size model on two H100 over NVLink is) a cut
+costs more than the overlap it buys; with a slower link (PCIe, several hosts) the overlap is
+worth more. The buckets' all-reduces are DDP's own either way: a piece's end makes every bucket
+in it ready. Where a value other than a tensor (a size, a tuple) would cross a cut, the two
 pieces stay one.
 
 **Not cut**: a graph that changes grad mode or autocast (a piece's backend runs in the state
@@ -43,6 +51,7 @@ import torch.fx
 from .. import _torch, logs
 from ..aot.dynamic import PerShapeCompiled
 from ..compile_lock import COMPILE_LOCK
+from ..config import config
 from ..internal_errors import is_users
 
 # grad mode and autocast switched inside a graph (see the module's docstring)
@@ -51,7 +60,7 @@ _MODE_CHANGES = (torch._C._set_grad_enabled, _autocast._enter_autocast, _autocas
 
 def plan_pieces(gm: torch.fx.GraphModule, inputs: list, ddp) -> list[list[torch.fx.Node]] | None:
     """The graph's nodes (placeholders and attributes aside) in pieces, in graph order, one
-    per bucket; None when the graph is not cut (one piece, or see the module's docstring)."""
+    per group of buckets; None when the graph is not cut (one piece, or see the module's docstring)."""
     if not torch.is_grad_enabled():
         return None
     graph = gm.graph
@@ -74,27 +83,45 @@ def plan_pieces(gm: torch.fx.GraphModule, inputs: list, ddp) -> list[list[torch.
 
     first_cap, cap = _torch.ddp_bucket_caps(ddp)
     buckets: list[list[torch.fx.Node]] = [[]]      # backwards: the last piece first
+    sizes = [0]
     members: set = set()
-    size = 0
     counted: set = set()
     for node in reversed(work):
         limit = first_cap if len(buckets) == 1 else cap
-        if size >= limit and _hands_on(buckets[-1], members):
+        if sizes[-1] >= limit and _hands_on(buckets[-1], members):
             buckets.append([])
+            sizes.append(0)
             members = set()
-            size = 0
         for a in node.all_input_nodes:
             if a in param_bytes and a not in counted:
                 counted.add(a)
-                size += param_bytes[a]
+                sizes[-1] += param_bytes[a]
         buckets[-1].append(node)
         members.add(node)
-    if len(buckets) > 1 and size == 0:
+    if len(buckets) > 1 and sizes[-1] == 0:
         # nodes before the first parameter: no bucket of their own
         buckets[-2].extend(buckets.pop())
+        sizes.pop()
+    if config.ddp_pieces > 0:
+        buckets = _joined(buckets, sizes, -(-sum(sizes) // config.ddp_pieces))
     pieces = [list(reversed(b)) for b in reversed(buckets)]
     pieces = _merge_non_tensor_cuts(pieces)
     return pieces if len(pieces) > 1 else None
+
+
+def _joined(buckets: list[list], sizes: list[int], least: int) -> list[list]:
+    """Consecutive buckets (in the order their gradients are made) joined until each group holds
+    ``least`` bytes of parameters (the last group may hold less); a group ends only where it hands
+    a value on, as a bucket does."""
+    groups: list[list] = [[]]
+    size = 0
+    for bucket, nbytes in zip(buckets, sizes):
+        if size >= least and _hands_on(groups[-1], set(groups[-1])):
+            groups.append([])
+            size = 0
+        groups[-1].extend(bucket)
+        size += nbytes
+    return groups
 
 
 def _hands_on(bucket: list, members: set) -> bool:

@@ -100,7 +100,8 @@ class _RecordingBackend:
         return gm.forward
 
 
-def _worker_pieces_are_buckets(rank, world, wrapping, d=D, **ddp_kw):
+def _pieces_and_buckets(rank, wrapping, d=D, **ddp_kw) -> tuple[list[set], dict[int, set]]:
+    """The parameters of each graph the backend got, and of each of DDP's buckets (by index)."""
     model = same_model(lambda: Stack(d=d))
     params = [(n, p) for n, p in model.named_parameters()]
     backend = _RecordingBackend(params)
@@ -121,9 +122,14 @@ def _worker_pieces_are_buckets(rank, world, wrapping, d=D, **ddp_kw):
     ddp.register_comm_hook(None, record)
     for step in range(2):
         step_fn(_batch(rank, step, d=d)).sum().backward()
+    return backend.pieces, buckets
+
+
+def _worker_pieces_are_buckets(rank, world, wrapping, d=D, **ddp_kw):
+    pieces, buckets = _pieces_and_buckets(rank, wrapping, d=d, **ddp_kw)
     # the backend got one piece per bucket (compiled once), each with the parameters of a bucket
-    assert len(backend.pieces) == len(buckets) > 1, (backend.pieces, buckets)
-    assert sorted(map(sorted, backend.pieces)) == sorted(map(sorted, buckets.values())), (backend.pieces, buckets)
+    assert len(pieces) == len(buckets) > 1, (pieces, buckets)
+    assert sorted(map(sorted, pieces)) == sorted(map(sorted, buckets.values())), (pieces, buckets)
     return len(buckets)
 
 
@@ -138,6 +144,28 @@ def _worker_both_cut_at_buckets(rank, world):
 
 def test_graph_is_cut_at_ddp_buckets_before_the_backend_in_both_wrappings():
     run_ranks(_worker_both_cut_at_buckets)
+
+
+def _worker_pieces_join_consecutive_buckets(rank, world):
+    one_layer_mb = LAYER_BYTES / 2**20          # a bucket per layer: LAYERS buckets
+    for most, expected in ((0, LAYERS), (4, 3), (3, 3), (2, 2), (1, 1)):
+        kiln.reset()
+        with kiln.config.patch(ddp_pieces=most):
+            pieces, buckets = _pieces_and_buckets(rank, "kiln(DDP)", bucket_cap_mb=one_layer_mb)
+        assert len(buckets) == LAYERS
+        assert len(pieces) == expected, (most, pieces)
+        # each piece holds whole buckets, and consecutive ones (in the order DDP fills them)
+        where = {name: k for k, bucket in buckets.items() for name in bucket}
+        runs = sorted(sorted({where[name] for name in piece}) for piece in pieces)
+        assert [k for run in runs for k in run] == list(range(LAYERS)), runs
+        for piece, run in zip(sorted(pieces, key=lambda p: min(where[n] for n in p)), runs):
+            assert piece == set().union(*(buckets[k] for k in run)), (piece, run)
+
+
+def test_pieces_join_consecutive_buckets_up_to_config_ddp_pieces():
+    # 6 one-layer buckets: 0 keeps a piece per bucket; 4 and 3 give pieces of two buckets (at
+    # least a quarter, a third of the bytes); 2 gives two of three; 1 leaves the graph uncut
+    run_ranks(_worker_pieces_join_consecutive_buckets)
 
 
 def _node_accumulating(root, param):
