@@ -22,17 +22,64 @@ from typing import Callable
 import torch
 import torch.fx
 
+from ..inplace_ops import mutates
 from .segments import cut_outputs
 
 
 def cut_position(gm: torch.fx.GraphModule) -> int | None:
-    """The position (in graph order) of the first differentiable output that another
-    differentiable output is computed from; None when there is none."""
+    """The position (in graph order) where the graph is split: after the first differentiable
+    output that another differentiable output is computed from, and after the writes into it
+    that come before anything else reads it; None when there is none."""
     if not torch.is_grad_enabled():
         return None
     cut = cut_outputs(gm)
-    positions = [i for i, n in enumerate(gm.graph.nodes) if n in cut]
-    return min(positions) if positions else None
+    nodes = list(gm.graph.nodes)
+    positions = [i for i, n in enumerate(nodes) if n in cut]
+    return _past_first_writes(nodes, min(positions)) if positions else None
+
+
+def _past_first_writes(nodes: list, at: int) -> int:
+    """The position of the last in-place write into ``nodes[at]`` (``y[i] = v``, ``y.mul_(2)``,
+    ``y[:, 1].mul_(2)``) made before any other op reads it, or ``at``. Those writes are part of
+    the value the first part hands over: eager's output is the written tensor, with the writes
+    in its autograd history, and the later outputs are computed from it as written, so
+    ``autograd.grad(loss, [y])`` finds ``y`` on the loss's path. Left to the second part, a
+    write would be an input mutation there, and ``y``'s history would leave the loss's path."""
+    part = {nodes[at]}          # y, what a write into it returns, views of it made only to write
+    end = at
+    for i in range(at + 1, len(nodes)):
+        n = nodes[i]
+        if not any(a in part for a in n.all_input_nodes):
+            continue
+        if _writes_into(n, part) or _made_to_be_written(n, part):
+            part.add(n)
+            end = i
+            continue
+        break
+    return end
+
+
+def _writes_into(n: torch.fx.Node, part: set) -> bool:
+    """``n`` writes in place into a member of ``part`` and reads no member otherwise."""
+    return (n.op in ("call_function", "call_method") and mutates(n.op, n.target) and bool(n.args)
+            and n.args[0] in part and not any(a in part for a in _flat((n.args[1:], n.kwargs))))
+
+
+def _made_to_be_written(n: torch.fx.Node, part: set) -> bool:
+    """``n`` is computed from a member of ``part`` alone (its first argument: a view such as
+    ``y[:, 1]``), and every use of it writes into it or is such a value again. (Were it not a
+    view, it would be a computation whose result nothing reads: harmless in either part.)"""
+    if n.op not in ("call_function", "call_method") or not n.args or n.args[0] not in part:
+        return False
+    if any(a in part for a in _flat((n.args[1:], n.kwargs))) or not n.users:
+        return False
+    return all(_writes_into(u, {n}) or _made_to_be_written(u, {n}) for u in n.users)
+
+
+def _flat(args) -> list:
+    out: list = []
+    torch.fx.node.map_arg(args, out.append)
+    return out
 
 
 def split(gm: torch.fx.GraphModule, cut: int):

@@ -336,6 +336,44 @@ def test_a_handed_value_written_in_place_later_compiles_as_a_chain_and_matches(b
 
 
 
+def _written_by_setitem(y):
+    y[:, 1] = 2.0
+
+
+def _written_in_place(y):
+    y.mul_(2)
+
+
+def _written_through_a_view(y):
+    y[:, 1].mul_(2)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("write", [_written_by_setitem, _written_in_place, _written_through_a_view])
+def test_an_output_written_before_the_later_output_reads_it_is_on_its_path(backend, write):
+    """Written before ``loss`` reads it, eager's ``y`` (the tensor returned) is what ``loss`` is
+    computed from: ``autograd.grad(loss, [y])`` is ``2 * y``, and ``w``'s gradient flows
+    through the write (fuzz seed 73140)."""
+    def f(x, w):
+        y = x @ w - 0.5
+        write(y)
+        return y, (y * y).sum()
+
+    for _ in range(2):
+        x, w = torch.randn(4, 6), torch.randn(6, 5, requires_grad=True)
+        wr = w.detach().clone().requires_grad_()
+        y, loss = kiln.compile(f, backend=backend, fullgraph=True)(x, w)
+        ry, rloss = f(x, wr)
+        torch.testing.assert_close(y, ry)
+        torch.testing.assert_close(loss, rloss)
+        g, = torch.autograd.grad(loss, [y], retain_graph=True)
+        rg, = torch.autograd.grad(rloss, [ry], retain_graph=True)
+        torch.testing.assert_close(g, rg)
+        loss.backward()
+        rloss.backward()
+        torch.testing.assert_close(w.grad, wr.grad)
+
+
 def test_a_conversion_to_eagers_layout_sits_right_after_its_value():
     """An output whose traced layout or dtype is not eager's is converted right after the node
     that computes it (not at the end of the graph): in a fused forward a later segment reads
