@@ -50,7 +50,10 @@ SMALL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, interme
 CAUSAL = ["gpt2", "gpt_neo", "opt", "llama", "mistral", "qwen2", "qwen3", "phi", "phi3", "falcon", "bloom", "gpt_bigcode",
           "gemma", "gemma2", "gptj", "gpt_neox", "mixtral", "olmo", "stablelm", "starcoder2", "codegen", "mpt", "xglm",
           "biogpt", "cohere", "granite", "granitemoe", "olmoe", "jetmoe", "persimmon", "nemotron", "helium", "glm",
-          "mamba", "falcon_mamba", "rwkv", "ctrl", "olmo2", "phimoe", "qwen2_moe", "exaone4", "smollm3", "gemma3_text"]
+          "mamba", "falcon_mamba", "rwkv", "ctrl", "olmo2", "phimoe", "qwen2_moe", "exaone4", "smollm3", "gemma3_text",
+          "deepseek_v3", "qwen3_moe", "gpt_oss", "llama4_text", "glm4", "glm4_moe", "cohere2", "ernie4_5_moe",
+          "falcon_h1", "jamba", "lfm2", "mamba2", "qwen3_next", "recurrent_gemma", "seed_oss", "gemma3n_text",
+          "hunyuan_v1_moe", "minimax", "dbrx", "deepseek_v2", "ministral", "doge", "bitnet", "zamba2"]
 ENCODERS = ["bert", "roberta", "distilbert", "albert", "electra", "deberta-v2", "deberta", "mobilebert", "xlm-roberta",
             "camembert", "mpnet", "funnel", "convbert", "layoutlm", "megatron-bert", "squeezebert", "xlnet", "fnet",
             "roformer", "esm", "big_bird", "longformer", "ibert", "nystromformer", "data2vec-text", "ernie", "rembert",

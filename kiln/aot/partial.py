@@ -54,6 +54,9 @@ def without_tangents(backward: torch.fx.GraphModule, num_tangents: int, given: f
     fake_tensors.ensure_vals(backward)     # (a loaded graph's: the zeros are sized from them)
     _ensure_node_vals(backward)
     gm = torch.fx.GraphModule(backward, _copy(backward.graph), class_name=type(backward).__name__)
+    # (what a backend knows of the backward: its saved values, its forward's partition; a
+    # partial backward may run again for other outputs, so none of its inputs is donated)
+    gm.meta.update(backward.meta, kiln_donated=[])
     g = gm.graph
     phs = [n for n in g.nodes if n.op == "placeholder"]
     tangents = phs[len(phs) - num_tangents:]
@@ -63,9 +66,14 @@ def without_tangents(backward: torch.fx.GraphModule, num_tangents: int, given: f
         d = deps.get(n)
         return bool(d) and d.isdisjoint(given)
 
-    # a symbolic size of a missing value, read from an input the graph keeps
+    # a symbolic size of a missing value, read from an input the graph keeps: a given tangent
+    # first (backward() brought it), then a saved value an op that still runs reads (a node of
+    # a segmented graph keeps what its backward for all its tangents reads: not a value only the
+    # ops of a missing tangent read), then any other
+    given_tangents = [t for j, t in enumerate(tangents) if j in given]
+    read_live = [p for p in phs if not dead(p) and any(not dead(u) for u in p.users)]
     sizes = {}
-    for p in phs:
+    for p in given_tangents + read_live + phs:
         v = p.meta.get("val")
         if isinstance(v, torch.Tensor) and not dead(p):
             for i, d in enumerate(v.shape):

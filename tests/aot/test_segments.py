@@ -374,6 +374,29 @@ def test_an_output_written_before_the_later_output_reads_it_is_on_its_path(backe
         torch.testing.assert_close(w.grad, wr.grad)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_backward_through_a_middle_output_of_a_dynamic_graph(backend):
+    """Only ``log1p`` (a cut output of the middle segment) reaches the loss: that node's backward
+    fills the missing tangent of ``add`` with zeros whose symbolic size comes from the given
+    tangent, not from a saved value only the first segment keeps (fuzz seed 73131)."""
+    def f(y):
+        silu = torch.nn.functional.silu(y)
+        add = silu * 1e-7 + silu
+        log1p = torch.log1p(silu.abs())
+        return silu, add, log1p, log1p.mean()
+
+    compiled = kiln.compile(f, backend=backend, dynamic=True)
+    for n in (4, 5):
+        y = torch.randn(n, 4, requires_grad=True)
+        yr = y.detach().clone().requires_grad_()
+        outs, ref = compiled(y), f(yr)
+        for o, r in zip(outs, ref):
+            torch.testing.assert_close(o, r)
+        outs[2].sum().backward()
+        ref[2].sum().backward()
+        torch.testing.assert_close(y.grad, yr.grad)
+
+
 def test_a_conversion_to_eagers_layout_sits_right_after_its_value():
     """An output whose traced layout or dtype is not eager's is converted right after the node
     that computes it (not at the end of the graph): in a fused forward a later segment reads

@@ -59,6 +59,7 @@ from .options import inductor_config_patches
 from .progress import Progress
 
 _graph_numbers = itertools.count(1)
+_partition_numbers = itertools.count(1)   # (pairs a forward with its backward: ``kiln_partition``)
 
 
 class InductorBackend:
@@ -182,6 +183,10 @@ class GraphCompile:
         # set by the forward compile, read by the backward compile that follows it
         self._fw_output_strides: list | None = None
         self._fw_num_outputs = 0
+        # the same per partition (``kiln_partition`` in both graphs' meta): one captured graph
+        # may be several forward and backward pairs (a chain of parts, a compile per shape),
+        # and a backward made at run time is compiled after later forwards
+        self._fw_layouts: dict = {}
         # per graph kind, what the cache entry needs of Inductor's result (cache_entry)
         self.records: dict = {}
         # the same for backwards made at run time (``function.backward_key`` -> GeneratedCode),
@@ -255,6 +260,7 @@ class GraphCompile:
         with self.progress.phase("partitioning"):
             fw, bw = min_cut_rematerialization_partition(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs)
         fw.meta["kiln_num_fw_outputs"] = num_fwd_outputs
+        fw.meta["kiln_partition"] = bw.meta["kiln_partition"] = next(_partition_numbers)
         bw.meta["kiln_num_saved"] = len(_outputs(fw)) - num_fwd_outputs
         # (CUDA graphs: the saved tensors are pool memory the backward reads in place)
         bw.meta["kiln_donated"] = [] if self.cudagraphs else donatable_saved_tensors(fw, bw, num_fwd_outputs)
@@ -410,6 +416,9 @@ class GraphCompile:
                     cudagraphs=_torch.inductor_boxed_bool(False), cpp_wrapper=bool(cfg.cpp_wrapper))
                 if kind == "forward":
                     self._fw_output_strides = list(tracing.output_strides or [])
+                    if "kiln_partition" in gm.meta:
+                        self._fw_layouts[gm.meta["kiln_partition"]] = (self._fw_output_strides,
+                                                                        self._fw_num_outputs)
         late_key = gm.meta.get("kiln_backward_key") if kind == "backward" and not self.cudagraphs else None
         if self._in_run:
             self.records[kind] = self._generated_code(compiled, kind, donated)
@@ -436,7 +445,8 @@ class GraphCompile:
     def _restride_saved(self, bw: torch.fx.GraphModule, example_inputs: list, mode) -> list:
         """The backward's saved inputs with the strides the compiled forward really returns them
         with (Inductor may choose other layouts for values only the backward reads)."""
-        strides = self._fw_output_strides
+        strides, num_outputs = self._fw_layouts.get(bw.meta.get("kiln_partition"),
+                                                    (self._fw_output_strides, self._fw_num_outputs))
         if not strides:
             return example_inputs
         n_saved = bw.meta.get("kiln_num_saved", 0)
@@ -444,7 +454,7 @@ class GraphCompile:
         positions = bw.meta.get("kiln_saved_positions") or range(n_saved)
         out = list(example_inputs)
         for j in range(min(n_saved, len(out))):
-            k = self._fw_num_outputs + positions[j]
+            k = num_outputs + positions[j]
             t = out[j]
             if k >= len(strides) or strides[k] is None or not isinstance(t, torch.Tensor):
                 continue
