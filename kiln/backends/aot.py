@@ -167,7 +167,8 @@ def _saving_shapes(compiled):
             fn = compile_it()
             try:
                 return fn, _dump_artifact(fn)
-            except ValueError:
+            except Exception as e:  # noqa: BLE001 - a shape that cannot be saved still runs
+                cache.note_not_stored(fn, e)
                 return fn, None
         compiled.saver = saver
         compiled.on_new = cache.refresher(compiled)

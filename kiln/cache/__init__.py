@@ -48,6 +48,13 @@ def _log(message: str, **fields) -> None:
         logs.event("cache", "cache", message, **fields)
 
 
+def note_not_stored(compiled, error: BaseException) -> None:  # noqa: ARG001 - (what was compiled)
+    """Log (``KILN_LOGS=cache``) a compiled graph (one shape of a per-shape result) whose cache
+    payload could not be made: it runs, and is compiled again by the next process."""
+    _log(f"not stored (one shape of a per-shape graph): {type(error).__name__}: {error}",
+         action="not_stored", function=None, reason=f"{type(error).__name__}: {error}")
+
+
 def bypass(gm, reason: str) -> None:
     """Count and log (``KILN_LOGS=cache``) a graph compiled without the cache, and why."""
     if config.cache:

@@ -679,3 +679,27 @@ def test_kiln_compile_automatic_dynamic_with_mutation_and_views():
     # static first, then one dynamic graph for every later size
     assert len(spy.compiled) == 2 and spy.compiled[1].input_check is not None
     assert spy.compiled[1].fallback.compiles == 0
+
+
+def test_a_shape_whose_cache_payload_cannot_be_made_still_runs():
+    """A per-shape compile of a dynamic capture whose artifact cannot be serialized (a size
+    left symbolic in its metadata) is not stored, and the call returns eager's result; kiln's
+    export error never reaches the caller (fuzz seed 73191)."""
+    hist = []
+
+    def fn(y, w, v):
+        t1 = torch.relu(v)
+        (y + -1.5) @ (y + -1.5).t()
+        hist.append(t1.shape[0])
+        w[:, 1] = 2.0
+        w.add_(t1)
+        return round(float(t1.abs().max()), 3)
+
+    compiled = kiln.compile(fn, backend="aot_eager", dynamic=True)
+    for n in (5, 6):
+        y = torch.randn(n, 4, dtype=torch.float64, requires_grad=True)
+        w, v = torch.randn(4, 4), torch.randn(4, requires_grad=True)
+        w_eager = w.clone()
+        assert compiled(y, w, v) == fn(y, w_eager, v)
+        torch.testing.assert_close(w, w_eager)
+    assert hist == [4, 4, 4, 4]

@@ -229,8 +229,8 @@ class GraphCompile:
             if len(self.fallbacks) == fallbacks:     # (a graph Inductor failed on: not stored)
                 try:
                     payload = cache_entry.dump(fn, self.records, self._fw_output_strides, {})
-                except ValueError:
-                    pass
+                except Exception as e:  # noqa: BLE001 - a shape that cannot be saved still runs
+                    cache.note_not_stored(fn, e)
             return fn, payload
         finally:
             self.records, self._in_run = records, in_run
