@@ -52,8 +52,8 @@ CAUSAL = ["gpt2", "gpt_neo", "opt", "llama", "mistral", "qwen2", "qwen3", "phi",
           "biogpt", "cohere", "granite", "granitemoe", "olmoe", "jetmoe", "persimmon", "nemotron", "helium", "glm",
           "mamba", "falcon_mamba", "rwkv", "ctrl", "olmo2", "phimoe", "qwen2_moe", "exaone4", "smollm3", "gemma3_text",
           "deepseek_v3", "qwen3_moe", "gpt_oss", "llama4_text", "glm4", "glm4_moe", "cohere2", "ernie4_5_moe",
-          "falcon_h1", "jamba", "lfm2", "mamba2", "qwen3_next", "recurrent_gemma", "seed_oss", "gemma3n_text",
-          "hunyuan_v1_moe", "minimax", "dbrx", "deepseek_v2", "ministral", "doge", "bitnet", "zamba2"]
+          "falcon_h1", "jamba", "lfm2", "mamba2", "qwen3_next", "recurrent_gemma", "seed_oss",
+          "hunyuan_v1_moe", "minimax", "deepseek_v2", "ministral", "doge", "bitnet"]
 ENCODERS = ["bert", "roberta", "distilbert", "albert", "electra", "deberta-v2", "deberta", "mobilebert", "xlm-roberta",
             "camembert", "mpnet", "funnel", "convbert", "layoutlm", "megatron-bert", "squeezebert", "xlnet", "fnet",
             "roformer", "esm", "big_bird", "longformer", "ibert", "nystromformer", "data2vec-text", "ernie", "rembert",
@@ -64,6 +64,21 @@ VISION = ["vit", "swin", "convnext", "resnet", "beit", "mobilevit", "regnet", "p
 HEADS = {**{m: "AutoModelForCausalLM" for m in CAUSAL}, **{m: "AutoModelForSequenceClassification" for m in ENCODERS},
          **{m: "AutoModelForSeq2SeqLM" for m in SEQ2SEQ}, **{m: "AutoModelForImageClassification" for m in VISION}}
 EXTRA = {
+    # multi-head latent attention (rope and no-rope parts of each head) and routed experts
+    "deepseek_v3": dict(kv_lora_rank=16, q_lora_rank=16, qk_rope_head_dim=4, qk_nope_head_dim=8, v_head_dim=8,
+                        head_dim=4, num_key_value_heads=4, n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1,
+                        moe_intermediate_size=32, first_k_dense_replace=1),
+    "deepseek_v2": dict(kv_lora_rank=16, q_lora_rank=16, qk_rope_head_dim=4, qk_nope_head_dim=8, v_head_dim=8,
+                        head_dim=4, num_key_value_heads=4, n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1,
+                        moe_intermediate_size=32, first_k_dense_replace=1),
+    # hybrids: one layer of each kind in the two layers
+    "jamba": dict(attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2, expert_layer_offset=1,
+                  num_experts=2, mamba_d_state=8, mamba_dt_rank=8),
+    "qwen3_next": dict(layer_types=["linear_attention", "full_attention"], linear_num_value_heads=4,
+                       linear_num_key_heads=2, linear_key_head_dim=8, linear_value_head_dim=8, num_experts=4,
+                       num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32),
+    "recurrent_gemma": dict(block_types=["recurrent", "attention"], lru_width=32, attention_window_size=16),
+    "mamba2": dict(num_heads=8, head_dim=8, n_groups=1, state_size=16, chunk_size=16, expand=2),
     "t5": dict(d_kv=16, d_ff=64, num_layers=2, num_decoder_layers=2, num_heads=2, decoder_start_token_id=0),
     "mt5": dict(d_kv=16, d_ff=64, num_layers=2, num_decoder_layers=2, num_heads=2),
     "distilbert": dict(n_layers=2, n_heads=2, dim=32, hidden_dim=64),
