@@ -195,8 +195,8 @@ def _ensure_node_vals(gm: torch.fx.GraphModule) -> None:
 def _zeros_of(g: torch.fx.Graph, a: torch.fx.Node, size_sources: dict | None = None) -> torch.fx.Node:
     """A node for zeros with ``a``'s shape, dtype and device, inserted after ``a`` (after the
     last placeholder, for a placeholder sized from ``size_sources``).
-    ``size_sources``: symbolic size -> (placeholder, dim) to read it from instead of ``a``
-    (``a`` a placeholder that is not read otherwise: a missing tangent)."""
+    ``size_sources``: symbolic size -> (placeholder, dim) to read it from instead of ``a`` (a
+    missing tangent, or a value computed from missing tangents only)."""
     val = a.meta.get("val")
     if not isinstance(val, torch.Tensor):
         with g.inserting_after(a):
@@ -210,7 +210,9 @@ def _zeros_of(g: torch.fx.Graph, a: torch.fx.Node, size_sources: dict | None = N
     sizes = []
     for i, s in enumerate(val.shape):
         if isinstance(s, torch.SymInt):
-            src = size_sources.get(s.node.expr) if size_sources and a.op == "placeholder" else None
+            # (from a kept input rather than ``a``: reading a dead value's size would compute it,
+            # from what may not be there)
+            src = size_sources.get(s.node.expr) if size_sources else None
             with g.inserting_after(last):
                 last = g.call_function(aten.sym_size.int, src or (a, i))
             last.meta["val"] = s
