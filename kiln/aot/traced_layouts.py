@@ -22,6 +22,12 @@ aten = torch.ops.aten
 LAYOUT_CHECKED = {
     aten.native_group_norm.default: (0,),
     aten.native_group_norm_backward.default: (0, 1),
+    # a view needs strides its new shape can be read with: a kernel whose real output layout
+    # is not its fake one (``softplus_backward`` follows its transposed input where its fake
+    # value is contiguous) makes ``view`` refuse what the trace allowed (Qwen3-Next's gated
+    # delta rule, training under aot_eager)
+    aten.view.default: (0,),
+    aten._unsafe_view.default: (0,),
 }
 
 
