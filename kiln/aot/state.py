@@ -468,11 +468,14 @@ def collect_metadata(flat_fn: Callable, fake_args: list, *, static: Sequence[boo
         for b in intermediate_bases:
             b.saved_by_eager = StorageWeakRef(outs[b.base].untyped_storage()) in saved
         _record_saves_below(recording, f_args, inputs, outs, outputs, intermediate_bases, grad_fn_before)
+        # (a node can save what the hooks never see: ``x * 0.5`` saves its wrapped scalar, and a
+        # second backward() through it raises in eager)
+        saves_any = bool(saved) or any(i.saves_below for i in [*inputs, *outputs, *intermediate_bases])
         fm = fake_tensors.fake_mode_of(fake_args)
         if fm is not None:
             fm.epoch += 1   # nothing traced here may be memoized into the real trace
     return ViewAndMutationMeta(inputs, outputs, spec, intermediate_bases,
-                               grad_after if grad_after != prior_grad else None, eager_saves_any=bool(saved))
+                               grad_after if grad_after != prior_grad else None, eager_saves_any=saves_any)
 
 
 def _record_saves_below(recording, f_args, inputs, outs, outputs, intermediate_bases, grad_fn_before) -> None:

@@ -60,3 +60,19 @@ def test_a_backward_through_one_output_frees_what_only_it_read(backend, dynamic)
             got.append((a.detach(), b.detach(), w1.grad.clone(), w2.grad.clone()))
         for want, have in zip(*got):
             torch.testing.assert_close(have, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_a_second_backward_raises_where_eager_saved_a_wrapped_scalar(backend):
+    """``x * 0.5`` saves its wrapped scalar (the saved-tensor hooks never see it): eager's second
+    backward() through it raises, and so does the compiled graph's, though its backward reads
+    nothing (fuzz seed 74230)."""
+    def f(x):
+        return x * 0.5
+
+    x = torch.randn(3, requires_grad=True)
+    y = kiln.compile(f, backend=backend)(x)
+    y.sum().backward()
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        y.sum().backward()
+    torch.testing.assert_close(x.grad, torch.full((3,), 0.5))
