@@ -168,7 +168,7 @@ def _saving_shapes(compiled):
             try:
                 return fn, _dump_artifact(fn)
             except Exception as e:  # noqa: BLE001 - a shape that cannot be saved still runs
-                cache.note_not_stored(fn, e)
+                cache.note_not_stored(e)
                 return fn, None
         compiled.saver = saver
         compiled.on_new = cache.refresher(compiled)

@@ -48,7 +48,7 @@ def _log(message: str, **fields) -> None:
         logs.event("cache", "cache", message, **fields)
 
 
-def note_not_stored(compiled, error: BaseException) -> None:  # noqa: ARG001 - (what was compiled)
+def note_not_stored(error: BaseException) -> None:
     """Log (``KILN_LOGS=cache``) a compiled graph (one shape of a per-shape result) whose cache
     payload could not be made: it runs, and is compiled again by the next process."""
     _log(f"not stored (one shape of a per-shape graph): {type(error).__name__}: {error}",

@@ -230,7 +230,7 @@ class GraphCompile:
                 try:
                     payload = cache_entry.dump(fn, self.records, self._fw_output_strides, {})
                 except Exception as e:  # noqa: BLE001 - a shape that cannot be saved still runs
-                    cache.note_not_stored(fn, e)
+                    cache.note_not_stored(e)
             return fn, payload
         finally:
             self.records, self._in_run = records, in_run
