@@ -46,7 +46,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 from .. import _torch, logs
 from ..errors import Unsupported
 from ..lazy_imports import LazyModule
-from . import functional_tensors, fx_graphs, recompute, trace_context
+from . import functional_tensors, fx_graphs, recompute, symbolic, trace_context
 
 _shapes = LazyModule("torch.fx.experimental.symbolic_shapes")     # (sympy: not at a warm start)
 
@@ -293,11 +293,14 @@ def _make_fx(fn, args, decompositions) -> torch.fx.GraphModule:
 
 
 def _trace_inference(block, fakes: list, decompositions: dict) -> TracedBlock:
+    with torch.no_grad():
+        example = _run(block, fakes)
+
     def inference(*p):
         with functional_tensors.exclude_functionalize_key():
             fp = [functional_tensors.to_fun(x) for x in p]
             with torch.no_grad():
-                outs = _run(block, fp)
+                outs = _with_layouts_of(_run(block, fp), example)
             return [functional_tensors.from_fun(o) for o in outs]
 
     gm = _make_fx(inference, fakes, decompositions)
@@ -326,7 +329,7 @@ def _trace_training(block, fakes: list, decompositions: dict, partition_fn: Call
             fp = [functional_tensors.to_fun(x) for x in p]
             ft = [functional_tensors.to_fun(x) for x in t]
             with torch.enable_grad():
-                outs = _run(block, fp)
+                outs = _with_layouts_of(_run(block, fp), example)
             trace_context.mark_forward_nodes()
             d_outs, d_tangents = [], []
             tangent_of = iter(ft)
@@ -369,6 +372,21 @@ def _trace_training(block, fakes: list, decompositions: dict, partition_fn: Call
     _unaliased_outputs(bw)
     fw.meta[STAGE] = bw.meta[STAGE] = TRACED
     return TracedBlock(fw, bw, len(example), differentiable, metas, saved_operands)
+
+
+def _with_layouts_of(outs, example) -> tuple:
+    """The block's outputs laid out as the captured code lays them out. The decompositions can
+    choose another layout (Inductor's turns ``cat`` with an empty tensor, as a KV cache's first
+    update does, into a clone that keeps its input's strides), and a block's output can leave
+    the graph (the KV cache), where its strides must be eager's. The copy is differentiable:
+    the gradient reaches the traced output unchanged."""
+    laid = []
+    for o, e in zip(outs, example):
+        if isinstance(o, torch.Tensor) and isinstance(e, torch.Tensor) and o.dim() == e.dim() \
+                and not symbolic.known_equal(tuple(o.stride()), tuple(e.stride())):
+            o = torch.empty_strided(tuple(o.shape), tuple(e.stride()), dtype=o.dtype, device=o.device).copy_(o)
+        laid.append(o)
+    return tuple(laid)
 
 
 def _operands_saved_as_they_are(fw: torch.fx.GraphModule, num_outputs: int) -> list:

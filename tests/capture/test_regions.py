@@ -208,9 +208,9 @@ class KVBlock(torch.nn.Module):
 
 
 class KVStack(torch.nn.Module):
-    def __init__(self, n=3):
+    def __init__(self, n=3, blocks=None):
         super().__init__()
-        self.layers = torch.nn.ModuleList([KVBlock() for _ in range(n)])
+        self.layers = torch.nn.ModuleList(blocks or [KVBlock() for _ in range(n)])
 
     def forward(self, x):
         cache = []
@@ -237,6 +237,49 @@ def test_a_handed_out_tensor_gets_eagers_gradient(backend):
     got = torch.autograd.grad(out.pow(2).sum(), cache)
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b)
+
+
+class CatCacheBlock(torch.nn.Module):
+    """A KV cache's first update: ``cat`` onto an empty tensor, whose output eager lays out
+    contiguously; Inductor's decompositions make it a clone keeping the transposed layout."""
+
+    def __init__(self, d=8):
+        super().__init__()
+        self.k = torch.nn.Linear(d, d)
+        self.o = torch.nn.Linear(d, d)
+
+    def forward(self, x, cache):
+        k = self.k(x).transpose(0, 1)
+        k = torch.cat([k.new_zeros(k.shape[0], 0), k], dim=1)
+        cache.append(k)
+        return x + self.o(torch.tanh(k.transpose(0, 1)))
+
+
+def test_a_block_output_keeps_eagers_layout_under_other_decompositions():
+    """The traced block lays its outputs out as the captured code does: the handed-out cache
+    has eager's strides, and the part of the block after the cut is traced once (not once for
+    the captured layout and again for the decomposed one)."""
+    from torch._inductor.decomposition import select_decomp_table
+
+    from kiln.aot.partition import min_cut_rematerialization_partition
+    torch.manual_seed(0)
+    model = KVStack(blocks=[CatCacheBlock() for _ in range(3)])
+    x = torch.randn(5, 8)
+    ref, ref_cache = model(x)
+    want = torch.autograd.grad(ref.pow(2).sum(), ref_cache)
+    partitioned = []
+
+    def partition(joint, joint_inputs, *, num_fwd_outputs):
+        partitioned.append(joint)
+        return min_cut_rematerialization_partition(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs)
+    backend = aot_backend(partition_fn=partition, decompositions=select_decomp_table())
+    for compiled in (kiln.compile(model, backend=backend), kiln.compile(model, backend="inductor")):
+        out, cache = compiled(x)
+        torch.testing.assert_close(out, ref)
+        assert [c.stride() for c in cache] == [c.stride() for c in ref_cache]
+        for a, b in zip(torch.autograd.grad(out.pow(2).sum(), cache), want):
+            torch.testing.assert_close(a, b)
+    assert len(partitioned) == 3        # the two parts of the block, once each, and the graph
 
 
 def test_blocks_reach_the_aot_stages_as_one_traced_block():
