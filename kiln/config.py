@@ -118,6 +118,17 @@ class Config:
         for callback in _observers.get(name, ()):
             callback(value)
 
+    def capture_settings(self) -> tuple:
+        """The settings that shape what a capture makes (which graphs, their blocks, their
+        specializations, CUDA graphs). Compiled functions and frame records made under other
+        settings are not reused: switching one on takes effect at the next ``kiln.compile``."""
+        fn = self.aot_partition_fn
+        partition = fn if isinstance(fn, str) else \
+            f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', repr(fn))}"
+        return (("repeated_blocks", self.repeated_blocks), ("cudagraphs", self.cudagraphs),
+                ("specialize_int", self.specialize_int), ("automatic_dynamic_shapes", self.automatic_dynamic_shapes),
+                ("copy_saved_parameters", self.copy_saved_parameters), ("aot_partition_fn", partition))
+
     def patch(self, **changes: Any) -> contextlib.AbstractContextManager:
         """Temporarily change fields: ``with kiln.config.patch(recompile_limit=1): ...``."""
         return _patch(self, changes)

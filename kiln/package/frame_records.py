@@ -18,7 +18,7 @@ does not match (also warned once), when it was written by another kiln, torch, P
 or when the code of the function or of a function inlined into its graphs changed.
 
 The frame key: the function's module, qualified name and code hash, the compile key (backend,
-mode, options, fullgraph, dynamic), the settings that shape a capture (``capture_settings``:
+mode, options, fullgraph, dynamic), the settings that shape a capture (``config.capture_settings``:
 repeated blocks, CUDA graphs, int specialization, automatic dynamic shapes...), the kiln (with a
 digest of its source), torch, Python versions, the machine and the CUDA device.
 """
@@ -67,7 +67,7 @@ def frame_key(cf) -> str | None:
     """The key of ``cf``'s records (cached on it), None when they are not kept (logged once)."""
     if not config.cache or not config.cache_frames:
         return None
-    settings = capture_settings()
+    settings = config.capture_settings()
     known = cf.records_key
     if known is None or known[0] != settings:
         why = _not_recorded(cf)
@@ -86,16 +86,6 @@ def frame_key(cf) -> str | None:
                            "versions": cache_key.versions(), "environment": fileformat.environment()})
         known = cf.records_key = (settings, fk)
     return known[1] or None
-
-
-def capture_settings() -> tuple:
-    """The settings that shape what a capture makes (which graphs, their blocks, their
-    specializations, CUDA graphs): a record made under others is not this capture's."""
-    fn = config.aot_partition_fn
-    partition = fn if isinstance(fn, str) else f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', repr(fn))}"
-    return (("repeated_blocks", config.repeated_blocks), ("cudagraphs", config.cudagraphs),
-            ("specialize_int", config.specialize_int), ("automatic_dynamic_shapes", config.automatic_dynamic_shapes),
-            ("copy_saved_parameters", config.copy_saved_parameters), ("aot_partition_fn", partition))
 
 
 # -- loading ---------------------------------------------------------------------------------------

@@ -132,6 +132,21 @@ def test_off_by_config():
     assert not region_calls(rec.graphs[0])
 
 
+def test_a_compile_under_another_setting_does_not_reuse_the_others_graphs():
+    """Two models of one class compiled in one process, the second with the switch off: it
+    captures its own graph (the entries of a function are kept per setting)."""
+    rec = Recorder()
+    x = torch.randn(3, 8)
+    with_blocks = Stack([Block() for _ in range(3)])
+    torch.testing.assert_close(kiln.compile(with_blocks, backend=rec)(x), with_blocks(x))
+    without = Stack([Block() for _ in range(3)])
+    with kiln.config.patch(repeated_blocks=False):
+        compiled = kiln.compile(without, backend=rec)
+        torch.testing.assert_close(compiled(x), without(x))
+    assert len(rec.graphs) == 2
+    assert region_calls(rec.graphs[0]) and not region_calls(rec.graphs[1])
+
+
 def test_not_for_backends_that_do_not_trace_blocks():
     model = Stack([Block() for _ in range(3)])
     seen = []
