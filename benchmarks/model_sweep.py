@@ -14,6 +14,7 @@ parameter's gradient; the random state is reseeded before each side, so dropout 
 noise draw the same numbers). Then kiln's graph and break counts (``kiln.explain``) beside
 ``torch._dynamo.explain``'s on the same call. Prints one JSON line per model
 (``inf_err``/``train_err``: the largest difference relative to 1 + the largest eager value;
+``inf_strides``: an output tensor whose strides are not eager's;
 ``crash``: the model could not be built or run) and a summary table.
 
 ``--decode``: a greedy decoding loop of 8 tokens after a padded prompt, with the model's own
@@ -214,6 +215,8 @@ def run_one(name: str, backend: str, device: str) -> dict:
             break
         for a, b in zip(expected, got):
             worst = max(worst, _rel(a.float(), b.float()) if a.is_floating_point() else float(not torch.equal(a, b)))
+            if any(n > 1 and x != y for n, x, y in zip(a.shape, a.stride(), b.stride())):
+                res.setdefault("inf_strides", f"an output {tuple(a.shape)} laid out {b.stride()}, eager {a.stride()}")
     res["inf_err"] = worst
     for mode in ("inf", "train"):
         if mode == "train":
@@ -414,7 +417,8 @@ def print_table(out: list, kind: str) -> None:
         row = lambda r: f"{r['decode_equal']} | {r['decode_kiln_graphs']} | {r['decode_torch_graphs']}"  # noqa: E731
     else:
         head = "| model | backend | inference err | training err | kiln graphs/breaks (inf, train) | torch.compile (inf, train) |"
-        row = lambda r: (f"{r['inf_err']:.1e} | {r['train_err']:.1e} | {r['inf_kiln']}, {r['train_kiln']} "  # noqa: E731
+        row = lambda r: (f"{r['inf_err']:.1e}{' (strides differ)' if r.get('inf_strides') else ''} "  # noqa: E731
+                         f"| {r['train_err']:.1e} | {r['inf_kiln']}, {r['train_kiln']} "
                          f"| {r['inf_torch']}, {r['train_torch']}")
     ncols = head.count("|") - 1
     print("\n" + head)
