@@ -5,6 +5,7 @@ layer once.
     python benchmarks/compile_time.py [--layers 4,16,32] [--iters 20] [--json PATH]
         [--columns torch,torch_regions,kiln,kiln_regions,kiln_noregions]
     python benchmarks/compile_time.py --cpu [--layers 2,4] [--iters 2]      # a tiny variant, to check the script
+    python benchmarks/compile_time.py --interleave 8 [--layers 16] [--columns kiln_regions,kiln,torch]
 
 Model: ``transformers.LlamaConfig`` at a small width but its real structure (random weights,
 nothing downloaded): d=1024, 16 heads over 4 key/value heads, intermediate 2816, vocabulary
@@ -33,13 +34,21 @@ one; hits are graphs served again within the process), for torch.compile dynamo'
 ``unique_graphs``. ``growth`` is a column's first step at each layer count over its first
 step at the smallest. Targets: kiln's cold compile of 16 layers <= 0.35x torch.compile's, its
 growth from 4 to 16 layers <= 1.2x, its step <= 1.0x torch.compile's.
+
+``--interleave ROUNDS``: the step times again, with every column in one process per layer count
+(each compiled, then ``ROUNDS`` rounds of ``--iters`` steps per column in turn; a column's step
+is the median over the rounds of each round's mean step). The host's state moves a step from one
+process to the next by more than the difference between columns; here every column sees the same
+host. The first steps in this mode are not cold compiles (the columns share the process).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import statistics
 import sys
+import time
 
 import torch
 
@@ -118,6 +127,82 @@ def run_one(cell: dict, device: str, size: dict, iters: int, warmup: int) -> dic
     return row
 
 
+def run_interleaved(cell: dict, device: str, size: dict, iters: int, warmup: int, rounds: int) -> list:
+    """Every column of ``cell`` in this process: compiled one after another, then timed in
+    turns, ``rounds`` times ``iters`` steps each (CUDA events on a GPU). One row per column."""
+    import torch._dynamo  # noqa: F401
+
+    import kiln
+
+    torch.manual_seed(0)
+    base = build(cell["layers"], size)
+    state = {k: v.clone() for k, v in base.state_dict().items()}
+    steps, rows = {}, []
+    for column in cell["columns"]:
+        model = build(cell["layers"], size)
+        model.load_state_dict(state)
+        model = model.to(device).train()
+        if column == "torch_regions":
+            wrap_layers_in_regions(model)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device == "cuda")
+        blocks = {"kiln_regions": True, "kiln_noregions": False}.get(column, kiln.config.repeated_blocks)
+        with kiln.config.patch(repeated_blocks=blocks):
+            fwd = torch.compile(model) if column.startswith("torch") else \
+                kiln.compile(model, backend=cell.get("kiln_backend", "inductor"))
+
+        def step(i: int, fwd=fwd, opt=opt, blocks=blocks) -> float:
+            with kiln.config.patch(repeated_blocks=blocks), torch.autocast(device, dtype=torch.bfloat16):
+                loss = fwd(**batch(size, i, device)).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            return loss.detach()
+
+        row = {**cell, "column": column, "columns": None}
+        row["first_step_s"] = timed_first(lambda step=step, row=row: row.setdefault("loss", float(step(0))), device)
+        for i in range(warmup):
+            step(1 + i)
+        sync(device)
+        steps[column] = step
+        row["rounds_ms"] = []
+        rows.append(row)
+    for _ in range(rounds):
+        for row in rows:
+            step = steps[row["column"]]
+            sync(device)
+            if device == "cuda":
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record()
+            start = time.perf_counter()
+            for i in range(iters):
+                step(i)
+            if device == "cuda":
+                b.record()
+                sync(device)
+                row["rounds_ms"].append(a.elapsed_time(b) / iters)
+            else:
+                row["rounds_ms"].append((time.perf_counter() - start) * 1e3 / iters)
+    for row in rows:
+        row["step_ms"] = statistics.median(row["rounds_ms"])
+        del row["columns"]
+    return rows
+
+
+def print_interleaved(rows: list) -> None:
+    print("\nstep time, every column in one process, timed in turns (median of the rounds)\n")
+    print("| layers | column | step (ms) | vs torch | rounds (ms) | first step's loss |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        if "crash" in r:
+            print(f"| {r.get('layers', '')} | {r.get('column', '')} | {crash_text(r)} | | | |")
+            continue
+        t = next((x for x in rows if x.get("layers") == r["layers"] and x.get("column") == "torch"
+                  and "step_ms" in x), None)
+        rounds = ", ".join(f"{v:.1f}" for v in r["rounds_ms"])
+        print(f"| {r['layers']} | {r['column']} | {r['step_ms']:.2f} | {ratio(r['step_ms'], t and t['step_ms'])} "
+              f"| {rounds} | {r['loss']:.6f} |")
+
+
 def print_tables(rows: list, layer_counts: list, columns: list, device: str) -> None:
     by = {(r["layers"], r["column"]): r for r in rows}
     for layers in layer_counts:
@@ -177,12 +262,18 @@ def main(argv=None) -> int:
     p.add_argument("--cpu", action="store_true", help="the tiny CPU variant")
     p.add_argument("--json", default=None)
     p.add_argument("--timeout", type=int, default=1800, help="seconds per cell")
+    p.add_argument("--interleave", type=int, default=0, metavar="ROUNDS",
+                   help="time every column in one process, in turns, ROUNDS rounds of --iters steps")
     p.add_argument("--cell", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     device = "cpu" if args.cpu or not torch.cuda.is_available() else "cuda"
     size = CPU_SIZE if device == "cpu" else CUDA_SIZE
     if args.cell:
-        emit(run_one(json.loads(args.cell), device, size, args.iters, args.warmup))
+        cell = json.loads(args.cell)
+        if "columns" in cell:
+            emit({"rows": run_interleaved(cell, device, size, args.iters, args.warmup, cell["rounds"])})
+        else:
+            emit(run_one(cell, device, size, args.iters, args.warmup))
         return 0
     layer_counts = [int(n) for n in (args.layers or ("2,4" if device == "cpu" else "4,16,32")).split(",")]
     columns = args.columns.split(",")
@@ -191,6 +282,19 @@ def main(argv=None) -> int:
         p.error(f"unknown columns {sorted(unknown)}; known: {', '.join(COLUMNS)}")
     rows = []
     child_args = ["--iters", str(args.iters), "--warmup", str(args.warmup), *(["--cpu"] if args.cpu else [])]
+    if args.interleave:
+        if "torch_regions" in columns and not hasattr(torch.compiler, "nested_compile_region"):
+            columns.remove("torch_regions")
+        for layers in layer_counts:
+            cell = {"layers": layers, "columns": columns, "rounds": args.interleave}
+            r = run_cell(__file__, cell, child_args, timeout=args.timeout)
+            got = r.get("rows") or [{"layers": layers, "column": ",".join(columns), "crash": r.get("crash", "?")}]
+            rows += got
+            for row in got:
+                print(json.dumps(row), flush=True)
+            write_json(args.json, {"device": device, "size": size, "interleaved": True, "rows": rows})
+        print_interleaved(rows)
+        return 0
     for layers in layer_counts:
         for column in columns:
             cell = {"layers": layers, "column": column}
