@@ -209,15 +209,20 @@ def test_a_block_that_writes_an_outside_tensor_stays_inlined():
 
 class KVBlock(torch.nn.Module):
     """A block that hands a tensor out (as a model hands out its KV cache) and computes further
-    from it."""
+    from it. ``cat_onto_empty``: as a KV cache's first update, ``cat`` onto an empty tensor,
+    whose output eager lays out contiguously (Inductor's decompositions make it a clone keeping
+    the transposed layout)."""
 
-    def __init__(self, d=8):
+    def __init__(self, d=8, cat_onto_empty=False):
         super().__init__()
         self.k = torch.nn.Linear(d, d)
         self.o = torch.nn.Linear(d, d)
+        self.cat_onto_empty = cat_onto_empty
 
     def forward(self, x, cache):
         k = self.k(x).transpose(0, 1)
+        if self.cat_onto_empty:
+            k = torch.cat([k.new_zeros(k.shape[0], 0), k], dim=1)
         cache.append(k)
         return x + self.o(torch.tanh(k.transpose(0, 1)))
 
@@ -254,22 +259,6 @@ def test_a_handed_out_tensor_gets_eagers_gradient(backend):
         torch.testing.assert_close(a, b)
 
 
-class CatCacheBlock(torch.nn.Module):
-    """A KV cache's first update: ``cat`` onto an empty tensor, whose output eager lays out
-    contiguously; Inductor's decompositions make it a clone keeping the transposed layout."""
-
-    def __init__(self, d=8):
-        super().__init__()
-        self.k = torch.nn.Linear(d, d)
-        self.o = torch.nn.Linear(d, d)
-
-    def forward(self, x, cache):
-        k = self.k(x).transpose(0, 1)
-        k = torch.cat([k.new_zeros(k.shape[0], 0), k], dim=1)
-        cache.append(k)
-        return x + self.o(torch.tanh(k.transpose(0, 1)))
-
-
 def test_a_block_output_keeps_eagers_layout_under_other_decompositions():
     """The traced block lays its outputs out as the captured code does: the handed-out cache
     has eager's strides, and the part of the block after the cut is traced once (not once for
@@ -278,7 +267,7 @@ def test_a_block_output_keeps_eagers_layout_under_other_decompositions():
 
     from kiln.aot.partition import min_cut_rematerialization_partition
     torch.manual_seed(0)
-    model = KVStack(blocks=[CatCacheBlock() for _ in range(3)])
+    model = KVStack(blocks=[KVBlock(cat_onto_empty=True) for _ in range(3)])
     x = torch.randn(5, 8)
     ref, ref_cache = model(x)
     want = torch.autograd.grad(ref.pow(2).sum(), ref_cache)
