@@ -330,8 +330,10 @@ def with_eager_layouts(gm: torch.fx.GraphModule, meta) -> None:
                 c.meta["val"] = val = torch.ops.prims.convert_element_type.default(val, dtype)
             node = flat[n_mut + j] = c
             changed = True
-        if info.stride is None or len(info.stride) != val.dim() \
-                or not all(isinstance(v, int) for v in (*val.shape, *val.stride(), *info.stride)):
+        if info.stride is None or len(info.stride) != val.dim():
+            continue
+        if not all(isinstance(v, int) for v in (*val.shape, *val.stride(), *info.stride)):
+            changed |= _symbolic_eager_layout(gm, flat, n_mut + j, node, val, info, j >= len(meta.graph_output_indices))
             continue
         if all(a == b for a, b, size in zip(val.stride(), info.stride, val.shape) if size > 1) \
                 or any(size == 0 for size in val.shape):
@@ -345,6 +347,52 @@ def with_eager_layouts(gm: torch.fx.GraphModule, meta) -> None:
         changed = True
     if changed:
         out.args = (tuple(flat),)
+
+
+def _dense_order(shape, stride) -> list | None:
+    """The dims of a dense layout (no gaps, no overlap) from outermost to innermost, read from
+    the traced sizes' hints (a permutation of dims does not depend on the sizes); None when
+    the layout is not dense."""
+    sizes = [symbolic.hint(n) for n in shape]
+    strides = [symbolic.hint(s) for s in stride]
+    order = sorted(range(len(sizes)), key=lambda d: (-strides[d], -sizes[d], d))
+    expected = 1
+    for d in reversed(order):
+        if sizes[d] > 1 and strides[d] != expected:
+            return None
+        expected *= max(sizes[d], 1)
+    return order
+
+
+def _symbolic_eager_layout(gm: torch.fx.GraphModule, flat: list, at: int, node: torch.fx.Node, val, info,
+                           is_base: bool) -> bool:
+    """``with_eager_layouts`` for symbolic sizes: a traced value whose dense layout orders its
+    dims otherwise than eager's is copied into eager's order (permute, contiguous clone, permute
+    back: no size enters the graph as an argument). An intermediate base must have eager's
+    layout (its views are taken again with ``as_strided``, which reads the storage as eager's
+    base laid it out); one whose eager layout is not dense cannot be rebuilt so, and the graph
+    is compiled per shape instead."""
+    want = _dense_order(val.shape, info.stride)
+    if want is None:
+        if is_base:
+            raise Unsupported("AOT autograd: a dynamic graph returns a view of an intermediate whose "
+                              "layout is not dense (compiled per shape)")
+        return False
+    if _dense_order(val.shape, val.stride()) == want:
+        return False
+    back = [want.index(d) for d in range(len(want))]
+    steps = [(torch.ops.aten.permute.default, (want,), {}),
+             (torch.ops.aten.clone.default, (), {"memory_format": torch.contiguous_format}),
+             (torch.ops.aten.permute.default, (back,), {})]
+    r, v = node, val
+    with fake_tensors.fake_mode_of([val]):
+        for i, (op, args, kwargs) in enumerate(steps):
+            with _right_after(gm.graph, node) if i == 0 else gm.graph.inserting_after(r):
+                r = gm.graph.call_function(op, (r, *args), kwargs)
+            r.meta = {key: x for key, x in node.meta.items() if key != "val"}
+            r.meta["val"] = v = op(v, *args, **kwargs)
+    flat[at] = r
+    return True
 
 
 def _right_after(graph: torch.fx.Graph, node: torch.fx.Node):

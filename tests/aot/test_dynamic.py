@@ -309,6 +309,39 @@ def test_output_view_of_another_output():
     assert compiled.fallback.compiles == 0
 
 
+def test_a_view_of_an_intermediate_written_in_place_has_eagers_values():
+    """The view is taken again from its base with ``as_strided`` at runtime: the graph must
+    return the base laid out as eager's, which the traced (functionalized) write lays out
+    transposed (fuzz seed 76358 gave the view's elements in the wrong places)."""
+    def f(y, w):
+        t = y[..., [0, 2]].transpose(0, 1)
+        t.masked_fill_(t > 0.5, 0.0)
+        return w @ w, t
+    y, w = rg(8, 4), rg(4, 4)
+    gm = dynamic_graph(f, [y, w], {0: [D, S]})
+    compiled = aot_eager(gm, [y, w])
+    for n in SIZES:
+        out, ref = compare(compiled, gm, [rg(n, 4), rg(4, 4)])
+        assert out[1].stride() == ref[1].stride()
+    assert compiled.fallback.compiles == 0
+
+
+def test_an_output_in_another_dense_layout_gets_eagers_strides():
+    """Inductor's decompositions make ``cat`` onto an empty tensor a clone keeping its input's
+    (transposed) layout; eager's ``cat`` output is contiguous."""
+    from torch._inductor.decomposition import select_decomp_table
+
+    def f(x):
+        t = (x * 3).t()
+        return torch.cat([zeros(0, t.shape[1]), t]), x.sin()
+    x = rg(8, 3)
+    gm = dynamic_graph(f, [x], {0: [D, S]})
+    compiled = aot_backend(decompositions=select_decomp_table())(gm, [x])
+    for n in SIZES:
+        out, ref = compare(compiled, gm, [rg(n, 3)])
+        assert [o.stride() for o in out] == [r.stride() for r in ref]
+
+
 def test_input_mutation_with_dynamic_shape():
     def f(s, x, buf):
         buf.add_(x.detach().view(s, 3))          # buffer-style update
