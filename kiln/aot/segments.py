@@ -354,7 +354,18 @@ def nodes_of(joint: torch.fx.GraphModule, layout: Layout, num_fw_outputs: int, t
                 raise NotSegmentable("a handed value comes from a node not applied before its reader")
         for c in nodes:
             groups[c][2].append(i)
-    return [tuple(g) for g in groups]
+    # A later node takes every handed value its segment reads, whether or not its tangents'
+    # gradient reaches it: its outputs then hang on the earlier node, as eager's do. Otherwise
+    # an output computed from a handed value's size or detached value (``zeros_like(t) * w``)
+    # and from an input would come from a node with no differentiable input: no grad_fn, and
+    # the input's gradient never delivered (the first node delivers the later nodes' gradients
+    # for the function's inputs, after they ran).
+    for j, lv in enumerate(layout.levels):
+        c = index.get(lv)
+        i = layout.num_args + j
+        if c is not None and c > 0 and i not in groups[c][2]:
+            groups[c][2].append(i)
+    return [(t, o, sorted(ins)) for t, o, ins in groups]
 
 
 # ------------------------------------------------------------------------------------------------

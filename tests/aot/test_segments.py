@@ -372,6 +372,28 @@ def test_an_output_written_before_the_later_output_reads_it_is_on_its_path(backe
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("reads", [torch.zeros_like, torch.Tensor.detach], ids=["zeros_like", "detach"])
+def test_a_later_output_that_reads_an_earlier_one_without_its_gradient(backend, reads):
+    """``loss`` reads ``y`` only for its size or detached, and the input ``w`` itself for its
+    gradient: it is still differentiable, and ``w``'s gradient through it arrives, with either
+    output's backward alone or both (fuzz seed 76711: no grad_fn, ``w``'s gradient lost)."""
+    def f(x, w):
+        y = x @ w - 0.5
+        return y, ((reads(y) + 1) @ w).pow(2).sum()
+
+    for backward_of in ((0,), (1,), (0, 1)):
+        x, w = torch.randn(4, 6), torch.randn(6, 6, requires_grad=True)
+        wr = w.detach().clone().requires_grad_()
+        out, ref = kiln.compile(f, backend=backend)(x, w), f(x, wr)
+        assert [o.requires_grad for o in out] == [r.requires_grad for r in ref] == [True, True]
+        for a, b in zip(out, ref):
+            torch.testing.assert_close(a, b)
+        sum(out[k].sum() for k in backward_of).backward()
+        sum(ref[k].sum() for k in backward_of).backward()
+        torch.testing.assert_close(w.grad, wr.grad)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_a_backward_through_a_middle_output_of_a_dynamic_graph(backend):
     """Only ``log1p`` (a cut output of the middle segment) reaches the loss: that node's backward
     fills the missing tangent of ``add`` with zeros whose symbolic size comes from the given
