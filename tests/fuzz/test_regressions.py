@@ -702,6 +702,30 @@ def fn(x, xs):
     return [torch.erf(e) for e in xs], {'p': x}
 ''', found="seed 1097, aot_eager, dynamic None and True (the min-cut's CSE merged the two erf(x): one "
               "tensor returned twice)", backends=("aot_eager",), dynamic=(None, True)),
+    "view_of_an_intermediate_written_in_place_in_a_dynamic_graph": Case('''
+def make_inputs(seed, n, k, s, flag):
+    return (randn(seed, n, 4, rg=True, dtype=torch.float64), randn(seed + 1, 4, 4, rg=True, dtype=torch.float64))
+
+def fn(y, w):
+    t = y[..., [0, 2]].transpose(0, 1)
+    w2 = w @ w
+    t.masked_fill_(t > 0.5, 0.0)
+    return (w2, t)
+''', found="seed 76358, aot_eager, dynamic None (from the second size) and True (the dynamic graph "
+              "returned the view's base transposed; the view taken again with as_strided read the wrong "
+              "elements)", backends=("aot_eager",), dynamic=(None, True)),
+    "later_output_reads_an_earlier_one_without_its_gradient": Case('''
+def make_inputs(seed, n, k, s, flag):
+    return (randn(seed, n, 4, rg=True), randn(seed + 1, n, 4))
+
+def fn(x, y):
+    t = x * 2
+    u = torch.zeros_like(t) * x + y
+    LOG.write("after\\n")
+    return t, u
+''', found="seed 76711, aot_eager, dynamic None and True (the second output came from a segment node "
+              "without a differentiable input: no grad_fn, x's gradient through it lost)",
+         backends=("aot_eager",), dynamic=(None, True)),
 }
 
 
