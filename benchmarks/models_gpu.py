@@ -88,6 +88,7 @@ geomean step <= 0.9x and none above 1.0x, peak <= 1.0x and cold compile <= 1.0x 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import importlib.util
 import inspect
@@ -97,6 +98,7 @@ import os
 import statistics
 import subprocess
 import sys
+from typing import Callable
 
 import torch
 
@@ -242,7 +244,20 @@ def count_flops(fn) -> int:
 # The cells (each in its own process)
 # ------------------------------------------------------------------------------------------------
 
-def run_training(case: str, column: str, size: dict, device: str, iters: int, warmup: int) -> dict:
+@dataclasses.dataclass
+class Prepared:
+    """A column compiled and ready to time: ``step(i)`` makes call ``i`` of the measured
+    sequence (``next_call`` is the next one's index), whose calls come in units of ``unit``
+    (qwen2: one per length; decode: one generation) that ``step_ms`` reduces to the step."""
+    step: Callable[[int], object]
+    unit: int
+    next_call: int
+    row: dict
+    step_ms: Callable[[list], float]
+    extra: Callable[[], dict] = lambda: {}       # what the row gets after the timing
+
+
+def prepare_training(case: str, column: str, size: dict, device: str) -> Prepared:
     torch.manual_seed(0)
     model = build(case, size).to(device).train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device == "cuda")
@@ -258,15 +273,11 @@ def run_training(case: str, column: str, size: dict, device: str, iters: int, wa
 
     first = timed_first(first_step, device)
     losses += [step(i) for i in range(1, 6)]
-    times, peak = step_times(step, device, iters, warmup, first=6)
-    row = {"first_step_s": first, "step_ms": statistics.median(times), "peak_mib": peak / 2**20,
-           "losses": [float(x) for x in losses]}
-    if column == "eager":
-        row["flops"] = count_flops(lambda: step(6 + warmup + iters))
-    return row
+    row = {"first_step_s": first, "losses": [float(x) for x in losses]}
+    return Prepared(step, 1, 6, row, statistics.median)
 
 
-def run_dynamic(case: str, column: str, size: dict, device: str, iters: int, warmup: int) -> dict:
+def prepare_dynamic(case: str, column: str, size: dict, device: str) -> Prepared:
     torch.manual_seed(0)
     model = build(case, size).to(device, dtype=torch.bfloat16).eval()
     lengths = size["lengths"]
@@ -274,6 +285,7 @@ def run_dynamic(case: str, column: str, size: dict, device: str, iters: int, war
     fwd = model
     losses = []
 
+    @torch.no_grad()
     def call(i: int):
         return fwd(**batches[i % len(lengths)]).loss
 
@@ -282,22 +294,21 @@ def run_dynamic(case: str, column: str, size: dict, device: str, iters: int, war
         fwd = compiler(column, case)(model)
         losses.append(call(0))
 
-    with torch.no_grad():
-        first_pass = [timed_first(first_call, device)]
-        for i in range(1, len(lengths)):
-            first_pass.append(timed_first(lambda i=i: losses.append(call(i)), device))
+    first_pass = [timed_first(first_call, device)]
+    for i in range(1, len(lengths)):
+        first_pass.append(timed_first(lambda i=i: losses.append(call(i)), device))
+    row = {"first_step_s": first_pass[0], "compile_pass_s": sum(first_pass), "losses": [float(x) for x in losses]}
+
+    def step_ms(times: list) -> float:
         # whole passes: call i is at length i % len(lengths), so each length keeps its place
-        times, peak = step_times(call, device, iters * len(lengths), warmup * len(lengths), first=len(lengths))
         medians = [statistics.median(times[k::len(lengths)]) for k in range(len(lengths))]
-        row = {"first_step_s": first_pass[0], "compile_pass_s": sum(first_pass), "step_ms": sum(medians),
-               "step_ms_by_length": dict(zip(map(str, lengths), medians)), "peak_mib": peak / 2**20,
-               "losses": [float(x) for x in losses]}
-        if column == "eager":
-            row["flops"] = count_flops(lambda: [call(i) for i in range(len(lengths))])
-    return row
+        row["step_ms_by_length"] = dict(zip(map(str, lengths), medians))
+        return sum(medians)
+
+    return Prepared(call, len(lengths), len(lengths), row, step_ms)
 
 
-def run_decode(case: str, column: str, size: dict, device: str, iters: int, warmup: int) -> dict:
+def prepare_decode(case: str, column: str, size: dict, device: str) -> Prepared:
     import transformers
 
     torch.manual_seed(0)
@@ -320,6 +331,7 @@ def run_decode(case: str, column: str, size: dict, device: str, iters: int, warm
             state["tokens"].append(int(token))
         return token
 
+    @torch.no_grad()
     def step(i: int) -> None:
         """Decoded token ``i % new`` of a generation; token 0 first resets the cache and prefills."""
         t = i % new
@@ -335,15 +347,13 @@ def run_decode(case: str, column: str, size: dict, device: str, iters: int, warm
         for t in range(new):
             step(t)
 
+    # the cache allocates its tensors at its first update: done here by one eager prefill, before
+    # the clock, so that no compiler traces the allocation (transformers marks the tensors as
+    # static addresses only outside a compiled region)
     with torch.no_grad():
-        # the cache allocates its tensors at its first update: done here by one eager prefill, before
-        # the clock, so that no compiler traces the allocation (transformers marks the tensors as
-        # static addresses only outside a compiled region)
         forward(prompt, 0)
-        first = timed_first(first_generation, device)
-        tokens, losses = state.pop("tokens"), state.pop("losses")
-        times, peak = step_times(step, device, iters * new, warmup * new, first=new)
-    per_token = [ms for k, ms in enumerate(times) if k % new]        # without the prefilling calls
+    first = timed_first(first_generation, device)
+    tokens, losses = state.pop("tokens"), state.pop("losses")
     embedding = model.get_input_embeddings().weight
     if model.get_output_embeddings().weight is embedding:       # tied: the output layer reads all of it
         embedding = None
@@ -352,21 +362,68 @@ def run_decode(case: str, column: str, size: dict, device: str, iters: int, warm
     head_dim = cfg.hidden_size // cfg.num_attention_heads
     position = size["prompt"] + new // 2
     kv_bytes = cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * head_dim * position * 2
-    return {"first_step_s": first, "step_ms": statistics.median(per_token), "peak_mib": peak / 2**20,
-            "losses": losses[:6], "tokens": tokens, "bytes_per_step": param_bytes + kv_bytes}
+    row = {"first_step_s": first, "losses": losses[:6], "tokens": tokens, "bytes_per_step": param_bytes + kv_bytes}
+
+    def per_token_ms(times: list) -> float:
+        return statistics.median([ms for k, ms in enumerate(times) if k % new])     # without the prefilling calls
+
+    return Prepared(step, new, new, row, per_token_ms)
 
 
-def run_one(cell: dict, device: str, tiny: bool, iters: int, warmup: int) -> dict:
-    import torch._dynamo  # noqa: F401  (imported before the clock by every column alike)
+PREPARE = {"qwen2": prepare_dynamic, "decode": prepare_decode}
 
+
+def prepare(case: str, column: str, size: dict, device: str) -> Prepared:
+    prepared = PREPARE.get(case, prepare_training)(case, column, size, device)
+    if column == "eager" and case not in PREPARE:
+        def flops() -> dict:           # one more, untimed, step
+            return {"flops": count_flops(lambda: prepared.step(prepared.next_call))}
+        prepared.extra = flops
+    elif column == "eager" and case == "qwen2":
+        def flops() -> dict:
+            return {"flops": count_flops(lambda: [prepared.step(prepared.next_call + i) for i in range(prepared.unit)])}
+        prepared.extra = flops
+    return prepared
+
+
+def time_alone(prepared: Prepared, device: str, iters: int, warmup: int) -> dict:
+    """The column's row: ``iters`` units timed after ``warmup`` more, with the peak over them."""
+    p = prepared
+    times, peak = step_times(p.step, device, iters * p.unit, warmup * p.unit, first=p.next_call)
+    p.next_call += (iters + warmup) * p.unit
+    step_ms = p.step_ms(times)          # (before the row is read: qwen2's adds its lengths' steps to it)
+    return {**p.row, "step_ms": step_ms, "peak_mib": peak / 2**20, **p.extra()}
+
+
+def time_in_turns(columns: dict, device: str, iters: int, warmup: int, rounds: int) -> dict:
+    """Every column's row, the columns timed in turns: ``warmup`` units each, then ``rounds``
+    rounds in which each column runs ``iters / rounds`` units (at least one) in a row. A host
+    whose speed drifts (another process, the CPU's clock) slows all columns alike, so their
+    ratios hold where timings from separate processes can differ by 20% or more. The peak is
+    not comparable here (every column's weights and optimizer state are resident) and is left
+    out; first steps are those of this process, the later columns' after the earlier ones
+    warmed up CUDA, Triton and the compile workers."""
+    chunk = max(1, iters // rounds)
+    times = {name: [] for name in columns}
+    for name, p in columns.items():
+        step_times(p.step, device, 0, warmup * p.unit, first=p.next_call)
+        p.next_call += warmup * p.unit
+    for _ in range(rounds):
+        for name, p in columns.items():
+            got, _ = step_times(p.step, device, chunk * p.unit, 0, first=p.next_call)
+            p.next_call += chunk * p.unit
+            times[name] += got
+    steps = {name: p.step_ms(times[name]) for name, p in columns.items()}
+    return {name: {**p.row, "step_ms": steps[name], "peak_mib": 0.0, "timing": "turns", "rounds": rounds,
+                   **p.extra()}
+            for name, p in columns.items()}
+
+
+def compile_stats(case: str, column: str) -> dict:
+    """What a compiled column's row says about its compiler: graphs, and CUDA graph replays."""
     import kiln
 
-    case, column = cell["case"], cell["column"]
-    if device == "cpu":
-        torch.set_num_threads(1)     # a shared CPU: one thread is steadier, and the CPU run only checks the script
-    size = (TINY if tiny else SIZES)[case]
-    run = {"qwen2": run_dynamic, "decode": run_decode}.get(case, run_training)
-    row = run(case, column, size, device, iters, warmup)
+    row = {}
     if column == "kiln":
         stats = kiln.cache.stats()
         row["graphs"] = stats["misses"] + stats["bypasses"]
@@ -379,9 +436,53 @@ def run_one(cell: dict, device: str, tiny: bool, iters: int, warmup: int) -> dic
         row["graphs"] = counters["stats"]["unique_graphs"]
         if case == "decode":
             row["cudagraphs"] = {"graphs skipped": counters["inductor"]["cudagraph_skips"]}
-    row["device_name"] = torch.cuda.get_device_name() if device == "cuda" else "cpu"
-    row["torch"] = torch.__version__
     return row
+
+
+def run_one(cell: dict, device: str, tiny: bool, iters: int, warmup: int) -> dict:
+    """A fresh process's cell: one column alone, or (``turns``) every column timed in turns."""
+    import torch._dynamo  # noqa: F401  (imported before the clock by every column alike)
+
+    import kiln  # noqa: F401  (likewise)
+
+    case = cell["case"]
+    if device == "cpu":
+        torch.set_num_threads(1)     # a shared CPU: one thread is steadier, and the CPU run only checks the script
+    size = (TINY if tiny else SIZES)[case]
+    where = {"device_name": torch.cuda.get_device_name() if device == "cuda" else "cpu", "torch": torch.__version__}
+    if "turns" in cell:
+        columns = {column: prepare(case, column, size, device) for column in cell["turns"]}
+        rows = time_in_turns(columns, device, iters, warmup, cell["rounds"])
+        # the graph counts of a process that compiled with both compilers are still each one's own
+        return {"rows": {column: {**row, "first_step_s": None, "compile_pass_s": None,
+                                  **compile_stats(case, column), **where} for column, row in rows.items()}}
+    column = cell["column"]
+    row = time_alone(prepare(case, column, size, device), device, iters, warmup)
+    return {**row, **compile_stats(case, column), **where}
+
+
+def turns_only(row: dict) -> bool:
+    """A row timed in turns and nowhere else (no first step of its own)."""
+    return row.get("timing") == "turns" and row.get("first_step_s") is None
+
+
+def with_turns(rows: list, turns: list) -> list:
+    """``rows`` (cells each timed alone) with the steps of ``turns`` (the same columns timed in
+    turns in one process) in their place: the step comes from the turns, the first step, cold
+    compile and peak from the fresh processes (``step_ms_alone`` keeps the other step). A
+    column only in ``turns`` keeps its turns row; a crashed turns cell changes nothing."""
+    by = {(r["case"], r["column"]): dict(r) for r in rows}
+    for t in turns:
+        if not good(t):
+            continue
+        key = (t["case"], t["column"])
+        r = by.get(key)
+        if r is None or not good(r):
+            by[key] = t
+            continue
+        r["step_ms_alone"] = r["step_ms"]
+        r.update({k: t[k] for k in ("step_ms", "step_ms_by_length", "timing", "rounds") if k in t})
+    return list(by.values())
 
 
 # ------------------------------------------------------------------------------------------------
@@ -414,6 +515,14 @@ def hardware_fraction(case: str, row: dict, eager: dict, args) -> str:
     return f"MFU {flops / seconds / (tflops * 1e12):.1%}" if flops and tflops else ""
 
 
+def first_minus_eager(row, eager, key: str):
+    """``row[key] - eager[key]`` (the cold compile), or None where either was not measured (a
+    row timed only in turns has no first step of its own)."""
+    if not (good(row) and good(eager)) or row.get(key) is None or eager.get(key) is None:
+        return None
+    return row[key] - eager[key]
+
+
 def geomean(values: list) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values))
 
@@ -444,25 +553,32 @@ def print_table(rows: list, meta: list, args) -> None:
                 text = f"skipped: {r['skipped']}" if "skipped" in r else crash_text(r)
                 print(f"| {case} | {column} | {text} | | | | | | | | | |")
                 continue
-            cold = r["first_step_s"] - e["first_step_s"] if e and column != "eager" else None
-            t_cold = t["first_step_s"] - e["first_step_s"] if e and t else None
+            cold = first_minus_eager(r, e, "first_step_s") if column != "eager" else None
+            t_cold = first_minus_eager(t, e, "first_step_s")
             diff = f"{max_rel_diff(r['losses'], e['losses']):.1e}" if e and column != "eager" else ""
             peak = f"{r['peak_mib']:.0f}" if r["peak_mib"] else "-"
+            first = "-" if r["first_step_s"] is None else f"{r['first_step_s']:.1f}"
             print(f"| {case} | {column} | {r['step_ms']:.2f} | {ratio(r['step_ms'], t and t['step_ms'])} "
-                  f"| {r['first_step_s']:.1f} | {'' if cold is None else f'{cold:.1f}'} "
+                  f"| {first} "
+                  f"| {'' if cold is None else f'{cold:.1f}'} "
                   f"| {ratio(cold, t_cold) if column != 'torch' else ''} | {peak} "
                   f"| {ratio(r['peak_mib'], t and t['peak_mib'])} | {hardware_fraction(case, r, e, args)} "
                   f"| {diff} | {r.get('graphs', '')} |")
-            if case == "qwen2" and e and column != "eager":
-                compile_s = r["compile_pass_s"] - e["compile_pass_s"]
-                t_compile_s = t["compile_pass_s"] - e["compile_pass_s"] if t else None
-                notes.append(f"qwen2 / {column}: compile time across all {len(r['step_ms_by_length'])} lengths "
-                             f"{compile_s:.1f} s{f' ({ratio(compile_s, t_compile_s)} torch)' if column == 'kiln' else ''}"
+            if case == "qwen2" and column != "eager" and first_minus_eager(r, e, "compile_pass_s") is not None:
+                compile_s = first_minus_eager(r, e, "compile_pass_s")
+                t_compile_s = first_minus_eager(t, e, "compile_pass_s")
+                notes.append(f"qwen2 / {column}: compile time across all {len(SIZES['qwen2']['lengths'])} lengths "
+                             f"{compile_s:.1f} s{f' ({ratio(compile_s, t_compile_s)} torch)' if column == 'kiln' and t_compile_s else ''}"
                              f" (first pass {r['compile_pass_s']:.1f} s, eager's {e['compile_pass_s']:.1f} s)")
             if case == "decode" and e and column != "eager":
                 same = sum(a == b for a, b in zip(r["tokens"], e["tokens"]))
                 notes.append(f"decode / {column}: {same} of {len(e['tokens'])} generated tokens equal eager's; "
                              f"CUDA graphs: {r.get('cudagraphs')}")
+    turns = {r["case"]: r.get("rounds") for r in rows if good(r) and r.get("timing") == "turns"}
+    if turns:
+        print(f"\nsteps of {', '.join(c for c in CASES if c in turns)}: the case's columns timed in turns in "
+              f"one process ({max(turns.values())} rounds); first steps, cold compiles and peaks from a fresh "
+              "process per column.")
     print("\nstep: qwen2's is the sum over its lengths of each length's median; decode's is per token. "
           "cold compile: first step minus eager's. hardware: MFU = eager's FLOP count / step / peak "
           "FLOP/s; BW = bytes a token must read / step / peak bandwidth.")
@@ -481,8 +597,9 @@ def print_summary(by: dict) -> None:
         if k["peak_mib"] and t["peak_mib"]:
             peaks[case] = k["peak_mib"] / t["peak_mib"]
         key = "compile_pass_s" if "compile_pass_s" in k else "first_step_s"   # qwen2: all its lengths
-        if good(e) and t[key] > e[key]:
-            colds[case] = (k[key] - e[key]) / (t[key] - e[key])
+        k_cold, t_cold = first_minus_eager(k, e, key), first_minus_eager(t, e, key)
+        if k_cold is not None and t_cold and t_cold > 0:
+            colds[case] = k_cold / t_cold
         if good(e):
             diffs[case] = max_rel_diff(k["losses"], e["losses"])
     print("\nsummary, kiln / torch.compile (targets: geomean step <= 0.9x, none above 1.0x; peak <= 1.0x and "
@@ -552,19 +669,26 @@ def main(argv=None) -> int:
     p.add_argument("--merge", nargs="+", metavar="JSON", help="print one table from earlier --json files")
     p.add_argument("--peak-tflops", type=float, default=None, help="the device's dense bf16 peak, TFLOP/s")
     p.add_argument("--peak-tbps", type=float, default=None, help="the device's memory bandwidth, TB/s")
+    p.add_argument("--timing", choices=("alone", "turns", "both"), default="both",
+                   help="alone: each column in a fresh process; turns: a case's columns timed in turns in "
+                        "one process (steps only); both (default): the steps from the turns, first steps, "
+                        "cold compiles and peaks from the fresh processes")
+    p.add_argument("--rounds", type=int, default=5, help="rounds of turns (--timing turns/both)")
     p.add_argument("--cell", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.cell:
         emit(run_one(json.loads(args.cell), args.device, args.tiny, args.iters, args.warmup))
         return 0
     if args.merge:
-        rows, meta = {}, []
+        rows, turns, meta = {}, [], []
         for path in args.merge:
             with open(path) as fh:
                 got = json.load(fh)
             meta.append(got["meta"])
-            rows.update({(r["case"], r["column"]): r for r in got["rows"]})       # a later file wins
-        print_table(list(rows.values()), meta, args)
+            # a later file wins; rows timed only in turns give their steps to the fresh rows
+            rows.update({(r["case"], r["column"]): r for r in got["rows"] if not turns_only(r)})
+            turns += [r for r in got["rows"] if turns_only(r)]
+        print_table(with_turns(list(rows.values()), turns), meta, args)
         return 0
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda: CUDA is not available (use --device cpu --tiny to check the script)")
@@ -576,18 +700,29 @@ def main(argv=None) -> int:
     meta = run_meta(args)
     child_args = ["--device", args.device, "--iters", str(args.iters), "--warmup", str(args.warmup),
                   *(["--tiny"] if args.tiny else [])]
-    rows = []
+    meta["timing"], meta["rounds"] = args.timing, args.rounds
+    rows, turns = [], []
+    ordered = [c for c in COLUMNS if c in columns]
     for case in cases:
-        for column in [c for c in COLUMNS if c in columns]:
-            cell = {"case": case, "column": column}
-            if case in TIMM_CASES and meta["timm"] is None:
-                r = {**cell, "skipped": "timm is not installed"}
-            else:
-                r = run_cell(__file__, cell, child_args, timeout=args.timeout)
-            rows.append(r)
-            print(json.dumps({k: v for k, v in r.items() if k != "tokens"}), flush=True)
-            write_json(args.json, {"meta": meta, "rows": rows})
-    print_table(rows, [meta], args)
+        skipped = case in TIMM_CASES and meta["timm"] is None
+        if args.timing in ("alone", "both"):
+            for column in ordered:
+                cell = {"case": case, "column": column}
+                r = {**cell, "skipped": "timm is not installed"} if skipped else run_cell(
+                    __file__, cell, child_args, timeout=args.timeout)
+                rows.append(r)
+                print(json.dumps({k: v for k, v in r.items() if k != "tokens"}), flush=True)
+                write_json(args.json, {"meta": meta, "rows": rows + turns})
+        if args.timing in ("turns", "both") and not skipped and len(ordered) > 1:
+            got = run_cell(__file__, {"case": case, "turns": ordered, "rounds": args.rounds}, child_args,
+                           timeout=args.timeout)
+            new = ([{"case": case, "column": c, **r} for c, r in got["rows"].items()] if "rows" in got
+                   else [{"case": case, "column": c, "crash": got["crash"], "timing": "turns"} for c in ordered])
+            turns += new
+            for r in new:
+                print(json.dumps({k: v for k, v in r.items() if k != "tokens"}), flush=True)
+            write_json(args.json, {"meta": meta, "rows": rows + turns})
+    print_table(with_turns(rows, turns), [meta], args)
     return 0
 
 

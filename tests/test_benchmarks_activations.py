@@ -1,24 +1,15 @@
 """Smoke test of benchmarks/activations.py: a tiny CPU run (1 layer, eager and kiln, the cast
 policy) goes through, writes its JSON, and kiln's inlined cast halves the saved activations.
 Timings are never asserted."""
-import importlib.util
 import json
-import pathlib
 
 import torch
 
-BENCH = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "activations.py"
-
-
-def _load():
-    spec = importlib.util.spec_from_file_location("kiln_bench_activations", BENCH)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from benchmark_modules import load_benchmark
 
 
 def test_activations_benchmark_quick(tmp_path, capsys):
-    bench = _load()
+    bench = load_benchmark("activations")
     out = tmp_path / "act.json"
     threads = torch.get_num_threads()
     assert bench.main(["--device", "cpu", "--steps", "3", "--layers", "1", "--dim", "32", "--seq", "16",

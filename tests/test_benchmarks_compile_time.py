@@ -1,32 +1,18 @@
 """Smoke test of benchmarks/compile_time.py's --interleave mode: the columns are compiled in one
 process and timed in turns; each column is its own compile (repeated blocks on for one, off
 for the other) and both start from the same weights and batches: their first losses are eager's. Timings are never asserted."""
-import importlib.util
-import pathlib
-import sys
 
 import pytest
 import torch
 
 import kiln
+from benchmark_modules import load_benchmark
 
 pytest.importorskip("transformers")
-BENCH = pathlib.Path(__file__).resolve().parents[1] / "benchmarks"
-
-
-def _load():
-    sys.path.insert(0, str(BENCH))
-    try:
-        spec = importlib.util.spec_from_file_location("kiln_bench_compile_time", BENCH / "compile_time.py")
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        return mod
-    finally:
-        sys.path.remove(str(BENCH))
 
 
 def test_interleaved_columns_are_their_own_compiles():
-    bench = _load()
+    bench = load_benchmark("compile_time")
     cell = {"layers": 2, "columns": ["kiln_regions", "kiln_noregions"], "rounds": 2, "kiln_backend": "aot_eager"}
     rows = bench.run_interleaved(cell, "cpu", bench.CPU_SIZE, iters=1, warmup=0, rounds=2)
     assert [r["column"] for r in rows] == ["kiln_regions", "kiln_noregions"]

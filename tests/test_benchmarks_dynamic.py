@@ -1,23 +1,14 @@
 """Smoke test of benchmarks/dynamic.py: a tiny run (the plain function model, eager backend, 3
 lengths) goes through and writes the expected JSON. Timings are never asserted."""
-import importlib.util
 import json
-import pathlib
 
 import torch
 
-BENCH = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "dynamic.py"
-
-
-def _load():
-    spec = importlib.util.spec_from_file_location("kiln_bench_dynamic", BENCH)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from benchmark_modules import load_benchmark
 
 
 def test_dynamic_benchmark_quick(tmp_path, capsys):
-    bench = _load()
+    bench = load_benchmark("dynamic")
     out = tmp_path / "dynamic.json"
     threads = torch.get_num_threads()
     assert bench.main(["--quick", "--lengths", "3", "--models", "fn", "--backends", "eager",

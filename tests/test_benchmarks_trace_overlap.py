@@ -1,20 +1,11 @@
 """benchmarks/trace_overlap.py on a Chrome trace of known kernels: collectives and computation
 told apart, intervals merged across streams, overlap and idle time measured."""
 import gzip
-import importlib.util
 import json
-import pathlib
 
 import pytest
 
-BENCH = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "trace_overlap.py"
-
-
-def _load():
-    spec = importlib.util.spec_from_file_location("kiln_bench_trace_overlap", BENCH)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from benchmark_modules import load_benchmark
 
 
 def _kernel(name, ts, dur, stream):
@@ -37,7 +28,7 @@ def test_overlap_of_collectives_with_computation(tmp_path, compressed):
             fh.write(text)
     else:
         path.write_text(text)
-    bench = _load()
+    bench = load_benchmark("trace_overlap")
     s = bench.summary(str(path))
     assert s["kernels"] == 4
     assert s["span_ms"] == pytest.approx(0.4)
@@ -54,5 +45,5 @@ def test_a_trace_without_gpu_kernels(tmp_path):
     path = tmp_path / "cpu.json"
     path.write_text(json.dumps({"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "aten::add",
                                                  "ts": 0, "dur": 5}]}))
-    bench = _load()
+    bench = load_benchmark("trace_overlap")
     assert bench.render(bench.summary(str(path))).endswith("no GPU kernels")

@@ -1,26 +1,14 @@
 """Smoke test of benchmarks/warm_start.py's package column: the child that compiles saves a
 package, and the child that loads it answers the first call (eager backend, small MLP, in
 this process). Timings are never asserted."""
-import importlib.util
 import json
-import pathlib
-import sys
 
 import kiln
-
-BENCH = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "warm_start.py"
-
-
-def _load():
-    spec = importlib.util.spec_from_file_location("kiln_bench_warm_start", BENCH)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod      # (a package finds WithLoss by its module's name)
-    spec.loader.exec_module(mod)
-    return mod
+from benchmark_modules import load_benchmark
 
 
 def test_package_children(tmp_path, capsys):
-    bench = _load()
+    bench = load_benchmark("warm_start")
     path = str(tmp_path / "mlp.kiln")
     for model in ("mlp", "mlp-train"):
         kiln.reset()
