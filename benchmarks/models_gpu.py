@@ -1,7 +1,8 @@
-"""The models users bring, on a GPU: eager, torch.compile and kiln.compile, each in a fresh
-process, with the fraction of the hardware's limit each one reaches.
+"""The models users bring, on a GPU: eager, torch.compile and kiln.compile, with the fraction
+of the hardware's limit each one reaches.
 
     python benchmarks/models_gpu.py [--models llama,qwen2,...] [--columns eager,torch,kiln]
+        [--timing both|turns|alone] [--rounds 5]
         [--iters 20] [--warmup 5] [--timeout 570] [--json PATH] [--peak-tflops F --peak-tbps B]
     python benchmarks/models_gpu.py --merge A.json B.json ...   # one table from earlier runs
     python benchmarks/models_gpu.py --device cpu --tiny [--models ...]   # every case shrunk, to check the script
@@ -54,6 +55,17 @@ Columns: ``eager``; ``torch``: ``torch.compile(model)`` (default backend, Induct
 ``kiln``: ``kiln.compile(model)``. For ``decode`` both compilers use
 ``mode="reduce-overhead"`` (CUDA graphs). Each (case, column) cell runs in its own process with
 empty kiln, Inductor and Triton caches (``cells.run_cell``); ``--timeout`` bounds each cell.
+
+Timing (``--timing``). A host-bound step moves by 20-50% from one process to the next (which
+cores it gets, their clock, what else runs), more than the compilers differ; so by default
+(``both``) each case also runs one more process in which every column is compiled and the
+columns are then timed in turns (``--rounds`` rounds, each column ``--iters / --rounds`` steps
+in a row, after ``--warmup`` each): the step comes from the turns, the first step, cold
+compile and peak from the fresh processes (a process holding every column's weights measures
+no column's peak, and its later columns compile after the earlier ones warmed CUDA and the
+compile workers). ``turns`` runs only the turns (steps, no first step or peak), ``alone``
+only the fresh processes. ``--merge`` gives the steps of a turns-only file to the rows of the
+other files.
 
 Reported per cell:
 
