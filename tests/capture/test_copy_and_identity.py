@@ -132,6 +132,36 @@ def test_copy_copy_is_shallow():
     assert cfg.scale == 2 and cc.frame_count == 1
 
 
+def test_a_copy_of_a_copy_is_one_graph():
+    # Whisper's decoder copies its config, and the cache built from the copy copies it again
+    def f(x, cfg):
+        first = copy.deepcopy(cfg)
+        first.scale = 4
+        second = copy.deepcopy(first)
+        second.layers.append(9)
+        return x * second.scale + len(second.layers) + len(first.layers), second
+
+    cc, g = _compile(f)
+    cfg = Config()
+    x = torch.randn(3)
+    out, second = g(x, cfg)
+    e_out, e_second = f(x, Config())
+    assert_same(out, e_out)
+    assert type(second) is Config and vars(second) == vars(e_second) and cfg.layers == [1, 2, 3]
+    assert cc.frame_count == 1
+
+
+def test_a_c_method_of_a_new_object_is_bound_to_it():
+    def f(x, cfg):
+        a, b = copy.copy(cfg), copy.copy(cfg)
+        same, other = a.__eq__, a.__ne__          # bound methods, read first and called later
+        return x + 1, same(a), same(b), other(b), a == b, a != a
+
+    cc, g = _compile(f, fullgraph=False)
+    x = torch.randn(3)
+    assert_same(g(x, Config()), f(x, Config()))
+
+
 @pytest.mark.parametrize("cls", [WithGetstate, WithDeepcopy])
 def test_a_class_that_customizes_copying_is_honoured(cls):
     def f(x, cfg):

@@ -132,9 +132,13 @@ class ObjectValue(Value):
             tx.output.guard_class_attribute(self.python_type(), name, cls_attr)
             return tx.call(UserFunctionValue(cls_attr), [self, *args], kwargs)
         if name in ("__eq__", "__ne__") and cls_attr in (object.__eq__, object.__ne__, _MISSING):
-            other = args[0].real_object()
-            same = other is self.value
-            return ConstantValue(same if name == "__eq__" else not same)
+            # identity; an object created during the capture has no real object to compare
+            same = args[0] is self if self.value is None else args[0].real_object() is self.value
+            # object.__eq__ answers only for the object itself; for another, NotImplemented
+            # (then ``==`` tries the other side, and falls back to identity)
+            if not same:
+                return ConstantValue(NotImplemented)
+            return ConstantValue(name == "__eq__")
         if name == "__reduce_ex__" and cls_attr is object.__reduce_ex__ and len(args) == 1 and not kwargs:
             return default_reduce_ex(tx, self, args[0])
         attr = self.getattr(tx, name)
@@ -271,6 +275,11 @@ class NewObjectValue(ObjectValue):
     def _class_attribute(self, tx, name, cls_attr):
         if isinstance(cls_attr, (types.FunctionType, staticmethod, classmethod)):
             return super()._class_attribute(tx, name, cls_attr)
+        if isinstance(cls_attr, (types.WrapperDescriptorType, types.MethodDescriptorType,
+                                 types.MethodWrapperType)):
+            # a method implemented in C (object.__reduce_ex__, __eq__...): bound to this object,
+            # as the instance's attribute is; call_method models the ones it can
+            return MethodValue(self, name)
         if _is_data_descriptor(cls_attr):
             raise Unsupported(f"descriptor {name!r} on a new {self.cls.__name__}")
         get = static_lookup(type(cls_attr), "__get__")
