@@ -418,10 +418,10 @@ def collect_metadata(flat_fn: Callable, fake_args: list, *, static: Sequence[boo
                     # input at runtime would differentiate it as a plain view
                     raise Unsupported(f"AOT autograd: output {k} is a view of input {b} returned by a "
                                       "custom autograd.Function")
+                size, stride, offset = _view_geometry(o, b, f_args, fake_args, inputs)
                 outputs.append(OutputInfo(
                     "alias_of_input", base=b, requires_grad=rg, differentiable=diff,
-                    size=tuple(o.shape), stride=tuple(o.stride()),
-                    rel_offset=o.storage_offset() - fake_args[b].storage_offset(), dtype=dtype,
+                    size=size, stride=stride, rel_offset=offset - fake_args[b].storage_offset(), dtype=dtype,
                     creation_meta=cm))
                 if o.dtype != fake_args[b].dtype:
                     raise Unsupported(f"AOT autograd: output {k} is a view of input {b} with another dtype "
@@ -536,6 +536,24 @@ def _made_by_custom_function(grad_fn) -> bool:
     """Whether ``grad_fn`` is the node of a custom autograd.Function (Python or C++)."""
     return isinstance(grad_fn, torch.autograd.function.BackwardCFunction) or \
         type(grad_fn).__name__ == "CppFunction"
+
+
+def _view_geometry(o, b: int, f_args: list, fake_args: list, inputs: list) -> tuple:
+    """(size, stride, storage offset) of output ``o``, a view of input ``b``, in the input's
+    layout as it comes in: the view ops replayed on the input's fake. Where they cannot be
+    (another input shares the memory, so the ops may start from that one), read off ``o``
+    itself, which is right unless the input was written in place with a value laid out
+    otherwise (then the view would read other elements: refused)."""
+    storage = StorageWeakRef(o.untyped_storage())
+    sharing = [fa for fa in f_args if isinstance(fa, torch.Tensor) and StorageWeakRef(fa.untyped_storage()) == storage]
+    if len(sharing) == 1:
+        replayed = functional_tensors.replay_view(fake_args[b], o)
+        if replayed is not None and symbolic.known_equal(tuple(replayed.shape), tuple(o.shape)):
+            return tuple(replayed.shape), tuple(replayed.stride()), replayed.storage_offset()
+    if inputs[b].mutates_data and not functional_tensors.keeps_layout(f_args[b], fake_args[b]):
+        raise Unsupported(f"AOT autograd: an output is a view of input {b}, which the function writes in "
+                          "place with a value laid out otherwise, and its view ops cannot be replayed")
+    return tuple(o.shape), tuple(o.stride()), o.storage_offset()
 
 
 def _creation_meta(t: torch.Tensor) -> str | None:

@@ -176,3 +176,34 @@ def test_batchnorm_running_stats_are_written_by_the_graph_and_checked_like_eager
         ref.sum().backward()
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         out.sum().backward()
+
+
+def _scale_and_view_column(col, w):
+    col.mul_(2)
+    return col[1:], (col * w).sum(), col.t()
+
+
+def _view_through_a_detached_alias(col, w):
+    col.detach().add_(w)
+    return col.detach()[1:], col.t()
+
+
+@pytest.mark.parametrize("fn", [_scale_and_view_column, _view_through_a_detached_alias])
+@pytest.mark.parametrize("dynamic", [False, True])
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_views_of_an_input_written_in_place_read_eagers_elements(backend, dynamic, fn):
+    # the input is a strided column of a wider buffer; the write's value is laid out
+    # contiguously, so views read off the written value have other strides than eager's
+    kiln.reset()
+    compiled = kiln.compile(fn, backend=backend, dynamic=dynamic)
+    for width in (3, 5):
+        buf = torch.randn(4, width)
+        ref = buf.clone()
+        w = torch.randn(4, 1)
+        got, want = compiled(buf[:, -2:-1], w), fn(ref[:, -2:-1], w)
+        assert_same(got, want)
+        assert_same(buf, ref)
+        for g, e in zip(got, want):
+            if isinstance(e, torch.Tensor) and e.dim():
+                assert (g.stride(), g.storage_offset()) == (e.stride(), e.storage_offset())
+                assert g.untyped_storage().data_ptr() == buf.untyped_storage().data_ptr()
