@@ -132,12 +132,15 @@ def new_fake_mode() -> FakeTensorMode:
 
 
 def fake_from_real(mode: FakeTensorMode, t: torch.Tensor, source_name: str | None = None,
-                   dims: list | None = None) -> torch.Tensor:
+                   dims: list | None = None, stride_dims: list | None = None) -> torch.Tensor:
     """The fake of ``t``: static sizes, or, where ``dims[i]`` is a DimDynamic other than
-    STATIC, a symbol named from ``source_name``."""
-    if dims is None or all(d is DimDynamic.STATIC for d in dims):
+    STATIC, a symbol named from ``source_name``; likewise its strides where ``stride_dims[i]``
+    is DYNAMIC (elsewhere they follow the sizes, or stay static with them)."""
+    if (dims is None or all(d is DimDynamic.STATIC for d in dims)) and stride_dims is None:
         return mode.from_tensor(t, static_shapes=True)
-    ctx = StatelessSymbolicContext(dynamic_sizes=list(dims))
+    ctx = StatelessSymbolicContext(
+        dynamic_sizes=list(dims) if dims is not None else [DimDynamic.STATIC] * t.dim(),
+        dynamic_strides=list(stride_dims) if stride_dims is not None else None)
     return mode.from_tensor(t, symbolic_context=ctx, source=SymbolSource(source_name))
 
 

@@ -206,8 +206,8 @@ class OutputGraph:
                 # isolate it: the value is read wherever the frame's state is handed on)
                 first = str(e).split(". ")[0]
                 raise FrameRunsEagerly(f"{described}: a tensor autograd refuses to use ({first})") from None
-        dims = self.policy.tensor_dims(described, t, static) if self.policy is not None else None
-        fake = _torch.fake_from_real(self.fake_mode, t, described, dims)
+        dims, stride_dims = self.policy.tensor_dims(described, t, static) if self.policy is not None else (None, None)
+        fake = _torch.fake_from_real(self.fake_mode, t, described, dims, stride_dims)
         if dims is not None:
             for size in fake.size():     # the symbols of its sizes come first among the inputs
                 if _torch.is_symbolic(size) and size.node.expr.is_Symbol:

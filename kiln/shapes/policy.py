@@ -7,6 +7,8 @@ one dynamic graph serves the later sizes; the finding is kept in the code's prof
 input (and every int input) symbolic from the start. ``dynamic=False``: static, always.
 ``kiln.mark_dynamic`` / ``kiln.mark_static`` override all three per dim. Parameters and
 buffers of nn.Modules stay static unless marked. Sizes 0 and 1 are always specialized.
+Automatic dynamic also makes a stride symbolic that changed while the sizes stayed (a slice of
+a growing buffer), and ``mark_static`` keeps a dim's stride static too.
 """
 from __future__ import annotations
 
@@ -22,19 +24,24 @@ class ShapePolicy:
         self.dynamic = dynamic
         self.profile = profile_for(fn) if dynamic is None and config.automatic_dynamic_shapes else None
 
-    def tensor_dims(self, name: str, t: torch.Tensor, static_input: bool) -> list | None:
-        """The DimDynamic of each dim of tensor input ``name``, or None when all are static."""
+    def tensor_dims(self, name: str, t: torch.Tensor, static_input: bool) -> tuple[list | None, list | None]:
+        """(the DimDynamic of each dim's size of tensor input ``name``, or None when all are
+        static; that of each stride, or None when every stride is static or follows the sizes)."""
         DimDynamic = _torch.DimDynamic
         forced_dyn, forced_static = marked_dynamic(t), marked_static(t)
         n = t.dim()
+        strides: set[int] = set()
         if static_input:
             policy = set()              # parameters and buffers: static unless marked
         elif self.dynamic is True:
             policy = set(range(n))
         elif self.profile is not None:
             policy = self.profile.observe_tensor(name, tuple(t.shape))
+            strides = self.profile.observe_strides(name, tuple(t.shape), t.stride()) - forced_static
         else:
             policy = set()
+        stride_dims = [DimDynamic.DYNAMIC if i in strides else DimDynamic.INFER_STRIDE for i in range(n)] \
+            if strides else None
         dims = []
         for i in range(n):
             if i in forced_static:
@@ -45,9 +52,9 @@ class ShapePolicy:
                 dims.append(DimDynamic.DUCK)      # equal sizes share a symbol
             else:
                 dims.append(DimDynamic.STATIC)
-        if all(d is DimDynamic.STATIC for d in dims):
-            return None
-        return dims
+        if all(d is DimDynamic.STATIC for d in dims) and stride_dims is None:
+            return None, None
+        return dims, stride_dims
 
     def int_is_dynamic(self, name: str, value: int) -> bool:
         if config.specialize_int:

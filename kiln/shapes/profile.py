@@ -45,6 +45,8 @@ class FrameProfile:
         self.path = path
         self.tensor_sizes: dict[str, list[int]] = {}     # last sizes seen
         self.dynamic_dims: dict[str, set[int]] = {}      # dims found to vary
+        self.tensor_strides: dict[str, tuple] = {}       # last (sizes, strides) seen
+        self.dynamic_strides: dict[str, set[int]] = {}   # strides found to vary, sizes aside
         self.int_values: dict[str, int] = {}
         self.dynamic_ints: set[str] = set()
         self.dirty = False
@@ -67,6 +69,29 @@ class FrameProfile:
         self.tensor_sizes[name] = sizes
         return set(dyn)
 
+    def observe_strides(self, name: str, sizes: tuple, strides: tuple) -> set[int]:
+        """Record ``strides``; return the dims of ``name`` whose stride is found dynamic so far.
+        A stride becomes dynamic when it changes while the sizes stay (the last token of a
+        growing sequence, ``ids[:, -1:]``, has a new stride on every call and the same sizes)
+        and it is not what the sizes make it (the next dim's size times its stride, or 1 for
+        the last dim, as in a contiguous tensor). Strides that change with the sizes follow
+        the symbolic sizes by themselves. A dim of size 1, whose stride nothing reads, never
+        counts."""
+        sizes, strides = [int(s) for s in sizes], [int(s) for s in strides]
+        before = self.tensor_strides.get(name)
+        dyn = self.dynamic_strides.setdefault(name, set())
+        if before is not None and before[0] == sizes:
+            changed = {i for i, (a, b) in enumerate(zip(before[1], strides))
+                       if a != b and sizes[i] != 1 and not _follows_sizes(sizes, strides, i)} - dyn
+            if changed:
+                dyn |= changed
+                self.dirty = True
+                if logs.enabled.dynamic:
+                    logs.log("dynamic", f"automatic dynamic: {name} strides {sorted(changed)} changed "
+                             f"({before} -> {strides}) in {self.identity['qualname']}")
+        self.tensor_strides[name] = (sizes, strides)
+        return set(dyn)
+
     def observe_int(self, name: str, value: int) -> bool:
         before = self.int_values.get(name)
         if before is not None and before != value and name not in self.dynamic_ints:
@@ -80,9 +105,11 @@ class FrameProfile:
 
     # -- disk -----------------------------------------------------------------------------------
     def to_json(self) -> dict:
+        names = sorted(k for k in {*self.dynamic_dims, *self.dynamic_strides}
+                       if self.dynamic_dims.get(k) or self.dynamic_strides.get(k))
         return {"version": FORMAT_VERSION, "code": self.identity,
-                "tensors": {k: {"dynamic": sorted(v), "sizes": self.tensor_sizes.get(k)}
-                            for k, v in sorted(self.dynamic_dims.items()) if v},
+                "tensors": {k: {"dynamic": sorted(self.dynamic_dims.get(k, ())), "sizes": self.tensor_sizes.get(k),
+                                "dynamic_strides": sorted(self.dynamic_strides.get(k, ()))} for k in names},
                 "ints": sorted(self.dynamic_ints)}
 
     def load_json(self, data: dict) -> None:
@@ -92,10 +119,11 @@ class FrameProfile:
         if not isinstance(tensors, dict) or not isinstance(ints, list):
             raise ValueError("malformed")
         for name, rec in tensors.items():
-            dims = rec["dynamic"]
-            if not all(isinstance(d, int) and d >= 0 for d in dims):
+            dims, strides = rec["dynamic"], rec.get("dynamic_strides", [])
+            if not all(isinstance(d, int) and d >= 0 for d in [*dims, *strides]):
                 raise ValueError(f"bad dims for {name}")
             self.dynamic_dims[str(name)] = set(dims)
+            self.dynamic_strides[str(name)] = set(strides)
         self.dynamic_ints = {str(n) for n in ints}
 
     def save(self) -> None:
@@ -115,6 +143,10 @@ class FrameProfile:
         except OSError as e:
             warnings.warn(f"kiln: could not write the dynamic-shape profile {self.path} ({e}); "
                           "the next process will rediscover the dynamic dims", RuntimeWarning)
+
+
+def _follows_sizes(sizes: list[int], strides: list[int], i: int) -> bool:
+    return strides[i] == (1 if i == len(sizes) - 1 else sizes[i + 1] * strides[i + 1])
 
 
 def profile_path(identity: dict) -> str:
@@ -149,9 +181,11 @@ def profile_for(fn: types.FunctionType) -> FrameProfile:
             if logs.enabled.dynamic:
                 logs.log("dynamic", f"read profile {path} for {identity['qualname']}: "
                          f"dynamic {dict((k, sorted(v)) for k, v in prof.dynamic_dims.items())}"
+                         f" strides {dict((k, sorted(v)) for k, v in prof.dynamic_strides.items() if v)}"
                          f" ints {sorted(prof.dynamic_ints)}")
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
             prof.dynamic_dims.clear()
+            prof.dynamic_strides.clear()
             prof.dynamic_ints.clear()
             prof.dirty = True   # replaced by a good file at the next capture
             warnings.warn(f"kiln: ignoring the unreadable dynamic-shape profile {path} "

@@ -64,7 +64,7 @@ def test_profile_file_contents(tmp_path):
     data = json.load(open(os.path.join(kiln.config.cache_dir, "dynamic", name)))
     assert data["version"] == 1
     assert data["code"]["qualname"] == "block" and data["code"]["file"].endswith("prog.py")
-    assert data["tensors"] == {"L['x']": {"dynamic": [1], "sizes": [2, 9, 16]}}
+    assert data["tensors"] == {"L['x']": {"dynamic": [1], "sizes": [2, 9, 16], "dynamic_strides": []}}
     assert data["ints"] == []
     assert not [f for f in os.listdir(os.path.dirname(os.path.join(kiln.config.cache_dir, "dynamic", name)))
                 if f.startswith(".tmp")], "atomic write leaves no temporary file"
