@@ -238,9 +238,27 @@ class Generator:
               "    return torch.randn(*shape, generator=g, dtype=dtype).requires_grad_(rg)",
               ""]
         params, values = [], []
+        # the inputs' layouts come from a stream of their own, so that a seed's program text
+        # stays what it was before layouts were drawn
+        layouts = random.Random(self.seed * 7919 + 13)
 
         def tensor(name, shape_code, shape, dtype, rg):
-            mk.append(f"{name} = r({shape_code}, dtype={TORCH_DTYPE[dtype]}, rg={rg})")
+            # an input that does not require grad is sometimes a strided view of a larger
+            # buffer (transposed, a column slice with an offset, every other column), as the
+            # last token of a growing sequence or a slice of a fused projection reaches a model
+            layout = None if rg or layouts.random() > 0.3 else layouts.choice(["t", "slice", "step"])
+            dt = TORCH_DTYPE[dtype]
+            if layout is None or len(shape) != 2 or shape[1] != D:
+                mk.append(f"{name} = r({shape_code}, dtype={dt}, rg={rg})")
+            elif layout == "t":
+                first = shape_code.split(",")[0]
+                mk.append(f"{name} = r({D}, {first}, dtype={dt}).t()")
+            elif layout == "slice":
+                first = shape_code.split(",")[0]
+                mk.append(f"{name} = r({first}, {D} + 3, dtype={dt})[:, 1:{D} + 1]")
+            else:
+                first = shape_code.split(",")[0]
+                mk.append(f"{name} = r({first}, 2 * {D}, dtype={dt})[:, ::2]")
             params.append(name)
             values.append(name)
             scope.set(name, TT(shape, dtype, rg, leaf=rg, inp=True))
