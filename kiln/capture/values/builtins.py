@@ -29,7 +29,8 @@ from .grad_mode_functions import decorate_with_grad_mode
 from .objects import AutocastValue, NewModuleListValue, NNModuleValue, ObjectValue
 from .symbolic import (SymNodeValue, SymRangeValue, SymSliceValue, size_value, specialize,
                        sym_call)
-from .objects import (ClassValue, can_allocate_symbolically, GradModeValue, NewObjectValue, SuperValue,
+from .objects import (ClassValue, can_allocate_symbolically, GradModeValue, NewObjectValue, ProfilerRangeValue,
+                      SuperValue,
                       can_create_symbolically, static_lookup, user_layers_define)
 from .tensor import TensorValue
 
@@ -545,6 +546,13 @@ def construct_class(tx, cls_value: ClassValue, args: list[Value], kwargs: dict[s
         if vals[0] is None:
             raise tx.user_exception(TypeError("autocast() missing device_type"))
         return AutocastValue(cls, vals)
+    if cls is torch.autograd.profiler.record_function:
+        bound = dict(zip(("name", "args"), args))
+        bound.update(kwargs)
+        if not all(v.is_constant() for v in bound.values()) or "name" not in bound:
+            raise Unsupported("record_function with a name that is not a constant")
+        return ProfilerRangeValue(cls, bound["name"].as_constant(),
+                                  bound["args"].as_constant() if "args" in bound else None)
     if cls in (torch.no_grad, torch.enable_grad):
         mode = GradModeValue(cls is torch.enable_grad, cls)
         if args:   # torch.no_grad(fn): the bare decorator

@@ -783,6 +783,40 @@ class AutocastValue(Value):
         return f"{cg.bind(_enter_context)}({self.reconstruct(cg)})"
 
 
+class ProfilerRangeValue(Value):
+    """``torch.autograd.profiler.record_function(name)``: a range in the profiler's trace.
+    Inside a graph it marks nothing (the graph's kernels are in the trace under the graph's
+    own name), as under torch.compile; a with-block left open at a graph break is re-entered
+    as a real range, so the code that runs natively after the break is in it."""
+
+    def __init__(self, cls: type, name: str, args: str | None):
+        self.cls = cls
+        self.name = name
+        self.args = args
+
+    def python_type(self):
+        return self.cls
+
+    def describe(self):
+        return f"record_function({self.name!r})"
+
+    def getattr(self, tx, name):
+        return MethodValue(self, name)
+
+    def call_method(self, tx, name, args, kwargs):
+        if name == "__enter__":
+            return self
+        if name == "__exit__":
+            return ConstantValue(None)
+        raise Unsupported(f"record_function.{name}")
+
+    def reconstruct(self, cg):
+        return cg.stash(self, lambda: f"{cg.bind(self.cls)}({self.name!r}, {self.args!r})")
+
+    def reconstruct_entered(self, cg) -> str:
+        return f"{cg.bind(_enter_context)}({self.reconstruct(cg)})"
+
+
 def _enter_context(ctx):
     ctx.__enter__()
     return ctx.__exit__

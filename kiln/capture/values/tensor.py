@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import warnings
 import operator
 
 import torch
@@ -78,7 +79,15 @@ class TensorValue(Value):
         if name in ("is_leaf", "grad_fn"):
             return self._leafness(tx, name)
         if name == "grad":
-            raise Unsupported("reading tensor.grad inside a compiled function")
+            # an input's gradient is an input too (its None-ness or its tensor guarded): a
+            # graph never runs a backward, and a store to ``.grad`` breaks the graph, so it
+            # holds what it held at the call (writes into it are the input's writes)
+            if self.source is None or not any(inp.value is self for inp in tx.output.tensor_inputs):
+                raise Unsupported("reading .grad of a tensor made inside the compiled function")
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")          # (a non-leaf's .grad warns, as eager's read does)
+                grad = tx.output.real_tensor(self).grad
+            return tx.wrap(grad, AttrSource(self.source, "grad"))
         if name == "data":
             return tx.output.call_op("call_method", "detach", (self,), {})
         if name == "numpy" or name == "backward":   # numpy traced (capture/numpy); backward
