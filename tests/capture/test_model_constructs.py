@@ -131,6 +131,18 @@ def test_is_compiling_is_true_during_capture_like_torch_compile():
     run_twice(branches_on_is_dynamo_compiling, lambda: (torch.randn(3),), graphs=0)  # returns x
 
 
+def device_kinds(x):
+    # torch.utils._foreach_utils (every foreach optimizer step) lists the device kinds
+    names = ["cuda", "xpu", torch._C._get_privateuse1_backend_name()]
+    return x + len(names[-1])
+
+
+def test_the_out_of_tree_device_name_is_read_at_capture():
+    count, reasons, _ = breaks_of(device_kinds, torch.randn(3))
+    assert (count, reasons) == (1, [])
+    run_twice(device_kinds, lambda: (torch.randn(3),), graphs=1)
+
+
 # -- attributes that a tensor does not have --------------------------------------------------
 
 def tensor_attrs(x):

@@ -60,7 +60,9 @@ def _state_readers() -> dict:
            torch.is_deterministic_algorithms_warn_only_enabled: None}
     for mod, name in (("torch.jit", "is_scripting"), ("torch.jit", "is_tracing"),
                       ("torch.compiler", "is_dynamo_compiling"),
-                      ("torch._C", "_get_tracing_state"), ("torch._jit_internal", "is_scripting")):
+                      ("torch._C", "_get_tracing_state"), ("torch._jit_internal", "is_scripting"),
+                      # the name a process gives its out-of-tree device, once, before using it
+                      ("torch._C", "_get_privateuse1_backend_name")):
         fn = getattr(sys.modules.get(mod), name, None)
         if fn is not None:
             out[fn] = None
