@@ -59,13 +59,8 @@ class FrameProfile:
         before = self.tensor_sizes.get(name)
         dyn = self.dynamic_dims.setdefault(name, set())
         if before is not None and len(before) == len(sizes):
-            changed = {i for i, (a, b) in enumerate(zip(before, sizes)) if a != b} - dyn
-            if changed:
-                dyn |= changed
-                self.dirty = True
-                if logs.enabled.dynamic:
-                    logs.log("dynamic", f"automatic dynamic: {name} dims {sorted(changed)} changed "
-                             f"({before} -> {sizes}) in {self.identity['qualname']}")
+            changed = {i for i, (a, b) in enumerate(zip(before, sizes)) if a != b}
+            self._mark(dyn, changed, f"{name} dims", before, sizes)
         self.tensor_sizes[name] = sizes
         return set(dyn)
 
@@ -82,15 +77,21 @@ class FrameProfile:
         dyn = self.dynamic_strides.setdefault(name, set())
         if before is not None and before[0] == sizes:
             changed = {i for i, (a, b) in enumerate(zip(before[1], strides))
-                       if a != b and sizes[i] != 1 and not _follows_sizes(sizes, strides, i)} - dyn
-            if changed:
-                dyn |= changed
-                self.dirty = True
-                if logs.enabled.dynamic:
-                    logs.log("dynamic", f"automatic dynamic: {name} strides {sorted(changed)} changed "
-                             f"({before} -> {strides}) in {self.identity['qualname']}")
+                       if a != b and sizes[i] != 1 and not _follows_sizes(sizes, strides, i)}
+            self._mark(dyn, changed, f"{name} strides", before[1], strides)
         self.tensor_strides[name] = (sizes, strides)
         return set(dyn)
+
+    def _mark(self, dynamic: set, changed: set, what: str, before: list, now: list) -> None:
+        """Add ``changed`` to ``dynamic`` (the profile is then written again), logged."""
+        changed = changed - dynamic
+        if not changed:
+            return
+        dynamic |= changed
+        self.dirty = True
+        if logs.enabled.dynamic:
+            logs.log("dynamic", f"automatic dynamic: {what} {sorted(changed)} changed ({before} -> {now}) "
+                     f"in {self.identity['qualname']}")
 
     def observe_int(self, name: str, value: int) -> bool:
         before = self.int_values.get(name)
