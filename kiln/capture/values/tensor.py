@@ -172,7 +172,41 @@ class TensorValue(Value):
             return self     # (already requires grad: eager's call changes nothing)
         if name == "requires_grad_" or name == "retain_grad":
             raise Unsupported(f"Tensor.{name}() changes autograd state of a graph value")
+        scalar = _SCALAR_ARGUMENTS.get(name)
+        if scalar is not None and _is_tensor_scalar(kwargs.get(scalar), self):
+            return _with_tensor_scalar(tx, self, name, list(args), dict(kwargs))
         return tx.output.call_op("call_method", name, (self, *args), kwargs)
+
+
+# Methods whose Scalar argument a caller may give as a one-element tensor (an optimizer's step
+# size, a scheduled learning rate): eager reads its number (``.item()``), which a graph cannot.
+_SCALAR_ARGUMENTS = {"add": "alpha", "add_": "alpha", "sub": "alpha", "sub_": "alpha",
+                     "addcdiv": "value", "addcdiv_": "value", "addcmul": "value", "addcmul_": "value"}
+
+
+def _is_tensor_scalar(v, self) -> bool:
+    # (eager refuses one that requires grad: "must be Number, not Tensor", raised as eager does)
+    return isinstance(v, TensorValue) and v.fake.dim() == 0 and not v.fake.requires_grad \
+        and v.fake.is_floating_point() and self.fake.is_floating_point()
+
+
+def _with_tensor_scalar(tx, self, name: str, args: list, kwargs: dict):
+    """``name`` with its Scalar argument given as a 0-d tensor, as tensor ops in the order
+    eager's kernel computes: ``self + alpha * other``, ``self + value * t1 / t2``, ``self +
+    value * t1 * t2``."""
+    scalar = kwargs.pop(_SCALAR_ARGUMENTS[name])
+    operands = args + [kwargs.pop(k) for k in ("other", "tensor1", "tensor2") if k in kwargs]
+    base = name.rstrip("_")
+    if kwargs or len(operands) != (1 if base in ("add", "sub") else 2) or \
+            not all(isinstance(o, TensorValue) for o in operands):
+        raise Unsupported(f"Tensor.{name}() with a tensor as its Scalar argument, called otherwise")
+    term = tx.output.call_op("call_function", torch.mul, (scalar, operands[0]), {})
+    if base == "addcdiv":
+        term = tx.output.call_op("call_function", torch.div, (term, operands[1]), {})
+    elif base == "addcmul":
+        term = tx.output.call_op("call_function", torch.mul, (term, operands[1]), {})
+    combine = ("sub" if base == "sub" else "add") + ("_" if name.endswith("_") else "")
+    return tx.output.call_op("call_method", combine, (self, term), {})
 
 
 def _asks_for_grad(args, kwargs) -> bool:
