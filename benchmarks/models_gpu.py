@@ -387,12 +387,8 @@ PREPARE = {"qwen2": prepare_dynamic, "decode": prepare_decode}
 
 def prepare(case: str, column: str, size: dict, device: str) -> Prepared:
     prepared = PREPARE.get(case, prepare_training)(case, column, size, device)
-    if column == "eager" and case not in PREPARE:
-        def flops() -> dict:           # one more, untimed, step
-            return {"flops": count_flops(lambda: prepared.step(prepared.next_call))}
-        prepared.extra = flops
-    elif column == "eager" and case == "qwen2":
-        def flops() -> dict:
+    if column == "eager" and case != "decode":
+        def flops() -> dict:           # one more, untimed, unit (a step; qwen2: a pass over its lengths)
             return {"flops": count_flops(lambda: [prepared.step(prepared.next_call + i) for i in range(prepared.unit)])}
         prepared.extra = flops
     return prepared

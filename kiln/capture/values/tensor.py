@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 import functools
-import warnings
 import operator
+import warnings
 
 import torch
 
@@ -82,7 +82,7 @@ class TensorValue(Value):
             # an input's gradient is an input too (its None-ness or its tensor guarded): a
             # graph never runs a backward, and a store to ``.grad`` breaks the graph, so it
             # holds what it held at the call (writes into it are the input's writes)
-            if self.source is None or not any(inp.value is self for inp in tx.output.tensor_inputs):
+            if self.source is None:
                 raise Unsupported("reading .grad of a tensor made inside the compiled function")
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")          # (a non-leaf's .grad warns, as eager's read does)
