@@ -27,6 +27,7 @@ from .side_effects import SideEffects
 from .sources import AttrSource, CaptureObjectSource, ConstSource, GlobalSource, ItemSource, Source
 from .values.base import ConstantValue, NullValue, Value
 from .values.builder import STATE_READERS, Builder, is_trusted_module, wrap_pure_result
+from .values import foreach_scalars
 from .values.containers import DictValue, ListValue, NamedTupleValue, SetValue, TupleValue
 from .values.overlap import has_internal_overlap, may_partially_overlap
 from .values.symbolic import SymNodeValue, SymRangeValue, SymSliceValue, wrap_sym
@@ -342,6 +343,10 @@ class OutputGraph:
             # a constant (one graph per size) and a tensor in a list a data-dependent read.
             # The reference implementation builds the same tensor from graph ops.
             fn = _torch.tensor_from_traced_values
+        if foreach_scalars.rewrites(fn):
+            rewritten = foreach_scalars.call(tx, fn, args, kwargs)
+            if rewritten is not None:
+                return rewritten
         return self.call_op("call_function", fn, tuple(args), kwargs)
 
     def enter_autocast(self, ctx) -> None:
