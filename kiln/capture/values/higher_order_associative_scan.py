@@ -15,6 +15,15 @@ XPU tensors (eager rejects others). torch's op has autograd for ``xs`` but not f
 function reads from outside: with grad mode on and one of those requiring grad, the call is
 refused.
 
+``combine_mode="generic"`` is not the op in eager: torch runs its own odd-even recursion
+(``generic_associative_scan``) with plain tensor ops, and autograd differentiates those ops.
+The op's own backward is another formula, whose gradients differ from eager's by far more than
+rounding where the scan multiplies many small factors (Mamba's state decay: 4e-3 relative on
+FalconMamba's ``dt_proj``). So generic mode is captured as that recursion, op for op, with
+``combine_fn`` called on each batch of slices (pointwise, it is what ``vmap`` computes): eager's
+values and eager's gradients, tensors read from outside included. Its depth depends on the scan
+length: a dynamic length is specialized (one graph per length, as under torch.compile).
+
 Also refused (the call runs natively; an error under fullgraph): leaves of ``xs`` that are not
 tensors, lack ``dim``, are empty along it or differ in shape; ``combine_fn`` returning another
 structure than ``xs`` or tensors of other dtypes, devices, shapes or strides than a slice;
@@ -29,6 +38,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ...errors import Unsupported
 from .base import Value
+from .containers import ListValue
 from .higher_order_bodies import (
     call_on_graph, erase_operand_nodes, fake_call, first_slices, move_to_subgraphs,
     refuse_outputs_aliasing_each_other, same_strides, tensor_mismatch, trace_branch,
@@ -89,6 +99,10 @@ def call_associative_scan(tx, args: list[Value], kwargs: dict[str, Value]) -> Va
     erase_operand_nodes(tx, operands)
     additional = inputs[len(operands):]
     fakes = [n.meta["example_value"] for n in additional]
+    if mode == "generic":
+        _refuse_non_pointwise(tx, gm, [o.fake for o in operands] + fakes)
+        items = _generic_scan(tx, bound["combine_fn"], structure, steps)
+        return _placed(tx, items, structure, dim, reverse)
     if torch.is_grad_enabled() and additional and \
             any(isinstance(t, torch.Tensor) and t.requires_grad for t in [*fakes, *(x.fake for x in steps)]):
         raise Unsupported("an associative_scan in training whose combine_fn reads tensors from outside "
@@ -98,11 +112,67 @@ def call_associative_scan(tx, args: list[Value], kwargs: dict[str, Value]) -> Va
     node = output._op_node("call_function", ASSOCIATIVE_SCAN_OP,
                            (output.constant_node(gm), [x.node for x in steps], tuple(additional)), {})
     items = list(output._wrap_result(node, tuple(fake_outs)).items)
+    return _placed(tx, items, structure, dim, reverse)
+
+
+def _placed(tx, items: list, structure, dim: int, reverse: bool) -> Value:
+    """The scan's outputs (along dimension 0, flipped for ``reverse``) where ``xs`` had them."""
     if reverse:
         items = [call_on_graph(tx, torch.flip, y, [0]) for y in items]
     if dim != 0:
         items = [call_on_graph(tx, torch.movedim, y, 0, dim) for y in items]
     return unflatten(structure, items)
+
+
+_slice = torch.ops.aten.slice.Tensor
+
+
+def _generic_scan(tx, combine_fn: Value, structure, steps: list) -> list:
+    """torch's ``generic_associative_scan`` along dimension 0, the same ops in the same order,
+    with ``combine_fn`` inlined on each batch of slices."""
+    def combine(lhs: list, rhs: list) -> list:
+        result = tx.call(combine_fn, [unflatten(structure, lhs), unflatten(structure, rhs)], {})
+        outs, got = flatten_tensors(result, "an associative_scan combine_fn returning")
+        if got != structure:
+            raise Unsupported("an associative_scan combine_fn returning another structure on a batch of slices")
+        return outs
+
+    def length(x) -> int:
+        # (a symbolic length is specialized, guarded by the ShapeEnv: the recursion's depth and
+        # its odd and even cases depend on it, as they do in eager)
+        return int(x.fake.shape[0])
+
+    def scan(elems: list) -> list:
+        n = length(elems[0])
+        if n < 2:
+            return elems
+        odd = scan(combine([call_on_graph(tx, _slice, e, 0, 0, -1, 2) for e in elems],
+                           [call_on_graph(tx, _slice, e, 0, 1, None, 2) for e in elems]))
+        rest = [call_on_graph(tx, _slice, e, 0, 2, None, 2) for e in elems]
+        if n % 2 == 0:
+            even = combine([call_on_graph(tx, _slice, e, 0, 0, -1) for e in odd], rest)
+        else:
+            even = combine(odd, rest)
+        firsts = [call_on_graph(tx, _slice, e, 0, 0, 1) for e in elems]
+        even = [call_on_graph(tx, torch.cat, ListValue([first, r]), 0) if r.fake.numel() > 0 else first
+                for first, r in zip(firsts, even)]
+        return [_interleave(tx, a, b) for a, b in zip(even, odd)]
+
+    return scan(list(steps))
+
+
+def _interleave(tx, a, b):
+    """torch's ``_interleave`` along dimension 0: a[0], b[0], a[1], b[1], ..."""
+    longer = a.fake.shape[0] == b.fake.shape[0] + 1
+    if longer:          # (b padded with one zero slice at its end, cut off again below)
+        ndim = b.fake.dim()
+        pad = [0] * ((ndim - 1) * 2 + 1) + [1] + [0] * (ndim * 2 - ((ndim - 1) * 2 + 2))
+        b = call_on_graph(tx, torch.nn.functional.pad, b, pad)
+    stacked = call_on_graph(tx, torch.stack, ListValue([a, b]), 1)
+    out = call_on_graph(tx, torch.flatten, stacked, 0, 1)
+    if longer:
+        out = call_on_graph(tx, _slice, out, 0, 0, b.fake.shape[0] + a.fake.shape[0] - 1)
+    return out
 
 
 class _AtenOps(TorchDispatchMode):
