@@ -10,6 +10,7 @@ from typing import Any, Callable
 
 import functools as _functools
 import sys as _sys
+import threading
 
 import torch
 import torch.fx
@@ -369,6 +370,38 @@ def inductor_wake_up_workers() -> None:
     from torch._inductor.async_compile import AsyncCompile
 
     AsyncCompile.wakeup()
+    _prefetch_triton_key()
+
+
+_triton_key_prefetched = False
+
+
+def _prefetch_triton_key() -> None:
+    """Compute Triton's installation hash in a background thread. Inductor's FX graph cache
+    keys every GPU graph on it, and computing it reads and hashes Triton's sources and its
+    shared library (half a second or more, mostly hashing, which releases the GIL): done
+    beside the trace, the first graph's Inductor compile no longer waits for it."""
+    global _triton_key_prefetched
+    if _triton_key_prefetched:
+        return
+    _triton_key_prefetched = True
+    from torch._inductor import codecache
+
+    key = getattr(codecache, "triton_key", None)
+    if key is None:
+        return
+    prefetch = getattr(key, "prefetch", None)     # (torch >= 2.12: its own background thread)
+    if prefetch is not None:
+        prefetch()
+        return
+
+    def compute() -> None:
+        try:
+            key()
+        except Exception:       # noqa: BLE001 - Inductor computes it again, and reports it then
+            pass
+
+    threading.Thread(target=compute, name="kiln-triton-key", daemon=True).start()
 
 
 def inductor_boxed_bool(value: bool) -> Any:
