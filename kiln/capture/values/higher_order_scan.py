@@ -8,7 +8,8 @@ on ``x[0]`` of each ``xs`` leaf, moved into a GraphModule taking the flat leaves
 slices, then what it reads from outside: closures, parameters, sizes), and the graph gets one
 ``torch.ops.higher_order.scan(combine_gm, init, xs, additional_inputs)`` node, whose outputs
 are the last carry and the stacked per-step outputs. Those are flipped back and moved to
-``dim`` as torch's wrapper does. torch's scan has fake, functionalization, make_fx and
+``dim`` where the installed torch's wrapper does (torch 2.11 leaves them stacked along
+dimension 0). torch's scan has fake, functionalization, make_fx and
 autograd implementations, so the AOT stages trace through it, in training too.
 
 Refused (the call runs natively; an error under fullgraph): leaves of ``init`` or ``xs`` that
@@ -19,6 +20,9 @@ outputs that alias inputs or each other; Python side effects, in-place writes to
 outside, grad-mode changes.
 """
 from __future__ import annotations
+
+import functools
+import inspect
 
 import torch
 from torch._higher_order_ops.scan import scan as _scan
@@ -91,9 +95,26 @@ def call_scan(tx, args: list[Value], kwargs: dict[str, Value]) -> Value:
     carry, ys = items[:n_carry], items[n_carry:]
     if reverse:
         ys = [call_on_graph(tx, torch.flip, y, [0]) for y in ys]
-    if dim != 0:
+    if dim != 0 and _wrapper_moves_outputs_back():
         ys = [call_on_graph(tx, torch.movedim, y, 0, dim) if dim < y.fake.ndim else y for y in ys]
     return TupleValue([unflatten(carry_structure, carry), unflatten(y_structure, ys)])
+
+
+@functools.cache
+def _wrapper_moves_outputs_back() -> bool:
+    """Whether the installed torch's ``scan`` hands its stacked outputs back along ``dim``
+    (newer torch) or leaves them stacked along dimension 0 (torch 2.11 documents "stacked
+    output along first dim" and returns them so). Read from the wrapper itself: running it
+    would compile it with torch.compile."""
+    try:
+        source = inspect.getsource(_scan)
+    except (OSError, TypeError):
+        return _torch_version() >= (2, 12)
+    return "movedim(elem, 0, dim)" in source
+
+
+def _torch_version() -> tuple:
+    return tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
 
 
 def scan_dimension(xs: list, dim: int, what: str) -> int:
