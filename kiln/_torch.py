@@ -751,6 +751,22 @@ def waited_collective(t: Any) -> Any:
     return t.trigger_wait()
 
 
+def optimizer_init_group_under_dynamo(fn: Any) -> Callable | None:
+    """The optimizer's own ``_init_group`` where ``fn`` is the ``torch._dynamo.disable``
+    wrapper that torch.compile's first compile in a process puts on every ``torch.optim``
+    class's ``_init_group`` (dynamo runs that method itself, outside its graphs). The
+    marker is for dynamo, not a property of the method: eager runs it as it is, and so does
+    a kiln capture, which then sees the same code with or without torch.compile in the
+    process. None for any other function."""
+    if not getattr(fn, "_torchdynamo_disable", False):
+        return None
+    original = getattr(fn, "__wrapped__", None)
+    if not isinstance(original, type(runs_outside_graphs)) or original.__name__ != "_init_group" \
+            or not (original.__module__ or "").startswith("torch.optim."):
+        return None
+    return original
+
+
 def runs_outside_graphs(fn: Any) -> bool:
     """Whether torch marked ``fn`` to run outside compiled graphs: a wrapper that hands its
     work to ``torch._dynamo.disable`` when called (``torch._disable_dynamo``'s, FSDP2's hooks')

@@ -32,6 +32,8 @@ class GuardKind(enum.Enum):
     EQUALS_MATCH = "EQUALS_MATCH"      # type(x) is T and x == v (Python constants)
     LENGTH_MATCH = "LENGTH_MATCH"      # len of a list/tuple's storage
     DICT_KEYS = "DICT_KEYS"            # the keys of a dict, in order
+    DICT_KEYS_IDENTITY = "DICT_KEYS_IDENTITY"  # the same, some keys objects compared by identity
+                                       # (tensors); expected: the keys
     HASATTR = "HASATTR"                # hasattr(x, name) is expected
     GLOBAL_ABSENT = "GLOBAL_ABSENT"    # a builtin is not shadowed by a module global
     NO_HOOKS = "NO_HOOKS"              # an nn.Module has no hooks registered
@@ -75,6 +77,8 @@ class Guard:
             exp = None if exp is None else (id(exp[0]), id(exp[1]), len(exp[2]))
         elif self.kind is GuardKind.DICT_KEYS:
             exp = tuple((type(k), _hashable(k)) for k in exp)
+        elif self.kind is GuardKind.DICT_KEYS_IDENTITY:
+            exp = tuple((type(k), id(k) if is_identity_key(k) else _hashable(k)) for k in exp)
         return (self.kind, self.source, exp)
 
     # -- rendering ---------------------------------------------------------------------
@@ -112,6 +116,9 @@ class Guard:
             return [f"{fn}({e}) == {n}"]
         if k is GuardKind.DICT_KEYS:
             return [f"{ctx.bind(_dict_keys_list, 'keys')}({e}) == {ctx.bind(typed_keys(self.expected), 'c')}"]
+        if k is GuardKind.DICT_KEYS_IDENTITY:
+            expected = tuple((is_identity_key(x), x) for x in self.expected)
+            return [f"{ctx.bind(_keys_are, 'idkeys')}({e}, {ctx.bind(expected, 'c')})"]
         if k is GuardKind.HASATTR:
             name, present = self.expected
             return [f"{'' if present else 'not '}hasattr({e}, {name!r})"]
@@ -163,6 +170,9 @@ class Guard:
             return f"{k.value:14} len({src}) == {exp[0]}"
         if k is GuardKind.DICT_KEYS:
             return f"{k.value:14} keys({src}) == {list(exp)!r}"
+        if k is GuardKind.DICT_KEYS_IDENTITY:
+            shown = ", ".join(f"<{type(x).__name__} {tuple(x.shape)}>" if is_identity_key(x) else repr(x) for x in exp)
+            return f"{k.value:14} keys({src}) are [{shown}] (tensors by identity)"
         if k is GuardKind.HASATTR:
             return f"{k.value:14} hasattr({src}, {exp[0]!r}) is {exp[1]}"
         if k is GuardKind.GLOBAL_ABSENT:
@@ -202,6 +212,25 @@ def _dict_keys_list(d: dict) -> list:
 
 def typed_keys(keys) -> list:
     return [(k.__class__, k) for k in keys]
+
+
+def is_identity_key(k) -> bool:
+    """A dict key found by identity: a tensor (hashed by ``id``; ``==`` would compare its
+    elements)."""
+    return isinstance(k, torch.Tensor)
+
+
+def _keys_are(d: dict, expected: tuple) -> bool:
+    keys = dict.keys(d)
+    if len(keys) != len(expected):
+        return False
+    for k, (by_identity, e) in zip(keys, expected):
+        if by_identity:
+            if k is not e:
+                return False
+        elif k.__class__ is not e.__class__ or k != e:
+            return False
+    return True
 
 
 def _float_same(a, b: float) -> bool:

@@ -291,6 +291,9 @@ class FrameInterpreter(PythonSemantics):
 
     # -- inlining --------------------------------------------------------------------------
     def inline_function(self, fn: UserFunctionValue, args: list[Value], kwargs: dict[str, Value]) -> Value:
+        original = _torch.optimizer_init_group_under_dynamo(getattr(fn, "fn", None))
+        if original is not None:    # (the wrapper is guarded by identity: so is its original)
+            fn = UserFunctionValue(original)
         code = fn.code()
         if _torch.runs_outside_graphs(getattr(fn, "fn", None)):   # (a nested function: made here)
             # torch marks it to run natively (FSDP2's hooks gather and free parameters, talk to

@@ -180,6 +180,57 @@ class ItemSource(Source):
         return f"{self.base.describe()}[{self.key!r}]"
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class DictKeySource(Source):
+    """The key at ``position`` of a dict keyed by tensors (an optimizer's ``state``, keyed by
+    its parameters). A DICT_KEYS_IDENTITY guard holds that the dict's keys are these very
+    objects, in this order, so the key renders as the object itself."""
+    base: Source
+    position: int
+    key: Any
+
+    def __eq__(self, other):
+        return isinstance(other, DictKeySource) and other.base == self.base and \
+            other.position == self.position and other.key is self.key
+
+    def __hash__(self):
+        return hash((self.base, self.position, id(self.key)))
+
+    def render(self, ctx):
+        return ctx.bind(self.key, "key")
+
+    def describe(self):
+        return f"list({self.base.describe()}.keys())[{self.position}]"
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class DictItemSource(Source):
+    """``base[key]`` where ``key`` is an object compared by identity (a tensor), the dict's key
+    at ``position``: read through the dict's storage, described by the position (a tensor's
+    repr is its data)."""
+    base: Source
+    position: int
+    key: Any
+    how: str = ITEM_INDEX
+
+    def __eq__(self, other):
+        return isinstance(other, DictItemSource) and other.base == self.base and \
+            other.position == self.position and other.key is self.key and other.how == self.how
+
+    def __hash__(self):
+        return hash((self.base, self.position, id(self.key), self.how))
+
+    def render(self, ctx):
+        b = self.base.render(ctx)
+        key = ctx.bind(self.key, "key")
+        if self.how == ITEM_INDEX:
+            return f"{b}[{key}]"
+        return f"{ctx.bind(dict.__getitem__, 'dict_getitem')}({b}, {key})"
+
+    def describe(self):
+        return f"{self.base.describe()}[list({self.base.describe()}.keys())[{self.position}]]"
+
+
 @dataclasses.dataclass(frozen=True)
 class TypeSource(Source):
     """``type(base)``: a class attribute reached through an instance."""

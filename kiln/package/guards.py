@@ -110,6 +110,12 @@ def _hooks(g: Guard, enc: Encoder) -> dict:
         raise NotPackageable(f"saved-tensor hooks guard: {e}") from None
 
 
+def _keys_by_identity(g: Guard, enc: Encoder) -> dict:
+    # (a later process has other tensors: a dict keyed by this process's tensors, an optimizer's
+    # state, cannot be checked there)
+    raise NotPackageable(f"{g.describe()}: a dict keyed by tensors of this process")
+
+
 # One saver per kind: (guard, encoder) -> the kind's own data (JSON), or NotPackageable.
 SAVERS: dict[GuardKind, Callable[[Guard, Encoder], dict]] = {
     GuardKind.TYPE_MATCH: _type,
@@ -117,6 +123,7 @@ SAVERS: dict[GuardKind, Callable[[Guard, Encoder], dict]] = {
     GuardKind.EQUALS_MATCH: _plain,        # its value is in the rendered expression / namespace
     GuardKind.LENGTH_MATCH: _plain,
     GuardKind.DICT_KEYS: _plain,
+    GuardKind.DICT_KEYS_IDENTITY: _keys_by_identity,
     GuardKind.HASATTR: _plain,
     GuardKind.GLOBAL_ABSENT: _absent,
     GuardKind.NO_HOOKS: _plain,

@@ -16,8 +16,8 @@ from ... import _torch
 from ...errors import Unsupported
 from ..comptime import Comptime, comptime_value
 from ..guards import Guard, GuardKind
-from ..sources import (ITEM_DICT, ITEM_INDEX, ITEM_LIST, ITEM_TUPLE, AttrSource, ItemSource,
-                       ReduceSource)
+from ..sources import (ITEM_DICT, ITEM_INDEX, ITEM_LIST, ITEM_TUPLE, AttrSource, DictItemSource, DictKeySource,
+                       ItemSource, ReduceSource)
 from ..sources import is_argument_rooted
 from .base import CONSTANT_TYPES, ConstantValue, Value, is_constant_object, is_type_annotation
 from .builtins import _HANDLERS, BuiltinValue
@@ -301,15 +301,27 @@ class Builder:
         if _is(obj, dict) and t is not collections.defaultdict or t is collections.defaultdict:
             keys = list(dict.keys(obj))
             # (keys: constants, classes, typing constructs: ``huggingface_hub``'s validators by
-            # ``typing.Union`` and ``Literal``)
-            if not all(is_constant_object(k) or _is_class_key(k) or is_type_annotation(k) for k in keys):
-                raise Unsupported("a dict whose keys are not Python constants or classes")
+            # ``typing.Union`` and ``Literal``; tensors by identity: an optimizer's ``state``)
+            by_identity = [_is_tensor_key(k) for k in keys]
+            if not all(i or is_constant_object(k) or _is_class_key(k) or is_type_annotation(k)
+                       for i, k in zip(by_identity, keys)):
+                raise Unsupported("a dict whose keys are not Python constants, classes or tensors")
+            if any(by_identity) and source is None:
+                raise Unsupported("a dict keyed by tensors, not reachable from the arguments, globals or closures")
             g(GuardKind.TYPE_MATCH, source, t)
-            g(GuardKind.DICT_KEYS, source, keys)
+            g(GuardKind.DICT_KEYS_IDENTITY if any(by_identity) else GuardKind.DICT_KEYS, source, keys)
             how = ITEM_INDEX if t in (dict, collections.OrderedDict) else ITEM_DICT
-            d = DictValue({k: self.wrap(dict.__getitem__(obj, k),
-                                        ItemSource(source, k, how) if source else None)
-                           for k in keys}, source, t)
+            items = {}
+            for i, (k, keyed_by_id) in enumerate(zip(keys, by_identity)):
+                if keyed_by_id:
+                    # the key tensor is a value of the graph, the same one however it is reached
+                    # (``p`` of ``param_groups``): a lookup by that value finds it
+                    key = self.wrap(k, DictKeySource(source, i, k))
+                    item_source = DictItemSource(source, i, k, how)
+                else:
+                    key, item_source = k, ItemSource(source, k, how) if source else None
+                items[key] = self.wrap(dict.__getitem__(obj, k), item_source)
+            d = DictValue(items, source, t)
             if t not in (dict, collections.OrderedDict, collections.defaultdict):
                 d.instance_attrs = getattr(obj, "__dict__", None)
             if _is(obj, collections.defaultdict):
@@ -386,6 +398,11 @@ class Builder:
         if isinstance(source, AttrSource) and isinstance(self.by_source.get(source.base), NNModuleValue):
             return False
         return policy.int_is_dynamic(source.describe(), value)
+
+
+def _is_tensor_key(k) -> bool:
+    # (a tensor subclass may define its own hash and equality)
+    return type(k) in (torch.Tensor, torch.nn.Parameter)
 
 
 def _is_class_key(k) -> bool:
