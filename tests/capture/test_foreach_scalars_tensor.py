@@ -88,13 +88,12 @@ def test_a_foreach_optimizer_step_compiles_and_trains_as_eager(name):
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
     # (the update itself is captured: before, every Adam-family call ran eagerly)
     assert counter.frame_count >= 1
-    if name != "RAdam":         # (RAdam scales its update without a scalars tensor)
-        assert any("_foreach_mul_" in gm.code and "unbind" in gm.code for gm in counter.graphs)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_a_foreach_optimizer_step_on_cuda_under_inductor():
-    """CUDA parameters with the step sizes on the CPU (torch.optim's default foreach path)."""
+    """CUDA parameters with the step counts on the CPU (an eager first step made them there):
+    torch.optim's default foreach path, with its step sizes stacked on the CPU."""
     def train(compile_step):
         torch.manual_seed(0)
         model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)).cuda()
@@ -102,11 +101,11 @@ def test_a_foreach_optimizer_step_on_cuda_under_inductor():
 
         def step():
             opt.step()
-        step = compile_step(step)
+        compiled = compile_step(step)
         for i in range(3):
             x = torch.randn(4, 8, generator=torch.Generator().manual_seed(i)).cuda()
             model(x).pow(2).mean().backward()
-            step()
+            (step if i == 0 else compiled)()
             opt.zero_grad()
         return [p.detach().cpu() for p in model.parameters()]
 

@@ -18,7 +18,7 @@ from ... import _torch
 from ...config import config
 from ...errors import Unsupported
 from .. import regions
-from . import module_hooks
+from . import module_hooks, optimizer_groups
 from ..sources import AttrSource, ConstSource, ItemSource, TypeSource
 from .attributes import user_hook
 from .base import ConstantValue, Value
@@ -86,7 +86,10 @@ class ObjectValue(Value):
         d = self.instance_dict()
         if d is not None and name in d and not _is_data_descriptor(cls_attr):
             self._require_source(name)
-            return tx.wrap(d[name], self._attr_source(name))
+            value = tx.wrap(d[name], self._attr_source(name))
+            if name == "param_groups" and optimizer_groups.is_optimizer(obj):
+                return optimizer_groups.read_as_capturable(obj, value)
+            return value
         if cls_attr is not _MISSING:
             return self._class_attribute(tx, name, cls_attr)
         if name == "__dict__" and d is not None:
