@@ -761,8 +761,8 @@ def optimizer_init_group_under_dynamo(fn: Any) -> Callable | None:
     if not getattr(fn, "_torchdynamo_disable", False):
         return None
     original = getattr(fn, "__wrapped__", None)
-    if not isinstance(original, type(runs_outside_graphs)) or original.__name__ != "_init_group" \
-            or not (original.__module__ or "").startswith("torch.optim."):
+    if getattr(original, "__name__", None) != "_init_group" or \
+            not (getattr(original, "__module__", None) or "").startswith("torch.optim."):
         return None
     return original
 

@@ -63,3 +63,29 @@ def test_a_cuda_optimizer_step_compiled_from_its_first_step(name):
     assert len(graphs) == 2
     # (made as a capturable optimizer makes them: on the parameters' device)
     assert all(s["step"].device.type == "cuda" for s in opt.state.values())
+
+
+def test_a_compiled_training_step_with_a_scheduler_keeps_the_real_setting():
+    """A compiled function that steps the optimizer and a scheduler writes the groups back
+    (their ``lr``): ``capturable`` keeps its own value there."""
+    def run(compile_fn):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 2)
+        opt = torch.optim.Adam(model.parameters(), lr=0.1)
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+
+        def step(x):
+            model(x).pow(2).sum().backward()
+            opt.step()
+            opt.zero_grad()
+            sched.step()
+            return opt.param_groups[0]["capturable"]
+        step = compile_fn(step)
+        seen = [step(torch.randn(3, 4, generator=torch.Generator().manual_seed(i))) for i in range(3)]
+        return [p.detach() for p in model.parameters()], opt.param_groups, seen
+
+    got, got_groups, got_seen = run(lambda fn: kiln.compile(fn, backend="aot_eager"))
+    want, want_groups, want_seen = run(lambda fn: fn)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    assert got_seen == want_seen == [False] * 3
+    assert [(g["lr"], g["capturable"]) for g in got_groups] == [(g["lr"], g["capturable"]) for g in want_groups]

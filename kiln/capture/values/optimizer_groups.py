@@ -30,6 +30,18 @@ def is_optimizer(obj) -> bool:
     return isinstance(obj, torch.optim.Optimizer)
 
 
+class _ReadAsCapturable(ConstantValue):
+    """True to the code being captured; the group's own value wherever the group is written
+    back (a compiled step that also sets ``lr``, a scheduler's): the real setting stays."""
+
+    def __init__(self, real):
+        super().__init__(True)
+        self.real = real
+
+    def reconstruct(self, cg):
+        return cg.constant_expr(self.real)
+
+
 def read_as_capturable(optimizer: torch.optim.Optimizer, groups: Value) -> Value:
     """``groups`` (the capture's value of ``optimizer.param_groups``), each group whose
     implementation can run as capturable reading ``capturable`` as True."""
@@ -37,7 +49,7 @@ def read_as_capturable(optimizer: torch.optim.Optimizer, groups: Value) -> Value
         return groups
     for real, group in zip(optimizer.param_groups, groups.items):
         if isinstance(group, DictValue) and _KEY in group.items and _safe(optimizer, real):
-            group.items[_KEY] = ConstantValue(True)
+            group.items[_KEY] = _ReadAsCapturable(real[_KEY])
     return groups
 
 
