@@ -9,12 +9,13 @@ one reads the counts as tensors instead, which breaks the graph at each of those
 recompiles as the counts change (Adamax's foreach step does not run at all). The capturable
 one is the same update in tensor ops: one graph, values within float rounding of eager's.
 
-So while a step is captured, ``group["capturable"]`` reads True. The real setting is not
-changed, and nothing is guarded on it (the graph is the same either way). Only where it is safe:
-every parameter of the group and every existing step count on one device (a count left on
-the CPU beside CUDA parameters by an eager step stays with the default implementation). On a
-GPU, a first step captured this way creates the step counts on the parameters' device, as a
-capturable optimizer does.
+So while a step of one of torch.optim's own optimizers is captured, ``group["capturable"]``
+reads True (another library's optimizer may give the key another meaning). The real setting
+is not changed, and nothing is guarded on it (the graph is the same either way). Only where
+it is safe: every parameter of the group and every existing step count on one device (a
+count left on the CPU beside CUDA parameters by an eager step stays with the default
+implementation). On a GPU, a first step captured this way creates the step counts on the
+parameters' device, as a capturable optimizer does.
 """
 from __future__ import annotations
 
@@ -27,7 +28,9 @@ _KEY = "capturable"
 
 
 def is_optimizer(obj) -> bool:
-    return isinstance(obj, torch.optim.Optimizer)
+    """One of torch.optim's own optimizers (another library's may give ``capturable`` another
+    meaning)."""
+    return isinstance(obj, torch.optim.Optimizer) and type(obj).__module__.startswith("torch.optim.")
 
 
 class _ReadAsCapturable(ConstantValue):
