@@ -73,6 +73,7 @@ def call_associative_scan(tx, args: list[Value], kwargs: dict[str, Value]) -> Va
     steps = [x if dim == 0 else call_on_graph(tx, torch.movedim, x, dim, 0) for x in leaves]
     if reverse:
         steps = [call_on_graph(tx, torch.flip, x, [0]) for x in steps]
+    moved = steps
     # the op's fake implementation gives its outputs the strides of xs, its dense one makes
     # them contiguous: contiguous xs keep the two alike (the values are the same)
     steps = [tx.output.call_op("call_method", "contiguous", (x,), {}) for x in steps]
@@ -101,7 +102,8 @@ def call_associative_scan(tx, args: list[Value], kwargs: dict[str, Value]) -> Va
     fakes = [n.meta["example_value"] for n in additional]
     if mode == "generic":
         _refuse_non_pointwise(tx, gm, [o.fake for o in operands] + fakes)
-        items = _generic_scan(tx, bound["combine_fn"], structure, steps)
+        # (on xs as eager's recursion gets them: a scan of length 1 hands back views of xs)
+        items = _generic_scan(tx, bound["combine_fn"], structure, moved)
         return _placed(tx, items, structure, dim, reverse)
     if torch.is_grad_enabled() and additional and \
             any(isinstance(t, torch.Tensor) and t.requires_grad for t in [*fakes, *(x.fake for x in steps)]):
