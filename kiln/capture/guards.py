@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
+import operator
 import weakref
 from typing import Any
 
@@ -117,8 +118,10 @@ class Guard:
         if k is GuardKind.DICT_KEYS:
             return [f"{ctx.bind(_dict_keys_list, 'keys')}({e}) == {ctx.bind(typed_keys(self.expected), 'c')}"]
         if k is GuardKind.DICT_KEYS_IDENTITY:
-            expected = tuple((is_identity_key(x), x) for x in self.expected)
-            return [f"{ctx.bind(_keys_are, 'idkeys')}({e}, {ctx.bind(expected, 'c')})"]
+            flags = tuple(is_identity_key(x) for x in self.expected)
+            by_identity = True if all(flags) else flags      # (all: one C-level pass)
+            return [f"{ctx.bind(_keys_are, 'idkeys')}({e}, {ctx.bind(tuple(self.expected), 'c')}, "
+                    f"{ctx.bind(by_identity, 'c')})"]
         if k is GuardKind.HASATTR:
             name, present = self.expected
             return [f"{'' if present else 'not '}hasattr({e}, {name!r})"]
@@ -220,12 +223,16 @@ def is_identity_key(k) -> bool:
     return isinstance(k, torch.Tensor)
 
 
-def _keys_are(d: dict, expected: tuple) -> bool:
+def _keys_are(d: dict, expected: tuple, by_identity) -> bool:
+    """``d``'s keys are ``expected``, in order: each key whose flag in ``by_identity`` is set (all
+    of them where it is True) the very object, the others of the same class and equal."""
     keys = dict.keys(d)
     if len(keys) != len(expected):
         return False
-    for k, (by_identity, e) in zip(keys, expected):
-        if by_identity:
+    if by_identity is True:
+        return all(map(operator.is_, keys, expected))
+    for k, e, identity in zip(keys, expected, by_identity):
+        if identity:
             if k is not e:
                 return False
         elif k.__class__ is not e.__class__ or k != e:

@@ -109,12 +109,8 @@ def _wrapper_moves_outputs_back() -> bool:
     try:
         source = inspect.getsource(_scan)
     except (OSError, TypeError):
-        return _torch_version() >= (2, 12)
+        return torch.__version__ >= (2, 12)     # (a TorchVersion compares with a tuple)
     return "movedim(elem, 0, dim)" in source
-
-
-def _torch_version() -> tuple:
-    return tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
 
 
 def scan_dimension(xs: list, dim: int, what: str) -> int:

@@ -695,7 +695,24 @@ class _ModuleInit(Value):
         return self.obj.module_init(tx, args, kwargs)
 
 
-class GradModeValue(Value):
+class ContextManagerValue(Value):
+    """A context manager the capture models (``self.cls`` is its class): its methods are read
+    as bound methods, and a with-block open across a graph break is re-entered from a new
+    object of the same kind (``reconstruct_entered``: entered, evaluates to its __exit__)."""
+
+    cls: type
+
+    def python_type(self):
+        return self.cls
+
+    def getattr(self, tx, name):
+        return MethodValue(self, name)
+
+    def reconstruct_entered(self, cg) -> str:
+        return f"{cg.bind(_enter_context)}({self.reconstruct(cg)})"
+
+
+class GradModeValue(ContextManagerValue):
     """``torch.no_grad()`` / ``torch.enable_grad()`` / ``torch.set_grad_enabled(b)``.
 
     Entering records ``torch._C._set_grad_enabled`` in the graph (so the graph itself runs
@@ -707,14 +724,8 @@ class GradModeValue(Value):
         self.cls = cls
         self.prev: bool | None = None
 
-    def python_type(self):
-        return self.cls
-
     def describe(self):
         return f"{self.cls.__name__}(grad={self.enabled})"
-
-    def getattr(self, tx, name):
-        return MethodValue(self, name)
 
     def call_method(self, tx, name, args, kwargs):
         if name == "__enter__":
@@ -746,7 +757,7 @@ class GradModeValue(Value):
         return f"{cg.bind(_enter_context)}({ctx})"
 
 
-class AutocastValue(Value):
+class AutocastValue(ContextManagerValue):
     """``torch.autocast(device_type, dtype=..., enabled=..., cache_enabled=...)``.
 
     Entering records ``_enter_autocast`` in the graph (exiting, ``_exit_autocast``) and
@@ -758,14 +769,8 @@ class AutocastValue(Value):
         self.node = None
         self.real = None
 
-    def python_type(self):
-        return self.cls
-
     def describe(self):
         return f"autocast{self.args}"
-
-    def getattr(self, tx, name):
-        return MethodValue(self, name)
 
     def call_method(self, tx, name, args, kwargs):
         if name == "__enter__":
@@ -782,11 +787,8 @@ class AutocastValue(Value):
             f"{cg.bind(torch.autocast)}({dev!r}, dtype={cg.bind(dtype) if dtype is not None else None}, "
             f"enabled={enabled!r}, cache_enabled={cache!r})"))
 
-    def reconstruct_entered(self, cg) -> str:
-        return f"{cg.bind(_enter_context)}({self.reconstruct(cg)})"
 
-
-class ProfilerRangeValue(Value):
+class ProfilerRangeValue(ContextManagerValue):
     """``torch.autograd.profiler.record_function(name)``: a range in the profiler's trace.
     Inside a graph it marks nothing (the graph's kernels are in the trace under the graph's
     own name), as under torch.compile; a with-block left open at a graph break is re-entered
@@ -797,14 +799,8 @@ class ProfilerRangeValue(Value):
         self.name = name
         self.args = args
 
-    def python_type(self):
-        return self.cls
-
     def describe(self):
         return f"record_function({self.name!r})"
-
-    def getattr(self, tx, name):
-        return MethodValue(self, name)
 
     def call_method(self, tx, name, args, kwargs):
         if name == "__enter__":
@@ -815,9 +811,6 @@ class ProfilerRangeValue(Value):
 
     def reconstruct(self, cg):
         return cg.stash(self, lambda: f"{cg.bind(self.cls)}({self.name!r}, {self.args!r})")
-
-    def reconstruct_entered(self, cg) -> str:
-        return f"{cg.bind(_enter_context)}({self.reconstruct(cg)})"
 
 
 def _enter_context(ctx):
