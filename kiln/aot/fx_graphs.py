@@ -159,6 +159,20 @@ def copy_graph_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     return new
 
 
+def without_kiln_meta(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """``gm`` with kiln's own graph-level meta removed from it, in place, and from its
+    GraphModule attributes, which are replaced by copies (the caller's graphs keep theirs).
+    Inductor's FX graph cache hashes a GraphModule's ``__dict__``, ``meta`` included: kiln's
+    entries there (a memo keyed by object ids, a partition counter) differ between processes
+    and between compile orders, and would make every such graph a cache miss."""
+    for key in [k for k in gm.meta if isinstance(k, str) and k.startswith("kiln")]:
+        del gm.meta[key]
+    for name, child in list(gm.named_children()):
+        if isinstance(child, torch.fx.GraphModule):
+            setattr(gm, name, without_kiln_meta(copy_graph_module(child)))
+    return gm
+
+
 def op_name(n) -> str | None:
     """The schema name of a graph node's op (``kiln::prefetch``, ``aten::mm``...); None for a
     node that calls no op with a schema."""

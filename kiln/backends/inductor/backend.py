@@ -367,6 +367,7 @@ class GraphCompile:
         graph = fx_graphs.copy_graph_module(gm)      # Inductor rewrites the graph it compiles
         if regions.has_regions(graph):
             regions.to_inductor(graph)
+        fx_graphs.without_kiln_meta(graph)
         if kind == "forward":
             self._fw_output_strides = None
             self._fw_num_outputs = gm.meta.get("kiln_num_fw_outputs", len(_outputs(gm)))
