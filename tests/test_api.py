@@ -1,4 +1,5 @@
 """kiln.compile's entry points, the eager fallback, fullgraph errors and misuse."""
+import copy
 import functools
 import re
 import warnings
@@ -69,6 +70,50 @@ def test_compiled_module_shares_state():
     assert_same(cm(x), m(x))
     assert cnt.frame_count == 1
     assert cm[0] is m[0] and cm.training == m.training
+
+
+class Counting(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(2, 2)
+        self.step = 10
+
+    def forward(self, x):
+        return self.lin(x) + self.step
+
+
+def test_attributes_written_on_the_compiled_module_are_the_modules():
+    """As torch.compile's wrapper: the forward reads what the user wrote through the wrapper."""
+    m = Counting()
+    cm = kiln.compile(m, backend="eager")
+    x = torch.randn(3, 2)
+    assert_same(cm(x), m(x))
+    cm.step += 1
+    assert m.step == 11 and cm.step == 11
+    assert_same(cm(x), m.lin(x) + 11)
+    cm.tag = "new"
+    assert m.tag == "new"
+    del cm.tag
+    assert not hasattr(m, "tag")
+    cm.eval()
+    assert not m.training and not cm.training
+    cm.training = True
+    assert m.training and cm.training
+    assert {"lin", "step", "compiled_function"} <= set(dir(cm))
+
+
+def test_a_deep_copy_of_a_compiled_module_copies_the_module():
+    m = Counting()
+    cm = kiln.compile(m, backend="eager")
+    x = torch.randn(3, 2)
+    cm(x)
+    twin = copy.deepcopy(cm)
+    assert type(twin) is type(cm) and twin._orig_mod is not m
+    with torch.no_grad():
+        twin.lin.weight.add_(1.0)
+    assert_same(twin(x), twin._orig_mod(x))
+    assert_same(cm(x), m(x))
+    assert not torch.equal(twin(x), cm(x))
 
 
 def test_module_training_step_gradients_match_eager():

@@ -36,6 +36,8 @@ class GuardKind(enum.Enum):
     DICT_KEYS_IDENTITY = "DICT_KEYS_IDENTITY"  # the same, some keys objects compared by identity
                                        # (tensors); expected: the keys
     HASATTR = "HASATTR"                # hasattr(x, name) is expected
+    NOT_IN_INSTANCE_DICT = "NOT_IN_INSTANCE_DICT"  # name not in x.__dict__ (the class's
+                                       # attribute, a module's forward, is not shadowed on x)
     GLOBAL_ABSENT = "GLOBAL_ABSENT"    # a builtin is not shadowed by a module global
     NO_HOOKS = "NO_HOOKS"              # an nn.Module has no hooks registered
     ALIAS_MATCH = "ALIAS_MATCH"        # two sources are the same object (x is y)
@@ -69,6 +71,8 @@ class Guard:
             exp = (id(exp[0]), exp[1])
         elif self.kind is GuardKind.LENGTH_MATCH or self.kind is GuardKind.HASATTR:
             exp = tuple(exp)
+        elif self.kind is GuardKind.NOT_IN_INSTANCE_DICT:
+            exp = str(exp)
         elif self.kind is GuardKind.EQUALS_MATCH:
             exp = (type(exp), _hashable(exp) if not (type(exp) is float and (exp != exp or exp == 0.0))
                    else repr(exp))
@@ -125,6 +129,8 @@ class Guard:
         if k is GuardKind.HASATTR:
             name, present = self.expected
             return [f"{'' if present else 'not '}hasattr({e}, {name!r})"]
+        if k is GuardKind.NOT_IN_INSTANCE_DICT:
+            return [f"{self.expected!r} not in {e}.__dict__"]
         if k is GuardKind.GLOBAL_ABSENT:
             gdict, name = self.expected
             return [f"{name!r} not in {ctx.bind(gdict, 'G')}"]
@@ -178,6 +184,8 @@ class Guard:
             return f"{k.value:14} keys({src}) are [{shown}] (tensors by identity)"
         if k is GuardKind.HASATTR:
             return f"{k.value:14} hasattr({src}, {exp[0]!r}) is {exp[1]}"
+        if k is GuardKind.NOT_IN_INSTANCE_DICT:
+            return f"{k.value:14} {src} has no instance attribute {exp!r} (its class's is used)"
         if k is GuardKind.GLOBAL_ABSENT:
             return f"{k.value:14} {exp[1]!r} is not a module global (builtin {exp[1]} is used)"
         if k is GuardKind.NO_HOOKS:

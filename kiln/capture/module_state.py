@@ -28,7 +28,8 @@ its fact cannot change while the object stays the same:
   dict of a node's class;
 * facts: identity, the type of a value whose class is not a heap class (its ``__class__``
   cannot be reassigned), the value of an immutable constant, the length of a tuple, the
-  keys and length of a recorded dict, no hooks on a node (its four hook dicts recorded).
+  keys and length of a recorded dict, no hooks on a node (its four hook dicts recorded), a
+  name absent from a node's instance dict (a ``forward`` not set on the instance).
 
 Everything else (globals, closures, function defaults, tensors, shapes, global state,
 anything read from a list or a plain object) is checked on every call as before.
@@ -256,6 +257,8 @@ def _covers(g: Guard, tree: _Tree, types: dict) -> bool:
         return role == DICT_ROLE
     if k is GuardKind.NO_HOOKS:
         return role == NODE
+    if k is GuardKind.NOT_IN_INSTANCE_DICT:
+        return role == NODE         # (its instance dict's version is recorded)
     if k is GuardKind.ALIAS_MATCH:
         return isinstance(g.expected, Source) and tree.role(g.expected) not in (None, CLASS_DICT)
     return False

@@ -125,6 +125,7 @@ SAVERS: dict[GuardKind, Callable[[Guard, Encoder], dict]] = {
     GuardKind.DICT_KEYS: _plain,
     GuardKind.DICT_KEYS_IDENTITY: _keys_by_identity,
     GuardKind.HASATTR: _plain,
+    GuardKind.NOT_IN_INSTANCE_DICT: _plain,
     GuardKind.GLOBAL_ABSENT: _absent,
     GuardKind.NO_HOOKS: _plain,
     GuardKind.ALIAS_MATCH: _plain,

@@ -30,10 +30,51 @@ class CompiledModule(torch.nn.Module):
     """The module returned by ``kiln.compile(module)``: forward is compiled; parameters,
     buffers, submodules and the state_dict are the original module's (same keys)."""
 
+    # the wrapper's own attributes; every other attribute written on it is the module's
+    _OWN_ATTRIBUTES = frozenset({"_orig_mod", "_kiln_compiled", "_kiln_ready", "__dict__"})
+
     def __init__(self, module: torch.nn.Module, compiled: CompiledFunction):
+        object.__setattr__(self, "_kiln_ready", False)
         super().__init__()
         self._orig_mod = module
         object.__setattr__(self, "_kiln_compiled", compiled)
+        object.__setattr__(self, "_kiln_ready", True)
+
+    @property
+    def training(self) -> bool:
+        return self._modules["_orig_mod"].training
+
+    @training.setter
+    def training(self, value: bool) -> None:
+        # (nn.Module.__init__ sets the default on the wrapper: the module keeps its own)
+        if self.__dict__.get("_kiln_ready"):
+            self._modules["_orig_mod"].training = value
+
+    def __setattr__(self, name, value):
+        # ``compiled.step += 1`` writes the module's attribute, which its forward reads, as
+        # torch.compile's wrapper does; the wrapper's own names and class attributes stay here
+        if name in self._OWN_ATTRIBUTES or hasattr(type(self), name) or not self.__dict__.get("_kiln_ready"):
+            return super().__setattr__(name, value)
+        setattr(self._modules["_orig_mod"], name, value)
+
+    def __delattr__(self, name):
+        if name in self._OWN_ATTRIBUTES or hasattr(type(self), name):
+            return super().__delattr__(name)
+        delattr(self._modules["_orig_mod"], name)
+
+    def __deepcopy__(self, memo):
+        # a copy of the module, compiled by the same function (one per module class: the
+        # copy's calls share its entries, as any other instance of the class does)
+        import copy
+
+        copied = CompiledModule(copy.deepcopy(self._modules["_orig_mod"], memo), self._kiln_compiled)
+        memo[id(self)] = copied
+        return copied
+
+    def __dir__(self):
+        own = self._modules["_orig_mod"].__dir__()
+        seen = set(own)
+        return own + [a for a in super().__dir__() if a not in seen]
 
     def __call__(self, *args, **kwargs):
         return self._kiln_compiled(self._modules["_orig_mod"], *args, **kwargs)

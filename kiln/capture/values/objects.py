@@ -19,6 +19,7 @@ from ...config import config
 from ...errors import Unsupported
 from .. import regions
 from . import module_hooks, optimizer_groups
+from ..guards import GuardKind
 from ..sources import AttrSource, ConstSource, ItemSource, TypeSource
 from .attributes import user_hook
 from .base import ConstantValue, Value
@@ -379,6 +380,11 @@ class NNModuleValue(ObjectValue):
             return pending
         m = self.value
         d = m.__dict__
+        cls_attr = static_lookup(type(m), name)
+        if cls_attr is not _MISSING and (name not in d or _is_data_descriptor(cls_attr)):
+            # Python's own lookup finds the class's attribute (a method named as a submodule)
+            # before ``Module.__getattr__`` reads the parameters, buffers and submodules
+            return super().getattr(tx, name)
         if name in d:
             self._require_source(name)
             return tx.wrap(d[name], AttrSource(self.source, name))
@@ -458,16 +464,29 @@ class NNModuleValue(ObjectValue):
             if static_lookup(cls, name) is not getattr(torch.nn.Module, name):
                 raise Unsupported(f"{cls.__name__} overrides nn.Module.{name}")
         hooks = module_hooks.forward_hooks(tx, self)     # (guarded; none: the no-hooks guard)
+        if tx.output.side_effects.attr_value(self, "forward") is not None or "forward" in self.value.__dict__:
+            # ``module.forward = ...`` on the instance (accelerate's and PEFT's hooks, a
+            # monkeypatch): ``self.forward`` in ``_call_impl`` finds it first
+            instance_forward = self.getattr(tx, "forward")
+
+            def call_forward(args, kwargs):
+                return tx.call(instance_forward, list(args), kwargs)
+            return self._with_hooks(tx, hooks, args, kwargs, call_forward)
         forward = static_lookup(type(self.value), "forward")
         if not isinstance(forward, types.FunctionType):
             raise Unsupported(f"{type(self.value).__name__}.forward is not a Python function")
         tx.output.guard_class_attribute(type(self.value), "forward", forward)
+        if self.source is not None:
+            tx.output.builder.guard(GuardKind.NOT_IN_INSTANCE_DICT, self.source, "forward")
 
         def call_forward(args, kwargs):
             if config.repeated_blocks and regions.is_repeated_block(self):
                 return regions.record(tx, type(self.value).__name__, False,
                                       lambda: tx.call(UserFunctionValue(forward), [self, *args], kwargs))
             return tx.call(UserFunctionValue(forward), [self, *args], kwargs)
+        return self._with_hooks(tx, hooks, args, kwargs, call_forward)
+
+    def _with_hooks(self, tx, hooks, args, kwargs, call_forward):
         if hooks is None:
             return call_forward(args, kwargs)
         try:
