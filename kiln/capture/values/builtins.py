@@ -662,9 +662,23 @@ def _make_namedtuple(tx, cls, args, kwargs):
 # -- dict.fromkeys ---------------------------------------------------------------------------
 
 def _fromkeys(tx, fn, args, kwargs):
-    if kwargs or not 1 <= len(args) <= 2:
-        raise tx.user_exception(TypeError("fromkeys expected 1 or 2 arguments"))
     cls = fn.__self__
+    if kwargs and cls is collections.OrderedDict:     # (its signature: iterable, value=None)
+        args = list(args)
+        for name, position in (("iterable", 0), ("value", 1)):
+            if name in kwargs:
+                if len(args) > position:
+                    raise tx.user_exception(TypeError(f"fromkeys() got multiple values for argument {name!r}"))
+                if len(args) < position:
+                    raise tx.user_exception(TypeError("fromkeys() missing required argument 'iterable'"))
+                args.append(kwargs[name])
+        kwargs = {k: v for k, v in kwargs.items() if k not in ("iterable", "value")}
+        if kwargs:
+            raise tx.user_exception(TypeError(f"fromkeys() got an unexpected keyword argument {next(iter(kwargs))!r}"))
+    elif kwargs:
+        raise tx.user_exception(TypeError(f"{cls.__name__}.fromkeys() takes no keyword arguments"))
+    if not 1 <= len(args) <= 2:
+        raise tx.user_exception(TypeError(f"fromkeys expected 1 or 2 arguments, got {len(args)}"))
     value = args[1] if len(args) > 1 else ConstantValue(None)
     d = DictValue({}, None, cls)
     for k in tx.unpack_iterable(args[0]):

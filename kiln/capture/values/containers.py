@@ -8,6 +8,7 @@ inlined; everything else acts on the underlying storage, as ``list.__getitem__``
 from __future__ import annotations
 
 import collections
+import collections.abc
 import operator
 
 from ...errors import Unsupported
@@ -372,6 +373,12 @@ class DictValue(Value):
                 other = args[0]
                 if isinstance(other, DictValue):
                     items.update(other.items)
+                elif _has_keys(tx, other):
+                    # a mapping (a MutableMapping, a dict-like object): its keys, each read
+                    # with ``other[key]``, as dict.update does
+                    keys = other if _abc_keys(other) else tx.call_method(other, "keys", [], {})
+                    for k in tx.unpack_iterable(keys):
+                        items[self.key_of(tx, k)] = tx.getitem(other, k)
                 else:
                     for pair in tx.unpack_iterable(other):
                         k, v = tx.unpack_iterable(pair)
@@ -590,6 +597,8 @@ class SetValue(Value):
 
 
     def getattr(self, tx, name):
+        if not hasattr(self.cls, name):      # (frozenset has no add, discard, ...)
+            raise tx.user_exception(AttributeError(f"{self.cls.__name__!r} object has no attribute {name!r}"))
         return MethodValue(self, name)
 
     def call_method(self, tx, name, args, kwargs):
@@ -718,3 +727,19 @@ def _plain_lookup(cls: type, name: str) -> bool:
     return (static_lookup(cls, name) is _MISSING and static_lookup(cls, "__getattr__") is _MISSING
             and static_lookup(cls, "__getattribute__") is static_lookup(dict, "__getattribute__"))
 
+
+def _has_keys(tx, v) -> bool:
+    """Whether ``dict.update`` reads ``v`` as a mapping (it has ``keys``) or as pairs."""
+    try:
+        return hasattr(v.python_type(), "keys")
+    except Unsupported:
+        return tx.hasattr(v, "keys")
+
+
+def _abc_keys(v) -> bool:
+    """``v.keys()`` is ``collections.abc.Mapping``'s: a KeysView iterating ``v`` itself."""
+    try:
+        cls = v.python_type()
+    except Unsupported:          # (a value that cannot name its type: it is asked for keys())
+        return False
+    return isinstance(cls, type) and static_lookup(cls, "keys") is collections.abc.Mapping.keys

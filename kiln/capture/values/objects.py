@@ -83,6 +83,15 @@ class ObjectValue(Value):
             if cls_attr.fget is None:
                 raise tx.user_exception(AttributeError(f"property {name!r} of {cls.__name__!r} object has no getter"))
             tx.output.guard_class_attribute(cls, name, cls_attr)
+            if not isinstance(cls_attr.fget, types.FunctionType) and self.value is not None:
+                # a getter implemented in C (a pybind11 class's property): its value, read
+                # now and guarded where the object is read from
+                self._require_source(name)
+                try:
+                    value = cls_attr.fget(self.value)
+                except Exception as e:  # noqa: BLE001 - the getter's own error is the user's
+                    raise tx.user_exception(e)
+                return tx.wrap(value, self._attr_source(name))
             return tx.call(UserFunctionValue(cls_attr.fget), [self], {})
         d = self.instance_dict()
         if d is not None and name in d and not _is_data_descriptor(cls_attr):
