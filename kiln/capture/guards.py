@@ -180,8 +180,8 @@ class Guard:
         if k is GuardKind.DICT_KEYS:
             return f"{k.value:14} keys({src}) == {list(exp)!r}"
         if k is GuardKind.DICT_KEYS_IDENTITY:
-            shown = ", ".join(f"<{type(x).__name__} {tuple(x.shape)}>" if is_identity_key(x) else repr(x) for x in exp)
-            return f"{k.value:14} keys({src}) are [{shown}] (tensors by identity)"
+            shown = ", ".join(_identity_key_text(x) if is_identity_key(x) else repr(x) for x in exp)
+            return f"{k.value:14} keys({src}) are [{shown}] (tensors and modules by identity)"
         if k is GuardKind.HASATTR:
             return f"{k.value:14} hasattr({src}, {exp[0]!r}) is {exp[1]}"
         if k is GuardKind.NOT_IN_INSTANCE_DICT:
@@ -227,8 +227,15 @@ def typed_keys(keys) -> list:
 
 def is_identity_key(k) -> bool:
     """A dict key found by identity: a tensor (hashed by ``id``; ``==`` would compare its
-    elements)."""
-    return isinstance(k, torch.Tensor)
+    elements), an nn.Module that keeps object's hash and equality."""
+    return isinstance(k, torch.Tensor) or (isinstance(k, torch.nn.Module) and type(k).__hash__ is object.__hash__
+                                           and type(k).__eq__ is object.__eq__)
+
+
+def _identity_key_text(k) -> str:
+    if isinstance(k, torch.Tensor):
+        return f"<{type(k).__name__} {tuple(k.shape)}>"
+    return f"<{type(k).__name__} at {id(k):#x}>"
 
 
 def _keys_are(d: dict, expected: tuple, by_identity) -> bool:

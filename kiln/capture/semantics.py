@@ -13,7 +13,7 @@ from ..errors import Unsupported
 from .guards import GuardKind
 from .numpy.values import NdarrayValue, numpy_binary, numpy_unary
 from .sources import AttrSource, ConstSource, ItemSource, TypeSource
-from .values.base import ConstantValue, LazyArgument, NullValue, Value
+from .values.base import ConstantValue, LazyArgument, NullValue, Value, is_constant_object
 from .values.builder import wrap_pure_result
 from .values.containers import (BaseSequenceValue, DictValue, DictViewValue, IteratorValue,
                                 ListValue, SetValue, TupleValue)
@@ -214,6 +214,9 @@ class PythonSemantics:
     def key_value(self, k) -> Value:
         if isinstance(k, Value):
             return k
+        prior = self.output.builder.by_id.get(id(k))
+        if prior is not None and prior[0] is k and not is_constant_object(k):
+            return prior[1]         # (an object key read from the outside: its guarded value)
         return self.wrap(k, None)
 
     def zero_arg_super(self) -> tuple[type, Value]:

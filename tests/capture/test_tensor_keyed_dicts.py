@@ -51,6 +51,40 @@ def test_another_tensor_with_the_same_data_is_another_key():
     assert counter.frame_count == 3
 
 
+class LayerTable(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(3, 3)
+        self.b = torch.nn.Linear(3, 3)
+        self.order = {self.b: 0, self.a: 1}
+        self.scale = {self.a: 2.0, self.b: 3.0}
+
+    def forward(self, x):
+        for m in sorted(self.order, key=lambda m: self.order[m]):
+            x = m(x) * self.scale[m]
+        for m, i in self.order.items():
+            x = x + i
+        return x, self.a in self.scale
+
+
+def test_a_dict_keyed_by_modules_is_read_by_identity_and_guarded():
+    model = LayerTable()
+    cnt = CompileCounter()
+    compiled = kiln.compile(model, backend=cnt, fullgraph=True)
+    for _ in range(2):
+        x = torch.randn(2, 3)
+        torch.testing.assert_close(compiled(x), model(x))
+    assert cnt.frame_count == 1
+    model.order = {model.a: 0, model.b: 1}        # the other order: another entry
+    x = torch.randn(2, 3)
+    torch.testing.assert_close(compiled(x), model(x))
+    assert cnt.frame_count == 2
+    with torch.no_grad():                          # the modules' state is read at each call
+        model.a.weight.mul_(2)
+    torch.testing.assert_close(compiled(x), model(x))
+    assert cnt.frame_count == 2
+
+
 def test_a_key_missing_raises_keyerror_as_in_eager():
     a, other = torch.randn(2), torch.randn(2)
     table = {a: 1.0}

@@ -15,7 +15,7 @@ import torch
 from ... import _torch
 from ...errors import Unsupported
 from ..comptime import Comptime, comptime_value
-from ..guards import Guard, GuardKind
+from ..guards import Guard, GuardKind, is_identity_key
 from ..sources import (ITEM_DICT, ITEM_INDEX, ITEM_LIST, ITEM_TUPLE, AttrSource, DictItemSource, DictKeySource,
                        ItemSource, ReduceSource)
 from ..sources import is_argument_rooted
@@ -301,13 +301,15 @@ class Builder:
         if _is(obj, dict) and t is not collections.defaultdict or t is collections.defaultdict:
             keys = list(dict.keys(obj))
             # (keys: constants, classes, typing constructs: ``huggingface_hub``'s validators by
-            # ``typing.Union`` and ``Literal``; tensors by identity: an optimizer's ``state``)
-            by_identity = [_is_tensor_key(k) for k in keys]
+            # ``typing.Union`` and ``Literal``; tensors and modules by identity: an optimizer's
+            # ``state``, a table of layers)
+            by_identity = [_is_tensor_key(k) or _is_module_key(k) for k in keys]
             if not all(i or is_constant_object(k) or _is_class_key(k) or is_type_annotation(k)
                        for i, k in zip(by_identity, keys)):
-                raise Unsupported("a dict whose keys are not Python constants, classes or tensors")
+                raise Unsupported("a dict whose keys are not Python constants, classes, tensors or modules")
             if any(by_identity) and source is None:
-                raise Unsupported("a dict keyed by tensors, not reachable from the arguments, globals or closures")
+                raise Unsupported("a dict keyed by tensors or modules, not reachable from the arguments, "
+                                  "globals or closures")
             g(GuardKind.TYPE_MATCH, source, t)
             g(GuardKind.DICT_KEYS_IDENTITY if any(by_identity) else GuardKind.DICT_KEYS, source, keys)
             how = ITEM_INDEX if t in (dict, collections.OrderedDict) else ITEM_DICT
@@ -315,8 +317,12 @@ class Builder:
             for i, (k, keyed_by_id) in enumerate(zip(keys, by_identity)):
                 if keyed_by_id:
                     # the key tensor is a value of the graph, the same one however it is reached
-                    # (``p`` of ``param_groups``): a lookup by that value finds it
+                    # (``p`` of ``param_groups``): a lookup by that value finds it. A module key
+                    # is the module itself (lookups compare modules as objects); iterating the
+                    # keys gives the value wrapped here (``key_value``)
                     key = self.wrap(k, DictKeySource(source, i, k))
+                    if not isinstance(k, torch.Tensor):
+                        key = k
                     item_source = DictItemSource(source, i, k, how)
                 else:
                     key, item_source = k, ItemSource(source, k, how) if source else None
@@ -403,6 +409,11 @@ class Builder:
 def _is_tensor_key(k) -> bool:
     # (a tensor subclass may define its own hash and equality)
     return type(k) in (torch.Tensor, torch.nn.Parameter)
+
+
+def _is_module_key(k) -> bool:
+    """An nn.Module as a dict key, hashed and compared by identity (as nn.Module leaves it)."""
+    return isinstance(k, torch.nn.Module) and is_identity_key(k)
 
 
 def _is_class_key(k) -> bool:
