@@ -309,3 +309,17 @@ def test_no_recapture_on_warm_calls():
     for _ in range(20):
         cf(torch.randn(3), torch.randn(3))
     assert cnt.frame_count == 1 and len(cf.entries) == 1
+
+
+def test_keyword_arguments_named_as_kilns_own_parameters_reach_the_function():
+    """``self``, ``module`` and ``fn`` are the user's keywords, not the wrappers'."""
+    f = kiln.compile(lambda **kw: kw["self"] + kw["fn"] * 2, backend="eager")
+    x = torch.randn(3)
+    assert_same(f(self=x, fn=x), x + x * 2)
+
+    class TakesModule(torch.nn.Module):
+        def forward(self, module=None, fn=None):
+            return module * 2 + fn
+
+    m = TakesModule()
+    assert_same(kiln.compile(m, backend="eager")(module=x, fn=x), m(module=x, fn=x))

@@ -305,7 +305,7 @@ class FrameIntrospection:
         self.name = name
         self.builtin = getattr(builtins, name)
 
-    def __call__(self, *args, **kwargs):
+    def __call__(self, /, *args, **kwargs):
         frame = sys._getframe(1)
         found = frame.f_globals.get(self.name, frame.f_builtins.get(self.name, self.builtin))
         if args or kwargs or found is not self.builtin:

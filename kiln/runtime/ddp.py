@@ -30,7 +30,7 @@ class DDPForward:
         self.ddp = ddp
         self.call_module = call_module
 
-    def __call__(self, *args, **kwargs):
+    def __call__(self, /, *args, **kwargs):
         ddp = self.ddp
         if not _torch.ddp_runs_plainly(ddp):
             # hooks on the DDP module itself, or a forward that skips the wrapped module's
@@ -68,8 +68,8 @@ class CompiledDDP(CompiledModule):
         super().__init__(ddp, compiled)
         object.__setattr__(self, "_kiln_ddp_forward", forward)
 
-    def __call__(self, *args, **kwargs):
+    def __call__(self, /, *args, **kwargs):
         return self._kiln_ddp_forward(*args, **kwargs)
 
-    def forward(self, *args, **kwargs):
+    def forward(self, /, *args, **kwargs):
         return self._kiln_ddp_forward(*args, **kwargs)

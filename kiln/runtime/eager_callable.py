@@ -46,7 +46,7 @@ class EagerCallable:
     def recompile_reasons(self) -> list:
         return []
 
-    def __call__(self, *args, **kwargs):
+    def __call__(self, /, *args, **kwargs):
         if recording.recorder.stack:
             recording.record_uncompiled(self.reason)
         if not self._logged and logs.enabled.graph_breaks:

@@ -168,7 +168,7 @@ class CompiledFunction:
         """The failing guard behind each recompile of this function (all backends)."""
         return list(self._cache.recompile_reasons)
 
-    def __call__(self, *args, **kwargs):
+    def __call__(self, /, *args, **kwargs):
         key = self._key
         entries = self._cache.entries
         for entry in entries:
@@ -375,7 +375,7 @@ def counting_steps(cls: type) -> type:
         return counting
     call = cls.__call__
 
-    def __call__(self, *args, **kwargs):
+    def __call__(self, /, *args, **kwargs):
         return run_in_step(call, self, *args, **kwargs)
     return _counting.setdefault(cls, type(cls.__name__, (cls,), {
         "__call__": __call__, "counts_steps": True, "__module__": cls.__module__,

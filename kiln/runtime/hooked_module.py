@@ -31,7 +31,7 @@ class HookedModuleCall:
         self.module = module
         self.forward = forward
 
-    def __call__(self, *args, **kwargs):
+    def __call__(self, /, *args, **kwargs):
         m = self.module
         if not runs_hooks_plainly(m):
             return m(*args, **kwargs)

@@ -17,7 +17,7 @@ class CompiledMethod:
         self._compiled = compiled
         self._self = obj
 
-    def __call__(self, *args, **kwargs):
+    def __call__(self, /, *args, **kwargs):
         return self._compiled(self._self, *args, **kwargs)
 
     @property

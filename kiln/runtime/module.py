@@ -17,7 +17,7 @@ def module_caller(cls: type) -> Callable:
     module hooks are honoured (calling the module goes through the NO_HOOKS guard)."""
     fn = _module_callers.get(cls)
     if fn is None:
-        def call_module(module, *args, **kwargs):
+        def call_module(module, /, *args, **kwargs):
             return module(*args, **kwargs)
         call_module.__qualname__ = f"{cls.__qualname__}.__call__"
         call_module.__module__ = cls.__module__   # (also names its dynamic-shape profile)
@@ -76,10 +76,10 @@ class CompiledModule(torch.nn.Module):
         seen = set(own)
         return own + [a for a in super().__dir__() if a not in seen]
 
-    def __call__(self, *args, **kwargs):
+    def __call__(self, /, *args, **kwargs):
         return self._kiln_compiled(self._modules["_orig_mod"], *args, **kwargs)
 
-    def forward(self, *args, **kwargs):
+    def forward(self, /, *args, **kwargs):
         return self._kiln_compiled(self._orig_mod, *args, **kwargs)
 
     def __getattr__(self, name):

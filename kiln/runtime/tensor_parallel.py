@@ -28,5 +28,5 @@ class DTensorModuleCall:
     def __init__(self, module):
         self.module = module
 
-    def __call__(self, *args, **kwargs):
+    def __call__(self, /, *args, **kwargs):
         return pytree.tree_map(_torch.waited_collective, self.module(*args, **kwargs))

@@ -1012,3 +1012,53 @@ def test_an_error_raised_in_a_graph_ends_at_the_users_line(backend):
     assert expected == ("view_used_after_its_base_changed", "total = sum(parts)                    # autograd refuses the stale view: raises here")
     kiln.reset()
     assert raised_at(kiln.compile(view_used_after_its_base_changed, backend=backend)) == expected
+
+
+def test_isinstance_with_a_metaclass_that_checks_the_instance_is_eagers_answer():
+    """A runtime-checkable Protocol reads the instance's attributes; torch's legacy storage
+    classes (``torch.BoolStorage``) compare its dtype: the answer is the real isinstance's,
+    never the one the instance's class alone would give."""
+    import typing
+
+    @typing.runtime_checkable
+    class HasScale(typing.Protocol):
+        scale: float
+
+    class Scaled:
+        scale = 2.0
+
+    class Plain:
+        pass
+
+    def f(x, o):
+        return x * 2 if isinstance(o, HasScale) else x - 1
+
+    compiled = kiln.compile(f, backend="eager")
+    x = torch.randn(3)
+    torch.testing.assert_close(compiled(x, Scaled()), x * 2)
+    torch.testing.assert_close(compiled(x, Plain()), x - 1)
+
+    def g(x, s):
+        return x + 1 if isinstance(s, torch.BoolStorage) else x
+
+    storage = torch.BoolStorage.from_buffer(bytes([1, 0, 1]), "big")
+    torch.testing.assert_close(kiln.compile(g, backend="eager")(x, storage), x + 1)
+
+
+_THREAD_STATE = __import__("threading").local()
+
+
+def test_a_threading_local_attribute_is_read_as_the_type_reads_it():
+    """``threading.local`` keeps one dict per thread, behind its own C attribute lookup."""
+    _THREAD_STATE.bias = torch.ones(2)
+
+    def f(x):
+        return torch.cat([x, _THREAD_STATE.bias])
+
+    cnt = CompileCounter()
+    compiled = kiln.compile(f, backend=cnt, fullgraph=True)
+    x = torch.randn(2)
+    torch.testing.assert_close(compiled(x), f(x))
+    _THREAD_STATE.bias = torch.zeros(2)          # another tensor: read again, as an input
+    torch.testing.assert_close(compiled(x), f(x))
+    assert cnt.frame_count == 1

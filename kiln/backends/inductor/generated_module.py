@@ -301,7 +301,7 @@ class _Lazy:
             self._target = getattr(importlib.import_module(module), name)
         return self._target
 
-    def __call__(self, *args, **kwargs):
+    def __call__(self, /, *args, **kwargs):
         return self._resolve()(*args, **kwargs)
 
     def __getattr__(self, name):

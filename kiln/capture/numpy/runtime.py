@@ -119,7 +119,7 @@ class NumpyFunction(_Wrapper):
             mod = getattr(mod, part)
         return getattr(mod, self.name)
 
-    def __call__(self, *args, **kwargs):
+    def __call__(self, /, *args, **kwargs):
         args = _integers_as_float64(self.name, args)
         kwargs = _accumulator_dtype(self.name, args, kwargs, 2)   # np.cumsum(a, axis, dtype)
         return _copied(self.name, to_tensors(self.target()(*to_tnp(args), **to_tnp(kwargs))))

@@ -6,6 +6,7 @@ raises Unsupported: never a guess.
 """
 from __future__ import annotations
 
+import abc
 import collections
 import functools
 import math
@@ -210,7 +211,29 @@ def _len(tx, fn, args, kwargs):
 def _isinstance(tx, fn, args, kwargs):
     obj, classes = args
     cls = _classes(classes)
+    custom = [c for c in _flat_classes(cls) if type(c).__instancecheck__ not in _CLASS_CHECKS]
+    if custom:
+        # a metaclass that decides from the instance itself (a runtime-checkable Protocol
+        # reads its attributes; torch's legacy storage classes its dtype): not a fact of the
+        # object's class, which is all a guard here would hold
+        raise Unsupported(f"isinstance() with {custom[0].__qualname__}, whose metaclass "
+                          f"{type(custom[0]).__qualname__} has its own __instancecheck__")
     return ConstantValue(issubclass(obj.python_type(), cls))
+
+
+# metaclass hooks whose answer follows from the instance's class (``ABCMeta`` also consults
+# the registry and ``__subclasshook__``, on classes); torch's Parameter also admits a tensor
+# that says ``_is_param``, which kiln's tensors do not
+_CLASS_CHECKS = (type.__instancecheck__, abc.ABCMeta.__instancecheck__,
+                 torch.nn.parameter._ParameterMeta.__instancecheck__)
+
+
+def _flat_classes(cls) -> list:
+    if isinstance(cls, tuple):
+        return [c for x in cls for c in _flat_classes(x)]
+    if isinstance(cls, types.UnionType):
+        return _flat_classes(cls.__args__)
+    return [cls]
 
 
 @handles(issubclass)

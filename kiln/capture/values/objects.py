@@ -68,6 +68,15 @@ class ObjectValue(Value):
             raise Unsupported(f"attribute {name!r} of an object that cannot be guarded")
 
     def getattr(self, tx, name):
+        if self.value is not None and self.source is not None and _own_c_getattribute(self.value) \
+                and tx.output.side_effects.attr_value(self, name) is None:
+            # a C type with its own attribute lookup (``threading.local``: one dict per
+            # thread): read as the type reads it, guarded where it is read from
+            try:
+                value = getattr(self.value, name)
+            except AttributeError as e:
+                raise tx.user_exception(e)
+            return tx.wrap(value, AttrSource(self.source, name))
         return get_attribute(tx, self, name, self.object_getattr)
 
     def object_getattr(self, tx, name):
@@ -344,6 +353,24 @@ def user_layers_define(cls: type, names: tuple[str, ...], stop: tuple[type, ...]
             if name in klass.__dict__ and not (name == "__slots__" and klass.__dict__[name] in ((), [])):
                 return True
     return False
+
+
+def _own_c_getattribute(obj) -> bool:
+    """``obj``'s class looks attributes up with a C ``__getattribute__`` of its own that keeps
+    an instance dict object's lookup cannot see (``threading.local``: one dict per thread)."""
+    hook = static_lookup(type(obj), "__getattribute__")
+    if hook is object.__getattribute__ or hook is _MISSING or isinstance(hook, types.FunctionType):
+        return False
+    try:
+        object.__getattribute__(obj, "__dict__")
+        return False            # (the generic lookup reaches its dict: modelled as any object)
+    except AttributeError:
+        pass
+    try:
+        getattr(obj, "__dict__")
+        return True
+    except AttributeError:
+        return False
 
 
 def can_allocate_symbolically(cls) -> bool:
