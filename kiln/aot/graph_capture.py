@@ -338,6 +338,12 @@ def with_eager_layouts(gm: torch.fx.GraphModule, meta) -> None:
         if all(a == b for a, b, size in zip(val.stride(), info.stride, val.shape) if size > 1) \
                 or any(size == 0 for size in val.shape):
             continue
+        if j >= len(meta.graph_output_indices) and _read_by_storage(node):
+            # an ``as_strided`` of this intermediate reads its storage, so its elements follow
+            # the layout eager's kernel gave it; the trace and the fake tensors' op disagree
+            # on that layout (torch.roll of a channels_last tensor), and neither is eager's
+            raise Unsupported("AOT autograd: as_strided of an intermediate whose traced layout differs from "
+                              "its op's declared layout (the graph runs eagerly)")
         with _right_after(gm.graph, node):
             c = gm.graph.call_function(torch.ops.prims.copy_strided.default, (node, list(info.stride)))
         c.meta = {key: v for key, v in node.meta.items() if key != "val"}
@@ -347,6 +353,13 @@ def with_eager_layouts(gm: torch.fx.GraphModule, meta) -> None:
         changed = True
     if changed:
         out.args = (tuple(flat),)
+
+
+def _read_by_storage(node: torch.fx.Node) -> bool:
+    """``node``'s value is read through its storage (``as_strided`` of it), not its indices."""
+    return any(u.op == "call_function" and u.target in (torch.ops.aten.as_strided.default,
+                                                         torch.ops.aten.as_strided_copy.default)
+               for u in node.users)
 
 
 def _dense_order(shape, stride) -> list | None:

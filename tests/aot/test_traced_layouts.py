@@ -76,3 +76,16 @@ def test_a_graph_loaded_from_the_cache_keeps_the_traced_layouts(monkeypatch):
         assert kiln.cache.stats()["hits"] == hits + 1
         assert not any(e.eager_reason is not None for e in compiled._kiln_compiled.entries)
         torch.testing.assert_close(out, model(x))
+
+
+def test_as_strided_of_an_intermediate_whose_layouts_disagree_is_eagers():
+    """torch.roll keeps a channels_last input's layout in eager (CPU); its fake tensor is
+    contiguous; Inductor's decomposition keeps channels_last. as_strided reads the storage,
+    so only eager's layout gives eager's elements: the graph runs eagerly rather than guess."""
+    def fn(x):
+        y = torch.roll(x, shifts=-1, dims=0)
+        return torch.as_strided(y, (5, 10), (4, 1), 0)
+
+    x = torch.arange(100).reshape(2, 5, 2, 5).to(memory_format=torch.channels_last)
+    expected = fn(x)
+    assert torch.equal(kiln.compile(fn, backend="inductor")(x), expected)
