@@ -23,6 +23,7 @@ from .values.objects import ClassValue, NewObjectValue, ObjectValue, static_look
 from .values.symbolic import (SymNodeValue, SymRangeValue, SymSliceValue, specialize, sym_binary,
                               sym_unary)
 from .values.tensor import TensorValue
+from .values.user_iterators import UserIteratorValue
 
 _SYMBOLIC = (SymNodeValue, SymSliceValue, SymRangeValue)
 from . import bytecode_utils
@@ -163,7 +164,16 @@ class PythonSemantics:
         if isinstance(v, ObjectValue) and not isinstance(v, ClassValue):
             fn = static_lookup(v.python_type(), "__iter__")
             if isinstance(fn, types.FunctionType):
-                return self.get_iter(self.call(UserFunctionValue(fn), [v], {}))
+                self.output.guard_class_attribute(v.python_type(), "__iter__", fn)
+                it = self.call(UserFunctionValue(fn), [v], {})
+                nxt = static_lookup(it.python_type(), "__next__") if isinstance(it, ObjectValue) else None
+                if isinstance(nxt, types.FunctionType):
+                    self.output.guard_class_attribute(it.python_type(), "__next__", nxt)
+                    return UserIteratorValue(it, nxt)
+                if it is v:
+                    raise Unsupported(f"iterating over {v.describe()}, whose __iter__ returns it and whose "
+                                      "__next__ is not Python")
+                return self.get_iter(it)
             nxt = static_lookup(v.python_type(), "__next__")
             if isinstance(nxt, types.FunctionType):
                 raise Unsupported(f"iterating over a user iterator object {v.describe()}")

@@ -1062,3 +1062,44 @@ def test_a_threading_local_attribute_is_read_as_the_type_reads_it():
     _THREAD_STATE.bias = torch.zeros(2)          # another tensor: read again, as an input
     torch.testing.assert_close(compiled(x), f(x))
     assert cnt.frame_count == 1
+
+
+class _Countdown:
+    """An iterator class: ``__iter__`` returns the object, ``__next__`` advances it."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self.n <= 0:
+            raise StopIteration
+        self.n -= 1
+        return self.n
+
+
+_LIVE_COUNTDOWN = _Countdown(5)
+
+
+def test_an_iterator_class_is_advanced_by_its_own_next():
+    def f(x):
+        for i in _Countdown(3):
+            x = x + i
+        a, b = _Countdown(2)
+        return x, list(_Countdown(4)), a - b
+
+    cnt = CompileCounter()
+    x = torch.randn(2)
+    torch.testing.assert_close(kiln.compile(f, backend=cnt, fullgraph=True)(x), f(x))
+    assert cnt.frame_count == 1
+
+    def g(x):                       # an iterator from outside, left part-way: its state is eager's
+        for i in _LIVE_COUNTDOWN:
+            if i == 3:
+                break
+        return x + i
+
+    torch.testing.assert_close(kiln.compile(g, backend="eager")(x), x + 3)
+    assert _LIVE_COUNTDOWN.n == 3

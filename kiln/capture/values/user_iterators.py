@@ -1,0 +1,51 @@
+"""A user iterator object: an instance whose class defines ``__next__`` in Python (its
+``__iter__`` returning it, as iterator classes do). A ``for`` loop over it, ``list(it)`` and
+unpacking call its ``__next__`` inlined, one item at a time, until it raises StopIteration, so
+the object's own state (a counter, a cursor) changes as in eager."""
+from __future__ import annotations
+
+from ...errors import Unsupported
+from .containers import IteratorValue
+from .functions import UserFunctionValue
+
+# (an iterator that never stops would otherwise unroll forever)
+MAX_ITEMS = 10_000
+
+
+class UserIteratorValue(IteratorValue):
+    def __init__(self, obj, next_fn):
+        super().__init__([])
+        self.obj = obj
+        self.next_fn = next_fn
+        self.done = False
+
+    def python_type(self):
+        return self.obj.python_type()
+
+    def describe(self):
+        return f"user iterator {self.obj.describe()}"
+
+    def next(self, tx):
+        if self.done:
+            return None
+        try:
+            return tx.call(UserFunctionValue(self.next_fn), [self.obj], {})
+        except tx.UserException as e:
+            if isinstance(e.exc, StopIteration):
+                self.done = True
+                return None
+            raise
+
+    def unpack(self, tx):
+        items = []
+        while (v := self.next(tx)) is not None:
+            items.append(v)
+            if len(items) > MAX_ITEMS:
+                raise Unsupported(f"a user iterator that gave more than {MAX_ITEMS} items")
+        return items
+
+    def reconstruct_remaining(self, cg) -> str:
+        raise Unsupported("a user iterator object live at a graph break")
+
+    def reconstruct(self, cg):
+        return self.obj.reconstruct(cg)
