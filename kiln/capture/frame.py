@@ -65,8 +65,10 @@ def _capture(fn, args, kwargs, key, backend, backend_name, compiled_factory, max
     code = fn.__code__
     break_at = None
     reason = None
+    lazy_contextmanagers = True
     for _ in range(max_breaks_retries):
         output = OutputGraph(fn.__qualname__, policy)
+        output.lazy_contextmanagers = lazy_contextmanagers
         output.fullgraph = bool(getattr(key, "fullgraph", False))   # backends may fall back unless set
         output.capture_started = t0          # (KILN_LOGS=perf: seconds in capture per graph)
         # The generated entry has fn's signature and defaults: guard that they stay fn's.
@@ -91,6 +93,12 @@ def _capture(fn, args, kwargs, key, backend, backend_name, compiled_factory, max
                 output.release()
                 continue
             except BreakHere as here:
+                if any(not g.done for g in output.suspended_generators):
+                    # a break inside a @contextlib.contextmanager's with body: captured again,
+                    # with the break at the context manager instead
+                    lazy_contextmanagers, break_at, reason = False, None, None
+                    output.release()
+                    continue
                 entry = _finish_break(fn, output, here.tx, here.ip, reason, key, backend, backend_name,
                                       compiled_factory)
         except Unsupported as e:

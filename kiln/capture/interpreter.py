@@ -80,6 +80,13 @@ class _Return(Exception):
         self.value = value
 
 
+class _Yield(Exception):
+    """A suspended generator frame (``SuspendedGenerator``) reached a ``yield``."""
+
+    def __init__(self, value: Value):
+        self.value = value
+
+
 class FrameInterpreter(PythonSemantics):
     UserException = UserException
 
@@ -109,6 +116,7 @@ class FrameInterpreter(PythonSemantics):
         self.exec_counts: dict[int, int] = {}
         self.can_break = parent is None
         self.f_locals_dict: DictValue | None = None   # what locals() returns, kept per frame
+        self.suspends = False     # a generator run lazily: a yield hands its value out (_Yield)
 
     # -- driving --------------------------------------------------------------------------
     def run(self) -> Value:
@@ -148,7 +156,9 @@ class FrameInterpreter(PythonSemantics):
                         e.located(*self.location())
                         raise self._break_request(ins, e)
                     raise
-        except _Return as r:
+        except (_Return, _Yield) as r:
+            if isinstance(r, _Yield):
+                raise
             return r.value
         except Unsupported as e:
             raise e.located(*self.location())
@@ -312,13 +322,18 @@ class FrameInterpreter(PythonSemantics):
             cells[name] = cell
         if code in _DIFFERENTIATING:
             refuse_higher_order_grad(fn.name(), args, kwargs, _DIFFERENTIATING[code])
-        if bytecode_utils.is_generator_code(code) and self.code is _CONTEXTMANAGER_INIT:
-            # a generator is materialized (run to its end) where it is created; the with body
-            # of @contextlib.contextmanager must run between its enter and exit parts
-            raise Unsupported(f"@contextlib.contextmanager {fn.name()} (its generator cannot be run "
-                              "ahead of the with body)")
         child = FrameInterpreter(self.output, code, fn.globals(), f_locals, cells, parent=self,
                                  name=fn.name())
+        if bytecode_utils.is_generator_code(code) and self.code is _CONTEXTMANAGER_INIT:
+            if not self.output.lazy_contextmanagers:
+                raise Unsupported(f"@contextlib.contextmanager {fn.name()} around a graph break (its "
+                                  "suspended generator cannot be handed to the code after the break)")
+            # @contextlib.contextmanager's generator: its code before the yield runs at
+            # __enter__, the rest at __exit__, after the with body, as in eager
+            child.suspends = True
+            gen = SuspendedGenerator(child)
+            self.output.suspended_generators.append(gen)
+            return gen
         effects_before = self.output.effects_epoch() if bytecode_utils.is_generator_code(code) else None
         try:
             result = child.run()
@@ -372,6 +387,8 @@ class FrameInterpreter(PythonSemantics):
         self.push(ConstantValue(None))
 
     def YIELD_VALUE(self, ins):
+        if self.suspends:
+            raise _Yield(self.pop())
         if self.generator_items is None:
             raise Unsupported("yield outside a generator being materialized")
         self.generator_items.append(self.pop())
@@ -904,3 +921,42 @@ def _inlined_name(fn, code: types.CodeType) -> tuple:
         if any(f.__code__ is code for f in under):     # (the name may find a decorator's wrapper)
             return where, qual
     return module, code.co_qualname
+
+
+class SuspendedGenerator(IteratorValue):
+    """A generator whose frame runs lazily, to its next ``yield`` at each ``next()``: the one
+    a ``@contextlib.contextmanager`` context holds. Its frame lives on between the calls."""
+
+    def __init__(self, frame: FrameInterpreter):
+        super().__init__([])
+        self.frame = frame
+        self.started = False
+        self.done = False
+
+    def python_type(self):
+        return types.GeneratorType
+
+    def describe(self):
+        return f"generator {self.frame.name} (run lazily)"
+
+    def next(self, tx) -> Value | None:
+        if self.done:
+            return None
+        if self.started:
+            self.frame.push(ConstantValue(None))     # (the value next() sends in)
+        self.started = True
+        try:
+            self.frame.run()
+        except _Yield as y:
+            return y.value
+        self.done = True
+        return None
+
+    def unpack(self, tx):
+        raise Unsupported(f"iterating over {self.describe()}")
+
+    def reconstruct_remaining(self, cg) -> str:
+        raise Unsupported(f"{self.describe()} live at a graph break")
+
+    def reconstruct(self, cg):
+        raise Unsupported(f"{self.describe()} live at a graph break")

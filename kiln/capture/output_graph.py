@@ -100,6 +100,10 @@ class OutputGraph:
         self.shape_guards = None                   # set once the capture is finished
         self.guards = GuardSet()
         self.side_effects = SideEffects()
+        # @contextlib.contextmanager generators run lazily (interpreter.SuspendedGenerator);
+        # a capture that must break while one is suspended is captured again without that
+        self.lazy_contextmanagers = True
+        self.suspended_generators: list = []
         self.builder = Builder(self)
         self.tensor_inputs: list[TensorInput] = []
         # storages (of fakes) that must not be written in place: max(a, b) of tensors is a
