@@ -282,7 +282,7 @@ def _capture(state: AOTState) -> AOTGraphCapture:
             p.meta["kiln_tangent"] = True
             p.meta["kiln_phase"] = "backward"
     fx_graphs.remove_aliases(gm)
-    with_eager_layouts(gm, meta)
+    with_eager_layouts(gm, meta, reads_storage=_as_strided_of_intermediates(state.fn))
     fx_graphs.dce(gm)
     saved_inputs, saved_outputs = [], []
     if kind == "joint":
@@ -300,7 +300,7 @@ def _capture(state: AOTState) -> AOTGraphCapture:
         eager_saved_outputs=saved_outputs)
 
 
-def with_eager_layouts(gm: torch.fx.GraphModule, meta) -> None:
+def with_eager_layouts(gm: torch.fx.GraphModule, meta, reads_storage: bool = False) -> None:
     """The outputs the caller gets as the graph returns them, and the intermediate bases of the
     views it takes again, with eager's dtypes and strides (a dtype a decomposition lost is cast
     back: the tangents are made with eager's). The traced
@@ -330,6 +330,13 @@ def with_eager_layouts(gm: torch.fx.GraphModule, meta) -> None:
                 c.meta["val"] = val = torch.ops.prims.convert_element_type.default(val, dtype)
             node = flat[n_mut + j] = c
             changed = True
+        if j >= len(meta.graph_output_indices) and reads_storage:
+            # the caller's view of this intermediate is taken again with ``as_strided``, which
+            # reads its storage: its elements follow the layout eager's kernel gave the
+            # intermediate, which neither the trace nor the fake tensors know for sure
+            # (torch.roll of a channels_last tensor: contiguous for both, not for eager)
+            raise Unsupported("AOT autograd: a view of an intermediate that the function reads with "
+                              "as_strided (the graph runs eagerly)")
         if info.stride is None or len(info.stride) != val.dim():
             continue
         if not all(isinstance(v, int) for v in (*val.shape, *val.stride(), *info.stride)):
@@ -353,6 +360,21 @@ def with_eager_layouts(gm: torch.fx.GraphModule, meta) -> None:
         changed = True
     if changed:
         out.args = (tuple(flat),)
+
+
+_AS_STRIDED = (torch.as_strided, torch.Tensor.as_strided, "as_strided", torch.ops.aten.as_strided.default)
+
+
+def _as_strided_of_intermediates(fn) -> bool:
+    """The captured graph takes ``as_strided`` of a value it computed (not of an input): a
+    view the runtime may take again of an intermediate, through its storage."""
+    if not isinstance(fn, torch.fx.GraphModule):
+        return False
+    for n in fn.graph.nodes:
+        if n.target in _AS_STRIDED and n.op in ("call_function", "call_method") and n.args \
+                and isinstance(n.args[0], torch.fx.Node) and n.args[0].op != "placeholder":
+            return True
+    return False
 
 
 def _read_by_storage(node: torch.fx.Node) -> bool:
