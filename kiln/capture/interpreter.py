@@ -156,10 +156,10 @@ class FrameInterpreter(PythonSemantics):
                         e.located(*self.location())
                         raise self._break_request(ins, e)
                     raise
-        except (_Return, _Yield) as r:
-            if isinstance(r, _Yield):
-                raise
+        except _Return as r:
             return r.value
+        except _Yield:
+            raise       # (a suspended generator's frame: SuspendedGenerator.next catches it)
         except Unsupported as e:
             raise e.located(*self.location())
         except (RecursionError, MemoryError, GraphBreakRequest, BreakHere):
