@@ -3,7 +3,7 @@ random configs (nothing is downloaded), at the settings their users run: the mod
 ``use_cache``, grouped-query attention with 2 key/value heads where the model has it,
 ``labels``, an ``attention_mask`` with padding, ``return_dict``.
 
-    python benchmarks/model_sweep.py [--models gpt2,t5,...] [--backend inductor,aot_eager] [--json PATH]
+    python benchmarks/model_sweep.py [--models gpt2,t5,...] [--backend inductor,aot_eager] [--jobs N] [--json PATH]
     python benchmarks/model_sweep.py --decode [--models gpt2,llama,qwen2]
     python benchmarks/model_sweep.py --warm [--models ...]
 
@@ -41,6 +41,7 @@ import sys
 import time
 import traceback
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
@@ -351,6 +352,34 @@ def decode_one(name: str, backend: str, device: str, steps: int = 8) -> dict:
             "decode_torch_graphs": peer.frame_count}
 
 
+def run_cell(name: str, backend: str, args) -> dict:
+    """One model with one backend, in its own process (two for ``--warm``)."""
+    start = time.time()
+    if args.warm:
+        try:
+            r = warm_pair(name, backend, args.device, args.timeout)
+        except subprocess.TimeoutExpired:
+            r = {"model": name, "crash": f"timeout ({args.timeout} s)"}
+        r["backend"], r["seconds"] = backend, round(time.time() - start, 1)
+        print(json.dumps(r), flush=True)
+        return r
+    env = dict(os.environ)
+    if args.jobs > 1:       # (each process's Inductor workers, out of the machine's cores)
+        env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", str(max(1, (os.cpu_count() or 2) // args.jobs)))
+    try:
+        proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--one", name, "--backend", backend,
+                               "--device", args.device] + (["--decode"] if args.decode else []),
+                              capture_output=True, text=True, timeout=args.timeout, env=env)
+        lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+        r = json.loads(lines[-1][7:]) if lines else {"model": name, "crash": proc.stderr[-600:]}
+    except subprocess.TimeoutExpired:
+        r = {"model": name, "crash": f"timeout ({args.timeout} s)"}
+    r["backend"] = backend
+    r["seconds"] = round(time.time() - start, 1)
+    print(json.dumps({k: v for k, v in r.items() if k != "where"}), flush=True)
+    return r
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--models", default=",".join(HEADS))
@@ -361,6 +390,7 @@ def main(argv=None) -> int:
     p.add_argument("--device", default="cpu")
     p.add_argument("--json", default=None)
     p.add_argument("--timeout", type=int, default=300)
+    p.add_argument("--jobs", type=int, default=1, help="models run at once, each in its own process")
     p.add_argument("--one", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     warnings.filterwarnings("ignore")
@@ -375,31 +405,9 @@ def main(argv=None) -> int:
         return 0
     if args.decode and args.models == p.get_default("models"):
         args.models = "gpt2,llama,qwen2"
-    out = []
-    for name in args.models.split(","):
-        for backend in args.backend.split(","):
-            start = time.time()
-            if args.warm:
-                try:
-                    r = warm_pair(name, backend, args.device, args.timeout)
-                except subprocess.TimeoutExpired:
-                    r = {"model": name, "crash": f"timeout ({args.timeout} s)"}
-                r["backend"], r["seconds"] = backend, round(time.time() - start, 1)
-                out.append(r)
-                print(json.dumps(r), flush=True)
-                continue
-            try:
-                proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--one", name, "--backend", backend,
-                                       "--device", args.device] + (["--decode"] if args.decode else []),
-                                      capture_output=True, text=True, timeout=args.timeout)
-                lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-                r = json.loads(lines[-1][7:]) if lines else {"model": name, "crash": proc.stderr[-600:]}
-            except subprocess.TimeoutExpired:
-                r = {"model": name, "crash": f"timeout ({args.timeout} s)"}
-            r["backend"] = backend
-            r["seconds"] = round(time.time() - start, 1)
-            out.append(r)
-            print(json.dumps({k: v for k, v in r.items() if k != "where"}), flush=True)
+    cells = [(name, backend) for name in args.models.split(",") for backend in args.backend.split(",")]
+    with ThreadPoolExecutor(max(1, args.jobs)) as pool:
+        out = list(pool.map(lambda cell: run_cell(*cell, args), cells))
     print_table(out, "decode" if args.decode else "warm" if args.warm else "check")
     if args.json:
         with open(args.json, "w") as fh:
