@@ -462,6 +462,14 @@ class DonatedSavedTensors:
         self.bw_donated_idxs = list(bw_donated_idxs)
 
 
+def tracing_over(fake_mode: FakeTensorMode):
+    """A TracingContext over ``fake_mode``: where torch's compilers (``detect_fake_mode``) find
+    the fake mode, and its ShapeEnv, of the graph they are handed."""
+    from torch._guards import TracingContext, tracing
+
+    return tracing(TracingContext(fake_mode))
+
+
 def inductor_compile_context(fake_mode: FakeTensorMode):
     """What Inductor expects around a compile: a TracingContext over the fake mode of the
     graph's example values (Inductor reads the ShapeEnv from it: guards it adds go there, and

@@ -190,10 +190,18 @@ def _compile_graph(fn, output: OutputGraph, cg: EntryCodegen, backend, backend_n
     # Backends run in the state the graph starts in (grad mode, autocast), as torch.compile's
     # do: the graph's own mode changes are in the graph.
     output.restore_grad_mode()
-    examples = [_example_input(inp) for inp in inputs]
+    kilns = is_kiln_backend(backend)
+    examples = [_example_input(inp, symbolic=not kilns) for inp in inputs]
 
     def compile_one(graph_module, example_inputs):
-        return _call_backend(backend, backend_name, graph_module, example_inputs)
+        if kilns:
+            return _call_backend(backend, backend_name, graph_module, example_inputs)
+        # A backend of the user's own sees the capture's fake mode, as dynamo's backends do:
+        # one built on torch's (aot_module_simplified, compile_fx) then traces the graph with
+        # the capture's symbolic sizes instead of specializing them to this call's (a graph
+        # compiled for dynamic sizes must serve every size its guards admit)
+        with _torch.tracing_over(output.fake_mode):
+            return _call_backend(backend, backend_name, graph_module, example_inputs)
     ddp = _torch.active_ddp_module()
     pieces = ddp_buckets.plan_pieces(gm, inputs, ddp) if ddp is not None else None
     if pieces is not None:
@@ -397,11 +405,13 @@ def _real_input(inp) -> torch.Tensor:
     return inp.guarded
 
 
-def _example_input(inp):
-    """What the backend gets as the example of a graph input: the real tensor, or for a
-    symbol the int it has in this call."""
+def _example_input(inp, symbolic: bool = False):
+    """What the backend gets as the example of a graph input: the real tensor; for a symbol
+    the int it has in this call, or (``symbolic``: a user's backend, as dynamo hands them) the
+    SymInt of the capture."""
     if isinstance(inp, SymbolInput):
-        return inp.node.meta["example_value"].node.hint
+        value = inp.node.meta["example_value"]
+        return value if symbolic else value.node.hint
     return inp.real
 
 

@@ -2,6 +2,7 @@
 and side effects."""
 from __future__ import annotations
 
+import keyword
 import re
 import sys
 import types
@@ -388,6 +389,8 @@ class OutputGraph:
         torch._C._set_grad_enabled(mode)
 
     def call_op(self, kind: str, target, args: tuple, kwargs: dict) -> Value:
+        if any(keyword.iskeyword(k) for k in kwargs):
+            args, kwargs = _keywords_as_positions(kind, target, args, kwargs)
         if _mutates(kind, target) or "out" in kwargs:
             self.inplace_ops += 1
         if self.frozen_storages and (_mutates(kind, target) or "out" in kwargs):
@@ -436,7 +439,8 @@ class OutputGraph:
         if _torch.is_symbolic(result):
             return wrap_sym(self, result, lambda: self._op_node(kind, target, fx_args, fx_kwargs))
         if not _contains_tensor(result):
-            if _mutates(kind, target):
+            # (an op that writes its out= tensors may return None: unbind_copy, split_copy)
+            if _mutates(kind, target) or "out" in kwargs:
                 node = self._op_node(kind, target, fx_args, fx_kwargs)
                 node.meta["example_value"] = result
             return _wrap_nontensor(result, _op_name(kind, target))
@@ -677,6 +681,28 @@ def _check_inplace_result_type(name: str, args: tuple) -> None:
 
 def _scalar_name(dtype: torch.dtype) -> str:
     return torch.empty(0, dtype=dtype, device="meta").type().rsplit(".", 1)[-1].replace("Tensor", "")
+
+
+# Tensor methods with a parameter named by a Python keyword, which the graph's code cannot
+# write as a keyword argument: the parameters in their positions after ``self``
+_KEYWORD_PARAMETERS = {"uniform_": ("from", "to"), "random_": ("from", "to")}
+
+
+def _keywords_as_positions(kind: str, target, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """``t.uniform_(**{"from": a, "to": b})`` as ``t.uniform_(a, b)``."""
+    params = _KEYWORD_PARAMETERS.get(target) if kind == "call_method" else None
+    if params is None or len(args) != 1:
+        raise Unsupported(f"{_op_name(kind, target)} with a keyword argument named by a Python keyword "
+                          f"({', '.join(k for k in kwargs if keyword.iskeyword(k))})")
+    positional = list(args)
+    rest = dict(kwargs)
+    for name in params:
+        if name not in rest:
+            break
+        positional.append(rest.pop(name))
+    if any(keyword.iskeyword(k) for k in rest):     # ("to" without "from": no position for it)
+        raise Unsupported(f"Tensor.{target} with {sorted(rest)} as keywords")
+    return tuple(positional), rest
 
 
 def _out_layouts(fake_kwargs: dict) -> list:

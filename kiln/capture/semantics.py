@@ -82,6 +82,14 @@ _UNARY = {operator.neg: "__neg__", operator.pos: "__pos__", operator.invert: "__
 _NEW_OBJECTS = (TensorValue, BaseSequenceValue, DictValue, NestedFunctionValue, NewObjectValue)
 
 
+_ORDERINGS = (operator.lt, operator.le, operator.gt, operator.ge)
+
+
+def _overrides_ordering(a, b) -> bool:
+    return any(static_lookup(v.python_type(), f"__{op}__") is not static_lookup(v.base_type, f"__{op}__")
+               for v in (a, b) for op in ("lt", "le", "gt", "ge"))
+
+
 class PythonSemantics:
     """Mixin of FrameInterpreter: the meaning of Python operations on symbolic values."""
 
@@ -398,6 +406,13 @@ class PythonSemantics:
             eq = a.base_type is b.base_type and len(a.items) == len(b.items) and all(
                 self.values_equal(x, y) for x, y in zip(a.items, b.items))
             return ConstantValue(eq if op is operator.eq else not eq)
+        if isinstance(a, BaseSequenceValue) and isinstance(b, BaseSequenceValue) and op in _ORDERINGS \
+                and a.base_type is b.base_type and not _overrides_ordering(a, b):
+            # lexicographic, as Python orders lists and tuples (sys.version_info >= (3, 12))
+            for x, y in zip(a.items, b.items):
+                if not self.values_equal(x, y):
+                    return self.compare(op, x, y)
+            return ConstantValue(op(len(a.items), len(b.items)))
         if op in (operator.eq, operator.ne) and (isinstance(a, DictViewValue) or isinstance(b, DictViewValue)):
             eq = a.equals(self, b) if isinstance(a, DictViewValue) else b.equals(self, a)
             return ConstantValue(eq if op is operator.eq else not eq)

@@ -99,3 +99,14 @@ def test_resize_of_a_view_of_an_input(backend, dynamic):
         return x + 1, v * 2
 
     check(f, lambda: (torch.randn(4),), backend, dynamic)
+
+
+@pytest.mark.parametrize("backend,dynamic", SETTINGS)
+def test_out_variants_that_return_none_write_their_out_tensors(backend, dynamic):
+    # (unbind_copy and split_copy with out= return None: the write is the whole op)
+    def f(x, out, out2):
+        torch.unbind_copy(x, out=out)
+        torch.split_copy(x * 2, 1, out=out2)
+
+    check(f, lambda: (torch.randn(3, 3), tuple(torch.zeros(3) for _ in range(3)),
+                      tuple(torch.zeros(1, 3) for _ in range(3))), backend, dynamic, graphs=1)

@@ -1103,3 +1103,99 @@ def test_an_iterator_class_is_advanced_by_its_own_next():
 
     torch.testing.assert_close(kiln.compile(g, backend="eager")(x), x + 3)
     assert _LIVE_COUNTDOWN.n == 3
+
+
+# -- callable(), super() of a class, ordering of sequences, keyword-named parameters ----------
+
+class _CallableObject:
+    def __call__(self, x):
+        return x
+
+
+class _Plain:
+    pass
+
+
+def callable_of_new_objects(x):
+    # (objects made in the compiled code: callable() asks their type)
+    return x + 1, [callable(v) for v in (_CallableObject(), _Plain(), x, [1], {}, (1,), lambda: 1, iter([1]))]
+
+
+def test_callable_of_objects_made_in_the_compiled_code():
+    compare(callable_of_new_objects, T(2), graphs=1, fullgraph=True)
+
+
+class _Base:
+    @classmethod
+    def make(cls, x):
+        return x * 5 + len(cls.__name__)
+
+    @staticmethod
+    def shift(x):
+        return x - 1
+
+    def triple(self, x):
+        return x * 3
+
+
+class _Derived(_Base):
+    @classmethod
+    def make(cls, x):
+        return super().make(x) + super(_Derived, cls).shift(x)
+
+    @staticmethod
+    def shift(x):
+        return super(_Derived, _Derived).shift(x) + super(_Derived, _Derived).triple(None, x)
+
+
+class _MoreDerived(_Derived):
+    pass
+
+
+def super_of_a_class(x):
+    return _Derived.make(x), _MoreDerived.make(x), _Derived.shift(x), _MoreDerived().make(x)
+
+
+def test_super_with_a_class_as_second_argument():
+    # super() in a classmethod, and super(C, C): the class's own MRO, bound to the class
+    compare(super_of_a_class, T(3), graphs=1, fullgraph=True)
+
+
+def ordered_sequences(x, t):
+    return x + 1, [(1, 2) < (1, 3), (1, 2) <= (1, 2), [1, 2, 3] > [1, 2], (2,) >= (1, 9), t < (1, 2),
+                   sys.version_info >= (3, 8), tuple(x.shape) >= (2, 3), tuple(x.shape) < (2, 4)]
+
+
+@pytest.mark.parametrize("dynamic", [None, True])
+def test_lists_and_tuples_order_lexicographically(dynamic):
+    compare(ordered_sequences, lambda: (torch.randn(2, 3), (1, 1)), graphs=1, fullgraph=True, dynamic=dynamic)
+
+
+def version_check_after_a_break(x):
+    print("a break")
+    if sys.version_info >= (3, 99):
+        return x
+    return x + 1, sys.version_info
+
+
+def test_a_structseq_read_from_a_module_crosses_a_break(capsys):
+    # (sys.version_info cannot be made again: the code after the break reads it again)
+    compare(version_check_after_a_break, T(2), capsys=capsys)
+
+
+def uniform_with_keyword_named_bounds(t):
+    t.uniform_(**{"from": -10, "to": 10})
+    return t * 2
+
+
+def test_parameters_named_by_python_keywords():
+    # t.uniform_(from=..., to=...) cannot be written as a keyword call in the graph's code
+    kiln.reset()
+    be = counted("eager")
+    compiled = kiln.compile(uniform_with_keyword_named_bounds, backend=be, fullgraph=True)
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        expected = uniform_with_keyword_named_bounds(torch.empty(5))
+        torch.manual_seed(seed)
+        assert_same(compiled(torch.empty(5)), expected)
+    assert be.counter.frame_count == 1

@@ -330,9 +330,13 @@ def _callable(tx, fn, args, kwargs):
     if isinstance(v, (UserFunctionValue, BoundMethodValue, MethodValue, PartialValue,
                       TorchOpValue, BuiltinValue, NNModuleValue, ClassValue)):
         return ConstantValue(True)
-    if isinstance(v, ObjectValue):
+    if isinstance(v, ObjectValue) and v.value is not None:
         return ConstantValue(callable(v.value))
-    return ConstantValue(False)
+    # callable() asks the type: an object made in the capture, a container, a tensor
+    t = v.python_type()
+    if not isinstance(t, type):
+        raise Unsupported(f"callable() of {v.describe()}")
+    return ConstantValue(any("__call__" in vars(k) for k in t.__mro__))
 
 
 @handles(iter)

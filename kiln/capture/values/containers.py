@@ -151,6 +151,8 @@ class NamedTupleValue(TupleValue):
         return super().getattr(tx, name)
 
     def reconstruct(self, cg):
+        if self.source is not None:     # (immutable: the object read is the value; some
+            return cg.source_expr(self.source)      # structseqs, sys.version_info, cannot be made)
         inner = ", ".join(i.reconstruct(cg) for i in self.items)
         if hasattr(self.cls, "_make"):
             return f"{cg.bind(self.cls)}._make(({inner},))"

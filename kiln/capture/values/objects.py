@@ -688,11 +688,19 @@ class SuperValue(Value):
         return f"super({self.start_cls.__name__})"
 
     def getattr(self, tx, name):
-        mro = self.obj.python_type().__mro__
+        # super(C, obj) searches type(obj)'s MRO; super(C, cls), as in a classmethod, searches
+        # cls's own MRO and binds what it finds to cls, or to nothing
+        of_class = isinstance(self.obj, ClassValue) and isinstance(self.obj.value, type) \
+            and issubclass(self.obj.value, self.start_cls)
+        mro = (self.obj.value if of_class else self.obj.python_type()).__mro__
+        if self.start_cls not in mro:
+            raise tx.user_exception(TypeError("super(type, obj): obj must be an instance or subtype of type"))
         i = mro.index(self.start_cls)
         for klass in mro[i + 1:]:
             if name in klass.__dict__:
                 attr = klass.__dict__[name]
+                if of_class:
+                    return self._class_attribute(tx, name, attr)
                 if attr is torch.nn.Module.__init__ and getattr(self.obj, "under_construction", False):
                     return _ModuleInit(self.obj)   # (new_objects.py: a module being initialized)
                 if attr in (torch.nn.Module.__call__, torch.nn.Module._call_impl) and \
@@ -713,6 +721,15 @@ class SuperValue(Value):
                     return _ObjectInit()   # super().__init__() reaching object: nothing to do
                 raise Unsupported(f"super().{name} resolving to {type(attr).__name__}")
         raise tx.user_exception(AttributeError(f"'super' object has no attribute '{name}'"))
+
+    def _class_attribute(self, tx, name, attr):
+        if isinstance(attr, classmethod):
+            return BoundMethodValue(UserFunctionValue(attr.__func__), self.obj)
+        if isinstance(attr, staticmethod):
+            return tx.wrap(attr.__func__, None)
+        if isinstance(attr, types.FunctionType):
+            return UserFunctionValue(attr)
+        raise Unsupported(f"super().{name} of a class, resolving to {type(attr).__name__}")
 
 
 class _ObjectInit(Value):

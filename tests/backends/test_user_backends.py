@@ -1,0 +1,53 @@
+"""A backend of the user's own, built on torch's AOT autograd (``aot_module_simplified``),
+as tutorials write them. It is handed the graph with the capture's fake mode (a
+TracingContext) and its symbolic sizes as SymInts, as dynamo hands them: the AOT trace is
+then as general as the graph, and a graph compiled for dynamic sizes gives eager's answer at
+every size its guards admit."""
+import pytest
+import torch
+from torch._functorch.aot_autograd import aot_module_simplified
+
+import kiln
+
+SEEN = []
+
+
+def aot_backend(gm, example_inputs):
+    SEEN.append(list(example_inputs))
+    return aot_module_simplified(gm, example_inputs, fw_compiler=lambda g, _: g.forward)
+
+
+@pytest.mark.parametrize("dynamic", [None, True])
+def test_sizes_stay_symbolic_in_a_users_aot_backend(dynamic):
+    def f(a, b):
+        return (a.view(-1, 2) * b.shape[0]).sum(1)
+
+    kiln.reset()
+    SEEN.clear()
+    compiled = kiln.compile(f, backend=aot_backend, dynamic=dynamic)
+    for n in (4, 6, 8, 10):     # (the second size makes the sizes dynamic, when not already)
+        a = torch.randn(n, requires_grad=True)
+        b = torch.randn(n)
+        expected = f(a, b)
+        expected.sum().backward()
+        grad, a.grad = a.grad, None
+        got = compiled(a, b)
+        got.sum().backward()
+        torch.testing.assert_close(got, expected)
+        torch.testing.assert_close(a.grad, grad)
+    assert len(SEEN) <= 2
+
+
+def test_an_int_argument_stays_symbolic_in_a_users_aot_backend():
+    def f(t1, t2, d):
+        return torch.add(t1, t2, alpha=d)
+
+    kiln.reset()
+    SEEN.clear()
+    compiled = kiln.compile(f, backend=aot_backend, dynamic=True)
+    t1 = torch.arange(3.0).requires_grad_(True)
+    t2 = torch.arange(3.0).requires_grad_(True)
+    for d in (5, 6, 7):
+        torch.testing.assert_close(compiled(t1, t2, d), f(t1, t2, d))
+    assert len(SEEN) == 1
+    assert any(isinstance(x, torch.SymInt) for x in SEEN[0])
