@@ -20,7 +20,7 @@ from .codegen import (EntryCodegen, GuardProgram, alias_parameters, compile_func
                       signature_text)
 from .guards import Guard, GuardKind, TensorMeta
 from . import resume
-from .interpreter import BreakHere, FrameInterpreter, GraphBreakRequest
+from .interpreter import BreakHere, FrameInterpreter, GeneratorAtBreak, GraphBreakRequest
 from . import shape_guards
 from .output_graph import OutputGraph, SymbolInput
 from .values.attributes import _MISSING, has_user_getattribute, static_lookup
@@ -65,10 +65,10 @@ def _capture(fn, args, kwargs, key, backend, backend_name, compiled_factory, max
     code = fn.__code__
     break_at = None
     reason = None
-    lazy_contextmanagers = True
+    native_generators: frozenset = frozenset()
     for _ in range(max_breaks_retries):
         output = OutputGraph(fn.__qualname__, policy)
-        output.lazy_contextmanagers = lazy_contextmanagers
+        output.native_generators = native_generators
         output.fullgraph = bool(getattr(key, "fullgraph", False))   # backends may fall back unless set
         output.capture_started = t0          # (KILN_LOGS=perf: seconds in capture per graph)
         # The generated entry has fn's signature and defaults: guard that they stay fn's.
@@ -86,6 +86,12 @@ def _capture(fn, args, kwargs, key, backend, backend_name, compiled_factory, max
             output.replaying = break_at is not None
             try:
                 result = tx.run()
+                suspended = _suspended_generators(output, in_handlers=True)
+                if suspended:
+                    # dropped while suspended in a try block: eager runs its handlers then
+                    native_generators, break_at, reason = native_generators | suspended, None, None
+                    output.release()
+                    continue
                 entry = _finish(fn, output, result, key, backend, backend_name)
             except GraphBreakRequest as req:
                 break_at, reason = (req.ip, req.count), req.reason
@@ -93,14 +99,21 @@ def _capture(fn, args, kwargs, key, backend, backend_name, compiled_factory, max
                 output.release()
                 continue
             except BreakHere as here:
-                if any(not g.done for g in output.suspended_generators):
-                    # a break inside a @contextlib.contextmanager's with body: captured again,
-                    # with the break at the context manager instead
-                    lazy_contextmanagers, break_at, reason = False, None, None
+                suspended = _suspended_generators(output)
+                if suspended:
+                    # a break while a generator made here is suspended (a break inside a
+                    # @contextlib.contextmanager's with body, or in a loop over a generator):
+                    # captured again with that generator made natively, before the break
+                    native_generators, break_at, reason = native_generators | suspended, None, None
                     output.release()
                     continue
                 entry = _finish_break(fn, output, here.tx, here.ip, reason, key, backend, backend_name,
                                       compiled_factory)
+            except GeneratorAtBreak as e:
+                # a suspended generator returned or stored: captured again, made natively
+                native_generators, break_at, reason = native_generators | {e.code}, None, None
+                output.release()
+                continue
         except Unsupported as e:
             e.guards = list(output.guards)
             e.output = output   # eager_entry builds its tensor check from it, then drops it
@@ -145,6 +158,26 @@ def _finish(fn, output: OutputGraph, result, key, backend, backend_name) -> Entr
         _log_guards(fn, guards, program)
     return Entry(key, backend_name, entry_fn, make_check(fn, program), program.guards, program,
                  gm, compiled, readable_source(src, cg.ctx.local_alias), inlined=dict(output.inlined))
+
+
+def _suspended_generators(output: OutputGraph, in_handlers: bool = False) -> frozenset:
+    """The codes of generators made in this capture that are suspended (started, not done;
+    ``in_handlers``: at a yield inside a try block, whose handlers eager runs when the
+    generator is collected)."""
+    codes = set()
+    for g in output.suspended_generators:
+        if g.done or (in_handlers and not (g.started and _yield_has_handler(g))):
+            continue
+        codes.add(g.frame.code)
+    return frozenset(codes)
+
+
+def _yield_has_handler(g) -> bool:
+    at_yield = g.frame.instructions[g.frame.ip - 1]
+    if at_yield.handler is None:
+        return False
+    # (3.12's implicit handler of every generator only turns StopIteration into RuntimeError)
+    return g.frame.instructions[at_yield.handler[0]].opname != "CALL_INTRINSIC_1"
 
 
 def _compile_entry(fn, src: str, ctx: RenderContext, lines: dict[int, int] | None = None):

@@ -31,7 +31,7 @@ from .values.base import NULL, UNBOUND, ConstantValue, LazyArgument, NullValue, 
 from .values.builtins import _classes
 from .values.containers import DictValue, IteratorValue, ListValue, SetValue, TupleValue
 from .values.exceptions import ExceptionValue, PrevExcValue
-from .values.functions import CellValue, NestedFunctionValue, NewCellValue, UserFunctionValue
+from .values.functions import CellValue, MethodValue, NestedFunctionValue, NewCellValue, UserFunctionValue
 from .values.objects import ClassValue, SuperValue
 from .values.symbolic import SymNodeValue, SymSliceValue, specialize
 from .values.tensor import TensorValue
@@ -109,7 +109,6 @@ class FrameInterpreter(PythonSemantics):
         self.ip = 0
         self.current: bytecode_utils.Instr | None = None
         self.kw_names: tuple = ()
-        self.generator_items: list[Value] | None = [] if bytecode_utils.is_generator_code(code) else None
         self.trusted_globals = output.is_trusted_globals(f_globals)
         self.handled_exc = None   # the exception of the except block being run (sys.exc_info)
         self.break_at: tuple[int, int] | None = None   # (ip, execution count), top frame only
@@ -147,12 +146,12 @@ class FrameInterpreter(PythonSemantics):
                     # the user's code raised: its own try block handles it, as in eager
                     if ins.handler is not None and self.unwind_to_handler(ins, e):
                         continue
-                    if self.can_break and self.generator_items is None:
+                    if self.can_break:
                         e.located(*self.location())
                         raise self._break_request(ins, e)
                     raise
                 except Unsupported as e:
-                    if self.can_break and self.generator_items is None and not isinstance(e, FrameRunsEagerly):
+                    if self.can_break and not isinstance(e, FrameRunsEagerly):
                         e.located(*self.location())
                         raise self._break_request(ins, e)
                     raise
@@ -324,35 +323,26 @@ class FrameInterpreter(PythonSemantics):
             refuse_higher_order_grad(fn.name(), args, kwargs, _DIFFERENTIATING[code])
         child = FrameInterpreter(self.output, code, fn.globals(), f_locals, cells, parent=self,
                                  name=fn.name())
-        if bytecode_utils.is_generator_code(code) and self.code is _CONTEXTMANAGER_INIT:
-            if not self.output.lazy_contextmanagers:
-                raise Unsupported(f"@contextlib.contextmanager {fn.name()} around a graph break (its "
-                                  "suspended generator cannot be handed to the code after the break)")
-            # @contextlib.contextmanager's generator: its code before the yield runs at
-            # __enter__, the rest at __exit__, after the with body, as in eager
+        if bytecode_utils.is_generator_code(code):
+            if code in self.output.native_generators:
+                # suspended at a graph break in an earlier capture of this frame: the frame
+                # after the break could not take it over, so it is made natively
+                what = ("@contextlib.contextmanager " if self.code is _CONTEXTMANAGER_INIT else "generator ")
+                raise Unsupported(f"{what}{fn.name()} suspended at a graph break (made natively, its "
+                                  "suspended frame cannot be handed to the code after the break)")
+            # its frame runs lazily, to the next yield at each next(): effects interleave with
+            # the consumer's as in eager, and nothing runs past the last item read
             child.suspends = True
             gen = SuspendedGenerator(child)
             self.output.suspended_generators.append(gen)
             return gen
-        effects_before = self.output.effects_epoch() if bytecode_utils.is_generator_code(code) else None
         try:
-            result = child.run()
+            return child.run()
         except Unsupported as e:
             # the callee's body cannot be captured: a break at this call lets the callee
             # run as its own compiled function
             e.inside_callee = True
             raise
-        if child.generator_items is not None:
-            if self.output.effects_epoch() != effects_before:
-                # materialized, its effects would all happen before the consumer reads the first
-                # item (eager interleaves them, and runs none past the last item read)
-                raise Unsupported(f"generator {fn.name()} with side effects (materialized ahead of "
-                                  "its consumer)")
-            items = IteratorValue(child.generator_items)
-            # what it read must not change before the consumer has read all the items
-            items.effects_at = effects_before
-            return items
-        return result
 
     # -- opcode handlers ---------------------------------------------------------------------
     def NOP(self, ins):
@@ -382,32 +372,36 @@ class FrameInterpreter(PythonSemantics):
         raise _Return(self.pop_raw())  # returning an unread argument returns it by source
 
     def RETURN_GENERATOR(self, ins):
-        if self.generator_items is None:
+        if not self.suspends:
             raise Unsupported("generator")
         self.push(ConstantValue(None))
 
     def YIELD_VALUE(self, ins):
-        if self.suspends:
-            raise _Yield(self.pop())
-        if self.generator_items is None:
-            raise Unsupported("yield outside a generator being materialized")
-        self.generator_items.append(self.pop())
-        self.push(ConstantValue(None))  # the value sent in by next()
+        if not self.suspends:
+            raise Unsupported("yield outside a generator")
+        raise _Yield(self.pop())      # (SuspendedGenerator pushes the value sent in on resuming)
 
     def GET_YIELD_FROM_ITER(self, ins):
         self.push(self.get_iter(self.pop()))
 
     def SEND(self, ins):
-        self.pop()  # the value sent in: always None when a generator is materialized
+        sent = self.pop()
         receiver = self.top()
         if not isinstance(receiver, IteratorValue):
             raise Unsupported(f"yield from {receiver.describe()}")
-        item = receiver.next(self)
+        if isinstance(receiver, SuspendedGenerator):
+            item = receiver.send(self, sent)
+        elif sent.is_constant() and sent.as_constant() is None:
+            item = receiver.next(self)
+        else:
+            raise Unsupported(f"send() through yield from {receiver.describe()}")
         if item is None:
+            # (the value of ``yield from``: the inner generator's return value)
+            value = receiver.return_value if isinstance(receiver, SuspendedGenerator) else ConstantValue(None)
             if bytecode_utils.SEND_KEEPS_RECEIVER:
-                self.push(ConstantValue(None))
+                self.push(value)
             else:
-                self.stack[-1] = ConstantValue(None)
+                self.stack[-1] = value
             self.jump(ins)
         else:
             self.push(item)
@@ -655,6 +649,14 @@ class FrameInterpreter(PythonSemantics):
             self.LIST_TO_TUPLE(ins)
         elif n == bytecode_utils.INTRINSIC_UNARY_POSITIVE:
             self.push(self.unary(operator.pos, self.pop()))
+        elif n == bytecode_utils.INTRINSIC_STOPITERATION_ERROR:
+            # a generator's own handler (PEP 479): a StopIteration leaving it is a RuntimeError
+            exc = self.pop()
+            if isinstance(exc, ExceptionValue) and isinstance(exc.exc, StopIteration):
+                error = RuntimeError("generator raised StopIteration")
+                error.__cause__ = exc.exc
+                exc = ExceptionValue(error)
+            self.push(exc)
         else:
             raise Unsupported(f"CALL_INTRINSIC_1 {n}")
 
@@ -924,14 +926,21 @@ def _inlined_name(fn, code: types.CodeType) -> tuple:
 
 
 class SuspendedGenerator(IteratorValue):
-    """A generator whose frame runs lazily, to its next ``yield`` at each ``next()``: the one
-    a ``@contextlib.contextmanager`` context holds. Its frame lives on between the calls."""
+    """A generator made in the captured code. Its frame runs lazily, to its next ``yield`` at
+    each ``next()`` (``send``, ``throw``, ``close`` as in eager), and lives on between the
+    calls: its effects interleave with its consumer's as in eager, and nothing runs past the
+    last item read. One still suspended at a graph break cannot be handed to the code after
+    the break: the frame is then captured again with the generator made natively
+    (``OutputGraph.native_generators``)."""
+
+    lazy = True
 
     def __init__(self, frame: FrameInterpreter):
         super().__init__([])
         self.frame = frame
         self.started = False
         self.done = False
+        self.return_value: Value = ConstantValue(None)
 
     def python_type(self):
         return types.GeneratorType
@@ -940,23 +949,132 @@ class SuspendedGenerator(IteratorValue):
         return f"generator {self.frame.name} (run lazily)"
 
     def next(self, tx) -> Value | None:
+        return self.send(tx, ConstantValue(None))
+
+    def send(self, tx, value: Value) -> Value | None:
+        """The next item, None once the generator returns (its value: ``return_value``)."""
         if self.done:
             return None
-        if self.started:
-            self.frame.push(ConstantValue(None))     # (the value next() sends in)
+        if not self.started:
+            if not (value.is_constant() and value.as_constant() is None):
+                raise tx.user_exception(TypeError("can't send non-None value to a just-started generator"))
+        else:
+            self.frame.push(value)
         self.started = True
+        return self._resume(tx)
+
+    def throw(self, tx, exc: BaseException) -> Value | None:
+        """``gen.throw(exc)``: raised where the generator is suspended, handled by its own try
+        blocks; the next item, or None once it returns."""
+        if self.done or not self.started:
+            self.done = True
+            raise tx.user_exception(exc)
+        at_yield = self.frame.instructions[self.frame.ip - 1]
+        error = UserException(exc)
+        if at_yield.handler is None or not self.frame.unwind_to_handler(at_yield, error):
+            self.done = True
+            raise error
+        return self._resume(tx)
+
+    def close(self, tx) -> None:
+        if self.done or not self.started:
+            self.done = True
+            return
         try:
-            self.frame.run()
+            item = self.throw(tx, GeneratorExit())
+        except UserException as e:
+            if isinstance(e.exc, (GeneratorExit, StopIteration)):
+                return
+            raise
+        if item is not None:
+            self.done = True
+            raise tx.user_exception(RuntimeError("generator ignored GeneratorExit"))
+
+    def _resume(self, tx) -> Value | None:
+        try:
+            self.return_value = self.frame.run()
         except _Yield as y:
             return y.value
+        except UserException as e:
+            self.done = True
+            if isinstance(e.exc, StopIteration):      # (PEP 479)
+                raise tx.user_exception(RuntimeError("generator raised StopIteration")) from None
+            raise
+        except BaseException:
+            self.done = True
+            raise
         self.done = True
         return None
 
+    def stop_iteration(self) -> StopIteration:
+        value = self.return_value
+        if value.is_constant() and value.as_constant() is None:
+            return StopIteration()
+        if not value.is_constant():
+            raise Unsupported(f"the return value of {self.describe()} in its StopIteration")
+        return StopIteration(value.as_constant())
+
     def unpack(self, tx):
-        raise Unsupported(f"iterating over {self.describe()}")
+        items = []
+        while (v := self.next(tx)) is not None:
+            items.append(v)
+            if len(items) > _MAX_GENERATOR_ITEMS:
+                raise Unsupported(f"{self.describe()} gave more than {_MAX_GENERATOR_ITEMS} items")
+        return items
+
+    def getattr(self, tx, name):
+        if name in ("send", "throw", "close", "__next__", "__iter__"):
+            return MethodValue(self, name)
+        raise Unsupported(f"generator attribute {name}")
+
+    def call_method(self, tx, name, args, kwargs):
+        if kwargs:
+            raise Unsupported(f"generator.{name}() with keywords")
+        if name == "__iter__" and not args:
+            return self
+        if name in ("__next__", "send"):
+            item = self.send(tx, args[0] if args else ConstantValue(None))
+        elif name == "throw":
+            item = self.throw(tx, _thrown(tx, args))
+        elif name == "close" and not args:
+            self.close(tx)
+            return ConstantValue(None)
+        else:
+            return super().call_method(tx, name, args, kwargs)     # (``in``: taking items)
+        if item is None:
+            raise tx.user_exception(self.stop_iteration())
+        return item
 
     def reconstruct_remaining(self, cg) -> str:
-        raise Unsupported(f"{self.describe()} live at a graph break")
+        raise GeneratorAtBreak(self)
 
     def reconstruct(self, cg):
-        raise Unsupported(f"{self.describe()} live at a graph break")
+        raise GeneratorAtBreak(self)
+
+
+# (a generator that never stops, unpacked whole, would otherwise run forever)
+_MAX_GENERATOR_ITEMS = 10_000
+
+
+class GeneratorAtBreak(Unsupported):
+    """A generator made in the captured code, suspended, is needed after the captured code (at
+    a graph break, or returned, or stored): its frame cannot be handed over."""
+
+    def __init__(self, gen: SuspendedGenerator):
+        super().__init__(f"{gen.describe()} needed after the captured code")
+        self.code = gen.frame.code
+
+
+def _thrown(tx, args) -> BaseException:
+    """What ``gen.throw(exc)`` raises: an exception class or instance known at capture time."""
+    if len(args) != 1:
+        raise Unsupported("generator.throw() with a traceback or value")
+    v = args[0]
+    exc = v.exc if isinstance(v, ExceptionValue) else v.as_constant() if v.is_constant() else None
+    if isinstance(exc, type) and issubclass(exc, BaseException):
+        exc = exc()
+    if not isinstance(exc, BaseException):
+        if exc is None and not v.is_constant():
+            raise Unsupported(f"generator.throw({v.describe()})")
+        raise tx.user_exception(TypeError("exceptions must be classes or instances deriving from BaseException"))
+    return exc

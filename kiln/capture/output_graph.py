@@ -90,7 +90,6 @@ class OutputGraph:
     def __init__(self, fn_name: str, policy=None):
         self.graph = torch.fx.Graph()
         self.fake_mode = _torch.new_fake_mode()
-        self.inplace_ops = 0                       # in-place tensor ops recorded (effects_epoch)
         self.shape_env = self.fake_mode.shape_env
         self.shape_env.location = self._location   # the user's line behind each shape guard
         self.tx_stack: list = []                   # the frames being interpreted, innermost last
@@ -101,9 +100,11 @@ class OutputGraph:
         self.shape_guards = None                   # set once the capture is finished
         self.guards = GuardSet()
         self.side_effects = SideEffects()
-        # @contextlib.contextmanager generators run lazily (interpreter.SuspendedGenerator);
-        # a capture that must break while one is suspended is captured again without that
-        self.lazy_contextmanagers = True
+        # generators made in the captured code run lazily (interpreter.SuspendedGenerator); a
+        # capture that must hand a suspended one to the code after it (a graph break, a
+        # generator returned or stored) is captured again with these codes' generators made
+        # natively
+        self.native_generators: frozenset = frozenset()
         self.suspended_generators: list = []
         self.builder = Builder(self)
         self.tensor_inputs: list[TensorInput] = []
@@ -391,8 +392,6 @@ class OutputGraph:
     def call_op(self, kind: str, target, args: tuple, kwargs: dict) -> Value:
         if any(keyword.iskeyword(k) for k in kwargs):
             args, kwargs = _keywords_as_positions(kind, target, args, kwargs)
-        if _mutates(kind, target) or "out" in kwargs:
-            self.inplace_ops += 1
         if self.frozen_storages and (_mutates(kind, target) or "out" in kwargs):
             self._refuse_frozen_write(args, kwargs, _op_name(kind, target))
         if kind == "call_method" and target in _RESIZES and args and self._is_input_memory(args[0]):
@@ -460,11 +459,6 @@ class OutputGraph:
             return False
         st = StorageWeakRef(v.fake.untyped_storage())
         return any(StorageWeakRef(t.value_fake.untyped_storage()) == st for t in self.tensor_inputs)
-
-    def effects_epoch(self) -> tuple:
-        """Changes whenever the capture records an effect: a side effect on an existing object
-        or an in-place tensor op."""
-        return (*self.side_effects.count(), self.inplace_ops)
 
     def is_frozen(self, t: TensorValue) -> bool:
         from torch.multiprocessing.reductions import StorageWeakRef

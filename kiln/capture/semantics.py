@@ -194,6 +194,16 @@ class PythonSemantics:
             return list(v.items)
         return self.get_iter(v).unpack(self)
 
+    def each_item(self, v: Value):
+        """The items of the iterable ``v``, one at a time: a lazy iterator (a generator) is
+        advanced only as the consumer takes each item, so the consumer's own effects in
+        between (``lst.extend(gen)`` appending) are seen by the generator as in eager."""
+        if isinstance(v, IteratorValue) and v.lazy:
+            while (item := v.next(self)) is not None:
+                yield item
+        else:
+            yield from self.unpack_iterable(v)
+
     def contains(self, items: list[Value], x: Value) -> bool:
         return any(self.values_equal(i, x) for i in items)
 

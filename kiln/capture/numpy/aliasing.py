@@ -68,7 +68,7 @@ def check_aliasing(tx, name, args, arg_fakes, versions, result) -> None:
 def _origin(tx):
     """Where the top frame is: (instruction, execution count), or None where it cannot break."""
     top = tx.output.tx_stack[0] if tx.output.tx_stack else None
-    if top is None or not top.can_break or top.generator_items is not None or top.current is None:
+    if top is None or not top.can_break or top.suspends or top.current is None:
         return None
     ip = top.current.index
     return ip, top.exec_counts.get(ip, 0)

@@ -355,7 +355,8 @@ def _next(tx, fn, args, kwargs):
     if v is None:
         if len(args) > 1:
             return args[1]
-        raise tx.user_exception(StopIteration())
+        stop = it.stop_iteration() if hasattr(it, "stop_iteration") else StopIteration()
+        raise tx.user_exception(stop)
     return v
 
 
@@ -452,13 +453,101 @@ def _abs(tx, fn, args, kwargs):
 
 @handles(any, all)
 def _anyall(tx, fn, args, kwargs):
-    vals = [tx.truthy(v) for v in tx.unpack_iterable(args[0])]
-    return ConstantValue(fn(vals))
+    # (short-circuits as eager: a generator's items past the deciding one are never computed)
+    decides = fn is any
+    for v in tx.each_item(args[0]):
+        if tx.truthy(v) == decides:
+            return ConstantValue(decides)
+    return ConstantValue(not decides)
+
+
+class DerivedIteratorValue(IteratorValue):
+    """``map``, ``filter``, ``enumerate`` or ``zip`` computed as its items are taken, as eager
+    computes them: a ``map`` that is never consumed calls nothing, ``any(map(f, xs))`` stops
+    calling ``f`` at the deciding item, and a generator source runs no further than its
+    consumer. At a graph break it is handed over as a real iterator of its kind, over what is
+    left of its sources."""
+
+    lazy = True
+    infinite = True     # (handed over as itself at a break, never as a tuple of its items)
+
+    def __init__(self, cls: type, produce, fn: Value | None = None, sources: list | None = None, start: int = 0):
+        super().__init__([])
+        self.cls = cls
+        self.fn = fn
+        self.sources = sources or []
+        self.start = start
+        self.taken = 0
+        self._tx = None
+        self._produced = produce(lambda: self._tx)     # (a Python generator of Values)
+        self.done = False
+
+    def python_type(self):
+        return self.cls
+
+    def describe(self):
+        return f"{self.cls.__name__} iterator"
+
+    def next(self, tx):
+        if self.done:
+            return None
+        self._tx = tx
+        try:
+            v = next(self._produced)
+        except StopIteration:
+            self.done = True
+            return None
+        self.taken += 1
+        return v
+
+    def unpack(self, tx):
+        items = []
+        while (v := self.next(tx)) is not None:
+            items.append(v)
+        return items
+
+    def reconstruct_remaining(self, cg) -> str:
+        return self.reconstruct(cg)
+
+    def reconstruct(self, cg):
+        def build():
+            sources = ", ".join(s.reconstruct(cg) for s in self.sources)
+            if self.cls is enumerate:
+                return f"{cg.bind(enumerate)}({sources}, {self.start + self.taken})"
+            if self.cls in (map, filter):
+                return f"{cg.bind(self.cls)}({self.fn.reconstruct(cg)}, {sources})"
+            return f"{cg.bind(self.cls)}({sources})"
+        return cg.stash(self, build)
+
+
+def _lazy_sources(tx, iterables) -> list | None:
+    """The iterators of ``iterables`` when one of them is lazy (a generator), else None."""
+    its = [tx.get_iter(a) if isinstance(a, IteratorValue) else None for a in iterables]
+    if not any(it is not None and it.lazy for it in its):
+        return None
+    return [it if it is not None else tx.get_iter(a) for it, a in zip(its, iterables)]
+
+
+def _rows(get_tx, its):
+    """One item of each iterator per row, until the shortest ends."""
+    while True:
+        row = []
+        for it in its:
+            v = it.next(get_tx())
+            if v is None:
+                return
+            row.append(v)
+        yield row
 
 
 @handles(enumerate)
 def _enumerate(tx, fn, args, kwargs):
     start = (args[1] if len(args) > 1 else kwargs.get("start", ConstantValue(0))).as_constant()
+    lazy = _lazy_sources(tx, args[:1])
+    if lazy is not None:
+        return DerivedIteratorValue(enumerate, lambda get_tx: (
+            TupleValue([ConstantValue(i + start), row[0]]) for i, row in enumerate(_rows(get_tx, lazy))),
+            sources=lazy, start=start)
     items = tx.unpack_iterable(args[0])
     return IteratorValue([TupleValue([ConstantValue(i + start), v]) for i, v in enumerate(items)])
 
@@ -468,16 +557,22 @@ def _enumerate(tx, fn, args, kwargs):
 
 @handles(map)
 def _map(tx, fn, args, kwargs):
-    f, seqs = args[0], [tx.unpack_iterable(a) for a in args[1:]]
-    return IteratorValue([tx.call(f, list(t), {}) for t in zip(*seqs)])
+    if len(args) < 2:
+        raise tx.user_exception(TypeError("map() must have at least two arguments."))
+    f, sources = args[0], [tx.get_iter(a) for a in args[1:]]
+    return DerivedIteratorValue(map, lambda get_tx: (
+        get_tx().call(f, row, {}) for row in _rows(get_tx, sources)), fn=f, sources=sources)
 
 
 @handles(filter)
 def _filter(tx, fn, args, kwargs):
-    f, items = args[0], tx.unpack_iterable(args[1])
-    if f.is_constant() and f.as_constant() is None:
-        return IteratorValue([i for i in items if tx.truthy(i)])
-    return IteratorValue([i for i in items if tx.truthy(tx.call(f, [i], {}))])
+    if len(args) != 2:
+        raise tx.user_exception(TypeError(f"filter expected 2 arguments, got {len(args)}"))
+    f, sources = args[0], [tx.get_iter(args[1])]
+    keep_truthy = f.is_constant() and f.as_constant() is None
+    return DerivedIteratorValue(filter, lambda get_tx: (
+        row[0] for row in _rows(get_tx, sources)
+        if get_tx().truthy(row[0] if keep_truthy else get_tx().call(f, [row[0]], {}))), fn=f, sources=sources)
 
 
 @handles(reversed)

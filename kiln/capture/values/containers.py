@@ -181,7 +181,8 @@ class ListValue(BaseSequenceValue):
             return ConstantValue(None)
         if name == "extend" and len(args) == 1:
             self._mutate(tx)
-            self.items.extend(tx.unpack_iterable(args[0]))
+            for item in tx.each_item(args[0]):     # (a generator may read the list as it grows)
+                self.items.append(item)
             return ConstantValue(None)
         if name == "insert" and len(args) == 2:
             self._mutate(tx)
@@ -382,7 +383,7 @@ class DictValue(Value):
                     for k in tx.unpack_iterable(keys):
                         items[self.key_of(tx, k)] = tx.getitem(other, k)
                 else:
-                    for pair in tx.unpack_iterable(other):
+                    for pair in tx.each_item(other):
                         k, v = tx.unpack_iterable(pair)
                         items[self.key_of(tx, k)] = v
             for k, v in kwargs.items():
@@ -663,13 +664,10 @@ class IteratorValue(Value):
         self.pos = 0
         self.real = real        # a real iterator passed in: advanced afterwards (side effect)
         self.source = source
-        # a materialized generator's: the capture's effects_epoch when its items were computed
-        self.effects_at = None
 
-    def _check_materialized(self, tx) -> None:
-        if self.effects_at is not None and tx.output.effects_epoch() != self.effects_at:
-            raise Unsupported("a generator advanced after an effect that it could see (its items were "
-                              "computed when it was created)")
+    # an iterator whose items are computed as they are taken (a generator, a user iterator):
+    # a consumer with effects of its own takes them one at a time, as eager does
+    lazy = False
 
     def python_type(self):
         return type(iter([]))
@@ -681,7 +679,6 @@ class IteratorValue(Value):
         items = self._items()
         if self.pos >= len(items):
             return None
-        self._check_materialized(tx)
         v = items[self.pos]
         self.pos += 1
         if self.real is not None:
@@ -690,8 +687,6 @@ class IteratorValue(Value):
 
     def unpack(self, tx):
         items = self._items()[self.pos:]
-        if items:
-            self._check_materialized(tx)
         self.pos = len(self._items())
         if self.real is not None and items:
             tx.output.side_effects.mutated(self)
@@ -719,6 +714,12 @@ class IteratorValue(Value):
             return v
         if name == "__iter__":
             return self
+        if name == "__contains__" and len(args) == 1:
+            # ``x in iterator`` takes items until one equals x, and leaves the rest
+            while (v := self.next(tx)) is not None:
+                if tx.values_equal(v, args[0]):
+                    return ConstantValue(True)
+            return ConstantValue(False)
         raise Unsupported(f"iterator.{name}()")
 
 

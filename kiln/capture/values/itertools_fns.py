@@ -19,7 +19,7 @@ import operator
 
 from ...errors import Unsupported
 from .base import ConstantValue, Value
-from .builtins import handles
+from .builtins import DerivedIteratorValue, _lazy_sources, _rows, handles
 from .containers import IteratorValue, TupleValue
 from .symbolic import SymNodeValue, specialize
 
@@ -318,6 +318,12 @@ def _zip(tx, fn, args, kwargs):
     """zip() as eager steps it: one item from each iterator in turn, stopping at the first
     that is exhausted (so an infinite ``count``/``cycle`` beside a list is bounded by it)."""
     strict = kwargs.get("strict", ConstantValue(False)).as_constant()
+    lazy = _lazy_sources(tx, args)
+    if lazy is not None:        # (a generator: each row taken as the consumer asks for it)
+        if strict:
+            raise Unsupported("zip(strict=True) over a generator")
+        return DerivedIteratorValue(zip, lambda get_tx: (TupleValue(row) for row in _rows(get_tx, lazy)),
+                                    sources=lazy)
     if not any(isinstance(a, InfiniteIteratorValue) for a in args):
         seqs = [_finite(tx, a) for a in args]
         if strict and len({len(s) for s in seqs}) > 1:

@@ -89,6 +89,11 @@ class TensorValue(Value):
                 grad = tx.output.real_tensor(self).grad
             return tx.wrap(grad, AttrSource(self.source, "grad"))
         if name == "data":
+            if torch.is_grad_enabled():
+                # x.data is x's memory with a version counter of its own: an in-place op
+                # through it is hidden from autograd (x may be saved for the backward). A
+                # detach() in the graph would share x's counter: read natively instead
+                raise Unsupported("Tensor.data with grad enabled (its version counter is its own)")
             return tx.output.call_op("call_method", "detach", (self,), {})
         if name == "numpy" or name == "backward":   # numpy traced (capture/numpy); backward
             return MethodValue(self, name)          # breaks at the call, which sees create_graph

@@ -13,6 +13,8 @@ MAX_ITEMS = 10_000
 
 
 class UserIteratorValue(IteratorValue):
+    lazy = True
+
     def __init__(self, obj, next_fn):
         super().__init__([])
         self.obj = obj
