@@ -12,6 +12,7 @@ import math
 import operator
 import os
 import sys
+import typing
 
 import pytest
 import torch
@@ -1199,3 +1200,98 @@ def test_parameters_named_by_python_keywords():
         torch.manual_seed(seed)
         assert_same(compiled(torch.empty(5)), expected)
     assert be.counter.frame_count == 1
+
+
+# -- instance dicts beside attribute stores, tuple identity at breaks, builtins' arguments -----
+
+class _Plain2:
+    pass
+
+
+class _DictDescriptor:
+    def __get__(self, obj, objtype=None):
+        if obj is None:
+            return self
+        return obj.__dict__.get("v", "default")
+
+    def __set__(self, obj, value):
+        obj.__dict__["v"] = value
+
+
+class _WithDescriptor:
+    d = _DictDescriptor()
+
+
+def attribute_then_instance_dict(obj, x):
+    obj.a = 1
+    before = "a" in obj.__dict__
+    obj.__dict__["a"] = 2
+    return x + 1, before, obj.a
+
+
+def instance_dict_then_attribute(obj, x):
+    obj.__dict__["a"] = 2
+    obj.a = 1
+    return x + 1, obj.__dict__["a"]
+
+
+def instance_dict_then_descriptor(obj, x):
+    obj.__dict__["v"] = "direct"
+    return x + 1, obj.d
+
+
+@pytest.mark.parametrize("fn,cls", [(attribute_then_instance_dict, _Plain2), (instance_dict_then_attribute, _Plain2),
+                                    (instance_dict_then_descriptor, _WithDescriptor)],
+                         ids=["attribute_then_dict", "dict_then_attribute", "dict_then_descriptor"])
+def test_attribute_stores_and_the_instance_dict_see_each_other(fn, cls):
+    kiln.reset()
+    compiled = kiln.compile(fn, backend="aot_eager")
+    for _ in range(2):
+        e, k = cls(), cls()
+        x = torch.randn(2)
+        assert_same(compiled(k, x), fn(e, x))
+        assert vars(k) == vars(e)
+
+
+class _Pair(typing.NamedTuple):
+    a: torch.Tensor
+
+
+class _PairWithDict(_Pair):      # (a subclass: its instances have a __dict__)
+    pass
+
+
+def tuples_across_a_break(x):
+    t = (x + 1, 2)
+    u = t
+    p = _PairWithDict(a=x * 2)
+    p.c = 3                      # (a break: setting an attribute of a namedtuple)
+    print("a break")
+    return t is u, p, p.c
+
+
+def test_tuples_keep_their_identity_across_a_break(capsys):
+    kiln.reset()
+    compiled = kiln.compile(tuples_across_a_break, backend="aot_eager")
+    x = torch.randn(2)
+    expected = tuples_across_a_break(x)
+    got = compiled(x)
+    assert_same(got, expected)
+    assert got[1].c == 3
+
+
+def builtins_with_wrong_arguments(x, case):
+    if case == 0:
+        return isinstance(x, torch.Tensor, invalid=True)
+    if case == 1:
+        return len([x], foo=1)
+    if case == 2:
+        return getattr(x, "shape", default=1)
+    if case == 3:
+        return isinstance(x)
+    return callable(x, k=1)
+
+
+@pytest.mark.parametrize("case", range(5))
+def test_builtins_reject_arguments_as_eager(case):
+    compare(builtins_with_wrong_arguments, lambda: (torch.randn(2), case))

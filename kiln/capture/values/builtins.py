@@ -9,6 +9,7 @@ from __future__ import annotations
 import abc
 import collections
 import functools
+import inspect
 import math
 import operator
 import types
@@ -59,6 +60,39 @@ PURE_FUNCTIONS = frozenset([
 ])
 
 
+# builtins without a signature to check that take no keyword arguments
+_NO_KEYWORDS = frozenset([getattr, iter, next, vars, dir])
+
+
+@functools.lru_cache(maxsize=None)
+def _signature(fn):
+    try:
+        return inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None
+
+
+def _check_arguments(tx, fn, args, kwargs) -> None:
+    """A call the function's signature rejects raises eager's TypeError (the handlers below
+    read their arguments by position and would answer it)."""
+    sig = _signature(fn)
+    if sig is None:
+        if not (kwargs and fn in _NO_KEYWORDS):
+            return
+    else:
+        try:
+            sig.bind(*args, **kwargs)
+            return
+        except TypeError:
+            pass
+    try:    # (argument parsing fails before the function looks at the arguments)
+        fn(*[object() for _ in args], **{k: object() for k in kwargs})
+    except TypeError as e:
+        raise tx.user_exception(e) from None
+    except Exception:       # noqa: BLE001 - not an argument error: the handler decides
+        return
+
+
 class BuiltinValue(RealCallableValue):
     """A builtin function (``len``, ``math.sqrt``, ``operator.add``...)."""
 
@@ -92,6 +126,7 @@ def call_builtin(tx, fn, args: list[Value], kwargs: dict[str, Value]) -> Value:
         return args[0].base_method(tx, fn.__name__, list(args[1:]), kwargs)
     handler = _HANDLERS.get(fn)
     if handler is not None:
+        _check_arguments(tx, fn, args, kwargs)
         result = handler(tx, fn, args, kwargs)
         if result is not NotImplemented:
             return result

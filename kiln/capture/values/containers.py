@@ -106,11 +106,10 @@ class BaseSequenceValue(Value):
         raise Unsupported(f"{self.cls.__name__}.{name}()")
 
     def reconstruct(self, cg):
-        if self.source is not None and self.base_type is list:
-            return cg.source_expr(self.source)
-        if self.base_type is list:
-            return cg.stash(self, lambda: self._build(cg))
-        return self._build(cg)
+        if self.source is not None and self.base_type in (list, tuple):
+            return cg.source_expr(self.source)      # (a tuple read from outside: the same object)
+        # one object however many times it is referenced (``t is u``, an attribute set on it)
+        return cg.stash(self, lambda: self._build(cg))
 
     def _build(self, cg):
         inner = [i.reconstruct(cg) for i in self.items]
@@ -153,10 +152,13 @@ class NamedTupleValue(TupleValue):
     def reconstruct(self, cg):
         if self.source is not None:     # (immutable: the object read is the value; some
             return cg.source_expr(self.source)      # structseqs, sys.version_info, cannot be made)
-        inner = ", ".join(i.reconstruct(cg) for i in self.items)
-        if hasattr(self.cls, "_make"):
-            return f"{cg.bind(self.cls)}._make(({inner},))"
-        return f"{cg.bind(self.cls)}(({inner},))"
+
+        def build():
+            inner = ", ".join(i.reconstruct(cg) for i in self.items)
+            if hasattr(self.cls, "_make"):
+                return f"{cg.bind(self.cls)}._make(({inner},))"
+            return f"{cg.bind(self.cls)}(({inner},))"
+        return cg.stash(self, build)
 
 
 def _structseq_fields(cls) -> list[str] | None:

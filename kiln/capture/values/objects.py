@@ -63,6 +63,28 @@ class ObjectValue(Value):
         except AttributeError:
             return None
 
+    def _refuse_mixed_writes(self, tx, name: str) -> None:
+        """The capture models attribute stores and writes into ``obj.__dict__`` apart: a read
+        that one of them would change under the other runs natively (after a break, where
+        both writes are done)."""
+        if self.value is None:
+            return
+        effects = tx.output.side_effects
+        if name == "__dict__" and effects.stores_on(self):
+            raise Unsupported(f"{self.describe()}.__dict__ after setting attributes of it in the compiled code")
+        if name != "__dict__" and self._dict_written(tx):
+            raise Unsupported(f"reading {self.describe()}.{name} after writing into its __dict__")
+        if effects.stores_on(self) and _has_python_get(static_lookup(type(self.value), name)):
+            raise Unsupported(f"a descriptor's __get__ ({self.describe()}.{name}) after setting attributes of it")
+
+    def _dict_written(self, tx) -> bool:
+        """Whether this capture wrote into the object's ``__dict__`` (through ``obj.__dict__``)."""
+        d = self.instance_dict()
+        if d is None:
+            return False
+        hit = tx.output.builder.by_id.get(id(d))
+        return hit is not None and hit[0] is d and any(c is hit[1] for c in tx.output.side_effects.containers)
+
     def _require_source(self, name):
         if self.source is None:
             raise Unsupported(f"attribute {name!r} of an object that cannot be guarded")
@@ -85,6 +107,7 @@ class ObjectValue(Value):
         pending = tx.output.side_effects.attr_value(self, name)
         if pending is not None:
             return pending
+        self._refuse_mixed_writes(tx, name)
         obj = self.value
         cls = type(obj)
         cls_attr = static_lookup(cls, name)
@@ -192,6 +215,8 @@ class ObjectValue(Value):
         into the instance dict (or a ``__slots__`` member), replayed after the graph with
         the C-level store (the class's own Python ``__setattr__`` already ran, inlined)."""
         cls = type(self.value)
+        if self._dict_written(tx):
+            raise Unsupported(f"setting {self.describe()}.{name} after writing into its __dict__")
         if descriptor_set(tx, self, cls, name, static_lookup(cls, name), value):
             return
         if self.source is None:
@@ -620,6 +645,11 @@ class PythonModuleValue(ObjectValue):
         if self.source is not None:
             return cg.source_expr(self.source)
         return cg.bind(self.value)  # a module imported in the function (IMPORT_NAME): by identity
+
+
+def _has_python_get(attr) -> bool:
+    """A descriptor whose ``__get__`` is Python code (it may read the instance's state)."""
+    return attr is not _MISSING and isinstance(getattr(type(attr), "__get__", None), types.FunctionType)
 
 
 class ClassValue(ObjectValue):
