@@ -116,6 +116,7 @@ class FrameInterpreter(PythonSemantics):
         self.can_break = parent is None
         self.f_locals_dict: DictValue | None = None   # what locals() returns, kept per frame
         self.suspends = False     # a generator run lazily: a yield hands its value out (_Yield)
+        self.delegating = False   # suspended at a ``yield from``'s yield (the item is its inner's)
 
     # -- driving --------------------------------------------------------------------------
     def run(self) -> Value:
@@ -389,6 +390,7 @@ class FrameInterpreter(PythonSemantics):
         receiver = self.top()
         if not isinstance(receiver, IteratorValue):
             raise Unsupported(f"yield from {receiver.describe()}")
+        self.delegating = False
         if isinstance(receiver, SuspendedGenerator):
             item = receiver.send(self, sent)
         elif sent.is_constant() and sent.as_constant() is None:
@@ -404,6 +406,7 @@ class FrameInterpreter(PythonSemantics):
                 self.stack[-1] = value
             self.jump(ins)
         else:
+            self.delegating = True
             self.push(item)
 
     def END_SEND(self, ins):
@@ -969,6 +972,9 @@ class SuspendedGenerator(IteratorValue):
         if self.done or not self.started:
             self.done = True
             raise tx.user_exception(exc)
+        if self.frame.delegating:
+            # eager throws into the inner generator of the ``yield from`` first
+            raise Unsupported(f"throw() or close() into {self.describe()} while it delegates with yield from")
         at_yield = self.frame.instructions[self.frame.ip - 1]
         error = UserException(exc)
         if at_yield.handler is None or not self.frame.unwind_to_handler(at_yield, error):
@@ -1015,12 +1021,7 @@ class SuspendedGenerator(IteratorValue):
         return StopIteration(value.as_constant())
 
     def unpack(self, tx):
-        items = []
-        while (v := self.next(tx)) is not None:
-            items.append(v)
-            if len(items) > _MAX_GENERATOR_ITEMS:
-                raise Unsupported(f"{self.describe()} gave more than {_MAX_GENERATOR_ITEMS} items")
-        return items
+        return self.take_all(tx)
 
     def getattr(self, tx, name):
         if name in ("send", "throw", "close", "__next__", "__iter__"):
@@ -1050,10 +1051,6 @@ class SuspendedGenerator(IteratorValue):
 
     def reconstruct(self, cg):
         raise GeneratorAtBreak(self)
-
-
-# (a generator that never stops, unpacked whole, would otherwise run forever)
-_MAX_GENERATOR_ITEMS = 10_000
 
 
 class GeneratorAtBreak(Unsupported):

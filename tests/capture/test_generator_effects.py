@@ -374,7 +374,29 @@ def _returns_a_suspended_generator(x):
     return g
 
 
-NATIVE_CASES = [_throw_and_close, _stop_iteration_value, _stop_iteration_inside, _ignores_generator_exit,
+def _throw_into_a_delegating_generator(x):
+    log = []
+
+    def inner():
+        try:
+            yield 1
+            yield 2
+        except ValueError:
+            log.append("inner caught")     # (eager throws into the inner generator first)
+            yield 3
+
+    def outer():
+        try:
+            yield from inner()
+        except ValueError:
+            log.append("outer caught")
+            yield 4
+    g = outer()
+    next(g)
+    return x + g.throw(ValueError), log
+
+
+NATIVE_CASES = [_throw_into_a_delegating_generator, _throw_and_close, _stop_iteration_value, _stop_iteration_inside, _ignores_generator_exit,
                 _dropped_while_suspended_in_try, _break_inside_the_generator, _break_in_a_loop_over_a_generator]
 
 

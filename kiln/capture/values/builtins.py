@@ -536,10 +536,7 @@ class DerivedIteratorValue(IteratorValue):
         return v
 
     def unpack(self, tx):
-        items = []
-        while (v := self.next(tx)) is not None:
-            items.append(v)
-        return items
+        return self.take_all(tx)
 
     def reconstruct_remaining(self, cg) -> str:
         return self.reconstruct(cg)

@@ -657,6 +657,9 @@ class SetValue(Value):
         return cg.stash(self, lambda: f"{{{inner}}}" if inner else "set()")
 
 
+MAX_LAZY_ITEMS = 10_000
+
+
 class IteratorValue(Value):
     """An iterator over a known list of values (or live over a ListValue)."""
 
@@ -670,6 +673,15 @@ class IteratorValue(Value):
     # an iterator whose items are computed as they are taken (a generator, a user iterator):
     # a consumer with effects of its own takes them one at a time, as eager does
     lazy = False
+
+    def take_all(self, tx) -> list:
+        """Every item left, taken one ``next`` at a time (how a lazy iterator unpacks)."""
+        items = []
+        while (v := self.next(tx)) is not None:
+            items.append(v)
+            if len(items) > MAX_LAZY_ITEMS:     # (one that never stops would unroll forever)
+                raise Unsupported(f"{self.describe()} gave more than {MAX_LAZY_ITEMS} items")
+        return items
 
     def python_type(self):
         return type(iter([]))

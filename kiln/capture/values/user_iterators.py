@@ -8,10 +8,6 @@ from ...errors import Unsupported
 from .containers import IteratorValue
 from .functions import UserFunctionValue
 
-# (an iterator that never stops would otherwise unroll forever)
-MAX_ITEMS = 10_000
-
-
 class UserIteratorValue(IteratorValue):
     lazy = True
 
@@ -39,12 +35,7 @@ class UserIteratorValue(IteratorValue):
             raise
 
     def unpack(self, tx):
-        items = []
-        while (v := self.next(tx)) is not None:
-            items.append(v)
-            if len(items) > MAX_ITEMS:
-                raise Unsupported(f"a user iterator that gave more than {MAX_ITEMS} items")
-        return items
+        return self.take_all(tx)
 
     def reconstruct_remaining(self, cg) -> str:
         raise Unsupported("a user iterator object live at a graph break")
