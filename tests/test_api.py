@@ -323,3 +323,19 @@ def test_keyword_arguments_named_as_kilns_own_parameters_reach_the_function():
 
     m = TakesModule()
     assert_same(kiln.compile(m, backend="eager")(module=x, fn=x), m(module=x, fn=x))
+
+
+def test_torch_jit_trace_of_a_compiled_function_traces_the_function():
+    # (under the tracer sizes are traced values: the call runs as it is, nothing is captured)
+    counter = kiln.testing.CompileCounter()
+
+    def f(x):
+        return x * 2 + x.shape[0]
+
+    compiled = kiln.compile(f, backend=counter, dynamic=True)
+    traced = torch.jit.trace(compiled, torch.randn(3), check_trace=False)
+    x = torch.randn(3)
+    torch.testing.assert_close(traced(x), f(x))
+    assert counter.frame_count == 0
+    torch.testing.assert_close(compiled(x), f(x))
+    assert counter.frame_count == 1

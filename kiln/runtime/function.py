@@ -208,6 +208,10 @@ class CompiledFunction:
         return MISS
 
     def _miss(self, args: tuple, kwargs: dict):
+        if torch._C._get_tracing_state() is not None:
+            # torch.jit.trace records the ops this call runs (its sizes are traced values):
+            # the function runs as it is, for the tracer, and nothing is captured
+            return self._fn(*args, **kwargs)
         if not self.counts_steps and uses_cudagraphs(self._key):
             # compiled with CUDA graphs (kiln.config.cudagraphs on now): its calls count steps
             # from now on, this one too
