@@ -99,16 +99,23 @@ def _capture(fn, args, kwargs, key, backend, backend_name, compiled_factory, max
                 output.release()
                 continue
             except BreakHere as here:
-                suspended = _suspended_generators(output)
+                suspended = _suspended_generators(output, in_handlers=True)
                 if suspended:
-                    # a break while a generator made here is suspended (a break inside a
-                    # @contextlib.contextmanager's with body, or in a loop over a generator):
-                    # captured again with that generator made natively, before the break
+                    # a break while a generator made here is suspended in a try block (a
+                    # @contextlib.contextmanager's, around the with body): captured again with
+                    # that generator made natively, before the break. One the code after the
+                    # break needs (a loop over it) raises GeneratorAtBreak as it is handed on;
+                    # one nothing refers to any more is dropped, as eager drops it
                     native_generators, break_at, reason = native_generators | suspended, None, None
                     output.release()
                     continue
-                entry = _finish_break(fn, output, here.tx, here.ip, reason, key, backend, backend_name,
-                                      compiled_factory)
+                try:
+                    entry = _finish_break(fn, output, here.tx, here.ip, reason, key, backend, backend_name,
+                                          compiled_factory)
+                except GeneratorAtBreak as e:
+                    native_generators, break_at, reason = native_generators | {e.code}, None, None
+                    output.release()
+                    continue
             except GeneratorAtBreak as e:
                 # a suspended generator returned or stored: captured again, made natively
                 native_generators, break_at, reason = native_generators | {e.code}, None, None

@@ -478,3 +478,22 @@ def test_a_map_live_at_a_break_is_handed_over_as_a_map(capsys):
         out = capsys.readouterr().out
         assert_same(f(x, xs), expected)
         assert capsys.readouterr().out == out
+
+
+def test_a_generator_dropped_before_a_break_is_not_made_natively(capsys):
+    # (``next(module.parameters())``, then a break: the suspended generator is dropped, as in
+    # eager, and the frame is captured as two graphs around the break)
+    lin = torch.nn.Linear(3, 3)
+
+    def f(x):
+        w = next(lin.parameters())
+        y = x @ w
+        print("a break")
+        return y * 2
+
+    counter = kiln.testing.CompileCounter()
+    kiln.reset()
+    compiled = kiln.compile(f, backend=counter)
+    x = torch.randn(2, 3)
+    assert_same(compiled(x), f(x))
+    assert counter.frame_count == 2

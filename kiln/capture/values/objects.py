@@ -64,26 +64,39 @@ class ObjectValue(Value):
             return None
 
     def _refuse_mixed_writes(self, tx, name: str) -> None:
-        """The capture models attribute stores and writes into ``obj.__dict__`` apart: a read
-        that one of them would change under the other runs natively (after a break, where
-        both writes are done)."""
-        if self.value is None:
+        """A Python descriptor's ``__get__`` is read on the real object (guarded): after this
+        capture changed the object's attributes it would read the old state, so it runs
+        natively (after a break, where the writes are done)."""
+        if self.value is None or name == "__dict__":
             return
         effects = tx.output.side_effects
-        if name == "__dict__" and effects.stores_on(self):
-            raise Unsupported(f"{self.describe()}.__dict__ after setting attributes of it in the compiled code")
-        if name != "__dict__" and self._dict_written(tx):
-            raise Unsupported(f"reading {self.describe()}.{name} after writing into its __dict__")
-        if effects.stores_on(self) and _has_python_get(static_lookup(type(self.value), name)):
+        if (effects.stores_on(self) or self.dict_wrapper(tx) is not None) and \
+                _has_python_get(static_lookup(type(self.value), name)):
             raise Unsupported(f"a descriptor's __get__ ({self.describe()}.{name}) after setting attributes of it")
 
-    def _dict_written(self, tx) -> bool:
-        """Whether this capture wrote into the object's ``__dict__`` (through ``obj.__dict__``)."""
+    def dict_wrapper(self, tx):
+        """The value of ``obj.__dict__`` where this capture read it: from then on the one place
+        the instance's attributes live (stores and reads go through it, so ``obj.a = 1`` and
+        ``obj.__dict__["a"]`` see each other as in eager). None before."""
         d = self.instance_dict()
         if d is None:
-            return False
+            return None
         hit = tx.output.builder.by_id.get(id(d))
-        return hit is not None and hit[0] is d and any(c is hit[1] for c in tx.output.side_effects.containers)
+        return hit[1] if hit is not None and hit[0] is d else None
+
+    def _instance_dict_value(self, tx):
+        """``obj.__dict__``: the attribute stores this capture made so far move into it."""
+        self._require_source("__dict__")
+        wrapper = tx.wrap(self.instance_dict(), self._attr_source("__dict__"))
+        effects = tx.output.side_effects
+        for key, (obj, attr, value, setter) in list(effects.attrs.items()):
+            if obj is not self:
+                continue
+            if setter not in (setattr, object.__setattr__) or value is None:
+                raise Unsupported(f"{self.describe()}.__dict__ after setting {attr!r} through {setter!r}")
+            wrapper.call_method(tx, "__setitem__", [ConstantValue(attr), value], {})
+            del effects.attrs[key]
+        return wrapper
 
     def _require_source(self, name):
         if self.source is None:
@@ -126,17 +139,23 @@ class ObjectValue(Value):
                 return tx.wrap(value, self._attr_source(name))
             return tx.call(UserFunctionValue(cls_attr.fget), [self], {})
         d = self.instance_dict()
+        wrapper = self.dict_wrapper(tx) if d is not None else None
+        if wrapper is not None and not _is_data_descriptor(cls_attr):
+            if name == "__dict__":
+                return self._instance_dict_value(tx)
+            if name in wrapper.items:       # (what this capture wrote there, or read)
+                return wrapper.items[name]
+            d = {}                          # (deleted through the dict: the class's, or none)
         if d is not None and name in d and not _is_data_descriptor(cls_attr):
             self._require_source(name)
             value = tx.wrap(d[name], self._attr_source(name))
             if name == "param_groups" and optimizer_groups.is_optimizer(obj):
                 return optimizer_groups.read_as_capturable(obj, value)
             return value
+        if name == "__dict__" and d is not None and self.value is not None:
+            return self._instance_dict_value(tx)
         if cls_attr is not _MISSING:
             return self._class_attribute(tx, name, cls_attr)
-        if name == "__dict__" and d is not None:
-            self._require_source(name)
-            return tx.wrap(d, self._attr_source("__dict__"))
         raise tx.user_exception(AttributeError(f"'{cls.__name__}' object has no attribute '{name}'"))
 
     def _attr_source(self, name):
@@ -215,9 +234,11 @@ class ObjectValue(Value):
         into the instance dict (or a ``__slots__`` member), replayed after the graph with
         the C-level store (the class's own Python ``__setattr__`` already ran, inlined)."""
         cls = type(self.value)
-        if self._dict_written(tx):
-            raise Unsupported(f"setting {self.describe()}.{name} after writing into its __dict__")
         if descriptor_set(tx, self, cls, name, static_lookup(cls, name), value):
+            return
+        wrapper = self.dict_wrapper(tx)
+        if wrapper is not None:     # (the instance's attributes live in its __dict__ value now)
+            wrapper.call_method(tx, "__setitem__", [ConstantValue(name), value], {})
             return
         if self.source is None:
             raise Unsupported(f"setting attribute {name!r} on an object without a source")
@@ -231,6 +252,10 @@ class ObjectValue(Value):
     def object_delattr(self, tx, name):
         cls = type(self.value)
         if descriptor_delete(tx, self, cls, name, static_lookup(cls, name)):
+            return
+        wrapper = self.dict_wrapper(tx)
+        if wrapper is not None:
+            wrapper.call_method(tx, "__delitem__", [ConstantValue(name)], {})
             return
         raise Unsupported(f"del of attribute {name!r} of an object that existed before the call")
 
