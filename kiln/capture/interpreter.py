@@ -629,7 +629,7 @@ class FrameInterpreter(PythonSemantics):
         v = self.pop()
         target = self.peek(ins.arg)
         if isinstance(v, DictValue):
-            target.items.update(v.items)
+            target.items.update(v.merged_items())
         else:
             target.base_method(self, "update", [v], {})
 
@@ -638,10 +638,11 @@ class FrameInterpreter(PythonSemantics):
         target = self.peek(ins.arg)
         if not isinstance(v, DictValue):
             raise Unsupported(f"**{v.describe()} in a call")
-        for k in v.items:
+        merged = v.merged_items()
+        for k in merged:
             if k in target.items:
                 raise self.user_exception(TypeError(f"got multiple values for keyword argument {k!r}"))
-        target.items.update(v.items)
+        target.items.update(merged)
 
     def LIST_TO_TUPLE(self, ins):
         self.push(TupleValue(self.pop().items))

@@ -4,6 +4,7 @@ through the interpreter they are given (``tx``)."""
 from __future__ import annotations
 
 import operator
+import sys
 import types
 from typing import Any, Callable
 
@@ -83,6 +84,57 @@ _NEW_OBJECTS = (TensorValue, BaseSequenceValue, DictValue, NestedFunctionValue, 
 
 
 _ORDERINGS = (operator.lt, operator.le, operator.gt, operator.ge)
+
+
+_CONTAINERS = (BaseSequenceValue, DictValue, SetValue)
+
+
+def _refuse_container_overrides(op, a: Value, b: Value) -> None:
+    """An operator on a list, tuple, dict or set subclass whose class defines it (``+`` of a
+    list subclass with ``__add__``): the storage's operator would not be eager's, so it runs
+    natively."""
+    base = _INPLACE_TO_BINARY.get(op, op)
+    if base in _COMPARE_DUNDER:
+        names = _COMPARE_DUNDER[base]
+    elif base in _DUNDER:
+        names = (f"__{_DUNDER[base]}__", f"__r{_DUNDER[base]}__")
+    else:
+        return
+    if op in _INPLACE_TO_BINARY:
+        names = (*names, f"__i{_DUNDER[base]}__")
+    for v in (a, b):
+        if isinstance(v, _CONTAINERS) and v.python_type() not in (list, tuple, dict, set, frozenset) \
+                and any(v.override(n) is not None for n in names):
+            raise Unsupported(f"operator {op.__name__} of {v.describe()}, whose class overrides it")
+
+
+def checked_bool(tx, result: Value) -> bool:
+    """What a user's ``__bool__`` returned, as ``bool()`` takes it: a bool, else TypeError."""
+    if isinstance(result, _SYMBOLIC):
+        result = specialize(result)
+    r = result.as_constant() if result.is_constant() else None
+    if not isinstance(r, bool):
+        if not result.is_constant():
+            raise Unsupported(f"__bool__ returning {result.describe()}")
+        raise tx.user_exception(TypeError(f"__bool__ should return bool, returned {type(r).__name__}"))
+    return r
+
+
+def checked_len(tx, result: Value):
+    """What a user's ``__len__`` returned, as ``len()`` takes it: an int >= 0 (a SymInt
+    stays one), else eager's TypeError, ValueError or OverflowError."""
+    if isinstance(result, _SYMBOLIC):
+        return result
+    r = result.as_constant() if result.is_constant() else None
+    if not result.is_constant():
+        raise Unsupported(f"__len__ returning {result.describe()}")
+    if not isinstance(r, int):
+        raise tx.user_exception(TypeError(f"'{type(r).__name__}' object cannot be interpreted as an integer"))
+    if r < 0:
+        raise tx.user_exception(ValueError("__len__() should return >= 0"))
+    if r > sys.maxsize:
+        raise tx.user_exception(OverflowError("cannot fit 'int' into an index-sized integer"))
+    return int(r)
 
 
 def _overrides_ordering(a, b) -> bool:
@@ -287,6 +339,7 @@ class PythonSemantics:
     def binary(self, op, a: Value, b: Value) -> Value:
         if isinstance(a, NdarrayValue) or isinstance(b, NdarrayValue):
             return numpy_binary(self, op, a, b)   # NumPy semantics (torch._numpy)
+        _refuse_container_overrides(op, a, b)
         if isinstance(a, TensorValue) or isinstance(b, TensorValue):
             if isinstance(a, ObjectValue) or isinstance(b, ObjectValue):
                 raise Unsupported("operator between a tensor and a user object")
@@ -404,6 +457,7 @@ class PythonSemantics:
     def compare(self, op, a: Value, b: Value) -> Value:
         if isinstance(a, NdarrayValue) or isinstance(b, NdarrayValue):
             return numpy_binary(self, op, a, b)
+        _refuse_container_overrides(op, a, b)
         if isinstance(a, TensorValue) or isinstance(b, TensorValue):
             other = b if isinstance(a, TensorValue) else a
             if other.is_constant() and other.as_constant() is None and op in (operator.eq, operator.ne):

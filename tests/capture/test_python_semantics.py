@@ -5,7 +5,9 @@ breaks, zero-argument ``super()`` in resumed frames, and the resume-code crashes
 found."""
 from __future__ import annotations
 
+import abc
 import builtins
+import collections
 import copy
 import io
 import math
@@ -1295,3 +1297,129 @@ def builtins_with_wrong_arguments(x, case):
 @pytest.mark.parametrize("case", range(5))
 def test_builtins_reject_arguments_as_eager(case):
     compare(builtins_with_wrong_arguments, lambda: (torch.randn(2), case))
+
+
+# -- truth and len through user classes, container subclasses' operators, abstract classes -----
+
+class _BoolReturns:
+    def __init__(self, r):
+        self.r = r
+
+    def __bool__(self):
+        return self.r
+
+
+class _LenReturns:
+    def __init__(self, r):
+        self.r = r
+
+    def __len__(self):
+        return self.r
+
+
+def truth_of(x, obj):
+    return x + 1, bool(obj), "yes" if obj else "no"
+
+
+def len_of(x, obj):
+    return x + 1, len(obj)
+
+
+@pytest.mark.parametrize("r", [True, 1.2, 1, 0])
+def test_bool_takes_only_a_bool_from_dunder_bool(r):
+    compare(truth_of, lambda: (torch.randn(2), _BoolReturns(r)))
+
+
+@pytest.mark.parametrize("r", [3, True, -1, 1.5, 2 ** 70])
+def test_len_checks_what_dunder_len_returns(r):
+    compare(len_of, lambda: (torch.randn(2), _LenReturns(r)))
+
+
+class _FalseList(list):
+    def __bool__(self):
+        return False
+
+
+class _EmptyDict(dict):
+    def __len__(self):
+        return 0
+
+
+class _FalseMeta(type):
+    def __bool__(cls):
+        return False
+
+
+class _FalseClass(metaclass=_FalseMeta):
+    pass
+
+
+def truth_of_overriding_containers(x):
+    lst, d = _FalseList([1]), _EmptyDict(a=1)
+    return x + 1, bool(lst), not d, "yes" if _FalseClass else "no", bool(_FalseClass)
+
+
+def test_truth_of_container_subclasses_and_classes_uses_their_overrides():
+    compare(truth_of_overriding_containers, T(2), graphs=1, fullgraph=True)
+
+
+class _AddList(list):
+    def __add__(self, o):
+        return "added"
+
+    def __eq__(self, o):
+        return True
+
+    def __reversed__(self):
+        return iter(["r"])
+
+
+class _MissingDefault(collections.defaultdict):
+    def __missing__(self, k):
+        return "missing"
+
+
+class _OwnIter(dict):
+    def __iter__(self):
+        return iter(["z"])
+
+    def keys(self):
+        return ["z"]
+
+    def __getitem__(self, k):
+        return "item"
+
+
+def container_subclass_operators(x, d):
+    lst = _AddList([1, 2])
+    dd = _MissingDefault(int)
+    e = {}
+    e.update(d)
+    return x + 1, lst + [3], lst == [9], list(reversed(lst)), dd["q"], len(dd), dict(d), e
+
+
+def test_operators_of_container_subclasses_are_their_own():
+    # (not through compare(): a dict whose __iter__ lies cannot be deep-copied)
+    kiln.reset()
+    compiled = kiln.compile(container_subclass_operators, backend="aot_eager")
+    for _ in range(2):
+        x = torch.randn(2)
+        assert_same(compiled(x, _OwnIter(a=1)), container_subclass_operators(x, _OwnIter(a=1)))
+
+
+class _Abstract(abc.ABC):
+    @abc.abstractmethod
+    def m(self):
+        ...
+
+
+def make_abstract(x):
+    try:
+        _Abstract()
+    except TypeError as e:
+        return x + 1, str(e)
+    return x - 1, "made"
+
+
+def test_an_abstract_class_cannot_be_instantiated():
+    compare(make_abstract, T(2))

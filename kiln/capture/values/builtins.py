@@ -239,7 +239,10 @@ def _len(tx, fn, args, kwargs):
         return v.length(tx)
     if v.is_constant() and not isinstance(v, (ListValue, TupleValue)):
         return ConstantValue(len(v.as_constant()))
-    return tx.call_method(v, "__len__", [], {})
+    from ..semantics import checked_len     # (the semantics module imports this one)
+
+    n = checked_len(tx, tx.call_method(v, "__len__", [], {}))
+    return ConstantValue(n) if isinstance(n, int) else n
 
 
 @handles(isinstance)
@@ -609,6 +612,9 @@ def _filter(tx, fn, args, kwargs):
 
 @handles(reversed)
 def _reversed(tx, fn, args, kwargs):
+    override = getattr(args[0], "override", None) if args else None
+    if override is not None and override("__reversed__") is not None:
+        raise Unsupported(f"reversed() of {args[0].describe()}, whose class defines __reversed__")
     return IteratorValue(list(reversed(tx.unpack_iterable(args[0]))))
 
 

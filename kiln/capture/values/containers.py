@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import collections.abc
 import operator
+import types
 
 from ...errors import Unsupported
 from ..sources import AttrSource
@@ -27,6 +28,21 @@ def _user_override(cls: type, base: type, name: str):
         if name in klass.__dict__:
             return klass.__dict__[name]
     return None
+
+
+def _truthy_by_overrides(tx, v) -> bool:
+    """Truth of a container subclass's instance: its class's own ``__bool__`` or ``__len__``
+    (a Python override), else the storage's length."""
+    from ..semantics import checked_bool, checked_len
+    from .functions import UserFunctionValue
+
+    cls = v.python_type()
+    for name in ("__bool__", "__len__"):
+        fn = static_lookup(cls, name)
+        if isinstance(fn, types.FunctionType):
+            result = tx.call(UserFunctionValue(fn), [v], {})
+            return checked_bool(tx, result) if name == "__bool__" else checked_len(tx, result) > 0
+    return len(v.items) > 0
 
 
 class BaseSequenceValue(Value):
@@ -54,8 +70,7 @@ class BaseSequenceValue(Value):
         return list(self.items)
 
     def truthy(self, tx):
-        return len(self.items) > 0
-
+        return _truthy_by_overrides(tx, self) if self.cls is not self.base_type else len(self.items) > 0
 
     def override(self, name: str):
         if self.cls is self.base_type:
@@ -260,6 +275,14 @@ class DictValue(Value):
     def describe(self):
         return f"{self.cls.__name__}{{{', '.join(f'{k!r}: {v.describe()}' for k, v in self.items.items())}}}"
 
+    def merged_items(self) -> dict:
+        """What ``dict.update(self)``, ``dict(self)`` and ``**self`` copy: the storage, unless
+        the class overrides ``__iter__`` (CPython then goes through ``keys()`` and
+        ``__getitem__``, the class's own code: it runs natively)."""
+        if self.override("__iter__") is not None:
+            raise Unsupported(f"copying {self.describe()}, whose class overrides __iter__")
+        return self.items
+
     def override(self, name):
         if self.cls is dict:
             return None
@@ -271,8 +294,7 @@ class DictValue(Value):
                 for k in self.items]
 
     def truthy(self, tx):
-        return len(self.items) > 0
-
+        return _truthy_by_overrides(tx, self) if self.cls is not dict else len(self.items) > 0
 
     def _mutate(self, tx):
         tx.output.side_effects.mutated(self)
@@ -314,14 +336,18 @@ class DictValue(Value):
         items = self.items
         if name == "__getitem__" and len(args) == 1:
             k = self.key_of(tx, args[0])
-            if k not in items and self.default_factory is not None:
-                self._mutate(tx)
-                items[k] = tx.call(self.default_factory, [], {})
-                return items[k]
             if k not in items:
+                # a subclass's own __missing__ first (it replaces defaultdict's, which calls
+                # the default factory)
                 missing = _user_override(self.cls, dict, "__missing__") if self.cls is not dict else None
-                if missing is not None:
+                if isinstance(missing, types.FunctionType):
                     return tx.bind_user_attribute(self, missing, "__missing__").call(tx, args, {})
+                if self.default_factory is not None:
+                    self._mutate(tx)
+                    items[k] = tx.call(self.default_factory, [], {})
+                    return items[k]
+                if missing is not None and missing is not collections.defaultdict.__missing__:
+                    raise Unsupported(f"{self.describe()}[{k!r}] through a __missing__ that is not Python")
                 raise tx.user_exception(KeyError(k))
             return items[k]
         if name == "get":
@@ -377,7 +403,7 @@ class DictValue(Value):
             if args:
                 other = args[0]
                 if isinstance(other, DictValue):
-                    items.update(other.items)
+                    items.update(other.merged_items())
                 elif _has_keys(tx, other):
                     # a mapping (a MutableMapping, a dict-like object): its keys, each read
                     # with ``other[key]``, as dict.update does
@@ -585,6 +611,10 @@ class SetValue(Value):
         self.cls = cls
         self.source = source
 
+    def override(self, name: str):
+        base = frozenset if issubclass(self.cls, frozenset) else set
+        return None if self.cls is base else _user_override(self.cls, base, name)
+
     def python_type(self):
         return self.cls
 
@@ -598,8 +628,7 @@ class SetValue(Value):
         return list(self.items.values())
 
     def truthy(self, tx):
-        return bool(self.items)
-
+        return _truthy_by_overrides(tx, self) if self.cls not in (set, frozenset) else bool(self.items)
 
     def getattr(self, tx, name):
         if not hasattr(self.cls, name):      # (frozenset has no add, discard, ...)

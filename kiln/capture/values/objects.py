@@ -49,12 +49,15 @@ class ObjectValue(Value):
         return f"{type(self.value).__name__}" + (f"({self.source.describe()})" if self.source else "")
 
     def truthy(self, tx):
+        from ..semantics import checked_bool, checked_len
+
         cls = self.python_type()
         if static_lookup(cls, "__bool__") is _MISSING and static_lookup(cls, "__len__") is _MISSING:
             return True
         if static_lookup(cls, "__bool__") is not _MISSING:
-            return self.call_method(tx, "__bool__", [], {}).as_constant()
-        return self.call_method(tx, "__len__", [], {}).as_constant() > 0
+            return checked_bool(tx, self.call_method(tx, "__bool__", [], {}))
+        n = checked_len(tx, self.call_method(tx, "__len__", [], {}))
+        return tx.truthy(n) if not isinstance(n, int) else n > 0
 
 
     def instance_dict(self) -> dict | None:
@@ -431,6 +434,8 @@ def can_allocate_symbolically(cls) -> bool:
         return False
     if issubclass(cls, (torch.nn.Module, torch.Tensor, BaseException)):
         return False
+    if getattr(cls, "__abstractmethods__", None):     # (object.__new__ raises eager's TypeError)
+        return False
     if any(klass.__module__ == "builtins" for klass in cls.__mro__[:-1]):
         return False
     return not user_layers_define(cls, ("__slots__",))
@@ -691,6 +696,17 @@ class ClassValue(ObjectValue):
         return self.value
 
     def truthy(self, tx):
+        from ..semantics import checked_bool, checked_len
+
+        meta = type(self.value)     # (a class's truth is its metaclass's __bool__ / __len__)
+        for name in ("__bool__", "__len__"):
+            fn = static_lookup(meta, name)
+            if isinstance(fn, types.FunctionType):
+                tx.output.guard_class_attribute(meta, name, fn)
+                result = tx.call(UserFunctionValue(fn), [self], {})
+                return checked_bool(tx, result) if name == "__bool__" else checked_len(tx, result) > 0
+            if fn is not _MISSING:
+                raise Unsupported(f"truth of {self.describe()} (its metaclass's {name} is not Python)")
         return True
 
     def getattr(self, tx, name):
