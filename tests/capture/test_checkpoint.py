@@ -350,3 +350,30 @@ def test_learning_the_default_mode_leaves_torch_dynamo_alone():
             "print('torch._dynamo' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_a_body_writing_a_tensor_from_outside_runs_natively(reentrant):
+    # (eager's backward recomputes the body: the write happens twice, and the gradient reads
+    # the tensor as written again)
+    def make():
+        buf = torch.zeros(3)
+
+        def body(x):
+            buf.add_(1)
+            return x * buf
+
+        def f(x):
+            return torch.utils.checkpoint.checkpoint(body, x, use_reentrant=reentrant)
+        return f, buf
+
+    results = []
+    for compile_ in (False, True):
+        kiln.reset()
+        f, buf = make()
+        if compile_:
+            f = kiln.compile(f, backend="aot_eager")
+        x = torch.ones(3, requires_grad=True)
+        f(x).sum().backward()
+        results.append((x.grad, buf))
+    assert_same(results[1], results[0])

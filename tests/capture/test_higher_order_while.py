@@ -76,3 +76,18 @@ def test_training_is_refused():
         x = torch.rand(4, requires_grad=True)
         assert_same(kiln.compile(f, backend=counter, fullgraph=True)(x), f(x))
         assert counter.frame_count == 1
+
+
+def test_the_cond_subgraph_returns_the_bool_tensor_itself():
+    # (torch's while_loop, run as ATen ops by the eager and aot_eager backends, takes the
+    # tensor, not a tuple of it)
+    counter = CompileCounter()
+    compiled = kiln.compile(doubling, backend=counter, fullgraph=True)
+    x, w = torch.rand(4), torch.rand(4)
+    compiled(x, w)
+    (node,) = [n for n in counter.graphs[0].graph.nodes if n.target is WHILE_LOOP]
+    cond_gm = getattr(counter.graphs[0], node.args[0].target)
+    out = next(n for n in cond_gm.graph.nodes if n.op == "output")
+    assert isinstance(out.args[0], torch.fx.Node)
+    assert_same(WHILE_LOOP(cond_gm, getattr(counter.graphs[0], node.args[1].target),
+                           (torch.tensor(0), x), (w,)), doubling(x, w))

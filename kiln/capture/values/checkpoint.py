@@ -30,11 +30,14 @@ import functools
 import warnings
 
 import torch
+import torch.fx
 import torch.utils.checkpoint as torch_checkpoint
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from ... import _torch
 from ...aot.recompute import POLICY_KEY, REGION_KEY, SELECTIVE_POLICY_KEY
 from ...errors import FrameRunsEagerly, Unsupported
+from ...inplace_ops import mutates
 from .base import RealCallableValue, Value
 from .containers import BaseSequenceValue
 from .functions import PartialValue, UserFunctionValue
@@ -113,6 +116,10 @@ def call_checkpoint(tx, args: list[Value], kwargs: dict[str, Value]) -> Value:
     if tx.output.side_effects.count() != effects:
         raise Unsupported("a checkpointed function that changes Python state outside itself (eager "
                           "runs it again in the backward): checkpoint runs natively")
+    if _writes_outside(graph, before):
+        raise Unsupported("a checkpointed function that writes a tensor made outside it in place "
+                          "(eager writes it again in the backward's recomputation): checkpoint "
+                          "runs natively")
     tx.output.recompute_regions += 1
     region = tx.output.recompute_regions
     for node in graph.nodes:
@@ -124,6 +131,38 @@ def call_checkpoint(tx, args: list[Value], kwargs: dict[str, Value]) -> Value:
             else:
                 node.meta.pop(SELECTIVE_POLICY_KEY, None)
     return result
+
+
+def _writes_outside(graph, before: set) -> bool:
+    """Whether a node added since ``before`` writes in place (or through ``out=``) a tensor
+    that was not made after ``before``, or a view of one."""
+    # (an input read for the first time inside the region is a new placeholder: not made here)
+    made = {n for n in graph.nodes if n not in before and n.op not in ("placeholder", "get_attr")}
+    for node in made:
+        if node.op not in ("call_function", "call_method"):
+            continue
+        if not (mutates(node.op, node.target) or "out" in node.kwargs):
+            continue
+        written = [node.args[0]] if node.args else []
+        out = node.kwargs.get("out")
+        written += list(out) if isinstance(out, (tuple, list)) else [out] if out is not None else []
+        for w in written:
+            if isinstance(w, torch.fx.Node) and _root(w, made) not in made:
+                return True
+    return False
+
+
+def _root(node, made: set):
+    """The node a chain of views inside the region starts from."""
+    seen = 0
+    while node in made and node.args and isinstance(node.args[0], torch.fx.Node) and seen < 1000:
+        val = node.meta.get("example_value")
+        base = node.args[0].meta.get("example_value")
+        if not (isinstance(val, torch.Tensor) and isinstance(base, torch.Tensor) and val._is_view()
+                and StorageWeakRef(val.untyped_storage()) == StorageWeakRef(base.untyped_storage())):
+            break
+        node, seen = node.args[0], seen + 1
+    return node
 
 
 def _run_body(tx, fn: Value, args: list[Value], kwargs: dict[str, Value]) -> Value:

@@ -54,6 +54,7 @@ def call_while_loop(tx, args: list[Value], kwargs: dict[str, Value]) -> Value:
     carried_nodes = [c.node for c in carried]
     inputs, gms = move_to_subgraphs(tx, [cond_b, body_b], carried_nodes,
                                     [f"WhileCond{index}", f"WhileBody{index}"], "torch.while_loop")
+    _returns_bare(gms[0])      # (torch's while_loop takes the bool tensor itself, not a tuple of it)
     additional = inputs[len(carried_nodes):]
     if any(isinstance(n.meta["example_value"], torch.Tensor) and n.meta["example_value"].requires_grad
            for n in additional) and torch.is_grad_enabled():
@@ -66,6 +67,14 @@ def call_while_loop(tx, args: list[Value], kwargs: dict[str, Value]) -> Value:
     node = output._op_node("call_function", WHILE_LOOP_OP,
                            (*gm_nodes, tuple(carried_nodes), tuple(additional)), {})
     return TupleValue(list(output._wrap_result(node, tuple(fake_outs)).items))
+
+
+def _returns_bare(gm: torch.fx.GraphModule) -> None:
+    out = next(n for n in gm.graph.nodes if n.op == "output")
+    (values,) = out.args
+    if isinstance(values, (tuple, list)) and len(values) == 1:
+        out.args = (values[0],)
+        gm.recompile()
 
 
 def _bind(args: list[Value], kwargs: dict[str, Value]) -> dict[str, Value]:
