@@ -4,7 +4,6 @@ through the interpreter they are given (``tx``)."""
 from __future__ import annotations
 
 import operator
-import sys
 import types
 from typing import Any, Callable
 
@@ -107,34 +106,6 @@ def _refuse_container_overrides(op, a: Value, b: Value) -> None:
                 and any(v.override(n) is not None for n in names):
             raise Unsupported(f"operator {op.__name__} of {v.describe()}, whose class overrides it")
 
-
-def checked_bool(tx, result: Value) -> bool:
-    """What a user's ``__bool__`` returned, as ``bool()`` takes it: a bool, else TypeError."""
-    if isinstance(result, _SYMBOLIC):
-        result = specialize(result)
-    r = result.as_constant() if result.is_constant() else None
-    if not isinstance(r, bool):
-        if not result.is_constant():
-            raise Unsupported(f"__bool__ returning {result.describe()}")
-        raise tx.user_exception(TypeError(f"__bool__ should return bool, returned {type(r).__name__}"))
-    return r
-
-
-def checked_len(tx, result: Value):
-    """What a user's ``__len__`` returned, as ``len()`` takes it: an int >= 0 (a SymInt
-    stays one), else eager's TypeError, ValueError or OverflowError."""
-    if isinstance(result, _SYMBOLIC):
-        return result
-    r = result.as_constant() if result.is_constant() else None
-    if not result.is_constant():
-        raise Unsupported(f"__len__ returning {result.describe()}")
-    if not isinstance(r, int):
-        raise tx.user_exception(TypeError(f"'{type(r).__name__}' object cannot be interpreted as an integer"))
-    if r < 0:
-        raise tx.user_exception(ValueError("__len__() should return >= 0"))
-    if r > sys.maxsize:
-        raise tx.user_exception(OverflowError("cannot fit 'int' into an index-sized integer"))
-    return int(r)
 
 
 def _overrides_ordering(a, b) -> bool:

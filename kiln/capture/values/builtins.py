@@ -35,6 +35,7 @@ from .objects import (ClassValue, can_allocate_symbolically, GradModeValue, NewO
                       SuperValue,
                       can_create_symbolically, static_lookup, user_layers_define)
 from .tensor import TensorValue
+from .truth import checked_len
 
 _HANDLERS: dict[Any, Callable] = {}
 _SYMBOLIC = (SymNodeValue, SymRangeValue, SymSliceValue)
@@ -239,8 +240,6 @@ def _len(tx, fn, args, kwargs):
         return v.length(tx)
     if v.is_constant() and not isinstance(v, (ListValue, TupleValue)):
         return ConstantValue(len(v.as_constant()))
-    from ..semantics import checked_len     # (the semantics module imports this one)
-
     n = checked_len(tx, tx.call_method(v, "__len__", [], {}))
     return ConstantValue(n) if isinstance(n, int) else n
 

@@ -17,7 +17,8 @@ from ..sources import AttrSource
 from .attributes import _MISSING, static_lookup
 from .attributes import del_attribute, descriptor_delete, get_attribute, set_attribute
 from .base import ConstantValue, Value, is_constant_object
-from .functions import MethodValue
+from .functions import MethodValue, UserFunctionValue
+from .truth import checked_bool, checked_len
 
 
 def _user_override(cls: type, base: type, name: str):
@@ -33,9 +34,6 @@ def _user_override(cls: type, base: type, name: str):
 def _truthy_by_overrides(tx, v) -> bool:
     """Truth of a container subclass's instance: its class's own ``__bool__`` or ``__len__``
     (a Python override), else the storage's length."""
-    from ..semantics import checked_bool, checked_len
-    from .functions import UserFunctionValue
-
     cls = v.python_type()
     for name in ("__bool__", "__len__"):
         fn = static_lookup(cls, name)

@@ -26,6 +26,7 @@ from .base import ConstantValue, Value
 from .containers import DictValue, IteratorValue, TupleValue
 from .functions import BaseMethodValue, BoundMethodValue, MethodValue, UserFunctionValue
 from .grad_mode_functions import decorate_with_grad_mode
+from .truth import checked_bool, checked_len
 
 from .attributes import (_MISSING, RawAttrSource, del_attribute, descriptor_delete,
                          descriptor_set, generic_method, get_attribute, has_user_getattribute,
@@ -49,8 +50,6 @@ class ObjectValue(Value):
         return f"{type(self.value).__name__}" + (f"({self.source.describe()})" if self.source else "")
 
     def truthy(self, tx):
-        from ..semantics import checked_bool, checked_len
-
         cls = self.python_type()
         if static_lookup(cls, "__bool__") is _MISSING and static_lookup(cls, "__len__") is _MISSING:
             return True
@@ -696,8 +695,6 @@ class ClassValue(ObjectValue):
         return self.value
 
     def truthy(self, tx):
-        from ..semantics import checked_bool, checked_len
-
         meta = type(self.value)     # (a class's truth is its metaclass's __bool__ / __len__)
         for name in ("__bool__", "__len__"):
             fn = static_lookup(meta, name)
