@@ -22,9 +22,10 @@ Cleared by ``reset()``:
 
 Kept here, not cleared, and why:
 
-* ``module_callers`` (``runtime/module.py``): the one caller function per nn.Module class,
-  which gives all instances of the class one set of entries; it is an identity, not a
-  result (its entries are in ``function_caches`` and are cleared);
+* ``module_callers`` (``runtime/module.py``): the one caller function per nn.Module class
+  (held weakly, by the compiled modules), which gives all instances of the class one set of
+  entries; it is an identity, not a result (its entries are in ``function_caches`` and are
+  cleared);
 * ``side_streams`` (``activations/stream_ops.py``): a device's copy stream, a device
   resource; copies a graph compiled before the reset started may still be in flight on it;
 * ``triton_records`` (``backends/inductor/triton_kernels.py``): the kernels this process compiled,
@@ -136,7 +137,7 @@ saved_hook_wrappers: dict = {}        # key of a callable -> (callable, its mark
 
 # -- kept across reset() (see above) ----------------------------------------------------------------
 
-module_callers: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # module class -> caller
+module_callers: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # module class -> weakref to its caller
 side_streams: dict = {}               # CUDA device index -> its copy stream
 triton_records: dict = {}             # module digest -> the kernels' record (newest last)
 

@@ -342,3 +342,38 @@ def test_an_uncaught_exception_keeps_nothing(where, backend, grad, monkeypatch):
     x_ref, model_ref = call()
     gc.collect()
     assert x_ref() is None and model_ref() is None
+
+
+@pytest.mark.parametrize("what", ["class", "closure", "class attribute"])
+def test_compiled_module_class_and_what_it_reaches_are_freed(what):
+    """``kiln.compile(module)`` shares one caller per module class; once no compiled module
+    of the class is left, the class is freed, and with it what its methods' closures and
+    its attributes hold (the entries' guards name the class)."""
+    def make():
+        held = torch.randn(4)
+
+        class Mod(torch.nn.Module):
+            def forward(self, x):
+                return x + held
+
+        Mod.extra = torch.randn(4)
+        compiled = kiln.compile(Mod(), backend="eager")
+        x = torch.randn(4)
+        torch.testing.assert_close(compiled(x), x + held)
+        target = {"class": Mod, "closure": held, "class attribute": Mod.extra}[what]
+        return weakref.ref(target)
+
+    ref = make()
+    gc.collect()
+    assert ref() is None
+
+
+def test_module_class_entries_are_shared_while_a_compiled_module_lives():
+    counter = CompileCounter()
+    lin = torch.nn.Linear(3, 3)
+    a = kiln.compile(lin, backend=counter)
+    b = kiln.compile(torch.nn.Linear(3, 3), backend=counter)
+    x = torch.randn(2, 3)
+    a(x)
+    b(x)
+    assert counter.frame_count == 1

@@ -486,6 +486,16 @@ def _pushed_by_load(tx, ip: int) -> tuple[str, ...] | None:
     return None
 
 
+def _object_key(v) -> int:
+    """The identity of the object a value stands for (an argument not read yet, or a real
+    iterator passed in, is the object itself)."""
+    if isinstance(v, LazyArgument):
+        return id(v.obj)
+    if isinstance(v, IteratorValue) and v.real is not None:
+        return id(v.real)
+    return id(v)
+
+
 def _finish_break(fn, output: OutputGraph, tx, ip: int, reason: Unsupported, key, backend,
                   backend_name: str, compiled_factory: Callable) -> Entry:
     """The entry of a frame that breaks before instruction ``ip``: graph, side effects, the
@@ -497,6 +507,11 @@ def _finish_break(fn, output: OutputGraph, tx, ip: int, reason: Unsupported, key
                           "tensors in the same graph)").located(*tx.location())
     code = tx.code
     layout = [resume.slot_kind(v) for v in tx.stack]
+    # an iterator the code also reaches another way (``for v in it: ... next(it)``) is handed
+    # over as itself, not as the tuple of its items: both must keep taking from one object
+    held = [_object_key(v) for v in tx.locals.values()] + [_object_key(v) for v in tx.stack]
+    layout = [resume.VALUE if kind == resume.ITER and held.count(_object_key(v)) > 1 else kind
+              for kind, v in zip(layout, tx.stack)]
     if tx.f_locals_dict is not None:
         tx.locals[resume.FRAME_LOCALS] = tx.f_locals_dict
     try:
@@ -528,7 +543,7 @@ def _finish_break(fn, output: OutputGraph, tx, ip: int, reason: Unsupported, key
     for k, v in enumerate(tx.stack):
         if layout[k] in (resume.NULL, resume.UNBOUND):   # (pushed back by the prologue)
             continue
-        if isinstance(v, IteratorValue):
+        if isinstance(v, IteratorValue) and layout[k] == resume.ITER:
             expr = v.reconstruct_remaining(cg)
         else:
             expr = v.reconstruct(cg)

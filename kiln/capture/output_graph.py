@@ -320,6 +320,8 @@ class OutputGraph:
                 self.guards.add(Guard(GuardKind.ID_MATCH,
                                       ItemSource(AttrSource(ConstSource(owner), "__dict__"), name), raw))
                 return
+            # a class before the owner that gains the name later shadows it
+            self.guards.add(Guard(GuardKind.NOT_IN_INSTANCE_DICT, ConstSource(owner), name))
 
     def guard_module_has_no_hooks(self, module_value) -> None:
         if module_value.source is not None and self.guards_enabled_for(module_value.source):

@@ -13,13 +13,14 @@ from ..errors import Unsupported
 from .guards import GuardKind
 from .numpy.values import NdarrayValue, numpy_binary, numpy_unary
 from .sources import AttrSource, ConstSource, ItemSource, TypeSource
+from .values.attributes import _MISSING
 from .values.base import ConstantValue, LazyArgument, NullValue, Value, is_constant_object
 from .values.builder import wrap_pure_result
 from .values.containers import (BaseSequenceValue, DictValue, DictViewValue, IteratorValue,
                                 ListValue, SetValue, TupleValue)
 from .values.functions import BoundMethodValue, NestedFunctionValue, UserFunctionValue
 from .values.identity import CaptureIdValue
-from .values.objects import ClassValue, NewObjectValue, ObjectValue, static_lookup
+from .values.objects import ClassValue, NewObjectValue, ObjectValue, is_object_comparison, static_lookup
 from .values.symbolic import (SymNodeValue, SymRangeValue, SymSliceValue, specialize, sym_binary,
                               sym_unary)
 from .values.tensor import TensorValue
@@ -83,6 +84,33 @@ _NEW_OBJECTS = (TensorValue, BaseSequenceValue, DictValue, NestedFunctionValue, 
 
 
 _ORDERINGS = (operator.lt, operator.le, operator.gt, operator.ge)
+
+def _user_types(a: Value, b: Value) -> tuple[type, type] | None:
+    if isinstance(a, ObjectValue) and isinstance(b, ObjectValue) and not isinstance(a, ClassValue) \
+            and not isinstance(b, ClassValue):
+        return a.python_type(), b.python_type()
+    return None
+
+
+def _same_user_type(a: Value, b: Value) -> bool:
+    types_ = _user_types(a, b)
+    return types_ is not None and types_[0] is types_[1]
+
+
+def _reflected_first(a: Value, b: Value, rev: str, comparison: bool) -> bool:
+    """Python calls the right operand's reflected method first when its type is a proper
+    subclass of the left's: always for a comparison, and for an arithmetic operator when the
+    subclass defines that reflected method differently."""
+    types_ = _user_types(a, b)
+    if types_ is None:
+        return False
+    ta, tb = types_
+    if ta is tb or not issubclass(tb, ta):
+        return False
+    if comparison:
+        return True
+    mine = static_lookup(tb, rev)
+    return mine is not _MISSING and mine is not static_lookup(ta, rev)
 
 
 _CONTAINERS = (BaseSequenceValue, DictValue, SetValue)
@@ -410,17 +438,28 @@ class PythonSemantics:
         if op in _INPLACE_TO_BINARY and isinstance(a, ObjectValue):
             ifn = static_lookup(a.python_type(), f"__i{name}__")
             if isinstance(ifn, types.FunctionType):
+                self.output.guard_class_attribute(a.python_type(), f"__i{name}__", ifn)
                 r = self.call(UserFunctionValue(ifn), [a, b], {})
                 if not (r.is_constant() and r.as_constant() is NotImplemented):
                     return r
-        for x, y, meth in ((a, b, fwd), (b, a, rev)):
-            if isinstance(x, ObjectValue) and not isinstance(x, ClassValue):
-                fn = static_lookup(x.python_type(), meth)
-                if isinstance(fn, types.FunctionType):
-                    r = self.call(UserFunctionValue(fn), [x, y], {})
-                    if not (r.is_constant() and r.as_constant() is NotImplemented):
-                        return r
-        if op in (operator.eq, operator.ne):
+        order = [(a, b, fwd), (b, a, rev)]
+        comparison = op in _COMPARE_DUNDER
+        if _reflected_first(a, b, rev, comparison):
+            order.reverse()
+        elif not comparison and _same_user_type(a, b):
+            order.pop()     # Python tries no reflected operator between objects of one type
+        unknown = False
+        for x, y, meth in order:
+            if not isinstance(x, ObjectValue) or isinstance(x, ClassValue):
+                continue
+            fn = static_lookup(x.python_type(), meth)
+            if isinstance(fn, types.FunctionType) or is_object_comparison(fn):
+                r = x.call_method(self, meth, [y], {})      # (guards the class's method)
+                if not (r.is_constant() and r.as_constant() is NotImplemented):
+                    return r
+            elif fn is not _MISSING:
+                unknown = True      # a C type's operator: its answer is not known here
+        if op in (operator.eq, operator.ne) and not unknown:
             same = self.is_same(a, b)
             return ConstantValue(same if op is operator.eq else not same)
         raise Unsupported(f"operator {getattr(op, '__name__', op)} on {a.describe()} and {b.describe()}")
@@ -479,6 +518,7 @@ class PythonSemantics:
         if isinstance(v, ObjectValue):
             fn = static_lookup(v.python_type(), _UNARY[op])
             if isinstance(fn, types.FunctionType):
+                self.output.guard_class_attribute(v.python_type(), _UNARY[op], fn)
                 return self.call(UserFunctionValue(fn), [v], {})
         raise Unsupported(f"unary {op.__name__} on {v.describe()}")
 
@@ -515,6 +555,7 @@ class PythonSemantics:
         if isinstance(container, ObjectValue):
             fn = static_lookup(container.python_type(), "__contains__")
             if isinstance(fn, types.FunctionType):
+                self.output.guard_class_attribute(container.python_type(), "__contains__", fn)
                 return self.truthy(self.call(UserFunctionValue(fn), [container, x], {}))
             return self.contains(self.unpack_iterable(container), x)
         if isinstance(container, TensorValue):

@@ -2,11 +2,15 @@
 class that all its instances' entries belong to."""
 from __future__ import annotations
 
+import threading
+import weakref
 from typing import TYPE_CHECKING, Callable
 
 import torch
 
 from ..process_state import module_callers as _module_callers
+
+_callers_lock = threading.Lock()
 
 if TYPE_CHECKING:
     from .function import CompiledFunction
@@ -14,15 +18,22 @@ if TYPE_CHECKING:
 
 def module_caller(cls: type) -> Callable:
     """One tiny function per module class, so all instances of a class share its entries and
-    module hooks are honoured (calling the module goes through the NO_HOOKS guard)."""
-    fn = _module_callers.get(cls)
-    if fn is None:
-        def call_module(module, /, *args, **kwargs):
-            return module(*args, **kwargs)
-        call_module.__qualname__ = f"{cls.__qualname__}.__call__"
-        call_module.__module__ = cls.__module__   # (also names its dynamic-shape profile)
-        call_module.__kiln_source__ = cls.forward    # (the source a trace shows for it)
-        fn = _module_callers.setdefault(cls, call_module)    # (one for all threads)
+    module hooks are honoured (calling the module goes through the NO_HOOKS guard).
+
+    The table holds the caller weakly: its entries' guards name the class, so a strong value
+    would keep the class (and all its methods' closures reach) alive for good. The compiled
+    modules hold the caller; once none is left, the class and the caller are freed together."""
+    with _callers_lock:     # (one for all threads)
+        ref = _module_callers.get(cls)
+        fn = ref() if ref is not None else None
+        if fn is None:
+            def call_module(module, /, *args, **kwargs):
+                return module(*args, **kwargs)
+            call_module.__qualname__ = f"{cls.__qualname__}.__call__"
+            call_module.__module__ = cls.__module__   # (also names its dynamic-shape profile)
+            call_module.__kiln_source__ = cls.forward    # (the source a trace shows for it)
+            fn = call_module
+            _module_callers[cls] = weakref.ref(fn)
     return fn
 
 

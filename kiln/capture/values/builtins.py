@@ -20,7 +20,7 @@ import torch
 from ...errors import Unsupported
 from ..guards import Guard, GuardKind, _autocast_state
 from ..sources import TypeSource
-from .attributes import call_modelled
+from .attributes import _MISSING, call_modelled
 from .base import ConstantValue, RealCallableValue, Value, is_constant_object
 from .containers import (DictValue, IteratorValue, ListValue, NamedTupleValue, SetValue,
                          TupleValue)
@@ -554,12 +554,23 @@ class DerivedIteratorValue(IteratorValue):
         return cg.stash(self, build)
 
 
+def is_shared_iterator(v: Value) -> bool:
+    """Whether ``v`` is an iterator (a generator, ``iter(xs)``, a user object with
+    ``__next__``) rather than an iterable: its items are shared with every other holder of it,
+    so a consumer must take them one at a time, when eager does."""
+    if isinstance(v, IteratorValue):
+        return True
+    return isinstance(v, ObjectValue) and not isinstance(v, ClassValue) and \
+        static_lookup(v.python_type(), "__next__") is not _MISSING
+
+
 def _lazy_sources(tx, iterables) -> list | None:
-    """The iterators of ``iterables`` when one of them is lazy (a generator), else None."""
-    its = [tx.get_iter(a) if isinstance(a, IteratorValue) else None for a in iterables]
-    if not any(it is not None and it.lazy for it in its):
+    """The iterators of ``iterables`` when one of them is an iterator (eager takes its items
+    as they are asked for: ``zip(it, it)``, a loop that breaks out), else None (lists,
+    tuples, dicts, ranges: their items may be read at once)."""
+    if not any(is_shared_iterator(a) for a in iterables):
         return None
-    return [it if it is not None else tx.get_iter(a) for it, a in zip(its, iterables)]
+    return [tx.get_iter(a) for a in iterables]
 
 
 def _rows(get_tx, its):

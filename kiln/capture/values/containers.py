@@ -745,7 +745,10 @@ class IteratorValue(Value):
         return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
 
     def reconstruct(self, cg):
-        return f"iter({self.reconstruct_remaining(cg)})"
+        if self.real is not None and self.source is not None:
+            return cg.source_expr(self.source)     # (advanced as far as the capture took it)
+        # (one object for every reference to it: a local and a zip over it share its items)
+        return cg.stash(self, lambda: f"iter({self.reconstruct_remaining(cg)})")
 
     def call_method(self, tx, name, args, kwargs):
         if name == "__next__":

@@ -1,11 +1,16 @@
 """``itertools`` called during capture.
 
-Finite iterators (``chain``, ``chain.from_iterable``, ``product``, ``combinations``,
-``permutations``, ``islice``, ``accumulate``, ``zip_longest``, ``repeat(x, n)``,
-``compress``, ``pairwise``, ``starmap``, ``takewhile``, ``dropwhile``, ``filterfalse``,
-``tee``, ``groupby``) are computed when they
-are created, over the symbolic items of their inputs (tensors, symbolic sizes and Python
-values alike): the result is an iterator over a known list, like ``zip`` and ``map`` here.
+Finite iterators (``chain``, ``chain.from_iterable``, ``islice``, ``accumulate``,
+``zip_longest``, ``compress``, ``pairwise``, ``starmap``, ``takewhile``, ``dropwhile``,
+``filterfalse``, ``tee``) take their items as eager does, one ``next`` at a time, when that
+can be seen: a source that is an iterator (``zip(it, it)``, ``tee(it)`` and then ``next(it)``,
+a generator) or a function of the user's that they call (``starmap``, ``accumulate``'s
+``func``, the predicates). Over lists, tuples and ranges with no such function they are
+computed when they are created, over the symbolic items of their inputs (tensors, symbolic
+sizes and Python values alike), and a graph break hands them over as an iterator over what is
+left. ``product``, ``combinations`` and ``permutations`` read their inputs when created, as
+eager does. A lazy itertools iterator other than ``chain`` held across a graph break runs the
+frame natively (its state, a ``tee``'s buffer or an ``accumulate``'s total, has no source).
 
 Infinite ones (``count``, ``cycle``, ``repeat(x)``) are lazy: each ``next`` (a ``for`` loop
 that breaks out, ``zip``, ``islice``, ``next()``) takes one item, and consuming one to its end
@@ -19,7 +24,7 @@ import operator
 
 from ...errors import Unsupported
 from .base import ConstantValue, Value
-from .builtins import DerivedIteratorValue, _lazy_sources, _rows, handles
+from .builtins import DerivedIteratorValue, _lazy_sources, _rows, handles, is_shared_iterator
 from .containers import IteratorValue, TupleValue
 from .symbolic import SymNodeValue, specialize
 
@@ -122,16 +127,58 @@ def _take(tx, it: Value, n: int | None) -> list[Value]:
     return out
 
 
+class LazyItertoolsValue(DerivedIteratorValue):
+    """An itertools iterator taking its sources' items as it is asked for its own. At a graph
+    break, ``rebuild(cg)`` writes the code of a real one that yields what is left (None: one
+    whose state has no such code, and the frame runs natively)."""
+
+    def __init__(self, cls: type, produce, rebuild=None):
+        super().__init__(cls, produce)
+        self.rebuild = rebuild
+
+    def describe(self):
+        return f"itertools.{self.cls.__name__} iterator"
+
+    def reconstruct(self, cg):
+        if self.rebuild is None or self.done:
+            if self.done:
+                return cg.stash(self, lambda: f"{cg.bind(iter)}(())")
+            raise Unsupported(f"a lazy {self.describe()} held across a graph break")
+        return cg.stash(self, lambda: self.rebuild(cg))
+
+
+def _user_function(f: Value | None) -> bool:
+    return f is not None and not (f.is_constant() and f.as_constant() is None)
+
+
+def _items(get_tx, it):
+    """The items of an iterator value, taken one at a time."""
+    while (v := it.next(get_tx())) is not None:
+        yield v
+
+
 @handles(itertools.chain)
 def _chain(tx, fn, args, kwargs):
     if kwargs:
         raise tx.user_exception(TypeError("chain() takes no keyword arguments"))
+    if _lazy_sources(tx, args) is not None:
+        its = [tx.get_iter(a) for a in args]
+        return LazyItertoolsValue(   # (what is left of each source, in order)
+            itertools.chain, lambda get_tx: (v for it in its for v in _items(get_tx, it)),
+            rebuild=lambda cg: f"{cg.bind(itertools.chain)}({', '.join(it.reconstruct(cg) for it in its)})")
     return TypedIteratorValue([v for a in args for v in _finite(tx, a)], itertools.chain)
 
 
 @handles(itertools.chain.from_iterable)
 def _chain_from_iterable(tx, fn, args, kwargs):
     (outer,) = args
+    if is_shared_iterator(outer) or any(is_shared_iterator(a) for a in _finite(tx, outer)):
+        outer_it = tx.get_iter(outer)
+
+        def produce(get_tx):
+            for inner in _items(get_tx, outer_it):
+                yield from _items(get_tx, get_tx().get_iter(inner))
+        return LazyItertoolsValue(itertools.chain, produce)
     return TypedIteratorValue([v for a in _finite(tx, outer) for v in _finite(tx, a)], itertools.chain)
 
 
@@ -162,36 +209,86 @@ def _islice(tx, fn, args, kwargs):
     start, stop, step = slice(*bounds).start, slice(*bounds).stop, slice(*bounds).step
     if any(b is not None and b < 0 for b in (start, stop)) or step is not None and step < 1:
         raise tx.user_exception(ValueError("Indices for islice() must be None or an int >= 0."))
+    if is_shared_iterator(args[0]):
+        it, state = tx.get_iter(args[0]), {"count": 0, "next": start or 0}
+
+        def rebuild(cg):
+            count, nxt = state["count"], state["next"]
+            rest = "None" if stop is None else max(stop - count, 0)
+            return f"{cg.bind(itertools.islice)}({it.reconstruct(cg)}, {max(nxt - count, 0)}, {rest}, {step or 1})"
+        return LazyItertoolsValue(itertools.islice,
+                                  lambda get_tx: _islice_items(get_tx, it, state, stop, step or 1), rebuild)
     items = _take(tx, args[0], stop)
     return TypedIteratorValue(items[slice(start, None, step)], itertools.islice)
 
 
+def _islice_items(get_tx, it, state: dict, stop: int | None, step: int):
+    """islice's items as CPython takes them: skip to the next index, stop before reading past
+    ``stop`` (``state``: items read so far, and the index of the next one to yield)."""
+    while True:
+        while state["count"] < state["next"]:
+            if it.next(get_tx()) is None:
+                return
+            state["count"] += 1
+        if stop is not None and state["count"] >= stop:
+            return
+        v = it.next(get_tx())
+        if v is None:
+            return
+        state["count"] += 1
+        nxt = state["next"] + step
+        state["next"] = nxt if stop is None else min(nxt, stop)
+        yield v
+
+
 @handles(itertools.accumulate)
 def _accumulate(tx, fn, args, kwargs):
-    items = _finite(tx, args[0])
     func = args[1] if len(args) > 1 else kwargs.get("func")
-    if func is not None and func.is_constant() and func.as_constant() is None:
+    if not _user_function(func):
         func = None
-    out = []
-    acc = kwargs.get("initial")
-    if acc is not None and acc.is_constant() and acc.as_constant() is None:
-        acc = None
-    if acc is not None:
-        out.append(acc)
-    for v in items:
-        if acc is None:
-            acc = v
-        elif func is None:
-            acc = tx.binary(operator.add, acc, v)
-        else:
-            acc = tx.call(func, [acc, v], {})
-        out.append(acc)
-    return TypedIteratorValue(out, itertools.accumulate)
+    initial = kwargs.get("initial")
+    if initial is not None and initial.is_constant() and initial.as_constant() is None:
+        initial = None
+
+    def produce(get_tx, items):
+        acc = initial
+        if acc is not None:
+            yield acc
+        for v in items:
+            if acc is None:
+                acc = v
+            elif func is None:
+                acc = get_tx().binary(operator.add, acc, v)
+            else:
+                acc = get_tx().call(func, [acc, v], {})
+            yield acc
+    if func is not None or is_shared_iterator(args[0]):
+        it = tx.get_iter(args[0])
+        return LazyItertoolsValue(itertools.accumulate, lambda get_tx: produce(get_tx, _items(get_tx, it)))
+    return TypedIteratorValue(produce(lambda: tx, _finite(tx, args[0])), itertools.accumulate)
 
 
 @handles(itertools.zip_longest)
 def _zip_longest(tx, fn, args, kwargs):
     fill = kwargs.get("fillvalue", ConstantValue(None))
+    if _lazy_sources(tx, args) is not None:
+        its = [tx.get_iter(a) for a in args]
+
+        def produce(get_tx):
+            active = list(its)
+            while True:
+                row = []
+                for i, it in enumerate(active):
+                    v = it.next(get_tx()) if it is not None else None
+                    if v is None and it is not None:
+                        active[i] = None
+                        if all(a is None for a in active):
+                            return
+                    row.append(fill if v is None else v)
+                if not active:
+                    return
+                yield TupleValue(row)
+        return LazyItertoolsValue(itertools.zip_longest, produce)
     seqs = [_finite(tx, a) for a in args]
     n = max((len(s) for s in seqs), default=0)
     rows = [TupleValue([s[i] if i < len(s) else fill for s in seqs]) for i in range(n)]
@@ -221,6 +318,15 @@ def _cycle(tx, fn, args, kwargs):
 
 @handles(itertools.compress)
 def _compress(tx, fn, args, kwargs):
+    if _lazy_sources(tx, args) is not None:
+        data, selectors = (tx.get_iter(a) for a in args)
+
+        def produce(get_tx):
+            while (d := data.next(get_tx())) is not None and (sel := selectors.next(get_tx())) is not None:
+                if get_tx().truthy(sel):
+                    yield d
+        return LazyItertoolsValue(itertools.compress, produce, lambda cg: (
+            f"{cg.bind(itertools.compress)}({data.reconstruct(cg)}, {selectors.reconstruct(cg)})"))
     data, selectors = (_finite(tx, a) for a in args)
     return TypedIteratorValue([d for d, s in zip(data, selectors) if tx.truthy(s)], itertools.compress)
 
@@ -228,29 +334,62 @@ def _compress(tx, fn, args, kwargs):
 if hasattr(itertools, "pairwise"):
     @handles(itertools.pairwise)
     def _pairwise(tx, fn, args, kwargs):
+        if is_shared_iterator(args[0]):
+            it = tx.get_iter(args[0])
+
+            def produce(get_tx):
+                prev = it.next(get_tx())
+                if prev is None:
+                    return
+                for v in _items(get_tx, it):
+                    yield TupleValue([prev, v])
+                    prev = v
+            return LazyItertoolsValue(itertools.pairwise, produce)
         items = _finite(tx, args[0])
         return TypedIteratorValue([TupleValue([a, b]) for a, b in zip(items, items[1:])], itertools.pairwise)
 
 
 @handles(itertools.starmap)
 def _starmap(tx, fn, args, kwargs):
-    f, items = args[0], _finite(tx, args[1])
-    return TypedIteratorValue([tx.call(f, tx.unpack_iterable(t), {}) for t in items], itertools.starmap)
+    f, it = args[0], tx.get_iter(args[1])
+    return LazyItertoolsValue(itertools.starmap, lambda get_tx: (
+        get_tx().call(f, get_tx().unpack_iterable(t), {}) for t in _items(get_tx, it)),
+        lambda cg: f"{cg.bind(itertools.starmap)}({f.reconstruct(cg)}, {it.reconstruct(cg)})")
 
 
 @handles(itertools.filterfalse)
 def _filterfalse(tx, fn, args, kwargs):
-    pred, items = args[0], _finite(tx, args[1])
-    if pred.is_constant() and pred.as_constant() is None:
-        return TypedIteratorValue([i for i in items if not tx.truthy(i)], fn)
-    return TypedIteratorValue([i for i in items if not tx.truthy(tx.call(pred, [i], {}))], fn)
+    pred = args[0]
+    if _user_function(pred) or is_shared_iterator(args[1]):
+        it = tx.get_iter(args[1])
+        return LazyItertoolsValue(fn, lambda get_tx: (
+            i for i in _items(get_tx, it)
+            if not get_tx().truthy(get_tx().call(pred, [i], {}) if _user_function(pred) else i)),
+            lambda cg: f"{cg.bind(fn)}({pred.reconstruct(cg)}, {it.reconstruct(cg)})")
+    return TypedIteratorValue([i for i in _finite(tx, args[1]) if not tx.truthy(i)], fn)
 
 
 @handles(itertools.tee)
 def _tee(tx, fn, args, kwargs):
-    items = _finite(tx, args[0])
     n = _int_arg(tx, args[1] if len(args) > 1 else None, "n", 2)
-    return TupleValue([TypedIteratorValue(items, type(itertools.tee([])[0])) for _ in range(n)])
+    tee_type = type(itertools.tee([])[0])
+    if is_shared_iterator(args[0]):
+        source, buffer = tx.get_iter(args[0]), []
+
+        def produce(get_tx):
+            # every tee reads one buffer; the one ahead takes the next item from the source
+            i = 0
+            while True:
+                if i == len(buffer):
+                    v = source.next(get_tx())
+                    if v is None:
+                        return
+                    buffer.append(v)
+                yield buffer[i]
+                i += 1
+        return TupleValue([LazyItertoolsValue(tee_type, produce) for _ in range(n)])
+    items = _finite(tx, args[0])
+    return TupleValue([TypedIteratorValue(items, tee_type) for _ in range(n)])
 
 
 class GroupByValue(IteratorValue):
@@ -289,7 +428,10 @@ class GroupByValue(IteratorValue):
 
 @handles(itertools.groupby)
 def _groupby(tx, fn, args, kwargs):
-    items = _finite(tx, args[0] if args else kwargs["iterable"])
+    iterable = args[0] if args else kwargs["iterable"]
+    if is_shared_iterator(iterable):
+        raise Unsupported("itertools.groupby over an iterator (eager reads it one group at a time)")
+    items = _finite(tx, iterable)
     key = args[1] if len(args) > 1 else kwargs.get("key")
     if key is not None and key.is_constant() and key.as_constant() is None:
         key = None
@@ -305,12 +447,25 @@ def _groupby(tx, fn, args, kwargs):
 
 @handles(itertools.takewhile, itertools.dropwhile)
 def _while(tx, fn, args, kwargs):
-    pred, items = args[0], _finite(tx, args[1])
-    n = 0
-    while n < len(items) and tx.truthy(tx.call(pred, [items[n]], {})):
-        n += 1
-    kept = items[:n] if fn is itertools.takewhile else items[n:]
-    return TypedIteratorValue(kept, fn)
+    pred, it = args[0], tx.get_iter(args[1])
+    decided = []        # (once the predicate was false: takewhile has ended, dropwhile passes all)
+
+    def produce(get_tx):
+        for v in _items(get_tx, it):
+            if not get_tx().truthy(get_tx().call(pred, [v], {})):
+                decided.append(True)
+                if fn is itertools.dropwhile:
+                    yield v
+                    yield from _items(get_tx, it)
+                return
+            if fn is itertools.takewhile:
+                yield v
+
+    def rebuild(cg):
+        if decided:     # (dropwhile: the source's rest)
+            return f"{cg.bind(iter)}({it.reconstruct(cg)})"
+        return f"{cg.bind(fn)}({pred.reconstruct(cg)}, {it.reconstruct(cg)})"
+    return LazyItertoolsValue(fn, produce, rebuild)
 
 
 @handles(zip)
@@ -319,27 +474,36 @@ def _zip(tx, fn, args, kwargs):
     that is exhausted (so an infinite ``count``/``cycle`` beside a list is bounded by it)."""
     strict = kwargs.get("strict", ConstantValue(False)).as_constant()
     lazy = _lazy_sources(tx, args)
-    if lazy is not None:        # (a generator: each row taken as the consumer asks for it)
+    if lazy is not None:        # (an iterator: each row taken as the consumer asks for it)
         if strict:
-            raise Unsupported("zip(strict=True) over a generator")
+            return LazyItertoolsValue(zip, lambda get_tx: _strict_rows(get_tx, lazy), lambda cg: (
+                f"{cg.bind(zip)}({', '.join(it.reconstruct(cg) for it in lazy)}, strict=True)"))
         return DerivedIteratorValue(zip, lambda get_tx: (TupleValue(row) for row in _rows(get_tx, lazy)),
                                     sources=lazy)
-    if not any(isinstance(a, InfiniteIteratorValue) for a in args):
-        seqs = [_finite(tx, a) for a in args]
-        if strict and len({len(s) for s in seqs}) > 1:
-            raise tx.user_exception(ValueError("zip() arguments have different lengths"))
-        return IteratorValue([TupleValue(list(t)) for t in zip(*seqs)])
-    if all(isinstance(a, InfiniteIteratorValue) for a in args):
-        raise Unsupported("zip() of iterators that never end")
-    its = [tx.get_iter(a) for a in args]
-    rows = []
+    # (iterables only: each is read whole, so that a generator a user __iter__ makes is
+    # finished, not left suspended for a later graph break to hand over)
+    seqs = [_finite(tx, a) for a in args]
+    its = [IteratorValue(s) for s in seqs]
+    return IteratorValue(list(_strict_rows(lambda: tx, its) if strict else
+                              (TupleValue(row) for row in _rows(lambda: tx, its))))
+
+
+def _strict_rows(get_tx, its):
+    """zip(strict=True)'s rows, and CPython's ValueError where the lengths differ."""
+    def plural(i):
+        return " " if i == 1 else "s 1-"
     while True:
         row = []
-        for it in its:
-            v = it.next(tx)
+        for i, it in enumerate(its):
+            v = it.next(get_tx())
             if v is None:
-                if strict and (row or any(o.next(tx) is not None for o in its[1:])):
-                    raise tx.user_exception(ValueError("zip() arguments have different lengths"))
-                return IteratorValue(rows)
+                if i:
+                    raise get_tx().user_exception(ValueError(
+                        f"zip() argument {i + 1} is shorter than argument{plural(i)}{i}"))
+                for j, other in enumerate(its[1:], 1):
+                    if other.next(get_tx()) is not None:
+                        raise get_tx().user_exception(ValueError(
+                            f"zip() argument {j + 1} is longer than argument{plural(j)}{j}"))
+                return
             row.append(v)
-        rows.append(TupleValue(row))
+        yield TupleValue(row)

@@ -33,6 +33,15 @@ from .attributes import (_MISSING, RawAttrSource, del_attribute, descriptor_dele
                          set_attribute, static_lookup, storage_setter)
 
 
+# object's own rich comparisons, which call_method models (identity for ==, ``not __eq__``
+# for !=, NotImplemented for the orderings)
+_OBJECT_COMPARISONS = (object.__eq__, object.__ne__, object.__lt__, object.__le__, object.__gt__, object.__ge__)
+
+
+def is_object_comparison(attr) -> bool:
+    return any(attr is c for c in _OBJECT_COMPARISONS)
+
+
 class ObjectValue(Value):
     """An existing Python object read through a source."""
 
@@ -197,14 +206,23 @@ class ObjectValue(Value):
         if isinstance(cls_attr, types.FunctionType):
             tx.output.guard_class_attribute(self.python_type(), name, cls_attr)
             return tx.call(UserFunctionValue(cls_attr), [self, *args], kwargs)
-        if name in ("__eq__", "__ne__") and cls_attr in (object.__eq__, object.__ne__, _MISSING):
-            # identity; an object created during the capture has no real object to compare
-            same = args[0] is self if self.value is None else args[0].real_object() is self.value
+        if is_object_comparison(cls_attr) and cls_attr is getattr(object, name, None):
+            tx.output.guard_class_attribute(self.python_type(), name, cls_attr)
+        if name == "__eq__" and cls_attr in (object.__eq__, _MISSING) and len(args) == 1 and not kwargs:
+            # identity; an object created during the capture has no real object to compare.
             # object.__eq__ answers only for the object itself; for another, NotImplemented
             # (then ``==`` tries the other side, and falls back to identity)
-            if not same:
-                return ConstantValue(NotImplemented)
-            return ConstantValue(name == "__eq__")
+            same = args[0] is self if self.value is None else args[0].real_object() is self.value
+            return ConstantValue(True if same else NotImplemented)
+        if name == "__ne__" and cls_attr is object.__ne__ and len(args) == 1 and not kwargs:
+            # object.__ne__ inverts the class's __eq__ (a dataclass defines only __eq__)
+            eq = self.call_method(tx, "__eq__", args, {})
+            if eq.is_constant() and eq.as_constant() is NotImplemented:
+                return eq
+            return ConstantValue(not tx.truthy(eq))
+        if name in ("__lt__", "__le__", "__gt__", "__ge__") and cls_attr is getattr(object, name) \
+                and len(args) == 1 and not kwargs:
+            return ConstantValue(NotImplemented)
         if name == "__reduce_ex__" and cls_attr is object.__reduce_ex__ and len(args) == 1 and not kwargs:
             return default_reduce_ex(tx, self, args[0])
         attr = self.getattr(tx, name)

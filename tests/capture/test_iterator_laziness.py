@@ -1,0 +1,170 @@
+"""zip, enumerate and the itertools adaptors take the items of an iterator as eager does, one
+at a time when asked (``zip(it, it)``, ``tee(it)`` then ``next(it)``, a loop that breaks out),
+and call the user's functions (``starmap``, ``accumulate``, the predicates) only as their items
+are taken."""
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+import kiln
+from kiln.testing import CompileCounter
+
+
+def _same(fn, *args):
+    counter = CompileCounter()
+    expected = fn(*args)
+    got = kiln.compile(fn, backend=counter)(*args)
+    assert repr(got) == repr(expected)
+    assert counter.frame_count == 1
+    return got
+
+
+def test_zip_of_one_iterator_pairs_its_items():
+    def f(x):
+        it = iter([1, 2, 3, 4, 5])
+        pairs = list(zip(it, it))
+        grouped = list(zip(*[iter(range(6))] * 2))
+        return x + 1, pairs, grouped
+    _same(f, torch.ones(1))
+
+
+def test_enumerate_and_zip_leave_the_rest_of_an_iterator():
+    def f(x):
+        it = iter([x, x + 1, x + 2, x + 3])
+        for i, v in enumerate(it):
+            if i == 1:
+                break
+        rest = list(it)
+        it2 = iter([1, 2, 3])
+        first = next(zip(it2, "ab"))
+        return rest, first, list(it2)
+    _same(f, torch.ones(2))
+
+
+def test_an_argument_iterator_is_consumed_as_far_as_eager_does():
+    def f(x, it):
+        return x + next(zip(it, "a"))[0]
+    counter = CompileCounter()
+    g = kiln.compile(f, backend=counter)
+    it_e, it_k = iter([1, 2, 3]), iter([1, 2, 3])
+    torch.testing.assert_close(g(torch.ones(1), it_k), f(torch.ones(1), it_e))
+    assert list(it_k) == list(it_e) == [2, 3]
+
+
+@pytest.mark.parametrize("adaptor", ["tee", "islice", "chain", "accumulate", "pairwise", "compress",
+                                     "zip_longest", "filterfalse", "takewhile", "dropwhile"])
+def test_itertools_over_an_iterator_take_only_what_is_asked(adaptor):
+    def f(x):
+        it = iter([1, 2, 3, 4, 5])
+        if adaptor == "tee":
+            a, b = itertools.tee(it)
+            got = [next(a), next(a), next(b)]
+        elif adaptor == "islice":
+            got = list(itertools.islice(it, 1, 4, 2))
+        elif adaptor == "chain":
+            got = [next(itertools.chain(it, [9]))]
+        elif adaptor == "accumulate":
+            got = [next(itertools.accumulate(it))]
+        elif adaptor == "pairwise":
+            got = [next(itertools.pairwise(it))]
+        elif adaptor == "compress":
+            got = [next(itertools.compress(it, [0, 1, 1]))]
+        elif adaptor == "zip_longest":
+            got = list(itertools.zip_longest(it, [1, 2]))[:1]
+        elif adaptor == "filterfalse":
+            got = [next(itertools.filterfalse(lambda t: t < 3, it))]
+        elif adaptor == "takewhile":
+            got = list(itertools.takewhile(lambda t: t < 3, it))
+        else:
+            got = [next(itertools.dropwhile(lambda t: t < 3, it))]
+        return x + len(got), got, list(it)
+    if adaptor == "pairwise" and not hasattr(itertools, "pairwise"):
+        pytest.skip("itertools.pairwise is Python 3.10+")
+    _same(f, torch.ones(2))
+
+
+@pytest.mark.parametrize("adaptor", ["islice", "filterfalse", "takewhile", "dropwhile", "starmap", "compress"])
+def test_itertools_over_an_iterator_continue_after_a_graph_break(adaptor):
+    def f(x):
+        it = iter([1, 2, 3, 4, 5, 6])
+        if adaptor == "islice":
+            lazy = itertools.islice(it, 1, 5, 2)
+        elif adaptor == "filterfalse":
+            lazy = itertools.filterfalse(lambda t: t % 2, it)
+        elif adaptor == "takewhile":
+            lazy = itertools.takewhile(lambda t: t < 4, it)
+        elif adaptor == "dropwhile":
+            lazy = itertools.dropwhile(lambda t: t < 3, it)
+        elif adaptor == "starmap":
+            lazy = itertools.starmap(lambda a, b: a * b, zip(it, it))
+        else:
+            lazy = itertools.compress(it, iter([1, 0, 1, 1, 0, 1]))
+        first = next(lazy)
+        print("", end="")     # a graph break with the iterator half read
+        return x + first, list(lazy), list(it)
+    expected = f(torch.ones(1))
+    counter = CompileCounter()
+    got = kiln.compile(f, backend=counter)(torch.ones(1))
+    assert repr(got) == repr(expected)
+    assert counter.frame_count == 1     # (the graph before the break; none after it)
+
+
+def test_user_functions_run_as_items_are_taken():
+    def f(x):
+        log = []
+
+        def add(a, b):
+            log.append(("add", b))
+            return a + b
+
+        def pair(a, b):
+            log.append(("pair", a))
+            return a * b
+
+        acc = itertools.accumulate([1, 2, 3], add)
+        star = itertools.starmap(pair, [(1, 2), (3, 4)])
+        log.append("made")
+        first = next(acc), next(star)
+        return x + 1, first, log
+    _same(f, torch.ones(1))
+
+
+def test_tee_of_a_generator_runs_it_only_as_far_as_read():
+    def f(x):
+        log = []
+
+        def gen():
+            for i in range(3):
+                log.append(i)
+                yield x + i
+
+        a, b = itertools.tee(gen())
+        seen = list(log)
+        y = next(a)
+        return y, seen, list(log), next(b)
+    _same(f, torch.ones(1))
+
+
+def test_zip_strict_over_iterators_raises_eagers_error():
+    def f(x, n):
+        try:
+            return x + 1, list(zip(iter([1, 2]), iter(range(n)), strict=True))
+        except ValueError as e:
+            return x + 1, str(e)
+    g = kiln.compile(f, backend="eager")
+    for n in (1, 2, 3):
+        assert repr(g(torch.ones(1), n)) == repr(f(torch.ones(1), n))
+
+
+def test_chain_over_an_iterator_continues_after_a_graph_break():
+    def f(x):
+        c = itertools.chain(iter([x, x + 1]), [x + 2])
+        y = next(c)
+        print("", end="")     # a graph break while the chain is half read
+        return y, list(c)
+    expected = f(torch.ones(1))
+    got = kiln.compile(f, backend="eager")(torch.ones(1))
+    torch.testing.assert_close(got, expected)
