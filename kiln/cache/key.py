@@ -144,6 +144,9 @@ def _graph_lines(gm: torch.fx.GraphModule, example_inputs: list, table: Subgraph
         # a subgraph is named by its number (its attribute's name is as local as a node's)
         target = "" if node.op == "placeholder" else \
             f"sub{table.number(obj)}" if is_subgraph(obj) else _target_text(node.target)
+        captured = getattr(node.target, "kiln_captured_function", None) if node.op == "call_function" else None
+        if captured is not None:
+            target += _captured_function_text(captured, table)
         line = f"{names[node]} = {node.op} {target}" \
                f"({_arg_text(node.args, names, cuda)}, {_arg_text(node.kwargs, names, cuda)}) {json.dumps(meta, sort_keys=True, default=str)}"
         if node.op == "get_attr" and not is_subgraph(obj):
@@ -154,6 +157,23 @@ def _graph_lines(gm: torch.fx.GraphModule, example_inputs: list, table: Subgraph
             raise ValueError("cannot key a call_module node")
         lines.append(line)
     return lines
+
+
+def _captured_function_text(captured: dict, table: SubgraphTable) -> str:
+    """A captured autograd.Function is its forward and backward graphs (keyed whole, like a
+    higher-order op's subgraphs) and how its outputs are marked, not its class's name: two
+    classes of one name, or a class whose forward was edited, are other entries."""
+    graphs = []
+    for part in ("fwd", "bwd"):
+        gm = captured[part]
+        if gm is None:
+            graphs.append(f"{part}=None")
+        elif is_subgraph(gm):
+            graphs.append(f"{part}=sub{table.number(gm)}")
+        else:
+            raise ValueError(f"cannot key the {part} of a captured autograd.Function ({type(gm).__name__})")
+    rest = {k: captured[k] for k in ("n_out", "n_sfb", "non_diff", "dirty_inputs")}
+    return f"[{', '.join(graphs)}, {json.dumps(rest, sort_keys=True)}]"
 
 
 def inputs_meta(gm: torch.fx.GraphModule, example_inputs: list) -> list:

@@ -13,6 +13,7 @@ TF32 flags, thread count) by one ``GlobalStateGuard``.
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import enum
 import math
@@ -216,9 +217,15 @@ class Guard:
         return f"Guard({self.describe()})"
 
 
+def ordered_keys(d: dict):
+    """``d``'s keys in its iteration order: an OrderedDict's own order (``move_to_end`` changes
+    it, not the order of the dict underneath)."""
+    return collections.OrderedDict.keys(d) if isinstance(d, collections.OrderedDict) else dict.keys(d)
+
+
 def _dict_keys_list(d: dict) -> list:
     # (type, key): True == 1 == 1.0, but a dict keyed by True is not one keyed by 1
-    return [(k.__class__, k) for k in dict.keys(d)]
+    return [(k.__class__, k) for k in ordered_keys(d)]
 
 
 def typed_keys(keys) -> list:
@@ -241,7 +248,7 @@ def _identity_key_text(k) -> str:
 def _keys_are(d: dict, expected: tuple, by_identity) -> bool:
     """``d``'s keys are ``expected``, in order: each key whose flag in ``by_identity`` is set (all
     of them where it is True) the very object, the others of the same class and equal."""
-    keys = dict.keys(d)
+    keys = ordered_keys(d)
     if len(keys) != len(expected):
         return False
     if by_identity is True:

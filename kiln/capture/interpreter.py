@@ -583,7 +583,7 @@ class FrameInterpreter(PythonSemantics):
 
     def BUILD_SET(self, ins):
         items = self.popn(ins.arg)
-        self.push(SetValue({self.dict_key(i): i for i in items}))
+        self.push(SetValue.of(self, items))
 
     def BUILD_MAP(self, ins):
         flat = self.popn(2 * ins.arg)
@@ -622,8 +622,7 @@ class FrameInterpreter(PythonSemantics):
 
     def SET_UPDATE(self, ins):
         v = self.pop()
-        for i in self.unpack_iterable(v):
-            self.peek(ins.arg).items.setdefault(self.dict_key(i), i)
+        self.peek(ins.arg).call_method(self, "update", [v], {})
 
     def DICT_UPDATE(self, ins):
         v = self.pop()
@@ -901,7 +900,7 @@ def _wrap_const(c) -> Value:
     if isinstance(c, tuple) and type(c) is tuple:
         return TupleValue([_wrap_const(x) for x in c])
     if isinstance(c, frozenset):
-        return SetValue(c, frozenset)
+        return SetValue(c, frozenset, keys=c)
     return ConstantValue(c)
 
 

@@ -3,6 +3,7 @@ access and argument binding. ``FrameInterpreter`` inherits these; value classes 
 through the interpreter they are given (``tx``)."""
 from __future__ import annotations
 
+import collections
 import operator
 import types
 from typing import Any, Callable
@@ -17,7 +18,7 @@ from .values.attributes import _MISSING
 from .values.base import ConstantValue, LazyArgument, NullValue, Value, is_constant_object
 from .values.builder import wrap_pure_result
 from .values.containers import (BaseSequenceValue, DictValue, DictViewValue, IteratorValue,
-                                ListValue, SetValue, TupleValue)
+                                ListValue, SetValue, TupleValue, set_members)
 from .values.functions import BoundMethodValue, NestedFunctionValue, UserFunctionValue
 from .values.identity import CaptureIdValue
 from .values.objects import ClassValue, NewObjectValue, ObjectValue, is_object_comparison, static_lookup
@@ -84,6 +85,21 @@ _NEW_OBJECTS = (TensorValue, BaseSequenceValue, DictValue, NestedFunctionValue, 
 
 
 _ORDERINGS = (operator.lt, operator.le, operator.gt, operator.ge)
+
+def _dict_union(a: DictValue, b: DictValue) -> DictValue:
+    """``a | b`` of dicts: the class whose ``__or__``/``__ror__`` answers makes the result
+    (OrderedDict and defaultdict make their own; a plain dict subclass's is dict's, a dict),
+    a subclass's reflected one first."""
+    own = (collections.OrderedDict, collections.defaultdict)
+    if b.cls in own and b.cls is not a.cls and issubclass(b.cls, a.cls):
+        maker = b
+    else:
+        maker = a if a.cls in own else None
+    result = DictValue({**a.items, **b.items}, None, maker.cls if maker is not None else dict)
+    if maker is not None and maker.cls is collections.defaultdict:
+        result.default_factory = maker.default_factory
+    return result
+
 
 def _user_types(a: Value, b: Value) -> tuple[type, type] | None:
     if isinstance(a, ObjectValue) and isinstance(b, ObjectValue) and not isinstance(a, ClassValue) \
@@ -280,7 +296,12 @@ class PythonSemantics:
         if isinstance(v, _SYMBOLIC):
             v = specialize(v)
         if v.is_constant():
-            return v.as_constant()
+            c = v.as_constant()
+            try:
+                hash(c)
+            except TypeError as e:
+                raise self.user_exception(e)
+            return c
         r = v.real_object()
         if r is not None and not isinstance(r, torch.Tensor):
             try:
@@ -389,13 +410,15 @@ class PythonSemantics:
             if op is operator.ior:
                 a.base_method(self, "update", [b], {})
                 return a
-            return DictValue({**a.items, **b.items})
+            return _dict_union(a, b)
         if op in _COMPARE_DUNDER:
             return self.compare(op, a, b)
         if isinstance(a, SetValue) and isinstance(b, SetValue):
-            keys = base_op(set(a.items), set(b.items))
-            known = {**b.items, **a.items}
-            return SetValue({k: known[k] for k in keys}, a.cls)
+            try:
+                keys = base_op(a.keys, b.keys)      # (real sets: eager's order and members)
+            except TypeError as e:
+                raise self.user_exception(e)
+            return SetValue(set_members(keys, [a.items, b.items]), type(keys), keys=keys)
         raise Unsupported(f"operator {getattr(op, '__name__', op)} on {a.describe()} and {b.describe()}")
 
     def _repeat_count(self, v: Value) -> int:

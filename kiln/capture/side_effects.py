@@ -95,7 +95,7 @@ class SideEffects:
                                             for k, v in c.items.items()) + "}")
                 apply.append(f"{cg.bind(_dict_replace)}({target}, {body})")
             elif isinstance(c, SetValue):
-                body = temp("[" + ", ".join(v.reconstruct(cg) for v in c.items.values()) + "]")
+                body = temp("[" + ", ".join(v.reconstruct(cg) for v in c.members()) + "]")
                 apply.append(f"{cg.bind(_set_replace)}({target}, {body})")
         for obj, name, value, setter in self.attrs.values():
             target, v = temp(cg.source_expr(obj.source)), temp(value.reconstruct(cg))

@@ -291,3 +291,38 @@ def test_fresh_process_with_warm_cache_compiles_nothing(tmp_path, backend):
     assert child(1) == (0, 0, 0, 0, 1)       # the frame record: not even a capture
     _drop_frame_records()
     assert child(2) == (0, 0, 1, 0, 0)       # captured, and the graph loaded
+
+
+def _named_function(kind: str):
+    class Scale(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2 if kind == "double" else x + 100
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * 2 if kind == "double" else g
+    return Scale
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_autograd_functions_of_one_name_are_other_entries(backend):
+    """A captured autograd.Function is keyed by its forward and backward graphs, not by its
+    class's name: a second class of the same name (or the same one edited) is a miss."""
+    first, second = _named_function("double"), _named_function("plus100")
+
+    def f(x):
+        return first.apply(x)
+
+    def g(x):
+        return second.apply(x)
+
+    for fn in (f, g):
+        x = torch.randn(3, requires_grad=True)
+        x2 = x.detach().clone().requires_grad_()
+        got, want = kiln.compile(fn, backend=backend)(x), fn(x2)
+        torch.testing.assert_close(got, want)
+        got.sum().backward()
+        want.sum().backward()
+        torch.testing.assert_close(x.grad, x2.grad)
+    assert kiln.cache.stats()["hits"] == 0

@@ -15,7 +15,7 @@ import torch
 from ... import _torch
 from ...errors import Unsupported
 from ..comptime import Comptime, comptime_value
-from ..guards import Guard, GuardKind, is_identity_key
+from ..guards import Guard, GuardKind, is_identity_key, ordered_keys
 from ..sources import (ITEM_DICT, ITEM_INDEX, ITEM_LIST, ITEM_TUPLE, AttrSource, DictItemSource, DictKeySource,
                        ItemSource, ReduceSource)
 from ..sources import is_argument_rooted
@@ -119,7 +119,7 @@ def wrap_pure_result(v: Any) -> Value:
     if type(v) is dict:
         return DictValue({k: wrap_pure_result(x) for k, x in v.items()})
     if type(v) in (set, frozenset):
-        return SetValue({k: wrap_pure_result(k) for k in v}, type(v))
+        return SetValue({k: wrap_pure_result(k) for k in v}, type(v), keys=v)
     if is_constant_object(v) or isinstance(v, (torch.finfo, torch.iinfo)):
         return ConstantValue(v)
     if type(v) in (inspect.Signature, inspect.Parameter, inspect._ParameterKind) or is_type_annotation(v):
@@ -299,7 +299,7 @@ class Builder:
                      for i, x in enumerate(list.__iter__(obj))]
             return ListValue(items, source, t)
         if _is(obj, dict) and t is not collections.defaultdict or t is collections.defaultdict:
-            keys = list(dict.keys(obj))
+            keys = list(ordered_keys(obj))
             # (keys: constants, classes, typing constructs: ``huggingface_hub``'s validators by
             # ``typing.Union`` and ``Literal``; tensors and modules by identity: an optimizer's
             # ``state``, a table of layers)
@@ -338,7 +338,8 @@ class Builder:
             if not all(is_constant_object(k) for k in obj):
                 raise Unsupported("a set of values that are not Python constants")
             g(GuardKind.EQUALS_MATCH, source, obj)
-            return SetValue({k: ConstantValue(k) for k in obj}, t, source)
+            return SetValue({k: ConstantValue(k) for k in obj}, t, source,
+                            keys=obj.copy() if t is set else obj if t is frozenset else set(obj))
         if _is(obj, types.ModuleType):
             g(GuardKind.ID_MATCH, source, obj)
             return PythonModuleValue(obj, source)

@@ -23,7 +23,7 @@ from ..sources import TypeSource
 from .attributes import _MISSING, call_modelled
 from .base import ConstantValue, RealCallableValue, Value, is_constant_object
 from .containers import (DictValue, IteratorValue, ListValue, NamedTupleValue, SetValue,
-                         TupleValue)
+                         TupleValue, set_members)
 from .containers import NewDictObjectValue
 from .exceptions import ExceptionValue
 from .functions import BoundMethodValue, MethodValue, PartialValue, TorchOpValue, UserFunctionValue
@@ -676,8 +676,10 @@ def construct_class(tx, cls_value: ClassValue, args: list[Value], kwargs: dict[s
             d.base_method(tx, "update", args, kwargs)
         return d
     if cls in (set, frozenset):
-        items = tx.unpack_iterable(args[0]) if args else []
-        return SetValue({i.as_constant() for i in items}, cls)
+        if args and isinstance(args[0], SetValue):     # (eager copies the other set's table)
+            keys = cls(args[0].keys)
+            return SetValue(set_members(keys, [args[0].items]), cls, keys=keys)
+        return SetValue.of(tx, tx.unpack_iterable(args[0]) if args else [], cls)
     if cls in _HANDLERS:
         return call_builtin(tx, cls, args, kwargs)
     if cls in (bool, int, float, str, complex, range, slice, bytes, torch.Size, torch.device):
@@ -703,6 +705,11 @@ def construct_class(tx, cls_value: ClassValue, args: list[Value], kwargs: dict[s
                 raise tx.user_exception(e)
         if cls is bool and len(args) == 1:
             return ConstantValue(tx.truthy(args[0]))
+        if cls is str and len(args) == 1 and not kwargs and isinstance(args[0], ExceptionValue):
+            exc = args[0].exc      # (str() of a caught exception: its message, from its constant args)
+            if not isinstance(static_lookup(type(exc), "__str__"), types.FunctionType) and \
+                    all(is_constant_object(a) for a in exc.args):
+                return ConstantValue(str(exc))
         if cls is torch.Size and len(args) == 1:
             return tx.wrap_pure_result(torch.Size([i.as_constant() for i in tx.unpack_iterable(args[0])]))
         raise Unsupported(f"{cls.__name__}() of a value that is not a Python constant")

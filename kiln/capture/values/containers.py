@@ -107,11 +107,18 @@ class BaseSequenceValue(Value):
             return ConstantValue(len(self.items))
         if name == "__contains__":
             return ConstantValue(tx.contains(self.items, args[0]))
-        if name == "index" and not kwargs:
-            for i, item in enumerate(self.items):
-                if tx.values_equal(item, args[0]):
+        if name == "index" and not kwargs and 1 <= len(args) <= 3:
+            bounds = [_index_bound(tx, a) for a in args[1:]]
+            start, stop, _ = slice(*bounds if len(bounds) == 2 else (*bounds, None)).indices(len(self.items)) \
+                if bounds else (0, len(self.items), 1)
+            for i in range(start, stop):
+                if tx.values_equal(self.items[i], args[0]):
                     return ConstantValue(i)
-            raise tx.user_exception(ValueError(f"{args[0].describe()} is not in {self.cls.__name__}"))
+            if self.base_type is tuple:
+                raise tx.user_exception(ValueError("tuple.index(x): x not in tuple"))
+            x = args[0]
+            shown = repr(x.as_constant()) if x.is_constant() else x.describe()
+            raise tx.user_exception(ValueError(f"{shown} is not in list"))
         if name == "count" and not kwargs:
             return ConstantValue(sum(1 for i in self.items if tx.values_equal(i, args[0])))
         if name == "__iter__":
@@ -255,6 +262,46 @@ class ListValue(BaseSequenceValue):
         return super().base_method(tx, name, args, kwargs)
 
 
+# dict methods: (least, most) positional arguments, and the keyword arguments taken
+_DICT_ARITY = {"__getitem__": (1, 1, ()), "get": (1, 2, ()), "__contains__": (1, 1, ()), "__len__": (0, 0, ()),
+               "keys": (0, 0, ()), "values": (0, 0, ()), "items": (0, 0, ()), "__iter__": (0, 0, ()),
+               "copy": (0, 0, ()), "__setitem__": (2, 2, ()), "__delitem__": (1, 1, ()),
+               "setdefault": (1, 2, ()), "pop": (1, 2, ()), "popitem": (0, 0, ()), "update": (0, 1, None),
+               "clear": (0, 0, ()), "move_to_end": (1, 2, ("last",))}
+_ORDERED_DICT_ARITY = {"popitem": (0, 1, ("last",))}
+
+
+def _check_dict_arguments(tx, cls: type, name: str, args, kwargs) -> None:
+    """eager's TypeError for a dict method called with arguments it does not take."""
+    ordered = issubclass(cls, collections.OrderedDict)
+    least, most, keywords = (ordered and _ORDERED_DICT_ARITY.get(name)) or _DICT_ARITY.get(name, (0, 99, None))
+    if keywords is not None:
+        for k in kwargs:
+            if k not in keywords:
+                raise tx.user_exception(TypeError(f"{name}() got an unexpected keyword argument {k!r}")
+                                        if keywords else TypeError(f"{cls.__name__}.{name}() takes no keyword arguments"))
+    given = len(args) + sum(1 for k in kwargs if keywords and k in keywords)
+    if least <= given <= most:
+        return
+    if most == 0:
+        raise tx.user_exception(TypeError(f"{cls.__name__}.{name}() takes no arguments ({given} given)"))
+    if least == most == 1:
+        raise tx.user_exception(TypeError(f"{cls.__name__}.{name}() takes exactly one argument ({given} given)"))
+    bound, n = ("at most", most) if given > most else ("at least", least)
+    raise tx.user_exception(TypeError(f"{name} expected {bound} {n} argument{'s' * (n != 1)}, got {given}"))
+
+
+def _index_bound(tx, v: Value) -> int | None:
+    """A start or stop of ``list.index``: an int, or what has ``__index__``."""
+    if not v.is_constant():
+        raise Unsupported(f"list.index with a bound that is not a Python constant ({v.describe()})")
+    c = v.as_constant()
+    try:
+        return operator.index(c)
+    except TypeError:
+        raise tx.user_exception(TypeError("slice indices must be integers or have an __index__ method")) from None
+
+
 class DictValue(Value):
     """A dict with keys known at capture time (Python constants or objects by identity)."""
 
@@ -331,6 +378,7 @@ class DictValue(Value):
         return tx.dict_key(v)
 
     def base_method(self, tx, name, args, kwargs):
+        _check_dict_arguments(tx, self.cls, name, args, kwargs)
         items = self.items
         if name == "__getitem__" and len(args) == 1:
             k = self.key_of(tx, args[0])
@@ -364,7 +412,11 @@ class DictValue(Value):
         if name == "__iter__":
             return IteratorValue(self.unpack(tx))
         if name == "copy":
-            return DictValue(items, None, dict if self.cls is dict else self.cls)
+            # dict.copy() of a subclass is a dict; OrderedDict and defaultdict copy their type
+            cls = self.cls if self.cls in (collections.OrderedDict, collections.defaultdict) else dict
+            copied = DictValue(items, None, cls)
+            copied.default_factory = self.default_factory if cls is collections.defaultdict else None
+            return copied
         if name in ("__setitem__",) and len(args) == 2:
             self._mutate(tx)
             items[self.key_of(tx, args[0])] = args[1]
@@ -393,9 +445,14 @@ class DictValue(Value):
         if name == "popitem":
             if not items:
                 raise tx.user_exception(KeyError("popitem(): dictionary is empty"))
+            last = (args[0] if args else kwargs.get("last", ConstantValue(True))).as_constant()
             self._mutate(tx)
-            k, v = items.popitem()
-            return TupleValue([ConstantValue(k), v])
+            if last:
+                k, v = items.popitem()
+            else:
+                k = next(iter(items))
+                v = items.pop(k)
+            return TupleValue([tx.key_value(k), v])
         if name == "update":
             self._mutate(tx)
             if args:
@@ -409,9 +466,12 @@ class DictValue(Value):
                     for k in tx.unpack_iterable(keys):
                         items[self.key_of(tx, k)] = tx.getitem(other, k)
                 else:
-                    for pair in tx.each_item(other):
-                        k, v = tx.unpack_iterable(pair)
-                        items[self.key_of(tx, k)] = v
+                    for i, pair in enumerate(tx.each_item(other)):
+                        kv = tx.unpack_iterable(pair)
+                        if len(kv) != 2:
+                            raise tx.user_exception(ValueError(
+                                f"dictionary update sequence element #{i} has length {len(kv)}; 2 is required"))
+                        items[self.key_of(tx, kv[0])] = kv[1]
             for k, v in kwargs.items():
                 items[k] = v
             return ConstantValue(None)
@@ -560,6 +620,10 @@ class DictViewValue(Value):
         raise Unsupported(f"dict_{self.kind}.{name}()")
 
     def getattr(self, tx, name):
+        if name == "mapping":
+            raise Unsupported(f"dict_{self.kind}.mapping (a read-only proxy of the dict)")
+        if not hasattr(self.python_type(), name):
+            raise tx.user_exception(AttributeError(f"'dict_{self.kind}' object has no attribute '{name}'"))
         return MethodValue(self, name)
 
     def equals(self, tx, other: Value) -> bool:
@@ -576,6 +640,10 @@ class DictViewValue(Value):
             return self.d.items.keys() == other.items.keys()
         if self.kind == "keys" and other.is_constant() and isinstance(other.as_constant(), (set, frozenset)):
             return self.d.items.keys() == other.as_constant()
+        if self.kind == "items" and isinstance(other, SetValue):
+            if not (self.d.is_constant() and other.is_constant()):
+                raise Unsupported("== of a dict's items and a set of values that are not constants")
+            return {k: v.as_constant() for k, v in self.d.items.items()}.items() == other.as_constant()
         return False
 
     def set_operation(self, tx, op, other: Value, reflected: bool) -> "SetValue":
@@ -586,8 +654,8 @@ class DictViewValue(Value):
         theirs = {tx.dict_key(v): v for v in tx.unpack_iterable(other)}
         mine = {k: tx.key_value(k) for k in mine}
         a, b = (theirs, mine) if reflected else (mine, theirs)
-        keys = op(a.keys(), b.keys())
-        return SetValue({k: a[k] if k in a else b[k] for k in _ordered(keys, a, b)})
+        keys = op(a.keys(), b.keys())       # (a real set: eager's order)
+        return SetValue(set_members(keys, [a, b]), keys=keys)
 
     def reconstruct(self, cg):
         # the view of the rebuilt (or the existing) dict, through the storage class's method
@@ -595,19 +663,39 @@ class DictViewValue(Value):
         return cg.stash(self, lambda: f"{cg.bind(getattr(base, self.kind))}({self.d.reconstruct(cg)})")
 
 
-def _ordered(keys, a: dict, b: dict) -> list:
-    # the result's keys in the order eager's set operation inserts them (left, then right)
-    return list(dict.fromkeys(k for k in [*a, *b] if k in keys))
-
-
 class SetValue(Value):
-    """A set of hashable capture-time values (constants, or existing objects by identity)."""
+    """A set of hashable capture-time values (constants, or existing objects by identity).
 
-    def __init__(self, items, cls: type = set, source=None):
-        # key (the hashable Python object) -> the Value it came from
+    ``items`` maps each member's key (the hashable Python object) to the Value it came from;
+    ``keys`` holds the same keys in a real set that every operation changes as eager changes
+    its set, so that iterating, ``pop()`` and the member kept among equal ones (``{1, 1.0}``)
+    follow eager's hash order and insertion history. Keys that stand for tensors hash by the
+    value's identity, not the tensor's address: such a set iterates in insertion order (eager's
+    order for those depends on addresses)."""
+
+    def __init__(self, items, cls: type = set, source=None, keys=None):
         self.items: dict = items if isinstance(items, dict) else {k: ConstantValue(k) for k in items}
         self.cls = cls
         self.source = source
+        self.keys = keys if keys is not None else set(self.items)
+
+    @classmethod
+    def of(cls, tx, values, set_cls: type = set) -> "SetValue":
+        """The set of ``values`` added in order (the first of equal members is kept)."""
+        s = cls({}, set_cls)
+        for v in values:
+            s._add(tx.dict_key(v), v)
+        return s
+
+    def _add(self, k, v) -> None:
+        self.items.setdefault(k, v)
+        self.keys.add(k)
+
+    def _in_order(self) -> list:
+        """The keys in eager's iteration order (see the class)."""
+        if any(isinstance(k, Value) for k in self.items):
+            return list(self.items)
+        return list(self.keys)
 
     def override(self, name: str):
         base = frozenset if issubclass(self.cls, frozenset) else set
@@ -620,10 +708,14 @@ class SetValue(Value):
         return all(v.is_constant() for v in self.items.values())
 
     def as_constant(self):
-        return self.cls(self.items)
+        return self.cls(self._in_order())
+
+    def members(self) -> list:
+        """The members' values, in eager's iteration order."""
+        return [self.items[k] for k in self._in_order()]
 
     def unpack(self, tx):
-        return list(self.items.values())
+        return self.members()
 
     def truthy(self, tx):
         return _truthy_by_overrides(tx, self) if self.cls not in (set, frozenset) else bool(self.items)
@@ -636,6 +728,13 @@ class SetValue(Value):
     def call_method(self, tx, name, args, kwargs):
         mutating = name in ("add", "discard", "remove", "pop", "update", "clear",
                             "difference_update", "intersection_update", "symmetric_difference_update")
+        if kwargs:
+            raise tx.user_exception(TypeError(f"set.{name}() takes no keyword arguments"))
+        fixed = {"add": 1, "discard": 1, "remove": 1, "pop": 0, "clear": 0, "copy": 0, "__contains__": 1,
+                 "__len__": 0, "__iter__": 0, "isdisjoint": 1, "issubset": 1, "issuperset": 1}
+        if name in fixed and len(args) != fixed[name]:
+            takes = "exactly one argument" if fixed[name] else "no arguments"
+            raise tx.user_exception(TypeError(f"{self.cls.__name__}.{name}() takes {takes} ({len(args)} given)"))
         if mutating and self.source is not None:
             if self.cls is not set:   # (a subclass's own methods are not modelled)
                 raise Unsupported(f"mutating a {self.cls.__name__} that existed before the call ({name})")
@@ -647,41 +746,75 @@ class SetValue(Value):
         if name == "__iter__":
             return IteratorValue(self.unpack(tx))
         if name == "add":
-            self.items.setdefault(tx.dict_key(args[0]), args[0])
+            self._add(tx.dict_key(args[0]), args[0])
             return ConstantValue(None)
         if name in ("discard", "remove"):
             k = tx.dict_key(args[0])
             if k not in self.items and name == "remove":
                 raise tx.user_exception(KeyError(k))
             self.items.pop(k, None)
+            self.keys.discard(k)
             return ConstantValue(None)
-        others = [{tx.dict_key(v): v for v in tx.unpack_iterable(a)} for a in args]
-        known = dict(self.items)
-        for o in others:
-            known.update(o)
+        if name == "pop":
+            if not self.items:
+                raise tx.user_exception(KeyError("pop from an empty set"))
+            k = self._in_order()[0] if any(isinstance(k, Value) for k in self.items) else self.keys.pop()
+            self.keys.discard(k)
+            return self.items.pop(k)
+        if name == "clear":
+            self.items.clear()
+            self.keys.clear()
+            return ConstantValue(None)
+        if name == "copy":
+            if self.cls is frozenset:
+                return self         # (frozenset.copy() is the frozenset itself)
+            return SetValue(dict(self.items), set, keys=set(self.keys))
+        # the other operands as eager's set sees them: a set as its keys' set, any other
+        # iterable as its keys in its own order
+        others, pools = [], []
+        for a in args:
+            if isinstance(a, SetValue):
+                others.append(a.keys)
+                pools.append(a.items)
+            else:
+                values = tx.unpack_iterable(a)
+                keys = [tx.dict_key(v) for v in values]
+                others.append(keys)
+                pools.append(dict(zip(keys, values)))
         try:
-            result = getattr(set(self.items), name)(*[set(o) for o in others])
+            result = getattr(self.keys, name)(*others)
         except (KeyError, TypeError, ValueError) as e:
             raise tx.user_exception(e)
-        if name.endswith("_update") or name in ("update", "clear", "pop"):
-            self.items = {k: known[k] for k in (result if name == "pop" else self._after(name, others))}
+        if name.endswith("_update") or name == "update":
+            self.items = set_members(self.keys, [self.items, *pools])
             return ConstantValue(None)
         if isinstance(result, (set, frozenset)):
-            return SetValue({k: known[k] for k in result}, self.cls)
+            return SetValue(set_members(result, [self.items, *pools]), self.cls if self.cls in (set, frozenset)
+                            else set, keys=result if type(result) is set else set(result))
         return tx.wrap_pure_result(result)
-
-    def _after(self, name, others):
-        s = set(self.items)
-        getattr(s, name)(*[set(o) for o in others])
-        return s
 
     def reconstruct(self, cg):
         if self.source is not None:
             return cg.source_expr(self.source)
-        inner = ", ".join(v.reconstruct(cg) for v in self.items.values())
+        inner = ", ".join(self.items[k].reconstruct(cg) for k in self._in_order())
         if self.cls is frozenset:
             return f"frozenset(({inner},))" if inner else "frozenset()"
         return cg.stash(self, lambda: f"{{{inner}}}" if inner else "set()")
+
+
+def set_members(keys, pools: list) -> dict:
+    """Each key of ``keys`` with the value it came from: the pool holding that very key object
+    first (among equal members, the set kept one object), then any pool holding an equal one."""
+    by_id = {}
+    for pool in reversed(pools):
+        by_id.update((id(k), v) for k, v in pool.items())
+    out = {}
+    for k in keys:
+        v = by_id.get(id(k))
+        if v is None:
+            v = next(pool[k] for pool in pools if k in pool)
+        out[k] = v
+    return out
 
 
 MAX_LAZY_ITEMS = 10_000

@@ -300,7 +300,8 @@ class BoundMethodValue(Value):
         return self.func.call(tx, [self.self_value, *args], kwargs)
 
     def reconstruct(self, cg):
-        return f"{cg.bind(types.MethodType)}({self.func.reconstruct(cg)}, {self.self_value.reconstruct(cg)})"
+        return cg.stash(self, lambda: (f"{cg.bind(types.MethodType)}({self.func.reconstruct(cg)}, "
+                                       f"{self.self_value.reconstruct(cg)})"))
 
     def getattr(self, tx, name):
         if name == "__self__":
@@ -418,9 +419,11 @@ class PartialValue(Value):
             return cg.source_expr(self.source)
         import functools
 
-        args = ", ".join([self.func.reconstruct(cg), *(a.reconstruct(cg) for a in self.args),
-                          *(f"{k}={v.reconstruct(cg)}" for k, v in self.kwargs.items())])
-        return f"{cg.bind(functools.partial)}({args})"
+        def build():
+            args = ", ".join([self.func.reconstruct(cg), *(a.reconstruct(cg) for a in self.args),
+                              *(f"{k}={v.reconstruct(cg)}" for k, v in self.kwargs.items())])
+            return f"{cg.bind(functools.partial)}({args})"
+        return cg.stash(self, build)     # (one object however often it is referenced)
 
 
 class TorchOpValue(RealCallableValue):
