@@ -186,6 +186,8 @@ class Guard:
         if k is GuardKind.HASATTR:
             return f"{k.value:14} hasattr({src}, {exp[0]!r}) is {exp[1]}"
         if k is GuardKind.NOT_IN_INSTANCE_DICT:
+            if isinstance(getattr(self.source, "obj", None), type):
+                return f"{k.value:14} class {src} defines no {exp!r} (a base class's is used)"
             return f"{k.value:14} {src} has no instance attribute {exp!r} (its class's is used)"
         if k is GuardKind.GLOBAL_ABSENT:
             return f"{k.value:14} {exp[1]!r} is not a module global (builtin {exp[1]} is used)"

@@ -441,12 +441,23 @@ class FrameInterpreter(PythonSemantics):
             self.push(NULL)
         self.push(self.load_global(name))
 
+    def _globals_value(self):
+        """The frame's globals dict as a value of the capture, when the code reached the dict
+        itself (``globals()``, ``module.__dict__``): reads and writes of globals go through it."""
+        prior = self.output.builder.by_id.get(id(self.f_globals))
+        if prior is not None and prior[0] is self.f_globals and isinstance(prior[1], DictValue):
+            return prior[1]
+        return None
+
     def load_global(self, name: str) -> Value:
         g = self.f_globals
         pending = self.output.side_effects.global_value(g, name)
         if pending is not None:   # assigned earlier in this capture (STORE_GLOBAL)
             return pending
-        if name in g:
+        as_dict = self._globals_value()
+        if as_dict is not None and name in as_dict.items:
+            return as_dict.items[name]
+        if name in g and as_dict is None:
             src = GlobalSource(g, name)
             return self.wrap(g[name], src)  # trusted modules' globals: a source, but no guards
         if name in self.f_builtins:
@@ -457,7 +468,11 @@ class FrameInterpreter(PythonSemantics):
 
     def STORE_GLOBAL(self, ins):
         # later reads in this capture see the value; it is written back after the graph
-        self.output.side_effects.store_global(self.f_globals, ins.arg, self.pop())
+        as_dict = self._globals_value()
+        if as_dict is not None:
+            as_dict.base_method(self, "__setitem__", [ConstantValue(ins.arg), self.pop()], {})
+        else:
+            self.output.side_effects.store_global(self.f_globals, ins.arg, self.pop())
 
     def LOAD_DEREF(self, ins):
         name = bytecode_utils.cell_name(ins.arg)

@@ -53,6 +53,14 @@ class SideEffects:
     def store_global(self, fn_globals: dict, name: str, value: Value) -> None:
         self.globals[(id(fn_globals), name)] = (fn_globals, name, value)
 
+    def take_globals(self, fn_globals: dict) -> list[tuple[str, Value]]:
+        """The pending stores to the globals ``fn_globals``, removed from here (the dict itself
+        is now a value of the capture, which holds them)."""
+        taken = [(name, value) for (i, name), (_g, _n, value) in self.globals.items() if i == id(fn_globals)]
+        for name, _ in taken:
+            del self.globals[(id(fn_globals), name)]
+        return taken
+
     def global_value(self, fn_globals: dict, name: str) -> Value | None:
         hit = self.globals.get((id(fn_globals), name))
         return hit[2] if hit is not None else None

@@ -16,6 +16,7 @@ hands control to (continuations, a callee whose body broke) are compiled for the
 from __future__ import annotations
 
 import functools
+import inspect
 import types
 import warnings
 import weakref
@@ -106,13 +107,31 @@ class CompiledFactory:
         if isinstance(obj, torch.nn.Module) and _torch.holds_dtensors(obj):
             return DTensorModuleCall(obj)   # (DTensor parameters: it runs as it is, hooks included)
         if isinstance(obj, torch.nn.Module):
-            forward = type(obj).forward
-            if isinstance(forward, types.FunctionType) and not walks_the_stack(forward.__code__):
-                if _torch.module_hooks_empty(obj):
-                    return CompiledMethod(self(forward), obj)
-                # hooks the capture could not inline (the break may be inside one): they run
-                # natively around the compiled forward
-                return HookedModuleCall(obj, CompiledMethod(self(forward), obj))
+            return self._module_call(obj)
+        return obj
+
+    def _module_call(self, obj: torch.nn.Module) -> Callable:
+        """What calling the module ``obj`` runs, compiled where that is its class's Python code:
+        the class's own ``__call__`` (bound to it), else its class ``forward`` (hooks natively
+        around it). Anything else ``nn.Module.__call__`` would not reach that way (a
+        ``forward`` set on the instance, a torch.compile'd or disabled module, an overridden
+        ``_call_impl``) is called as it is."""
+        cls = type(obj)
+        call = inspect.getattr_static(obj, "__call__", None)
+        if call is not torch.nn.Module.__call__:
+            if isinstance(call, types.FunctionType) and not walks_the_stack(call.__code__):
+                return CompiledMethod(self(call), obj)
+            return obj
+        if any(inspect.getattr_static(obj, name, None) is not getattr(torch.nn.Module, name)
+               for name in ("_call_impl", "_wrapped_call_impl")) or "forward" in obj.__dict__:
+            return obj
+        forward = inspect.getattr_static(obj, "forward", None)
+        if isinstance(forward, types.FunctionType) and not walks_the_stack(forward.__code__):
+            if _torch.module_hooks_empty(obj):
+                return CompiledMethod(self(forward), obj)
+            # hooks the capture could not inline (the break may be inside one): they run
+            # natively around the compiled forward
+            return HookedModuleCall(obj, CompiledMethod(self(forward), obj))
         return obj
 
 

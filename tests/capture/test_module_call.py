@@ -150,3 +150,58 @@ def test_overriding_call_impl_runs_eagerly_and_right():
             return self.lin(x)
 
     _check(Stack(Odd))
+
+
+class _BreakingDoubling(nn.Module):
+    """A class ``__call__`` whose body breaks the graph."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+
+    def __call__(self, x):
+        print("", end="")       # a graph break inside the call
+        return super().__call__(x * 2)
+
+    def forward(self, x):
+        return self.lin(x)
+
+
+class _OwnCallImpl(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+
+    def _call_impl(self, *args, **kwargs):
+        return self.forward(*args, **kwargs) * 10
+
+    def forward(self, x):
+        print("", end="")
+        return self.lin(x)
+
+
+def _instance_forward_module():
+    m = nn.Linear(3, 3)
+    plain = m.forward
+
+    def wrapped(x):
+        print("", end="")       # (accelerate-style wrapper with a break in it)
+        return plain(x) - 100
+    m.forward = wrapped
+    return m
+
+
+@pytest.mark.parametrize("make", [_BreakingDoubling, _OwnCallImpl, _instance_forward_module,
+                                  lambda: torch.compiler.disable(nn.Linear(3, 3))],
+                         ids=["class __call__", "_call_impl", "instance forward", "disabled module"])
+def test_a_module_called_across_a_graph_break_runs_what_eager_runs(make):
+    """The call breaks the graph (inside the module's own code): the code after the break
+    calls the module as eager does, not its class's plain forward."""
+    torch.manual_seed(0)
+    m = make()
+
+    def f(x):
+        return m(x + 1) * 2
+    x = torch.randn(2, 3)
+    torch.testing.assert_close(kiln.compile(f, backend="eager")(x), f(x))
+    torch.testing.assert_close(kiln.compile(f, backend="aot_eager")(x), f(x))

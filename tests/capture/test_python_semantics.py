@@ -1423,3 +1423,46 @@ def make_abstract(x):
 
 def test_an_abstract_class_cannot_be_instantiated():
     compare(make_abstract, T(2))
+
+
+SHARED_GLOBAL = 1
+
+
+def _store_through_globals_dict(x):
+    globals()["SHARED_GLOBAL"] = 9
+    return x + SHARED_GLOBAL
+
+
+def _store_through_module_dict(x):
+    sys.modules[__name__].__dict__["SHARED_GLOBAL"] = 9
+    return x + SHARED_GLOBAL
+
+
+def _store_both_ways(x):
+    global SHARED_GLOBAL
+    globals()["SHARED_GLOBAL"] = 9
+    SHARED_GLOBAL += 1
+    return x + SHARED_GLOBAL
+
+
+def _store_then_read_dict(x):
+    global SHARED_GLOBAL
+    SHARED_GLOBAL = 5
+    return x + globals()["SHARED_GLOBAL"]
+
+
+@pytest.mark.parametrize("fn", [_store_through_globals_dict, _store_through_module_dict, _store_both_ways,
+                                _store_then_read_dict])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_globals_written_through_their_dict_are_read_as_globals(fn, backend):
+    """The frame's globals dict reached as a dict (``globals()``, ``module.__dict__``) and its
+    globals read or written by name are one state, in the capture and written back after it."""
+    global SHARED_GLOBAL
+    x = torch.ones(2)
+    SHARED_GLOBAL = 1
+    expected, expected_after = fn(x), SHARED_GLOBAL
+    SHARED_GLOBAL = 1
+    got = kiln.compile(fn, backend=backend)(x)
+    torch.testing.assert_close(got, expected)
+    assert SHARED_GLOBAL == expected_after
+    SHARED_GLOBAL = 1

@@ -328,6 +328,11 @@ class Builder:
                     key, item_source = k, ItemSource(source, k, how) if source else None
                 items[key] = self.wrap(dict.__getitem__(obj, k), item_source)
             d = DictValue(items, source, t)
+            pending = self.output.side_effects.take_globals(obj)
+            if pending:     # (a module's globals, assigned to earlier in the capture)
+                for name, value in pending:
+                    d.items[name] = value
+                self.output.side_effects.mutated(d)
             if t not in (dict, collections.OrderedDict, collections.defaultdict):
                 d.instance_attrs = getattr(obj, "__dict__", None)
             if _is(obj, collections.defaultdict):

@@ -9,8 +9,9 @@ a generator) or a function of the user's that they call (``starmap``, ``accumula
 computed when they are created, over the symbolic items of their inputs (tensors, symbolic
 sizes and Python values alike), and a graph break hands them over as an iterator over what is
 left. ``product``, ``combinations`` and ``permutations`` read their inputs when created, as
-eager does. A lazy itertools iterator other than ``chain`` held across a graph break runs the
-frame natively (its state, a ``tee``'s buffer or an ``accumulate``'s total, has no source).
+eager does. A lazy one held across a graph break is handed over as a real one at its position
+where its state can be written as code (``LazyItertoolsValue.rebuild``); one whose state cannot
+(a ``tee``'s buffer, an ``accumulate``'s total) runs the frame natively.
 
 Infinite ones (``count``, ``cycle``, ``repeat(x)``) are lazy: each ``next`` (a ``for`` loop
 that breaks out, ``zip``, ``islice``, ``next()``) takes one item, and consuming one to its end
