@@ -101,9 +101,12 @@ def compile(fn=None, *, backend="inductor", mode=None, fullgraph=False, dynamic=
         return cf
 
     def wrap(target):
-        if isinstance(target, (CompiledFunction, CompiledMethod, CompiledModule, EagerCallable)):
-            raise TypeError("kiln.compile: this object is already compiled by kiln; "
-                            "compile the original (`.original`) instead")
+        # compiling what kiln compiled compiles its original under these settings (as
+        # torch.compile takes a compiled module)
+        if isinstance(target, CompiledModule):
+            return wrap(target._orig_mod)
+        if isinstance(target, (CompiledFunction, CompiledMethod, EagerCallable)):
+            return wrap(target.original)
         if isinstance(target, functools.partial):
             return functools.partial(wrap(target.func), *target.args, **target.keywords)
         if _torch.is_ddp(target):

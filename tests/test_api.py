@@ -170,8 +170,6 @@ def test_bad_options():
         kiln.compile(_f, dynamic="yes", backend="eager")
     with pytest.raises(TypeError, match="options must be a dict"):
         kiln.compile(_f, options=[1], backend="eager")
-    with pytest.raises(TypeError, match="already compiled"):
-        kiln.compile(kiln.compile(_f, backend="eager"), backend="eager")
 
 
 def test_backend_returning_non_callable_is_reported():
@@ -339,3 +337,18 @@ def test_torch_jit_trace_of_a_compiled_function_traces_the_function():
     assert counter.frame_count == 0
     torch.testing.assert_close(compiled(x), f(x))
     assert counter.frame_count == 1
+
+
+def test_compiling_a_compiled_object_compiles_its_original():
+    """As torch.compile takes a compiled module: the original, under the new settings."""
+    counter = kiln.testing.CompileCounter()
+    twice = kiln.compile(kiln.compile(_f, backend="eager"), backend=counter)
+    a, b = torch.randn(2), torch.randn(2)
+    torch.testing.assert_close(twice(a, b), _f(a, b))
+    assert counter.frame_count == 1 and twice.original is _f
+    lin = torch.nn.Linear(3, 3)
+    again = kiln.compile(kiln.compile(lin, backend="eager"), backend=counter)
+    x = torch.randn(2, 3)
+    torch.testing.assert_close(again(x), lin(x))
+    assert again._orig_mod is lin
+    assert kiln.compile(kiln.compile(len, backend="eager"), backend="eager")([1, 2]) == 2

@@ -298,8 +298,7 @@ def test_builtins_classes_and_c_callables_run_as_they_are(capsys):
     assert compiled.entries == [] and compiled.original is len
     with pytest.raises(TypeError):
         compiled(3)                          # the builtin's own error
-    with pytest.raises(TypeError, match="already compiled"):
-        kiln.compile(compiled, backend="eager")
+    assert kiln.compile(compiled, backend="eager").original is len
     kiln.set_logs("graph_breaks")
     kiln.compile(abs, backend="eager")(-1)
     assert "abs is a builtin function" in capsys.readouterr().err

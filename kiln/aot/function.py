@@ -29,9 +29,9 @@ import torch.fx
 
 from .._torch import (applied_saved_tensors_hooks, inductor_view_to_reshape, is_symbolic,
                       saved_tensors_from_user_hooks, saved_tensors_hooks_paused)
-from ..errors import Unsupported
 from . import fx_graphs
 from . import fused_backward
+from .double_backward import refusing_double_backward
 from .grad_aliasing import distinct, outputs_may_share_memory
 from . import partial as partial_backward
 from . import versions
@@ -517,9 +517,12 @@ def make_training_core(fw: Callable, bw: Callable, parts, compile_bw: Callable[[
 
             @staticmethod
             def backward(ctx, *grad_outs):
-                if torch.is_grad_enabled():   # create_graph=True: the backward graph is not differentiable
-                    raise Unsupported("AOT autograd: double backward (create_graph=True) through a kiln-compiled "
-                                      "graph is not supported; compile with backend='eager' for it")
+                if torch.is_grad_enabled():
+                    # create_graph=True: the gradients are right, but the backward graph is not
+                    # differentiable: they carry a node that refuses a second differentiation
+                    with torch.no_grad():
+                        grads = KilnAOTFunction.backward(ctx, *grad_outs)
+                    return refusing_double_backward(grads)
                 given = set()
                 tangents_ = [None] * n_tangents
                 for j, k in my_tangents:

@@ -551,8 +551,16 @@ class OutputGraph:
             if node.graph is self.graph and not node.users and node.op == "placeholder":
                 self.graph.erase_node(node)
                 inp.value.node = None
+        # a symbol the kept tensor inputs' sizes are written in stays an input, used or not
+        # (as dynamo hands graphs over: backends and FX passes look it up by name)
+        mentioned = set()
+        for inp in self.tensor_inputs:
+            if inp.value.node is not None:
+                for n in (*inp.sizes, *inp.strides, inp.storage_offset):
+                    if isinstance(n, torch.SymInt):
+                        mentioned |= n.node.expr.free_symbols
         for sym in self.symbol_inputs:
-            if sym.node is not None and not sym.node.users:
+            if sym.node is not None and not sym.node.users and not _symbols_of(sym.symbol) & mentioned:
                 self.graph.erase_node(sym.node)
                 sym.node = None
 
@@ -561,6 +569,11 @@ class OutputGraph:
         by_node = {inp.value.node: inp for inp in self.tensor_inputs if inp.value.node is not None}
         by_node.update({s.node: s for s in self.symbol_inputs if s.node is not None})
         return [by_node[n] for n in self.graph.nodes if n.op == "placeholder"]
+
+
+def _symbols_of(symbol) -> set:
+    expr = symbol.node.expr if isinstance(symbol, torch.SymInt) else symbol
+    return set(getattr(expr, "free_symbols", ()))
 
 
 def _traced_data(data) -> bool | None:

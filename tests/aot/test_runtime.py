@@ -163,13 +163,21 @@ def test_grad_mode_mismatch_at_runtime_runs_as_given():
 
 
 def test_double_backward_is_an_error_not_a_wrong_gradient():
+    """create_graph=True gives eager's first-order gradient (a gradient penalty's value, a
+    jacobian never differentiated); differentiating that gradient again is a clear error,
+    never a silent zero."""
     compiled = compile_fn(lambda x: x.sin(), [rg(3)])
     x = rg(3)
-    y = compiled(x)
-    with pytest.raises(kiln.Unsupported, match="double backward"):
-        torch.autograd.grad(y.sum(), [x], create_graph=True)
-    (g,) = torch.autograd.grad(compiled(x).sum(), [x])      # first order is fine
+    (g,) = torch.autograd.grad(compiled(x).sum(), [x], create_graph=True)
+    assert_same(g.detach(), x.detach().cos())
+    assert g.requires_grad
+    with pytest.raises(RuntimeError, match="double backward"):
+        g.sum().backward()
+    (g,) = torch.autograd.grad(compiled(x).sum(), [x])      # and without create_graph
     assert_same(g, x.detach().cos())
+    x.grad = None
+    compiled(x).sum().backward(create_graph=True)
+    assert_same(x.grad.detach(), x.detach().cos())
 
 
 def test_outputs_requires_grad_and_non_differentiable():

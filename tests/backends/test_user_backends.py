@@ -51,3 +51,25 @@ def test_an_int_argument_stays_symbolic_in_a_users_aot_backend():
         torch.testing.assert_close(compiled(t1, t2, d), f(t1, t2, d))
     assert len(SEEN) == 1
     assert any(isinstance(x, torch.SymInt) for x in SEEN[0])
+
+
+def test_a_dynamic_graph_takes_the_symbols_its_inputs_are_sized_by():
+    """The symbol of a dynamic size is a graph input even when no op reads it (as dynamo hands
+    graphs over): an FX pass such as split_module looks each symbol up by name."""
+    from torch.fx.passes.split_module import split_module
+
+    seen = []
+
+    def backend(gm, example_inputs):
+        seen.append([n.name for n in gm.graph.nodes if n.op == "placeholder"])
+        parts = split_module(gm, None, lambda node: 0)
+        return parts.forward
+
+    def f(a):
+        return (a + 1).mul_(2)
+
+    g = kiln.compile(f, backend=backend, dynamic=True)
+    for n in (4, 6, 8):
+        a = torch.ones(n)
+        torch.testing.assert_close(g(a), f(torch.ones(n)))
+    assert len(seen) == 1 and len(seen[0]) == 2       # the size's symbol, then the tensor
