@@ -26,6 +26,7 @@ from . import bytecode_utils, resume
 from .guards import Guard, GuardKind
 from .imports import import_from, import_name
 from .resume import FrameIntrospection
+from .side_effects import DELETED_GLOBAL
 from .sources import GlobalSource
 from .values.base import NULL, UNBOUND, ConstantValue, LazyArgument, NullValue, Value
 from .values.builtins import _classes
@@ -452,6 +453,10 @@ class FrameInterpreter(PythonSemantics):
     def load_global(self, name: str) -> Value:
         g = self.f_globals
         pending = self.output.side_effects.global_value(g, name)
+        if pending is DELETED_GLOBAL:
+            if name in self.f_builtins:
+                return self.wrap(self.f_builtins[name], None)
+            raise self.user_exception(NameError(f"name {name!r} is not defined"))
         if pending is not None:   # assigned earlier in this capture (STORE_GLOBAL)
             return pending
         as_dict = self._globals_value()
@@ -473,6 +478,17 @@ class FrameInterpreter(PythonSemantics):
             as_dict.base_method(self, "__setitem__", [ConstantValue(ins.arg), self.pop()], {})
         else:
             self.output.side_effects.store_global(self.f_globals, ins.arg, self.pop())
+
+    def DELETE_GLOBAL(self, ins):
+        name, as_dict = ins.arg, self._globals_value()
+        if as_dict is not None:
+            as_dict.base_method(self, "__delitem__", [ConstantValue(name)], {})
+            return
+        pending = self.output.side_effects.global_value(self.f_globals, name)
+        if pending is DELETED_GLOBAL or (pending is None and name not in self.f_globals):
+            raise self.user_exception(NameError(f"name {name!r} is not defined"))
+        # later reads in this capture find it gone; it is removed after the graph
+        self.output.side_effects.store_global(self.f_globals, name, DELETED_GLOBAL)
 
     def LOAD_DEREF(self, ins):
         name = bytecode_utils.cell_name(ins.arg)

@@ -112,9 +112,22 @@ class SideEffects:
             target, v = temp(cell_value.reconstruct(cg)), temp(value.reconstruct(cg))
             apply.append(f"{target}.cell_contents = {v}")
         for fn_globals, name, value in self.globals.values():
+            if value is DELETED_GLOBAL:
+                apply.append(f"{cg.bind(fn_globals, 'G')}.pop({name!r}, None)")
+                continue
             v = temp(value.reconstruct(cg))
             apply.append(f"{cg.bind(fn_globals, 'G')}[{name!r}] = {v}")
         return prepare, apply
+
+
+class _DeletedGlobal(Value):
+    """What a global deleted in the capture (``del G``) holds until it is written back."""
+
+    def describe(self):
+        return "<deleted global>"
+
+
+DELETED_GLOBAL = _DeletedGlobal()
 
 
 def _advance(it, n: int) -> None:

@@ -1466,3 +1466,35 @@ def test_globals_written_through_their_dict_are_read_as_globals(fn, backend):
     torch.testing.assert_close(got, expected)
     assert SHARED_GLOBAL == expected_after
     SHARED_GLOBAL = 1
+
+
+def _delete_then_read(x):
+    global SHARED_GLOBAL
+    y = x + SHARED_GLOBAL
+    del SHARED_GLOBAL
+    try:
+        return y + SHARED_GLOBAL
+    except NameError:
+        return y * 10
+
+
+def _assign_then_delete(x):
+    global SHARED_GLOBAL
+    SHARED_GLOBAL = 5
+    del SHARED_GLOBAL
+    return x + 1
+
+
+@pytest.mark.parametrize("fn", [_delete_then_read, _assign_then_delete])
+def test_a_deleted_global_is_gone_in_the_capture_and_after_it(fn):
+    global SHARED_GLOBAL
+    x = torch.ones(2)
+    SHARED_GLOBAL = 1
+    expected = fn(x)
+    assert "SHARED_GLOBAL" not in globals()
+    SHARED_GLOBAL = 1
+    counter = CompileCounter()
+    torch.testing.assert_close(kiln.compile(fn, backend=counter)(x), expected)
+    assert "SHARED_GLOBAL" not in globals()
+    assert counter.frame_count == 1
+    SHARED_GLOBAL = 1
