@@ -45,6 +45,9 @@ PREV_EXC = "prev_exc"
 # a local that is never bound. (A saved binding that exists is an ordinary VALUE slot.)
 UNBOUND = "unbound"
 _NEVER_BOUND = "___kiln_unbound"
+# a break function's flag: its jump to a continuation is still to be taken
+_ARMED = "___kiln_armed"
+_JUMP_IF_FALSE = "POP_JUMP_IF_FALSE" if bytecode_utils.PY312 else "POP_JUMP_FORWARD_IF_FALSE"
 # slots that are not parameters of a break function or continuation
 _NOT_HANDED = (NULL, UNBOUND)
 
@@ -478,14 +481,33 @@ def build_break_function(code: types.CodeType, plan: BreakPlan, continue_fns: li
             raw = decoded[plan.index].raw  # a fresh copy: retarget it in place
             raw.set(bytecode_utils.forward_jump_name(raw.name), label)
         else:
+            # to the continuation the first time only: the native part may run this code
+            # again (its own handler took an exception, and a loop came back here), with the
+            # stack as CPython lays it out, not as the plan does; from then on the rest of
+            # the frame runs natively
             last = decoded[exit.decoded_index - 1].raw
             p = pos_of[id(last)]
-            items.insert(p + 1, Instr("JUMP_FORWARD", label, lineno=lineno))
+            native = Label()
+            items[p + 1:p + 1] = [Instr("LOAD_FAST", _ARMED, lineno=lineno),
+                                  Instr(_JUMP_IF_FALSE, native, lineno=lineno),
+                                  Instr("LOAD_CONST", False, lineno=lineno),
+                                  Instr("STORE_FAST", _ARMED, lineno=lineno),
+                                  Instr("JUMP_FORWARD", label, lineno=lineno), native]
             pos_of = _raw_positions(code, items)
+    if any(exit.kind != "jump" for exit in plan.exits):
+        # an exception the native part's own handler takes leaves that first pass for good
+        handlers = {id(it.target) for it in items if isinstance(it, bytecode.TryBegin)}
+        for i in reversed(range(len(items))):
+            if isinstance(items[i], Label) and id(items[i]) in handlers:
+                items[i + 1:i + 1] = [Instr("LOAD_CONST", False, lineno=lineno),
+                                      Instr("STORE_FAST", _ARMED, lineno=lineno)]
     start_label = Label()
     items.insert(_position_of(items, start_raw), start_label)
     params = _param_names(plan.layout, plan.local_names)
     prologue = _prologue(code, plan.layout, start_label, lineno)
+    resume_at = next(i for i, it in enumerate(prologue) if isinstance(it, Instr) and it.name == "RESUME")
+    prologue[resume_at + 1:resume_at + 1] = [Instr("LOAD_CONST", True, lineno=lineno),
+                                             Instr("STORE_FAST", _ARMED, lineno=lineno)]
     out = _new_bytecode(code, prologue + items + epilogues, params, name)
     _register(out, code)
     return out

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .values.base import Value
-from .values.containers import DictValue, IteratorValue, ListValue, SetValue
+from .values.containers import DictValue, IteratorValue, ListValue, SetValue, store_items
 
 if TYPE_CHECKING:  # pragma: no cover
     from .codegen import EntryCodegen
@@ -147,4 +147,5 @@ def _dict_replace(d: dict, new: dict) -> None:
 
     base = collections.OrderedDict if isinstance(d, collections.OrderedDict) else dict
     base.clear(d)
-    base.update(d, new)
+    store_items(base, d, new)
+

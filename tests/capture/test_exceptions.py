@@ -130,3 +130,33 @@ def test_kiln_limitations_are_not_caught_by_user_handlers():
     assert_same(kiln.compile(_kiln_limit_not_caught, backend="eager")(x), _kiln_limit_not_caught(x))
     with pytest.raises(kiln.Unsupported, match="item"):
         kiln.compile(_kiln_limit_not_caught, fullgraph=True, backend="eager")(x)
+
+
+def _raises_natively():
+    return list(1)          # a graph break inside, then eager's TypeError
+
+
+def _answers():
+    return "second"
+
+
+def _loop_over_callees(x):
+    out = []
+    for c in (_raises_natively, _answers, _raises_natively, _answers):
+        try:
+            out.append(c())
+        except TypeError:
+            out.append("TE")
+    return x + 1, out
+
+
+def test_a_loop_goes_on_after_a_caught_exception_from_code_run_natively():
+    """The call breaks the graph and raises; the frame's handler takes it and the loop comes
+    back to the same call, which must run with the stack as CPython lays it out (the rest of
+    the frame goes on natively)."""
+    x = torch.ones(1)
+    expected = _loop_over_callees(x)
+    got = kiln.compile(_loop_over_callees, backend="eager")(x)
+    assert repr(got) == repr(expected)
+    got = kiln.compile(_loop_over_callees, backend="aot_eager")(x)
+    assert repr(got) == repr(expected)

@@ -195,3 +195,29 @@ def test_a_partial_made_in_compiled_code_is_one_object_after_a_break():
         return x + d[p], p in d
     got = kiln.compile(f, backend="eager")(torch.ones(2))
     assert repr(got) == repr(f(torch.ones(2)))
+
+
+class CountingLRU(collections.OrderedDict):
+    """An OrderedDict subclass whose __setitem__ counts and evicts (an LRU cache)."""
+
+    def __init__(self, size):
+        super().__init__()
+        self.size, self.sets = size, 0
+
+    def __setitem__(self, key, value):
+        self.sets += 1
+        super().__setitem__(key, value)
+        if len(self) > self.size:
+            self.popitem(last=False)
+
+
+def test_writing_back_an_ordered_dict_subclass_runs_none_of_its_code_again():
+    def f(x, cache):
+        for k in ("t1", "t2", "t3"):
+            cache[k] = x + len(k)
+        print("", end="")       # a graph break: the cache is written back before it
+        return x + 1
+    e, k = CountingLRU(2), CountingLRU(2)
+    f(torch.ones(1), e)
+    kiln.compile(f, backend="eager")(torch.ones(1), k)
+    assert (k.sets, list(k)) == (e.sets, list(e)) == (3, ["t2", "t3"])

@@ -580,9 +580,20 @@ class NewDictObjectValue(DictValue):
         return cg.stash(self, build)
 
 
+def store_items(base: type, d: dict, items: dict) -> None:
+    """``items`` into ``d``'s storage through ``base``'s own ``__setitem__`` (OrderedDict's
+    ``update`` is Python and calls ``self[k] = v``: a subclass's override, an LRU cache's
+    counter and eviction, which the captured program already ran)."""
+    if base is dict:
+        dict.update(d, items)
+        return
+    for k, v in items.items():
+        base.__setitem__(d, k, v)
+
+
 def _new_dict_object(cls, base, items, attrs):
     obj = cls.__new__(cls)
-    base.update(obj, items)
+    store_items(base, obj, items)
     obj.__dict__.update(attrs)
     return obj
 
