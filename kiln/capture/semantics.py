@@ -91,6 +91,9 @@ def _dict_union(a: DictValue, b: DictValue) -> DictValue:
     (OrderedDict and defaultdict make their own; a plain dict subclass's is dict's, a dict),
     a subclass's reflected one first."""
     own = (collections.OrderedDict, collections.defaultdict)
+    for d in (a, b):
+        if issubclass(d.cls, own) and d.cls not in own:
+            raise Unsupported(f"| of a {d.cls.__name__} (its class's constructor makes the result)")
     if b.cls in own and b.cls is not a.cls and issubclass(b.cls, a.cls):
         maker = b
     else:
@@ -418,7 +421,9 @@ class PythonSemantics:
                 keys = base_op(a.keys, b.keys)      # (real sets: eager's order and members)
             except TypeError as e:
                 raise self.user_exception(e)
-            return SetValue(set_members(keys, [a.items, b.items]), type(keys), keys=keys)
+            # (the left operand's kind: a frozenset's operators make frozensets)
+            cls = frozenset if issubclass(a.cls, frozenset) else set
+            return SetValue(set_members(keys, [a.items, b.items]), cls, keys=set(keys))
         raise Unsupported(f"operator {getattr(op, '__name__', op)} on {a.describe()} and {b.describe()}")
 
     def _repeat_count(self, v: Value) -> int:

@@ -221,3 +221,47 @@ def test_writing_back_an_ordered_dict_subclass_runs_none_of_its_code_again():
     f(torch.ones(1), e)
     kiln.compile(f, backend="eager")(torch.ones(1), k)
     assert (k.sets, list(k)) == (e.sets, list(e)) == (3, ["t2", "t3"])
+
+
+def test_set_predicates_stop_at_the_deciding_item_and_frozensets_stay_frozen():
+    def f(x):
+        taken = []
+
+        def gen(items):
+            for v in items:
+                taken.append(v)
+                yield v
+        s = {1, 2}
+        it = iter([5, 2, 7])
+        out = [s.isdisjoint(gen([9, 1, 3])), s.issuperset(gen([1, 9, 2])), s.isdisjoint(it), list(it)]
+        fs = frozenset([x.shape[0], 3])
+        kinds = [type(fs | {4}).__name__, type(fs - {3}).__name__, type(fs & {3}).__name__, type(fs ^ {5}).__name__]
+        keyed = {frozenset({1, 2})}
+        return x + 1, out, list(taken), kinds, {1, 2} in keyed
+    _same(f, torch.ones(2))
+
+
+@pytest.mark.parametrize("call", ["a.copy(1)", "a.pop(0, 1)", "a.clear(1)", "a.reverse(1)", "a.count()",
+                                  "a.sort(1)", "a.append(1, 2)", "a.insert(0)", "a[5] = 0", "del a[5]",
+                                  "a['x'] = 0", "a[::2] = [1]", "[1, 'a'].sort()", "a.insert('x', 0)",
+                                  "a.pop('x')", "[].pop()", "list(x=1)", "list([], [])", "tuple(a, a)",
+                                  "set([1], [2])", "set(x=[])", "frozenset(a, a)"])
+def test_list_methods_and_constructors_raise_eagers_error(call):
+    src = f"""
+def f(x):
+    a = [3, 1, 2]
+    try:
+        {call}
+    except (TypeError, ValueError, IndexError) as e:
+        return x + 1, type(e).__name__, a
+    return x, None, a
+"""
+    scope = {}
+    exec(compile(src, "<test>", "exec"), scope)
+    f = scope["f"]
+    expected = f(torch.ones(1))
+    assert expected[1] is not None
+    counter = CompileCounter()
+    got = kiln.compile(f, backend=counter)(torch.ones(1))
+    assert got[1:] == expected[1:]
+    assert counter.frame_count == 1

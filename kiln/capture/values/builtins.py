@@ -662,6 +662,9 @@ def _super(tx, fn, args, kwargs):
 
 def construct_class(tx, cls_value: ClassValue, args: list[Value], kwargs: dict[str, Value]) -> Value:
     cls = cls_value.value
+    if cls in (list, tuple, set, frozenset) and (len(args) > 1 or kwargs):
+        raise tx.user_exception(TypeError(f"{cls.__name__}() takes no keyword arguments" if kwargs
+                                          else f"{cls.__name__} expected at most 1 argument, got {len(args)}"))
     if cls in (list, tuple) or (isinstance(cls, type) and issubclass(cls, (list, tuple))
                                 and not _is_namedtuple(cls) and _plain_init(cls)):
         items = tx.unpack_iterable(args[0]) if args else []

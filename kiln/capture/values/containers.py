@@ -197,6 +197,14 @@ class ListValue(BaseSequenceValue):
         tx.output.side_effects.mutated(self)
 
     def base_method(self, tx, name, args, kwargs):
+        _check_list_arguments(tx, name, args, kwargs)
+        if name in ("insert", "pop", "__setitem__", "__delitem__"):
+            if args and not args[0].is_constant():
+                raise Unsupported(f"list.{name} at an index that is not a Python constant ({args[0].describe()})")
+            try:
+                return self._positional_method(tx, name, args)
+            except (IndexError, TypeError, ValueError) as e:     # (eager's, on the same list)
+                raise tx.user_exception(e)
         if name == "append" and len(args) == 1:
             self._mutate(tx)
             self.items.append(args[0])
@@ -206,17 +214,6 @@ class ListValue(BaseSequenceValue):
             for item in tx.each_item(args[0]):     # (a generator may read the list as it grows)
                 self.items.append(item)
             return ConstantValue(None)
-        if name == "insert" and len(args) == 2:
-            self._mutate(tx)
-            self.items.insert(args[0].as_constant(), args[1])
-            return ConstantValue(None)
-        if name == "pop":
-            self._mutate(tx)
-            idx = args[0].as_constant() if args else -1
-            try:
-                return self.items.pop(idx)
-            except IndexError as e:
-                raise tx.user_exception(e)
         if name == "remove" and len(args) == 1:
             for i, item in enumerate(self.items):
                 if tx.values_equal(item, args[0]):
@@ -238,28 +235,88 @@ class ListValue(BaseSequenceValue):
             key = kwargs.get("key")
             reverse = kwargs.get("reverse", ConstantValue(False)).as_constant()
             if key is not None and not (key.is_constant() and key.as_constant() is None):
-                keys = [tx.call(key, [i], {}).as_constant() for i in self.items]
+                key_values = [tx.call(key, [i], {}) for i in self.items]
             else:
-                keys = [i.as_constant() for i in self.items]
-            order = sorted(range(len(self.items)), key=lambda j: keys[j], reverse=reverse)
+                key_values = list(self.items)
+            if not all(k.is_constant() for k in key_values):
+                raise Unsupported("list.sort() by keys that are not Python constants")
+            keys = [k.as_constant() for k in key_values]
+            try:
+                order = sorted(range(len(self.items)), key=lambda j: keys[j], reverse=reverse)
+            except TypeError as e:      # (eager's: keys that do not compare)
+                raise tx.user_exception(e)
             self._mutate(tx)
             self.items[:] = [self.items[j] for j in order]
-            return ConstantValue(None)
-        if name == "__setitem__" and len(args) == 2:
-            idx = args[0].as_constant()
-            self._mutate(tx)
-            if isinstance(idx, slice):
-                self.items[idx] = tx.unpack_iterable(args[1])
-            else:
-                self.items[idx] = args[1]
-            return ConstantValue(None)
-        if name == "__delitem__" and len(args) == 1:
-            self._mutate(tx)
-            del self.items[args[0].as_constant()]
             return ConstantValue(None)
         if name == "__iter__":
             return IteratorValue(self, live=True)
         return super().base_method(tx, name, args, kwargs)
+
+    def _positional_method(self, tx, name, args):
+        """insert, pop, item assignment and deletion at a constant index (or slice)."""
+        if name == "insert":
+            idx = operator.index(args[0].as_constant())
+            self._mutate(tx)
+            self.items.insert(idx, args[1])
+            return ConstantValue(None)
+        if name == "pop":
+            idx = operator.index(args[0].as_constant()) if args else -1
+            if not self.items:
+                raise IndexError("pop from empty list")
+            item = self.items[idx]      # (IndexError before any change, as eager)
+            self._mutate(tx)
+            del self.items[idx]
+            return item
+        idx = args[0].as_constant()
+        if not isinstance(idx, slice):
+            idx = operator.index(idx) if not isinstance(idx, (str, float)) else idx
+            self.items[idx]              # (eager's IndexError or TypeError, nothing changed yet)
+        if name == "__delitem__":
+            self._mutate(tx)
+            del self.items[idx]
+            return ConstantValue(None)
+        if isinstance(idx, slice):
+            new = tx.unpack_iterable(args[1])
+            if idx.step not in (None, 1) and len(range(*idx.indices(len(self.items)))) != len(new):
+                raise ValueError(f"attempt to assign sequence of size {len(new)} to extended slice of size "
+                                 f"{len(range(*idx.indices(len(self.items))))}")
+            self._mutate(tx)
+            self.items[idx] = new
+        else:
+            self._mutate(tx)
+            self.items[idx] = args[1]
+        return ConstantValue(None)
+
+
+# list methods: (least, most) positional arguments; keywords taken (sort's only)
+_LIST_ARITY = {"append": (1, 1), "extend": (1, 1), "insert": (2, 2), "pop": (0, 1), "remove": (1, 1),
+               "clear": (0, 0), "reverse": (0, 0), "copy": (0, 0), "sort": (0, 0), "count": (1, 1),
+               "index": (1, 3), "__setitem__": (2, 2), "__delitem__": (1, 1)}
+
+
+def _check_list_arguments(tx, name: str, args, kwargs) -> None:
+    """eager's TypeError for a list method called with arguments it does not take."""
+    if name not in _LIST_ARITY:
+        return
+    least, most = _LIST_ARITY[name]
+    allowed = ("key", "reverse") if name == "sort" else ()
+    for k in kwargs:
+        if k not in allowed:
+            raise tx.user_exception(TypeError(f"list.{name}() takes no keyword arguments" if not allowed
+                                              else f"sort() got an unexpected keyword argument {k!r}"))
+    n = len(args)
+    if least <= n <= most:
+        return
+    if name == "sort":
+        raise tx.user_exception(TypeError("sort() takes no positional arguments"))
+    if most == 0:
+        raise tx.user_exception(TypeError(f"list.{name}() takes no arguments ({n} given)"))
+    if least == most == 1:
+        raise tx.user_exception(TypeError(f"list.{name}() takes exactly one argument ({n} given)"))
+    if least == most:
+        raise tx.user_exception(TypeError(f"{name} expected {least} arguments, got {n}"))
+    bound, m = ("at most", most) if n > most else ("at least", least)
+    raise tx.user_exception(TypeError(f"{name} expected {bound} {m} argument{'s' * (m != 1)}, got {n}"))
 
 
 # dict methods: (least, most) positional arguments, and the keyword arguments taken
@@ -413,6 +470,10 @@ class DictValue(Value):
             return IteratorValue(self.unpack(tx))
         if name == "copy":
             # dict.copy() of a subclass is a dict; OrderedDict and defaultdict copy their type
+            # (a subclass of those, through its own constructor: not modelled)
+            if issubclass(self.cls, (collections.OrderedDict, collections.defaultdict)) and \
+                    self.cls not in (collections.OrderedDict, collections.defaultdict):
+                raise Unsupported(f"{self.cls.__name__}.copy() (its class's constructor makes the copy)")
             cls = self.cls if self.cls in (collections.OrderedDict, collections.defaultdict) else dict
             copied = DictValue(items, None, cls)
             copied.default_factory = self.default_factory if cls is collections.defaultdict else None
@@ -483,6 +544,8 @@ class DictValue(Value):
             self._mutate(tx)
             k = self.key_of(tx, args[0])
             last = (args[1] if len(args) > 1 else kwargs.get("last", ConstantValue(True))).as_constant()
+            if k not in items:
+                raise tx.user_exception(KeyError(k))
             v = items.pop(k)
             if last:
                 items[k] = v
@@ -751,11 +814,23 @@ class SetValue(Value):
                 raise Unsupported(f"mutating a {self.cls.__name__} that existed before the call ({name})")
             tx.output.side_effects.mutated(self)   # written back after the graph
         if name == "__contains__":
-            return ConstantValue(tx.dict_key(args[0]) in self.items)
+            x = args[0]
+            if isinstance(x, SetValue) and x.cls is set:    # (a set is looked up as a frozenset)
+                return ConstantValue(frozenset(x._in_order()) in self.items)
+            return ConstantValue(tx.dict_key(x) in self.items)
         if name == "__len__":
             return ConstantValue(len(self.items))
         if name == "__iter__":
             return IteratorValue(self.unpack(tx))
+        if name == "__init__":
+            raise Unsupported(f"{self.cls.__name__}.__init__ called on an existing set")
+        if name in ("isdisjoint", "issuperset") and not isinstance(args[0], SetValue):
+            # eager takes the other's items one at a time and stops at the deciding one
+            it = tx.get_iter(args[0])
+            while (v := it.next(tx)) is not None:
+                if (tx.dict_key(v) in self.items) == (name == "isdisjoint"):
+                    return ConstantValue(False)
+            return ConstantValue(True)
         if name == "add":
             self._add(tx.dict_key(args[0]), args[0])
             return ConstantValue(None)
