@@ -86,6 +86,30 @@ _NEW_OBJECTS = (TensorValue, BaseSequenceValue, DictValue, NestedFunctionValue, 
 
 _ORDERINGS = (operator.lt, operator.le, operator.gt, operator.ge)
 
+def _c_operator_result(tx, fn, x: Value, y: Value) -> Value | None:
+    """``fn(x, y)`` for a method of a builtin type written in C, on the real objects (or
+    constants) the values stand for, each read from the outside guarded by identity (an
+    Enum member is one object); None when either is not known."""
+    if getattr(type(fn), "__name__", "") not in ("wrapper_descriptor", "method-wrapper", "builtin_function_or_method",
+                                                  "method_descriptor"):
+        return None
+    if getattr(fn, "__objclass__", None) not in (str, int, float, bytes, tuple, frozenset, complex, bool):
+        return None
+    operands = []
+    for v in (x, y):
+        real = v.as_constant() if v.is_constant() else v.real_object()
+        if real is None and not v.is_constant():
+            return None
+        operands.append(real)
+    for v, real in zip((x, y), operands):
+        if not v.is_constant() and getattr(v, "source", None) is not None:
+            tx.output.builder.guard(GuardKind.ID_MATCH, v.source, real)
+    try:
+        return ConstantValue(fn(*operands))
+    except Exception:       # (its TypeError is eager's too: left to the native run)
+        return None
+
+
 def _dict_union(a: DictValue, b: DictValue) -> DictValue:
     """``a | b`` of dicts: the class whose ``__or__``/``__ror__`` answers makes the result
     (OrderedDict and defaultdict make their own; a plain dict subclass's is dict's, a dict),
@@ -486,7 +510,14 @@ class PythonSemantics:
                 if not (r.is_constant() and r.as_constant() is NotImplemented):
                     return r
             elif fn is not _MISSING:
-                unknown = True      # a C type's operator: its answer is not known here
+                # a builtin base's operator in C (a str or int mixin of an Enum): computed on
+                # the objects themselves when both are known (guarded), else not known here
+                known = _c_operator_result(self, fn, x, y)
+                if known is not None:
+                    if not (known.is_constant() and known.as_constant() is NotImplemented):
+                        return known
+                    continue
+                unknown = True
         if op in (operator.eq, operator.ne) and not unknown:
             same = self.is_same(a, b)
             return ConstantValue(same if op is operator.eq else not same)
@@ -560,6 +591,10 @@ class PythonSemantics:
             return a.as_constant() is b.as_constant()
         ra, rb = a.real_object(), b.real_object()
         if ra is not None and rb is not None:
+            # the answer holds while each object read from the outside is the same one
+            for v, real in ((a, ra), (b, rb)):
+                if not v.is_constant() and getattr(v, "source", None) is not None:
+                    self.output.builder.guard(GuardKind.ID_MATCH, v.source, real)
             return ra is rb
         if (ac and a.as_constant() is None) or (bc and b.as_constant() is None):
             return False

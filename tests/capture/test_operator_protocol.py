@@ -177,3 +177,52 @@ def test_replacing_an_operator_dunder_recompiles(dunder, replacement):
     setattr(Num, dunder, replacement)
     torch.testing.assert_close(g(x, p, q), f(x, p, q))
     assert counter.frame_count == 2
+
+
+import enum  # noqa: E402
+
+
+class Layout(str, enum.Enum):
+    NCHW = "NCHW"
+    NHWC = "NHWC"
+
+
+class Mode(enum.Enum):
+    TRAIN = 1
+    EVAL = 2
+
+
+class _Marker:
+    pass
+
+
+class _Configured(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layout, self.mode, self.a, self.b = Layout.NHWC, Mode.TRAIN, _Marker(), _Marker()
+
+    def forward(self, x):
+        if self.layout != Layout.NCHW:      # (timm's output_fmt test: str.__ne__ of a str Enum)
+            x = x.flip(0)
+        return x * 2, self.layout == "NHWC", self.mode is Mode.EVAL, self.mode == Mode.EVAL, self.a is self.b
+
+
+def test_enum_comparisons_and_identity_follow_the_objects():
+    """A str-mixin Enum compares with str's operator, in the graph's capture, without a
+    break; identity and equality of objects read from a module are guarded: changing them
+    recompiles instead of reusing a stale answer."""
+    m = _Configured()
+    counter = CompileCounter()
+    g = kiln.compile(m, backend=counter)
+    x = torch.randn(3)
+    for change in (None, "layout", "mode", "alias"):
+        if change == "layout":
+            m.layout = Layout.NCHW
+        elif change == "mode":
+            m.mode = Mode.EVAL
+        elif change == "alias":
+            m.b = m.a
+        want, got = m(x), g(x)
+        torch.testing.assert_close(got[0], want[0])
+        assert got[1:] == want[1:]
+    assert counter.frame_count == 4
