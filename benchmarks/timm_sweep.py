@@ -65,7 +65,9 @@ def make(name: str, device: str):
     model = timm.create_model(name, pretrained=False).to(device)
     cfg = getattr(model, "pretrained_cfg", None) or {}
     size = tuple(cfg.get("input_size", (3, 224, 224)))
-    return model, size, getattr(model, "num_classes", 1000) or 1000
+    # (a model without a classifier, ``num_classes=0`` as eva02's MIM weights are, returns its
+    # pooled features: the loss's labels index those)
+    return model, size, getattr(model, "num_classes", 0) or getattr(model, "num_features", 1000)
 
 
 def _outputs(o) -> list:
