@@ -90,8 +90,7 @@ def _c_operator_result(tx, fn, x: Value, y: Value) -> Value | None:
     """``fn(x, y)`` for a method of a builtin type written in C, on the real objects (or
     constants) the values stand for, each read from the outside guarded by identity (an
     Enum member is one object); None when either is not known."""
-    if getattr(type(fn), "__name__", "") not in ("wrapper_descriptor", "method-wrapper", "builtin_function_or_method",
-                                                  "method_descriptor"):
+    if not isinstance(fn, (types.WrapperDescriptorType, types.MethodDescriptorType, types.BuiltinFunctionType)):
         return None
     if getattr(fn, "__objclass__", None) not in (str, int, float, bytes, tuple, frozenset, complex, bool):
         return None
