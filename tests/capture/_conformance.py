@@ -198,3 +198,17 @@ def check(fn, make_args, rtol=1e-5, atol=1e-6, calls=2, frames=1):
 
 def run_case(fn, make_args, opts):
     check(fn, make_args, **opts)
+
+
+def same_as_eager_in_one_graph(fn, *args):
+    """``fn(*args)`` compiled by kiln (graph breaks allowed): the same result as eager's (by
+    ``repr``: Python values, their types and order, and tensors), in one graph."""
+    kiln = _kiln()
+    from kiln.testing import CompileCounter
+
+    counter = CompileCounter()
+    expected = fn(*args)
+    got = kiln.compile(fn, backend=counter)(*args)
+    assert repr(got) == repr(expected)
+    assert counter.frame_count == 1
+    return got

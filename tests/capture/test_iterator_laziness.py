@@ -5,6 +5,8 @@ are taken."""
 from __future__ import annotations
 
 import itertools
+import os
+import sys
 
 import pytest
 import torch
@@ -12,14 +14,8 @@ import torch
 import kiln
 from kiln.testing import CompileCounter
 
-
-def _same(fn, *args):
-    counter = CompileCounter()
-    expected = fn(*args)
-    got = kiln.compile(fn, backend=counter)(*args)
-    assert repr(got) == repr(expected)
-    assert counter.frame_count == 1
-    return got
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _conformance import same_as_eager_in_one_graph  # noqa: E402
 
 
 def test_zip_of_one_iterator_pairs_its_items():
@@ -28,7 +24,7 @@ def test_zip_of_one_iterator_pairs_its_items():
         pairs = list(zip(it, it))
         grouped = list(zip(*[iter(range(6))] * 2))
         return x + 1, pairs, grouped
-    _same(f, torch.ones(1))
+    same_as_eager_in_one_graph(f, torch.ones(1))
 
 
 def test_enumerate_and_zip_leave_the_rest_of_an_iterator():
@@ -41,7 +37,7 @@ def test_enumerate_and_zip_leave_the_rest_of_an_iterator():
         it2 = iter([1, 2, 3])
         first = next(zip(it2, "ab"))
         return rest, first, list(it2)
-    _same(f, torch.ones(2))
+    same_as_eager_in_one_graph(f, torch.ones(2))
 
 
 def test_an_argument_iterator_is_consumed_as_far_as_eager_does():
@@ -83,7 +79,7 @@ def test_itertools_over_an_iterator_take_only_what_is_asked(adaptor):
         return x + len(got), got, list(it)
     if adaptor == "pairwise" and not hasattr(itertools, "pairwise"):
         pytest.skip("itertools.pairwise is Python 3.10+")
-    _same(f, torch.ones(2))
+    same_as_eager_in_one_graph(f, torch.ones(2))
 
 
 @pytest.mark.parametrize("adaptor", ["islice", "filterfalse", "takewhile", "dropwhile", "starmap", "compress"])
@@ -129,7 +125,7 @@ def test_user_functions_run_as_items_are_taken():
         log.append("made")
         first = next(acc), next(star)
         return x + 1, first, log
-    _same(f, torch.ones(1))
+    same_as_eager_in_one_graph(f, torch.ones(1))
 
 
 def test_tee_of_a_generator_runs_it_only_as_far_as_read():
@@ -145,7 +141,7 @@ def test_tee_of_a_generator_runs_it_only_as_far_as_read():
         seen = list(log)
         y = next(a)
         return y, seen, list(log), next(b)
-    _same(f, torch.ones(1))
+    same_as_eager_in_one_graph(f, torch.ones(1))
 
 
 def test_zip_strict_over_iterators_raises_eagers_error():
