@@ -8,7 +8,8 @@ import torch
 import torch.fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from .fake_tensors import fake_storage
+from .fake_tensors import fake_mode_of, fake_storage
+from .subgraph_table import attribute, is_subgraph
 
 
 VAL_OF = "kiln_val_of"    # node meta: the call (target, args, kwargs) its meta['val'] was made for
@@ -68,6 +69,28 @@ def propagate_fake(gm: torch.fx.GraphModule, fake_inputs: list, mode: FakeTensor
     # autocast, a float32 matmul would get a bfloat16 value)
     with mode, torch.no_grad(), torch._C._DisableAutocast():
         _Prop(gm).run(*fake_inputs)
+
+
+def complete_subgraph_vals(gm: torch.fx.GraphModule) -> None:
+    """Fake values for the nodes of ``gm``'s subgraphs (a higher-order op's branches and
+    bodies) that have them on their placeholders only: a graph loaded from an artifact.
+    Inductor lowers a subgraph reading its outputs' fake values, which running the parent
+    graph does not make. Best effort: a subgraph that cannot run on fakes keeps what it has."""
+    for n in gm.graph.nodes:
+        if n.op != "get_attr":
+            continue
+        sub = attribute(gm, str(n.target))
+        if not is_subgraph(sub):
+            continue
+        if not all("val" in m.meta for m in sub.graph.nodes if m.op == "call_function"):
+            vals = [m.meta.get("val") for m in sub.graph.nodes if m.op == "placeholder"]
+            mode = fake_mode_of(vals)
+            if mode is not None and all(v is not None for v in vals):
+                try:
+                    propagate_fake(sub, vals, mode)
+                except Exception:
+                    pass
+        complete_subgraph_vals(sub)
 
 
 PLAIN_CONSTANTS = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format)

@@ -404,6 +404,7 @@ class GraphCompile:
                 # op): it would start every copy back at the top of the backward. kiln's
                 # schedule (aot/saved_hooks_schedule.py) is this graph's memory plan.
                 graph_patches["reorder_for_peak_memory"] = False
+            fake_propagation.complete_subgraph_vals(graph)     # (a loaded graph's branches)
             static = [] if kind == "backward" else [
                 i for i, p in enumerate(_placeholders(gm)) if p.meta.get("kiln_static")]
             with _torch.inductor_compile_context(mode) as tracing, cfg.patch(graph_patches):
