@@ -191,56 +191,73 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return (a - b).abs().max().item() / (1 + a.abs().max().item())
 
 
-def run_one(name: str, backend: str, device: str) -> dict:
-    import torch._dynamo
-
-    import kiln
-
-    res: dict = {"model": name}
+def _errors(name: str, device: str, compile_fn, res: dict, prefix: str = "") -> None:
+    """Two inference calls and two training steps of a fresh model (seed 0) through
+    ``compile_fn(model)``, each beside a deep copy run eagerly: ``{prefix}inf_err`` and
+    ``{prefix}train_err`` in ``res`` (and ``inf_strides``, ``*_error`` where they differ)."""
     torch.manual_seed(0)
     model, cfg = make(name, device)
     ref = copy.deepcopy(model)
-    # (a model that keeps state of a forward in its modules, RecurrentGemma's recurrent state,
-    # cannot be deep-copied after a training step: the explain probes copy this one)
-    pristine = copy.deepcopy(model)
     g = torch.Generator().manual_seed(1)
     model.eval(), ref.eval()
-    compiled = kiln.compile(model, backend=backend)
+    compiled = compile_fn(model)
     worst = 0.0
     for _ in range(2):
         inp = inputs(name, cfg, g, device)
         with torch.no_grad():
             expected, got = _flat(ref(**inp)), _flat(compiled(**inp))
         if [t.shape for t in expected] != [t.shape for t in got]:
-            res["inf_error"] = "outputs differ in number or shape"
+            res[f"{prefix}inf_error"] = "outputs differ in number or shape"
             break
         for a, b in zip(expected, got):
             worst = max(worst, _rel(a.float(), b.float()) if a.is_floating_point() else float(not torch.equal(a, b)))
             if any(n > 1 and x != y for n, x, y in zip(a.shape, a.stride(), b.stride())):
-                res.setdefault("inf_strides", f"an output {tuple(a.shape)} laid out {b.stride()}, eager {a.stride()}")
-    res["inf_err"] = worst
+                res.setdefault(f"{prefix}inf_strides", f"an output {tuple(a.shape)} laid out {b.stride()}, eager {a.stride()}")
+    res[f"{prefix}inf_err"] = worst
+    model.train(), ref.train()
+    compiled = compile_fn(model)
+    worst = 0.0
+    for call in range(2):
+        inp = inputs(name, cfg, g, device)
+        model.zero_grad(set_to_none=True), ref.zero_grad(set_to_none=True)
+        torch.manual_seed(100 + call)
+        le = ref(**inp).loss
+        le.backward()
+        torch.manual_seed(100 + call)
+        lk = compiled(**inp).loss
+        lk.backward()
+        worst = max(worst, _rel(le.detach(), lk.detach()))
+        for (pname, p), q in zip(ref.named_parameters(), model.parameters()):
+            if (p.grad is None) != (q.grad is None):
+                res[f"{prefix}train_error"] = f"a gradient exists on one side only ({pname})"
+            elif p.grad is not None:
+                worst = max(worst, _rel(p.grad, q.grad))
+    res[f"{prefix}train_err"] = worst
+
+
+def run_one(name: str, backend: str, device: str, peer: bool = False) -> dict:
+    import torch._dynamo
+
+    import kiln
+
+    res: dict = {"model": name}
+
+    def with_kiln(model):
+        kiln.reset()
+        return kiln.compile(model, backend=backend)
+    _errors(name, device, with_kiln, res)
+    if peer:
+        def with_torch(model):
+            torch._dynamo.reset()
+            return torch.compile(model, backend=backend)
+        try:
+            _errors(name, device, with_torch, res, prefix="torch_")
+        except Exception as e:      # (the peer's failure is not kiln's)
+            res["torch_crash"] = f"{type(e).__name__}: {str(e)[:200]}"
+    torch.manual_seed(0)
+    pristine, cfg = make(name, device)
+    g = torch.Generator().manual_seed(2)
     for mode in ("inf", "train"):
-        if mode == "train":
-            kiln.reset()
-            model.train(), ref.train()
-            compiled = kiln.compile(model, backend=backend)
-            worst = 0.0
-            for call in range(2):
-                inp = inputs(name, cfg, g, device)
-                model.zero_grad(set_to_none=True), ref.zero_grad(set_to_none=True)
-                torch.manual_seed(100 + call)
-                le = ref(**inp).loss
-                le.backward()
-                torch.manual_seed(100 + call)
-                lk = compiled(**inp).loss
-                lk.backward()
-                worst = max(worst, _rel(le.detach(), lk.detach()))
-                for (pname, p), q in zip(ref.named_parameters(), model.parameters()):
-                    if (p.grad is None) != (q.grad is None):
-                        res["train_error"] = f"a gradient exists on one side only ({pname})"
-                    elif p.grad is not None:
-                        worst = max(worst, _rel(p.grad, q.grad))
-            res["train_err"] = worst
         probe = copy.deepcopy(pristine).train(mode == "train")
         ctx = torch.no_grad() if mode == "inf" else torch.enable_grad()
         with ctx:
@@ -368,7 +385,8 @@ def run_cell(name: str, backend: str, args) -> dict:
         env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", str(max(1, (os.cpu_count() or 2) // args.jobs)))
     try:
         proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--one", name, "--backend", backend,
-                               "--device", args.device] + (["--decode"] if args.decode else []),
+                               "--device", args.device] + (["--decode"] if args.decode else [])
+                              + (["--peer"] if args.peer else []),
                               capture_output=True, text=True, timeout=args.timeout, env=env)
         lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
         r = json.loads(lines[-1][7:]) if lines else {"model": name, "crash": proc.stderr[-600:]}
@@ -391,13 +409,16 @@ def main(argv=None) -> int:
     p.add_argument("--json", default=None)
     p.add_argument("--timeout", type=int, default=300)
     p.add_argument("--jobs", type=int, default=1, help="models run at once, each in its own process")
+    p.add_argument("--peer", action="store_true", help="torch.compile's errors too, on the same checks")
     p.add_argument("--one", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     warnings.filterwarnings("ignore")
     if args.one:
         try:
-            r = (decode_one if args.decode else warm_one if args.warm else run_one)(args.one, args.backend,
-                                                                                    args.device)
+            if args.decode or args.warm:
+                r = (decode_one if args.decode else warm_one)(args.one, args.backend, args.device)
+            else:
+                r = run_one(args.one, args.backend, args.device, args.peer)
         except Exception as e:
             r = {"model": args.one, "crash": f"{type(e).__name__}: {str(e)[:300]}", "where": traceback.format_exc()[-600:]}
         r["backend"] = args.backend
@@ -408,7 +429,7 @@ def main(argv=None) -> int:
     cells = [(name, backend) for name in args.models.split(",") for backend in args.backend.split(",")]
     with ThreadPoolExecutor(max(1, args.jobs)) as pool:
         out = list(pool.map(lambda cell: run_cell(*cell, args), cells))
-    print_table(out, "decode" if args.decode else "warm" if args.warm else "check")
+    print_table(out, "decode" if args.decode else "warm" if args.warm else "peer" if args.peer else "check")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(out, fh, indent=1)
@@ -428,6 +449,11 @@ def print_table(out: list, kind: str) -> None:
         row = lambda r: (f"{r['inf_err']:.1e}{' (strides differ)' if r.get('inf_strides') else ''} "  # noqa: E731
                          f"| {r['train_err']:.1e} | {r['inf_kiln']}, {r['train_kiln']} "
                          f"| {r['inf_torch']}, {r['train_torch']}")
+        if kind == "peer":
+            head += " torch.compile err (inf, train) |"
+            plain = row
+            row = lambda r: plain(r) + (f" | {r['torch_crash'][:60]}" if "torch_crash" in r  # noqa: E731
+                                        else f" | {r['torch_inf_err']:.1e}, {r['torch_train_err']:.1e}")
     ncols = head.count("|") - 1
     print("\n" + head)
     print("|" + "---|" * ncols)

@@ -495,10 +495,21 @@ def to_inductor(gm: torch.fx.GraphModule) -> None:
             block = node.args[0]
             if block.target not in copied:
                 copied.add(block.target)
-                setattr(gm, block.target, fx_graphs.copy_graph_module(getattr(gm, block.target)))
+                copy = fx_graphs.copy_graph_module(getattr(gm, block.target))
+                _tuple_output(copy)
+                setattr(gm, block.target, copy)
             node.target = torch.ops.higher_order.invoke_subgraph
             node.args = (block, f"kiln_{block.target}", *node.args[1:])
     gm.recompile()
+
+
+def _tuple_output(gm: torch.fx.GraphModule) -> None:
+    """A block returning a list returns a tuple: torch's fake-tensor cache takes a
+    higher-order op's outputs as a tuple only (torch 2.11 asserts it)."""
+    out = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    if isinstance(out.args[0], list):
+        out.args = (tuple(out.args[0]),)
+        gm.recompile()
 
 
 __all__ = ["invoke_region", "compiling", "inline", "has_regions", "to_inductor", "STAGE", "CAPTURED",

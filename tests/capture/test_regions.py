@@ -1,6 +1,8 @@
 """Repeated blocks (kiln/capture/regions.py): the layers of a ModuleList that trace to the same
 code become invoke_region calls of one shared subgraph; a layer that differs keeps its own
 code; torch.compiler.nested_compile_region is honoured; the switch turns it off."""
+import warnings
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -377,6 +379,7 @@ def test_blocks_replay_as_cuda_graphs(monkeypatch):
     compiled = kiln.compile(twin, mode="reduce-overhead")
     opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, twin)]
     replays = stats["replay"]
+    warnings.filterwarnings("error", "kiln: Inductor failed", RuntimeWarning)   # (no ATen fallback)
     for _ in range(4):
         x = torch.randn(16, 8, device="cuda")
         for m, opt in zip((model, compiled), opts):
