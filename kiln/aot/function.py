@@ -364,9 +364,13 @@ def make_training_core(fw: Callable, bw: Callable, parts, compile_bw: Callable[[
         return got
 
     def backward_for(given: frozenset):
-        return compiled_backward(backward_key("partial", given),
-                                 lambda: (partial_backward.without_tangents(parts.backward, n_tangents, given), None),
-                                 "a partial backward")[0]
+        # (without the inputs it does not read: a saved value freed by an earlier backward is
+        # None, which a compiled graph must not be handed even where it does not read it)
+        return compiled_backward(
+            backward_key("partial", given),
+            lambda: partial_backward.reading_only(
+                partial_backward.without_tangents(parts.backward, n_tangents, given), n_saved),
+            "a partial backward")
 
     def node_backward_for(given: frozenset):
         return compiled_backward(
@@ -567,8 +571,12 @@ def make_training_core(fw: Callable, bw: Callable, parts, compile_bw: Callable[[
                 if segmented:
                     fn, kept = node_backward_for(mine if partial is None else partial)
                     args = [args[i] if args[i] is not None else _missing(ctx, i, n_saved_args) for i in kept]
+                elif partial is None:
+                    fn = bw
                 else:
-                    fn = bw if partial is None else backward_for(partial)
+                    fn, kept = backward_for(partial)
+                    if kept is not None:
+                        args = [args[i] for i in kept]
                 if ctx.kiln_user_hooks:
                     with saved_tensors_from_user_hooks():
                         grads = fn(args)

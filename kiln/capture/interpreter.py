@@ -595,15 +595,15 @@ class FrameInterpreter(PythonSemantics):
         flags = ins.arg
         code = self.pop().as_constant()
         closure = self.pop() if flags & 0x08 else None
-        if flags & 0x04:
-            self.pop()  # annotations
+        annotations = self.pop() if flags & 0x04 else None
         kwdefaults = self.pop() if flags & 0x02 else None
         defaults = self.pop() if flags & 0x01 else None
         self.push(NestedFunctionValue(
             code, self.f_globals, code.co_qualname,
             list(defaults.items) if defaults is not None else None,
             {k: v for k, v in kwdefaults.items.items()} if kwdefaults is not None else None,
-            list(closure.items) if closure is not None else None))
+            list(closure.items) if closure is not None else None,
+            list(annotations.items) if annotations is not None else None))
 
     # containers
     def BUILD_TUPLE(self, ins):

@@ -53,7 +53,12 @@ def live_functions() -> list:
 
 # whether the current stream is capturing a CUDA graph (the caller's own); never on a CPU build
 # (whose binding is a placeholder that raises)
-_is_capturing = torch._C._cuda_isCurrentStreamCapturing if torch._C._has_cuda else (lambda: False)
+def _is_capturing() -> bool:
+    global _is_capturing
+    # (decided once: a CUDA build on a machine without a driver raises on the query itself)
+    usable = torch._C._has_cuda and torch.cuda.is_available()
+    _is_capturing = torch._C._cuda_isCurrentStreamCapturing if usable else (lambda: False)
+    return _is_capturing()
 
 
 def _caller(fn: Callable) -> Callable[[list], Any]:

@@ -176,7 +176,24 @@ class ConstantValue(Value):
     def reconstruct(self, cg):
         if self._on_use is not None and self.source is not None:
             return cg.source_expr(self.source)  # passed along unread: the caller's object
-        return cg.constant_expr(self.value)
+        v = self.value
+        if _one_object_per_value(v):
+            return cg.constant_expr(v)
+        # (the very object: a literal would merge equal values that eager keeps apart, as
+        # ``c = a[:3] + a[3:]; c is a``, or part ones eager shares)
+        return cg.bind(v, "c")
+
+
+def _one_object_per_value(v: Any) -> bool:
+    """Values CPython keeps one object of (``is`` between equal ones is always True)."""
+    t = type(v)
+    if v is None or v is Ellipsis or v is NotImplemented or t is bool:
+        return True
+    if t is int:
+        return -5 <= v <= 256
+    if t is str:
+        return len(v) <= 1 and (not v or ord(v) < 256)
+    return t is tuple and not v
 
 
 class LazyArgument(Value):

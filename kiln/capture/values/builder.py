@@ -371,13 +371,12 @@ class Builder:
         if t is functools.partial:
             g(GuardKind.TYPE_MATCH, source, t)
             func = self.wrap(obj.func, AttrSource(source, "func") if source else None)
-            args = [self.wrap(a, ItemSource(AttrSource(source, "args"), i) if source else None)
-                    for i, a in enumerate(obj.args)]
-            kw = {k: self.wrap(v, ItemSource(AttrSource(source, "keywords"), k) if source else None)
-                  for k, v in obj.keywords.items()}
-            g(GuardKind.LENGTH_MATCH, AttrSource(source, "args") if source else None, (len(obj.args), "tuple"))
-            g(GuardKind.DICT_KEYS, AttrSource(source, "keywords") if source else None, list(obj.keywords))
-            return PartialValue(func, args, kw, source)
+            if source is None:
+                return PartialValue.new(func, [self.wrap(a, None) for a in obj.args],
+                                        {k: self.wrap(v, None) for k, v in obj.keywords.items()})
+            # (its args and keywords as the objects they are: a change to keywords is written back)
+            return PartialValue(func, self.wrap(obj.args, AttrSource(source, "args")),
+                                self.wrap(obj.keywords, AttrSource(source, "keywords")), source)
         if _is(obj, (torch.finfo, torch.iinfo)):
             return ConstantValue(obj, source)
         if t in _SEQUENCE_ITERATORS and source is not None:

@@ -203,9 +203,18 @@ def _delattr(tx, fn, args, kwargs):
     return ConstantValue(None)
 
 
+def _exact_type(v: Value):
+    try:
+        return v.python_type()
+    except Exception:
+        return None
+
+
 @handles(tuple.__new__)
 def _tuple_new(tx, fn, args, kwargs):
     cls = args[0].as_constant()
+    if cls is tuple and len(args) == 2 and not kwargs and _exact_type(args[1]) is tuple:
+        return args[1]
     items = tx.unpack_iterable(args[1]) if len(args) > 1 else []
     if _is_namedtuple(cls):
         return NamedTupleValue(items, None, cls)
@@ -665,6 +674,8 @@ def construct_class(tx, cls_value: ClassValue, args: list[Value], kwargs: dict[s
     if cls in (list, tuple, set, frozenset) and (len(args) > 1 or kwargs):
         raise tx.user_exception(TypeError(f"{cls.__name__}() takes no keyword arguments" if kwargs
                                           else f"{cls.__name__} expected at most 1 argument, got {len(args)}"))
+    if cls in (tuple, frozenset) and len(args) == 1 and _exact_type(args[0]) is cls:
+        return args[0]          # (eager returns the very object: it is immutable)
     if cls in (list, tuple) or (isinstance(cls, type) and issubclass(cls, (list, tuple))
                                 and not _is_namedtuple(cls) and _plain_init(cls)):
         items = tx.unpack_iterable(args[0]) if args else []
@@ -773,7 +784,7 @@ def construct_class(tx, cls_value: ClassValue, args: list[Value], kwargs: dict[s
             raise tx.user_exception(TypeError(f"{cls.__name__}() takes no arguments"))
         return obj
     if cls is functools.partial:
-        return PartialValue(args[0], list(args[1:]), dict(kwargs))
+        return PartialValue.new(args[0], list(args[1:]), dict(kwargs))
     if isinstance(cls, type) and issubclass(cls, torch.nn.Module):
         from .new_objects import create_module  # cycle: new objects are built by builtins
 

@@ -142,8 +142,10 @@ class NestedFunctionValue(UserFunctionValue):
 
     def __init__(self, code: types.CodeType, fn_globals: dict, qualname: str,
                  defaults: list[Value] | None, kwdefaults: dict[str, Value] | None,
-                 closure: list["CellValue"] | None):
+                 closure: list["CellValue"] | None, annotations: list[Value] | None = None):
         self.code_obj = code
+        # (MAKE_FUNCTION's flat tuple: name, value, name, value, ...)
+        self.annotations_v = annotations or []
         self.fn_globals = fn_globals
         self.qualname = qualname
         self.defaults_v = defaults or []
@@ -191,16 +193,20 @@ class NestedFunctionValue(UserFunctionValue):
                 if self.kwdefaults_v else "None"
             closure = "(" + "".join(c.reconstruct(cg) + ", " for c in self.closure) + ")" \
                 if self.closure else "None"
+            annotations = "(" + "".join(a.reconstruct(cg) + ", " for a in self.annotations_v) + ")" \
+                if self.annotations_v else "None"
             return (f"{cg.bind(_make_function)}({cg.bind(self.code_obj, 'code')}, {cg.bind(self.fn_globals, 'G')}, "
-                    f"{self.qualname!r}, {defaults}, {kwd}, {closure})")
+                    f"{self.qualname!r}, {defaults}, {kwd}, {closure}, {annotations})")
         return cg.stash(self, build)
 
 
-def _make_function(code, fn_globals, qualname, defaults, kwdefaults, closure):
+def _make_function(code, fn_globals, qualname, defaults, kwdefaults, closure, annotations=None):
     fn = types.FunctionType(code, fn_globals, code.co_name, defaults, closure)
     fn.__qualname__ = qualname
     if kwdefaults:
         fn.__kwdefaults__ = kwdefaults
+    if annotations:
+        fn.__annotations__ = dict(zip(annotations[::2], annotations[1::2]))
     return fn
 
 
@@ -383,11 +389,29 @@ class PureMethodValue(Value):
 
 
 class PartialValue(Value):
-    def __init__(self, func: Value, args: list[Value], kwargs: dict[str, Value], source=None):
+    """``functools.partial``: its ``args`` tuple and ``keywords`` dict are values of their own,
+    read as the same objects every time (eager's are), and a change to ``keywords`` is seen by
+    the next call."""
+
+    def __init__(self, func: Value, args: Value, keywords: Value, source=None):
         self.func = func
-        self.args = args
-        self.kwargs = kwargs
+        self.args_v = args            # a TupleValue
+        self.keywords_v = keywords    # a DictValue
         self.source = source
+
+    @staticmethod
+    def new(func: Value, args: list[Value], kwargs: dict[str, Value]) -> "PartialValue":
+        from .containers import DictValue, TupleValue  # cycle: containers call their functions
+
+        return PartialValue(func, TupleValue(list(args)), DictValue(dict(kwargs)))
+
+    @property
+    def args(self) -> list[Value]:
+        return list(self.args_v.items)
+
+    @property
+    def kwargs(self) -> dict:
+        return dict(self.keywords_v.items)
 
     def python_type(self):
         import functools
@@ -398,17 +422,18 @@ class PartialValue(Value):
         return f"partial({self.func.describe()})"
 
     def call(self, tx, args, kwargs):
-        return self.func.call(tx, [*self.args, *args], {**self.kwargs, **kwargs})
+        keywords = self.kwargs
+        if not all(type(k) is str for k in keywords):
+            raise Unsupported("a functools.partial whose keywords are not all str")
+        return self.func.call(tx, [*self.args, *args], {**keywords, **kwargs})
 
     def getattr(self, tx, name):
-        from .containers import DictValue, TupleValue  # cycle: containers call their functions
-
         if name == "func":
             return self.func
         if name == "args":
-            return TupleValue(self.args)
+            return self.args_v
         if name == "keywords":
-            return DictValue(self.kwargs)
+            return self.keywords_v
         raise Unsupported(f"attribute {name!r} of functools.partial")
 
     def truthy(self, tx):
@@ -417,13 +442,20 @@ class PartialValue(Value):
     def reconstruct(self, cg):
         if self.source is not None:
             return cg.source_expr(self.source)
-        import functools
 
         def build():
-            args = ", ".join([self.func.reconstruct(cg), *(a.reconstruct(cg) for a in self.args),
-                              *(f"{k}={v.reconstruct(cg)}" for k, v in self.kwargs.items())])
-            return f"{cg.bind(functools.partial)}({args})"
+            # (the args tuple and keywords dict handed over are the partial's own objects)
+            return (f"{cg.bind(_make_partial)}({self.func.reconstruct(cg)}, {self.args_v.reconstruct(cg)}, "
+                    f"{self.keywords_v.reconstruct(cg)})")
         return cg.stash(self, build)     # (one object however often it is referenced)
+
+
+def _make_partial(func, args: tuple, keywords: dict):
+    import functools
+
+    p = functools.partial(func)
+    p.__setstate__((func, args, keywords, None))      # (keeps that very dict as its keywords)
+    return p
 
 
 class TorchOpValue(RealCallableValue):
