@@ -331,3 +331,37 @@ def test_associative_scan_fullgraph_one_graph_with_code_around():
         x = torch.randn(6, 3)
         _close(compiled(x), f(x))
     assert counter.frame_count == 1
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="combine_mode='pointwise' needs CUDA")
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_associative_scan_pointwise_in_training_gets_the_recurrences_gradients(backend):
+    """torch's associative_scan op has no correct backward (a prototype): Hugging Face's Mamba
+    models scan in pointwise mode when compiled and sequentially in eager. Where a gradient is
+    needed the scan is captured as its recursion of tensor ops, so the gradients are the
+    sequential loop's; inference keeps the op."""
+    def scanned(a, b):
+        def combine(left, right):
+            return left[0] * right[0], right[0] * left[1] + right[1]
+        return associative_scan(combine, (a, b), 1, combine_mode="pointwise")[1]
+
+    def loop(a, b):
+        h, out = torch.zeros_like(b[:, 0]), []
+        for t in range(b.shape[1]):
+            h = a[:, t] * h + b[:, t]
+            out.append(h)
+        return torch.stack(out, 1)
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    log_a = (torch.rand(2, 12, 8, device="cuda", generator=g) * 3).requires_grad_()
+    b = torch.randn(2, 12, 8, device="cuda", generator=g).requires_grad_()
+    weights = torch.randn(2, 12, 8, device="cuda", generator=g)
+    counter = CompileCounter()
+    compiled = kiln.compile(lambda la, b: scanned(torch.exp(-la), b), backend=backend, fullgraph=True)
+    got = torch.autograd.grad((compiled(log_a, b) * weights).sum(), (log_a, b))
+    want = torch.autograd.grad((loop(torch.exp(-log_a), b) * weights).sum(), (log_a, b))
+    assert_same(got, want, atol=1e-5, rtol=1e-4)
+    counting = kiln.compile(scanned, backend=counter, fullgraph=True)
+    with torch.no_grad():
+        _close(counting(torch.exp(-log_a), b), loop(torch.exp(-log_a), b))
+    assert counter.frame_count == 1 and _nodes(counter.graphs[0], ASSOCIATIVE_SCAN)

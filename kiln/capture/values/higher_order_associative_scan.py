@@ -11,9 +11,11 @@ The op applies ``combine_fn`` to whole strided slices of ``xs`` at once. Eager's
 ``combine_mode="generic"`` applies it through ``torch.vmap`` instead; the two agree for a
 pointwise function, so kiln captures only a ``combine_fn`` whose every operation is pointwise
 (ATen's ``pointwise`` tag) and that reads no sizes. ``combine_mode="pointwise"`` needs CUDA or
-XPU tensors (eager rejects others). torch's op has autograd for ``xs`` but not for tensors the
-function reads from outside: with grad mode on and one of those requiring grad, the call is
-refused.
+XPU tensors (eager rejects others). torch's op has no correct autograd (a prototype, and
+documented so: its backward put FalconMamba-style state-decay gradients 95% off on an H200,
+under torch.compile too). Where a gradient is needed (grad mode on and a tensor of ``xs`` or
+one ``combine_fn`` reads requiring grad), pointwise mode is captured as generic mode is, below:
+the same values, and the gradients of the ops that compute them.
 
 ``combine_mode="generic"`` is not the op in eager: torch runs its own odd-even recursion
 (``generic_associative_scan``) with plain tensor ops, and autograd differentiates those ops.
@@ -100,16 +102,13 @@ def call_associative_scan(tx, args: list[Value], kwargs: dict[str, Value]) -> Va
     erase_operand_nodes(tx, operands)
     additional = inputs[len(operands):]
     fakes = [n.meta["example_value"] for n in additional]
-    if mode == "generic":
-        _refuse_non_pointwise(tx, gm, [o.fake for o in operands] + fakes)
+    _refuse_non_pointwise(tx, gm, [o.fake for o in operands] + fakes)
+    needs_grad = torch.is_grad_enabled() and \
+        any(isinstance(t, torch.Tensor) and t.requires_grad for t in [*fakes, *(x.fake for x in steps)])
+    if mode == "generic" or needs_grad:
         # (on xs as eager's recursion gets them: a scan of length 1 hands back views of xs)
         items = _generic_scan(tx, bound["combine_fn"], structure, moved)
         return _placed(tx, items, structure, dim, reverse)
-    if torch.is_grad_enabled() and additional and \
-            any(isinstance(t, torch.Tensor) and t.requires_grad for t in [*fakes, *(x.fake for x in steps)]):
-        raise Unsupported("an associative_scan in training whose combine_fn reads tensors from outside "
-                          "(torch's associative_scan has no gradients for them)")
-    _refuse_non_pointwise(tx, gm, [o.fake for o in operands] + fakes)
     fake_outs = fake_call(tx, ASSOCIATIVE_SCAN_OP, (gm, [x.fake for x in steps], tuple(fakes)), "associative_scan")
     node = output._op_node("call_function", ASSOCIATIVE_SCAN_OP,
                            (output.constant_node(gm), [x.node for x in steps], tuple(additional)), {})
