@@ -590,11 +590,12 @@ def checkpoint_default_mode() -> tuple[bool | None, str | None]:
 
 
 def current_cuda_device() -> int | None:
-    """This process's current CUDA device once CUDA is initialized here, else None (asking
-    would initialize it)."""
-    if not torch.cuda.is_initialized():
-        return None
-    return torch.cuda.current_device()
+    """This process's current CUDA device; None without CUDA. Before CUDA is initialized here
+    that is device 0 (asking would initialize it), the one it would then be: the answer does not
+    change when CUDA starts later in the process."""
+    if torch.cuda.is_initialized():
+        return torch.cuda.current_device()
+    return 0 if torch.cuda.is_available() else None
 
 
 def distributed_job() -> tuple[Any, int, int] | None:

@@ -278,3 +278,27 @@ def test_a_record_from_another_kiln_or_torch_is_ignored(tmp_path, cold_static):
     r, err = _run(tmp_path, "static")
     assert r["captures"] == 1 and r["frame_hits"] == 0 and r["hits"] == 1
     assert "written for another frame, kiln, torch or device" in err
+
+
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs CUDA")
+def test_a_frames_key_does_not_depend_on_when_cuda_starts(tmp_path):
+    """A CPU function's records are found by a process that started CUDA before compiling it
+    and by one that did not (the key names the CUDA device each would use)."""
+    child = tmp_path / "key.py"
+    child.write_text(textwrap.dedent("""
+        import sys, torch, kiln
+        from kiln.package import frame_records
+        if sys.argv[1] == "early":
+            torch.cuda.init()
+
+        def f(x):
+            return x * 2
+
+        cf = kiln.compile(f, backend="aot_eager")
+        cf(torch.ones(2))
+        print(frame_records.frame_key(cf))
+    """))
+    env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(kiln.__file__))}
+    keys = [subprocess.run([sys.executable, str(child), when], capture_output=True, text=True, env=env,
+                           timeout=300).stdout.strip() for when in ("early", "late")]
+    assert keys[0] and keys[0] == keys[1]
