@@ -407,6 +407,8 @@ class PartialValue(Value):
 
     @property
     def args(self) -> list[Value]:
+        if self.args_v.is_constant():         # (a tuple of constants read from outside)
+            return [ConstantValue(a) for a in self.args_v.as_constant()]
         return list(self.args_v.items)
 
     @property
