@@ -259,7 +259,7 @@ class PythonSemantics:
     def get_iter(self, v: Value) -> Value:
         if isinstance(v, IteratorValue):
             return v
-        if isinstance(v, (ListValue, DictValue, DictViewValue, TupleValue)):
+        if isinstance(v, (ListValue, DictValue, DictViewValue, TupleValue, SetValue)):
             it = v.call_method(self, "__iter__", [], {})
             return it if isinstance(it, IteratorValue) else self.get_iter(it)
         if isinstance(v, ObjectValue) and not isinstance(v, ClassValue):

@@ -974,3 +974,25 @@ def it_groupby(x, y):
 
 def test_itertools_groupby():
     check(it_groupby, lambda: (torch.randn(3), torch.randn(3)))
+
+
+class _ReadsModuleState(torch.nn.Module):
+    """An __init__ that reads what nn.Module.__init__ set (LazyModuleMixin registers hooks)."""
+    def __init__(self):
+        super().__init__()
+        self.hooks = self._forward_pre_hooks
+        self.register_forward_pre_hook(lambda module, args: None)
+
+
+def test_a_new_module_whose_init_reads_nn_module_state_is_built_as_eager():
+    def f(x):
+        try:
+            _ReadsModuleState()
+        except AttributeError:          # (eager never gets here)
+            return x - 100
+        return x + 1
+
+    x = torch.ones(2)
+    assert_same(kiln.compile(f, backend="aot_eager")(x), f(x))
+    with pytest.raises(kiln.Unsupported, match="nn.Module.__init__ sets"):
+        kiln.compile(f, backend="aot_eager", fullgraph=True)(x)

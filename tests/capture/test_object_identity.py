@@ -4,6 +4,7 @@ constructors that return their argument, and the attributes of objects created i
 eager."""
 from __future__ import annotations
 
+import collections
 import functools
 
 import pytest
@@ -106,3 +107,54 @@ def test_a_nested_function_keeps_its_annotations_at_a_break():
         return y, g.__annotations__, g.__kwdefaults__, g(3)
 
     _same(f, torch.ones(2))
+
+
+def test_a_dict_or_set_changed_in_size_while_iterated_raises_as_eager():
+    def grows(x):
+        d = {"a": 1, "b": 2}
+        for k in d:
+            d[k + "x"] = 3
+        return x
+
+    def shrinks(x, d):
+        for k in d:
+            del d[k]
+        return x
+
+    def set_grows(x):
+        s = {1, 2}
+        for k in s:
+            s.add(k + 10)
+        return x
+
+    for fn, args in ((grows, ()), (set_grows, ()), (shrinks, ({"a": 1, "b": 2},))):
+        for run in (fn, kiln.compile(fn, backend="eager")):
+            with pytest.raises(RuntimeError, match="changed size during iteration"):
+                run(torch.ones(1), *[dict(a) for a in args])
+
+
+def test_iterating_a_dict_reads_each_value_as_it_is_then():
+    def f(x):
+        d = {"a": 1, "b": 2, "c": x}
+        seen = []
+        for k, v in d.items():
+            if k == "a":
+                d["b"] = 100            # (same size: no error, the new value is seen)
+            seen.append(v)
+        for v in d.values():
+            d["c"] = 7
+            seen.append(v)
+        od = collections.OrderedDict(a=1)
+        for k in od:
+            od["q"] = 2                 # (after its last key OrderedDict's iterator just stops)
+        it = iter(d)
+        next(it)
+        d["z"] = 1
+        for _ in range(2):              # (and stays failed)
+            try:
+                next(it)
+            except RuntimeError as e:
+                seen.append(str(e))
+        return seen, list(od), type(iter(d.items())).__name__, type(iter({1})).__name__
+
+    _same(f, torch.ones(1))

@@ -467,7 +467,7 @@ class DictValue(Value):
         if name == "items":
             return DictViewValue(self, "items")
         if name == "__iter__":
-            return IteratorValue(self.unpack(tx))
+            return ContainerIteratorValue(tx, self, "keys")
         if name == "copy":
             # dict.copy() of a subclass is a dict; OrderedDict and defaultdict copy their type
             # (a subclass of those, through its own constructor: not modelled)
@@ -688,7 +688,7 @@ class DictViewValue(Value):
         if name == "__contains__" and self.kind == "keys":
             return ConstantValue(tx.dict_key(args[0]) in self.d.items)
         if name == "__iter__":
-            return IteratorValue(self.unpack(tx))
+            return ContainerIteratorValue(tx, self.d, self.kind)
         if name == "__contains__":
             return ConstantValue(tx.contains(self.unpack(tx), args[0]))
         raise Unsupported(f"dict_{self.kind}.{name}()")
@@ -821,7 +821,7 @@ class SetValue(Value):
         if name == "__len__":
             return ConstantValue(len(self.items))
         if name == "__iter__":
-            return IteratorValue(self.unpack(tx))
+            return ContainerIteratorValue(tx, self, "members")
         if name == "__init__":
             raise Unsupported(f"{self.cls.__name__}.__init__ called on an existing set")
         if name in ("isdisjoint", "issuperset") and not isinstance(args[0], SetValue):
@@ -984,6 +984,68 @@ class IteratorValue(Value):
                     return ConstantValue(True)
             return ConstantValue(False)
         raise Unsupported(f"iterator.{name}()")
+
+
+class ContainerIteratorValue(IteratorValue):
+    """An iterator over a dict (its keys, values or items) or a set, as CPython's: each step
+    reads the container as it is then (a value stored meanwhile is the one seen), and a change
+    of its size since the iterator was made raises eager's RuntimeError, at every later step."""
+
+    def __init__(self, tx, container: Value, kind: str):
+        super().__init__([])
+        self.container, self.kind, self.tx = container, kind, tx
+        self.size = len(container.items)
+
+    def _message(self) -> str:
+        if isinstance(self.container, SetValue):
+            return "Set changed size during iteration"
+        if issubclass(self.container.cls, collections.OrderedDict):
+            return "OrderedDict mutated during iteration"
+        return "dictionary changed size during iteration"
+
+    def python_type(self):
+        if isinstance(self.container, SetValue):
+            return type(iter(set()))
+        return type(iter(getattr({}, self.kind)()))
+
+    def _check(self, tx) -> None:
+        if len(self.container.items) != self.size:
+            self.size = -1          # (CPython's iterator keeps raising)
+            raise tx.user_exception(RuntimeError(self._message()))
+
+    def _item(self, i: int) -> Value:
+        c = self.container
+        if isinstance(c, SetValue):
+            return c.members()[i]
+        k = list(c.items)[i]
+        key = self.tx.key_value(k) if isinstance(k, Value) or not _is_const_key(k) else ConstantValue(k)
+        if self.kind == "keys":
+            return key
+        return c.items[k] if self.kind == "values" else TupleValue([key, c.items[k]])
+
+    def next(self, tx) -> Value | None:
+        if self.pos >= self.size and self.size >= 0 and isinstance(self.container, DictValue) and \
+                issubclass(self.container.cls, collections.OrderedDict):
+            return None     # (OrderedDict's iterator stops after its last key before any check)
+        self._check(tx)
+        if self.pos >= self.size:
+            return None
+        v = self._item(self.pos)
+        self.pos += 1
+        return v
+
+    def unpack(self, tx):
+        self._check(tx)
+        items = [self._item(i) for i in range(self.pos, self.size)]
+        self.pos = self.size
+        return items
+
+    def _items(self):
+        # (what a break hands over: the items as they are now, after those taken)
+        if self.size != len(self.container.items):
+            return self.seq
+        self.seq = [None] * self.pos + [self._item(i) for i in range(self.pos, self.size)]
+        return self.seq
 
 
 def _plain_lookup(cls: type, name: str) -> bool:

@@ -131,6 +131,10 @@ class _Isolated(SideEffects):
                              f"global {name!r}")
 
 
+# what nn.Module.__init__ sets on every module (hooks' dicts, _parameters, _modules, ...)
+_MODULE_INIT_ATTRS = frozenset(vars(torch.nn.Module()))
+
+
 class ModuleUnderConstruction(NewObjectValue):
     """``self`` in a user module's ``__init__`` inlined by ``check_init_only_configures``:
     ``super().__init__()`` reaching ``nn.Module.__init__`` sets ``training``; attribute
@@ -143,6 +147,14 @@ class ModuleUnderConstruction(NewObjectValue):
 
     def setattr(self, tx, name, value):
         store_on_new_object(tx, self, name, value)
+
+    def getattr(self, tx, name):
+        if name not in self.attrs and name in _MODULE_INIT_ATTRS:
+            # (the stand-in holds what the user's __init__ stored; nn.Module.__init__'s own
+            # state is not modelled: reading it must not look like an AttributeError of eager's)
+            raise Unsupported(f"{self.cls.__qualname__}.__init__ reads {name!r}, which nn.Module.__init__ "
+                              "sets (a module built inside a compiled function)")
+        return super().getattr(tx, name)
 
     def module_init(self, tx, args, kwargs) -> Value:
         if args or kwargs:
