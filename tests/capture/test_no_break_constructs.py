@@ -996,3 +996,19 @@ def test_a_new_module_whose_init_reads_nn_module_state_is_built_as_eager():
     assert_same(kiln.compile(f, backend="aot_eager")(x), f(x))
     with pytest.raises(kiln.Unsupported, match="nn.Module.__init__ sets"):
         kiln.compile(f, backend="aot_eager", fullgraph=True)(x)
+
+
+@torch.jit.script
+def _scripted_scale(q: torch.Tensor, factor: int):
+    return torch.sqrt(torch.tensor(q.size(-1), dtype=torch.float) * factor)
+
+
+def test_a_torch_jit_script_function_is_traced_through_its_python_original():
+    """(DeBERTa's ``scaled_size_sqrt``) torch keeps the Python function beside the scripted one."""
+    def f(x):
+        return x / _scripted_scale(x, 2)
+
+    counter = CompileCounter()
+    x = torch.randn(3, 4)
+    assert_same(kiln.compile(f, backend=counter, fullgraph=True)(x), f(x))
+    assert counter.frame_count == 1

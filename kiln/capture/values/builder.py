@@ -164,6 +164,11 @@ def wrap_callable(fn, source) -> Value:
         return TorchOpValue(fn, source)
     if isinstance(fn, types.FunctionType):
         return UserFunctionValue(fn, source)
+    inline = getattr(fn, "_torchdynamo_inline", None) if isinstance(fn, torch.jit.ScriptFunction) else None
+    if isinstance(inline, types.FunctionType):
+        # a @torch.jit.script function: its Python original is traced (torch keeps it there
+        # for compilers; torch.compile does the same)
+        return UserFunctionValue(inline, AttrSource(source, "_torchdynamo_inline") if source else None)
     return BuiltinValue(fn, source)
 
 
@@ -362,6 +367,10 @@ class Builder:
         if _is(obj, (types.FunctionType, types.BuiltinFunctionType, types.MethodDescriptorType,
                             types.WrapperDescriptorType, torch._ops.OpOverload,
                             torch._ops.OpOverloadPacket)):
+            g(GuardKind.ID_MATCH, source, obj)
+            return wrap_callable(obj, source)
+        if isinstance(obj, torch.jit.ScriptFunction) and \
+                isinstance(getattr(obj, "_torchdynamo_inline", None), types.FunctionType):
             g(GuardKind.ID_MATCH, source, obj)
             return wrap_callable(obj, source)
         if _is(obj, types.MethodType):
