@@ -160,3 +160,23 @@ def test_a_loop_goes_on_after_a_caught_exception_from_code_run_natively():
     assert repr(got) == repr(expected)
     got = kiln.compile(_loop_over_callees, backend="aot_eager")(x)
     assert repr(got) == repr(expected)
+
+
+def test_an_exception_that_is_anothers_context_stays_one_object():
+    def fn():
+        context = Exception("context")
+        try:
+            raise context
+        except Exception:
+            try:
+                raise Exception("caught")
+            except Exception:
+                pass
+            try:
+                raise Exception("new")
+            except Exception as exc:
+                raised = exc
+        return raised.__context__ is context, repr(raised.__context__), raised.__context__.__context__
+
+    got = kiln.compile(fn, backend="eager")()
+    assert repr(got) == repr(fn())

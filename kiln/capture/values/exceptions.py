@@ -53,7 +53,9 @@ class ExceptionValue(Value):
             args = ", ".join(cg.constant_expr(a) for a in exc.args)
             return (f"{cg.bind(_rebuild_exception)}({cg.bind(type(exc))}, ({args}{',' if len(exc.args) == 1 else ''}), "
                     f"{chain[0]}, {chain[1]}, {exc.__suppress_context__!r})")
-        return cg.stash(self, build)
+        # (by the exception itself: one that is also another's __context__ or __cause__ is
+        # handed over as one object)
+        return cg.stash(exc, build)
 
 
 def _rebuild_exception(cls, args, cause, context, suppress_context):
