@@ -113,6 +113,9 @@ class Guard:
                 return [f"type({e}) is {t}", f"{ctx.bind(_float_same, 'feq')}({e}, {ctx.bind(v, 'c')})"]
             if type(v) in (set, frozenset):
                 return [f"type({e}) is {t}", f"{ctx.bind(_typed_set, 'tset')}({e}) == {ctx.bind(_typed_set(v), 'c')}"]
+            if _equal_yet_different(v):
+                return [f"type({e}) is {t}",
+                        f"{ctx.bind(_typed_constant, 'tconst')}({e}) == {ctx.bind(_typed_constant(v), 'c')}"]
             lit = repr(v) if type(v) in (int, str) else ctx.bind(v, "c")
             return [f"type({e}) is {t}", f"{e} == {lit}"]
         if k is GuardKind.LENGTH_MATCH:
@@ -269,6 +272,33 @@ def _float_same(a, b: float) -> bool:
     if b != b:
         return a != a
     return a == b and (b != 0.0 or math.copysign(1.0, a) == math.copysign(1.0, b))
+
+
+def _equal_yet_different(v) -> bool:
+    """Whether ``v`` has ``==`` peers that behave otherwise: ranges equal as sequences
+    (``range(0) == range(-10)``), slices and tuples of other-typed or signed-zero parts,
+    complex numbers with a signed zero or nan."""
+    t = type(v)
+    if t in (range, slice, complex):
+        return True
+    if t is tuple:
+        return any(_equal_yet_different(x) or (type(x) is float and (x != x or x == 0.0)) for x in v)
+    return False
+
+
+def _typed_constant(x):
+    """A key equal for constants that behave alike: each part with its type, floats by repr
+    (-0.0 and nan apart), a range by its start, stop and step."""
+    t = type(x)
+    if t is range:
+        return (range, x.start, x.stop, x.step)
+    if t is slice:
+        return (slice, _typed_constant(x.start), _typed_constant(x.stop), _typed_constant(x.step))
+    if t is tuple:
+        return (tuple, *(_typed_constant(i) for i in x))
+    if t in (float, complex):
+        return (t, repr(x))
+    return (t, x)
 
 
 def _typed_set(s) -> frozenset:

@@ -1277,3 +1277,20 @@ def test_a_function_made_by_the_caller_keeps_nothing_of_the_call():
     del x
     gc.collect()
     assert ref() is None
+
+
+def test_constants_equal_as_values_but_not_alike_recompile():
+    """``range(0) == range(-10)``, ``slice(0, 2) == slice(0, 2.0)``, ``0j == -0j``: the guard
+    tells them apart (start/stop/step, each part's type, the zero's sign)."""
+    def attrs(r):
+        return r.start, r.stop, r.step
+
+    def parts(s, c, t):
+        return type(s.stop).__name__, str(c), str(t)
+
+    compiled = kiln.compile(attrs, backend="eager")
+    for r in (range(0), range(-10), range(0, 3, 5), range(0, 1), range(0)):
+        assert compiled(r) == attrs(r)
+    compiled = kiln.compile(parts, backend="eager")
+    for args in ((slice(0, 2), 0j, (0.0, 1)), (slice(0, 2.0), complex(0, -0.0), (-0.0, 1))):
+        assert compiled(*args) == parts(*args)
