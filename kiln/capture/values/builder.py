@@ -164,7 +164,7 @@ def wrap_callable(fn, source) -> Value:
         return TorchOpValue(fn, source)
     if isinstance(fn, types.FunctionType):
         return UserFunctionValue(fn, source)
-    inline = getattr(fn, "_torchdynamo_inline", None) if isinstance(fn, torch.jit.ScriptFunction) else None
+    inline = getattr(fn, "_torchdynamo_inline", None) if type(fn) is torch.jit.ScriptFunction else None
     if isinstance(inline, types.FunctionType):
         # a @torch.jit.script function: its Python original is traced (torch keeps it there
         # for compilers; torch.compile does the same)
@@ -369,7 +369,7 @@ class Builder:
                             torch._ops.OpOverloadPacket)):
             g(GuardKind.ID_MATCH, source, obj)
             return wrap_callable(obj, source)
-        if isinstance(obj, torch.jit.ScriptFunction) and \
+        if _is(obj, torch.jit.ScriptFunction) and \
                 isinstance(getattr(obj, "_torchdynamo_inline", None), types.FunctionType):
             g(GuardKind.ID_MATCH, source, obj)
             return wrap_callable(obj, source)
