@@ -1013,11 +1013,20 @@ class ContainerIteratorValue(IteratorValue):
             self.size = -1          # (CPython's iterator keeps raising)
             raise tx.user_exception(RuntimeError(self._message()))
 
+    def _order(self) -> list:
+        """The container's keys in iteration order, kept while they stay its keys (a step
+        costs no pass over the container; a key deleted and another added reorders)."""
+        c = self.container
+        keys = getattr(self, "_keys", None)
+        if keys is None or len(keys) != len(c.items) or not all(k in c.items for k in keys[self.pos:self.pos + 1]):
+            keys = self._keys = list(c._in_order()) if isinstance(c, SetValue) else list(c.items)
+        return keys
+
     def _item(self, i: int) -> Value:
         c = self.container
+        k = self._order()[i]
         if isinstance(c, SetValue):
-            return c.members()[i]
-        k = list(c.items)[i]
+            return c.items[k]
         key = self.tx.key_value(k) if isinstance(k, Value) or not _is_const_key(k) else ConstantValue(k)
         if self.kind == "keys":
             return key
