@@ -10,6 +10,7 @@ import sys
 import textwrap
 
 import pytest
+import torch
 
 import kiln
 from kiln.cache import envelope, store
@@ -280,7 +281,7 @@ def test_a_record_from_another_kiln_or_torch_is_ignored(tmp_path, cold_static):
     assert "written for another frame, kiln, torch or device" in err
 
 
-@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs CUDA")
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_a_frames_key_does_not_depend_on_when_cuda_starts(tmp_path):
     """A CPU function's records are found by a process that started CUDA before compiling it
     and by one that did not (the key names the CUDA device each would use)."""

@@ -381,8 +381,8 @@ class Builder:
             g(GuardKind.TYPE_MATCH, source, t)
             func = self.wrap(obj.func, AttrSource(source, "func") if source else None)
             if source is None:
-                return PartialValue.new(func, [self.wrap(a, None) for a in obj.args],
-                                        {k: self.wrap(v, None) for k, v in obj.keywords.items()})
+                return PartialValue(func, TupleValue([self.wrap(a, None) for a in obj.args]),
+                                    DictValue({k: self.wrap(v, None) for k, v in obj.keywords.items()}))
             # (its args and keywords as the objects they are: a change to keywords is written back)
             return PartialValue(func, self.wrap(obj.args, AttrSource(source, "args")),
                                 self.wrap(obj.keywords, AttrSource(source, "keywords")), source)

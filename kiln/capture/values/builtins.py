@@ -784,7 +784,7 @@ def construct_class(tx, cls_value: ClassValue, args: list[Value], kwargs: dict[s
             raise tx.user_exception(TypeError(f"{cls.__name__}() takes no arguments"))
         return obj
     if cls is functools.partial:
-        return PartialValue.new(args[0], list(args[1:]), dict(kwargs))
+        return PartialValue(args[0], TupleValue(list(args[1:])), DictValue(dict(kwargs)))
     if isinstance(cls, type) and issubclass(cls, torch.nn.Module):
         from .new_objects import create_module  # cycle: new objects are built by builtins
 

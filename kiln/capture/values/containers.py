@@ -995,6 +995,7 @@ class ContainerIteratorValue(IteratorValue):
         super().__init__([])
         self.container, self.kind, self.tx = container, kind, tx
         self.size = len(container.items)
+        self._keys: list | None = None
 
     def _message(self) -> str:
         if isinstance(self.container, SetValue):
@@ -1017,7 +1018,7 @@ class ContainerIteratorValue(IteratorValue):
         """The container's keys in iteration order, kept while they stay its keys (a step
         costs no pass over the container; a key deleted and another added reorders)."""
         c = self.container
-        keys = getattr(self, "_keys", None)
+        keys = self._keys
         if keys is None or len(keys) != len(c.items) or not all(k in c.items for k in keys[self.pos:self.pos + 1]):
             keys = self._keys = list(c._in_order()) if isinstance(c, SetValue) else list(c.items)
         return keys

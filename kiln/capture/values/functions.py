@@ -399,12 +399,6 @@ class PartialValue(Value):
         self.keywords_v = keywords    # a DictValue
         self.source = source
 
-    @staticmethod
-    def new(func: Value, args: list[Value], kwargs: dict[str, Value]) -> "PartialValue":
-        from .containers import DictValue, TupleValue  # cycle: containers call their functions
-
-        return PartialValue(func, TupleValue(list(args)), DictValue(dict(kwargs)))
-
     @property
     def args(self) -> list[Value]:
         if self.args_v.is_constant():         # (a tuple of constants read from outside)
