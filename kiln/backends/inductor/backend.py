@@ -391,7 +391,7 @@ class GraphCompile:
                 mode = _torch.static_fake_mode()
                 example_inputs = [mode.from_tensor(t, static_shapes=True) if isinstance(t, torch.Tensor) else t
                                   for t in example_inputs]
-            mark_user_visible_outputs(graph, kind, cfg)
+            mark_user_visible_outputs(graph, kind, cfg, num_fw_outputs=gm.meta.get("kiln_num_fw_outputs"))
             # Inductor's FX graph cache re-checks, on a hit, only the guards on the graph's SymInt
             # inputs (dynamo lifts every size symbol to one); kiln's graphs read most sizes from
             # tensors, so a hit would drop the shape facts of the first compile: not for them.
@@ -591,9 +591,13 @@ def mark_phases_of_new_nodes(joint: torch.fx.GraphModule) -> None:
         n.meta["kiln_phase"] = "backward" if backward else "forward"
 
 
-def mark_user_visible_outputs(gm: torch.fx.GraphModule, kind: str, cfg: Any) -> None:
+def mark_user_visible_outputs(gm: torch.fx.GraphModule, kind: str, cfg: Any, *,
+                              num_fw_outputs: int | None = None) -> None:
     """Tell Inductor which outputs the user sees: it keeps their traced strides (kiln's runtime
-    rebuilds output views from them); values saved for the backward may get any layout."""
+    rebuilds output views from them); values saved for the backward may get any layout (a
+    convolution's output stays channels-last). A forward's first ``num_fw_outputs`` outputs
+    are the user's, the rest saved tensors (given by the caller: the graph Inductor gets has
+    no kiln meta left to say so)."""
     out = _output_node(gm)
     vals = out.args[0]
     if kind == "backward":
@@ -601,7 +605,7 @@ def mark_user_visible_outputs(gm: torch.fx.GraphModule, kind: str, cfg: Any) -> 
     elif not cfg.keep_output_stride:
         n = 0
     elif kind == "forward":
-        n = gm.meta.get("kiln_num_fw_outputs", len(vals))
+        n = len(vals) if num_fw_outputs is None else num_fw_outputs
     else:
         n = len(vals)
     out.meta["user_visible_output_idxs"] = [i for i in range(n) if isinstance(vals[i], torch.fx.Node)]
