@@ -180,11 +180,23 @@ def _suspended_generators(output: OutputGraph, in_handlers: bool = False) -> fro
 
 
 def _yield_has_handler(g) -> bool:
-    at_yield = g.frame.instructions[g.frame.ip - 1]
-    if at_yield.handler is None:
-        return False
-    # (3.12's implicit handler of every generator only turns StopIteration into RuntimeError)
-    return g.frame.instructions[at_yield.handler[0]].opname != "CALL_INTRINSIC_1"
+    instructions = g.frame.instructions
+    at = instructions[g.frame.ip - 1]
+    for _ in range(len(instructions)):
+        if at.handler is None:
+            return False
+        handler = instructions[at.handler[0]]
+        if handler.opname == "CALL_INTRINSIC_1":
+            # 3.12's implicit handler of every generator: it only turns StopIteration into
+            # RuntimeError
+            return False
+        if handler.opname != "CLEANUP_THROW":
+            return True
+        # 3.12's handler of the yield inside a ``yield from``: it hands a throw() on to the
+        # delegate (a generator made here is checked on its own); a try block around the
+        # ``yield from`` is the handler of that instruction
+        at = handler
+    return True
 
 
 def _compile_entry(fn, src: str, ctx: RenderContext, lines: dict[int, int] | None = None):

@@ -497,3 +497,63 @@ def test_a_generator_dropped_before_a_break_is_not_made_natively(capsys):
     x = torch.randn(2, 3)
     assert_same(compiled(x), f(x))
     assert counter.frame_count == 2
+
+
+def _delegating(log):
+    def inner():
+        try:
+            yield 1
+            yield 2
+        finally:
+            log.append("inner closed")
+
+    def outer():
+        yield from inner()
+    return outer
+
+
+def test_a_suspended_yield_from_is_made_natively_only_for_its_delegates_handlers(capsys):
+    # (``next(self.parameters())`` in Hugging Face's ``self.dtype``: ``named_parameters`` is
+    # ``yield from``; on Python 3.12 the yield inside it has a handler that hands throw() on,
+    # which is not a try block of its own: the frame stays one graph, as on 3.11)
+    def plain():
+        yield from iter([1, 2, 3])
+
+    def f(x):
+        return x + next(plain())
+
+    counter = kiln.testing.CompileCounter()
+    kiln.reset()
+    x = torch.randn(3)
+    assert_same(kiln.compile(f, backend=counter)(x), f(x))
+    assert counter.frame_count == 1
+    report = kiln.explain(f)(x)
+    assert report.graph_count == 1 and report.graph_break_count == 0
+
+    # a delegate suspended in its own try block: eager runs its handler when the outer
+    # generator is dropped; compiled, the handler runs too
+    def g(x, log):
+        return x + next(_delegating(log)())
+
+    kiln.reset()
+    log_eager, log_kiln = [], []
+    expected = g(x, log_eager)
+    got = kiln.compile(g, backend="aot_eager")(x, log_kiln)
+    assert_same(got, expected)
+    assert log_kiln == log_eager == ["inner closed"]
+
+    # and a ``yield from`` inside the outer generator's own try block
+    def h(x, log):
+        def outer():
+            try:
+                yield from iter([1, 2])
+            finally:
+                log.append("outer closed")
+        return x + next(outer())
+
+    kiln.reset()
+    log_eager, log_kiln = [], []
+    expected = h(x, log_eager)
+    got = kiln.compile(h, backend="aot_eager")(x, log_kiln)
+    assert_same(got, expected)
+    assert log_kiln == log_eager == ["outer closed"]
