@@ -131,6 +131,13 @@ def plan_break(instrs: list[bytecode_utils.Instr], index: int, layout: list[str]
     first = instrs[index]
     if first.opname in _NOT_BREAKABLE:
         raise Unsupported(f"cannot resume after {first.opname}")
+    for ins in instrs[index:]:
+        # a continuation's prologue (a stack slot made an iterator again, say): the slots it
+        # has not pushed yet are still its parameters, which a break does not hand over
+        if ins.opname in ("LOAD_FAST", "DELETE_FAST") and str(ins.arg).startswith("___stack"):
+            raise Unsupported("a graph break while a continuation pushes back the stack it was handed")
+        if ins.target is not None:
+            break
     start = index - 1 if index > 0 and instrs[index - 1].opname == "KW_NAMES" else index
     kinds = list(layout)   # the kind of each stack slot as native execution goes on
     names = list(local_names)

@@ -1506,3 +1506,25 @@ def test_a_break_inside_a_property_read_compiles_the_call_it_feeds():
     assert cc.frame_count == 2
     ops = [str(n.target) for n in cc.graphs[1].graph.nodes if n.op == "call_function"]
     assert any("cross_entropy" in o for o in ops), ops
+
+
+def test_a_continuation_that_cannot_take_back_its_stack_runs_as_it_is(capsys):
+    # The continuation after ``print`` takes the loop's iterator back; rebuilding it over a set
+    # of non-constant values breaks inside the continuation's prologue, where the stack slots
+    # it has not pushed yet are still its parameters: that continuation runs as it is (an
+    # internal UnboundLocalError reached the user before; CPython's test_collections).
+    def f(x):
+        out = []
+        for s in [{False, True}, {object()}]:
+            fs = frozenset(s)
+            out.append(print(len(fs)))
+            x = x + len(fs)
+        return x, out
+
+    x = torch.randn(3)
+    expected = f(x)
+    eager_out = capsys.readouterr().out
+    kiln.reset()
+    got = kiln.compile(f, backend="aot_eager")(x)
+    assert_same(got, expected)
+    assert capsys.readouterr().out == eager_out == "2\n1\n"
