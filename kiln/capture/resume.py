@@ -579,9 +579,13 @@ def _handled_exception():
     return sys.exc_info()[1]
 
 
+_LIST_ITERATOR = type(iter([]))
+
+
 def make_continue(resume: Callable, layout: tuple[str, ...]) -> Callable:
     """The function an epilogue calls: iterators are handed over as the tuple of their
-    remaining items (the continuation's prologue turns them back into iterators), and each
+    remaining items (the continuation's prologue turns them back into iterators; an iterator
+    over a list as itself, which sees what the continuation appends to the list), and each
     handler's slot as the exception that handler handles (the next handler's slot holds it;
     the innermost one is the exception being handled)."""
     handed = [s for s in layout if s not in _NOT_HANDED]   # (what the epilogue packs)
@@ -595,7 +599,8 @@ def make_continue(resume: Callable, layout: tuple[str, ...]) -> Callable:
             given = stack
             stack = list(stack)
             for k in iter_slots:
-                stack[k] = tuple(stack[k])
+                if type(stack[k]) is not _LIST_ITERATOR:
+                    stack[k] = tuple(stack[k])
             for i, k in enumerate(prev_slots):
                 stack[k] = given[prev_slots[i + 1]] if i + 1 < len(prev_slots) else handled
             return resume(*local_values, *stack)

@@ -90,10 +90,11 @@ class SideEffects:
             prepare.append(f"{name} = {expr}")
             return name
 
+        advances = []       # (after the containers: an iterator over a list that grew)
         for c in self.containers:
             target = temp(cg.source_expr(c.source))
             if isinstance(c, IteratorValue):   # a real iterator: consume what the capture did
-                apply.append(f"{cg.bind(_advance)}({target}, {c.pos})")
+                advances.append(f"{cg.bind(_advance)}({target}, {c.pos - c.start}, {c.exhausted})")
                 continue
             if isinstance(c, ListValue):
                 items = temp("[" + ", ".join(i.reconstruct(cg) for i in c.items) + "]")
@@ -105,6 +106,7 @@ class SideEffects:
             elif isinstance(c, SetValue):
                 body = temp("[" + ", ".join(v.reconstruct(cg) for v in c.members()) + "]")
                 apply.append(f"{cg.bind(_set_replace)}({target}, {body})")
+        apply += advances
         for obj, name, value, setter in self.attrs.values():
             target, v = temp(cg.source_expr(obj.source)), temp(value.reconstruct(cg))
             apply.append(f"{cg.bind(setter)}({target}, {name!r}, {v})")
@@ -130,9 +132,11 @@ class _DeletedGlobal(Value):
 DELETED_GLOBAL = _DeletedGlobal()
 
 
-def _advance(it, n: int) -> None:
+def _advance(it, n: int, exhaust: bool = False) -> None:
     for _ in range(n):
         next(it)
+    if exhaust:     # (the capture saw it end: it stays ended, whatever is appended later)
+        next(it, None)
 
 
 def _set_replace(s: set, new: list) -> None:

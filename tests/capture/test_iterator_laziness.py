@@ -164,3 +164,95 @@ def test_chain_over_an_iterator_continues_after_a_graph_break():
     expected = f(torch.ones(1))
     got = kiln.compile(f, backend="eager")(torch.ones(1))
     torch.testing.assert_close(got, expected)
+
+
+def test_adaptors_over_a_list_see_what_is_appended_after_they_are_made():
+    # (eager's enumerate, zip and chain over a list read it as they go: an item appended
+    # before they are consumed is theirs; CPython's test_itertools)
+    def f(x):
+        a = [x, x + 1]
+        e, z, c = enumerate(a), zip(a, "xyz"), itertools.chain(a)
+        s = itertools.islice(a, 1, None)
+        a.append(x + 2)
+        return list(e), list(z), list(c), list(s)
+    same_as_eager_in_one_graph(f, torch.ones(2))
+
+
+def test_groupby_calls_its_key_as_the_groups_are_asked_for():
+    def f(x):
+        log = []
+        g = itertools.groupby([1, 1, 2, 3], key=lambda v: log.append(v) or v % 2)
+        log.append("made")
+        k1, first = next(g)
+        head = next(first)
+        log.append("read one")
+        k2, second = next(g)          # empties ``first``
+        return x + 1, log, k1, head, list(first), k2, list(second), [k for k, _ in g]
+    same_as_eager_in_one_graph(f, torch.ones(2))
+
+
+def test_a_list_iterator_that_ended_stays_ended():
+    def f(x):
+        a = [x, x + 1]
+        it = iter(a)
+        taken = [next(it), next(it), next(it, None)]
+        a.append(x + 2)
+        return taken, next(it, "ended"), list(it)
+    same_as_eager_in_one_graph(f, torch.ones(2))
+
+
+def test_a_loop_over_a_list_sees_what_the_code_after_a_graph_break_appends(capsys):
+    def f(x, it_in):
+        a = [x, x + 1]
+        out = []
+        for t in a:
+            out.append(t * 2)
+            print("a break")
+            if len(a) < 4:
+                a.append(t + 10)
+        # an argument's list iterator, advanced as far as the function took it
+        got = [next(it_in)]
+        print("a break")
+        got.append(next(it_in))
+        return out, a, got
+
+    x = torch.ones(2)
+    src_eager, src_kiln = [x, x * 2, x * 3], [x, x * 2, x * 3]
+    it_eager, it_kiln = iter(src_eager), iter(src_kiln)
+    expected = f(x, it_eager)
+    kiln.reset()
+    got = kiln.compile(f, backend="aot_eager")(x, it_kiln)
+    kiln.testing.assert_same(got, expected)
+    kiln.testing.assert_same(list(it_kiln), list(it_eager))
+
+
+def test_itertools_objects_keep_their_class_across_a_graph_break(capsys):
+    def f(x):
+        r = itertools.repeat("a", 3)
+        next(r)
+        shown = repr(r)                 # (a graph break: repr runs natively)
+        t = iter((x, x + 1))
+        return x + 1, shown, type(r).__name__, list(r), type(t).__name__
+
+    same = f(torch.ones(2))
+    kiln.reset()
+    kiln.testing.assert_same(kiln.compile(f, backend="aot_eager")(torch.ones(2)), same)
+
+
+def test_an_itertools_object_with_no_code_for_its_state_runs_the_frame_natively():
+    # (``product`` held across a break: eager's object, with its own ``__setstate__``)
+    def f(x):
+        p = itertools.product((1, 2), (3,))
+        p.__setstate__((0, 0x1000))
+        return next(p), x + 1
+
+    def g(x):
+        try:
+            itertools.chain().__setstate__(0)
+        except TypeError:
+            return x - 1
+        return x + 1
+
+    for fn in (f, g):
+        kiln.reset()
+        kiln.testing.assert_same(kiln.compile(fn, backend="aot_eager")(torch.ones(2)), fn(torch.ones(2)))

@@ -395,6 +395,9 @@ class Builder:
             red = ReduceSource(source)
             seq_value = self.wrap(seq, ItemSource(ItemSource(red, 1), 0))
             self.guard(GuardKind.EQUALS_MATCH, ItemSource(red, 2), index)
+            if type(seq) is list and isinstance(seq_value, ListValue):
+                # live over the list: what the code appends to it later is taken as in eager
+                return IteratorValue(seq_value, live=True, real=obj, source=source, start=index)
             items = seq_value.unpack(self.output) if not isinstance(seq_value, ConstantValue) \
                 else [ConstantValue(x) for x in seq_value.as_constant()]
             return IteratorValue(list(items[index:]), real=obj, source=source)

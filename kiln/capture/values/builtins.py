@@ -515,9 +515,9 @@ class DerivedIteratorValue(IteratorValue):
     left of its sources."""
 
     lazy = True
-    infinite = True     # (handed over as itself at a break, never as a tuple of its items)
 
-    def __init__(self, cls: type, produce, fn: Value | None = None, sources: list | None = None, start: int = 0):
+    def __init__(self, cls: type, produce, fn: Value | None = None, sources: list | None = None, start: int = 0,
+                 own_sources: bool = False):
         super().__init__([])
         self.cls = cls
         self.fn = fn
@@ -527,6 +527,15 @@ class DerivedIteratorValue(IteratorValue):
         self._tx = None
         self._produced = produce(lambda: self._tx)     # (a Python generator of Values)
         self.done = False
+        # ``own_sources``: an ``enumerate``/``zip`` over containers it made its own iterators of
+        # (no one else takes their items, and taking them calls nothing). A loop over it that
+        # a graph break interrupts hands what is left over as a tuple of rows, which the
+        # continuation's loop compiles; anything else is handed over as itself
+        self.own_sources = own_sources
+
+    @property
+    def infinite(self) -> bool:
+        return not self.own_sources
 
     def python_type(self):
         return self.cls
@@ -550,7 +559,10 @@ class DerivedIteratorValue(IteratorValue):
         return self.take_all(tx)
 
     def reconstruct_remaining(self, cg) -> str:
-        return self.reconstruct(cg)
+        if not self.own_sources:
+            return self.reconstruct(cg)
+        rows = [r.reconstruct(cg) for r in self.take_all(self._tx)]
+        return "(" + ", ".join(rows) + ("," if len(rows) == 1 else "") + ")"
 
     def reconstruct(self, cg):
         def build():
@@ -573,11 +585,20 @@ def is_shared_iterator(v: Value) -> bool:
         static_lookup(v.python_type(), "__next__") is not _MISSING
 
 
+def reads_lazily(v: Value) -> bool:
+    """Whether an iterator made over ``v`` must take ``v``'s items when eager does, not when it
+    is made: ``v`` is an iterator (its items are shared with every other holder of it), or a
+    container that may change before they are taken (``e = enumerate(xs); xs.append(3)``:
+    eager's ``e`` yields the new item). Tuples, ranges, strings and frozensets may be read at
+    once."""
+    return is_shared_iterator(v) or (isinstance(v, (ListValue, DictValue, SetValue))
+                                     and v.python_type() is not frozenset)
+
+
 def _lazy_sources(tx, iterables) -> list | None:
-    """The iterators of ``iterables`` when one of them is an iterator (eager takes its items
-    as they are asked for: ``zip(it, it)``, a loop that breaks out), else None (lists,
-    tuples, dicts, ranges: their items may be read at once)."""
-    if not any(is_shared_iterator(a) for a in iterables):
+    """The iterators of ``iterables`` when one of them must be read lazily (``reads_lazily``:
+    ``zip(it, it)``, a loop that breaks out, a list appended to), else None."""
+    if not any(reads_lazily(a) for a in iterables):
         return None
     return [tx.get_iter(a) for a in iterables]
 
@@ -601,7 +622,7 @@ def _enumerate(tx, fn, args, kwargs):
     if lazy is not None:
         return DerivedIteratorValue(enumerate, lambda get_tx: (
             TupleValue([ConstantValue(i + start), row[0]]) for i, row in enumerate(_rows(get_tx, lazy))),
-            sources=lazy, start=start)
+            sources=lazy, start=start, own_sources=not is_shared_iterator(args[0]))
     items = tx.unpack_iterable(args[0])
     return IteratorValue([TupleValue([ConstantValue(i + start), v]) for i, v in enumerate(items)])
 

@@ -122,7 +122,9 @@ class BaseSequenceValue(Value):
         if name == "count" and not kwargs:
             return ConstantValue(sum(1 for i in self.items if tx.values_equal(i, args[0])))
         if name == "__iter__":
-            return IteratorValue(list(self.items))
+            it = IteratorValue(list(self.items))
+            it.over_tuple = self.base_type is tuple
+            return it
         raise Unsupported(f"{self.cls.__name__}.{name}()")
 
     def reconstruct(self, cg):
@@ -906,13 +908,22 @@ def set_members(keys, pools: list) -> dict:
 MAX_LAZY_ITEMS = 10_000
 
 
+def _list_iterator_at(items: list, index: int):
+    """A real iterator over ``items`` that has taken ``index`` of them."""
+    it = iter(items)
+    it.__setstate__(index)
+    return it
+
+
 class IteratorValue(Value):
     """An iterator over a known list of values (or live over a ListValue)."""
 
-    def __init__(self, items, live: bool = False, real=None, source=None):
+    def __init__(self, items, live: bool = False, real=None, source=None, start: int = 0):
         self.seq = items
         self.live = live
-        self.pos = 0
+        self.pos = start
+        self.start = start      # (a real iterator passed in is advanced by pos - start)
+        self.exhausted = False  # CPython's sequence iterators stay exhausted once they ended
         self.real = real        # a real iterator passed in: advanced afterwards (side effect)
         self.source = source
 
@@ -930,14 +941,23 @@ class IteratorValue(Value):
         return items
 
     def python_type(self):
-        return type(iter([]))
+        if self.real is not None:
+            return type(self.real)
+        return type(iter(())) if self.over_tuple else type(iter([]))
+
+    over_tuple = False      # (set on an iterator a tuple made: type() is tuple_iterator)
 
     def _items(self):
         return self.seq.items if self.live else self.seq
 
     def next(self, tx) -> Value | None:
         items = self._items()
-        if self.pos >= len(items):
+        if self.exhausted or self.pos >= len(items):
+            # (a list appended to after its iterator ended: the iterator yields nothing more)
+            if self.live and not self.exhausted:
+                self.exhausted = True
+                if self.real is not None:
+                    tx.output.side_effects.mutated(self)
             return None
         v = items[self.pos]
         self.pos += 1
@@ -946,8 +966,9 @@ class IteratorValue(Value):
         return v
 
     def unpack(self, tx):
-        items = self._items()[self.pos:]
+        items = [] if self.exhausted else self._items()[self.pos:]
         self.pos = len(self._items())
+        self.exhausted = self.live
         if self.real is not None and items:
             tx.output.side_effects.mutated(self)
         return list(items)
@@ -959,13 +980,23 @@ class IteratorValue(Value):
         return MethodValue(self, name)
 
     def reconstruct_remaining(self, cg) -> str:
-        """The items not consumed yet, as a tuple (a continuation iterates over it)."""
-        items = [i.reconstruct(cg) for i in self._items()[self.pos:]]
+        """The items not consumed yet, as a tuple (a continuation iterates over it); an
+        iterator over a list is handed over as a real one over that list, at its position,
+        which sees what is appended to the list after the break as eager's does."""
+        if self._over_list():
+            return self.reconstruct(cg)
+        items = [] if self.exhausted else [i.reconstruct(cg) for i in self._items()[self.pos:]]
         return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
+
+    def _over_list(self) -> bool:
+        return self.live and isinstance(self.seq, ListValue) and not self.exhausted \
+            and self.seq.python_type() is list
 
     def reconstruct(self, cg):
         if self.real is not None and self.source is not None:
             return cg.source_expr(self.source)     # (advanced as far as the capture took it)
+        if self._over_list():
+            return cg.stash(self, lambda: f"{cg.bind(_list_iterator_at)}({self.seq.reconstruct(cg)}, {self.pos})")
         # (one object for every reference to it: a local and a zip over it share its items)
         return cg.stash(self, lambda: f"iter({self.reconstruct_remaining(cg)})")
 

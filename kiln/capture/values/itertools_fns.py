@@ -2,16 +2,20 @@
 
 Finite iterators (``chain``, ``chain.from_iterable``, ``islice``, ``accumulate``,
 ``zip_longest``, ``compress``, ``pairwise``, ``starmap``, ``takewhile``, ``dropwhile``,
-``filterfalse``, ``tee``) take their items as eager does, one ``next`` at a time, when that
-can be seen: a source that is an iterator (``zip(it, it)``, ``tee(it)`` and then ``next(it)``,
-a generator) or a function of the user's that they call (``starmap``, ``accumulate``'s
-``func``, the predicates). Over lists, tuples and ranges with no such function they are
-computed when they are created, over the symbolic items of their inputs (tensors, symbolic
-sizes and Python values alike), and a graph break hands them over as an iterator over what is
-left. ``product``, ``combinations`` and ``permutations`` read their inputs when created, as
-eager does. A lazy one held across a graph break is handed over as a real one at its position
-where its state can be written as code (``LazyItertoolsValue.rebuild``); one whose state cannot
-(a ``tee``'s buffer, an ``accumulate``'s total) runs the frame natively.
+``filterfalse``, ``tee``, ``groupby``) take their items as eager does, one ``next`` at a time,
+when that can be seen: a source that is an iterator (``zip(it, it)``, ``tee(it)`` and then
+``next(it)``, a generator) or a container that may change before the items are taken (a list
+appended to after ``chain(xs)`` was made), or a function of the user's that they call
+(``starmap``, ``accumulate``'s ``func``, the predicates, ``groupby``'s ``key``). Over tuples,
+ranges and strings with no such function they are computed when they are created, over the
+symbolic items of their inputs (tensors, symbolic sizes and Python values alike).
+``product``, ``combinations`` and ``permutations`` read their inputs when created, as eager
+does. Held across a graph break, a lazy one is handed over as a real one at its position
+where its state can be written as code (``LazyItertoolsValue.rebuild``), a computed one as a
+real one of its class where one can yield what is left (``TypedIteratorValue``); one whose
+state cannot be written (a ``product`` part-way, a ``tee``'s buffer) runs the frame natively.
+A loop over one that a break interrupts hands what is left over as a tuple when taking it
+calls nothing (its sources are its own).
 
 Infinite ones (``count``, ``cycle``, ``repeat(x)``) are lazy: each ``next`` (a ``for`` loop
 that breaks out, ``zip``, ``islice``, ``next()``) takes one item, and consuming one to its end
@@ -25,7 +29,7 @@ import operator
 
 from ...errors import Unsupported
 from .base import ConstantValue, Value
-from .builtins import DerivedIteratorValue, _lazy_sources, _rows, handles, is_shared_iterator
+from .builtins import DerivedIteratorValue, _lazy_sources, _rows, handles, is_shared_iterator, reads_lazily
 from .containers import IteratorValue, TupleValue
 from .symbolic import SymNodeValue, specialize
 
@@ -42,15 +46,37 @@ def _int_arg(tx, v: Value | None, what: str, default=None):
     return c
 
 
-class TypedIteratorValue(IteratorValue):
-    """A finite itertools iterator computed at creation; ``type()`` answers its real class."""
+_TEE = type(itertools.tee(())[0])
 
-    def __init__(self, items, cls):
+
+class TypedIteratorValue(IteratorValue):
+    """A finite itertools iterator computed at creation; ``type()`` answers its real class.
+    Held across a graph break (or handed to code that runs natively), it becomes a real one of
+    its class where one can yield what is left (``repeat``, ``chain``, ``islice``, ``tee``); another
+    (``product``, ``accumulate``...) cannot be written as code, and the frame runs natively.
+    A loop over it hands what is left over as a tuple (``reconstruct_remaining``): the loop
+    cannot tell."""
+
+    def __init__(self, items, cls, repeated=None):
         super().__init__(list(items))
         self.cls = cls
+        self.repeated = repeated        # repeat(obj, n): obj
 
     def python_type(self):
         return self.cls
+
+    def reconstruct(self, cg):
+        left = len(self.seq) - self.pos
+        if self.cls is itertools.repeat and self.repeated is not None:
+            return cg.stash(self, lambda: f"{cg.bind(itertools.repeat)}({self.repeated.reconstruct(cg)}, {left})")
+        if self.cls is itertools.chain:
+            return cg.stash(self, lambda: f"{cg.bind(itertools.chain)}({self.reconstruct_remaining(cg)})")
+        if self.cls is itertools.islice:
+            return cg.stash(self, lambda: f"{cg.bind(itertools.islice)}({self.reconstruct_remaining(cg)}, None)")
+        if self.cls is _TEE:
+            return cg.stash(self, lambda: f"{cg.bind(itertools.tee)}({self.reconstruct_remaining(cg)}, 1)[0]")
+        raise Unsupported(f"an itertools.{self.cls.__name__} iterator held across a graph break "
+                          "(its state cannot be written as code)")
 
 
 class InfiniteIteratorValue(IteratorValue):
@@ -133,8 +159,8 @@ class LazyItertoolsValue(DerivedIteratorValue):
     break, ``rebuild(cg)`` writes the code of a real one that yields what is left (None: one
     whose state has no such code, and the frame runs natively)."""
 
-    def __init__(self, cls: type, produce, rebuild=None):
-        super().__init__(cls, produce)
+    def __init__(self, cls: type, produce, rebuild=None, own_sources: bool = False):
+        super().__init__(cls, produce, own_sources=own_sources)
         self.rebuild = rebuild
 
     def describe(self):
@@ -166,14 +192,15 @@ def _chain(tx, fn, args, kwargs):
         its = [tx.get_iter(a) for a in args]
         return LazyItertoolsValue(   # (what is left of each source, in order)
             itertools.chain, lambda get_tx: (v for it in its for v in _items(get_tx, it)),
-            rebuild=lambda cg: f"{cg.bind(itertools.chain)}({', '.join(it.reconstruct(cg) for it in its)})")
+            rebuild=lambda cg: f"{cg.bind(itertools.chain)}({', '.join(it.reconstruct(cg) for it in its)})",
+            own_sources=not any(is_shared_iterator(a) for a in args))
     return TypedIteratorValue([v for a in args for v in _finite(tx, a)], itertools.chain)
 
 
 @handles(itertools.chain.from_iterable)
 def _chain_from_iterable(tx, fn, args, kwargs):
     (outer,) = args
-    if is_shared_iterator(outer) or any(is_shared_iterator(a) for a in _finite(tx, outer)):
+    if reads_lazily(outer) or any(reads_lazily(a) for a in _finite(tx, outer)):
         outer_it = tx.get_iter(outer)
 
         def produce(get_tx):
@@ -210,7 +237,7 @@ def _islice(tx, fn, args, kwargs):
     start, stop, step = slice(*bounds).start, slice(*bounds).stop, slice(*bounds).step
     if any(b is not None and b < 0 for b in (start, stop)) or step is not None and step < 1:
         raise tx.user_exception(ValueError("Indices for islice() must be None or an int >= 0."))
-    if is_shared_iterator(args[0]):
+    if reads_lazily(args[0]):
         it, state = tx.get_iter(args[0]), {"count": 0, "next": start or 0}
 
         def rebuild(cg):
@@ -218,7 +245,8 @@ def _islice(tx, fn, args, kwargs):
             rest = "None" if stop is None else max(stop - count, 0)
             return f"{cg.bind(itertools.islice)}({it.reconstruct(cg)}, {max(nxt - count, 0)}, {rest}, {step or 1})"
         return LazyItertoolsValue(itertools.islice,
-                                  lambda get_tx: _islice_items(get_tx, it, state, stop, step or 1), rebuild)
+                                  lambda get_tx: _islice_items(get_tx, it, state, stop, step or 1), rebuild,
+                                  own_sources=not is_shared_iterator(args[0]))
     items = _take(tx, args[0], stop)
     return TypedIteratorValue(items[slice(start, None, step)], itertools.islice)
 
@@ -263,7 +291,7 @@ def _accumulate(tx, fn, args, kwargs):
             else:
                 acc = get_tx().call(func, [acc, v], {})
             yield acc
-    if func is not None or is_shared_iterator(args[0]):
+    if func is not None or reads_lazily(args[0]):
         it = tx.get_iter(args[0])
         return LazyItertoolsValue(itertools.accumulate, lambda get_tx: produce(get_tx, _items(get_tx, it)))
     return TypedIteratorValue(produce(lambda: tx, _finite(tx, args[0])), itertools.accumulate)
@@ -302,7 +330,7 @@ def _repeat(tx, fn, args, kwargs):
     times = args[1] if len(args) > 1 else kwargs.get("times")
     if times is None:
         return InfiniteIteratorValue("repeat", [obj])
-    return TypedIteratorValue([obj] * max(_int_arg(tx, times, "times"), 0), itertools.repeat)
+    return TypedIteratorValue([obj] * max(_int_arg(tx, times, "times"), 0), itertools.repeat, repeated=obj)
 
 
 @handles(itertools.count)
@@ -335,7 +363,7 @@ def _compress(tx, fn, args, kwargs):
 if hasattr(itertools, "pairwise"):
     @handles(itertools.pairwise)
     def _pairwise(tx, fn, args, kwargs):
-        if is_shared_iterator(args[0]):
+        if reads_lazily(args[0]):
             it = tx.get_iter(args[0])
 
             def produce(get_tx):
@@ -361,7 +389,7 @@ def _starmap(tx, fn, args, kwargs):
 @handles(itertools.filterfalse)
 def _filterfalse(tx, fn, args, kwargs):
     pred = args[0]
-    if _user_function(pred) or is_shared_iterator(args[1]):
+    if _user_function(pred) or reads_lazily(args[1]):
         it = tx.get_iter(args[1])
         return LazyItertoolsValue(fn, lambda get_tx: (
             i for i in _items(get_tx, it)
@@ -374,7 +402,7 @@ def _filterfalse(tx, fn, args, kwargs):
 def _tee(tx, fn, args, kwargs):
     n = _int_arg(tx, args[1] if len(args) > 1 else None, "n", 2)
     tee_type = type(itertools.tee([])[0])
-    if is_shared_iterator(args[0]):
+    if reads_lazily(args[0]):
         source, buffer = tx.get_iter(args[0]), []
 
         def produce(get_tx):
@@ -394,32 +422,50 @@ def _tee(tx, fn, args, kwargs):
 
 
 class GroupByValue(IteratorValue):
-    """``itertools.groupby(items, key)``: (key, group) pairs. As in eager, taking the next
-    pair empties the group handed out before it (they share one underlying iterator)."""
+    """``itertools.groupby(iterable, key)`` stepped as CPython steps it: each ``next`` skips
+    what is left of the current group, reading the source and calling ``key`` one item at a
+    time, and hands out a group iterator that reads on from the shared source; taking the next
+    pair empties the group handed out before it. Held across a graph break it cannot be
+    written as code, and the frame runs natively."""
 
-    def __init__(self, groups: list):
+    lazy = True
+
+    def __init__(self, source: IteratorValue, key: Value | None):
         super().__init__([])
-        self.groups = groups        # [(key value, [item values])]
-        self.current = None
+        self.source, self.key = source, key
+        # CPython's state; None where CPython's pointer is NULL (no Value is None)
+        self.currkey = self.tgtkey = self.currvalue = None
+        self.currgrouper = None
 
     def python_type(self):
         return itertools.groupby
 
+    def describe(self):
+        return "itertools.groupby iterator"
+
+    def step(self, tx) -> bool:
+        v = self.source.next(tx)
+        if v is None:
+            return False
+        key = v if self.key is None else tx.call(self.key, [v], {})
+        self.currvalue, self.currkey = v, key
+        return True
+
     def next(self, tx):
-        if self.current is not None:
-            self.current.pos = len(self.current.seq)
-        if self.pos >= len(self.groups):
-            return None
-        key, members = self.groups[self.pos]
-        self.pos += 1
-        self.current = TypedIteratorValue(members, type(next(itertools.groupby([0]))[1]))
-        return TupleValue([key, self.current])
+        self.currgrouper = None
+        while True:
+            if self.currkey is None:
+                pass
+            elif self.tgtkey is None or not tx.values_equal(self.tgtkey, self.currkey):
+                break
+            if not self.step(tx):
+                return None
+        self.tgtkey = self.currkey
+        self.currgrouper = _GrouperValue(self, self.tgtkey)
+        return TupleValue([self.currkey, self.currgrouper])
 
     def unpack(self, tx):
-        out = []
-        while (v := self.next(tx)) is not None:
-            out.append(v)
-        return out
+        return self.take_all(tx)
 
     def reconstruct_remaining(self, cg):
         raise Unsupported("an itertools.groupby iterator held across a graph break")
@@ -427,23 +473,52 @@ class GroupByValue(IteratorValue):
     reconstruct = reconstruct_remaining
 
 
+class _GrouperValue(IteratorValue):
+    """One group of a ``GroupByValue``: its items while the shared source's key stays the
+    group's and no later group was asked for."""
+
+    lazy = True
+
+    def __init__(self, parent: GroupByValue, tgtkey: Value):
+        super().__init__([])
+        self.parent, self.tgtkey = parent, tgtkey
+
+    def python_type(self):
+        return _GROUPER
+
+    def describe(self):
+        return "itertools.groupby group"
+
+    def next(self, tx):
+        p = self.parent
+        if p.currgrouper is not self:
+            return None
+        if p.currvalue is None and not p.step(tx):
+            return None
+        if not tx.values_equal(self.tgtkey, p.currkey):
+            return None
+        v, p.currvalue = p.currvalue, None
+        return v
+
+    def unpack(self, tx):
+        return self.take_all(tx)
+
+    def reconstruct_remaining(self, cg):
+        raise Unsupported("an itertools.groupby group held across a graph break")
+
+    reconstruct = reconstruct_remaining
+
+
+_GROUPER = type(next(itertools.groupby([0]))[1])
+
+
 @handles(itertools.groupby)
 def _groupby(tx, fn, args, kwargs):
     iterable = args[0] if args else kwargs["iterable"]
-    if is_shared_iterator(iterable):
-        raise Unsupported("itertools.groupby over an iterator (eager reads it one group at a time)")
-    items = _finite(tx, iterable)
     key = args[1] if len(args) > 1 else kwargs.get("key")
     if key is not None and key.is_constant() and key.as_constant() is None:
         key = None
-    groups = []
-    for item in items:
-        k = item if key is None else tx.call(key, [item], {})
-        if groups and tx.values_equal(groups[-1][0], k):
-            groups[-1][1].append(item)
-        else:
-            groups.append((k, [item]))
-    return GroupByValue(groups)
+    return GroupByValue(tx.get_iter(iterable), key)
 
 
 @handles(itertools.takewhile, itertools.dropwhile)
@@ -480,7 +555,7 @@ def _zip(tx, fn, args, kwargs):
             return LazyItertoolsValue(zip, lambda get_tx: _strict_rows(get_tx, lazy), lambda cg: (
                 f"{cg.bind(zip)}({', '.join(it.reconstruct(cg) for it in lazy)}, strict=True)"))
         return DerivedIteratorValue(zip, lambda get_tx: (TupleValue(row) for row in _rows(get_tx, lazy)),
-                                    sources=lazy)
+                                    sources=lazy, own_sources=not any(is_shared_iterator(a) for a in args))
     # (iterables only: each is read whole, so that a generator a user __iter__ makes is
     # finished, not left suspended for a later graph break to hand over)
     seqs = [_finite(tx, a) for a in args]
