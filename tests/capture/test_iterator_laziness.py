@@ -256,3 +256,33 @@ def test_an_itertools_object_with_no_code_for_its_state_runs_the_frame_natively(
     for fn in (f, g):
         kiln.reset()
         kiln.testing.assert_same(kiln.compile(fn, backend="aot_eager")(torch.ones(2)), fn(torch.ones(2)))
+
+
+class _Layers(__import__("collections").abc.Sequence):
+    """A sequence whose ``__iter__`` is collections.abc.Sequence's generator (Hugging Face's
+    layer configs)."""
+
+    def __init__(self, items):
+        self.items = items
+
+    def __getitem__(self, i):
+        return self.items[i]
+
+    def __len__(self):
+        return len(self.items)
+
+
+def test_zip_of_a_list_and_a_user_sequence_leaves_no_generator_at_a_break(capsys):
+    # (the list is read as zip goes; the sequence's generator is finished at once, as before,
+    # not left suspended in its try block for the break below to make natively)
+    def f(x):
+        kinds = ["full", "sliding"]
+        out = [x * (2 if k == "full" else 3) + c for k, c in zip(kinds, _Layers([1, 2]))]
+        print("a break")
+        return torch.stack(out).sum()
+
+    counter = CompileCounter()
+    kiln.reset()
+    x = torch.ones(2)
+    kiln.testing.assert_same(kiln.compile(f, backend=counter)(x), f(x))
+    assert counter.frame_count == 2

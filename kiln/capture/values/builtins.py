@@ -597,10 +597,13 @@ def reads_lazily(v: Value) -> bool:
 
 def _lazy_sources(tx, iterables) -> list | None:
     """The iterators of ``iterables`` when one of them must be read lazily (``reads_lazily``:
-    ``zip(it, it)``, a loop that breaks out, a list appended to), else None."""
+    ``zip(it, it)``, a loop that breaks out, a list appended to), else None. The others are
+    read whole now, as when none is lazy: a generator that a user class's ``__iter__`` makes
+    (``collections.abc.Sequence``'s) is finished, not left suspended for a later graph break
+    to hand over."""
     if not any(reads_lazily(a) for a in iterables):
         return None
-    return [tx.get_iter(a) for a in iterables]
+    return [tx.get_iter(a) if reads_lazily(a) else IteratorValue(tx.unpack_iterable(a)) for a in iterables]
 
 
 def _rows(get_tx, its):

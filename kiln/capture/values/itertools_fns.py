@@ -188,8 +188,7 @@ def _items(get_tx, it):
 def _chain(tx, fn, args, kwargs):
     if kwargs:
         raise tx.user_exception(TypeError("chain() takes no keyword arguments"))
-    if _lazy_sources(tx, args) is not None:
-        its = [tx.get_iter(a) for a in args]
+    if (its := _lazy_sources(tx, args)) is not None:
         return LazyItertoolsValue(   # (what is left of each source, in order)
             itertools.chain, lambda get_tx: (v for it in its for v in _items(get_tx, it)),
             rebuild=lambda cg: f"{cg.bind(itertools.chain)}({', '.join(it.reconstruct(cg) for it in its)})",
@@ -300,9 +299,7 @@ def _accumulate(tx, fn, args, kwargs):
 @handles(itertools.zip_longest)
 def _zip_longest(tx, fn, args, kwargs):
     fill = kwargs.get("fillvalue", ConstantValue(None))
-    if _lazy_sources(tx, args) is not None:
-        its = [tx.get_iter(a) for a in args]
-
+    if (its := _lazy_sources(tx, args)) is not None:
         def produce(get_tx):
             active = list(its)
             while True:
@@ -347,8 +344,8 @@ def _cycle(tx, fn, args, kwargs):
 
 @handles(itertools.compress)
 def _compress(tx, fn, args, kwargs):
-    if _lazy_sources(tx, args) is not None:
-        data, selectors = (tx.get_iter(a) for a in args)
+    if (its := _lazy_sources(tx, args)) is not None:
+        data, selectors = its
 
         def produce(get_tx):
             while (d := data.next(get_tx())) is not None and (sel := selectors.next(get_tx())) is not None:
