@@ -579,7 +579,7 @@ def _handled_exception():
     return sys.exc_info()[1]
 
 
-_LIST_ITERATOR = type(iter([]))
+_LIST_ITERATORS = (type(iter([])), type(reversed([])))
 
 
 def make_continue(resume: Callable, layout: tuple[str, ...]) -> Callable:
@@ -599,7 +599,7 @@ def make_continue(resume: Callable, layout: tuple[str, ...]) -> Callable:
             given = stack
             stack = list(stack)
             for k in iter_slots:
-                if type(stack[k]) is not _LIST_ITERATOR:
+                if type(stack[k]) not in _LIST_ITERATORS:
                     stack[k] = tuple(stack[k])
             for i, k in enumerate(prev_slots):
                 stack[k] = given[prev_slots[i + 1]] if i + 1 < len(prev_slots) else handled

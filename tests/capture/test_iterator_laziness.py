@@ -286,3 +286,46 @@ def test_zip_of_a_list_and_a_user_sequence_leaves_no_generator_at_a_break(capsys
     x = torch.ones(2)
     kiln.testing.assert_same(kiln.compile(f, backend=counter)(x), f(x))
     assert counter.frame_count == 2
+
+
+def test_reversed_of_a_list_reads_it_as_it_goes(capsys):
+    def f(x):
+        a = [1, 2, 3]
+        r = reversed(a)
+        a[0] = 100
+        b = [1, 2, 3]
+        s = reversed(b)
+        next(s)
+        b.clear()
+        return x + 1, list(r), list(s), type(r).__name__
+
+    same_as_eager_in_one_graph(f, torch.ones(2))
+
+    def g(x, r):
+        out = []
+        for t in r:
+            out.append(x * t)
+            print("a break")
+        return out
+
+    kiln.reset()
+    a, b = [1, 2, 3], [1, 2, 3]
+    expected = g(torch.ones(2), reversed(a))
+    kiln.testing.assert_same(kiln.compile(g, backend="aot_eager")(torch.ones(2), reversed(b)), expected)
+
+
+def test_a_set_built_by_adds_iterates_as_eagers_after_it_leaves_the_graph(capsys):
+    # (colliding int hashes: the order depends on how the set was built, not only on its
+    # members; CPython's test_set)
+    def f(x):
+        return set(x)
+
+    def g(x):
+        s = set(x)
+        print("a break")
+        return list(s)
+
+    x = [0, 8, 16, 32, 1]
+    for fn in (f, g):
+        kiln.reset()
+        assert list(kiln.compile(fn, backend="eager")(x)) == list(fn(x))

@@ -20,7 +20,7 @@ from ..sources import (ITEM_DICT, ITEM_INDEX, ITEM_LIST, ITEM_TUPLE, AttrSource,
                        ItemSource, ReduceSource)
 from ..sources import is_argument_rooted
 from .base import CONSTANT_TYPES, ConstantValue, Value, is_constant_object, is_type_annotation
-from .builtins import _HANDLERS, BuiltinValue
+from .builtins import _HANDLERS, BuiltinValue, ReversedListIteratorValue
 from .checkpoint import CHECKPOINT, call_checkpoint
 from .higher_order_cond import COND_FUNCTIONS, call_cond
 from .higher_order_associative_scan import ASSOCIATIVE_SCAN_FUNCTIONS, call_associative_scan
@@ -107,7 +107,8 @@ def is_trusted_module(mod: types.ModuleType) -> bool:
     return top in ("torch", "numpy") or top in sys.stdlib_module_names
 
 
-_SEQUENCE_ITERATORS = (type(iter(())), type(iter([])), type(iter(range(0))))
+_LIST_REVERSEITERATOR = type(reversed([]))
+_SEQUENCE_ITERATORS = (type(iter(())), type(iter([])), type(iter(range(0))), _LIST_REVERSEITERATOR)
 
 
 def wrap_pure_result(v: Any) -> Value:
@@ -348,8 +349,10 @@ class Builder:
             if not all(is_constant_object(k) for k in obj):
                 raise Unsupported("a set of values that are not Python constants")
             g(GuardKind.EQUALS_MATCH, source, obj)
-            return SetValue({k: ConstantValue(k) for k in obj}, t, source,
-                            keys=obj.copy() if t is set else obj if t is frozenset else set(obj))
+            v = SetValue({k: ConstantValue(k) for k in obj}, t, source,
+                         keys=obj.copy() if t is set else obj if t is frozenset else set(obj))
+            v.real_order = True
+            return v
         if _is(obj, types.ModuleType):
             g(GuardKind.ID_MATCH, source, obj)
             return PythonModuleValue(obj, source)
@@ -391,8 +394,20 @@ class Builder:
         if t in _SEQUENCE_ITERATORS and source is not None:
             # its sequence and position, as the iterator itself describes them
             g(GuardKind.TYPE_MATCH, source, t)
-            _fn, (seq,), index = obj.__reduce__()
+            reduced = obj.__reduce__()
             red = ReduceSource(source)
+            self.guard(GuardKind.LENGTH_MATCH, red, (len(reduced), "tuple"))
+            if len(reduced) == 2:       # (ended: it yields nothing more, whatever is appended)
+                ended = IteratorValue([], real=obj, source=source)
+                ended.exhausted = True
+                return ended
+            _fn, (seq,), index = reduced
+            if t is _LIST_REVERSEITERATOR:
+                seq_value = self.wrap(seq, ItemSource(ItemSource(red, 1), 0))
+                self.guard(GuardKind.EQUALS_MATCH, ItemSource(red, 2), index)
+                if not isinstance(seq_value, ListValue):
+                    raise Unsupported("a reversed() iterator over a list that is not a plain list")
+                return ReversedListIteratorValue(seq_value, index, real=obj, source=source)
             seq_value = self.wrap(seq, ItemSource(ItemSource(red, 1), 0))
             self.guard(GuardKind.EQUALS_MATCH, ItemSource(red, 2), index)
             if type(seq) is list and isinstance(seq_value, ListValue):

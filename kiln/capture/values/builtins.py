@@ -658,7 +658,59 @@ def _reversed(tx, fn, args, kwargs):
     override = getattr(args[0], "override", None) if args else None
     if override is not None and override("__reversed__") is not None:
         raise Unsupported(f"reversed() of {args[0].describe()}, whose class defines __reversed__")
+    if isinstance(args[0], ListValue) and args[0].python_type() is list:
+        return ReversedListIteratorValue(args[0])
     return IteratorValue(list(reversed(tx.unpack_iterable(args[0]))))
+
+
+class ReversedListIteratorValue(IteratorValue):
+    """``reversed(xs)`` of a list, read as it goes as CPython's: each step takes the item at
+    its index if the list still has one there (a list cleared meanwhile ends it), and once it
+    ended it stays ended. Across a graph break it is a real one over the list at its index."""
+
+    def __init__(self, lst: ListValue, index: int | None = None, real=None, source=None):
+        super().__init__(lst, live=True, real=real, source=source)
+        self.index = len(lst.items) - 1 if index is None else index
+
+    def python_type(self):
+        return type(reversed([]))
+
+    def describe(self):
+        return "list_reverseiterator"
+
+    def next(self, tx):
+        items = self.seq.items
+        if self.exhausted or not 0 <= self.index < len(items):
+            if not self.exhausted and self.real is not None:
+                tx.output.side_effects.mutated(self)
+            self.exhausted = True
+            return None
+        v = items[self.index]
+        self.index -= 1
+        self.pos += 1           # (a real one passed in is advanced by as many steps)
+        if self.real is not None:
+            tx.output.side_effects.mutated(self)
+        return v
+
+    def unpack(self, tx):
+        return self.take_all(tx)
+
+    def reconstruct_remaining(self, cg) -> str:
+        return self.reconstruct(cg)
+
+    def reconstruct(self, cg):
+        if self.real is not None and self.source is not None:
+            return cg.source_expr(self.source)     # (advanced as far as the capture took it)
+        if self.exhausted:
+            return cg.stash(self, lambda: f"{cg.bind(reversed)}([])")
+        return cg.stash(self, lambda: f"{cg.bind(_reversed_at)}({self.seq.reconstruct(cg)}, {self.index})")
+
+
+def _reversed_at(items: list, index: int):
+    """A real ``reversed(items)`` whose next item is ``items[index]``."""
+    it = reversed(items)
+    it.__setstate__(index)
+    return it
 
 
 @handles(sorted)

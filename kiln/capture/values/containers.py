@@ -754,6 +754,13 @@ class SetValue(Value):
         self.cls = cls
         self.source = source
         self.keys = keys if keys is not None else set(self.items)
+        # built by adds alone, in ``items``' order: adding them again in that order lays out a
+        # new set as eager's (its iteration order where hashes collide); a copy or a set
+        # operation's result keeps its layout only in the real set ``keys``
+        self.added_only = keys is None
+        # ``items`` in the iteration order of the real set they were read from, untouched since
+        # (a copy of that set may be laid out otherwise)
+        self.real_order = False
 
     @classmethod
     def of(cls, tx, values, set_cls: type = set) -> "SetValue":
@@ -766,10 +773,11 @@ class SetValue(Value):
     def _add(self, k, v) -> None:
         self.items.setdefault(k, v)
         self.keys.add(k)
+        self.real_order = False
 
     def _in_order(self) -> list:
         """The keys in eager's iteration order (see the class)."""
-        if any(isinstance(k, Value) for k in self.items):
+        if self.real_order or any(isinstance(k, Value) for k in self.items):
             return list(self.items)
         return list(self.keys)
 
@@ -842,16 +850,19 @@ class SetValue(Value):
                 raise tx.user_exception(KeyError(k))
             self.items.pop(k, None)
             self.keys.discard(k)
+            self.added_only = self.real_order = False
             return ConstantValue(None)
         if name == "pop":
             if not self.items:
                 raise tx.user_exception(KeyError("pop from an empty set"))
             k = self._in_order()[0] if any(isinstance(k, Value) for k in self.items) else self.keys.pop()
             self.keys.discard(k)
+            self.added_only = self.real_order = False
             return self.items.pop(k)
         if name == "clear":
             self.items.clear()
             self.keys.clear()
+            self.added_only = self.real_order = False
             return ConstantValue(None)
         if name == "copy":
             if self.cls is frozenset:
@@ -875,6 +886,7 @@ class SetValue(Value):
             raise tx.user_exception(e)
         if name.endswith("_update") or name == "update":
             self.items = set_members(self.keys, [self.items, *pools])
+            self.added_only = self.real_order = False
             return ConstantValue(None)
         if isinstance(result, (set, frozenset)):
             return SetValue(set_members(result, [self.items, *pools]), self.cls if self.cls in (set, frozenset)
@@ -884,10 +896,17 @@ class SetValue(Value):
     def reconstruct(self, cg):
         if self.source is not None:
             return cg.source_expr(self.source)
-        inner = ", ".join(self.items[k].reconstruct(cg) for k in self._in_order())
+        order = list(self.items) if self.added_only else self._in_order()
+        inner = ", ".join(self.items[k].reconstruct(cg) for k in order)
         if self.cls is frozenset:
             return f"frozenset(({inner},))" if inner else "frozenset()"
-        return cg.stash(self, lambda: f"{{{inner}}}" if inner else "set()")
+        if not inner:
+            return cg.stash(self, lambda: "set()")
+        if self.added_only:
+            # (``set((...))`` adds them one by one, in order, as they were added; a literal of
+            # constants would be compiled into an update from a frozenset constant)
+            return cg.stash(self, lambda: f"set(({inner},))")
+        return cg.stash(self, lambda: f"{{{inner}}}")
 
 
 def set_members(keys, pools: list) -> dict:
