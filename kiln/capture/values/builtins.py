@@ -22,7 +22,7 @@ from ..guards import Guard, GuardKind, _autocast_state
 from ..sources import TypeSource
 from .attributes import _MISSING, call_modelled
 from .base import ConstantValue, RealCallableValue, Value, is_constant_object
-from .containers import (DictValue, IteratorValue, ListValue, NamedTupleValue, SetValue,
+from .containers import (DictValue, IteratorValue, ListValue, NamedTupleValue, SetValue, identity_free,
                          TupleValue, set_members)
 from .containers import NewDictObjectValue
 from .exceptions import ExceptionValue
@@ -696,6 +696,10 @@ class ReversedListIteratorValue(IteratorValue):
         return self.take_all(tx)
 
     def reconstruct_remaining(self, cg) -> str:
+        if self.real is None and not self.exhausted and not identity_free(self.seq.items):
+            # (see ``identity_free``: what is left of it, as a tuple)
+            rest = [self.seq.items[i].reconstruct(cg) for i in range(min(self.index, len(self.seq.items) - 1), -1, -1)]
+            return "(" + ", ".join(rest) + ("," if len(rest) == 1 else "") + ")"
         return self.reconstruct(cg)
 
     def reconstruct(self, cg):

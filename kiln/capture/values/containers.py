@@ -927,6 +927,18 @@ def set_members(keys, pools: list) -> dict:
 MAX_LAZY_ITEMS = 10_000
 
 
+def identity_free(items: list) -> bool:
+    """Whether a list's items are tensors and constants only. An iterator over such a list is
+    handed over a graph break as a real one over the list (it sees what is appended after the
+    break); over other objects (functions, modules, your objects) as what is left of it, a
+    tuple: the list's every item would otherwise be guarded, by identity, in the code after
+    the break, which would then compile again for each call's new objects."""
+    import torch
+
+    return all(isinstance(i, ConstantValue) or (isinstance(i.python_type(), type)
+                                                and issubclass(i.python_type(), torch.Tensor)) for i in items)
+
+
 def _list_iterator_at(items: list, index: int):
     """A real iterator over ``items`` that has taken ``index`` of them."""
     it = iter(items)
@@ -1009,7 +1021,7 @@ class IteratorValue(Value):
 
     def _over_list(self) -> bool:
         return self.live and isinstance(self.seq, ListValue) and not self.exhausted \
-            and self.seq.python_type() is list
+            and self.seq.python_type() is list and identity_free(self.seq.items)
 
     def reconstruct(self, cg):
         if self.real is not None and self.source is not None:
