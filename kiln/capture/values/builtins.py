@@ -22,7 +22,7 @@ from ..guards import Guard, GuardKind, _autocast_state
 from ..sources import TypeSource
 from .attributes import _MISSING, call_modelled
 from .base import ConstantValue, RealCallableValue, Value, is_constant_object
-from .containers import (DictValue, IteratorValue, ListValue, NamedTupleValue, SetValue, identity_free,
+from .containers import (DictValue, IteratorValue, ListValue, NamedTupleValue, SetValue, identity_free, iterator_at,
                          TupleValue, set_members)
 from .containers import NewDictObjectValue
 from .exceptions import ExceptionValue
@@ -707,14 +707,7 @@ class ReversedListIteratorValue(IteratorValue):
             return cg.source_expr(self.source)     # (advanced as far as the capture took it)
         if self.exhausted:
             return cg.stash(self, lambda: f"{cg.bind(reversed)}([])")
-        return cg.stash(self, lambda: f"{cg.bind(_reversed_at)}({self.seq.reconstruct(cg)}, {self.index})")
-
-
-def _reversed_at(items: list, index: int):
-    """A real ``reversed(items)`` whose next item is ``items[index]``."""
-    it = reversed(items)
-    it.__setstate__(index)
-    return it
+        return cg.stash(self, lambda: f"{cg.bind(iterator_at)}({cg.bind(reversed)}({self.seq.reconstruct(cg)}), {self.index})")
 
 
 @handles(sorted)

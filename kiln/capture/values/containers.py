@@ -12,6 +12,8 @@ import collections.abc
 import operator
 import types
 
+import torch
+
 from ...errors import Unsupported
 from ..sources import AttrSource
 from .attributes import _MISSING, static_lookup
@@ -933,15 +935,12 @@ def identity_free(items: list) -> bool:
     break); over other objects (functions, modules, your objects) as what is left of it, a
     tuple: the list's every item would otherwise be guarded, by identity, in the code after
     the break, which would then compile again for each call's new objects."""
-    import torch
-
     return all(isinstance(i, ConstantValue) or (isinstance(i.python_type(), type)
                                                 and issubclass(i.python_type(), torch.Tensor)) for i in items)
 
 
-def _list_iterator_at(items: list, index: int):
-    """A real iterator over ``items`` that has taken ``index`` of them."""
-    it = iter(items)
+def iterator_at(it, index: int):
+    """The real list iterator ``it`` (``iter(xs)`` or ``reversed(xs)``) moved to ``index``."""
     it.__setstate__(index)
     return it
 
@@ -1027,7 +1026,7 @@ class IteratorValue(Value):
         if self.real is not None and self.source is not None:
             return cg.source_expr(self.source)     # (advanced as far as the capture took it)
         if self._over_list():
-            return cg.stash(self, lambda: f"{cg.bind(_list_iterator_at)}({self.seq.reconstruct(cg)}, {self.pos})")
+            return cg.stash(self, lambda: f"{cg.bind(iterator_at)}({cg.bind(iter)}({self.seq.reconstruct(cg)}), {self.pos})")
         # (one object for every reference to it: a local and a zip over it share its items)
         return cg.stash(self, lambda: f"iter({self.reconstruct_remaining(cg)})")
 
