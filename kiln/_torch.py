@@ -174,6 +174,7 @@ def inductor_compile_graph(gm: torch.fx.GraphModule, example_inputs: list, **kwa
     ``cudagraphs`` (a boxed bool), ``cpp_wrapper``."""
     from torch._inductor.compile_fx import compile_fx_inner
 
+    join_prefetch()
     return compile_fx_inner(gm, example_inputs, **kwargs)
 
 
@@ -366,42 +367,57 @@ def _static_kernel(result: Any, autotuner: Any) -> tuple[Any, str] | None:
 
 def inductor_wake_up_workers() -> None:
     """Start Inductor's kernel-compiling worker processes now (GPU graphs compile their
-    Triton kernels in them), so that they are up by the time the first graph needs them."""
+    Triton kernels in them), so that they are up by the time the first graph needs them, and
+    the GPU set-up that Inductor's first compile would otherwise wait for (``_prefetch``)."""
     from torch._inductor.async_compile import AsyncCompile
 
     AsyncCompile.wakeup()
-    _prefetch_triton_key()
+    _start_prefetch()
 
 
-_triton_key_prefetched = False
+_prefetch: list = []     # the thread, once started: one per process
 
 
-def _prefetch_triton_key() -> None:
-    """Compute Triton's installation hash in a background thread. Inductor's FX graph cache
-    keys every GPU graph on it, and computing it reads and hashes Triton's sources and its
-    shared library (half a second or more, mostly hashing, which releases the GIL): done
-    beside the trace, the first graph's Inductor compile no longer waits for it."""
-    global _triton_key_prefetched
-    if _triton_key_prefetched:
+def _start_prefetch() -> None:
+    """In a background thread, what the first GPU graph's Inductor compile needs and computes
+    at its start otherwise, mostly outside the GIL:
+
+    * Triton's installation hash, which Inductor's FX graph cache keys every GPU graph on
+      (reading and hashing Triton's sources and shared library: half a second or more);
+    * Triton's CUDA driver utilities, a C module Triton builds with the host's compiler the
+      first time it loads a kernel in a process with an empty Triton cache.
+
+    ``join_prefetch`` waits for it: a compile that started before it ended would otherwise
+    compute the same things a second time, beside it."""
+    if _prefetch:
         return
-    _triton_key_prefetched = True
     from torch._inductor import codecache
 
     key = getattr(codecache, "triton_key", None)
-    if key is None:
-        return
     prefetch = getattr(key, "prefetch", None)     # (torch >= 2.12: its own background thread)
     if prefetch is not None:
         prefetch()
-        return
 
     def compute() -> None:
         try:
-            key()
-        except Exception:       # noqa: BLE001 - Inductor computes it again, and reports it then
+            if key is not None and prefetch is None:
+                key()
+            from triton.runtime import driver
+
+            driver.active.utils     # (builds or loads the driver module)
+        except Exception:       # noqa: BLE001 - Inductor does it again, and reports it then
             pass
 
-    threading.Thread(target=compute, name="kiln-triton-key", daemon=True).start()
+    thread = threading.Thread(target=compute, name="kiln-inductor-prefetch", daemon=True)
+    _prefetch.append(thread)
+    thread.start()
+
+
+def join_prefetch(timeout: float = 60.0) -> None:
+    """Wait for ``_start_prefetch``'s thread, if one runs (bounded: Inductor computes what
+    is left itself)."""
+    if _prefetch and _prefetch[0].is_alive() and _prefetch[0] is not threading.current_thread():
+        _prefetch[0].join(timeout)
 
 
 def inductor_boxed_bool(value: bool) -> Any:

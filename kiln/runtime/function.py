@@ -271,6 +271,9 @@ class CompiledFunction:
             logs.event("recompiles", "recompile", f"Recompiling {fn.__qualname__} "
                        f"({fn.__code__.co_filename}:{fn.__code__.co_firstlineno}): {reason}",
                        **logs.where(fn), reason=str(reason), entries=len(cache.entries))
+        before_capture = getattr(key.backend, "before_capture", None)
+        if before_capture is not None:
+            before_capture()
         # Everything capture raises is kiln's (the frame then runs eagerly), except what the
         # user's own code raised (their backend, a comptime callback), a ConstraintViolation
         # (their mark_dynamic contradicted) and arguments that do not fit the signature.

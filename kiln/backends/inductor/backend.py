@@ -84,6 +84,18 @@ class InductorBackend:
     # looks inside every block)
     kiln_regions = True
 
+    def before_capture(self) -> None:
+        """Called before kiln captures a frame for this backend (a miss, not a warm start's
+        load). A process that uses CUDA starts Inductor's kernel-compiling workers and the hash
+        of Triton's installation now: both take seconds, and begun here they are ready by the
+        time the first graph's kernels compile, instead of the compile waiting for them."""
+        if torch.cuda.is_initialized():
+            try:
+                _torch.inductor_wake_up_workers()
+            except Exception as e:      # noqa: BLE001 - only earlier than the compile would start them
+                if logs.enabled.perf:
+                    logs.log("perf", f"starting Inductor's compile workers early failed: {e!r}")
+
     @property
     def config_patches(self) -> dict:
         """The Inductor config every compile of this backend runs under."""
