@@ -418,8 +418,7 @@ class FrameInterpreter(PythonSemantics):
     def LOAD_FAST(self, ins):
         v = self.locals.get(ins.arg)
         if v is None:
-            raise self.user_exception(UnboundLocalError(
-                f"local variable {ins.arg!r} referenced before assignment"))
+            raise self.user_exception(_unbound_local(ins.arg))
         self.push(v)  # an unread argument stays lazy until an instruction consumes it
 
     def LOAD_FAST_AND_CLEAR(self, ins):
@@ -434,7 +433,10 @@ class FrameInterpreter(PythonSemantics):
             self.locals[ins.arg] = v
 
     def DELETE_FAST(self, ins):
-        self.locals.pop(ins.arg, None)
+        if self.locals.pop(ins.arg, None) is None and not str(ins.arg).startswith("___"):
+            # ``del x`` of an unbound local raises, as reading it does (kiln's own ___names
+            # are deleted unconditionally)
+            raise self.user_exception(_unbound_local(ins.arg))
 
     def LOAD_GLOBAL(self, ins):
         push_null, name = ins.arg
@@ -495,7 +497,14 @@ class FrameInterpreter(PythonSemantics):
         cell = self.cells.get(name)
         if cell is None:
             raise Unsupported(f"closure variable {name!r} without a cell")
-        self.push(cell.get(self))
+        try:
+            self.push(cell.get(self))
+        except UserException as e:
+            code = resume.original_code(self.code)
+            if type(e.exc) is NameError and name in code.co_cellvars:
+                # an empty cell of this frame's own variable: CPython reads it as a local
+                raise self.user_exception(_unbound_local(name)) from None
+            raise
 
     def STORE_DEREF(self, ins):
         name = bytecode_utils.cell_name(ins.arg)
@@ -1106,3 +1115,8 @@ def _thrown(tx, args) -> BaseException:
             raise Unsupported(f"generator.throw({v.describe()})")
         raise tx.user_exception(TypeError("exceptions must be classes or instances deriving from BaseException"))
     return exc
+
+
+def _unbound_local(name) -> UnboundLocalError:
+    """What CPython 3.11+ raises reading (or deleting) an unbound local variable."""
+    return UnboundLocalError(f"cannot access local variable {name!r} where it is not associated with a value")

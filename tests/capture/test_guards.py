@@ -1294,3 +1294,66 @@ def test_constants_equal_as_values_but_not_alike_recompile():
     compiled = kiln.compile(parts, backend="eager")
     for args in ((slice(0, 2), 0j, (0.0, 1)), (slice(0, 2.0), complex(0, -0.0), (-0.0, 1))):
         assert compiled(*args) == parts(*args)
+
+
+# -- an attribute the capture found missing ------------------------------------------------------
+
+class _Plain:
+    pass
+
+
+class _AnswersMissing:
+    def __getattr__(self, name):
+        return 30
+
+
+class _Slotted:
+    __slots__ = ("b",)
+
+
+class _TriesB(nn.Module):
+    def forward(self, x):
+        try:
+            return x * self.b
+        except AttributeError:
+            return x * 3
+
+
+def _b_or_3(x, m):
+    try:
+        return x * m.b
+    except AttributeError:
+        return x * 3
+
+
+def _b_via_getattr(x, m):
+    return x * m.b
+
+
+def _class_zz_or_3(x, m):
+    try:
+        v = type(m).zz
+    except AttributeError:
+        v = 3
+    return x * v
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("fn, make, add", [
+    (_b_or_3, _Plain, lambda m: setattr(m, "b", 1)),
+    (_b_or_3, _Slotted, lambda m: setattr(m, "b", 1)),
+    (_b_via_getattr, _AnswersMissing, lambda m: setattr(m, "b", 1)),
+    (_class_zz_or_3, type("_Fresh", (), {}), lambda m: setattr(type(m), "zz", 1)),
+    (lambda x, m: m(x), _TriesB, lambda m: setattr(m, "b", 1)),
+], ids=["instance", "slot", "__getattr__", "class", "module"])
+def test_an_attribute_added_after_a_missing_lookup_is_seen(fn, make, add, backend):
+    """A lookup that raised AttributeError (caught, or answered by ``__getattr__``) is guarded
+    to stay missing: once the attribute exists, the call does what eager does."""
+    m = make()
+    cf = kiln.compile(fn, backend=backend)
+    x = torch.ones(2)
+    assert_same(cf(x, m), fn(x, m))
+    assert_same(cf(x, m), fn(x, m))
+    add(m)
+    assert_same(cf(x, m), fn(x, m))
+    assert fn(x, m)[0].item() == 1.0

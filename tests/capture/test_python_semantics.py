@@ -1498,3 +1498,69 @@ def test_a_deleted_global_is_gone_in_the_capture_and_after_it(fn):
     assert "SHARED_GLOBAL" not in globals()
     assert counter.frame_count == 1
     SHARED_GLOBAL = 1
+
+
+# -- unbound names, sorting, sequence errors ------------------------------------------------------
+
+def _read_unbound_local(x):
+    try:
+        print(y)      # noqa: F821 - assigned below: a local, unbound here
+    except UnboundLocalError as e:
+        msg = str(e)
+    y = 1
+    return x + y, msg
+
+
+def _read_unbound_cell(x):
+    try:
+        v = y          # noqa: F821 - a cell of this frame, read before it is bound
+    except UnboundLocalError as e:
+        v = str(e)
+
+    def inner():
+        return y
+    y = 2
+    return x + inner(), v
+
+
+def _delete_unbound_local(x):
+    if x.sum() > 1e9:
+        z = 1
+    try:
+        del z
+        out = "deleted"
+    except UnboundLocalError as e:
+        out = str(e)
+    return x * 2, out
+
+
+def _tuple_index_error(x):
+    t = (x, x)
+    try:
+        return t[5]
+    except IndexError as e:
+        return x, str(e)
+
+
+def _sort_sees_an_empty_list(x):
+    p = [3, 1, 2]
+    seen = []
+    p.sort(key=lambda v: (seen.append(len(p)), v)[1])
+    return x + p[0], seen, p
+
+
+def _sort_modified_during_sort(x):
+    p = [3, 1, 2]
+    try:
+        p.sort(key=lambda v: (p.append(0), v)[1])
+    except ValueError as e:
+        return x, str(e), p
+    return x, "", p
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("fn", [_read_unbound_local, _read_unbound_cell, _delete_unbound_local,
+                                _tuple_index_error, _sort_sees_an_empty_list, _sort_modified_during_sort])
+def test_unbound_names_sorting_and_index_errors_as_cpython(fn, backend):
+    x = torch.ones(3)
+    assert_same(kiln.compile(fn, backend=backend)(x), fn(x))

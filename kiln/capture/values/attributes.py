@@ -72,6 +72,25 @@ def storage_setter(cls: type):
     return object.__setattr__
 
 
+def guard_attribute_absent(tx, obj: Value, cls: type, name: str, instance_dict: bool = True) -> None:
+    """``object.__getattribute__(obj, name)`` raised AttributeError and the capture goes on
+    (a user ``except AttributeError``, or ``__getattr__``): guard that the lookup still
+    fails, else a later call that finds the attribute would replay the missing branch."""
+    from ..guards import Guard, GuardKind
+    from ..sources import ConstSource
+    if obj.source is None:
+        return
+    if static_lookup(cls, "__getattr__") is _MISSING and not has_user_getattribute(cls):
+        # nothing else answers: hasattr() is exactly object.__getattribute__'s answer
+        tx.output.builder.guard(GuardKind.HASATTR, obj.source, (name, False))
+        return
+    if instance_dict:
+        tx.output.builder.guard(GuardKind.NOT_IN_INSTANCE_DICT, obj.source, name)
+    for owner in cls.__mro__:
+        # a class that gains the name later would answer it
+        tx.output.guards.add(Guard(GuardKind.NOT_IN_INSTANCE_DICT, ConstSource(owner), name))
+
+
 def get_attribute(tx, obj: Value, name: str, generic_get, generic_hook=object.__getattribute__) -> Value:
     """``obj.name``: the class's ``__getattribute__`` (``generic_get`` when it is the
     generic one), then ``__getattr__`` if that raised AttributeError."""

@@ -83,8 +83,10 @@ class BaseSequenceValue(Value):
             return type(self)(self.items[idx], None, self.base_type)
         try:
             return self.items[operator.index(idx)]
-        except IndexError as e:
-            raise tx.user_exception(e)
+        except IndexError:
+            # (the items are a Python list: eager names the sequence's own type)
+            what = "tuple" if issubclass(self.base_type, tuple) else "list"
+            raise tx.user_exception(IndexError(f"{what} index out of range")) from None
 
     def getattr(self, tx, name):
         fn = self.override(name)
@@ -238,19 +240,30 @@ class ListValue(BaseSequenceValue):
         if name == "sort":
             key = kwargs.get("key")
             reverse = kwargs.get("reverse", ConstantValue(False)).as_constant()
-            if key is not None and not (key.is_constant() and key.as_constant() is None):
-                key_values = [tx.call(key, [i], {}) for i in self.items]
-            else:
-                key_values = list(self.items)
-            if not all(k.is_constant() for k in key_values):
-                raise Unsupported("list.sort() by keys that are not Python constants")
-            keys = [k.as_constant() for k in key_values]
-            try:
-                order = sorted(range(len(self.items)), key=lambda j: keys[j], reverse=reverse)
-            except TypeError as e:      # (eager's: keys that do not compare)
-                raise tx.user_exception(e)
+            # CPython empties the list while it sorts: the key function sees [], and what it
+            # adds is dropped (then ValueError); the items come back, sorted or (on an error) not
+            saved = list(self.items)
             self._mutate(tx)
-            self.items[:] = [self.items[j] for j in order]
+            self.items.clear()
+            result = saved
+            try:
+                if key is not None and not (key.is_constant() and key.as_constant() is None):
+                    key_values = [tx.call(key, [i], {}) for i in saved]
+                else:
+                    key_values = list(saved)
+                if not all(k.is_constant() for k in key_values):
+                    raise Unsupported("list.sort() by keys that are not Python constants")
+                keys = [k.as_constant() for k in key_values]
+                try:
+                    order = sorted(range(len(saved)), key=lambda j: keys[j], reverse=reverse)
+                except TypeError as e:      # (eager's: keys that do not compare)
+                    raise tx.user_exception(e)
+                result = [saved[j] for j in order]
+                modified = bool(self.items)
+            finally:
+                self.items[:] = result
+            if modified:
+                raise tx.user_exception(ValueError("list modified during sort"))
             return ConstantValue(None)
         if name == "__iter__":
             return IteratorValue(self, live=True)

@@ -230,7 +230,8 @@ class NewCellValue(CellValue):
     def get(self, tx):
         if self.contents is None:
             raise tx.user_exception(NameError(
-                f"free variable {self.name!r} referenced before assignment in enclosing scope"))
+                f"cannot access free variable {self.name!r} where it is not associated with a value "
+                "in enclosing scope"))
         return self.contents
 
     def set(self, tx, value):
@@ -271,7 +272,9 @@ class ExistingCellValue(CellValue):
         try:
             contents = self.cell.cell_contents
         except ValueError:
-            raise tx.user_exception(NameError(f"free variable {self.name!r} referenced before assignment"))
+            raise tx.user_exception(NameError(
+                f"cannot access free variable {self.name!r} where it is not associated with a value "
+                "in enclosing scope"))
         return tx.wrap(contents, self.contents_source())
 
     def set(self, tx, value):

@@ -29,7 +29,8 @@ from .grad_mode_functions import decorate_with_grad_mode
 from .truth import checked_bool, checked_len
 
 from .attributes import (_MISSING, RawAttrSource, del_attribute, descriptor_delete,
-                         descriptor_set, generic_method, get_attribute, has_user_getattribute,
+                         descriptor_set, generic_method, get_attribute, guard_attribute_absent,
+                         has_user_getattribute,
                          set_attribute, static_lookup, storage_setter)
 
 
@@ -167,6 +168,7 @@ class ObjectValue(Value):
             return self._instance_dict_value(tx)
         if cls_attr is not _MISSING:
             return self._class_attribute(tx, name, cls_attr)
+        guard_attribute_absent(tx, self, cls, name, instance_dict=d is not None)
         raise tx.user_exception(AttributeError(f"'{cls.__name__}' object has no attribute '{name}'"))
 
     def _attr_source(self, name):
@@ -194,6 +196,12 @@ class ObjectValue(Value):
             try:
                 value = object.__getattribute__(self.value, name)
             except AttributeError as e:
+                if isinstance(cls_attr, types.MemberDescriptorType):
+                    # an unset __slots__ member: guard that it stays unset
+                    cls = self.python_type()
+                    if static_lookup(cls, "__getattr__") is not _MISSING or has_user_getattribute(cls):
+                        raise Unsupported(f"an unset __slots__ member {name!r} of a class with __getattr__")
+                    tx.output.builder.guard(GuardKind.HASATTR, self.source, (name, False))
                 raise tx.user_exception(e)
             return tx.wrap(value, self._attr_source(name))
         # A plain class attribute: guard it where the instance reads it.
@@ -510,7 +518,9 @@ class NNModuleValue(ObjectValue):
         cls = type(m)
         if static_lookup(cls, name) is _MISSING and static_lookup(cls, "__getattr__") is torch.nn.Module.__getattr__:
             # what Module.__getattr__ does once the instance dict, parameters, buffers and
-            # submodules (all searched above) lack the name
+            # submodules (all searched above) lack the name; guarded to stay so
+            if self.source is not None:
+                tx.output.builder.guard(GuardKind.HASATTR, self.source, (name, False))
             raise tx.user_exception(AttributeError(f"'{cls.__name__}' object has no attribute '{name}'"))
         return super().getattr(tx, name)
 
@@ -734,6 +744,10 @@ class ClassValue(ObjectValue):
             try:
                 real = getattr(cls, name)
             except AttributeError as e:
+                # guarded to stay missing: the class, its bases and its metaclass's lack it
+                from ..guards import Guard
+                for owner in (*cls.__mro__, *type(cls).__mro__):
+                    tx.output.guards.add(Guard(GuardKind.NOT_IN_INSTANCE_DICT, ConstSource(owner), name))
                 raise tx.user_exception(e)
             return tx.wrap(real, AttrSource(self.source, name) if self.source else None)
         if isinstance(attr, staticmethod):
