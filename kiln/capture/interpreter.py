@@ -27,7 +27,7 @@ from .guards import Guard, GuardKind
 from .imports import import_from, import_name
 from .resume import FrameIntrospection
 from .side_effects import DELETED_GLOBAL
-from .sources import GlobalSource
+from .sources import ConstSource, GlobalSource, ItemSource
 from .values.base import NULL, UNBOUND, ConstantValue, LazyArgument, NullValue, Value
 from .values.builtins import _classes
 from .values.containers import DictValue, IteratorValue, ListValue, SetValue, TupleValue
@@ -458,6 +458,7 @@ class FrameInterpreter(PythonSemantics):
         if pending is DELETED_GLOBAL:
             if name in self.f_builtins:
                 return self.wrap(self.f_builtins[name], None)
+            self._guard_absent(self.f_builtins, name)
             raise self.user_exception(NameError(f"name {name!r} is not defined"))
         if pending is not None:   # assigned earlier in this capture (STORE_GLOBAL)
             return pending
@@ -468,10 +469,23 @@ class FrameInterpreter(PythonSemantics):
             src = GlobalSource(g, name)
             return self.wrap(g[name], src)  # trusted modules' globals: a source, but no guards
         if name in self.f_builtins:
-            if not self.trusted_globals:
-                self.output.guards.add(_guard(GuardKind.GLOBAL_ABSENT, None, (g, name)))
-            return self.wrap(self.f_builtins[name], None)
+            value = self.f_builtins[name]
+            if self.trusted_globals:
+                return self.wrap(value, None)
+            self.output.guards.add(_guard(GuardKind.GLOBAL_ABSENT, None, (g, name)))
+            if _STARTUP_BUILTINS.get(name, _STARTUP_BUILTINS) is value:
+                return self.wrap(value, None)       # (Python's own builtins are taken as constants)
+            # a name added to builtins, or one replaced there: read as the global it is
+            return self.wrap(value, ItemSource(ConstSource(self.f_builtins), name))
+        # (a NameError the code catches: a later call that finds the name must not replay it)
+        if as_dict is None:
+            self._guard_absent(g, name)
+        self._guard_absent(self.f_builtins, name)
         raise self.user_exception(NameError(f"name {name!r} is not defined"))
+
+    def _guard_absent(self, names: dict, name: str) -> None:
+        if not self.trusted_globals:
+            self.output.guards.add(_guard(GuardKind.GLOBAL_ABSENT, None, (names, name)))
 
     def STORE_GLOBAL(self, ins):
         # later reads in this capture see the value; it is written back after the graph
@@ -1115,6 +1129,10 @@ def _thrown(tx, args) -> BaseException:
             raise Unsupported(f"generator.throw({v.describe()})")
         raise tx.user_exception(TypeError("exceptions must be classes or instances deriving from BaseException"))
     return exc
+
+
+# the builtins as they were when kiln was imported: a name added or replaced later is guarded
+_STARTUP_BUILTINS: dict = dict(vars(__import__("builtins")))
 
 
 def _unbound_local(name) -> UnboundLocalError:

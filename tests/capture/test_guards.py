@@ -1357,3 +1357,75 @@ def test_an_attribute_added_after_a_missing_lookup_is_seen(fn, make, add, backen
     add(m)
     assert_same(cf(x, m), fn(x, m))
     assert fn(x, m)[0].item() == 1.0
+
+
+def _global_or_3(x):
+    try:
+        return x * LATER_GLOBAL  # noqa: F821 - defined by the test after the first call
+    except NameError:
+        return x * 3
+
+
+def _builtin_or_3(x):
+    try:
+        return x * KILN_TEST_LATER_BUILTIN  # noqa: F821
+    except NameError:
+        return x * 3
+
+
+_MOD = type(sys)("kiln_test_later_module")
+
+
+def _module_attr_or_3(x):
+    try:
+        return x * _MOD.later
+    except AttributeError:
+        return x * 3
+
+
+class _LaterClassAttr:
+    pass
+
+
+class _LaterDictAttr(dict):
+    pass
+
+
+def _new_object_attr_or_3(x):
+    o = _LaterClassAttr()
+    try:
+        return x * o.later
+    except AttributeError:
+        return x * 3
+
+
+def _new_dict_attr_or_3(x):
+    d = _LaterDictAttr()
+    try:
+        return x * d.later
+    except AttributeError:
+        return x * 3
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("fn, add, remove", [
+    (_global_or_3, lambda: setattr(THIS, "LATER_GLOBAL", 1), lambda: delattr(THIS, "LATER_GLOBAL")),
+    (_builtin_or_3, lambda: setattr(__import__("builtins"), "KILN_TEST_LATER_BUILTIN", 1),
+     lambda: delattr(__import__("builtins"), "KILN_TEST_LATER_BUILTIN")),
+    (_module_attr_or_3, lambda: setattr(_MOD, "later", 1), lambda: delattr(_MOD, "later")),
+    (_new_object_attr_or_3, lambda: setattr(_LaterClassAttr, "later", 1), lambda: delattr(_LaterClassAttr, "later")),
+    (_new_dict_attr_or_3, lambda: setattr(_LaterDictAttr, "later", 1), lambda: delattr(_LaterDictAttr, "later")),
+], ids=["global", "builtin", "module", "class of a new object", "class of a new dict"])
+def test_a_name_defined_after_a_missing_lookup_is_seen(fn, add, remove, backend):
+    """A NameError or AttributeError the code caught is guarded: once the global, builtin,
+    module attribute or class attribute exists, the call does what eager does."""
+    cf = kiln.compile(fn, backend=backend)
+    x = torch.ones(2)
+    assert_same(cf(x), fn(x))
+    add()
+    try:
+        assert_same(cf(x), fn(x))
+        assert fn(x)[0].item() == 1.0
+    finally:
+        remove()
+    assert_same(cf(x), fn(x))

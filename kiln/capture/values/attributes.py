@@ -76,19 +76,29 @@ def guard_attribute_absent(tx, obj: Value, cls: type, name: str, instance_dict: 
     """``object.__getattribute__(obj, name)`` raised AttributeError and the capture goes on
     (a user ``except AttributeError``, or ``__getattr__``): guard that the lookup still
     fails, else a later call that finds the attribute would replay the missing branch."""
-    from ..guards import Guard, GuardKind
-    from ..sources import ConstSource
-    if obj.source is None:
-        return
-    if static_lookup(cls, "__getattr__") is _MISSING and not has_user_getattribute(cls):
+    from ..guards import GuardKind
+    plain = static_lookup(cls, "__getattr__") is _MISSING and not has_user_getattribute(cls)
+    if obj.source is not None and plain:
         # nothing else answers: hasattr() is exactly object.__getattribute__'s answer
         tx.output.builder.guard(GuardKind.HASATTR, obj.source, (name, False))
         return
-    if instance_dict:
+    if instance_dict and obj.source is not None:
         tx.output.builder.guard(GuardKind.NOT_IN_INSTANCE_DICT, obj.source, name)
-    for owner in cls.__mro__:
-        # a class that gains the name later would answer it
-        tx.output.guards.add(Guard(GuardKind.NOT_IN_INSTANCE_DICT, ConstSource(owner), name))
+    guard_classes_lack(tx, cls.__mro__, name)
+
+
+# (a type whose attributes cannot be set: the builtins)
+_IMMUTABLE_TYPE = 1 << 8
+
+
+def guard_classes_lack(tx, classes, name: str) -> None:
+    """Guard that none of ``classes`` gains ``name`` in its own ``__dict__``: a lookup that
+    found it missing in them would find it there later (builtin types cannot gain it)."""
+    from ..guards import Guard, GuardKind
+    from ..sources import ConstSource
+    for owner in classes:
+        if not owner.__flags__ & _IMMUTABLE_TYPE:
+            tx.output.guards.add(Guard(GuardKind.NOT_IN_INSTANCE_DICT, ConstSource(owner), name))
 
 
 def get_attribute(tx, obj: Value, name: str, generic_get, generic_hook=object.__getattribute__) -> Value:

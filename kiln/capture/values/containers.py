@@ -17,7 +17,7 @@ import torch
 from ...errors import Unsupported
 from ..sources import AttrSource
 from .attributes import _MISSING, static_lookup
-from .attributes import del_attribute, descriptor_delete, get_attribute, set_attribute
+from .attributes import del_attribute, descriptor_delete, get_attribute, guard_classes_lack, set_attribute
 from .base import ConstantValue, Value, is_constant_object
 from .functions import MethodValue, UserFunctionValue
 from .truth import checked_bool, checked_len
@@ -626,6 +626,7 @@ class NewDictObjectValue(DictValue):
 
             return ClassValue(self.cls)
         if cls_attr is _MISSING:
+            guard_classes_lack(tx, self.cls.__mro__, name)     # (a later call's class may have it)
             raise tx.user_exception(AttributeError(f"'{self.cls.__name__}' object has no attribute '{name}'"))
         if callable(cls_attr) or isinstance(cls_attr, (staticmethod, classmethod)):
             return super().getattr(tx, name)

@@ -19,7 +19,7 @@ from ...config import config
 from ...errors import Unsupported
 from .. import regions
 from . import module_hooks, optimizer_groups
-from ..guards import GuardKind
+from ..guards import Guard, GuardKind
 from ..sources import AttrSource, ConstSource, ItemSource, TypeSource
 from .attributes import user_hook
 from .base import ConstantValue, Value
@@ -30,7 +30,7 @@ from .truth import checked_bool, checked_len
 
 from .attributes import (_MISSING, RawAttrSource, del_attribute, descriptor_delete,
                          descriptor_set, generic_method, get_attribute, guard_attribute_absent,
-                         has_user_getattribute,
+                         guard_classes_lack, has_user_getattribute,
                          set_attribute, static_lookup, storage_setter)
 
 
@@ -370,6 +370,7 @@ class NewObjectValue(ObjectValue):
             return self.attrs[name]
         if cls_attr is not _MISSING:
             return self._class_attribute(tx, name, cls_attr)
+        guard_classes_lack(tx, self.cls.__mro__, name)     # (a later call's class may have it)
         raise tx.user_exception(AttributeError(f"'{self.cls.__name__}' object has no attribute '{name}'"))
 
     def _class_attribute(self, tx, name, cls_attr):
@@ -678,6 +679,9 @@ class PythonModuleValue(ObjectValue):
         try:
             attr = getattr(self.value, name)
         except AttributeError as e:
+            if not tx.output.is_trusted_module(self.value):
+                # guarded to stay missing: a later call would find what is added
+                tx.output.guards.add(Guard(GuardKind.GLOBAL_ABSENT, None, (self.value.__dict__, name)))
             raise tx.user_exception(e)
         if tx.output.is_trusted_module(self.value):
             return tx.wrap(attr, None)
@@ -745,9 +749,7 @@ class ClassValue(ObjectValue):
                 real = getattr(cls, name)
             except AttributeError as e:
                 # guarded to stay missing: the class, its bases and its metaclass's lack it
-                from ..guards import Guard
-                for owner in (*cls.__mro__, *type(cls).__mro__):
-                    tx.output.guards.add(Guard(GuardKind.NOT_IN_INSTANCE_DICT, ConstSource(owner), name))
+                guard_classes_lack(tx, (*cls.__mro__, *type(cls).__mro__), name)
                 raise tx.user_exception(e)
             return tx.wrap(real, AttrSource(self.source, name) if self.source else None)
         if isinstance(attr, staticmethod):
