@@ -33,6 +33,8 @@ import re
 import types
 from typing import Any, NamedTuple
 
+import torch
+
 from .. import _torch
 from ..errors import Unsupported
 from .guards import Guard, GuardKind, without_call_objects
@@ -314,11 +316,36 @@ class GuardProgram:
             getter = self._helper(f"def ___eval({self.params}):\n    return {source.render(self.ctx)}")
             try:
                 v = getter(*args, **kwargs)
-                r = repr(v)
+                r = _quiet_repr(v)
                 seen = f"{type(v).__name__} {r if len(r) < 80 else r[:77] + '...'}"
             except Exception as ex:
                 seen = f"{type(ex).__name__}: {ex}"
         return bool(ok), seen
+
+
+# values whose repr runs no user code
+_PLAIN_REPR = (int, float, complex, bool, str, bytes, type(None), type(...), slice, range, type,
+               types.FunctionType, types.BuiltinFunctionType, types.ModuleType, torch.dtype, torch.device,
+               torch.Size)
+
+
+def _quiet_repr(v, depth: int = 0) -> str:
+    """``repr(v)`` for the values of the builtin types, and ``object.__repr__`` for the rest:
+    explaining a failed guard must not run the user's ``__repr__`` (side effects, a
+    ``__repr__`` that reorders an OrderedDict as it reads it)."""
+    t = type(v)
+    if t in _PLAIN_REPR:
+        return repr(v)
+    if t is torch.Tensor or t is torch.nn.Parameter:
+        return f"{t.__name__}({str(v.dtype).replace('torch.', '')}{list(v.shape)}, {v.device})"
+    if t in (tuple, list) and depth < 2:
+        inner = ", ".join(_quiet_repr(x, depth + 1) for x in v[:8]) + (", ..." if len(v) > 8 else "")
+        return f"({inner}{',' if t is tuple and len(v) == 1 else ''})" if t is tuple else f"[{inner}]"
+    if t is dict and depth < 2:
+        items = list(v.items())
+        inner = ", ".join(f"{_quiet_repr(k, depth + 1)}: {_quiet_repr(x, depth + 1)}" for k, x in items[:8])
+        return "{" + inner + (", ..." if len(items) > 8 else "") + "}"
+    return object.__repr__(v)
 
 
 _HELPER_MODULES = ("math", "operator", "torch")   # printed sympy expressions may name them

@@ -719,9 +719,11 @@ class FrameInterpreter(PythonSemantics):
 
     def UNPACK_SEQUENCE(self, ins):
         items = self.unpack_iterable(self.pop())
-        if len(items) != ins.arg:
+        if len(items) > ins.arg:
+            raise self.user_exception(ValueError(f"too many values to unpack (expected {ins.arg})"))
+        if len(items) < ins.arg:
             raise self.user_exception(ValueError(
-                f"expected {ins.arg} values to unpack, got {len(items)}"))
+                f"not enough values to unpack (expected {ins.arg}, got {len(items)})"))
         for v in reversed(items):
             self.push(v)
 
@@ -729,7 +731,8 @@ class FrameInterpreter(PythonSemantics):
         before, after = ins.arg & 0xFF, ins.arg >> 8
         items = self.unpack_iterable(self.pop())
         if len(items) < before + after:
-            raise self.user_exception(ValueError("not enough values to unpack"))
+            raise self.user_exception(ValueError(
+                f"not enough values to unpack (expected at least {before + after}, got {len(items)})"))
         head = items[:before]
         mid = items[before:len(items) - after]
         tail = items[len(items) - after:]

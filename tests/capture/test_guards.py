@@ -1429,3 +1429,28 @@ def test_a_name_defined_after_a_missing_lookup_is_seen(fn, add, remove, backend)
     finally:
         remove()
     assert_same(cf(x), fn(x))
+
+
+class _LoudRepr:
+    shown: list = []
+
+    def __init__(self, v):
+        self.v = v
+
+    def __repr__(self):
+        _LoudRepr.shown.append(self.v)
+        return f"_LoudRepr({self.v})"
+
+
+class _LouderRepr(_LoudRepr):
+    pass
+
+
+def test_a_recompile_reason_runs_no_user_repr():
+    """Explaining why a guard failed shows the value without calling its ``__repr__`` (user
+    code, with effects of its own)."""
+    cf, cnt = compiled(lambda o: o.v + 1)
+    _LoudRepr.shown.clear()
+    assert [cf(_LoudRepr(1)), cf(_LouderRepr(2)), cf(_LoudRepr(3))] == [2, 3, 4]
+    assert _LoudRepr.shown == []
+    assert "_LouderRepr" in last_reason(cf)

@@ -1558,9 +1558,48 @@ def _sort_modified_during_sort(x):
     return x, "", p
 
 
+class _Bare:
+    pass
+
+
+def _error_messages(x):
+    """CPython's messages for errors a program may catch and show."""
+    out = []
+    o, lst = _Bare(), [1]
+    for attempt in (lambda: delattr(o, "zz"), lambda: lst.__delitem__(5), lambda: lst.__setitem__(3, 1),
+                    lambda: lst.pop(3)):
+        try:
+            attempt()
+        except (AttributeError, IndexError) as e:
+            out.append(str(e))
+    try:
+        del o.zz
+    except AttributeError as e:
+        out.append(str(e))
+    try:
+        del lst[5]
+    except IndexError as e:
+        out.append(str(e))
+    try:
+        lst[3] = 1
+    except IndexError as e:
+        out.append(str(e))
+    for items in ([1, 2, 3], [1]):
+        try:
+            a, b = items
+        except ValueError as e:
+            out.append(str(e))
+    try:
+        a, *b, c = lst
+    except ValueError as e:
+        out.append(str(e))
+    return x, out
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("fn", [_read_unbound_local, _read_unbound_cell, _delete_unbound_local,
-                                _tuple_index_error, _sort_sees_an_empty_list, _sort_modified_during_sort])
+                                _tuple_index_error, _sort_sees_an_empty_list, _sort_modified_during_sort,
+                                _error_messages])
 def test_unbound_names_sorting_and_index_errors_as_cpython(fn, backend):
     x = torch.ones(3)
     assert_same(kiln.compile(fn, backend=backend)(x), fn(x))

@@ -280,14 +280,19 @@ class ListValue(BaseSequenceValue):
             idx = operator.index(args[0].as_constant()) if args else -1
             if not self.items:
                 raise IndexError("pop from empty list")
-            item = self.items[idx]      # (IndexError before any change, as eager)
+            if not -len(self.items) <= idx < len(self.items):
+                raise IndexError("pop index out of range")      # (before any change, as eager)
+            item = self.items[idx]
             self._mutate(tx)
             del self.items[idx]
             return item
         idx = args[0].as_constant()
         if not isinstance(idx, slice):
             idx = operator.index(idx) if not isinstance(idx, (str, float)) else idx
-            self.items[idx]              # (eager's IndexError or TypeError, nothing changed yet)
+            try:
+                self.items[idx]          # (eager's IndexError or TypeError, nothing changed yet)
+            except IndexError:
+                raise IndexError("list assignment index out of range") from None
         if name == "__delitem__":
             self._mutate(tx)
             del self.items[idx]

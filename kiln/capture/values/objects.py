@@ -398,7 +398,7 @@ class NewObjectValue(ObjectValue):
         if descriptor_delete(tx, self, self.cls, name, static_lookup(self.cls, name)):
             return
         if name not in self.attrs:
-            raise tx.user_exception(AttributeError(name))
+            raise tx.user_exception(AttributeError(f"'{self.cls.__name__}' object has no attribute '{name}'"))
         del self.attrs[name]
 
     def reconstruct(self, cg):
