@@ -81,6 +81,7 @@ function_caches: "weakref.WeakSet" = weakref.WeakSet()     # FunctionCache of ev
 break_tables: "weakref.WeakSet" = weakref.WeakSet()        # each function's break functions
 continuation_code: dict = {}          # (code, exit) -> the continuation's code object
 generated_code_origins: dict = {}     # generated code (name blanked) -> the user's code
+continuation_starts: dict = {}        # continuation code (name blanked) -> (prologue's jump, start)
 
 # -- graph-break callees ---------------------------------------------------------------------------
 
@@ -156,7 +157,8 @@ def reset() -> None:
     for registry in registries:
         for held in registry:       # (each holds its entries; the objects stay registered)
             held.clear()
-    for table in (continuation_code, generated_code_origins, canonical_functions, callee_objects,
+    for table in (continuation_code, generated_code_origins, continuation_starts, canonical_functions,
+                  callee_objects,
                   stack_walkers, dynamic_profiles, pool_trees, pending_backwards, cudagraph_stats,
                   cudagraph_skip_reasons, activation_rows, saved_hook_wrappers):
         table.clear()

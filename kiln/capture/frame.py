@@ -518,6 +518,10 @@ def _finish_break(fn, output: OutputGraph, tx, ip: int, reason: Unsupported, key
         raise Unsupported(f"{reason} (and no graph break is possible after a min()/max() of "
                           "tensors in the same graph)").located(*tx.location())
     code = tx.code
+    if resume.loops_back(code, ip):
+        # (a break inside a loop, met again after many iterations: the continuation runs as is)
+        raise Unsupported(f"{reason} (again, {resume.LOOP_LEVELS} iterations of a loop later: the "
+                          "rest of the loop runs natively)").located(*tx.location())
     layout = [resume.slot_kind(v) for v in tx.stack]
     # an iterator the code also reaches another way (``for v in it: ... next(it)``) is handed
     # over as itself, not as the tuple of its items: both must keep taking from one object

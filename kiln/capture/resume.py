@@ -25,7 +25,7 @@ import bytecode
 from bytecode import Bytecode, Instr, Label
 
 from ..errors import Unsupported
-from ..process_state import generated_code_origins as _ORIGINAL
+from ..process_state import continuation_starts as _STARTS, generated_code_origins as _ORIGINAL
 from . import bytecode_utils
 from .values.base import UNBOUND as UNBOUND_VALUE, NullValue
 from .values.containers import IteratorValue
@@ -469,7 +469,29 @@ def build_continuation(code: types.CodeType, exit: Exit, name: str) -> types.Cod
     prologue = _prologue(code, exit.layout, entry_label, lineno)
     out = _new_bytecode(code, prologue + items, params, name)
     _register(out, code)
+    # (the prologue's one jump, to where the continuation starts, and how deep it is nested:
+    # see ``loops_back``)
+    jump = next((i for i in bytecode_utils.decode(out) if i.target is not None), None)
+    if jump is not None:
+        outer = _STARTS.get(_unnamed(code)) if _STARTS else None
+        _STARTS[_unnamed(out)] = (jump.index, jump.target, 1 + (outer[2] if outer else 0))
     return out
+
+
+# Continuations of continuations a loop may nest before the rest of it runs natively: every
+# iteration that breaks the graph resumes in a new continuation, called from the last one
+# (a capture and about five Python frames more per iteration). Enough for a model's layers
+# (each broken once); a loop of thousands would otherwise capture thousands of times and
+# run into the interpreter's recursion limit.
+LOOP_LEVELS = 64
+
+
+def loops_back(code: types.CodeType, index: int) -> bool:
+    """Whether ``code`` is a continuation nested ``LOOP_LEVELS`` deep whose decoded
+    instruction ``index`` comes before the one it started at: a loop's back edge took it
+    there, and a break would nest one more level for the next iteration."""
+    start = _STARTS.get(_unnamed(code)) if _STARTS else None
+    return start is not None and start[0] < index < start[1] and start[2] >= LOOP_LEVELS
 
 
 def build_break_function(code: types.CodeType, plan: BreakPlan, continue_fns: list[Callable], name: str) -> types.CodeType:
@@ -580,11 +602,22 @@ def _handled_exception():
 
 
 _LIST_ITERATORS = (type(iter([])), type(reversed([])))
+_RANGE_ITERATORS = (type(iter(range(0))), type(iter(range(1 << 64))))
+
+
+def _remaining(it):
+    """What is left of a handed iterator, for the continuation's prologue to iterate: a range
+    iterator as the range of its remaining numbers (the same class once iterated, and
+    handed over in constant size however long the loop), others as the tuple of their items."""
+    if type(it) in _RANGE_ITERATORS:
+        _, (r,), pos = it.__reduce__()
+        return r[pos:]
+    return tuple(it)
 
 
 def make_continue(resume: Callable, layout: tuple[str, ...]) -> Callable:
-    """The function an epilogue calls: iterators are handed over as the tuple of their
-    remaining items (the continuation's prologue turns them back into iterators; an iterator
+    """The function an epilogue calls: iterators are handed over as what remains of them
+    (``_remaining``; the continuation's prologue turns it back into an iterator; an iterator
     over a list as itself, which sees what the continuation appends to the list), and each
     handler's slot as the exception that handler handles (the next handler's slot holds it;
     the innermost one is the exception being handled)."""
@@ -600,7 +633,7 @@ def make_continue(resume: Callable, layout: tuple[str, ...]) -> Callable:
             stack = list(stack)
             for k in iter_slots:
                 if type(stack[k]) not in _LIST_ITERATORS:
-                    stack[k] = tuple(stack[k])
+                    stack[k] = _remaining(stack[k])
             for i, k in enumerate(prev_slots):
                 stack[k] = given[prev_slots[i + 1]] if i + 1 < len(prev_slots) else handled
             return resume(*local_values, *stack)

@@ -17,8 +17,8 @@ from .sources import AttrSource, ConstSource, ItemSource, TypeSource
 from .values.attributes import _MISSING
 from .values.base import ConstantValue, LazyArgument, NullValue, Value, is_constant_object
 from .values.builder import wrap_pure_result
-from .values.containers import (BaseSequenceValue, DictValue, DictViewValue, IteratorValue,
-                                ListValue, SetValue, TupleValue, set_members)
+from .values.containers import (BaseSequenceValue, DictValue, DictViewValue, IteratorValue, ListValue,
+                                RangeIteratorValue, SetValue, TupleValue, set_members)
 from .values.functions import BoundMethodValue, NestedFunctionValue, UserFunctionValue
 from .values.identity import CaptureIdValue
 from .values.objects import ClassValue, NewObjectValue, ObjectValue, is_object_comparison, static_lookup
@@ -278,6 +278,8 @@ class PythonSemantics:
             nxt = static_lookup(v.python_type(), "__next__")
             if isinstance(nxt, types.FunctionType):
                 raise Unsupported(f"iterating over a user iterator object {v.describe()}")
+        if isinstance(v, SymRangeValue) or (v.is_constant() and type(v.as_constant()) is range):
+            return RangeIteratorValue(v.as_constant())      # (a symbolic bound specializes here)
         return IteratorValue(v.unpack(self))
 
     def unpack_iterable(self, v: Value) -> list[Value]:

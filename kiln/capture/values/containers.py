@@ -1066,6 +1066,38 @@ class IteratorValue(Value):
         raise Unsupported(f"iterator.{name}()")
 
 
+class _RangeItems:
+    """A range's items as constants, made as they are read: a loop over ``range(10**6)``
+    takes its steps, not a million values up front."""
+    __slots__ = ("range",)
+
+    def __init__(self, r: range):
+        self.range = r
+
+    def __len__(self) -> int:
+        return len(self.range)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [ConstantValue(v) for v in self.range[i]]
+        return ConstantValue(self.range[i])
+
+
+class RangeIteratorValue(IteratorValue):
+    """``iter(range(...))``: CPython's range iterator. Handed over at a graph break as the
+    range of the numbers left (one constant, whatever the loop's length)."""
+
+    def __init__(self, r: range):
+        super().__init__(_RangeItems(r))
+
+    def python_type(self):
+        return type(iter(self.seq.range))
+
+    def reconstruct_remaining(self, cg) -> str:
+        r = self.seq.range
+        return cg.constant_expr(r[len(r):] if self.exhausted else r[self.pos:])
+
+
 class ContainerIteratorValue(IteratorValue):
     """An iterator over a dict (its keys, values or items) or a set, as CPython's: each step
     reads the container as it is then (a value stored meanwhile is the one seen), and a change
