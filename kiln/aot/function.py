@@ -342,6 +342,9 @@ def make_training_core(fw: Callable, bw: Callable, parts, compile_bw: Callable[[
     n_saved = len(fx_graphs.flat_outputs(parts.forward.graph)) - nfw
     n_args = len(parts.primal_requires_grad) - len(parts.handoffs)
     fused_graph: list = []      # (segments) built when first needed: None where it cannot be
+    # (segments) the saved values some node keeps (every one, where that is not known)
+    kept_by_nodes = frozenset(range(n_saved)) if getattr(parts, "segment_reads", None) is None else \
+        frozenset().union(*parts.segment_reads)
     can_fuse: list = []         # (segments) whether the backward can run as one graph, once known
     logged: set = set()
     last_positions: list = [None]   # (segments) the saved tensors' positions of the last call
@@ -570,6 +573,11 @@ def make_training_core(fw: Callable, bw: Callable, parts, compile_bw: Callable[[
                 del tangents_
                 if segmented:
                     fn, kept = node_backward_for(mine if partial is None else partial)
+                    if partial is not None and any(i < n_saved_args and i not in reads for i in kept):
+                        # (a dynamic graph: the backward without some tangents sizes their zeros
+                        # from saved sizes this node did not keep) its whole backward instead, with
+                        # zeros for the tangents not given: the same gradients
+                        fn, kept = node_backward_for(mine)
                     args = [args[i] if args[i] is not None else _missing(ctx, i, n_saved_args) for i in kept]
                 elif partial is None:
                     fn = bw
@@ -632,6 +640,10 @@ def make_training_core(fw: Callable, bw: Callable, parts, compile_bw: Callable[[
             state.begin(None, False)
             return (None,) + (None,) * len(primals)
         fn, kept = fused_backward_for(todo)
+        if any(i < n_saved and i not in kept_by_nodes for i in kept):
+            # (as for one node: a backward without some tangents may read saved sizes that no
+            # node kept) the whole backward, with zeros for the tangents not given
+            fn, kept = fused_backward_for(frozenset(range(n_tangents)))
         values = [state.saved.get(i) for i in range(n_saved)] + [state.tangents.get(j) for j in range(n_tangents)]
         state.begin(None, False)
         args = [values[i] if values[i] is not None else _missing(ctx, i, n_saved) for i in kept]

@@ -473,3 +473,29 @@ def test_a_handed_value_copied_to_eagers_layout_stays_one_forward(backend):
             torch.testing.assert_close(g, e)
     if backend == "aot_eager":
         assert counter.forwards == 1
+
+
+def _cut_then_break(x, y):
+    t5 = torch.add(y.T, -1.5)
+    t6 = (y * 0.5).mean()
+    t8 = torch.add(x, t6, alpha=0.5)        # computed from the output t6: a cut
+    if t8.abs().max().item() > 0.5:          # a graph break: t5, t6 and t8 are outputs
+        pass
+    t5.sigmoid_()
+    return t6
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_a_backward_through_some_outputs_of_a_dynamic_segment(dynamic):
+    """backward() through one output of a segment, in a graph with symbolic sizes: the backward
+    without the other tangents sizes their zeros from saved sizes that the node does not keep
+    (fuzz seed 79164); it runs the node's whole backward with zeros instead."""
+    x = torch.randn(5, 4, dtype=torch.float64)
+    y = torch.randn(5, 4, dtype=torch.float64, requires_grad=True)
+    ye = y.detach().clone().requires_grad_(True)
+    cf = kiln.compile(_cut_then_break, backend="aot_eager", dynamic=dynamic)
+    out, expected = cf(x, y), _cut_then_break(x, ye)
+    out.backward()
+    expected.backward()
+    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(y.grad, ye.grad)

@@ -158,3 +158,27 @@ def test_iterating_a_dict_reads_each_value_as_it_is_then():
         return seen, list(od), type(iter(d.items())).__name__, type(iter({1})).__name__
 
     _same(f, torch.ones(1))
+
+
+def _is_same_object(a, b):
+    _break()
+    return a is b
+
+
+def test_a_frozenset_made_in_the_frame_is_one_object_across_a_break():
+    def f(x):
+        s = frozenset({1, 2, 3})
+        t = s
+        return _is_same_object(s, t), s is t, x + 1
+
+    assert _same(f, torch.ones(2))[:2] == (True, True)
+
+
+def test_a_slice_of_lists_keeps_its_objects():
+    def f(x):
+        a = [1, 2]
+        s = slice(a, [3, 4], [5, 6])
+        s.start.append(9)
+        return s.start is s.start, s.start is a, s.start, a, x + 1
+
+    assert _same(f, torch.ones(2))[:2] == (True, True)

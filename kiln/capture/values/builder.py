@@ -280,7 +280,7 @@ class Builder:
         if t is torch.device:
             g(GuardKind.EQUALS_MATCH, source, obj)
             return ConstantValue(obj, source)
-        if t is slice:
+        if t is slice and is_constant_object(obj):   # (a slice of lists: its fields are objects)
             g(GuardKind.EQUALS_MATCH, source, obj)
             return ConstantValue(obj, source)
         if is_numpy_object(obj):   # ndarrays are graph inputs, NumPy functions are traced

@@ -920,7 +920,9 @@ class SetValue(Value):
         order = list(self.items) if self.added_only else self._in_order()
         inner = ", ".join(self.items[k].reconstruct(cg) for k in order)
         if self.cls is frozenset:
-            return f"frozenset(({inner},))" if inner else "frozenset()"
+            # (built once: a frozenset made in the frame is one object wherever it is handed,
+            # as ``copy.copy(x) is x`` sees; the empty one is CPython's singleton)
+            return cg.stash(self, lambda: f"frozenset(({inner},))") if inner else "frozenset()"
         if not inner:
             return cg.stash(self, lambda: "set()")
         if self.added_only:
