@@ -8,6 +8,7 @@ with guards on everything read from the outside world. Anything not modelled rai
 """
 from __future__ import annotations
 
+import builtins
 import contextlib
 
 import linecache
@@ -1135,7 +1136,7 @@ def _thrown(tx, args) -> BaseException:
 
 
 # the builtins as they were when kiln was imported: a name added or replaced later is guarded
-_STARTUP_BUILTINS: dict = dict(vars(__import__("builtins")))
+_STARTUP_BUILTINS: dict = dict(vars(builtins))
 
 
 def _unbound_local(name) -> UnboundLocalError:

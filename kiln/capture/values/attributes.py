@@ -19,7 +19,8 @@ import dataclasses
 import types
 
 from ...errors import Unsupported
-from ..sources import AttrSource
+from ..guards import Guard, GuardKind
+from ..sources import AttrSource, ConstSource
 from .base import ConstantValue, Value
 from .functions import BoundMethodValue, UserFunctionValue
 
@@ -76,7 +77,6 @@ def guard_attribute_absent(tx, obj: Value, cls: type, name: str, instance_dict: 
     """``object.__getattribute__(obj, name)`` raised AttributeError and the capture goes on
     (a user ``except AttributeError``, or ``__getattr__``): guard that the lookup still
     fails, else a later call that finds the attribute would replay the missing branch."""
-    from ..guards import GuardKind
     plain = static_lookup(cls, "__getattr__") is _MISSING and not has_user_getattribute(cls)
     if obj.source is not None and plain:
         # nothing else answers: hasattr() is exactly object.__getattribute__'s answer
@@ -94,8 +94,6 @@ _IMMUTABLE_TYPE = 1 << 8
 def guard_classes_lack(tx, classes, name: str) -> None:
     """Guard that none of ``classes`` gains ``name`` in its own ``__dict__``: a lookup that
     found it missing in them would find it there later (builtin types cannot gain it)."""
-    from ..guards import Guard, GuardKind
-    from ..sources import ConstSource
     for owner in classes:
         if not owner.__flags__ & _IMMUTABLE_TYPE:
             tx.output.guards.add(Guard(GuardKind.NOT_IN_INSTANCE_DICT, ConstSource(owner), name))
