@@ -308,9 +308,12 @@ class PythonSemantics:
         if isinstance(a, _SYMBOLIC) or isinstance(b, _SYMBOLIC):
             return self.truthy(self.compare(operator.eq, a, b))
         if a.is_constant() and b.is_constant():
-            return a.as_constant() == b.as_constant()
+            ca, cb = a.as_constant(), b.as_constant()
+            return ca is cb or ca == cb      # (CPython's containers: the same object is equal, a NaN too)
         ra, rb = a.real_object(), b.real_object()
         if ra is not None and rb is not None and not isinstance(ra, torch.Tensor):
+            if ra is rb:
+                return True
             return ra == rb if type(ra).__eq__ is object.__eq__ else bool(ra == rb)
         if isinstance(a, TensorValue) or isinstance(b, TensorValue):
             raise Unsupported("comparing tensors by value (needs data)")

@@ -1454,3 +1454,72 @@ def test_a_recompile_reason_runs_no_user_repr():
     assert [cf(_LoudRepr(1)), cf(_LouderRepr(2)), cf(_LoudRepr(3))] == [2, 3, 4]
     assert _LoudRepr.shown == []
     assert "_LouderRepr" in last_reason(cf)
+
+
+def _grows_sys_path(x):
+    import sys
+    sys.path.append("kiln-test-entry")
+    n = len(sys.path)
+    sys.path.remove("kiln-test-entry")
+    return x + n
+
+
+def _reads_an_env_var(x):
+    import os
+    return x + (1 if os.environ.get("KILN_TEST_ENV_FLAG") else 0)
+
+
+@pytest.mark.parametrize("fn", [_grows_sys_path, _reads_an_env_var])
+def test_a_standard_library_container_is_guarded_and_written_back(fn, monkeypatch):
+    """A list or dict of a standard-library module (``sys.path``, ``os.environ``) is read
+    through a source: changed in place, inside the call or between calls, it is what eager
+    sees."""
+    import sys
+    cf = kiln.compile(fn, backend="eager")
+    x = torch.ones(1)
+    assert_same(cf(x), fn(x))
+    monkeypatch.setenv("KILN_TEST_ENV_FLAG", "1")
+    monkeypatch.setattr(sys, "path", [*sys.path, "kiln-test-more"])
+    assert_same(cf(x), fn(x))
+    assert "kiln-test-entry" not in sys.path
+
+
+def test_a_closure_cell_filled_after_a_read_of_it_empty_is_seen():
+    def f(x):
+        try:
+            return x + y        # noqa: F821 - bound below, after the first call
+        except NameError:
+            return x * 3
+
+    cf = kiln.compile(f, backend="eager")
+    x = torch.ones(1)
+    assert_same(cf(x), f(x))
+    y = 1                       # noqa: F841 - read by f through its cell
+    assert_same(cf(x), f(x))
+    assert f(x).item() == 2.0
+
+
+def _same_object_in_containers(a, b, c):
+    return a == b, b != a, c in a, a.count(c), a.index(c)
+
+
+def test_containers_compare_an_object_to_itself_as_equal():
+    """CPython's list and tuple comparisons, ``in``, ``count`` and ``index`` take the same
+    object as equal before calling ``==``: a NaN in both containers is equal."""
+    nan = float("nan")
+    cf = kiln.compile(_same_object_in_containers, backend="eager")
+    assert_same(cf([nan, 1], [nan, 1], nan), _same_object_in_containers([nan, 1], [nan, 1], nan))
+    assert _same_object_in_containers([nan], [nan], nan)[0] is True
+
+
+def _empty_cell_contents(c):
+    try:
+        return c.cell_contents
+    except ValueError as e:
+        return str(e)
+
+
+def test_reading_an_empty_cell_raises_value_error():
+    import types
+    c = types.CellType()
+    assert kiln.compile(_empty_cell_contents, backend="eager")(c) == _empty_cell_contents(c) == "Cell is empty"

@@ -237,6 +237,13 @@ class NewCellValue(CellValue):
     def set(self, tx, value):
         self.contents = value
 
+    def getattr(self, tx, name):
+        if name == "cell_contents":
+            if self.contents is None:
+                raise tx.user_exception(ValueError("Cell is empty"))
+            return self.contents
+        raise Unsupported(f"attribute {name!r} of a cell")
+
     def reconstruct(self, cg):
         # one real cell, shared by every closure rebuilt over it and by a continuation
         def build():
@@ -272,9 +279,9 @@ class ExistingCellValue(CellValue):
         try:
             contents = self.cell.cell_contents
         except ValueError:
-            raise tx.user_exception(NameError(
-                f"cannot access free variable {self.name!r} where it is not associated with a value "
-                "in enclosing scope"))
+            # (an empty cell of the outside world can be filled before the next call, and no
+            # guard reads an empty cell without raising: the read runs natively)
+            raise Unsupported(f"a read of the empty closure cell {self.name!r}") from None
         return tx.wrap(contents, self.contents_source())
 
     def set(self, tx, value):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import abc
 import collections
+import collections.abc
 import copyreg
 import types
 from typing import Any
@@ -684,7 +685,12 @@ class PythonModuleValue(ObjectValue):
                 tx.output.guards.add(Guard(GuardKind.GLOBAL_ABSENT, None, (self.value.__dict__, name)))
             raise tx.user_exception(e)
         if tx.output.is_trusted_module(self.value):
-            return tx.wrap(attr, None)
+            if not _mutable_container(attr):
+                return tx.wrap(attr, None)
+            # (a module's list or dict, even torch's or the standard library's: ``sys.path``,
+            # ``gc.callbacks``, ``sys.modules``, changed in place by anyone, is read through a
+            # source, guarded and written back as any container from outside)
+            return tx.wrap(attr, AttrSource(self.source or ConstSource(self.value), name))
         self._require_source(name)
         return tx.wrap(attr, AttrSource(self.source, name))
 
@@ -706,6 +712,11 @@ class PythonModuleValue(ObjectValue):
         if self.source is not None:
             return cg.source_expr(self.source)
         return cg.bind(self.value)  # a module imported in the function (IMPORT_NAME): by identity
+
+
+def _mutable_container(obj) -> bool:
+    return isinstance(obj, (list, dict, set, bytearray, collections.deque, collections.abc.MutableMapping,
+                            collections.abc.MutableSequence, collections.abc.MutableSet))
 
 
 def _has_python_get(attr) -> bool:
