@@ -343,7 +343,7 @@ def make_training_core(fw: Callable, bw: Callable, parts, compile_bw: Callable[[
     n_args = len(parts.primal_requires_grad) - len(parts.handoffs)
     fused_graph: list = []      # (segments) built when first needed: None where it cannot be
     # (segments) the saved values some node keeps (every one, where that is not known)
-    kept_by_nodes = frozenset(range(n_saved)) if getattr(parts, "segment_reads", None) is None else \
+    kept_by_nodes = frozenset(range(n_saved)) if parts.segment_reads is None else \
         frozenset().union(*parts.segment_reads)
     can_fuse: list = []         # (segments) whether the backward can run as one graph, once known
     logged: set = set()
