@@ -1,16 +1,27 @@
 """Data-parallel training under torch.distributed: eager, torch.compile and kiln.compile under the
 same wrapper (DDP, FSDP2), side by side. Launched by torchrun, one process per rank:
 
-    torchrun --nproc_per_node 2 benchmarks/distributed.py [--wrappers ddp,fsdp2,tp]
-        [--columns eager,torch,kiln] [--iters 20] [--warmup 3] [--json PATH] [--trace DIR]
+    torchrun --nproc_per_node 2 benchmarks/distributed.py [--model gpt|llama] [--wrappers ddp,fsdp2,tp]
+        [--columns eager,torch,kiln] [--iters 20] [--warmup 3] [--precision bf16|fp32]
+        [--json PATH] [--trace DIR]
     torchrun --nproc_per_node 2 benchmarks/distributed.py --cpu --iters 3     # a tiny check, gloo
 
 CUDA with NCCL when the GPUs are there (rank r on cuda:r), gloo on the CPU otherwise.
 
-The model is benchmarks/inductor.py's GPT-2-style stack: 12 layers, d=1024, 16 heads, vocabulary
-50257, batch 8 per rank, sequence 256 (``--cpu``: 2 layers, d=64, 4 heads, vocabulary 512, batch
-2, sequence 32). A step is the forward under bf16 autocast (CUDA only), the loss, the backward
-(with the wrapper's gradient communication) and an AdamW step (fused on CUDA; one tensor at a time under tensor parallelism).
+Models (``--model``):
+
+* ``gpt`` (the default): benchmarks/inductor.py's GPT-2-style stack: 12 layers, d=1024, 16
+  heads, vocabulary 50257, batch 8 per rank, sequence 256 (``--cpu``: 2 layers, d=64, 4 heads,
+  vocabulary 512, batch 2, sequence 32);
+* ``llama``: transformers' ``LlamaForCausalLM`` at its default config (KV cache on) but 12
+  layers, d=1024, 16 heads over 4 key/value heads, intermediate 2816, vocabulary 32000, batch 8
+  per rank, sequence 256, its loss from ``labels`` (``--cpu``: 2 layers, d=64, 4 heads over 2).
+  Under FSDP2 its decoder layers are the blocks sharded (and compiled) one by one.
+
+A step is the forward under bf16 autocast (CUDA only; ``--precision fp32``: no autocast and TF32
+off, where the losses follow eager's to float32 rounding), the loss, the backward (with the
+wrapper's gradient communication) and an AdamW step (fused on CUDA; one tensor at a time under
+tensor parallelism).
 
 Wrappers:
 
@@ -22,7 +33,8 @@ Wrappers:
 * ``fsdp2``: ``fully_shard`` on every block and on the root; the compiled column compiles each
   block (``--fsdp-compile blocks``, as TorchTitan does) or the whole model (``whole``).
 * ``tp``: tensor parallelism over all ranks (``parallelize_module`` on a 1-D mesh): each block's
-  MLP split Megatron-style, ``fc1`` colwise and ``fc2`` rowwise (the stack's attention reads a
+  MLP split Megatron-style, ``fc1`` colwise and ``fc2`` rowwise (Llama: ``gate_proj`` and
+  ``up_proj`` colwise, ``down_proj`` rowwise; the stack's attention reads a
   fused qkv projection that a colwise split does not cut per head, so it stays replicated);
   every rank reads the same batch, and tokens/s counts it once. The compiled column compiles
   the whole model: kiln runs the DTensor modules outside its graphs and compiles the rest.
@@ -39,8 +51,8 @@ turns of ``--iters`` steps each) and each one's step is the median over its turn
 see the same state of a noisy host. No peak memory then: every column's model is resident.
 
 ``--mode reduce-overhead`` compiles both compilers' columns with CUDA graphs. kiln's cut of DDP
-graphs into pieces is set by ``KILN_DDP_PIECE_MB`` (``kiln.config.ddp_piece_mb``) in the
-environment of the run.
+graphs into pieces is set by ``KILN_DDP_PIECES`` (``kiln.config.ddp_pieces``, 4 by default) in
+the environment of the run.
 
 ``--cprofile``: rank 0 prints a cProfile of 10 more steps of each column (where the host's time
 goes).
@@ -61,6 +73,7 @@ import time
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from cells import step_times, timed_steps  # noqa: E402
@@ -69,17 +82,45 @@ from trace_overlap import render, summary  # noqa: E402
 
 CUDA_SIZE = dict(layers=12, d=1024, heads=16, vocab=50257, batch=8, seq=256)
 CPU_SIZE = dict(layers=2, d=64, heads=4, vocab=512, batch=2, seq=32)
+# ``--model llama``: transformers' LlamaForCausalLM at its default config but these sizes
+# (grouped-query attention, KV cache on as by default, labels for the loss)
+LLAMA_CUDA_SIZE = dict(layers=12, d=1024, heads=16, kv_heads=4, intermediate=2816, vocab=32000, batch=8, seq=256)
+LLAMA_CPU_SIZE = dict(layers=2, d=64, heads=4, kv_heads=2, intermediate=176, vocab=512, batch=2, seq=32)
+MODELS = ("gpt", "llama")
 WRAPPERS = ("ddp", "fsdp2", "tp")
 COLUMNS = ("eager", "torch", "kiln")
 
 
-def build(size: dict, device: torch.device) -> GPT:
+class LlamaLM(nn.Module):
+    """transformers' LlamaForCausalLM called as the GPT stack is: ``(idx, targets) -> loss``
+    (labels shifted inside the model, as Hugging Face training does), its decoder layers as
+    ``blocks`` for FSDP2's per-block sharding."""
+
+    def __init__(self, size: dict):
+        super().__init__()
+        import transformers
+
+        transformers.logging.set_verbosity_error()
+        cfg = transformers.LlamaConfig(
+            hidden_size=size["d"], intermediate_size=size["intermediate"], num_hidden_layers=size["layers"],
+            num_attention_heads=size["heads"], num_key_value_heads=size["kv_heads"], vocab_size=size["vocab"],
+            max_position_embeddings=max(1024, size["seq"]))
+        self.lm = transformers.LlamaForCausalLM(cfg)
+        self.blocks = self.lm.model.layers
+
+    def forward(self, idx, targets=None):
+        return self.lm(input_ids=idx, labels=idx).loss
+
+
+def build(size: dict, device: torch.device, model: str = "gpt") -> nn.Module:
     torch.manual_seed(0)
+    if model == "llama":
+        return LlamaLM(size).to(device)
     return GPT(vocab=size["vocab"], d=size["d"], layers=size["layers"], heads=size["heads"],
                max_seq=max(1024, size["seq"])).to(device)
 
 
-def wrap(model: GPT, wrapper: str, column: str, device: torch.device, args):
+def wrap(model: nn.Module, wrapper: str, column: str, device: torch.device, args):
     """(the wrapped model, the callable a step calls)."""
     if wrapper == "ddp":
         from torch.nn.parallel import DistributedDataParallel as DDP
@@ -93,7 +134,10 @@ def wrap(model: GPT, wrapper: str, column: str, device: torch.device, args):
 
         mesh = init_device_mesh(device.type, (dist.get_world_size(),))
         for block in model.blocks:
-            parallelize_module(block, mesh, {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()})
+            plan = ({"fc1": ColwiseParallel(), "fc2": RowwiseParallel()} if hasattr(block, "fc1") else
+                    {"mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(),
+                     "mlp.down_proj": RowwiseParallel()})
+            parallelize_module(block, mesh, plan)
         return model, compiler(column, args)(model) if column != "eager" else model
     from torch.distributed.fsdp import fully_shard
 
@@ -128,7 +172,7 @@ def prepare(wrapper: str, column: str, size: dict, device: torch.device, args) -
     """One column built, wrapped and compiled: its step function (``step(i)`` trains on batch
     ``i``), the wall seconds of its first step (the cold compile), and its losses so far."""
     rank = dist.get_rank()
-    model, call = wrap(build(size, device), wrapper, column, device, args)
+    model, call = wrap(build(size, device, args.model), wrapper, column, device, args)
     cuda = device.type == "cuda"
     # (the fused and foreach AdamW refuse a mix of DTensor and plain parameters, which this
     # tensor parallelism makes: the attention's stay replicated, plain tensors)
@@ -138,7 +182,7 @@ def prepare(wrapper: str, column: str, size: dict, device: torch.device, args) -
 
     def step(i: int):
         idx, targets = batches(size, device, 0 if wrapper == "tp" else rank, i)
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda):
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda and args.precision == "bf16"):
             loss = call(idx, targets)
         loss.backward()
         opt.step()
@@ -267,7 +311,7 @@ def report(rows: list[dict], args) -> None:
             r["reported"] = True
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump({"size": args.size, "device": args.device, "rows": rows}, fh, indent=1)
+            json.dump({"model": args.model, "precision": args.precision, "size": args.size, "device": args.device, "rows": rows}, fh, indent=1)
 
 
 def main(argv=None) -> int:
@@ -280,6 +324,11 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=5, help="turns per column with --interleave")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--cpu", action="store_true", help="the tiny sizes, on the CPU over gloo")
+    p.add_argument("--precision", choices=("bf16", "fp32"), default="bf16",
+                   help="bf16: the forward under bf16 autocast on CUDA; fp32: no autocast, TF32 off "
+                        "(the losses then compare with eager's to float32 rounding)")
+    p.add_argument("--model", choices=MODELS, default="gpt",
+                   help="gpt: the GPT-2-style stack; llama: transformers' LlamaForCausalLM")
     p.add_argument("--bucket-cap-mb", type=float, default=None,
                    help="DDP's bucket_cap_mb (default: DDP's 25 MiB, the first bucket 1 MiB)")
     p.add_argument("--fsdp-compile", choices=("blocks", "whole"), default="blocks")
@@ -292,12 +341,14 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
 
     cuda = torch.cuda.is_available() and not args.cpu
+    if args.precision == "fp32":
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     local = int(os.environ.get("LOCAL_RANK", "0"))
     if cuda:
         torch.cuda.set_device(local)
     device = torch.device("cuda", local) if cuda else torch.device("cpu")
     dist.init_process_group("nccl" if cuda else "gloo")
-    size = CUDA_SIZE if cuda else CPU_SIZE
+    size = {"gpt": CUDA_SIZE if cuda else CPU_SIZE, "llama": LLAMA_CUDA_SIZE if cuda else LLAMA_CPU_SIZE}[args.model]
     args.size, args.device = size, str(device)
     rows = []
     try:
@@ -315,7 +366,7 @@ def main(argv=None) -> int:
                 report(rows, args)
         if dist.get_rank() == 0:
             where = torch.cuda.get_device_name(device) + " + NCCL" if cuda else "CPU + gloo"
-            print(f"\n{dist.get_world_size()} ranks, {where}, size {size}\n")
+            print(f"\n{dist.get_world_size()} ranks, {where}, {args.model}, {args.precision}, size {size}\n")
             print(table(rows))
     finally:
         dist.destroy_process_group()

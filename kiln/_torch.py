@@ -20,7 +20,7 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode  # noqa: F4
 # imported at the first use of one of these names (it imports sympy, which a warm start skips)
 _SYMBOLIC = frozenset({"DATA_DEPENDENT_ERRORS", "DimDynamic", "ShapeEnv", "StatelessSymbolicContext",
                        "KilnShapeEnv", "SymbolSource", "SYMBOL_ID_SPACE", "symbol_id", "new_fake_mode",
-                       "fake_from_real", "symbolic_int", "static_fake_mode"})
+                       "fake_from_real", "static_fake", "symbolic_int", "static_fake_mode"})
 
 
 def __getattr__(name: str) -> Any:

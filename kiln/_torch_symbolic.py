@@ -7,9 +7,11 @@ compiling import this module.
 """
 from __future__ import annotations
 
+import contextlib as _contextlib
 import functools as _functools
 import hashlib as _hashlib
 import inspect as _inspect
+import warnings as _warnings
 from typing import Any
 
 import torch
@@ -137,11 +139,29 @@ def fake_from_real(mode: FakeTensorMode, t: torch.Tensor, source_name: str | Non
     STATIC, a symbol named from ``source_name``; likewise its strides where ``stride_dims[i]``
     is DYNAMIC (elsewhere they follow the sizes, or stay static with them)."""
     if (dims is None or all(d is DimDynamic.STATIC for d in dims)) and stride_dims is None:
-        return mode.from_tensor(t, static_shapes=True)
+        return static_fake(mode, t)
     ctx = StatelessSymbolicContext(
         dynamic_sizes=list(dims) if dims is not None else [DimDynamic.STATIC] * t.dim(),
         dynamic_strides=list(stride_dims) if stride_dims is not None else None)
-    return mode.from_tensor(t, symbolic_context=ctx, source=SymbolSource(source_name))
+    with _grad_read_quiet():
+        return mode.from_tensor(t, symbolic_context=ctx, source=SymbolSource(source_name))
+
+
+def static_fake(mode: FakeTensorMode, t: torch.Tensor) -> torch.Tensor:
+    """The fake of ``t`` with its sizes as they are."""
+    with _grad_read_quiet():
+        return mode.from_tensor(t, static_shapes=True)
+
+
+@_contextlib.contextmanager
+def _grad_read_quiet():
+    """The conversion to a fake tensor reads ``.grad`` of every tensor, which warns for a
+    non-leaf. torch hides that warning from the display only, so under the user's
+    ``warnings.simplefilter("error")`` (pytest's ``-W error``) it would raise and fail the
+    capture: it is ignored here instead."""
+    with _warnings.catch_warnings():
+        _warnings.filterwarnings("ignore", message="The .grad attribute of a Tensor that is not a leaf")
+        yield
 
 
 def symbolic_int(mode: FakeTensorMode, value: int, source_name: str):

@@ -24,8 +24,13 @@ def observe(field: str, callback: Callable[[Any], None]) -> None:
 
 @dataclasses.dataclass
 class Config:
-    # Entries one function may hold before kiln stops compiling it and runs it eagerly.
+    # Entries one function may hold before kiln stops compiling it and runs it eagerly. For a
+    # module's forward (or a method) they are counted per module instance: the layers of a
+    # model, each compiled (FSDP2's per-block compile), may each differ by a constant such as
+    # a layer index, as torch.compile counts entries per the module objects they match.
     recompile_limit: int = 8
+    # Entries one function may hold over all its instances.
+    accumulated_recompile_limit: int = 256
     # Inline the bodies of user functions called from compiled code (the only mode today).
     max_inline_depth: int = 64
     # Maximum bytecode instructions one capture may execute (guards against runaway loops).

@@ -310,3 +310,31 @@ def test_explain_of_a_builtin_says_why_nothing_is_captured():
     (reason,) = ex.break_reasons
     assert reason.kind == "runs as it is" and "no Python bytecode" in reason.reason
     assert "runs as it is: len is a builtin function" in str(ex)
+
+
+@pytest.mark.parametrize("backend", ["counter", "aot_eager", "inductor"])
+def test_warnings_as_errors_do_not_fail_the_capture(backend):
+    """Under the user's ``warnings.simplefilter("error")`` (pytest's ``-W error``), torch's own
+    warnings while kiln converts inputs to fake tensors (a non-leaf's ``.grad`` is read) must
+    not turn into an internal error that runs the frame eagerly."""
+    import warnings
+
+    def layer(x, w):
+        return torch.tanh(x @ w)
+
+    cnt = CompileCounter()
+    f = kiln.compile(layer, backend=cnt if backend == "counter" else backend)
+    w = torch.randn(4, 4, requires_grad=True)
+    x = torch.randn(2, 4, requires_grad=True) * 2          # a non-leaf input
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = f(x, w)
+        out.sum().backward()
+    assert not any(e.is_eager for e in f.entries)
+    if backend == "counter":
+        assert cnt.frame_count == 1
+    w2 = w.detach().clone().requires_grad_()
+    want = layer(x.detach(), w2)
+    want.sum().backward()
+    torch.testing.assert_close(out, want)
+    torch.testing.assert_close(w.grad, w2.grad)

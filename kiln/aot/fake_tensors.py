@@ -8,6 +8,7 @@ import torch
 import torch.fx
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
+from .. import _torch
 from .subgraph_table import attribute, is_subgraph
 
 
@@ -82,7 +83,7 @@ def to_fake(mode: FakeTensorMode, t: Any) -> Any:
         if t.fake_mode is not mode:
             raise ValueError("example inputs come from different FakeTensorModes")
         return t
-    return mode.from_tensor(t, static_shapes=True)
+    return _torch.static_fake(mode, t)
 
 
 def fake_like(mode: FakeTensorMode, shape, stride, dtype, device, requires_grad=False) -> torch.Tensor:

@@ -22,6 +22,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from .. import _torch
 from ..errors import Unsupported
 from ..lazy_imports import LazyModule
 
@@ -365,7 +366,7 @@ def prepare_inputs(mode, vals: Sequence[Any], example_inputs: Sequence[Any]) -> 
                 raise ValueError("AOT autograd: example inputs come from different FakeTensorModes")
             out.append(r)
         elif isinstance(r, torch.Tensor):
-            out.append(mode.from_tensor(r, static_shapes=True))
+            out.append(_torch.static_fake(mode, r))
         else:
             out.append(r)
     return out

@@ -41,6 +41,10 @@ class Entry:
     replaced_by: "Entry | None" = None        # its generated code failed: the eager entry now used
     inlined: dict = dataclasses.field(default_factory=dict)   # code -> (module, qualname) inlined
     break_plan: tuple | None = None           # (code, resume.BreakPlan) of a graph break
+    # a weak reference to the module its first argument was at capture (``self`` of a module's
+    # forward or method): the recompile limit counts entries per module. None: counted for
+    # every call; ``loaded_entry``: loaded from a package or frame record, counted for none
+    captured_for: Any = None
 
     @property
     def is_eager(self) -> bool:
@@ -58,6 +62,12 @@ class Entry:
 
     def describe_guards(self) -> str:
         return "\n".join(g.describe() for g in self.guards)
+
+
+def loaded_entry() -> None:
+    """``Entry.captured_for`` of an entry loaded from a package or a frame record: captured
+    in another process, for none of this process's modules."""
+    return None
 
 
 def make_check(fn, program: "GuardProgram"):

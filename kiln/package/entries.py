@@ -12,7 +12,7 @@ from __future__ import annotations
 import types
 from typing import Callable
 
-from ..capture.entry import Entry
+from ..capture.entry import Entry, loaded_entry
 from ..capture.guards import _float_same
 from ..capture.rebuild import entry_context, names_read, rebuild_break_function, rebuild_entry
 from ..errors import Unsupported
@@ -158,7 +158,10 @@ def install(cache, entries: list[Entry]) -> None:
     """Add loaded entries to a function's cache, after those it has (an entry the function
     has already, the same code under the same guards, is not added twice)."""
     have = {_identity(e) for e in cache.entries}
-    cache.extend([e for e in entries if _identity(e) not in have])
+    new = [e for e in entries if _identity(e) not in have]
+    for e in new:
+        e.captured_for = loaded_entry
+    cache.extend(new)
 
 
 def _identity(e: Entry) -> tuple:

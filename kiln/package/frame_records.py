@@ -28,6 +28,8 @@ import os
 import types
 import uuid
 
+import torch
+
 from .. import _torch, logs
 from ..backends.inductor import vec_isa_memo
 from ..cache import key as cache_key, store
@@ -97,7 +99,8 @@ def lookup(cf, args: tuple, kwargs: dict):
     if frame_key(cf) is None:
         return MISS
     name = cf.original.__qualname__
-    n, why = load(cf)
+    # (a module's forward or method: the entries of every instance, each counted for its own)
+    n, why = load(cf, per_module=bool(args) and isinstance(args[0], torch.nn.Module))
     if n:
         result = cf.retry_entries(args, kwargs)     # (the user's exceptions propagate)
         if result is not MISS:
@@ -112,25 +115,28 @@ def lookup(cf, args: tuple, kwargs: dict):
     return MISS
 
 
-def load(cf) -> tuple[int, str]:
+def load(cf, per_module: bool = False) -> tuple[int, str]:
     """Install the entries of ``cf``'s frame records into its cache: (entries installed, why
-    none were, or the records ignored). Never raises: a failure is a miss."""
+    none were, or the records ignored). ``per_module``: ``cf`` is called with a module first,
+    whose recompile limit counts each instance's entries apart, so that up to
+    ``accumulated_recompile_limit`` are installed. Never raises: a failure is a miss."""
     try:
         fk = frame_key(cf)
         if fk is None:
             return 0, "frame records off"
-        return _install_records(cf, fk)
+        return _install_records(cf, fk, per_module)
     except Exception as e:                  # kiln's own failure: capture as usual
         return 0, f"kiln could not load the records ({type(e).__name__}: {e}); please report this"
 
 
-def _install_records(cf, fk: str) -> tuple[int, str]:
+def _install_records(cf, fk: str, per_module: bool) -> tuple[int, str]:
     fn, cache = cf.original, cf.cache
     found = store.fetch_records(fk)[:_MAX_RECORDS]     # (or the remote cache's record)
     if not found:
         return 0, "no record"
     env = _environment()
-    room = config.recompile_limit - 1 - len(cache.entries)   # (a capture must still fit)
+    limit = config.accumulated_recompile_limit if per_module else config.recompile_limit
+    room = limit - 1 - len(cache.entries)   # (a capture must still fit)
     installed, ignored = 0, []
     for _, path in found:
         if installed >= room:

@@ -206,6 +206,28 @@ class CompiledFunction:
                     if entry is not entries[0]:
                         self._cache.promote(entry)
                     return result
+                if entry is entries[0] and len(entries) > 2 and args and isinstance(args[0], torch.nn.Module):
+                    # the layers of a model, each compiled, call one function in turn: each
+                    # finds its own entries first, not after those of every other layer
+                    return self._lookup_own_first(entry, args, kwargs)
+        return self._miss(args, kwargs)
+
+    def _lookup_own_first(self, tried: Entry, args: tuple, kwargs: dict):
+        """The lookup of ``__call__`` after its first entry (``tried``) missed, for a module
+        first argument: the entries captured for that module first, then the others."""
+        key, owner, entries = self._key, args[0], self._cache.entries
+        own = [e for e in entries if e.captured_for is not None and e.captured_for() is owner]
+        for entry in (*own, *(e for e in entries if e not in own)):
+            if entry.key is key and entry is not tried:
+                try:
+                    result = entry.fn(*args, **kwargs)
+                except Exception as e:
+                    if not failed_before_effects(entry.fn.__code__, e):
+                        raise at_users_line(e)
+                    return self._recover(entry, f"{type(e).__name__}: {e}", args, kwargs)
+                if result is not MISS:
+                    self._cache.promote(entry)
+                    return result
         return self._miss(args, kwargs)
 
     def retry_entries(self, args: tuple, kwargs: dict):
@@ -248,23 +270,19 @@ class CompiledFunction:
             result = self.artifacts.lookup(self, args, kwargs)
             if result is not MISS:
                 return result
-        mine = [e for e in cache.entries if e.key is key]
-        others = [e for e in cache.entries if e.key is not key]
-        reason = None
-        if mine:
-            reason = mine[0].failure_reason(args, kwargs) or "guards passed on re-check (a guard with side effects?)"
-        elif others:
-            reason = (f"BACKEND_MATCH failed: entries exist for backend {others[0].key!r}, "
-                      f"called with {key!r}")
-        if len(cache.entries) >= config.recompile_limit:
+        owner = args[0] if args and isinstance(args[0], torch.nn.Module) else None
+        limit = _limit_reached(cache.entries, owner)
+        if limit is not None:
+            # (the failing guard is explained once, for the warning: a call past the limit
+            # runs eagerly at the cost of the guards alone)
             if not cache.limit_warned:
                 cache.limit_warned = True
                 warnings.warn(
-                    f"kiln: {fn.__qualname__} reached config.recompile_limit="
-                    f"{config.recompile_limit} entries; it now runs eagerly for new inputs. "
-                    f"Last failing guard: {reason}. Raise kiln.config.recompile_limit or make the "
-                    "inputs more uniform.", RuntimeWarning, stacklevel=4)
+                    f"kiln: {fn.__qualname__} reached {limit}; it now runs eagerly for new inputs. "
+                    f"Last failing guard: {self._failing_guard(args, kwargs)}. Raise the limit or "
+                    "make the inputs more uniform.", RuntimeWarning, stacklevel=4)
             return fn(*args, **kwargs)
+        reason = self._failing_guard(args, kwargs)
         if reason is not None:
             cache.recompile_reasons.append(reason)
         if reason is not None and logs.enabled.recompiles:
@@ -306,6 +324,8 @@ class CompiledFunction:
             entry = self._eager_entry(u)
         if entry is None:   # not even an eager entry could be built
             return fn(*args, **kwargs)
+        if owner is not None:
+            entry.captured_for = weakref.ref(owner)
         cache.add(entry)
         if recording.recorder.stack:
             recording.record_entry(cache, entry)
@@ -322,6 +342,17 @@ class CompiledFunction:
         if config.cache:
             self.record_frames()
         return result
+
+    def _failing_guard(self, args: tuple, kwargs: dict) -> str | None:
+        """Why no entry of this function ran the call (None: it has none)."""
+        key, entries = self._key, self._cache.entries
+        mine = [e for e in entries if e.key is key]
+        if mine:
+            return mine[0].failure_reason(args, kwargs) or "guards passed on re-check (a guard with side effects?)"
+        if entries:
+            return (f"BACKEND_MATCH failed: entries exist for backend {entries[0].key!r}, "
+                    f"called with {key!r}")
+        return None
 
     def _eager_entry(self, e: Unsupported) -> Entry | None:
         """The entry that runs the frame eagerly (logged under graph_breaks)."""
@@ -377,6 +408,27 @@ class CompiledFunction:
 
     def __repr__(self):
         return f"<kiln.CompiledFunction {self._fn.__qualname__} backend={self._key!r}>"
+
+
+def _limit_reached(entries: list, owner) -> str | None:
+    """The recompile limit a new entry would pass (its description), or None. Entries captured
+    for another module instance than ``owner`` do not count against ``recompile_limit``: the
+    separately compiled layers of a model may each need their own (a layer index they read)."""
+    if len(entries) >= config.accumulated_recompile_limit:
+        return f"config.accumulated_recompile_limit={config.accumulated_recompile_limit} entries"
+    if len(entries) < config.recompile_limit:
+        return None
+    if owner is None:
+        return f"config.recompile_limit={config.recompile_limit} entries"
+    counted = 0
+    for e in entries:
+        ref = e.captured_for
+        if ref is None or ref() is owner:
+            counted += 1
+    if counted >= config.recompile_limit:
+        return (f"config.recompile_limit={config.recompile_limit} entries for this "
+                f"{type(owner).__name__} instance")
+    return None
 
 
 def uses_cudagraphs(key: CompileKey) -> bool:

@@ -303,3 +303,58 @@ def test_a_frames_key_does_not_depend_on_when_cuda_starts(tmp_path):
     keys = [subprocess.run([sys.executable, str(child), when], capture_output=True, text=True, env=env,
                            timeout=300).stdout.strip() for when in ("early", "late")]
     assert keys[0] and keys[0] == keys[1]
+
+
+_LAYERS_CHILD = textwrap.dedent("""
+    import json, sys, torch, kiln, kiln.runtime.function
+    captures = []
+    real = kiln.runtime.function.capture
+    kiln.runtime.function.capture = lambda *a, **k: (captures.append(1), real(*a, **k))[1]
+
+    class Slot:
+        value = None
+
+    class Layer(torch.nn.Module):
+        def __init__(self, idx):
+            super().__init__()
+            self.layer_idx = idx
+            self.lin = torch.nn.Linear(4, 4)
+
+        def forward(self, x, store):
+            y = torch.relu(self.lin(x))
+            store[self.layer_idx].value = y        # (its own slot: each layer guards its index)
+            return y
+
+    torch.manual_seed(0)
+    layers = [Layer(i) for i in range(12)]
+    compiled = [kiln.compile(m, backend="aot_eager") for m in layers]
+    got, want = [Slot() for _ in layers], [Slot() for _ in layers]
+    x = y = torch.randn(2, 4)
+    for m, c in zip(layers, compiled):
+        x, y = c(x, got), m(y, want)
+    torch.testing.assert_close(x, y)
+    assert all(torch.equal(a.value, b.value) for a, b in zip(got, want))
+    print("RESULT " + json.dumps({"captures": len(captures), "entries": len(compiled[0].entries),
+                                  "eager": sum(e.is_eager for e in compiled[0].entries),
+                                  **kiln.cache.stats()}))
+""")
+
+
+def test_a_warm_process_installs_the_entries_of_every_layer(tmp_path):
+    """Twelve layers compiled one by one, each with an entry of its own (its index): a warm
+    process installs all twelve from the record, more than ``recompile_limit``, and captures
+    none (the limit counts entries per module instance)."""
+    (tmp_path / "layers.py").write_text(_LAYERS_CHILD)
+    root = os.path.dirname(os.path.dirname(kiln.__file__))
+    env = {**os.environ, "PYTHONPATH": root, "PYTHONDONTWRITEBYTECODE": "1",
+           "KILN_CACHE_DIR": str(tmp_path / "cache"), "KILN_CACHE_FRAMES": "1"}
+    results = []
+    for _ in range(2):
+        p = subprocess.run([sys.executable, str(tmp_path / "layers.py")], capture_output=True, text=True,
+                           timeout=600, env=env)
+        assert p.returncode == 0, p.stderr
+        results.append(json.loads([x for x in p.stdout.splitlines() if x.startswith("RESULT ")][0][7:]))
+    cold, warm = results
+    assert cold["captures"] == 12 and cold["entries"] == 12 and cold["eager"] == 0
+    assert warm["captures"] == 0 and warm["entries"] == 12 and warm["eager"] == 0
+    assert warm["frame_hits"] == 1

@@ -1057,6 +1057,116 @@ def test_recompile_limit_warns_once_and_falls_back_to_eager():
         assert len(cf.entries) == 3
 
 
+class _Slot:
+    value = None
+
+
+class _IndexedLayer(nn.Module):
+    """A layer that keeps its output in its own slot of a shared list, found by its index (as
+    Hugging Face's layers update their layer of the KV cache at ``self.layer_idx``): the
+    lookup makes each instance guard its index."""
+
+    def __init__(self, idx: int):
+        super().__init__()
+        self.layer_idx = idx
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x, store):
+        y = torch.relu(self.lin(x))
+        store[self.layer_idx].value = y
+        return y + self.layer_idx
+
+
+def _slots(n):
+    return [_Slot() for _ in range(n)]
+
+
+def test_recompile_limit_counts_entries_per_module_instance():
+    """Twelve layers compiled one by one (FSDP2's per-block compile) each need an entry of their
+    own: the limit counts each instance's, so none runs eagerly, and each layer still runs
+    its own entry (its index), never another layer's."""
+    torch.manual_seed(0)
+    layers = [_IndexedLayer(i) for i in range(12)]
+    cnt = CompileCounter()
+    compiled_layers = [kiln.compile(layer, backend=cnt) for layer in layers]
+    with kiln.config.patch(recompile_limit=4), warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(2):
+            x = torch.randn(2, 4)
+            got, want = _slots(12), _slots(12)
+            y_got = y_want = x
+            for layer, c in zip(layers, compiled_layers):
+                y_got, y_want = c(y_got, got), layer(y_want, want)
+            assert_same(y_got, y_want)
+            for a, b in zip(got, want):
+                assert_same(a.value, b.value)
+    assert cnt.frame_count == 12
+    assert len(compiled_layers[0].entries) == 12
+
+
+class _BreakingLayer(_IndexedLayer):
+    def forward(self, x, store):
+        y = torch.relu(self.lin(x))
+        print(end="")                          # a graph break: the rest of the layer is a continuation
+        store[self.layer_idx].value = y
+        return y * 2
+
+
+def test_a_continuation_inside_every_layer_is_compiled_for_each():
+    """A whole model compiled, with a graph break inside each of its 12 layers: the
+    continuation after the break, one function for all layers, needs an entry per layer (its
+    index); counted per layer, none of them runs eagerly."""
+    torch.manual_seed(0)
+    layers = nn.ModuleList(_BreakingLayer(i) for i in range(12))
+
+    def model(x, store):
+        for layer in layers:
+            x = layer(x, store)
+        return x
+
+    cnt = CompileCounter()
+    c = kiln.compile(model, backend=cnt)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(2):
+            got, want = _slots(12), _slots(12)
+            x = torch.randn(2, 4)
+            assert_same(c(x, got), model(x, want))
+            for a, b in zip(got, want):
+                assert_same(a.value, b.value)
+    # the graph up to the first break, the model's loop after it, and each layer's continuation
+    assert cnt.frame_count == 1 + 1 + 12
+
+
+def test_recompile_limit_still_holds_per_instance_and_in_all():
+    """One instance whose inputs keep changing still stops at ``recompile_limit``, and all
+    instances together at ``accumulated_recompile_limit``."""
+    torch.manual_seed(0)
+    layer = _IndexedLayer(0)
+    cnt = CompileCounter()
+    c = kiln.compile(layer, backend=cnt)
+    with kiln.config.patch(recompile_limit=3, specialize_int=True):
+        for n in (1, 2, 3):
+            layer.layer_idx = n
+            c(torch.randn(2, 4), _slots(4))
+        layer.layer_idx = 0
+        with pytest.warns(RuntimeWarning, match="recompile_limit=3 entries for this _IndexedLayer instance"):
+            store = _slots(4)
+            out = c(torch.randn(2, 4), store)
+        assert store[0].value is not None and out is not None
+        assert cnt.frame_count == 3
+    class OtherLayer(_IndexedLayer):    # (a function of its own: the limit warns once per function)
+        pass
+
+    layers = [OtherLayer(i) for i in range(6)]
+    cnt = CompileCounter()
+    with kiln.config.patch(accumulated_recompile_limit=4):
+        outs = [kiln.compile(m, backend=cnt)(torch.randn(2, 4), _slots(6)) for m in layers[:4]]
+        with pytest.warns(RuntimeWarning, match="accumulated_recompile_limit=4"):
+            kiln.compile(layers[4], backend=cnt)(torch.randn(2, 4), _slots(6))
+    assert cnt.frame_count == 4 and len(outs) == 4
+
+
 # ============================================================================ logging
 def test_recompiles_log(capsys):
     def scaled_by(x, scale):

@@ -401,7 +401,7 @@ class GraphCompile:
                 # a static graph: compiled under a mode with a ShapeEnv, which Inductor's FX
                 # graph cache needs (Inductor recomputes the graph's fake values from these)
                 mode = _torch.static_fake_mode()
-                example_inputs = [mode.from_tensor(t, static_shapes=True) if isinstance(t, torch.Tensor) else t
+                example_inputs = [_torch.static_fake(mode, t) if isinstance(t, torch.Tensor) else t
                                   for t in example_inputs]
             mark_user_visible_outputs(graph, kind, cfg, num_fw_outputs=gm.meta.get("kiln_num_fw_outputs"))
             # Inductor's FX graph cache re-checks, on a hit, only the guards on the graph's SymInt
