@@ -51,10 +51,14 @@ class Model(torch.nn.Module):
         return self.head(x)
 
 
-def _sharded(mixed_precision: bool, checkpointed: bool) -> Model:
+def _sharded(mixed_precision: bool, checkpointed: bool, world: int) -> Model:
     fully_shard, MixedPrecisionPolicy = _fsdp_api()
+    from torch.distributed.device_mesh import init_device_mesh
+
     model = same_model(lambda: Model(checkpointed))
-    kw = {}
+    # (a CPU mesh named: on a machine with CUDA, fully_shard's default mesh is on the GPU,
+    # which these gloo ranks do not use)
+    kw = {"mesh": init_device_mesh("cpu", (world,))}
     if mixed_precision:
         kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     for block in model.blocks:
@@ -64,8 +68,8 @@ def _sharded(mixed_precision: bool, checkpointed: bool) -> Model:
 
 
 def _worker(rank, world, how, mixed_precision, checkpointed):
-    eager = _sharded(mixed_precision, checkpointed)
-    model = _sharded(mixed_precision, checkpointed)
+    eager = _sharded(mixed_precision, checkpointed, world)
+    model = _sharded(mixed_precision, checkpointed, world)
     if how == "each block":
         for i, block in enumerate(model.blocks):
             model.blocks[i] = kiln.compile(block, backend="aot_eager")
