@@ -24,7 +24,7 @@ from .interpreter import BreakHere, FrameInterpreter, GeneratorAtBreak, GraphBre
 from . import shape_guards
 from .output_graph import OutputGraph, SymbolInput
 from .values.attributes import _MISSING, has_user_getattribute, static_lookup
-from .values.base import LazyArgument, NullValue
+from .values.base import LazyArgument, NullValue, RealCallableValue
 from ..errors import ConstraintViolation
 from ..process_state import break_tables as _break_functions, continuation_code as _continuation_code
 from ..process_state import registry_lock
@@ -547,7 +547,8 @@ def _finish_break(fn, output: OutputGraph, tx, ip: int, reason: Unsupported, key
         output.set_grad_enabled(target)
     output.close_autocast_for_break()
 
-    callee_slot = _callee_slot(tx.instructions[ip], tx.stack) if getattr(reason, "inside_callee", False) else None
+    call_slot = _callee_slot(tx.instructions[ip], tx.stack)
+    callee_slot = call_slot if getattr(reason, "inside_callee", False) else None
     cg = EntryCodegen(fn.__code__)
     call_args = []   # the locals, then the stack (resume._param_names)
     for name in local_names:
@@ -561,6 +562,10 @@ def _finish_break(fn, output: OutputGraph, tx, ip: int, reason: Unsupported, key
             continue
         if isinstance(v, IteratorValue) and layout[k] == resume.ITER:
             expr = v.reconstruct_remaining(cg)
+        elif k == call_slot and isinstance(v, RealCallableValue) and resume.introspection_for(v.fn):
+            # the break is at a call of locals()/vars()/dir(): the break function runs it
+            # natively, in a generated frame whose own locals are not the user's
+            expr = cg.bind(resume.introspection_for(v.fn))
         else:
             expr = v.reconstruct(cg)
         if k == callee_slot:

@@ -333,6 +333,15 @@ class FrameIntrospection:
 _INTROSPECTION = {n: FrameIntrospection(n) for n in ("locals", "vars", "dir")}
 
 
+def introspection_for(fn) -> FrameIntrospection | None:
+    """The ``FrameIntrospection`` a generated frame calls where the user's code calls the
+    builtin ``fn`` (``locals``, ``vars``, ``dir``), else None."""
+    for name, wrapper in _INTROSPECTION.items():
+        if fn is wrapper.builtin:
+            return wrapper
+    return None
+
+
 def user_frame_locals(frame) -> dict:
     """The ``locals()`` of the user's frame that a generated frame runs: one dict per frame
     (the one handed over a break, if the function asked for it before), with the user's

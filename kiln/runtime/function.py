@@ -217,7 +217,8 @@ class CompiledFunction:
         first argument: the entries captured for that module first, then the others."""
         key, owner, entries = self._key, args[0], self._cache.entries
         own = [e for e in entries if e.captured_for is not None and e.captured_for() is owner]
-        for entry in (*own, *(e for e in entries if e not in own)):
+        mine = {id(e) for e in own}
+        for entry in (*own, *(e for e in entries if id(e) not in mine)):
             if entry.key is key and entry is not tried:
                 try:
                     result = entry.fn(*args, **kwargs)

@@ -522,6 +522,37 @@ def test_locals_vars_dir_in_code_that_runs_natively_after_a_break(capsys):
     torch.testing.assert_close(got, eager)
 
 
+def locals_called_where_the_break_is(x, log):
+    """``locals()`` itself breaks the graph in the loop's continuation (the cell ``count``, handed
+    over empty, cannot be read there): the break function calls it natively, in a generated
+    frame whose own variables are not the user's."""
+    i = 0
+    while i < 3:
+        print("locals", sorted(locals()), vars().get("count"), file=log)
+        i += 1
+    count = 0
+
+    def bump(t):
+        nonlocal count
+        count += 1
+        return t * count
+    y = bump(x)
+    print("locals", sorted(locals()), file=log)
+    return y
+
+
+def test_locals_called_at_a_graph_break_are_the_users():
+    import io
+
+    logs = [io.StringIO(), io.StringIO()]
+    eager = locals_called_where_the_break_is(torch.ones(2), logs[0])
+    kiln.reset()
+    got = kiln.compile(locals_called_where_the_break_is, backend="eager")(torch.ones(2), logs[1])
+    assert logs[1].getvalue() == logs[0].getvalue()
+    assert "'i', 'log', 'x'] None" in logs[0].getvalue()
+    torch.testing.assert_close(got, eager)
+
+
 def shadowed_locals(x):
     try:
         x.view(3, 7)
