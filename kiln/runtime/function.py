@@ -383,6 +383,8 @@ class CompiledFunction:
             eager = _frame.eager_entry_for(fn, entry.program, entry.guards, entry.key, entry.backend_name, u)
         except Exception:
             eager = None
+        if eager is not None:
+            eager.captured_for = entry.captured_for
         if self._cache.replace(entry, eager) and eager is not None:
             entry.replaced_by = eager
             if recording.recorder.stack:
