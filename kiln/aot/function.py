@@ -529,7 +529,7 @@ def make_training_core(fw: Callable, bw: Callable, parts, compile_bw: Callable[[
                     # differentiable: they carry a node that refuses a second differentiation
                     with torch.no_grad():
                         grads = KilnAOTFunction.backward(ctx, *grad_outs)
-                    return refusing_double_backward(grads)
+                    return refusing_double_backward(ctx, grads)
                 given = set()
                 tangents_ = [None] * n_tangents
                 for j, k in my_tangents:

@@ -26,14 +26,14 @@ from ..names import functions_under, resolve_name
 from . import bytecode_utils, resume
 from .guards import Guard, GuardKind
 from .imports import import_from, import_name
-from .resume import FrameIntrospection
+from .resume import CellAccess, FrameIntrospection
 from .side_effects import DELETED_GLOBAL
 from .sources import ConstSource, GlobalSource, ItemSource
 from .values.base import NULL, UNBOUND, ConstantValue, LazyArgument, NullValue, Value
 from .values.builtins import _classes
 from .values.containers import DictValue, IteratorValue, ListValue, SetValue, TupleValue
 from .values.exceptions import ExceptionValue, PrevExcValue
-from .values.functions import CellValue, MethodValue, NestedFunctionValue, NewCellValue, UserFunctionValue
+from .values.functions import CellAccessValue, CellValue, MethodValue, NestedFunctionValue, NewCellValue, UserFunctionValue
 from .values.objects import ClassValue, SuperValue
 from .values.symbolic import SymNodeValue, SymSliceValue, specialize
 from .values.tensor import TensorValue
@@ -364,6 +364,9 @@ class FrameInterpreter(PythonSemantics):
     def LOAD_CONST(self, ins):
         if isinstance(ins.arg, FrameIntrospection):   # locals() etc. in a continuation: the name's value
             self.push(self.load_global(ins.arg.name))
+            return
+        if isinstance(ins.arg, CellAccess):          # a continuation's read or del of its own cell
+            self.push(CellAccessValue(ins.arg))
             return
         self.push(_wrap_const(ins.arg))
 

@@ -292,16 +292,48 @@ def _cells_as_locals(code: types.CodeType, items: list) -> list:
             elif it.name == "LOAD_CLOSURE":
                 out.append(Instr("LOAD_FAST", local, lineno=loc))
             elif it.name == "LOAD_DEREF":
-                out += [Instr("LOAD_FAST", local, lineno=loc), bytecode_utils.load_attr_instr("cell_contents", loc)]
+                out += [Instr("PUSH_NULL", lineno=loc), Instr("LOAD_CONST", CellAccess(name, False), lineno=loc),
+                        Instr("LOAD_FAST", local, lineno=loc), *bytecode_utils.call_instructions(1, loc)]
             elif it.name == "STORE_DEREF":
                 out += [Instr("LOAD_FAST", local, lineno=loc), Instr("STORE_ATTR", "cell_contents", lineno=loc)]
             elif it.name == "DELETE_DEREF":
-                out += [Instr("LOAD_FAST", local, lineno=loc), Instr("DELETE_ATTR", "cell_contents", lineno=loc)]
+                out += [Instr("PUSH_NULL", lineno=loc), Instr("LOAD_CONST", CellAccess(name, True), lineno=loc),
+                        Instr("LOAD_FAST", local, lineno=loc), *bytecode_utils.call_instructions(1, loc),
+                        Instr("POP_TOP", lineno=loc)]
             else:
                 raise Unsupported(f"{it.name} of cell {name!r} across a graph break")
         else:
             out.append(it)
     return out
+
+
+class CellAccess:
+    """What a continuation calls to read (or ``del``) the frame's own cell variable ``name``,
+    which it holds as a cell in a local: an empty cell raises UnboundLocalError, as
+    LOAD_DEREF and DELETE_DEREF do (the cell's ``cell_contents`` raises ValueError on a read
+    and nothing on a delete)."""
+
+    __slots__ = ("name", "deletes")
+
+    def __init__(self, name: str, deletes: bool):
+        self.name = name
+        self.deletes = deletes
+
+    def unbound(self) -> UnboundLocalError:
+        return UnboundLocalError(f"cannot access local variable '{self.name}' where it is not associated with a value")
+
+    def __call__(self, cell):
+        try:
+            value = cell.cell_contents
+        except ValueError:
+            raise self.unbound() from None
+        if self.deletes:
+            del cell.cell_contents
+            return None
+        return value
+
+    def __repr__(self) -> str:
+        return f"<kiln: {'del' if self.deletes else 'read'} of cell variable {self.name!r}>"
 
 
 class FrameIntrospection:

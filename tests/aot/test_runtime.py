@@ -180,6 +180,26 @@ def test_double_backward_is_an_error_not_a_wrong_gradient():
     assert_same(x.grad.detach(), x.detach().cos())
 
 
+def test_double_backward_wrt_chosen_inputs_is_an_error_too():
+    """A gradient penalty differentiated with ``autograd.grad(loss, x)``: autograd runs only the
+    nodes on a path to ``x``, so the refusal must be on that path (it was off it: the penalty's
+    term was silently dropped). Through a graph whose input is made by earlier ops (a tensor
+    the backward cannot reach), create_graph=True is refused at once."""
+    compiled = compile_fn(lambda x: (x * x * x).sin(), [rg(2)])
+    x = rg(2)
+    (g,) = torch.autograd.grad(compiled(x).sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="double backward"):
+        torch.autograd.grad(g.pow(2).sum() + (x ** 2).sum(), x)
+    (g,) = torch.autograd.grad(compiled(x).sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="double backward"):
+        torch.autograd.grad(g.sum(), x, allow_unused=True, materialize_grads=True)
+    y = x * 2                                   # not a leaf
+    with pytest.raises(RuntimeError, match="double backward"):
+        torch.autograd.grad(compiled(y).sum(), x, create_graph=True)
+    (g,) = torch.autograd.grad(compiled(y).sum(), x)        # first order alone: eager's
+    assert_same(g, 2 * 3 * (2 * x.detach()) ** 2 * ((2 * x.detach()) ** 3).cos())
+
+
 def test_outputs_requires_grad_and_non_differentiable():
     def f(x):
         return x * 2, x.argmax(), (x > 0), x.detach(), x.sum().detach()

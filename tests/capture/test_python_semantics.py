@@ -1565,6 +1565,30 @@ def _delete_unbound_local(x):
     return x * 2, out
 
 
+def _cell_deleted_after_a_break(x):
+    """The frame's own cell variable, deleted after a graph break and read or deleted again:
+    the continuation holds the cell in a local, and an empty one still raises
+    UnboundLocalError, which ``except NameError`` catches."""
+    y = x * 2
+
+    def inner():
+        return y
+    print(end="")           # a graph break: the rest runs in a continuation
+    first = inner() + y
+    del y
+    out = []
+    try:
+        out.append(y)
+    except NameError as e:
+        out.append(f"{type(e).__name__}: {e}")
+    try:
+        del y
+    except NameError as e:
+        out.append(f"{type(e).__name__}: {e}")
+    y = 5
+    return first, out, inner()
+
+
 def _tuple_index_error(x):
     t = (x, x)
     try:
@@ -1629,7 +1653,7 @@ def _error_messages(x):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("fn", [_read_unbound_local, _read_unbound_cell, _delete_unbound_local,
-                                _tuple_index_error, _sort_sees_an_empty_list, _sort_modified_during_sort,
+                                _cell_deleted_after_a_break, _tuple_index_error, _sort_sees_an_empty_list, _sort_modified_during_sort,
                                 _error_messages])
 def test_unbound_names_sorting_and_index_errors_as_cpython(fn, backend):
     x = torch.ones(3)

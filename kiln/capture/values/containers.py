@@ -17,7 +17,8 @@ import torch
 from ...errors import Unsupported
 from ..sources import AttrSource
 from .attributes import _MISSING, static_lookup
-from .attributes import del_attribute, descriptor_delete, get_attribute, guard_classes_lack, set_attribute
+from .attributes import (del_attribute, descriptor_delete, get_attribute, guard_attribute_absent, guard_classes_lack,
+                         set_attribute)
 from .base import ConstantValue, Value, is_constant_object
 from .functions import MethodValue, UserFunctionValue
 from .truth import checked_bool, checked_len
@@ -441,7 +442,8 @@ class DictValue(Value):
         if self.source is not None and self.cls is not dict:
             if self.instance_attrs is not None and name not in self.instance_attrs and _plain_lookup(self.cls, name):
                 # in neither the instance's __dict__ nor its class, with Python's own lookup:
-                # AttributeError (hasattr() is False, guarded on the object)
+                # AttributeError, guarded to stay missing (a later call's object may have it)
+                guard_attribute_absent(tx, self, self.cls, name)
                 raise tx.user_exception(AttributeError(
                     f"'{self.cls.__name__}' object has no attribute '{name}'"))
             raise Unsupported(f"attribute {name!r} of {self.cls.__name__} (not a method, not in its __dict__)")

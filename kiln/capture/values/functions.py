@@ -252,6 +252,31 @@ class NewCellValue(CellValue):
         return cg.stash(self, build)
 
 
+class CellAccessValue(Value):
+    """A continuation's read (or ``del``) of the frame's own cell variable, which it holds as a
+    cell in a local (``resume.CellAccess``): an empty cell raises UnboundLocalError. A ``del``
+    runs natively, as a ``del`` of a cell's contents did before."""
+
+    def __init__(self, access):
+        self.access = access
+
+    def describe(self):
+        return repr(self.access)
+
+    def call(self, tx, args, kwargs):
+        if self.access.deletes or kwargs or len(args) != 1 or not isinstance(args[0], CellValue):
+            raise Unsupported(f"{self.access!r} of {args[0].describe() if args else 'nothing'}")
+        try:
+            return args[0].getattr(tx, "cell_contents")
+        except Unsupported as e:      # (the user's exception: semantics.UserException)
+            if isinstance(getattr(e, "exc", None), ValueError):
+                raise tx.user_exception(self.access.unbound()) from None
+            raise
+
+    def reconstruct(self, cg):
+        return cg.bind(self.access)
+
+
 class ExistingCellValue(CellValue):
     """A cell that existed before the call: reads are guarded, writes replayed afterwards.
 

@@ -10,6 +10,7 @@ import torch
 from ...errors import Unsupported
 from ..guards import GuardKind
 from ..sources import AttrSource, TypeSource
+from .attributes import guard_attribute_absent
 from .base import ConstantValue, Value
 from .containers import TupleValue
 from .functions import MethodValue
@@ -104,9 +105,11 @@ class TensorValue(Value):
             # not a Tensor attribute: an input may carry it in its __dict__ (read and guarded,
             # absence included); a tensor computed in the graph has no instance attributes
             if self.source is not None:
+                real = tx.output.real_tensor(self)
                 try:
-                    value = getattr(tx.output.real_tensor(self), name)
+                    value = getattr(real, name)
                 except AttributeError as e:
+                    guard_attribute_absent(tx, self, type(real), name)   # (a later call's may have it)
                     raise tx.user_exception(e)
                 return tx.wrap(value, AttrSource(self.source, name))
             raise tx.user_exception(AttributeError(f"'Tensor' object has no attribute '{name}'"))
