@@ -1429,6 +1429,15 @@ class _TriesB(nn.Module):
             return x * 3
 
 
+class _DictWithAttrs(dict):
+    pass
+
+
+def _model_output():
+    outputs = pytest.importorskip("transformers.modeling_outputs")
+    return outputs.BaseModelOutput(last_hidden_state=torch.zeros(1))
+
+
 def _b_or_3(x, m):
     try:
         return x * m.b
@@ -1455,7 +1464,10 @@ def _class_zz_or_3(x, m):
     (_b_via_getattr, _AnswersMissing, lambda m: setattr(m, "b", 1)),
     (_class_zz_or_3, type("_Fresh", (), {}), lambda m: setattr(type(m), "zz", 1)),
     (lambda x, m: m(x), _TriesB, lambda m: setattr(m, "b", 1)),
-], ids=["instance", "slot", "__getattr__", "class", "module"])
+    (_b_or_3, _DictWithAttrs, lambda m: setattr(m, "b", 1)),
+    (_b_or_3, _model_output, lambda m: setattr(m, "b", 1)),
+    (_b_or_3, lambda: torch.zeros(1), lambda m: setattr(m, "b", 1)),
+], ids=["instance", "slot", "__getattr__", "class", "module", "dict subclass", "ModelOutput", "tensor"])
 def test_an_attribute_added_after_a_missing_lookup_is_seen(fn, make, add, backend):
     """A lookup that raised AttributeError (caught, or answered by ``__getattr__``) is guarded
     to stay missing: once the attribute exists, the call does what eager does."""
