@@ -410,6 +410,10 @@ def min_cut_rematerialization_partition(joint_module: torch.fx.GraphModule, join
                 dist[n] = min(ds)
 
     also_banned = _banned_by_fusion_structure(j)
+    # a gradient that is a forward value (an autograd.Function's backward returning what its
+    # forward saved): the backward needs it as it is, saved or recomputed like any value it
+    # reads (a random draw, banned from recomputation, is then saved)
+    grads_in_fw = {g for g in j.grads if isinstance(g, torch.fx.Node) and g in j.fw}
     fw_outs = {o for o in j.fw_outs if isinstance(o, torch.fx.Node)}
     inside = {n for n in j.fw if recompute.inside_region(n, j.fw, fw_outs)} if j.has_regions else set()
     G = nx.DiGraph()
@@ -461,6 +465,8 @@ def min_cut_rematerialization_partition(joint_module: torch.fx.GraphModule, join
         for u in n.users:
             if u.op != "output":
                 G.add_edge(n.name + "_out", u.name + "_in")
+        if n in grads_in_fw:
+            G.add_edge(n.name + "_out", "sink")
     try:
         _, (reach, _non) = nx.minimum_cut(G, "source", "sink")
     except nx.NetworkXUnbounded as e:  # pragma: no cover (every path has a finite edge)

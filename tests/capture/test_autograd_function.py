@@ -965,3 +965,35 @@ def test_kiln_explain_names_the_function():
     report = kiln.explain(f)(rg(3))
     assert report.graph_break_count == 1
     assert "OnceDifferentiable" in str(report.break_reasons[0])
+
+
+class _ReturnsSavedNoise(torch.autograd.Function):
+    """A backward that returns, as the gradient, a random tensor its forward drew and saved."""
+
+    @staticmethod
+    def forward(ctx, x):
+        r = torch.randn(x.shape)
+        ctx.save_for_backward(r)
+        return x + 1
+
+    @staticmethod
+    def backward(ctx, g):
+        (r,) = ctx.saved_tensors
+        return r
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_a_gradient_that_is_a_saved_random_draw_is_that_draw(backend):
+    """The gradient is a forward value: the partitioner saves it (a random draw cannot be
+    recomputed), so the backward returns the forward's numbers and draws none of its own."""
+    def f(x):
+        return _ReturnsSavedNoise.apply(x)
+
+    results = []
+    for fn in (f, kiln.compile(f, backend=backend)):
+        x = torch.zeros(3, requires_grad=True)
+        torch.manual_seed(0)
+        fn(x).sum().backward()
+        results.append((x.grad, torch.rand(1)))      # the gradient, then the next number drawn
+    (ge, ne), (gk, nk) = results
+    assert torch.equal(ge, gk) and torch.equal(ne, nk)
