@@ -40,3 +40,18 @@ def test_data_under_no_grad_stays_in_the_graph():
     with torch.no_grad():
         torch.testing.assert_close(compiled(x), f(x))
     assert counter.frame_count == 1
+
+
+def test_storage_facts_are_the_real_tensors():
+    """``is_shared()``, ``is_pinned()`` and ``is_set_to()`` are facts of the real tensor's
+    storage (a fake tensor has none of them): read natively, as eager reads them."""
+    def f(x, y):
+        return x + 1, x.is_shared(), x.is_pinned(), x.is_set_to(y), y.is_set_to(x[1:])
+
+    x = torch.ones(4)
+    x.share_memory_()
+    for args in ((x, x[:]), (torch.ones(4), torch.ones(4))):
+        got, want = kiln.compile(f, backend="aot_eager")(*args), f(*args)
+        torch.testing.assert_close(got[0], want[0])
+        assert got[1:] == want[1:]
+    assert want[1:] == (False, False, False, False) and f(x, x[:])[1:] == (True, False, True, False)

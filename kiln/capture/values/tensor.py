@@ -37,6 +37,8 @@ DATA_DEPENDENT_METHODS = frozenset({
     "item", "tolist", "numpy", "__bool__", "__int__", "__float__", "__index__", "data_ptr",
     "untyped_storage", "storage", "__array__", "backward", "register_hook", "retain_grad",
     "__reduce_ex__", "__deepcopy__", "__setstate__",
+    # where the storage lives and who else holds it: facts of the real tensor, not its fake
+    "is_shared", "is_pinned", "is_set_to",
 })
 
 
