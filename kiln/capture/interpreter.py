@@ -505,6 +505,14 @@ class FrameInterpreter(PythonSemantics):
             as_dict.base_method(self, "__delitem__", [ConstantValue(name)], {})
             return
         pending = self.output.side_effects.global_value(self.f_globals, name)
+        if pending is None:
+            # whether the global is there decides between deleting it and NameError: guarded,
+            # for a later call that finds it gone (or back)
+            if name not in self.f_globals:
+                self._guard_absent(self.f_globals, name)
+            elif not self.trusted_globals:
+                value = self.f_globals[name]
+                self.output.guards.add(_guard(GuardKind.TYPE_MATCH, GlobalSource(self.f_globals, name), type(value)))
         if pending is DELETED_GLOBAL or (pending is None and name not in self.f_globals):
             raise self.user_exception(NameError(f"name {name!r} is not defined"))
         # later reads in this capture find it gone; it is removed after the graph

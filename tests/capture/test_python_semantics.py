@@ -1531,6 +1531,33 @@ def test_a_deleted_global_is_gone_in_the_capture_and_after_it(fn):
     SHARED_GLOBAL = 1
 
 
+def _delete_global_or_count(x):
+    global MAYBE_GLOBAL
+    y = x + 1
+    try:
+        del MAYBE_GLOBAL
+    except NameError:
+        y = y + 1
+    return y
+
+
+@pytest.mark.parametrize("present_first", [True, False])
+def test_whether_a_deleted_global_is_there_is_guarded(present_first):
+    """``del g`` deletes the global or raises NameError: which one is decided by the global's
+    presence, guarded for the next call."""
+    cf = kiln.compile(_delete_global_or_count, backend="eager")
+    g = _delete_global_or_count.__globals__
+    for present in (present_first, not present_first, present_first):
+        outs = []
+        for fn in (_delete_global_or_count, cf):
+            if present:
+                g["MAYBE_GLOBAL"] = 1
+            else:
+                g.pop("MAYBE_GLOBAL", None)
+            outs.append((fn(torch.zeros(1)).item(), "MAYBE_GLOBAL" in g))
+        assert outs[0] == outs[1]
+
+
 # -- unbound names, sorting, sequence errors ------------------------------------------------------
 
 def _read_unbound_local(x):
