@@ -1558,6 +1558,63 @@ def test_whether_a_deleted_global_is_there_is_guarded(present_first):
         assert outs[0] == outs[1]
 
 
+class _Slotted:
+    __slots__ = ("x", "__dict__")
+
+
+class _SlottedBase:
+    __slots__ = ("x",)
+
+
+class _SubOfSlotted(_SlottedBase):       # a subclass without __slots__: the slot and a __dict__
+    pass
+
+
+def _slot_value(o):
+    try:
+        return _SlottedBase.x.__get__(o) if isinstance(o, _SlottedBase) else _Slotted.x.__get__(o)
+    except AttributeError:
+        return "<unset>"
+
+
+def _read_dict_then_store_the_slot(o, t):
+    d = vars(o)
+    o.x = 1
+    o.y = 2
+    return t + 1, dict(d), _slot_value(o)
+
+
+def _store_the_slot_then_read_dict(o, t):
+    o.x = 3
+    o.y = 4
+    return t + 1, dict(o.__dict__), o.x
+
+
+def _copy_of_a_slotted_object(t):
+    a = _SubOfSlotted()
+    a.x = 10
+    a.z = 5
+    b = copy.copy(a)
+    return t + 1, _slot_value(b), dict(b.__dict__)
+
+
+@pytest.mark.parametrize("fn, make", [
+    (_read_dict_then_store_the_slot, _Slotted), (_read_dict_then_store_the_slot, _SubOfSlotted),
+    (_store_the_slot_then_read_dict, _Slotted), (_store_the_slot_then_read_dict, _SubOfSlotted),
+    (lambda o, t: _copy_of_a_slotted_object(t), _Slotted),
+], ids=["dict then slot", "dict then inherited slot", "slot then dict", "inherited slot then dict", "copy"])
+def test_a_slot_beside_an_instance_dict_stays_a_slot(fn, make):
+    """An object with ``__slots__`` and a ``__dict__`` (a subclass of a slotted class): storing
+    a slot member goes to the slot, never into ``__dict__``, also after ``__dict__`` was read
+    (``copy.copy`` restores the slots that way)."""
+    t = torch.ones(2)
+    want_obj, got_obj = make(), make()
+    want = fn(want_obj, t)
+    got = kiln.compile(fn, backend="eager")(got_obj, t)
+    assert_same(got, want)
+    assert vars(got_obj) == vars(want_obj) and _slot_value(got_obj) == _slot_value(want_obj)
+
+
 # -- unbound names, sorting, sequence errors ------------------------------------------------------
 
 def _read_unbound_local(x):

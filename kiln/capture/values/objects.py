@@ -103,8 +103,8 @@ class ObjectValue(Value):
         wrapper = tx.wrap(self.instance_dict(), self._attr_source("__dict__"))
         effects = tx.output.side_effects
         for key, (obj, attr, value, setter) in list(effects.attrs.items()):
-            if obj is not self:
-                continue
+            if obj is not self or isinstance(static_lookup(type(self.value), attr), types.MemberDescriptorType):
+                continue        # (a __slots__ member is stored in its slot, not in __dict__)
             if setter not in (setattr, object.__setattr__) or value is None:
                 raise Unsupported(f"{self.describe()}.__dict__ after setting {attr!r} through {setter!r}")
             wrapper.call_method(tx, "__setitem__", [ConstantValue(attr), value], {})
@@ -263,10 +263,13 @@ class ObjectValue(Value):
         into the instance dict (or a ``__slots__`` member), replayed after the graph with
         the C-level store (the class's own Python ``__setattr__`` already ran, inlined)."""
         cls = type(self.value)
-        if descriptor_set(tx, self, cls, name, static_lookup(cls, name), value):
+        found = static_lookup(cls, name)
+        if descriptor_set(tx, self, cls, name, found, value):
             return
         wrapper = self.dict_wrapper(tx)
-        if wrapper is not None:     # (the instance's attributes live in its __dict__ value now)
+        # (the instance's attributes live in its __dict__ value now; a __slots__ member, a
+        # data descriptor of its class, never does)
+        if wrapper is not None and not isinstance(found, types.MemberDescriptorType):
             wrapper.call_method(tx, "__setitem__", [ConstantValue(name), value], {})
             return
         if self.source is None:
