@@ -522,6 +522,10 @@ def _finish_break(fn, output: OutputGraph, tx, ip: int, reason: Unsupported, key
         # (a break inside a loop, met again after many iterations: the continuation runs as is)
         raise Unsupported(f"{reason} (again, {resume.LOOP_LEVELS} iterations of a loop later: the "
                           "rest of the loop runs natively)").located(*tx.location())
+    left = max((v.handed_over_items() for v in tx.stack if isinstance(v, IteratorValue)), default=0)
+    if left > resume.LONG_LOOP_ITEMS and resume.loops_back(code, ip, levels=1):
+        raise Unsupported(f"{reason} (again, in a loop with {left} items left: the rest of the loop "
+                          "runs natively)").located(*tx.location())
     layout = [resume.slot_kind(v) for v in tx.stack]
     # an iterator the code also reaches another way (``for v in it: ... next(it)``) is handed
     # over as itself, not as the tuple of its items: both must keep taking from one object

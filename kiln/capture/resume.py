@@ -527,12 +527,18 @@ def build_continuation(code: types.CodeType, exit: Exit, name: str) -> types.Cod
 LOOP_LEVELS = 64
 
 
-def loops_back(code: types.CodeType, index: int) -> bool:
-    """Whether ``code`` is a continuation nested ``LOOP_LEVELS`` deep whose decoded
-    instruction ``index`` comes before the one it started at: a loop's back edge took it
-    there, and a break would nest one more level for the next iteration."""
+# A loop with more items left than this, broken in every iteration, runs natively from its
+# second iteration: each continuation is handed the items left (guarded one by one), so
+# compiling it iteration by iteration would cost O(n) per iteration.
+LONG_LOOP_ITEMS = 256
+
+
+def loops_back(code: types.CodeType, index: int, levels: int = LOOP_LEVELS) -> bool:
+    """Whether ``code`` is a continuation nested ``levels`` deep whose decoded instruction
+    ``index`` comes before the one it started at: a loop's back edge took it there, and a
+    break would nest one more level for the next iteration."""
     start = _STARTS.get(_unnamed(code)) if _STARTS else None
-    return start is not None and start[0] < index < start[1] and start[2] >= LOOP_LEVELS
+    return start is not None and start[0] < index < start[1] and start[2] >= levels
 
 
 def build_break_function(code: types.CodeType, plan: BreakPlan, continue_fns: list[Callable], name: str) -> types.CodeType:

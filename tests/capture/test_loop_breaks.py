@@ -98,3 +98,28 @@ def test_a_break_in_a_loop_over_a_long_range_costs_no_more_than_a_short_one():
     x = torch.randn(2)
     assert_same(cf(x, 2000), _loop_over_a_long_range(x, 2000))
     assert cnt.frame_count == 2
+
+
+def _loop_over_long_items(x, items):
+    total = 0
+    for a, b in items:
+        x = x * 1.0001 + b
+        _untraceable()
+        total += a
+    return x, total
+
+
+def test_a_break_in_every_iteration_of_a_long_list_runs_the_rest_natively():
+    """Over a list (not a range) the continuation is handed the items left, guarded one by
+    one: with more than ``resume.LONG_LOOP_ITEMS`` of them, the loop's second iteration goes
+    on natively instead of nesting a continuation per iteration (O(n) each)."""
+    items = [(i, i % 2) for i in range(2 * resume.LONG_LOOP_ITEMS)]
+    cnt = CompileCounter()
+    cf = kiln.compile(_loop_over_long_items, backend=cnt)
+    x = torch.randn(3)
+    assert_same(cf(x, items), _loop_over_long_items(x, items))
+    assert cnt.frame_count <= 3
+    short = items[:8]
+    cnt2 = CompileCounter()
+    assert_same(kiln.compile(_loop_over_long_items, backend=cnt2)(x, short), _loop_over_long_items(x, short))
+    assert cnt2.frame_count >= len(short)      # a short loop: compiled iteration by iteration

@@ -1003,6 +1003,10 @@ class IteratorValue(Value):
     def _items(self):
         return self.seq.items if self.live else self.seq
 
+    def handed_over_items(self) -> int:
+        """How many items a graph break hands to the continuation (and guards): those left."""
+        return 0 if self.exhausted else max(len(self._items()) - self.pos, 0)
+
     def next(self, tx) -> Value | None:
         items = self._items()
         if self.exhausted or self.pos >= len(items):
@@ -1090,6 +1094,9 @@ class _RangeItems:
 class RangeIteratorValue(IteratorValue):
     """``iter(range(...))``: CPython's range iterator. Handed over at a graph break as the
     range of the numbers left (one constant, whatever the loop's length)."""
+
+    def handed_over_items(self) -> int:
+        return 0        # (the range left: one constant)
 
     def __init__(self, r: range):
         super().__init__(_RangeItems(r))
