@@ -695,8 +695,12 @@ class FrameInterpreter(PythonSemantics):
         target = self.peek(ins.arg)
         if isinstance(v, DictValue):
             target.items.update(v.merged_items())
-        else:
-            target.base_method(self, "update", [v], {})
+            return
+        cls = v.python_type()
+        if not hasattr(cls, "keys"):
+            # ``{**x}`` takes a mapping only (dict.update would take key/value pairs too)
+            raise self.user_exception(TypeError(f"'{cls.__name__}' object is not a mapping"))
+        target.base_method(self, "update", [v], {})
 
     def DICT_MERGE(self, ins):
         v = self.pop()

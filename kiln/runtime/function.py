@@ -215,28 +215,24 @@ class CompiledFunction:
     def _lookup_own_first(self, tried: Entry, args: tuple, kwargs: dict):
         """The lookup of ``__call__`` after its first entry (``tried``) missed, for a module
         first argument: the entries captured for that module first, then the others."""
-        key, owner, entries = self._key, args[0], self._cache.entries
+        owner, entries = args[0], self._cache.entries
         own = [e for e in entries if e.captured_for is not None and e.captured_for() is owner]
         mine = {id(e) for e in own}
-        for entry in (*own, *(e for e in entries if id(e) not in mine)):
-            if entry.key is key and entry is not tried:
-                try:
-                    result = entry.fn(*args, **kwargs)
-                except Exception as e:
-                    if not failed_before_effects(entry.fn.__code__, e):
-                        raise at_users_line(e)
-                    return self._recover(entry, f"{type(e).__name__}: {e}", args, kwargs)
-                if result is not MISS:
-                    self._cache.promote(entry)
-                    return result
-        return self._miss(args, kwargs)
+        rest = [e for e in (*own, *(e for e in entries if id(e) not in mine)) if e is not tried]
+        result = self._first_hit(rest, args, kwargs)
+        return result if result is not MISS else self._miss(args, kwargs)
 
     def retry_entries(self, args: tuple, kwargs: dict):
         """The lookup of ``__call__`` once more (after frame records added entries): the
         result of the first entry whose guards hold, or MISS. (``__call__`` keeps its own copy
         of this loop inline: it is the per-call hot path, and a call more costs there.)"""
+        return self._first_hit(list(self._cache.entries), args, kwargs)
+
+    def _first_hit(self, entries: list, args: tuple, kwargs: dict):
+        """The result of the first of ``entries`` (this compile key's) whose guards hold,
+        promoted to be tried first next time; MISS if none."""
         key = self._key
-        for entry in list(self._cache.entries):
+        for entry in entries:
             if entry.key is key:
                 try:
                     result = entry.fn(*args, **kwargs)

@@ -1615,6 +1615,22 @@ def test_a_slot_beside_an_instance_dict_stays_a_slot(fn, make):
     assert vars(got_obj) == vars(want_obj) and _slot_value(got_obj) == _slot_value(want_obj)
 
 
+def _dict_display_unpacking(x, other):
+    out = [{**{"a": 1}, **collections.OrderedDict(b=2)}]
+    try:
+        out.append({**other})
+    except TypeError as e:
+        out.append(str(e))
+    return x + 1, out
+
+
+@pytest.mark.parametrize("other", [[("a", 1)], (), "", {"k": 1}], ids=["pairs", "tuple", "str", "dict"])
+def test_dict_display_unpacking_takes_mappings_only(other):
+    """``{**x}`` takes a mapping, not the key/value pairs ``dict.update`` also takes."""
+    x = torch.ones(2)
+    assert_same(kiln.compile(_dict_display_unpacking, backend="eager")(x, other), _dict_display_unpacking(x, other))
+
+
 # -- unbound names, sorting, sequence errors ------------------------------------------------------
 
 def _read_unbound_local(x):
