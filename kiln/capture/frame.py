@@ -526,6 +526,10 @@ def _finish_break(fn, output: OutputGraph, tx, ip: int, reason: Unsupported, key
     if left > resume.LONG_LOOP_ITEMS and resume.loops_back(code, ip, levels=1):
         raise Unsupported(f"{reason} (again, in a loop with {left} items left: the rest of the loop "
                           "runs natively)").located(*tx.location())
+    if left > resume.HANDED_ITEMS_LIMIT:
+        # (handing them over would generate and guard one expression per item)
+        raise Unsupported(f"{reason} (in a loop with {left} items left to hand over: the frame runs "
+                          "natively)").located(*tx.location())
     layout = [resume.slot_kind(v) for v in tx.stack]
     # an iterator the code also reaches another way (``for v in it: ... next(it)``) is handed
     # over as itself, not as the tuple of its items: both must keep taking from one object

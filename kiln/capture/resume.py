@@ -531,6 +531,8 @@ LOOP_LEVELS = 64
 # second iteration: each continuation is handed the items left (guarded one by one), so
 # compiling it iteration by iteration would cost O(n) per iteration.
 LONG_LOOP_ITEMS = 256
+# More items than this left in an iterator at a graph break: the frame runs natively instead.
+HANDED_ITEMS_LIMIT = 1024
 
 
 def loops_back(code: types.CodeType, index: int, levels: int = LOOP_LEVELS) -> bool:

@@ -123,3 +123,14 @@ def test_a_break_in_every_iteration_of_a_long_list_runs_the_rest_natively():
     cnt2 = CompileCounter()
     assert_same(kiln.compile(_loop_over_long_items, backend=cnt2)(x, short), _loop_over_long_items(x, short))
     assert cnt2.frame_count >= len(short)      # a short loop: compiled iteration by iteration
+
+
+def test_a_break_with_too_many_items_left_runs_the_frame_natively():
+    """More than ``resume.HANDED_ITEMS_LIMIT`` items left at the first break: handing them over
+    would generate and guard an expression per item, so the frame runs natively."""
+    items = [(i, 1) for i in range(resume.HANDED_ITEMS_LIMIT + 10)]
+    cnt = CompileCounter()
+    cf = kiln.compile(_loop_over_long_items, backend=cnt)
+    x = torch.randn(3)
+    assert_same(cf(x, items), _loop_over_long_items(x, items))
+    assert cnt.frame_count == 0 and all(e.is_eager for e in cf.entries)
