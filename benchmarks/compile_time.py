@@ -22,7 +22,9 @@ Columns:
   the installed torch lacks it);
 * ``kiln``: ``kiln.compile(model)`` at its defaults;
 * ``kiln_regions`` / ``kiln_noregions``: the same with ``KILN_REPEATED_BLOCKS=1`` / ``=0``
-  (a kiln without that setting ignores the variable: both then equal ``kiln``).
+  (a kiln without that setting ignores the variable: both then equal ``kiln``);
+* ``torch_layers`` / ``kiln_layers``: each decoder layer compiled on its own (torch's regional
+  compilation recipe, and FSDP2's per-block compile); the rest of the model runs eagerly.
 
 Every (column, layer count) cell runs in its own process with empty kiln, Inductor and Triton
 caches. ``first step`` is the wall time from wrapping the model to the end of its first step
@@ -54,7 +56,7 @@ import torch
 
 from cells import crash_text, emit, ratio, run_cell, sync, timed_first, timed_steps, write_json
 
-COLUMNS = ("torch", "torch_regions", "kiln", "kiln_regions", "kiln_noregions")
+COLUMNS = ("torch", "torch_regions", "kiln", "kiln_regions", "kiln_noregions", "torch_layers", "kiln_layers")
 KILN_ENV = {"kiln_regions": {"KILN_REPEATED_BLOCKS": "1"}, "kiln_noregions": {"KILN_REPEATED_BLOCKS": "0"}}
 CUDA_SIZE = dict(hidden=1024, heads=16, kv_heads=4, intermediate=2816, vocab=32000, batch=4, seq=512)
 CPU_SIZE = dict(hidden=64, heads=4, kv_heads=2, intermediate=176, vocab=512, batch=2, seq=32)
@@ -84,6 +86,23 @@ def wrap_layers_in_regions(model) -> None:
     cls.forward = torch.compiler.nested_compile_region(cls.forward)
 
 
+def compile_for(column: str, model, kiln_backend: str = "inductor"):
+    """The callable a step calls for ``column``: the model compiled whole, or (``*_layers``)
+    the model with each decoder layer compiled on its own, torch's regional compilation
+    recipe (the layers differ in their ``layer_idx``, which picks their KV cache)."""
+    import kiln
+
+    def compile_(m):
+        return torch.compile(m) if column.startswith("torch") else kiln.compile(m, backend=kiln_backend)
+
+    if column.endswith("_layers"):
+        layers = model.model.layers
+        for i, layer in enumerate(layers):
+            layers[i] = compile_(layer)
+        return model
+    return compile_(model)
+
+
 def run_one(cell: dict, device: str, size: dict, iters: int, warmup: int) -> dict:
     import torch._dynamo  # noqa: F401  (imported before the clock by every column alike)
 
@@ -109,7 +128,7 @@ def run_one(cell: dict, device: str, size: dict, iters: int, warmup: int) -> dic
 
     def first_step() -> None:
         nonlocal fwd
-        fwd = torch.compile(model) if column.startswith("torch") else kiln.compile(model)
+        fwd = compile_for(column, model)
         step(0)
 
     sync(device)
@@ -147,8 +166,7 @@ def run_interleaved(cell: dict, device: str, size: dict, iters: int, warmup: int
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device == "cuda")
         blocks = {"kiln_regions": True, "kiln_noregions": False}.get(column, kiln.config.repeated_blocks)
         with kiln.config.patch(repeated_blocks=blocks):
-            fwd = torch.compile(model) if column.startswith("torch") else \
-                kiln.compile(model, backend=cell.get("kiln_backend", "inductor"))
+            fwd = compile_for(column, model, cell.get("kiln_backend", "inductor"))
 
         def step(i: int, fwd=fwd, opt=opt, blocks=blocks) -> float:
             with kiln.config.patch(repeated_blocks=blocks), torch.autocast(device, dtype=torch.bfloat16):
