@@ -220,7 +220,7 @@ _SUBGRAPH = f"subgraph{_SUB}"
 
 
 def _captured_function_to_data(name: str, parts: dict, enc: Encoder, tensors: dict) -> list:
-    out = {k: parts[k] for k in ("n_out", "n_sfb", "non_diff", "dirty_inputs")}
+    out = {k: parts[k] for k in ("n_out", "n_sfb", "non_diff", "dirty_inputs", "reads_grad_mode")}
     try:
         out["user_cls"] = enc.encode(parts["user_cls"], identity=True)
     except NotPackageable as e:
@@ -250,7 +250,7 @@ def _captured_function_from_data(name: str, saved: list, tensors: dict, dec: Dec
         sub = {k[len(prefix):]: t for k, t in tensors.items() if k.startswith(prefix)}
         graphs[which] = _graph_from_data(d[which], sub, dec)
     return runtime_function(dec.decode(d["user_cls"]), graphs["fwd"], graphs["bwd"], d["n_out"], d["n_sfb"],
-                            d["non_diff"], d["dirty_inputs"])
+                            d["non_diff"], d["dirty_inputs"], d.get("reads_grad_mode", False))
 
 
 def _set_path(root: torch.nn.Module, target: str, obj) -> None:

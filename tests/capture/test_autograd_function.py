@@ -997,3 +997,43 @@ def test_a_gradient_that_is_a_saved_random_draw_is_that_draw(backend):
         results.append((x.grad, torch.rand(1)))      # the gradient, then the next number drawn
     (ge, ne), (gk, nk) = results
     assert torch.equal(ge, gk) and torch.equal(ne, nk)
+
+
+class _BranchesOnGradMode(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 1.0
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * (3.0 if torch.is_grad_enabled() else 1.0)
+
+
+class _BranchesOnGradRequiresGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 1.0
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 10.0 if g.requires_grad else g
+
+
+@pytest.mark.parametrize("fn_cls", [_BranchesOnGradMode, _BranchesOnGradRequiresGrad])
+@pytest.mark.parametrize("backend", ["eager"])
+def test_a_backward_that_reads_grad_mode_refuses_create_graph(fn_cls, backend):
+    """The captured backward holds the branch it takes without create_graph: without it, the
+    gradient is eager's; with create_graph=True (the other branch in eager) it raises rather
+    than return the wrong branch's gradient. (Under the AOT backends the joint graph holds the
+    branch taken without create_graph, and a first-order gradient with create_graph=True
+    still takes it: not fixed yet.)"""
+    def f(x):
+        return fn_cls.apply(x).sum()
+
+    compiled = kiln.compile(f, backend=backend)
+    x = torch.ones(3, requires_grad=True)
+    (g,) = torch.autograd.grad(compiled(x), x)
+    (eg,) = torch.autograd.grad(f(x), x)
+    torch.testing.assert_close(g, eg)
+    with pytest.raises(RuntimeError, match="create_graph|double backward"):
+        torch.autograd.grad(compiled(x), x, create_graph=True)

@@ -166,6 +166,11 @@ class GradValue(TensorValue):
     """An incoming gradient of the backward being captured. Its shape and dtype are the
     output's (autograd guarantees them); its memory layout is not known until it arrives."""
 
+    def getattr(self, tx, name):
+        if name == "requires_grad":
+            note_grad_mode_read()
+        return super().getattr(tx, name)
+
     def call_method(self, tx, name, args, kwargs):
         if name in ("stride", "is_contiguous", "storage_offset", "data_ptr"):
             raise Unsupported(f"grad.{name}() (an incoming gradient's layout is only known "
@@ -319,11 +324,13 @@ class _AutogradFunctionCall:
         effects = _effects_fingerprint(output.side_effects, ctx)
         before = set(self.graph.nodes)
         _backward_depth[0] += 1
+        reads_before = _grad_mode_reads[0]
         try:
             with _autocast_off():   # backward runs outside the forward's autocast
                 result = self._under_no_grad(lambda: self._inline(backward, [ctx, *grads]))
         finally:
             _backward_depth[0] -= 1
+        reads_grad_mode = _grad_mode_reads[0] != reads_before
         region_b = new_nodes(self.graph, before)
         if _effects_fingerprint(output.side_effects, ctx) != effects:
             raise Unsupported("the backward has side effects (they would happen in the forward)")
@@ -334,7 +341,7 @@ class _AutogradFunctionCall:
             if any(a not in inside for a in mutated_operands(n)):
                 raise Unsupported("the backward changes a tensor in place that it did not create")
         grads_in = self._check_backward_result(result, inputs)
-        return _Backward(grad_nodes, region_b, grads_in, ctx.saved_tensors_read)
+        return _Backward(grad_nodes, region_b, grads_in, ctx.saved_tensors_read, reads_grad_mode)
 
     def _check_backward_result(self, result: Value, inputs: list[Value]) -> list[Value | None]:
         items = list(result.items) if type(result) is TupleValue and result.python_type() is tuple \
@@ -420,7 +427,8 @@ class _AutogradFunctionCall:
         out_index = {id(outs[k]): j for j, k in enumerate(out_pos)}
         non_diff = sorted({out_index[id(v)] for v in ctx.non_differentiable if id(v) in out_index})
         dirty_inputs = sorted({next(i for i, a in enumerate(arg_nodes) if a is d.node) for d in ctx.dirty})
-        fn = runtime_function(self.cls, fwd_gm, bwd_gm, len(out_pos), n_sfb, non_diff, dirty_inputs)
+        fn = runtime_function(self.cls, fwd_gm, bwd_gm, len(out_pos), n_sfb, non_diff, dirty_inputs,
+                              reads_grad_mode=backward is not None and backward.reads_grad_mode)
 
         # the node. Where eager builds no backward, extras that require grad are passed
         # detached, so that the generated Function builds none either. Where it builds one,
@@ -463,14 +471,24 @@ class _AutogradFunctionCall:
 
 
 class _Backward:
-    def __init__(self, grad_nodes, region, grads_in, reads_saved_tensors):
+    def __init__(self, grad_nodes, region, grads_in, reads_saved_tensors, reads_grad_mode=False):
         self.grad_nodes = grad_nodes
         self.region = region
         self.grads_in = grads_in
         self.reads_saved_tensors = reads_saved_tensors
+        self.reads_grad_mode = reads_grad_mode
 
 
 _backward_depth = [0]   # > 0 while a backward is being captured
+# reads of grad mode or of an incoming gradient's requires_grad while a backward is captured:
+# folded as they are without create_graph (counted, so a capture sees whether its backward did)
+_grad_mode_reads = [0]
+
+
+def note_grad_mode_read() -> None:
+    """Grad mode was read; counted if a backward is being captured."""
+    if _backward_depth[0]:
+        _grad_mode_reads[0] += 1
 
 
 @contextlib.contextmanager

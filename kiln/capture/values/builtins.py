@@ -159,6 +159,10 @@ def _state_reader(tx, fn, args, kwargs):
     folded = STATE_READERS.get(fn)
     if folded is not None:
         return ConstantValue(folded)
+    if fn is torch.is_grad_enabled:
+        from .autograd_function import note_grad_mode_read  # cycle: it captures calls of builtins
+
+        note_grad_mode_read()
     return tx.wrap_pure_result(fn(*[a.as_constant() for a in args]))
 
 
