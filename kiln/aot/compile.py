@@ -113,11 +113,25 @@ class CompiledParts:
     # (segments) per node, the backward inputs (saved values, then tangents) its own backward
     # reads (``partial.reading_only``): what the node keeps alive for its backward
     segment_reads: list | None = None
+    # a custom autograd.Function's backward in the graph read grad mode (or its gradients'
+    # requires_grad), held as without create_graph: a backward with create_graph=True refuses
+    create_graph_refused: bool = False
 
 
 def _partitioner_name(partition_fn: Any) -> str:
     p = config.aot_partition_fn if partition_fn is None else partition_fn
     return p if isinstance(p, str) else getattr(p, "__name__", type(p).__name__)
+
+
+def _reads_grad_mode_in_backward(fn: Any) -> bool:
+    """Whether the captured graph calls a custom autograd.Function whose captured backward read
+    grad mode (the capture marks its callable so: ``kiln_captured_function``)."""
+    graph = getattr(fn, "graph", None)
+    if not isinstance(graph, torch.fx.Graph):
+        return False
+    return any(n.op == "call_function" and
+               (getattr(n.target, "kiln_captured_function", None) or {}).get("reads_grad_mode", False)
+               for n in graph.nodes)
 
 
 def build_parts(state, capture, partition_fn: Any = None) -> CompiledParts:
@@ -144,7 +158,8 @@ def build_parts(state, capture, partition_fn: Any = None) -> CompiledParts:
     common = dict(num_fw_outputs=capture.num_fw_outputs, tangent_positions=list(capture.tangent_positions),
                   fw_output_requires_grad=list(capture.fw_output_requires_grad),
                   primal_requires_grad=list(capture.primal_requires_grad),
-                  grad_enabled=state.grad_enabled, wrappers=list(state.wrappers), symbolic=state.symbolic)
+                  grad_enabled=state.grad_enabled, wrappers=list(state.wrappers), symbolic=state.symbolic,
+                  create_graph_refused=_reads_grad_mode_in_backward(state.fn))
     if not capture.is_joint:
         fw = _torch.lazy_graph_module(gm, gm.graph, class_name="KilnInference")
         check_input_writes(fw, state.meta.in_graph_mutated_indices)

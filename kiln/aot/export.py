@@ -361,7 +361,7 @@ class AOTArtifact(PartsView):
             "partitioner": p.partitioner,
             "hooks": p.hooks.to_dict() if p.hooks is not None else None,
             "segments": p.segments, "handoffs": list(p.handoffs), "num_handed_outputs": p.num_handed_outputs,
-            "segment_reads": p.segment_reads,
+            "segment_reads": p.segment_reads, "create_graph_refused": p.create_graph_refused,
             "graphs": graphs,
         }
         if p.symbolic:
@@ -462,7 +462,7 @@ class AOTArtifact(PartsView):
             hooks=_hooks_from(meta.get("hooks")),
             segments=[tuple(g) for g in meta["segments"]] if meta.get("segments") is not None else None,
             handoffs=meta.get("handoffs", []), num_handed_outputs=meta.get("num_handed_outputs", 0),
-            segment_reads=meta.get("segment_reads"))
+            segment_reads=meta.get("segment_reads"), create_graph_refused=meta.get("create_graph_refused", False))
         if decoder is not None:
             _symbolic_from_dict(parts, meta["symbolic"], decoder, replay=not standalone)
         art = cls(parts)

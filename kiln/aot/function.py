@@ -525,6 +525,12 @@ def make_training_core(fw: Callable, bw: Callable, parts, compile_bw: Callable[[
             @staticmethod
             def backward(ctx, *grad_outs):
                 if torch.is_grad_enabled():
+                    if parts.create_graph_refused:
+                        raise RuntimeError(
+                            "kiln: create_graph=True through a compiled graph whose custom "
+                            "autograd.Function's backward reads torch.is_grad_enabled() or its gradients' "
+                            "requires_grad (it was compiled as it runs without create_graph). Call the "
+                            "Function from a function decorated with torch.compiler.disable.")
                     # create_graph=True: the gradients are right, but the backward graph is not
                     # differentiable: they carry a node that refuses a second differentiation
                     with torch.no_grad():

@@ -1020,13 +1020,11 @@ class _BranchesOnGradRequiresGrad(torch.autograd.Function):
 
 
 @pytest.mark.parametrize("fn_cls", [_BranchesOnGradMode, _BranchesOnGradRequiresGrad])
-@pytest.mark.parametrize("backend", ["eager"])
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
 def test_a_backward_that_reads_grad_mode_refuses_create_graph(fn_cls, backend):
-    """The captured backward holds the branch it takes without create_graph: without it, the
-    gradient is eager's; with create_graph=True (the other branch in eager) it raises rather
-    than return the wrong branch's gradient. (Under the AOT backends the joint graph holds the
-    branch taken without create_graph, and a first-order gradient with create_graph=True
-    still takes it: not fixed yet.)"""
+    """The captured backward holds the branch it takes without create_graph (so does an AOT
+    backend's joint graph): without it, the gradient is eager's; with create_graph=True (the
+    other branch in eager) it raises rather than return the wrong branch's gradient."""
     def f(x):
         return fn_cls.apply(x).sum()
 
