@@ -55,7 +55,7 @@ Kept where they are, for the life of the process, because they are facts that do
   (a traced graph's id, unique in the process's trace);
 * per call or per thread, empty between calls: ``runtime/recording.recorder`` (while
   ``kiln.explain`` runs), ``aot/segments._active``, ``cache/compiling`` (a context variable),
-  ``capture/values/autograd_function._backward_depth`` (during one capture);
+  ``capture/values/backward_capture`` (during one capture);
 * settings, not state: ``kiln.config`` and the log topics (``kiln.set_logs``); the trace file being
   written (``trace.writer``, ``logs._sources``: one process, one file, whatever a reset forgets);
 * on disk under ``KILN_CACHE_DIR``: the compile cache, frame records, dynamic-shape profiles,

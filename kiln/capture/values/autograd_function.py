@@ -37,6 +37,7 @@ from ...errors import Unsupported
 from ..interpreter import BreakHere, GraphBreakRequest
 from ..semantics import bind_arguments
 from ..captured_function import runtime_function
+from . import backward_capture
 from .base import CONSTANT_TYPES, ConstantValue, Value
 from .containers import DictValue, ListValue, SetValue, TupleValue
 from .functions import MethodValue, UserFunctionValue
@@ -168,7 +169,7 @@ class GradValue(TensorValue):
 
     def getattr(self, tx, name):
         if name == "requires_grad":
-            note_grad_mode_read()
+            backward_capture.note_grad_mode_read()
         return super().getattr(tx, name)
 
     def call_method(self, tx, name, args, kwargs):
@@ -211,7 +212,7 @@ class _AutogradFunctionCall:
 
     # -- the call ----------------------------------------------------------------------------
     def run(self, args: list[Value], kwargs: dict[str, Value]) -> Value:
-        if _backward_depth[0]:
+        if backward_capture.active():
             raise Unsupported("an autograd.Function applied inside a captured backward (its "
                               "grad mode is only known when the backward runs)")
         self._check_class()
@@ -323,14 +324,10 @@ class _AutogradFunctionCall:
         ctx.phase = "backward"
         effects = _effects_fingerprint(output.side_effects, ctx)
         before = set(self.graph.nodes)
-        _backward_depth[0] += 1
-        reads_before = _grad_mode_reads[0]
-        try:
-            with _autocast_off():   # backward runs outside the forward's autocast
-                result = self._under_no_grad(lambda: self._inline(backward, [ctx, *grads]))
-        finally:
-            _backward_depth[0] -= 1
-        reads_grad_mode = _grad_mode_reads[0] != reads_before
+        read_grad_mode: list = []
+        with backward_capture.capturing(read_grad_mode), _autocast_off():   # (outside the forward's autocast)
+            result = self._under_no_grad(lambda: self._inline(backward, [ctx, *grads]))
+        reads_grad_mode = read_grad_mode[0]
         region_b = new_nodes(self.graph, before)
         if _effects_fingerprint(output.side_effects, ctx) != effects:
             raise Unsupported("the backward has side effects (they would happen in the forward)")
@@ -478,17 +475,6 @@ class _Backward:
         self.reads_saved_tensors = reads_saved_tensors
         self.reads_grad_mode = reads_grad_mode
 
-
-_backward_depth = [0]   # > 0 while a backward is being captured
-# reads of grad mode or of an incoming gradient's requires_grad while a backward is captured:
-# folded as they are without create_graph (counted, so a capture sees whether its backward did)
-_grad_mode_reads = [0]
-
-
-def note_grad_mode_read() -> None:
-    """Grad mode was read; counted if a backward is being captured."""
-    if _backward_depth[0]:
-        _grad_mode_reads[0] += 1
 
 
 @contextlib.contextmanager

@@ -20,6 +20,7 @@ import torch
 from ...errors import Unsupported
 from ..guards import Guard, GuardKind, _autocast_state
 from ..sources import TypeSource
+from . import backward_capture
 from .attributes import _MISSING, call_modelled
 from .base import ConstantValue, RealCallableValue, Value, is_constant_object
 from .containers import (DictValue, IteratorValue, ListValue, NamedTupleValue, SetValue, identity_free, iterator_at,
@@ -160,9 +161,7 @@ def _state_reader(tx, fn, args, kwargs):
     if folded is not None:
         return ConstantValue(folded)
     if fn is torch.is_grad_enabled:
-        from .autograd_function import note_grad_mode_read  # cycle: it captures calls of builtins
-
-        note_grad_mode_read()
+        backward_capture.note_grad_mode_read()
     return tx.wrap_pure_result(fn(*[a.as_constant() for a in args]))
 
 

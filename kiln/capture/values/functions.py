@@ -268,8 +268,8 @@ class CellAccessValue(Value):
             raise Unsupported(f"{self.access!r} of {args[0].describe() if args else 'nothing'}")
         try:
             return args[0].getattr(tx, "cell_contents")
-        except Unsupported as e:      # (the user's exception: semantics.UserException)
-            if isinstance(getattr(e, "exc", None), ValueError):
+        except tx.UserException as e:
+            if isinstance(e.exc, ValueError):
                 raise tx.user_exception(self.access.unbound()) from None
             raise
 
