@@ -435,6 +435,15 @@ class AOTCompiled(PartsView):
         # kiln.Unsupported is raised: never a result computed for other shapes.
         self.input_check = None
         self.fallback: Callable | None = None
+        # (training graphs) the backwards made at run time (aot/function.BackwardTable)
+        self.backward_table = None
+
+    def share_backwards(self, other) -> None:
+        """Use one table of backwards made at run time with ``other``, a graph of the same
+        cache entry (the same parts, compiled alike): what one compiled, the other calls."""
+        mine, theirs = self.backward_table, getattr(other, "backward_table", None)
+        if mine is not None and theirs is not None and mine is not theirs:
+            mine.share_with(theirs)
 
     def __call__(self, *args):
         check = self.input_check
@@ -504,6 +513,7 @@ def assemble(parts: CompiledParts, fw_compiler: Callable | None = None, bw_compi
         if parts.hooks is not None:     # (compiled or loaded from the cache)
             activation_rows.record(parts.hooks)
     compiled = AOTCompiled(apply_post_compile(parts.wrappers, core), parts, run_as_captured)
+    compiled.backward_table = getattr(core, "backward_table", None)
     attach_input_check(compiled)
     return compiled
 

@@ -312,6 +312,20 @@ def backward_key(kind: str, given: frozenset) -> str:
     return f"{kind}:{','.join(str(j) for j in sorted(given))}"
 
 
+class BackwardTable:
+    """The backward graphs a training graph made and compiled at run time, by
+    ``backward_key``: ``(compiled, kept inputs or None: all)``. Graphs of one cache entry
+    share one table (``share_with``): the layers of a model compiled one by one each hold the
+    same entry, and each compiled the same backwards again."""
+
+    def __init__(self) -> None:
+        self.made: dict = {}
+
+    def share_with(self, other: "BackwardTable") -> None:
+        other.made.update((k, v) for k, v in self.made.items() if k not in other.made)
+        self.made = other.made
+
+
 def make_training_core(fw: Callable, bw: Callable, parts, compile_bw: Callable[[torch.fx.GraphModule], Callable],
                        check: Callable[[tuple, bool], None], stored: dict | None = None) -> Callable:
     """``stored``: backward graphs made at run time that a cache entry holds compiled,
@@ -336,7 +350,7 @@ def make_training_core(fw: Callable, bw: Callable, parts, compile_bw: Callable[[
     late_demand = {j: frozenset(need) for j, need in parts.late_demand}
     saved_demand = [[frozenset(u) for u in uses] for uses in parts.saved_demand]
     n_checked = len(check_inputs) + len(check_outputs)
-    made: dict = {}             # backward_key -> (compiled, kept inputs or None: all)
+    table = BackwardTable()
     stored = stored or {}
     segmented = parts.segments is not None
     n_saved = len(fx_graphs.flat_outputs(parts.forward.graph)) - nfw
@@ -352,6 +366,7 @@ def make_training_core(fw: Callable, bw: Callable, parts, compile_bw: Callable[[
     def compiled_backward(key: str, build: Callable[[], tuple], what: str) -> tuple:
         """The backward named ``key``: loaded from the cache entry, or ``build()`` (its graph
         and kept inputs) compiled."""
+        made = table.made
         got = made.get(key)
         if got is None:
             load = stored.get(key)
@@ -722,6 +737,7 @@ def make_training_core(fw: Callable, bw: Callable, parts, compile_bw: Callable[[
         with torch.enable_grad():     # entered under no_grad; the graph turns grad mode on
             return run_nodes(args)
     training_core.autograd_functions = nodes
+    training_core.backward_table = table
     return training_core
 
 

@@ -105,7 +105,8 @@ def aot_backend(fw_compiler: Callable | None = None, bw_compiler: Callable | Non
         # (kiln's own stages name a device only in the artifact; a user's compilers may bake one in)
         return cache.cached(gm, example_inputs, backend="aot_eager" if user_key is None else "aot_backend",
                             options=options, compile=compile, load=load, dump=_dump_artifact,
-                            rebind=_rebind_artifact if user_key is None else None)
+                            rebind=_rebind_artifact if user_key is None else None,
+                            shares_backwards=user_key is None and not config.cudagraphs)
 
     def load_artifact(payload: bytes, g: torch.fx.GraphModule):
         """The AOT result rebuilt from a cache payload (a package's artifact): no tracing."""

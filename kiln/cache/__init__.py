@@ -81,7 +81,8 @@ def _renames(stored: Any, current: list) -> dict:
 
 def cached(gm, example_inputs: list, *, backend: str, options: dict, compile: Callable[[], Callable],
            load: Callable[[bytes, Any, dict], Callable], dump: Callable[[Callable], bytes],
-           rebind: Callable[[bytes, int, int], bytes] | None = None) -> Callable:
+           rebind: Callable[[bytes, int, int], bytes] | None = None,
+           shares_backwards: bool = False) -> Callable:
     """The compiled ``gm``: loaded (``load(payload, gm, rename)``; ``rename`` maps the stored
     input names to the caller's) or compiled (``compile()``) and stored (``dump(compiled)``;
     it raises ValueError for a result it cannot store).
@@ -89,7 +90,11 @@ def cached(gm, example_inputs: list, *, backend: str, options: dict, compile: Ca
     ``rebind(payload, from_index, to_index)``: the payload of a graph on one CUDA device, made
     to run on another (a backend whose code names its device). With it, such a graph's key
     leaves the index out, and an entry compiled on cuda:0 loads on cuda:1 rebound: the ranks
-    of one machine share their compiles."""
+    of one machine share their compiles.
+
+    ``shares_backwards``: the compiled graphs hold no state of their own (no CUDA graphs, no
+    user compilers), so graphs of one entry in this process may share the backwards they make
+    at run time (``share_backwards``)."""
     fn = function_name(gm)
     if not config.cache:
         return offer(compile(), lambda c: dump(c))
@@ -114,6 +119,8 @@ def cached(gm, example_inputs: list, *, backend: str, options: dict, compile: Ca
                 _log(f"hit {fn} ({key[:12]}, {len(payload)} bytes)", action="hit", function=fn, key=key,
                      bytes=len(payload))
                 _refreshed_by(compiled, key, header, dump)
+                if shares_backwards:
+                    _share_backwards(key, compiled)
                 return offer(compiled, _stored(key, lambda c: dump(c), on_device))
             store.warn_once(("mismatch", key), f"entry {key[:12]} does not match its key; recompiling")
     except EntryDoesNotFit as e:    # a dynamic entry traced under guards these sizes fail
@@ -149,7 +156,31 @@ def cached(gm, example_inputs: list, *, backend: str, options: dict, compile: Ca
         if job is not None and job.mine:
             job.publish(compile_once.FAILED)        # (no entry: the waiting ranks compile it themselves)
     _refreshed_by(compiled, key, header, dump)
+    if shares_backwards:
+        _share_backwards(key, compiled)
     return offer(compiled, _stored(key, lambda c: dump(c), on_device))
+
+
+# -- graphs of one entry in this process ------------------------------------------------------------
+# Each layer of a model compiled one by one (torch's regional compilation, FSDP2's per-block
+# compile) captures its own graph, which hits the entry the first layer compiled. A backward
+# made at run time (for a segment's gradients) was then built and compiled again per layer.
+
+_LIVE: "weakref.WeakValueDictionary[str, Any]" = weakref.WeakValueDictionary()
+
+
+def _share_backwards(key: str, compiled: Callable) -> None:
+    share = getattr(compiled, "share_backwards", None)
+    if share is None:
+        return
+    sibling = _LIVE.get(key)
+    if sibling is None or sibling is compiled:
+        try:
+            _LIVE[key] = compiled
+        except TypeError:
+            pass
+        return
+    share(sibling)
 
 
 def _one_cuda_device(gm, example_inputs: list) -> int | None:

@@ -3,6 +3,7 @@ over a namespace as at capture, its guard program, its graph. Packages and frame
 (``kiln.package``) rebuild their entries with these."""
 from __future__ import annotations
 
+import functools
 import types
 
 from ..lazy_imports import LazyModule
@@ -15,9 +16,16 @@ from .sources import RenderContext
 _frame = LazyModule("kiln.capture.frame")
 
 
+@functools.lru_cache(maxsize=8192)
+def _names_read(source: str) -> tuple[str, ...]:
+    return tuple(global_names(compile(source, "<kiln entry>", "exec")))
+
+
 def names_read(source: str) -> list[str]:
-    """The names generated ``source`` reads as globals (in code nested in it too)."""
-    return global_names(compile(source, "<kiln entry>", "exec"))
+    """The names generated ``source`` reads as globals (in code nested in it too). Memoized:
+    a frame record is written again after each compile of its function, and the layers of a
+    model compiled one by one share most of their guard expressions."""
+    return list(_names_read(source))
 
 
 def entry_context(fn: types.FunctionType) -> RenderContext:

@@ -10,6 +10,7 @@ no tracing.
 from __future__ import annotations
 
 import types
+import weakref
 from typing import Callable
 
 from ..capture.entry import Entry, loaded_entry
@@ -80,8 +81,35 @@ def save_entries(entries: list[Entry], fn: types.FunctionType, add_blob: Callabl
     return out
 
 
-def save_entry(entry: Entry, fn: types.FunctionType, add_blob: Callable[[bytes], int], left_out: list,
-               keep: Callable[[Entry], bool] | None = None, *, shared: dict) -> dict:
+class _SavedCode:
+    """What an entry saves that does not change once it is captured: its code, namespace and
+    guard program and its graph's data, or why it cannot be saved (the compiled payload is
+    read at each save: it grows when a backward is compiled at run time). A frame record is written again after
+    every compile of its function, each time with all its entries: encoding each of them
+    anew made a model whose layers are compiled one by one quadratic in its depth. (Each save
+    still checks that the namespace's objects come back as themselves.)"""
+
+    def __init__(self, fn: types.FunctionType, enc: Encoder, saved: dict | None, error: str | None):
+        self.fn, self.enc, self.saved, self.error = fn, enc, saved, error
+        self.graph: dict = {}       # (graphs.save_graph's memo of the entry's graph)
+
+
+# encodings of a value (not of where an object is found), and the specials the loader makes
+_BY_VALUE = frozenset({"special", "v", "const", "float", "complex", "bytes", "dtype", "device", "size"})
+_SAVED_CODE: "weakref.WeakKeyDictionary[Entry, _SavedCode]" = weakref.WeakKeyDictionary()
+
+
+def _saved_code(entry: Entry, fn: types.FunctionType) -> _SavedCode:
+    memo = _SAVED_CODE.get(entry)
+    if memo is not None and memo.fn is fn:
+        if memo.saved is not None:
+            # (what the code reads must still be found where the encoding says: a global
+            # rebound since the first save would load another object)
+            encoded = memo.saved["namespace"]
+            for name, obj in _namespace_of(entry).items():
+                if name in encoded and encoded[name][0] not in _BY_VALUE:
+                    _check_comes_back(name, obj, encoded[name], fn)
+        return memo
     program = entry.program
     enc = Encoder(fn)
     for module, qualname in entry.inlined.values():
@@ -89,6 +117,16 @@ def save_entry(entry: Entry, fn: types.FunctionType, add_blob: Callable[[bytes],
             enc.add_function(module, qualname)
     enc.specials[id(program.global_state)] = ["special", "gs"]
     enc.specials[id(program.tensor_guards)] = ["special", "tg"]
+    try:
+        saved = _encode_code(entry, fn, enc, program)
+        memo = _SavedCode(fn, enc, saved, None)
+    except NotPackageable as e:
+        memo = _SavedCode(fn, enc, None, str(e))
+    _SAVED_CODE[entry] = memo
+    return memo
+
+
+def _encode_code(entry: Entry, fn: types.FunctionType, enc: Encoder, program) -> dict:
     source = entry.fn.__kiln_source__
     saved_program = save_program(program, enc)   # (first: a guard that cannot be saved says so)
     namespace = {}
@@ -106,14 +144,23 @@ def save_entry(entry: Entry, fn: types.FunctionType, add_blob: Callable[[bytes],
                 raise NotPackageable(f"generated code reads {name}: {e}") from None
             _check_comes_back(name, obj, namespace[name], fn)
     source = _equal_for_identical_values(source, saved_program, namespace)
-    saved = {"source": source, "readable": entry.source, "name": source.split("(", 1)[0][4:], "namespace": namespace,
-             "program": saved_program,
-             "guards_text": [g.describe() for g in entry.guards],
-             "eager_reason": str(entry.eager_reason) if entry.eager_reason is not None else None,
-             "graph_break": str(entry.graph_break) if entry.graph_break is not None else None,
-             "graph": None, "break": None}
+    return {"source": source, "readable": entry.source, "name": source.split("(", 1)[0][4:], "namespace": namespace,
+            "program": saved_program,
+            "guards_text": [g.describe() for g in entry.guards],
+            "eager_reason": str(entry.eager_reason) if entry.eager_reason is not None else None,
+            "graph_break": str(entry.graph_break) if entry.graph_break is not None else None,
+            "graph": None, "break": None}
+
+
+def save_entry(entry: Entry, fn: types.FunctionType, add_blob: Callable[[bytes], int], left_out: list,
+               keep: Callable[[Entry], bool] | None = None, *, shared: dict) -> dict:
+    memo = _saved_code(entry, fn)
+    if memo.error is not None:
+        raise NotPackageable(memo.error)
+    enc, namespace = memo.enc, memo.saved["namespace"]
+    saved = dict(memo.saved)
     if entry.compiled_graph is not None and "___graph" in namespace:
-        saved["graph"] = save_graph(entry.graph_module, entry.compiled_graph, add_blob, enc)
+        saved["graph"] = save_graph(entry.graph_module, entry.compiled_graph, add_blob, enc, memo.graph)
     if "___break" in namespace:
         code, plan = entry.break_plan
         if code is not fn.__code__:

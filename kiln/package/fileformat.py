@@ -17,6 +17,7 @@ nothing of it runs.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import platform
@@ -37,13 +38,22 @@ _AGAIN = "Save the package again with this kiln"
 
 
 class Blobs:
-    """The artifacts of a package being written: ``add(bytes) -> index``."""
+    """The artifacts of a package being written: ``add(bytes) -> index``. Equal bytes are
+    stored once (the layers of a model share one compiled graph: one entry of the compile
+    cache, whose payload each layer's entry saves)."""
 
     def __init__(self) -> None:
         self.parts: list[bytes] = []
+        self._index: dict[tuple[int, bytes], int] = {}
 
     def add(self, data: bytes) -> int:
-        self.parts.append(bytes(data))
+        data = bytes(data)
+        digest = (len(data), hashlib.blake2b(data, digest_size=16).digest())
+        found = self._index.get(digest)
+        if found is not None:
+            return found
+        self.parts.append(data)
+        self._index[digest] = len(self.parts) - 1
         return len(self.parts) - 1
 
 

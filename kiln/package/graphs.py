@@ -23,7 +23,11 @@ from .values import Decoder, Encoder
 
 
 def save_graph(gm: torch.fx.GraphModule, compiled: Callable, add_blob: Callable[[bytes], int],
-               enc: Encoder) -> dict:
+               enc: Encoder, memo: dict | None = None) -> dict:
+    """The saved form of a captured graph with its compiled payload, which is read again at
+    each save (a backward compiled at run time adds to it). ``memo``: where the graph's data
+    is kept from one save of the same graph to the next (its tensor constants are saved as
+    they are at each save)."""
     if compiled is gm or getattr(compiled, "__self__", None) is gm:
         kind = "module" if compiled is gm else "forward"   # the eager backend: the graph as it is
         payload = None
@@ -40,7 +44,12 @@ def save_graph(gm: torch.fx.GraphModule, compiled: Callable, add_blob: Callable[
         except ValueError as e:
             raise NotPackageable(f"its graph cannot be saved: {e}") from None
         kind = "artifact"
-    graph, tensors = _graph_to_data(gm, enc)
+    if memo is None or memo.get("gm") is not gm:
+        graph, tensors = _graph_to_data(gm, enc)
+        if memo is not None:
+            memo.update(gm=gm, graph=graph, tensors=tensors)
+    else:
+        graph, tensors = memo["graph"], memo["tensors"]
     buf = io.BytesIO()
     torch.save(tensors, buf)
     out = {"kind": kind, "graph": graph, "constants": add_blob(buf.getvalue()), "code": _readable(gm)}

@@ -18,6 +18,7 @@ import torch
 
 import kiln
 import kiln.aot.dynamic as aot_dynamic
+import kiln.aot.partial as partial_backward
 from kiln.cache import key as K, store
 
 
@@ -542,3 +543,43 @@ def test_loaded_static_graph_makes_fake_inputs_only_when_read(monkeypatch, trace
     torch.testing.assert_close(a, ra)
     torch.testing.assert_close(x.grad, rx.grad)
     torch.testing.assert_close(w.grad, rw.grad)
+
+
+class _IndexedLayer(torch.nn.Module):
+    def __init__(self, idx):
+        super().__init__()
+        self.layer_idx = idx
+        self.lin = torch.nn.Linear(6, 6)
+
+    def forward(self, x, seen):
+        y = torch.tanh(self.lin(x))
+        seen[self.layer_idx] = y.shape[0]       # (its own index: each layer an entry of its own)
+        return y, (y * 2).sum()                 # (the second output gets no gradient)
+
+
+def test_layers_compiled_one_by_one_share_the_backwards_they_make_at_run_time(monkeypatch):
+    """Each layer is an entry of its own (its index), and hits the graph the first compiled.
+    A backward made at run time (here for one output's gradient only) is built once for all
+    of them, not once per layer; gradients are eager's."""
+    builds = []
+    real = partial_backward.without_tangents
+    monkeypatch.setattr(partial_backward, "without_tangents", lambda *a, **k: (builds.append(1), real(*a, **k))[1])
+    torch.manual_seed(0)
+    layers = [_IndexedLayer(i) for i in range(6)]
+    compiled = [kiln.compile(m, backend="aot_eager") for m in layers]
+    x = torch.randn(3, 6, requires_grad=True)
+    xe = x.detach().clone().requires_grad_()
+    h, he, seen = x, xe, {}
+    for m, c in zip(layers, compiled):
+        h, _ = c(h, seen)
+        he, _ = m(he, {})
+    h.sum().backward()
+    grads = [p.grad.clone() for m in layers for p in m.parameters()]
+    for m in layers:
+        m.zero_grad()
+    he.sum().backward()
+    for g, m in zip(grads, (p for m in layers for p in m.parameters())):
+        torch.testing.assert_close(g, m.grad)
+    torch.testing.assert_close(x.grad, xe.grad)
+    assert len(compiled[0].entries) == 6 and kiln.cache.stats()["hits"] == 5
+    assert len(builds) == 1, builds

@@ -356,5 +356,10 @@ def test_a_warm_process_installs_the_entries_of_every_layer(tmp_path):
         results.append(json.loads([x for x in p.stdout.splitlines() if x.startswith("RESULT ")][0][7:]))
     cold, warm = results
     assert cold["captures"] == 12 and cold["entries"] == 12 and cold["eager"] == 0
+    # (the record holds the layers' one compiled graph once, not twelve times)
+    records = list((tmp_path / "cache" / "frames").glob("*/*.rec"))
+    assert len(records) == 1
+    blobs = [m for m in store.read_record(str(records[0])).members if m.startswith("blobs/")]
+    assert 1 <= len(blobs) <= 3, blobs
     assert warm["captures"] == 0 and warm["entries"] == 12 and warm["eager"] == 0
     assert warm["frame_hits"] == 1

@@ -132,3 +132,11 @@ def test_inspect_prints_the_manifest(package, capsys):
     pkg = fileformat.read(str(package))
     assert pkg.blob_sizes() and all(size > 0 for size in pkg.blob_sizes()) and json.dumps(pkg.manifest)
     assert f"artifacts    {len(pkg.blob_sizes())} ({sum(pkg.blob_sizes())} bytes)" in out
+
+
+def test_equal_blobs_are_stored_once():
+    """The layers of a model compiled one by one save one compile-cache payload each, the
+    same bytes: a package or frame record holds it once."""
+    blobs = fileformat.Blobs()
+    assert [blobs.add(b"abc"), blobs.add(b"xyz"), blobs.add(bytearray(b"abc")), blobs.add(b"")] == [0, 1, 0, 2]
+    assert blobs.parts == [b"abc", b"xyz", b""]

@@ -428,3 +428,34 @@ def test_a_training_step_with_a_break_and_changing_shapes(tmp_path, monkeypatch,
             for a, p in zip(grads, m.parameters()):
                 torch.testing.assert_close(a, p.grad)
             m.zero_grad()
+
+
+
+
+class _Marker:
+    pass
+
+
+MARK = _Marker()
+
+
+def _marked(x, m):
+    return x + 1 if m is MARK else x - 1
+
+
+
+def test_a_global_rebound_after_an_earlier_save_is_not_saved_as_found(tmp_path):
+    """An entry's saved form is kept from one save to the next (a frame record is written
+    after every compile), but each save still checks that what its code and guards read is
+    where its encoding says: a class rebound since then is another object there."""
+    global _Marker
+    c = kiln.compile(_marked, backend="aot_eager")
+    c(torch.randn(3), MARK)
+    assert c.save_package(tmp_path / "a.kiln").saved == {"_marked": 1}
+    cls, _Marker = _Marker, type("_Marker", (), {})
+    try:
+        report = c.save_package(tmp_path / "b.kiln")
+    finally:
+        _Marker = cls
+    assert not report.saved.get("_marked") and len(report.left_out) == 1
+    assert "come back" in str(report.left_out[0]), report.left_out

@@ -137,7 +137,7 @@ class InductorBackend:
                                                                     self.cudagraphs, rename),
                 dump=lambda compiled: cache_entry.dump(compiled, records, graph._fw_output_strides,
                                                            late),
-                rebind=device_rebinding.rebind))
+                rebind=device_rebinding.rebind, shares_backwards=not self.cudagraphs))
         finally:
             graph.records = {}      # (the generated code is on disk now; the callable keeps its module)
         graph.stored_again = cache.refresher(compiled)
