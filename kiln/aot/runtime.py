@@ -617,7 +617,8 @@ def _regenerate_view(base: torch.Tensor, o, geometry: tuple | None = None) -> to
     cm = o.creation_meta
     if not o.requires_grad and (base.requires_grad or cm is None):
         base = base.detach()
-        if cm is None and off == 0 and tuple(base.shape) == tuple(size) and base.stride() == tuple(stride):
+        if cm is None and off == 0 and tuple(base.shape) == tuple(size) and base.stride() == tuple(stride) \
+                and not o.conj and not o.neg:
             return base             # ``x.detach()``: an alias that is not a view, as eager's
     want = cm != "NO_GRAD_MODE"
     prior = torch.is_grad_enabled()
@@ -625,6 +626,10 @@ def _regenerate_view(base: torch.Tensor, o, geometry: tuple | None = None) -> to
         torch._C._set_grad_enabled(want)
     try:
         view = base.as_strided(size, stride, base.storage_offset() + off)
+        if o.conj:
+            view = view.conj()
+        if o.neg:
+            view = torch._neg_view(view)
     finally:
         if prior != want:
             torch._C._set_grad_enabled(prior)

@@ -100,6 +100,10 @@ class OutputInfo:
     # for a view: how eager made it (torch's CreationMeta name: DEFAULT, NO_GRAD_MODE,
     # MULTI_OUTPUT_NODE...), which decides what autograd allows on it (in-place ops)
     creation_meta: str | None = None
+    # for a view: whether its conjugate / negative bit differs from its base's (``x.conj()``,
+    # ``x.mH``, ``torch._neg_view(x)``): re-taken with the same bits
+    conj: bool = False
+    neg: bool = False
     saved_by_eager: bool = False   # (graph outputs, intermediate bases) see InputInfo
     # (graph outputs, intermediate bases) a node of the call on its gradient's way saved a
     # tensor: eager's second backward() through it raises
@@ -422,7 +426,7 @@ def collect_metadata(flat_fn: Callable, fake_args: list, *, static: Sequence[boo
                 outputs.append(OutputInfo(
                     "alias_of_input", base=b, requires_grad=rg, differentiable=diff,
                     size=size, stride=stride, rel_offset=offset - fake_args[b].storage_offset(), dtype=dtype,
-                    creation_meta=cm))
+                    creation_meta=cm, **_bits_against(o, f_args[b])))
                 if o.dtype != fake_args[b].dtype:
                     raise Unsupported(f"AOT autograd: output {k} is a view of input {b} with another dtype "
                                       "(view(dtype)); not supported")
@@ -457,7 +461,8 @@ def collect_metadata(flat_fn: Callable, fake_args: list, *, static: Sequence[boo
                 outputs[k] = OutputInfo("alias_of_output", base=j, requires_grad=outputs[k].requires_grad,
                                         size=tuple(o.shape), stride=tuple(o.stride()),
                                         rel_offset=o.storage_offset() - outs[j].storage_offset(),
-                                        dtype=outputs[k].dtype, creation_meta=outputs[k].creation_meta)
+                                        dtype=outputs[k].dtype, creation_meta=outputs[k].creation_meta,
+                                        **_bits_against(o, outs[j]))
         intermediate_bases = _views_of_intermediates(outs, outputs)
         saved = recording.storages()
         for a, info in zip(f_args, inputs):
@@ -606,7 +611,12 @@ def _views_of_intermediates(outs: list, outputs: list[OutputInfo]) -> list[Outpu
         outputs[k] = OutputInfo("alias_of_intermediate", base=b, requires_grad=info.requires_grad,
                                 size=info.size, stride=info.stride,
                                 rel_offset=o.storage_offset() - base.storage_offset(), dtype=info.dtype,
-                                creation_meta=info.creation_meta)
+                                creation_meta=info.creation_meta, **_bits_against(o, base))
     return bases
+
+
+def _bits_against(view: torch.Tensor, base: torch.Tensor) -> dict:
+    """The conjugate and negative bits a view has that its base has not (or the reverse)."""
+    return {"conj": bool(view.is_conj() != base.is_conj()), "neg": bool(view.is_neg() != base.is_neg())}
 
 

@@ -448,3 +448,27 @@ def test_a_backward_given_a_saved_value_in_another_layout_runs_as_aten_ops():
         layout_checked(other_failure, gm, "a test backward")([a])
     static = make_fx(lambda a: [a.view(-1) * 2])(torch.randn(2, 3))
     assert layout_checked(compiled, static, "a test backward") is compiled
+
+
+@pytest.mark.parametrize("view", [
+    lambda t: t.conj(),                       # a view of an input
+    lambda t: (t * 2).conj(),                 # of an intermediate the function does not return
+    lambda t: t.view(1, 3).mH,
+    lambda t: torch._neg_view(t),
+    lambda t: (lambda y: (y, y.conj()))(t * 2),   # of another output
+], ids=["input", "intermediate", "mH", "neg_view", "output"])
+def test_conjugate_and_negative_views_come_back_with_their_bits(view):
+    """An output re-taken as a view of its base at run time keeps the conjugate and negative
+    bits eager's view has (as_strided alone carries neither): values and gradients are eager's."""
+    x = torch.complex(torch.randn(3), torch.randn(3)).requires_grad_()
+    xk = x.detach().clone().requires_grad_()
+    w = torch.complex(torch.randn(3), torch.randn(3))
+    kiln.reset()
+    got, want = kiln.compile(view, backend="aot_eager")(xk), view(x)
+    got, want = (got, want) if isinstance(got, tuple) else ((got,), (want,))
+    for g, e in zip(got, want):
+        assert g.is_conj() == e.is_conj() and g.is_neg() == e.is_neg()
+        torch.testing.assert_close(g.resolve_conj().resolve_neg(), e.resolve_conj().resolve_neg())
+    sum((g.reshape(-1) * w).real.sum() for g in got).backward()
+    sum((e.reshape(-1) * w).real.sum() for e in want).backward()
+    torch.testing.assert_close(xk.grad, x.grad)
