@@ -478,7 +478,11 @@ class FrameInterpreter(PythonSemantics):
                 return self.wrap(value, None)
             self.output.guards.add(_guard(GuardKind.GLOBAL_ABSENT, None, (g, name)))
             if _STARTUP_BUILTINS.get(name, _STARTUP_BUILTINS) is value:
-                return self.wrap(value, None)       # (Python's own builtins are taken as constants)
+                # Python's own builtin, modelled as the constant it is, and guarded to stay so:
+                # a test or a library may replace it after the capture (``mock.patch(
+                # "builtins.len")``)
+                self.output.builder.guard(GuardKind.ID_MATCH, ItemSource(ConstSource(self.f_builtins), name), value)
+                return self.wrap(value, None)
             # a name added to builtins, or one replaced there: read as the global it is
             return self.wrap(value, ItemSource(ConstSource(self.f_builtins), name))
         # (a NameError the code catches: a later call that finds the name must not replay it)
@@ -1150,7 +1154,8 @@ def _thrown(tx, args) -> BaseException:
     return exc
 
 
-# the builtins as they were when kiln was imported: a name added or replaced later is guarded
+# the builtins as they were when kiln was imported: a name added or replaced later is read as a
+# global
 _STARTUP_BUILTINS: dict = dict(vars(builtins))
 
 

@@ -377,3 +377,33 @@ def test_a_body_writing_a_tensor_from_outside_runs_natively(reentrant):
         f(x).sum().backward()
         results.append((x.grad, buf))
     assert_same(results[1], results[0])
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("body", [
+    lambda t: (t.sin(), [t.cos()]),           # a tensor in a list: eager's has no gradient
+    lambda t: {"a": t.sin(), "b": t.cos()},   # the same in a dict
+    lambda t: t,                              # its argument: eager returns a new tensor
+    lambda t: (t.sin(), t),
+], ids=["list", "dict", "identity", "tuple_with_argument"])
+def test_reentrant_checkpoint_returns_what_its_autograd_function_returns(backend, body):
+    """Eager's reentrant checkpoint is an autograd.Function: only tensors returned alone or as
+    tuple items are its outputs. Where kiln's region would differ (a gradient for a tensor in a
+    list, the argument object itself), the call runs natively: eager's values and gradients."""
+    def f(x, w):
+        out = checkpoint(body, x * w, use_reentrant=True)
+        leaves = [v for v in (out.values() if isinstance(out, dict) else
+                              out if isinstance(out, tuple) else [out])]
+        flat = [v for leaf in leaves for v in (leaf if isinstance(leaf, list) else [leaf])]
+        return sum(v * (i + 1) for i, v in enumerate(flat)).sum(), [v.requires_grad for v in flat]
+
+    x, w = torch.randn(3, requires_grad=True), torch.randn(3, requires_grad=True)
+    xk, wk = (t.detach().clone().requires_grad_() for t in (x, w))
+    kiln.reset()
+    want, got = f(x, w), kiln.compile(f, backend=backend)(xk, wk)
+    assert got[1] == want[1] and got[0].requires_grad == want[0].requires_grad
+    torch.testing.assert_close(got[0], want[0])
+    if want[0].requires_grad:
+        want[0].backward()
+        got[0].backward()
+        torch.testing.assert_close((xk.grad, wk.grad), (x.grad, w.grad))

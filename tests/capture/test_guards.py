@@ -1645,3 +1645,28 @@ def test_reading_an_empty_cell_raises_value_error():
     import types
     c = types.CellType()
     assert kiln.compile(_empty_cell_contents, backend="eager")(c) == _empty_cell_contents(c) == "Cell is empty"
+
+
+class _Tagged(list):
+    pass
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_a_builtin_replaced_after_the_capture_is_seen(backend, monkeypatch):
+    """Python's builtins are guarded as the globals they are: a test or library that replaces
+    one after the capture (``mock.patch("builtins.len")``) gets eager's answer."""
+    import builtins
+
+    def f(x, items):
+        return x + len(items) + (10 if isinstance(items, _Tagged) else 0)
+
+    c = kiln.compile(f, backend=backend)
+    x, items = torch.zeros(2), _Tagged([1, 2, 3])
+    torch.testing.assert_close(c(x, items), f(x, items))
+    real_len, real_isinstance = builtins.len, builtins.isinstance
+    monkeypatch.setattr(builtins, "len", lambda o: 50 if type(o) is _Tagged else real_len(o))
+    torch.testing.assert_close(c(x, items), f(x, items))
+    monkeypatch.setattr(builtins, "isinstance",
+                        lambda o, t: False if t is _Tagged else real_isinstance(o, t))
+    torch.testing.assert_close(c(x, items), f(x, items))
+    assert f(x, items)[0] == 50

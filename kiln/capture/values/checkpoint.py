@@ -39,7 +39,8 @@ from ...aot.recompute import POLICY_KEY, REGION_KEY, SELECTIVE_POLICY_KEY
 from ...errors import FrameRunsEagerly, Unsupported
 from ...inplace_ops import mutates
 from .base import RealCallableValue, Value
-from .containers import BaseSequenceValue
+from .objects import ObjectValue
+from .containers import BaseSequenceValue, DictValue, SetValue, TupleValue
 from .functions import PartialValue, UserFunctionValue
 from .tensor import TensorValue
 
@@ -120,6 +121,8 @@ def call_checkpoint(tx, args: list[Value], kwargs: dict[str, Value]) -> Value:
         raise Unsupported("a checkpointed function that writes a tensor made outside it in place "
                           "(eager writes it again in the backward's recomputation): checkpoint "
                           "runs natively")
+    if reentrant:
+        _refuse_what_a_function_would_not_return(result, before)
     tx.output.recompute_regions += 1
     region = tx.output.recompute_regions
     for node in graph.nodes:
@@ -131,6 +134,40 @@ def call_checkpoint(tx, args: list[Value], kwargs: dict[str, Value]) -> Value:
             else:
                 node.meta.pop(SELECTIVE_POLICY_KEY, None)
     return result
+
+
+def _refuse_what_a_function_would_not_return(result: Value, before: set) -> None:
+    """Eager's reentrant checkpoint is an autograd.Function over a no_grad forward: only the
+    tensors its function returns alone or as items of a returned tuple are the Function's
+    outputs, new tensors with its backward. A tensor inside a list, a dict or an object comes
+    back as the no_grad forward made it (no gradient), and a tensor made outside the function
+    (an argument returned as it is) comes back as a new tensor. The region would give the
+    first a gradient and hand back the second itself: the call runs natively instead."""
+    top = result.items if isinstance(result, TupleValue) and result.python_type() is tuple else [result]
+    for v in top:
+        if isinstance(v, TensorValue):
+            if v.node is None or v.node in before or v.node.op in ("placeholder", "get_attr"):
+                raise Unsupported("torch.utils.checkpoint.checkpoint(use_reentrant=True) of a function that "
+                                  "returns a tensor made outside it (eager returns a new tensor): "
+                                  "checkpoint runs natively")
+        elif _holds_tensor(v):
+            raise Unsupported("torch.utils.checkpoint.checkpoint(use_reentrant=True) of a function that "
+                              "returns a tensor inside a list, dict or object (eager returns it without "
+                              "a gradient): checkpoint runs natively")
+
+
+def _holds_tensor(v: Value, depth: int = 0) -> bool:
+    if isinstance(v, TensorValue):
+        return True
+    if depth > 32:
+        return True             # (too deep to tell: as if it held one)
+    if isinstance(v, BaseSequenceValue):
+        return any(_holds_tensor(i, depth + 1) for i in v.items)
+    if isinstance(v, DictValue):
+        return any(_holds_tensor(i, depth + 1) for i in v.items.values())
+    if isinstance(v, (ObjectValue, SetValue)):
+        return True             # (its attributes or items are not looked into)
+    return False
 
 
 def _writes_outside(graph, before: set) -> bool:
