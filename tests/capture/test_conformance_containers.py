@@ -555,3 +555,57 @@ CASES = ids_unique([
 @pytest.mark.parametrize("fn,make_args,opts", CASES)
 def test_containers(fn, make_args, opts):
     run_case(fn, make_args, opts)
+
+
+class _CallsDict(type):
+    __call__ = dict         # as typing's TypedDict metaclass: calling the class builds a dict
+
+
+class _MadeAsDict(dict, metaclass=_CallsDict):
+    pass
+
+
+class _PlainList(list):
+    pass
+
+
+class _PlainTuple(tuple):
+    pass
+
+
+def _construct(make):
+    def f(x):
+        try:
+            made = make()
+            return x + 1, type(made).__name__, repr(made)
+        except TypeError as e:
+            return x - 1, type(e).__name__, str(e)
+    return f
+
+
+@pytest.mark.parametrize("make", [
+    lambda: _MadeAsDict(a=1),
+    lambda: __import__("typing").TypedDict("Emp", {"name": str})(name="Jim"),
+    lambda: _PlainList([1], [2]),
+    lambda: _PlainList(x=1),
+    lambda: _PlainTuple((1,), (2,)),
+    lambda: _PlainTuple(x=1),
+    lambda: Point(1, 2, 3),
+    lambda: Point(1, x=2),
+    lambda: Point(1, z=2),
+], ids=["metaclass_call_is_dict", "typeddict", "list_two_args", "list_kwarg", "tuple_two_args",
+        "tuple_kwarg", "namedtuple_extra", "namedtuple_repeated", "namedtuple_unknown"])
+def test_construction_is_what_the_class_does(make):
+    """A metaclass whose __call__ is a class is called without the class (TypedDict builds a
+    dict); a list/tuple subclass or a namedtuple given arguments its base refuses raises
+    eager's TypeError instead of dropping them."""
+    import kiln
+    from kiln.testing import CompileCounter
+
+    x = torch.zeros(2)
+    expected = _construct(make)(x)
+    counter = CompileCounter()
+    got = kiln.compile(_construct(make), backend=counter)(x)
+    assert got[1:] == expected[1:]
+    torch.testing.assert_close(got[0], expected[0])
+    assert counter.frame_count == 1

@@ -747,9 +747,22 @@ def _super(tx, fn, args, kwargs):
 
 def construct_class(tx, cls_value: ClassValue, args: list[Value], kwargs: dict[str, Value]) -> Value:
     cls = cls_value.value
-    if cls in (list, tuple, set, frozenset) and (len(args) > 1 or kwargs):
-        raise tx.user_exception(TypeError(f"{cls.__name__}() takes no keyword arguments" if kwargs
-                                          else f"{cls.__name__} expected at most 1 argument, got {len(args)}"))
+    meta_call = static_lookup(type(cls), "__call__") if isinstance(cls, type) and type(cls) is not type else _MISSING
+    if meta_call is not _MISSING and meta_call is not type.__call__ and not isinstance(meta_call, types.FunctionType):
+        # a metaclass whose __call__ is not Python (typing's TypedDict: ``__call__ = dict``):
+        # CPython calls it without the class when it is no descriptor (a class is none)
+        tx.output.guard_class_attribute(type(cls), "__call__", meta_call)
+        if isinstance(meta_call, type) and not hasattr(type(meta_call), "__get__"):
+            return construct_class(tx, ClassValue(meta_call), args, kwargs)
+        raise Unsupported(f"creating {cls.__qualname__}: its metaclass's __call__ is a "
+                          f"{type(meta_call).__name__}")
+    container = cls if cls in (list, tuple, set, frozenset) else \
+        next((b for b in (list, tuple) if isinstance(cls, type) and issubclass(cls, b) and not _is_namedtuple(cls)
+              and _plain_init(cls)), None)
+    if container is not None and (len(args) > 1 or kwargs):
+        # (a subclass without its own __init__/__new__ takes what its base takes)
+        raise tx.user_exception(TypeError(f"{container.__name__}() takes no keyword arguments" if kwargs
+                                          else f"{container.__name__} expected at most 1 argument, got {len(args)}"))
     if cls in (tuple, frozenset) and len(args) == 1 and _exact_type(args[0]) is cls:
         return args[0]          # (eager returns the very object: it is immutable)
     if cls in (list, tuple) or (isinstance(cls, type) and issubclass(cls, (list, tuple))
@@ -910,6 +923,13 @@ def _plain_init(cls) -> bool:
 
 def _make_namedtuple(tx, cls, args, kwargs):
     fields = cls._fields
+    if len(args) > len(fields) or any(k not in fields or k in fields[:len(args)] for k in kwargs):
+        # (more arguments than fields, an unknown or a repeated name: the class's own __new__
+        # says what eager raises, called on placeholders)
+        try:
+            cls(*[None] * len(args), **dict.fromkeys(kwargs))
+        except TypeError as e:
+            raise tx.user_exception(e) from None
     values: dict[str, Value] = {}
     for f, a in zip(fields, args):
         values[f] = a
