@@ -343,8 +343,9 @@ class FrameInterpreter(PythonSemantics):
             return child.run()
         except Unsupported as e:
             # the callee's body cannot be captured: a break at this call lets the callee
-            # run as its own compiled function
-            e.inside_callee = True
+            # run as its own compiled function; one that reads its callers' frames runs as it
+            # is, so that those are real frames
+            e.inside_callee = not getattr(e, "reads_frames", False)
             raise
 
     # -- opcode handlers ---------------------------------------------------------------------

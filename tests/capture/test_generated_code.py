@@ -10,6 +10,7 @@ import inspect
 import logging
 import sys
 import traceback
+import typing
 import warnings
 
 import pytest
@@ -77,6 +78,34 @@ def uses_inspect_stack(x):
 def test_inspect_stack_from_a_callee_names_the_user_function():
     x = torch.randn(2)
     assert _compile(uses_inspect_stack)(x)[1][0] == uses_inspect_stack(x)[1][0] == "uses_inspect_stack"
+
+
+def _two_up():
+    return sys._getframe(2).f_code.co_name, inspect.currentframe().f_back.f_back.f_code.co_name
+
+
+def _middle(x):
+    return x + 1, _two_up()
+
+
+def calls_a_chain_that_reads_two_frames_up(x):
+    return _middle(x * 2)
+
+
+def makes_a_typed_namedtuple(x):
+    row = typing.NamedTuple("Row", [("a", int)])      # names its module after sys._getframe(2)
+    return x + 1, row.__module__
+
+
+@pytest.mark.parametrize("fn", [calls_a_chain_that_reads_two_frames_up, makes_a_typed_namedtuple])
+def test_callers_of_a_frame_reader_inside_inlined_calls_are_real_frames(fn):
+    """A frame read inside inlined calls runs the outermost of them as it is: its callers are
+    real frames up to the compiled function (not the callee compiled on its own, whose entry
+    and kiln's wrappers would sit between them)."""
+    x = torch.randn(2)
+    got, expected = _compile(fn)(x), fn(x)
+    assert got[1] == expected[1]
+    torch.testing.assert_close(got[0], expected[0])
 
 
 # --------------------------------------------------------------------------- warnings, logging

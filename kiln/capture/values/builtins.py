@@ -12,6 +12,7 @@ import functools
 import inspect
 import math
 import operator
+import sys
 import types
 from typing import Any, Callable
 
@@ -149,8 +150,18 @@ def call_builtin(tx, fn, args: list[Value], kwargs: dict[str, Value]) -> Value:
             raise tx.user_exception(e)
         return tx.wrap_pure_result(res)
     name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", repr(fn))
-    raise Unsupported(f"call to builtin {getattr(fn, '__module__', None) or 'builtins'}.{name}"
-                      + ("" if fn not in PURE_FUNCTIONS else " with non-constant arguments"))
+    e = Unsupported(f"call to builtin {getattr(fn, '__module__', None) or 'builtins'}.{name}"
+                    + ("" if fn not in PURE_FUNCTIONS else " with non-constant arguments"))
+    if fn in FRAME_READERS:
+        e.reads_frames = True
+    raise e
+
+
+# Builtins that read the frames of their callers. Reached inside an inlined callee, the
+# callee's call in the compiled frame runs as it is (``inline_function``): its callers are
+# then real frames, as eager's (typing.NamedTuple names its module after ``sys._getframe(2)``).
+FRAME_READERS = frozenset(f for f in (getattr(sys, "_getframe", None), getattr(sys, "_getframemodulename", None))
+                          if f is not None)
 
 
 def _state_reader(tx, fn, args, kwargs):

@@ -2,6 +2,8 @@
 methods of values, pure methods of constants, and torch operators (graph nodes)."""
 from __future__ import annotations
 
+import inspect
+import traceback
 import types
 from inspect import signature as _inspect_signature
 
@@ -11,6 +13,10 @@ from ...errors import Unsupported
 from .. import regions
 from ..sources import AttrSource, CellSource, ItemSource, is_argument_rooted
 from .base import ConstantValue, RealCallableValue, Value
+
+# standard-library functions that read the frames of their callers (see builtins.FRAME_READERS)
+_FRAME_READERS = frozenset((inspect.currentframe, inspect.stack, inspect.getouterframes, traceback.extract_stack,
+                            traceback.format_stack, traceback.print_stack, traceback.walk_stack))
 
 # torch.autograd.Function.apply: called on a user's Function, it is captured, not inlined
 _FUNCTION_APPLY = torch.autograd.Function.apply.__func__
@@ -50,8 +56,11 @@ class UserFunctionValue(Value):
         if self.fn in MODELLED:   # nn.Module.__setattr__(self, ...): the module store itself
             return call_modelled(tx, self.fn, args, kwargs)
         if _is_stdlib_function(self.fn):
-            raise Unsupported(f"call to standard-library function "
-                              f"{self.fn.__module__}.{self.fn.__qualname__} (runs natively)")
+            e = Unsupported(f"call to standard-library function "
+                            f"{self.fn.__module__}.{self.fn.__qualname__} (runs natively)")
+            if self.fn in _FRAME_READERS:
+                e.reads_frames = True       # (see builtins.FRAME_READERS)
+            raise e
         marked = regions.marked_region(self.fn)
         if marked is not None:      # torch.compiler.nested_compile_region: a block of its own
             return regions.record(tx, getattr(marked, "__qualname__", "region"), True,
