@@ -82,15 +82,15 @@ def save_entries(entries: list[Entry], fn: types.FunctionType, add_blob: Callabl
 
 
 class _SavedCode:
-    """What an entry saves that does not change once it is captured: its code, namespace and
-    guard program and its graph's data, or why it cannot be saved (the compiled payload is
-    read at each save: it grows when a backward is compiled at run time). A frame record is written again after
-    every compile of its function, each time with all its entries: encoding each of them
-    anew made a model whose layers are compiled one by one quadratic in its depth. (Each save
-    still checks that the namespace's objects come back as themselves.)"""
+    """What an entry saves that does not change once it is captured: its code, namespace,
+    guard program and graph data (the compiled payload is read at each save: it grows when a
+    backward is compiled at run time). A frame record is written again after every compile of
+    its function, with all its entries: encoding each of them anew made a model whose layers
+    are compiled one by one quadratic in its depth. Each save still checks that the objects
+    the namespace names are found where their encoding says."""
 
-    def __init__(self, fn: types.FunctionType, enc: Encoder, saved: dict | None, error: str | None):
-        self.fn, self.enc, self.saved, self.error = fn, enc, saved, error
+    def __init__(self, fn: types.FunctionType, enc: Encoder, saved: dict):
+        self.fn, self.enc, self.saved = fn, enc, saved
         self.graph: dict = {}       # (graphs.save_graph's memo of the entry's graph)
 
 
@@ -102,13 +102,12 @@ _SAVED_CODE: "weakref.WeakKeyDictionary[Entry, _SavedCode]" = weakref.WeakKeyDic
 def _saved_code(entry: Entry, fn: types.FunctionType) -> _SavedCode:
     memo = _SAVED_CODE.get(entry)
     if memo is not None and memo.fn is fn:
-        if memo.saved is not None:
-            # (what the code reads must still be found where the encoding says: a global
-            # rebound since the first save would load another object)
-            encoded = memo.saved["namespace"]
-            for name, obj in _namespace_of(entry).items():
-                if name in encoded and encoded[name][0] not in _BY_VALUE:
-                    _check_comes_back(name, obj, encoded[name], fn)
+        # (what the code reads must still be found where its encoding says: a name rebound
+        # since the first save finds another object)
+        encoded = memo.saved["namespace"]
+        for name, obj in _namespace_of(entry).items():
+            if name in encoded and encoded[name][0] not in _BY_VALUE:
+                _check_comes_back(name, obj, encoded[name], fn)
         return memo
     program = entry.program
     enc = Encoder(fn)
@@ -117,12 +116,9 @@ def _saved_code(entry: Entry, fn: types.FunctionType) -> _SavedCode:
             enc.add_function(module, qualname)
     enc.specials[id(program.global_state)] = ["special", "gs"]
     enc.specials[id(program.tensor_guards)] = ["special", "tg"]
-    try:
-        saved = _encode_code(entry, fn, enc, program)
-        memo = _SavedCode(fn, enc, saved, None)
-    except NotPackageable as e:
-        memo = _SavedCode(fn, enc, None, str(e))
-    _SAVED_CODE[entry] = memo
+    # (an entry that cannot be saved is tried again at the next save: the reason may pass,
+    # a name rebound for a while)
+    memo = _SAVED_CODE[entry] = _SavedCode(fn, enc, _encode_code(entry, fn, enc, program))
     return memo
 
 
@@ -155,8 +151,6 @@ def _encode_code(entry: Entry, fn: types.FunctionType, enc: Encoder, program) ->
 def save_entry(entry: Entry, fn: types.FunctionType, add_blob: Callable[[bytes], int], left_out: list,
                keep: Callable[[Entry], bool] | None = None, *, shared: dict) -> dict:
     memo = _saved_code(entry, fn)
-    if memo.error is not None:
-        raise NotPackageable(memo.error)
     enc, namespace = memo.enc, memo.saved["namespace"]
     saved = dict(memo.saved)
     if entry.compiled_graph is not None and "___graph" in namespace:
