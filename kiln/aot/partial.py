@@ -285,4 +285,27 @@ def components(parts, fw_out_nodes: list) -> list[tuple[list[int], list[int], li
     for i, d in enumerate(deps):
         if d:
             groups[index[find(d[0])]][2].append(i)
+    _edges_without_gradients(parts, fw_out_nodes, groups)
     return groups
+
+
+def _edges_without_gradients(parts, fw_out_nodes: list, groups: list) -> None:
+    """A node whose outputs require grad but which no primal's gradient comes from (a custom
+    Function whose backward returns None): eager's output requires grad, and backward()
+    through it gives those inputs no gradient. The node takes the primals that require grad
+    and that its outputs are computed from, so that its outputs require grad as eager's."""
+    rg, prg = parts.fw_output_requires_grad, parts.primal_requires_grad
+    placeholders = [n for n in parts.forward.graph.nodes if n.op == "placeholder"]
+    primal_of = {n: i for i, n in enumerate(placeholders) if i < len(prg) and prg[i]}
+    for _, outs, primals in groups:
+        wanted = [fw_out_nodes[k] for k in outs if k < len(rg) and rg[k] and isinstance(fw_out_nodes[k], torch.fx.Node)]
+        if primals or not wanted:
+            continue
+        seen, stack = set(), list(wanted)
+        while stack:
+            n = stack.pop()
+            if n in seen:
+                continue
+            seen.add(n)
+            stack.extend(n.all_input_nodes)
+        primals.extend(sorted(primal_of[n] for n in seen if n in primal_of))

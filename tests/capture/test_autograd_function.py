@@ -1035,3 +1035,31 @@ def test_a_backward_that_reads_grad_mode_refuses_create_graph(fn_cls, backend):
     torch.testing.assert_close(g, eg)
     with pytest.raises(RuntimeError, match="create_graph|double backward"):
         torch.autograd.grad(compiled(x), x, create_graph=True)
+
+
+class _NoGradient(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 3
+
+    @staticmethod
+    def backward(ctx, g):
+        return None
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_a_backward_that_returns_no_gradient_keeps_its_output_differentiable(backend):
+    """Eager's output of a Function whose backward returns None requires grad (an edge to
+    its input that gives it no gradient): backward() through it works and leaves ``x.grad``
+    None. The AOT node took no input (no gradient reaches one), so its output required none."""
+    def f(x):
+        return _NoGradient.apply(x).sin()
+
+    x = torch.randn(2, 3, requires_grad=True)
+    kiln.reset()
+    out = kiln.compile(f, backend=backend)(x)
+    expected = f(x.detach().requires_grad_())
+    assert out.requires_grad and expected.requires_grad
+    torch.testing.assert_close(out, expected)
+    out.sum().backward()
+    assert x.grad is None
