@@ -30,7 +30,7 @@ import torch.fx
 from .._torch import (applied_saved_tensors_hooks, inductor_view_to_reshape, is_symbolic,
                       saved_tensors_from_user_hooks, saved_tensors_hooks_paused)
 from . import fx_graphs
-from . import fused_backward
+from . import fake_tensors, fused_backward
 from .double_backward import refusing_double_backward
 from .grad_aliasing import distinct, outputs_may_share_memory
 from . import partial as partial_backward
@@ -411,8 +411,8 @@ def make_training_core(fw: Callable, bw: Callable, parts, compile_bw: Callable[[
         return fused_graph[0]
 
     def fusable() -> bool:
-        if not can_fuse:      # (a stored fused backward says so without building the graph)
-            can_fuse.append(any(k.startswith("fused:") for k in stored) or fused() is not None)
+        if not can_fuse:      # (a stored or shared fused backward says so without building the graph)
+            can_fuse.append(any(k.startswith("fused:") for k in (*stored, *table.made)) or fused() is not None)
         return can_fuse[0]
 
     def run_forward(call: _Call):
@@ -800,6 +800,11 @@ def _fused_graph(parts, n_saved: int, n_args: int) -> torch.fx.GraphModule | Non
             if f[0] == "view":
                 o = w.meta.outputs[f[2]]
                 views[f[2]] = (tuple(o.size), tuple(o.stride), o.rel_offset)
+    # (a loaded artifact's graph has fake values on its placeholders only, made on first need:
+    # without them on its nodes, the fusion cannot add the gradients and its nodes ran one
+    # piece each, each compiled on its own)
+    fake_tensors.ensure_vals(parts.backward)
+    partial_backward.ensure_node_vals(parts.backward)
     try:
         return fused_backward.fuse(parts.backward, num_saved=n_saved, num_args=n_args, feeds=feeds,
                        tangent_positions=list(parts.tangent_positions), views=views)

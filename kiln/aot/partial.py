@@ -52,7 +52,7 @@ def without_tangents(backward: torch.fx.GraphModule, num_tangents: int, given: f
     from missing tangents only is replaced by ``zeros_like`` of it where a value computed from
     a given tangent uses it, and gradients computed from missing tangents only are None."""
     fake_tensors.ensure_vals(backward)     # (a loaded graph's: the zeros are sized from them)
-    _ensure_node_vals(backward)
+    ensure_node_vals(backward)
     gm = torch.fx.GraphModule(backward, _copy(backward.graph), class_name=type(backward).__name__)
     # (what a backend knows of the backward: its saved values, its forward's partition; a
     # partial backward may run again for other outputs, so none of its inputs is donated)
@@ -174,11 +174,12 @@ def _static_value(v) -> bool:
     return False
 
 
-def _ensure_node_vals(gm: torch.fx.GraphModule) -> None:
+def ensure_node_vals(gm: torch.fx.GraphModule) -> None:
     """Fake values for the nodes of a graph that has them on its placeholders only (a loaded
     static artifact's): the zeros that replace a value are sized from it. Without one they
     would be ``zeros_like``, which a compiler that lowers decomposed graphs (Inductor) has no
-    kernel for: it would fail and the partial backward would run as ATen ops."""
+    kernel for: it would fail and the partial backward would run as ATen ops. (A segmented
+    backward's fusion into one graph adds gradients by their values' shapes too.)"""
     nodes = [n for n in gm.graph.nodes if n.op == "call_function"]
     if all("val" in n.meta for n in nodes):
         return

@@ -18,6 +18,7 @@ import torch
 
 import kiln
 import kiln.aot.dynamic as aot_dynamic
+import kiln.aot.function as aot_function
 import kiln.aot.partial as partial_backward
 from kiln.cache import key as K, store
 
@@ -583,3 +584,45 @@ def test_layers_compiled_one_by_one_share_the_backwards_they_make_at_run_time(mo
     torch.testing.assert_close(x.grad, xe.grad)
     assert len(compiled[0].entries) == 6 and kiln.cache.stats()["hits"] == 5
     assert len(builds) == 1, builds
+
+
+class _CachingLayer(torch.nn.Module):
+    def __init__(self, idx):
+        super().__init__()
+        self.layer_idx = idx
+        self.k = torch.nn.Linear(6, 6)
+        self.o = torch.nn.Linear(6, 6)
+
+    def forward(self, x, cache):
+        kv = self.k(x)
+        cache[self.layer_idx] = kv              # (handed out, and computed further from: segments)
+        return x + self.o(torch.tanh(kv))
+
+
+def test_layers_loaded_from_the_cache_run_their_segmented_backward_as_one_graph(monkeypatch):
+    """A layer that hands out a tensor it computes further from (a KV cache) has a segmented
+    backward, which runs as one fused graph. The layers that load the first one's entry fuse
+    it too (a loaded graph has fake values on its placeholders only: they ran each segment's
+    backward on its own, each compiled again), and all share the one fused backward."""
+    keys, builds = [], []
+    real_key, real_build = aot_function.backward_key, partial_backward.without_tangents
+    monkeypatch.setattr(aot_function, "backward_key", lambda kind, given: (keys.append(kind), real_key(kind, given))[1])
+    monkeypatch.setattr(partial_backward, "without_tangents", lambda *a, **k: (builds.append(1), real_build(*a, **k))[1])
+    torch.manual_seed(0)
+    layers = [_CachingLayer(i) for i in range(5)]
+    compiled = [kiln.compile(m, backend="aot_eager") for m in layers]
+    x = torch.randn(3, 6, requires_grad=True)
+    xe = x.detach().clone().requires_grad_()
+    h, he, cache, cache_e = x, xe, {}, {}
+    for m, c in zip(layers, compiled):
+        h, he = c(h, cache), m(he, cache_e)
+    torch.testing.assert_close(h, he)
+    h.sum().backward()
+    grads = [p.grad.clone() for m in layers for p in m.parameters()]
+    for m in layers:
+        m.zero_grad()
+    he.sum().backward()
+    torch.testing.assert_close(grads, [p.grad for m in layers for p in m.parameters()])
+    torch.testing.assert_close(x.grad, xe.grad)
+    assert kiln.cache.stats()["hits"] == 4
+    assert set(keys) == {"fused"} and len(builds) == 1, (keys, builds)
