@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+import contextlib
 import functools as _functools
 import sys as _sys
 import threading
@@ -146,6 +147,28 @@ def module_hooks_empty(m: torch.nn.Module) -> bool:
 _GLOBAL_MODULE_HOOKS = tuple(n for n in (
     "_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
     "_global_backward_pre_hooks") if hasattr(torch.nn.modules.module, n))
+
+
+@contextlib.contextmanager
+def global_module_hooks_paused():
+    """No global nn.Module hooks while kiln traces and compiles its own GraphModules: tracers
+    and compilers call them as modules, and a user's ``register_module_forward_pre_hook`` would
+    run on them (on fake tensors) and be baked into the graph. The user's modules are inlined
+    by the capture, which refuses global hooks (they run natively, hooks and all)."""
+    mm = torch.nn.modules.module
+    saved = [(n, getattr(mm, n)) for n in _GLOBAL_MODULE_HOOKS]
+    if not any(d for _, d in saved):
+        yield
+        return
+    for n, d in saved:
+        setattr(mm, n, type(d)())
+    try:
+        yield
+    finally:
+        for n, d in saved:
+            added = getattr(mm, n)
+            d.update(added)         # (one registered meanwhile is kept)
+            setattr(mm, n, d)
 
 
 def global_module_hooks() -> tuple:

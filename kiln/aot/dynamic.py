@@ -194,6 +194,11 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list, *, decompositi
     kw = dict(decompositions=decompositions, fw_compiler=fw_compiler, bw_compiler=bw_compiler,
               partition_fn=partition_fn, inference_compiler=inference_compiler,
               keep_input_mutations=keep_input_mutations)
+    with _torch.global_module_hooks_paused():
+        return _compile_graph_or_fall_back(gm, example_inputs, kw)
+
+
+def _compile_graph_or_fall_back(gm: torch.fx.GraphModule, example_inputs: list, kw: dict) -> Callable:
     try:
         return _compile_graph(gm, example_inputs, **kw)
     except NotSegmentable as e:

@@ -27,7 +27,7 @@ from typing import Any, Callable
 import torch
 import torch.fx
 
-from .._torch import (applied_saved_tensors_hooks, inductor_view_to_reshape, is_symbolic,
+from .._torch import (applied_saved_tensors_hooks, global_module_hooks_paused, inductor_view_to_reshape, is_symbolic,
                       saved_tensors_from_user_hooks, saved_tensors_hooks_paused)
 from . import fx_graphs
 from . import fake_tensors, fused_backward
@@ -374,10 +374,11 @@ def make_training_core(fw: Callable, bw: Callable, parts, compile_bw: Callable[[
                 call, kept = load()
                 got = (layout_checked(caller(call), lambda: build()[0], what, parts.symbolic), kept)
             else:
-                gm, kept = build()
-                gm.meta["kiln_backward_key"] = key
-                gm.meta["kiln_kept_inputs"] = kept
-                got = (layout_checked(caller(compile_bw(gm)), gm, what), kept)
+                with global_module_hooks_paused():
+                    gm, kept = build()
+                    gm.meta["kiln_backward_key"] = key
+                    gm.meta["kiln_kept_inputs"] = kept
+                    got = (layout_checked(caller(compile_bw(gm)), gm, what), kept)
             made[key] = got
         return got
 

@@ -70,7 +70,8 @@ invoke_region = InvokeRegion()
 
 
 def _run(block, operands) -> tuple:
-    return tuple(block(*operands))
+    # (its code, not a module call: a global nn.Module hook must not see kiln's own graphs)
+    return tuple((block.forward if isinstance(block, torch.nn.Module) else block)(*operands))
 
 
 @invoke_region.py_impl(DispatchKey.CompositeExplicitAutograd)

@@ -405,7 +405,12 @@ class FrameInterpreter(PythonSemantics):
             raise Unsupported(f"send() through yield from {receiver.describe()}")
         if item is None:
             # (the value of ``yield from``: the inner generator's return value)
-            value = receiver.return_value if isinstance(receiver, SuspendedGenerator) else ConstantValue(None)
+            if isinstance(receiver, SuspendedGenerator):
+                value = receiver.return_value
+            elif hasattr(receiver, "stop_iteration"):      # (a user iterator's StopIteration value)
+                value = self.wrap(receiver.stop_iteration().value, None)
+            else:
+                value = ConstantValue(None)
             if bytecode_utils.SEND_KEEPS_RECEIVER:
                 self.push(value)
             else:

@@ -38,10 +38,25 @@ def _identity(g: Guard, enc: Encoder) -> dict:
         return {"object": enc.encode(obj, identity=True)}
     except NotPackageable as e:
         where = _path_from_a_named_object(g.source, enc)
-        if where is not None:
+        if where is not None and not _in_the_functions_own_state(where):
             enc.specials[id(obj)] = where     # (the generated code binds the same object)
             return {"object": where}
         raise NotPackageable(f"identity guard {g.describe().split(None, 1)[1]}: {e}") from None
+
+
+# encodings rooted in the state of the function a package or frame record is loaded against:
+# its closure cells, defaults, and the function object itself. Another function with the same
+# code (a closure over another callable) has other values there.
+_FUNCTION_STATE = frozenset({"fn", "cell", "default", "kwdefault", "defaults", "kwdefaults"})
+
+
+def _in_the_functions_own_state(path: list) -> bool:
+    """Whether ``path`` finds its object through the loaded function's own state. An identity
+    guard's object must not be found so: the guard would compare that state with itself, and
+    hold for every function of that code (a factory's closure over ``sub`` ran for ``add``)."""
+    while isinstance(path, list) and path and path[0] in ("attr", "index", "cell_of", "class_dict"):
+        path = path[1]
+    return isinstance(path, list) and bool(path) and path[0] in _FUNCTION_STATE
 
 
 def _path_from_a_named_object(source, enc: Encoder) -> list | None:

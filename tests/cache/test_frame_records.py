@@ -363,3 +363,29 @@ def test_a_warm_process_installs_the_entries_of_every_layer(tmp_path):
     assert 1 <= len(blobs) <= 3, blobs
     assert warm["captures"] == 0 and warm["entries"] == 12 and warm["eager"] == 0
     assert warm["frame_hits"] == 1
+
+
+def _step_over(op):
+    def step(x):
+        return op(x) * 2
+    return step
+
+
+def test_a_closure_over_another_local_function_is_not_given_the_first_ones_graph():
+    """Two functions of one code, closing over different local functions: the frame record
+    the first wrote must not serve the second (its identity guard on the closure's function
+    would compare the second function's cell with itself)."""
+    def sub(a):
+        return a - 1
+
+    def add(a):
+        return a + 1
+
+    x = torch.ones(2)
+    for op in (sub, add):
+        fn = _step_over(op)
+        torch.testing.assert_close(kiln.compile(fn, backend="aot_eager")(x), fn(x))
+    for op in (lambda a: a * 3, lambda a: a * 4):     # (a loop: one cell, rebound)
+        def fn(x):
+            return op(x)
+        torch.testing.assert_close(kiln.compile(fn, backend="aot_eager")(x), fn(x))

@@ -557,3 +557,33 @@ def _same_handlers_run(fn, x, ran: list) -> None:
     expected = fn(x, log_eager)
     assert_same(kiln.compile(fn, backend="aot_eager")(x, log_kiln), expected)
     assert log_kiln == log_eager == ran
+
+
+class _CountsToTwo:
+    def __init__(self):
+        self.n = 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        self.n += 1
+        if self.n > 2:
+            raise StopIteration("done")
+        return self.n
+
+
+def test_yield_from_a_user_iterator_gives_its_stop_iteration_value():
+    """``r = yield from it`` over an iterator object (not a generator): ``r`` is the value of
+    the StopIteration its ``__next__`` raised."""
+    def gen():
+        r = yield from _CountsToTwo()
+        yield r
+
+    def f(x):
+        return x + 1, list(gen())
+
+    x = torch.zeros(2)
+    got, expected = kiln.compile(f, backend="eager")(x), f(x)
+    assert got[1] == expected[1] == [1, 2, "done"]
+    torch.testing.assert_close(got[0], expected[0])

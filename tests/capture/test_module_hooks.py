@@ -131,3 +131,31 @@ def test_hooks_that_run_outside_graphs_run_natively_around_the_compiled_forward(
     assert seen == ["pre", "post"] * 2
     ops = [n.target for g in counter.graphs for n in g.graph.nodes if n.op == "call_function"]
     assert torch._C._nn.linear in ops or torch.nn.functional.linear in ops   # m.a's forward compiled
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_a_global_module_hook_never_sees_kilns_own_graphs(backend, tmp_path, monkeypatch):
+    """kiln's AOT stages call its own GraphModules: a user's global nn.Module pre-hook must not
+    run on them (on fake tensors, baked into the graph), at the compile or at a later one (a
+    graph break's continuation), as eager never calls a module here."""
+    monkeypatch.setattr(kiln.config, "cache_dir", str(tmp_path))     # (a cold compile)
+    seen = []
+
+    def pre(mod, args):
+        seen.append(type(mod).__name__)
+        return tuple(a * 2 if isinstance(a, torch.Tensor) else a for a in args)
+
+    def g(x):
+        y = (x * 3).sum()
+        print("", end="")           # a graph break: its continuation is compiled too
+        return y + x.cos().sum()
+
+    x = torch.randn(2, 3)
+    handle = torch.nn.modules.module.register_module_forward_pre_hook(pre)
+    try:
+        kiln.reset()
+        got, expected = kiln.compile(g, backend=backend)(x), g(x)
+    finally:
+        handle.remove()
+    torch.testing.assert_close(got, expected)
+    assert seen == []

@@ -16,6 +16,7 @@ class UserIteratorValue(IteratorValue):
         self.obj = obj
         self.next_fn = next_fn
         self.done = False
+        self.stopped: StopIteration | None = None     # (what its __next__ raised at the end)
 
     def python_type(self):
         return self.obj.python_type()
@@ -31,8 +32,13 @@ class UserIteratorValue(IteratorValue):
         except tx.UserException as e:
             if isinstance(e.exc, StopIteration):
                 self.done = True
+                self.stopped = e.exc
                 return None
             raise
+
+    def stop_iteration(self) -> StopIteration:
+        """The StopIteration its ``__next__`` raised (its value is what ``yield from`` it gives)."""
+        return self.stopped if self.stopped is not None else StopIteration()
 
     def unpack(self, tx):
         return self.take_all(tx)
