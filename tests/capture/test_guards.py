@@ -1670,3 +1670,40 @@ def test_a_builtin_replaced_after_the_capture_is_seen(backend, monkeypatch):
                         lambda o, t: False if t is _Tagged else real_isinstance(o, t))
     torch.testing.assert_close(c(x, items), f(x, items))
     assert f(x, items)[0] == 50
+
+
+class _Methods:
+    def m(self):
+        return 1
+
+    @staticmethod
+    def s():
+        return 1
+
+    @classmethod
+    def c(cls):
+        return 1
+
+
+class _SubMethods(_Methods):
+    pass
+
+
+@pytest.mark.parametrize("read", [
+    lambda o: _Methods.m(o), lambda o: _Methods.s(), lambda o: _Methods.c(),
+    lambda o: _SubMethods.m(o), lambda o: type(o).m(o),
+], ids=["function", "staticmethod", "classmethod", "inherited", "through_type"])
+def test_a_function_read_through_its_class_is_guarded(read, monkeypatch):
+    """``Foo.m(o)`` reads the class's attribute: rebinding it after the capture (a test's
+    monkeypatch) calls the new one, as in eager."""
+    def f(x, o):
+        return x + read(o)
+
+    c = kiln.compile(f, backend="eager")
+    x, o = torch.zeros(1), _SubMethods()
+    torch.testing.assert_close(c(x, o), f(x, o))
+    monkeypatch.setattr(_Methods, "m", lambda self: 2)
+    monkeypatch.setattr(_Methods, "s", staticmethod(lambda: 2))
+    monkeypatch.setattr(_Methods, "c", classmethod(lambda cls: 2))
+    assert f(x, o)[0] == 2
+    torch.testing.assert_close(c(x, o), f(x, o))

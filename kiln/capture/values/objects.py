@@ -766,6 +766,10 @@ class ClassValue(ObjectValue):
                 guard_classes_lack(tx, (*cls.__mro__, *type(cls).__mro__), name)
                 raise tx.user_exception(e)
             return tx.wrap(real, AttrSource(self.source, name) if self.source else None)
+        if isinstance(attr, (staticmethod, classmethod, types.FunctionType)):
+            # (what the class resolves the name to, guarded: a class attribute rebound after
+            # the capture, ``Foo.m = ...``, is called as in eager)
+            tx.output.guard_class_attribute(cls, name, attr)
         if isinstance(attr, staticmethod):
             return tx.wrap(attr.__func__, None)
         if isinstance(attr, classmethod):
