@@ -546,6 +546,27 @@ def test_loaded_static_graph_makes_fake_inputs_only_when_read(monkeypatch, trace
     torch.testing.assert_close(w.grad, rw.grad)
 
 
+def _layers_one_by_one_match_eager(layers, step) -> list:
+    """Each layer compiled on its own (aot_eager), run in turn beside the eager layers
+    (``step(layer, h, state) -> h``): the outputs, the gradients of the parameters and of the
+    input are eager's. The compiled layers."""
+    compiled = [kiln.compile(m, backend="aot_eager") for m in layers]
+    x = torch.randn(3, 6, requires_grad=True)
+    xe = x.detach().clone().requires_grad_()
+    h, he, state, state_e = x, xe, {}, {}
+    for m, c in zip(layers, compiled):
+        h, he = step(c, h, state), step(m, he, state_e)
+    torch.testing.assert_close(h, he)
+    h.sum().backward()
+    grads = [p.grad.clone() for m in layers for p in m.parameters()]
+    for m in layers:
+        m.zero_grad()
+    he.sum().backward()
+    torch.testing.assert_close(grads, [p.grad for m in layers for p in m.parameters()])
+    torch.testing.assert_close(x.grad, xe.grad)
+    return compiled
+
+
 class _IndexedLayer(torch.nn.Module):
     def __init__(self, idx):
         super().__init__()
@@ -566,22 +587,7 @@ def test_layers_compiled_one_by_one_share_the_backwards_they_make_at_run_time(mo
     real = partial_backward.without_tangents
     monkeypatch.setattr(partial_backward, "without_tangents", lambda *a, **k: (builds.append(1), real(*a, **k))[1])
     torch.manual_seed(0)
-    layers = [_IndexedLayer(i) for i in range(6)]
-    compiled = [kiln.compile(m, backend="aot_eager") for m in layers]
-    x = torch.randn(3, 6, requires_grad=True)
-    xe = x.detach().clone().requires_grad_()
-    h, he, seen = x, xe, {}
-    for m, c in zip(layers, compiled):
-        h, _ = c(h, seen)
-        he, _ = m(he, {})
-    h.sum().backward()
-    grads = [p.grad.clone() for m in layers for p in m.parameters()]
-    for m in layers:
-        m.zero_grad()
-    he.sum().backward()
-    for g, m in zip(grads, (p for m in layers for p in m.parameters())):
-        torch.testing.assert_close(g, m.grad)
-    torch.testing.assert_close(x.grad, xe.grad)
+    compiled = _layers_one_by_one_match_eager([_IndexedLayer(i) for i in range(6)], lambda m, h, seen: m(h, seen)[0])
     assert len(compiled[0].entries) == 6 and kiln.cache.stats()["hits"] == 5
     assert len(builds) == 1, builds
 
@@ -609,20 +615,6 @@ def test_layers_loaded_from_the_cache_run_their_segmented_backward_as_one_graph(
     monkeypatch.setattr(aot_function, "backward_key", lambda kind, given: (keys.append(kind), real_key(kind, given))[1])
     monkeypatch.setattr(partial_backward, "without_tangents", lambda *a, **k: (builds.append(1), real_build(*a, **k))[1])
     torch.manual_seed(0)
-    layers = [_CachingLayer(i) for i in range(5)]
-    compiled = [kiln.compile(m, backend="aot_eager") for m in layers]
-    x = torch.randn(3, 6, requires_grad=True)
-    xe = x.detach().clone().requires_grad_()
-    h, he, cache, cache_e = x, xe, {}, {}
-    for m, c in zip(layers, compiled):
-        h, he = c(h, cache), m(he, cache_e)
-    torch.testing.assert_close(h, he)
-    h.sum().backward()
-    grads = [p.grad.clone() for m in layers for p in m.parameters()]
-    for m in layers:
-        m.zero_grad()
-    he.sum().backward()
-    torch.testing.assert_close(grads, [p.grad for m in layers for p in m.parameters()])
-    torch.testing.assert_close(x.grad, xe.grad)
+    _layers_one_by_one_match_eager([_CachingLayer(i) for i in range(5)], lambda m, h, cache: m(h, cache))
     assert kiln.cache.stats()["hits"] == 4
     assert set(keys) == {"fused"} and len(builds) == 1, (keys, builds)
