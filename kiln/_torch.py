@@ -6,12 +6,11 @@ aot_autograd or torch's precompile APIs: those are the peer that kiln is measure
 """
 from __future__ import annotations
 
-from typing import Any, Callable
-
 import contextlib
 import functools as _functools
 import sys as _sys
 import threading
+from typing import Any, Callable
 
 import torch
 import torch.fx
@@ -514,8 +513,6 @@ def inductor_compile_context(fake_mode: FakeTensorMode):
     graph's example values (Inductor reads the ShapeEnv from it: guards it adds go there, and
     its FX graph cache re-checks them), ``V.fake_mode`` and the python dispatcher. Yields the
     TracingContext."""
-    import contextlib
-
     from torch._guards import TracingContext, tracing
     from torch._inductor.virtualized import V
 

@@ -174,13 +174,10 @@ def _share_backwards(key: str, compiled: Callable) -> None:
     if share is None:
         return
     sibling = _LIVE.get(key)
-    if sibling is None or sibling is compiled:
-        try:
-            _LIVE[key] = compiled
-        except TypeError:
-            pass
-        return
-    share(sibling)
+    if sibling is None:
+        _LIVE[key] = compiled       # (a graph with ``share_backwards``: an AOTCompiled)
+    elif sibling is not compiled:
+        share(sibling)
 
 
 def _one_cuda_device(gm, example_inputs: list) -> int | None:

@@ -39,9 +39,9 @@ from ...aot.recompute import POLICY_KEY, REGION_KEY, SELECTIVE_POLICY_KEY
 from ...errors import FrameRunsEagerly, Unsupported
 from ...inplace_ops import mutates
 from .base import RealCallableValue, Value
-from .objects import ObjectValue
 from .containers import BaseSequenceValue, DictValue, SetValue, TupleValue
 from .functions import PartialValue, UserFunctionValue
+from .objects import ObjectValue
 from .tensor import TensorValue
 
 CHECKPOINT = torch_checkpoint.checkpoint
