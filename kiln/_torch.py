@@ -500,6 +500,20 @@ class DonatedSavedTensors:
         self.bw_donated_idxs = list(bw_donated_idxs)
 
 
+def load_tensors(data: bytes, map_location: Any = None) -> Any:
+    """``torch.load(weights_only=True)`` of kiln's own bytes, as real tensors wherever it is
+    called: torch.load makes meta storages when it finds a fake mode (an active one, or a
+    TracingContext's, as around a user's backend), and a graph constant loaded so would fail
+    at run time."""
+    import io
+
+    from torch._guards import tracing
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    with tracing(None), unset_fake_temporarily():
+        return torch.load(io.BytesIO(data), weights_only=True, map_location=map_location)
+
+
 def tracing_over(fake_mode: FakeTensorMode):
     """A TracingContext over ``fake_mode``: where torch's compilers (``detect_fake_mode``) find
     the fake mode, and its ShapeEnv, of the graph they are handed."""

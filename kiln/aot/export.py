@@ -385,7 +385,7 @@ class AOTArtifact(PartsView):
         graphs' device arguments and values' devices (the metadata names a device only as its
         string, ``"cuda:N"``), and its constants. (A graph compiled on one GPU of a machine,
         loaded by a rank on another.)"""
-        obj = torch.load(io.BytesIO(blob), weights_only=True, map_location={f"cuda:{old}": f"cuda:{new}"})
+        obj = _torch.load_tensors(blob, map_location={f"cuda:{old}": f"cuda:{new}"})
         if not isinstance(obj, dict) or obj.get("format") != FORMAT:
             raise ValueError("not a kiln AOT artifact")
         was, now = f"cuda:{old}", f"cuda:{new}"
@@ -412,7 +412,7 @@ class AOTArtifact(PartsView):
         ``fake_mode``: for a dynamic (symbolic-shape) artifact, the FakeTensorMode of the
         capture it is loaded for (``fake_mode_of_graph(gm)``): its symbolic values are rebuilt
         there, and the guards the compile added are added to its ShapeEnv (see ``from_dict``)."""
-        obj = torch.load(io.BytesIO(blob), weights_only=True)
+        obj = _torch.load_tensors(blob)
         if not isinstance(obj, dict) or obj.get("format") != FORMAT:
             raise ValueError("not a kiln AOT artifact")
         if obj.get("version") != VERSION:

@@ -18,6 +18,7 @@ from typing import Callable
 
 import torch
 
+from .. import _torch
 from ..errors import Unsupported
 from .dynamic import PerShapeCompiled, run_as_captured
 
@@ -73,7 +74,7 @@ def _with_shapes(reason: str, shapes: dict) -> bytes:
 def _read_shapes(payload: bytes) -> dict:
     if not payload.startswith(_PER_SHAPE):
         raise ValueError("not a kiln per-shape entry")
-    obj = torch.load(io.BytesIO(payload[len(_PER_SHAPE):]), weights_only=True)
+    obj = _torch.load_tensors(payload[len(_PER_SHAPE):])
     if not isinstance(obj, dict) or obj.get("version") != VERSION:
         raise ValueError(f"per-shape entry version {obj.get('version') if isinstance(obj, dict) else '?'} "
                          f"(this kiln reads {VERSION})")

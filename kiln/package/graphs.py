@@ -71,7 +71,7 @@ def _readable(gm: torch.fx.GraphModule) -> str:
 
 def load_graph(saved: dict, blobs: Callable[[int], bytes], backend, dec: Decoder
                ) -> tuple[torch.fx.GraphModule, Callable]:
-    tensors = torch.load(io.BytesIO(blobs(saved["constants"])), weights_only=True)
+    tensors = _torch.load_tensors(blobs(saved["constants"]))
     gm = _graph_from_data(saved["graph"], tensors, dec)
     if saved["kind"] == "module":
         return gm, gm

@@ -73,3 +73,27 @@ def test_a_dynamic_graph_takes_the_symbols_its_inputs_are_sized_by():
         a = torch.ones(n)
         torch.testing.assert_close(g(a), f(torch.ones(n)))
     assert len(seen) == 1 and len(seen[0]) == 2       # the size's symbol, then the tensor
+
+
+def test_a_users_backend_calling_kilns_aot_eager_loads_graph_constants_as_real_tensors():
+    """A user's backend runs inside the capture's TracingContext, where torch.load makes meta
+    storages; kiln's aot_eager called from it loads its cache entry there (the second
+    compile): the graph's tensor constant must come back as the CPU tensor it was."""
+    aot_eager = kiln.backends.lookup_backend("aot_eager")[0]
+    calls = []
+
+    def backend(gm, example_inputs):
+        calls.append(gm)
+        return aot_eager(gm, example_inputs)
+
+    def f(x):
+        return x.sin() + torch.tensor([2.0, 3.0, 4.0])
+
+    for _ in range(2):      # the second compile is a cache hit
+        kiln.reset()
+        compiled = kiln.compile(f, backend=backend)
+        x = torch.randn(3)
+        torch.testing.assert_close(compiled(x), f(x))
+        (entry,) = compiled.entries
+        assert not entry.is_eager, entry.eager_reason
+    assert len(calls) == 2

@@ -155,7 +155,7 @@ def _with_late(payload: bytes, late: dict) -> bytes:
     added = _stored_late(late)
     if not added:
         return payload
-    obj = torch.load(io.BytesIO(payload), weights_only=True)
+    obj = _torch.load_tensors(payload)
     obj["late"] = {**obj.get("late", {}), **added}
     buf = io.BytesIO()
     torch.save(obj, buf)
@@ -169,7 +169,7 @@ def with_triton_records(payload: bytes) -> bytes:
     that imports neither Triton nor Inductor."""
     if fallback_entries.is_entry(payload):
         return fallback_entries.map_shapes(payload, with_triton_records)
-    obj = torch.load(io.BytesIO(payload), weights_only=True)
+    obj = _torch.load_tensors(payload)
     added = False
     # (backwards made at run time too: a training step's backward for the loss only)
     for code in [*obj.get("graphs", {}).values(), *obj.get("late", {}).values()]:
@@ -321,7 +321,7 @@ def load(payload: bytes, gm: torch.fx.GraphModule, make_compile: Callable[[torch
     started = time.perf_counter()
     if fallback_entries.is_entry(payload):
         return _load_fallback(payload, gm, make_compile, cudagraphs, rename)
-    obj = torch.load(io.BytesIO(payload), weights_only=True)
+    obj = _torch.load_tensors(payload)
     if not isinstance(obj, dict) or obj.get("format") != FORMAT:
         raise ValueError("not a kiln Inductor entry")
     if obj.get("version") != VERSION:

@@ -29,6 +29,7 @@ import re
 
 import torch
 
+from ... import _torch
 from ...aot import fallback_entries
 from ...aot.export import AOTArtifact
 from . import generated_module
@@ -96,7 +97,7 @@ def rebind(payload: bytes, old: int, new: int) -> bytes:
     ``old``. Raises ValueError when it cannot be rebound (the caller then compiles)."""
     if fallback_entries.is_entry(payload):
         return fallback_entries.map_shapes(payload, lambda one: rebind(one, old, new))
-    obj = torch.load(io.BytesIO(payload), weights_only=True, map_location={f"cuda:{old}": f"cuda:{new}"})
+    obj = _torch.load_tensors(payload, map_location={f"cuda:{old}": f"cuda:{new}"})
     if not isinstance(obj, dict) or "graphs" not in obj:
         raise ValueError("not a kiln Inductor entry")
     obj["artifact"] = AOTArtifact.rebind_cuda(obj["artifact"], old, new)
