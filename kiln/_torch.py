@@ -58,12 +58,103 @@ def tensor_guard_failure(tg: Any, tensors: list, names: list[str]) -> str | None
     return None if res is True else str(res)
 
 
-def global_state_snapshot() -> Any:
-    return GlobalStateGuard()
+def active_modes() -> tuple | None:
+    """The user's torch function and dispatch modes now active, as a compiled entry depends
+    on them: ``()`` when none; the devices of the ``DeviceContext`` modes on the function-mode
+    stack (``with torch.device(d)``, ``torch.set_default_device(d)``: factory calls make
+    tensors there, which a capture records and a guard re-checks); None when any other mode
+    is active. A mode's ``__torch_function__``/``__torch_dispatch__`` may change any result,
+    so kiln neither captures nor runs compiled code under one: the call runs as written."""
+    if torch._C._len_torch_dispatch_stack():
+        return None
+    n = torch._C._len_torch_function_stack()
+    if not n:
+        return ()
+    from torch.utils._device import DeviceContext
+
+    devices = []
+    for i in range(n):
+        mode = torch._C._get_function_stack_at(i)
+        if type(mode) is not DeviceContext:
+            return None
+        devices.append(str(mode.device))
+    return tuple(devices)
+
+
+@_functools.lru_cache(maxsize=1)
+def side_effectful_functions() -> frozenset:
+    """The functions and ops a graph keeps though nothing reads their result (asserts,
+    prints, profiler ranges): FX's dead-code elimination's set, and ``_assert_async`` without
+    a message and ``aten._print``, which it lacks."""
+    from torch.fx.node import _side_effectful_functions
+
+    extra = [torch.ops.aten._assert_async.default]
+    if hasattr(torch.ops.aten, "_print"):
+        extra.append(torch.ops.aten._print.default)
+    return frozenset(_side_effectful_functions) | frozenset(extra)
+
+
+def is_side_effectful(target: Any) -> bool:
+    try:
+        return target in side_effectful_functions()
+    except TypeError:       # (an unhashable callable)
+        return False
+
+
+def is_device_constructor(target: Any) -> bool:
+    """A torch function a ``DeviceContext`` mode gives its device when it is called without
+    one (``torch.ones``, ``torch.tensor``, ``torch.arange``...)."""
+    from torch.utils._device import _device_constructors
+
+    try:
+        return target in _device_constructors()
+    except TypeError:
+        return False
+
+
+class GlobalState:
+    """What ``GlobalStateGuard`` checks (grad mode, deterministic algorithms, torch-function
+    enabling...) and the mode stacks of ``active_modes()``: an entry runs only where both are
+    as they were at its capture. ``check()`` is the per-call test of every entry."""
+
+    __slots__ = ("guard", "devices", "check")
+
+    def __init__(self, guard: Any = None, devices: tuple = ()):
+        self.guard = GlobalStateGuard() if guard is None else guard
+        self.devices = tuple(devices)
+        state, len_dispatch, len_function = self.guard.check, torch._C._len_torch_dispatch_stack, \
+            torch._C._len_torch_function_stack
+        if not self.devices:
+            def check() -> bool:
+                return state() and not len_function() and not len_dispatch()
+        else:
+            def check() -> bool:
+                return state() and active_modes() == self.devices
+        self.check = check
+
+    def __getstate__(self) -> dict:
+        return {"guard": self.guard.__getstate__(), "devices": list(self.devices)}
+
+    @classmethod
+    def from_state(cls, state: Any) -> "GlobalState":
+        """Rebuilt from ``__getstate__`` (a bare string: a package written before the mode
+        stacks were part of it, captured with none)."""
+        guard = GlobalStateGuard()
+        if isinstance(state, str):
+            guard.__setstate__(state)
+            return cls(guard)
+        guard.__setstate__(state["guard"])
+        return cls(guard, tuple(state["devices"]))
+
+
+def global_state_snapshot() -> GlobalState:
+    """The global state now (the modes must be ``active_modes()``'s devices or none)."""
+    return GlobalState(devices=active_modes() or ())
 
 
 def global_state_description() -> dict[str, Any]:
-    """The global state that GlobalStateGuard covers, readable, for explaining a failure."""
+    """The global state that GlobalState covers, readable, for explaining a failure."""
+    modes = active_modes()
     return {
         "grad_mode": torch.is_grad_enabled(),
         "default_dtype": torch.get_default_dtype(),
@@ -71,6 +162,8 @@ def global_state_description() -> dict[str, Any]:
         "deterministic_warn_only": torch.is_deterministic_algorithms_warn_only_enabled(),
         "num_threads": torch.get_num_threads(),
         "torch_function_enabled": torch._C._is_torch_function_enabled(),
+        "modes": "a torch function or dispatch mode of yours" if modes is None
+        else ("none" if not modes else "default device " + ", ".join(modes)),
     }
 
 

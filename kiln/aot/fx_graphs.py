@@ -49,10 +49,17 @@ def is_input_write(n: torch.fx.Node) -> bool:
         isinstance(n.args[0], torch.fx.Node) and n.args[0].op == "placeholder"
 
 
+def is_check(n: torch.fx.Node) -> bool:
+    """An op that only checks, prints or marks (``aten._assert_async``: ``F.one_hot``'s bounds
+    check, ``aten._assert_scalar``, ``aten._print``, the profiler's record_function ops): FX's
+    side-effectful functions. Nothing reads its result; dropping it would drop the error."""
+    return n.op == "call_function" and _torch.is_side_effectful(n.target)
+
+
 def is_effect(n: torch.fx.Node) -> bool:
-    """Nodes a graph runs for more than their value: random ops (eager draws their numbers)
-    and writes into inputs."""
-    return is_random(n) or is_input_write(n)
+    """Nodes a graph runs for more than their value: random ops (eager draws their numbers),
+    writes into inputs, and checks (``is_check``)."""
+    return is_random(n) or is_input_write(n) or is_check(n)
 
 
 def dce(gm: torch.fx.GraphModule, keep: Callable[[torch.fx.Node], bool] = is_effect) -> None:

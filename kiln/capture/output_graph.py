@@ -392,6 +392,12 @@ class OutputGraph:
         torch._C._set_grad_enabled(mode)
 
     def call_op(self, kind: str, target, args: tuple, kwargs: dict) -> Value:
+        if self.global_state.devices and kind == "call_function" and _torch.is_device_constructor(target):
+            # under ``torch.device(d)`` / ``set_default_device(d)`` (guarded): a factory call
+            # without a device makes its tensor on d; the graph says so, for every backend
+            device = kwargs.get("device")
+            if device is None or (device.is_constant() and device.as_constant() is None):
+                kwargs = {**kwargs, "device": ConstantValue(torch.device(self.global_state.devices[-1]))}
         if any(keyword.iskeyword(k) for k in kwargs):
             args, kwargs = _keywords_as_positions(kind, target, args, kwargs)
         if self.frozen_storages and (_mutates(kind, target) or "out" in kwargs):
@@ -431,8 +437,8 @@ class OutputGraph:
             # that metadata change on an input or a view is not modelled: run it eagerly
             raise Unsupported(f"{_op_name(kind, target)} with an out= tensor it resizes")
         # An op that returns one of its tensor arguments (in-place ops, x.contiguous() on a
-        # contiguous x) returns the same value: identity is preserved as in eager.
-        for a in args:
+        # contiguous x, an out= tensor) returns the same value: identity is preserved as in eager.
+        for a in (*args, *kwargs.values()):
             if isinstance(a, TensorValue) and result is a.fake:
                 node = self._op_node(kind, target, fx_args, fx_kwargs)
                 node.meta["example_value"] = result
@@ -441,7 +447,9 @@ class OutputGraph:
             return wrap_sym(self, result, lambda: self._op_node(kind, target, fx_args, fx_kwargs))
         if not _contains_tensor(result):
             # (an op that writes its out= tensors may return None: unbind_copy, split_copy)
-            if _mutates(kind, target) or "out" in kwargs:
+            # (a check returns None too: torch._assert_async raises when the graph runs)
+            if _mutates(kind, target) or "out" in kwargs or \
+                    (kind == "call_function" and _torch.is_side_effectful(target)):
                 node = self._op_node(kind, target, fx_args, fx_kwargs)
                 node.meta["example_value"] = result
             return _wrap_nontensor(result, _op_name(kind, target))

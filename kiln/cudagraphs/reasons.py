@@ -31,11 +31,11 @@ from ..errors import CudagraphError
 from ..internal_errors import mark_users
 
 # Ops that make the host wait for the device or whose output shape is only known after they
-# ran: neither can be replayed from a recording.
+# ran: neither can be replayed from a recording. (A device-side assert, ``_assert_async`` on a
+# CUDA tensor, as ``F.one_hot`` checks its classes, is a kernel: it replays.)
 _SYNC_OPS = {"_local_scalar_dense": "a device sync (.item(), int(), bool() of a tensor)",
              "equal": "a device sync (torch.equal)",
-             "is_nonzero": "a device sync (bool() of a tensor)",
-             "_assert_async": "a device-side assert (torch._assert_async)"}
+             "is_nonzero": "a device sync (bool() of a tensor)"}
 
 
 @dataclasses.dataclass

@@ -222,10 +222,8 @@ class RenderedSource(Source):
         return self.text
 
 
-def _global_state_guard(state: str):
-    gs = _torch.global_state_snapshot()
-    gs.__setstate__(state)
-    return gs
+def _global_state_guard(state) -> "_torch.GlobalState":
+    return _torch.GlobalState.from_state(state)
 
 
 def _example(meta: dict) -> torch.Tensor:

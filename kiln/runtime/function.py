@@ -250,6 +250,13 @@ class CompiledFunction:
             # torch.jit.trace records the ops this call runs (its sizes are traced values):
             # the function runs as it is, for the tracer, and nothing is captured
             return self._fn(*args, **kwargs)
+        if _torch.active_modes() is None:
+            # a torch function or dispatch mode of the user's may change what every op
+            # returns: the call runs as written, under it (no entry: the next call may have none)
+            if logs.enabled.graph_breaks:
+                logs.log("graph_breaks", f"{self._fn.__qualname__} runs eagerly for this call: a torch "
+                                         "function or dispatch mode is active")
+            return self._fn(*args, **kwargs)
         if not self.counts_steps and uses_cudagraphs(self._key):
             # compiled with CUDA graphs (kiln.config.cudagraphs on now): its calls count steps
             # from now on, this one too

@@ -110,3 +110,20 @@ def test_out_variants_that_return_none_write_their_out_tensors(backend, dynamic)
 
     check(f, lambda: (torch.randn(3, 3), tuple(torch.zeros(3) for _ in range(3)),
                       tuple(torch.zeros(1, 3) for _ in range(3))), backend, dynamic, graphs=1)
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_the_result_of_an_out_call_is_the_out_tensor(backend):
+    def f(x, out):
+        r = torch.zeros(3, out=out)
+        same = r is out
+        r2 = torch.add(x, 1, out=out)
+        r2.mul_(2)
+        return same, r2 is out, out * 1
+
+    want_out, got_out = torch.empty(3), torch.empty(3)
+    want = f(torch.ones(3), want_out)
+    got = kiln.compile(f, backend=backend)(torch.ones(3), got_out)
+    assert got[:2] == want[:2] == (True, True)
+    torch.testing.assert_close(got[2], want[2])
+    torch.testing.assert_close(got_out, want_out)

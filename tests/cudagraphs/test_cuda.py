@@ -545,3 +545,18 @@ def new_recordings(before: list) -> list:
     """The recordings alive now that were not in ``before``."""
     seen = {id(r) for r in before}
     return [r for r in recordings() if id(r) not in seen]
+
+
+def test_a_device_side_assert_replays():
+    """``F.one_hot`` checks its classes with a device-side assert (``_assert_async``): a kernel,
+    recorded and replayed like any other (a bad class would fail the device, as in eager)."""
+    def route(x, experts):
+        return (torch.nn.functional.one_hot(experts, 4).to(x.dtype) * x[:, :1]).sum(0)
+
+    cf = kiln.compile(route, mode="reduce-overhead")
+    x = torch.randn(8, 4, device=DEV)
+    experts = torch.randint(0, 4, (8,), device=DEV)
+    with torch.no_grad():
+        for _ in range(3):
+            close(cf(x, experts), route(x, experts))
+    assert stats["skip"] == 0 and stats["replay"] >= 1, (stats, skip_reasons)
