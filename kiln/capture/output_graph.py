@@ -398,6 +398,8 @@ class OutputGraph:
             device = kwargs.get("device")
             if device is None or (device.is_constant() and device.as_constant() is None):
                 kwargs = {**kwargs, "device": ConstantValue(torch.device(self.global_state.devices[-1]))}
+        if kind == "call_function" and target is torch._C._nn.one_hot and args and isinstance(args[0], TensorValue):
+            self._check_one_hot_classes(args[0], args[1] if len(args) > 1 else kwargs.get("num_classes"))
         if any(keyword.iskeyword(k) for k in kwargs):
             args, kwargs = _keywords_as_positions(kind, target, args, kwargs)
         if self.frozen_storages and (_mutates(kind, target) or "out" in kwargs):
@@ -460,6 +462,18 @@ class OutputGraph:
             raise Unsupported(f"{_op_name(kind, target)} creates a tensor that requires grad (a new leaf)")
         node = self._op_node(kind, target, fx_args, fx_kwargs)
         return self._wrap_result(node, result)
+
+    def _check_one_hot_classes(self, classes: TensorValue, num_classes: Value | None) -> None:
+        """``F.one_hot``'s checks of its classes, as graph ops (``torch._assert_async``): eager
+        raises for a class below 0 or not below ``num_classes``, and a trace on fake tensors
+        skips those checks (torch before 2.13 has no decomposition that keeps them)."""
+        if num_classes is None or (num_classes.is_constant() and num_classes.as_constant() == -1):
+            return      # (the classes' maximum sets the size: a data-dependent size, not traced)
+        for compare, bound, message in ((torch.ge, ConstantValue(0), "Class values must be non-negative."),
+                                        (torch.lt, num_classes, "Class values must be smaller than num_classes.")):
+            holds = self.call_op("call_function", torch.all,
+                                 (self.call_op("call_function", compare, (classes, bound), {}),), {})
+            self.call_op("call_function", torch._assert_async, (holds, ConstantValue(message)), {})
 
     def _is_input_memory(self, v) -> bool:
         """Whether ``v`` is a tensor sharing the memory of a tensor read from outside."""
