@@ -329,3 +329,12 @@ def test_a_set_built_by_adds_iterates_as_eagers_after_it_leaves_the_graph(capsys
     for fn in (f, g):
         kiln.reset()
         assert list(kiln.compile(fn, backend="eager")(x)) == list(fn(x))
+
+
+def test_zip_of_no_iterables_is_empty():
+    """zip() of nothing (``zip(*rows)`` of an empty ``rows``) has no rows; it is not one
+    endless empty row."""
+    def f(x, rows):
+        return (x + 1, list(zip()), list(zip(*rows)), next(zip(), "end"), list(zip(strict=True)),
+                list(itertools.zip_longest()), [r for r in zip(*rows)])
+    same_as_eager_in_one_graph(f, torch.ones(1), [])

@@ -621,8 +621,8 @@ def _lazy_sources(tx, iterables) -> list | None:
 
 
 def _rows(get_tx, its):
-    """One item of each iterator per row, until the shortest ends."""
-    while True:
+    """One item of each iterator per row, until the shortest ends (none: no rows)."""
+    while its:
         row = []
         for it in its:
             v = it.next(get_tx())

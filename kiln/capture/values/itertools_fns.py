@@ -565,7 +565,7 @@ def _strict_rows(get_tx, its):
     """zip(strict=True)'s rows, and CPython's ValueError where the lengths differ."""
     def plural(i):
         return " " if i == 1 else "s 1-"
-    while True:
+    while its:
         row = []
         for i, it in enumerate(its):
             v = it.next(get_tx())
