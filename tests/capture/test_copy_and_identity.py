@@ -228,3 +228,31 @@ def test_the_number_of_a_new_objects_id_is_not_made_up():
     assert_same(out, x + 1)
     with pytest.raises(Exception, match="id"):
         kiln.compile(f, backend=CompileCounter(), fullgraph=True)(x)
+
+
+class _Plain:
+    pass
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_the_dict_of_a_new_object_is_the_objects_own(backend):
+    """``a.__dict__`` of an object made in the function is one dict, the object's: the same
+    object at every read, written through across a graph break, and still the object's own
+    when both are returned."""
+    def f(x):
+        a = _Plain()
+        a.x = x * 2
+        d = a.__dict__
+        same = d is a.__dict__ and vars(a) is d
+        print(end="")           # a graph break
+        d["y"] = x + 1
+        d.pop("x")
+        return same, sorted(vars(a)), d is a.__dict__, d, a
+
+    x = torch.ones(2)
+    want = f(x)
+    got = kiln.compile(f, backend=backend)(x)
+    assert got[:3] == want[:3] == (True, ["y"], True)
+    d, a = got[3], got[4]
+    assert d is a.__dict__
+    torch.testing.assert_close(a.y, x + 1)

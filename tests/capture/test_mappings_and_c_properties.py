@@ -101,3 +101,28 @@ def test_a_frozensets_missing_mutator_raises_eagers_error():
 
     with pytest.raises(AttributeError, match="'frozenset' object has no attribute 'add'"):
         kiln.compile(f, backend="eager")(torch.randn(2))
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_a_c_getter_read_after_a_store_sees_it(backend):
+    """A getter written in C reads the real object: after this function set its attributes
+    (not yet written back) the read breaks the graph, so the stores land first."""
+    import operator
+    import weakref
+
+    class Box:
+        doubled = property(operator.attrgetter("foo"))
+
+    def f(o, x):
+        p = weakref.proxy(o)
+        before = p.foo
+        o.foo = x.sum()
+        return before, p.foo, o.doubled, x * 2
+
+    x = torch.ones(3)
+    want_o, got_o = Box(), Box()
+    want_o.foo = got_o.foo = torch.zeros(())
+    want = f(want_o, x)
+    got = kiln.compile(f, backend=backend)(got_o, x)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(got_o.foo, want_o.foo)

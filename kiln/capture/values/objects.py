@@ -120,6 +120,8 @@ class ObjectValue(Value):
                 and tx.output.side_effects.attr_value(self, name) is None:
             # a C type with its own attribute lookup (``threading.local``: one dict per
             # thread): read as the type reads it, guarded where it is read from
+            _refuse_native_read_after_stores(tx, f"attribute {name!r} of a {type(self.value).__name__} "
+                                                 "(a C type with its own attribute lookup, as a weakref proxy)")
             try:
                 value = getattr(self.value, name)
             except AttributeError as e:
@@ -145,6 +147,8 @@ class ObjectValue(Value):
                 # a getter implemented in C (a pybind11 class's property): its value, read
                 # now and guarded where the object is read from
                 self._require_source(name)
+                _refuse_native_read_after_stores(tx, f"property {name!r} of {cls.__name__!r} (a getter "
+                                                     "implemented in C)")
                 try:
                     value = cls_attr.fget(self.value)
                 except Exception as e:  # noqa: BLE001 - the getter's own error is the user's
@@ -367,8 +371,9 @@ class NewObjectValue(ObjectValue):
         if name == "__class__":
             return ClassValue(self.cls)
         if name == "__dict__":
-            view = DictValue({})
-            view.items = self.attrs  # a live view of the instance attributes
+            view = getattr(self, "_dict_view", None)
+            if view is None:
+                view = self._dict_view = NewInstanceDict(self)
             return view
         if name in self.attrs and not _is_data_descriptor(cls_attr):
             return self.attrs[name]
@@ -410,6 +415,21 @@ class NewObjectValue(ObjectValue):
             body = ", ".join(f"{n!r}: {v.reconstruct(cg)}" for n, v in self.attrs.items())
             return f"{cg.bind(_new_object)}({cg.bind(self.cls)}, {{{body}}})"
         return cg.stash(self, build)
+
+
+class NewInstanceDict(DictValue):
+    """``obj.__dict__`` of an object made in this capture: one value for every read, its items
+    the object's attributes themselves (a write through either is seen by the other); rebuilt
+    as the rebuilt object's own ``__dict__``, so that after a break, or returned beside the
+    object, it is still that object's."""
+
+    def __init__(self, owner: NewObjectValue):
+        super().__init__({})
+        self.items = owner.attrs
+        self.owner = owner
+
+    def reconstruct(self, cg):
+        return cg.stash(self, lambda: f"{self.owner.reconstruct(cg)}.__dict__")
 
 
 def class_dict_source(cls: type, name: str):
@@ -1008,3 +1028,12 @@ class ProfilerRangeValue(ContextManagerValue):
 def _enter_context(ctx):
     ctx.__enter__()
     return ctx.__exit__
+
+
+def _refuse_native_read_after_stores(tx, what: str) -> None:
+    """Native code about to read real objects (a C getter, a proxy's lookup) would miss the
+    attribute stores this capture has not written back yet (``o.foo = 2`` then a read of
+    ``o.foo`` through ``weakref.proxy(o)``): break the graph there instead, so that they are
+    written first and the read runs natively."""
+    if tx.output.side_effects.attrs:
+        raise Unsupported(f"{what} read after this function set attributes (it may read them)")
