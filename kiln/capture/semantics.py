@@ -18,7 +18,7 @@ from .values.attributes import _MISSING
 from .values.base import ConstantValue, LazyArgument, NullValue, Value, is_constant_object
 from .values.builder import wrap_pure_result
 from .values.containers import (BaseSequenceValue, DictValue, DictViewValue, IteratorValue, ListValue,
-                                RangeIteratorValue, SetValue, TupleValue, set_members)
+                                RangeIteratorValue, SetValue, TupleValue, set_members, str_iterator_kind)
 from .values.functions import BoundMethodValue, NestedFunctionValue, UserFunctionValue
 from .values.identity import CaptureIdValue
 from .values.objects import ClassValue, NewObjectValue, ObjectValue, is_object_comparison, static_lookup
@@ -280,6 +280,8 @@ class PythonSemantics:
                 raise Unsupported(f"iterating over a user iterator object {v.describe()}")
         if isinstance(v, SymRangeValue) or (v.is_constant() and type(v.as_constant()) is range):
             return RangeIteratorValue(v.as_constant())      # (a symbolic bound specializes here)
+        if v.is_constant() and type(v.as_constant()) is str:
+            return IteratorValue(v.unpack(self), kind=str_iterator_kind(v.as_constant()))
         return IteratorValue(v.unpack(self))
 
     def unpack_iterable(self, v: Value) -> list[Value]:

@@ -338,3 +338,23 @@ def test_zip_of_no_iterables_is_empty():
         return (x + 1, list(zip()), list(zip(*rows)), next(zip(), "end"), list(zip(strict=True)),
                 list(itertools.zip_longest()), [r for r in zip(*rows)])
     same_as_eager_in_one_graph(f, torch.ones(1), [])
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_builtin_iterators_keep_their_type(backend):
+    """``enumerate``, ``zip``, ``reversed`` and ``iter`` of a string, over items read at once,
+    are their own types inside the function (``type()``, ``isinstance``) and when returned,
+    with the items they have left."""
+    def f(x):
+        e, z, r = enumerate("ab", 3), zip("ab", (1, 2)), reversed((1, 2, 3))
+        s, rr = iter("abc"), reversed(range(4))
+        first = next(e), next(z), next(r), next(s), next(rr)
+        types = tuple(type(v).__name__ for v in (e, z, r, s, rr))
+        return x + 1, first, types, isinstance(e, enumerate), e, z, r, s, rr
+
+    want = f(torch.ones(1))
+    got = kiln.compile(f, backend=backend)(torch.ones(1))
+    torch.testing.assert_close(got[0], want[0])
+    assert got[1:4] == want[1:4]
+    assert [type(v) for v in got[4:]] == [type(v) for v in want[4:]]
+    assert [list(v) for v in got[4:]] == [list(v) for v in want[4:]]

@@ -26,7 +26,7 @@ from .attributes import _MISSING, call_modelled
 from .base import ConstantValue, RealCallableValue, Value, is_constant_object
 from .containers import (DictValue, IteratorValue, ListValue, NamedTupleValue, SetValue, identity_free, iterator_at,
                          TupleValue, set_members)
-from .containers import NewDictObjectValue
+from .containers import NewDictObjectValue, RangeIteratorValue, enumerate_kind, reversed_kind
 from .exceptions import ExceptionValue
 from .functions import BoundMethodValue, MethodValue, PartialValue, TorchOpValue, UserFunctionValue
 from .grad_mode_functions import decorate_with_grad_mode
@@ -641,7 +641,8 @@ def _enumerate(tx, fn, args, kwargs):
             TupleValue([ConstantValue(i + start), row[0]]) for i, row in enumerate(_rows(get_tx, lazy))),
             sources=lazy, start=start, own_sources=not is_shared_iterator(args[0]))
     items = tx.unpack_iterable(args[0])
-    return IteratorValue([TupleValue([ConstantValue(i + start), v]) for i, v in enumerate(items)])
+    return IteratorValue([TupleValue([ConstantValue(i + start), v]) for i, v in enumerate(items)],
+                         kind=enumerate_kind(start))
 
 
 # zip and itertools: itertools_fns.py (zip steps lazily through an infinite count/cycle)
@@ -674,7 +675,9 @@ def _reversed(tx, fn, args, kwargs):
         raise Unsupported(f"reversed() of {args[0].describe()}, whose class defines __reversed__")
     if isinstance(args[0], ListValue) and args[0].python_type() is list:
         return ReversedListIteratorValue(args[0])
-    return IteratorValue(list(reversed(tx.unpack_iterable(args[0]))))
+    if args[0].is_constant() and type(args[0].as_constant()) is range:
+        return RangeIteratorValue(args[0].as_constant()[::-1])     # (a range_iterator, as eager's)
+    return IteratorValue(list(reversed(tx.unpack_iterable(args[0]))), kind=reversed_kind())
 
 
 class ReversedListIteratorValue(IteratorValue):

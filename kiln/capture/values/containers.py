@@ -11,6 +11,7 @@ import collections
 import collections.abc
 import operator
 import types
+from typing import Callable
 
 import torch
 
@@ -968,10 +969,57 @@ def iterator_at(it, index: int):
     return it
 
 
+class IteratorKind:
+    """What an iterator over items known at capture time is in eager (``enumerate(xs)``, a
+    ``zip``, ``reversed(t)``, ``iter(s)``): its ``type()``, and the code of a real one of that
+    type that yields the items it has left, for when it leaves the capture."""
+
+    def __init__(self, cls: type, write: Callable):
+        self.cls = cls
+        self.write = write      # (cg, items left) -> expression
+
+
+def _tuple_expr(parts: list) -> str:
+    return "(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")"
+
+
+def enumerate_kind(start: int) -> IteratorKind:
+    """``enumerate(xs, start)``: its items are ``(i, x)`` pairs; one that has items left is
+    written as ``enumerate(those x, their first i)``."""
+    def write(cg, rows):
+        first = rows[0].items[0].as_constant() if rows else start
+        return f"{cg.bind(enumerate)}({_tuple_expr([r.items[1].reconstruct(cg) for r in rows])}, {first})"
+    return IteratorKind(enumerate, write)
+
+
+def zip_kind(width: int) -> IteratorKind:
+    """``zip`` of ``width`` iterables: what is left is written as a zip of its columns."""
+    def write(cg, rows):
+        columns = [_tuple_expr([r.items[k].reconstruct(cg) for r in rows]) for k in range(width)]
+        return f"{cg.bind(zip)}({', '.join(columns)})"
+    return IteratorKind(zip, write)
+
+
+def reversed_kind() -> IteratorKind:
+    """``reversed()`` of a tuple, a string or a user sequence (a ``reversed`` object)."""
+    def write(cg, items):
+        return f"{cg.bind(reversed)}({_tuple_expr([v.reconstruct(cg) for v in reversed(items)])})"
+    return IteratorKind(reversed, write)
+
+
+def str_iterator_kind(s: str) -> IteratorKind:
+    """``iter(s)`` of a string (``str_ascii_iterator`` for an ASCII one): what is left is
+    written as the iterator of the rest of the string."""
+    def write(cg, items):
+        return f"{cg.bind(iter)}({cg.constant_expr(''.join(v.as_constant() for v in items))})"
+    return IteratorKind(type(iter(s)), write)
+
+
 class IteratorValue(Value):
     """An iterator over a known list of values (or live over a ListValue)."""
 
-    def __init__(self, items, live: bool = False, real=None, source=None, start: int = 0):
+    def __init__(self, items, live: bool = False, real=None, source=None, start: int = 0,
+                 kind: IteratorKind | None = None):
         self.seq = items
         self.live = live
         self.pos = start
@@ -979,6 +1027,7 @@ class IteratorValue(Value):
         self.exhausted = False  # CPython's sequence iterators stay exhausted once they ended
         self.real = real        # a real iterator passed in: advanced afterwards (side effect)
         self.source = source
+        self.kind = kind        # (what eager's iterator is: enumerate, zip...; None: a list's)
 
     # an iterator whose items are computed as they are taken (a generator, a user iterator):
     # a consumer with effects of its own takes them one at a time, as eager does
@@ -996,6 +1045,8 @@ class IteratorValue(Value):
     def python_type(self):
         if self.real is not None:
             return type(self.real)
+        if self.kind is not None:
+            return self.kind.cls
         return type(iter(())) if self.over_tuple else type(iter([]))
 
     over_tuple = False      # (set on an iterator a tuple made: type() is tuple_iterator)
@@ -1054,6 +1105,9 @@ class IteratorValue(Value):
             return cg.source_expr(self.source)     # (advanced as far as the capture took it)
         if self._over_list():
             return cg.stash(self, lambda: f"{cg.bind(iterator_at)}({cg.bind(iter)}({self.seq.reconstruct(cg)}), {self.pos})")
+        if self.kind is not None and not self.live:
+            left = [] if self.exhausted else list(self._items()[self.pos:])
+            return cg.stash(self, lambda: self.kind.write(cg, left))
         # (one object for every reference to it: a local and a zip over it share its items)
         return cg.stash(self, lambda: f"iter({self.reconstruct_remaining(cg)})")
 

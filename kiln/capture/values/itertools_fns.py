@@ -30,7 +30,7 @@ import operator
 from ...errors import Unsupported
 from .base import ConstantValue, Value
 from .builtins import DerivedIteratorValue, _lazy_sources, _rows, handles, is_shared_iterator, reads_lazily
-from .containers import IteratorValue, TupleValue
+from .containers import IteratorValue, TupleValue, zip_kind
 from .symbolic import SymNodeValue, specialize
 
 
@@ -558,7 +558,8 @@ def _zip(tx, fn, args, kwargs):
     seqs = [_finite(tx, a) for a in args]
     its = [IteratorValue(s) for s in seqs]
     return IteratorValue(list(_strict_rows(lambda: tx, its) if strict else
-                              (TupleValue(row) for row in _rows(lambda: tx, its))))
+                              (TupleValue(row) for row in _rows(lambda: tx, its))),
+                         kind=None if strict else zip_kind(len(args)))
 
 
 def _strict_rows(get_tx, its):
