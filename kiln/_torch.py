@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import functools as _functools
+import io as _io
 import sys as _sys
 import threading
 from typing import Any, Callable
@@ -598,13 +599,11 @@ def load_tensors(data: bytes, map_location: Any = None) -> Any:
     called: torch.load makes meta storages when it finds a fake mode (an active one, or a
     TracingContext's, as around a user's backend), and a graph constant loaded so would fail
     at run time."""
-    import io
-
     from torch._guards import tracing
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     with tracing(None), unset_fake_temporarily():
-        return torch.load(io.BytesIO(data), weights_only=True, map_location=map_location)
+        return torch.load(_io.BytesIO(data), weights_only=True, map_location=map_location)
 
 
 def tracing_over(fake_mode: FakeTensorMode):

@@ -222,10 +222,6 @@ class RenderedSource(Source):
         return self.text
 
 
-def _global_state_guard(state) -> "_torch.GlobalState":
-    return _torch.GlobalState.from_state(state)
-
-
 def _example(meta: dict) -> torch.Tensor:
     """A tensor with the type, dtype, device and requires_grad TensorGuards compares, and no
     data (its sizes and strides are given to TensorGuards explicitly: a package of a large
@@ -244,7 +240,7 @@ class LoadedProgram(GuardProgram):
         self.params, self.fwd, self.ctx = saved["params"], saved["fwd"], ctx
         self.shape = None
         self.tensor_dims = saved["tensor_dims"]
-        self.global_state = _global_state_guard(saved["global_state"])
+        self.global_state = _torch.GlobalState.from_state(saved["global_state"])
         metas = saved["tensor_metas"]
         dims = self.tensor_dims or ([m["size"] for m in metas], [m["stride"] for m in metas])
         self.tensor_guards = _torch.make_tensor_guards([_example(m) for m in metas], dims)

@@ -348,6 +348,7 @@ class NewObjectValue(ObjectValue):
         self.attrs: dict[str, Value] = {}
         self.value = None
         self.source = None
+        self.dict_view: NewInstanceDict | None = None     # (``obj.__dict__``, once read)
 
     def python_type(self):
         return self.cls
@@ -371,10 +372,9 @@ class NewObjectValue(ObjectValue):
         if name == "__class__":
             return ClassValue(self.cls)
         if name == "__dict__":
-            view = getattr(self, "_dict_view", None)
-            if view is None:
-                view = self._dict_view = NewInstanceDict(self)
-            return view
+            if self.dict_view is None:
+                self.dict_view = NewInstanceDict(self)
+            return self.dict_view
         if name in self.attrs and not _is_data_descriptor(cls_attr):
             return self.attrs[name]
         if cls_attr is not _MISSING:
