@@ -31,5 +31,20 @@ def inplace_name(kind: str, target) -> str | None:
 
 def mutates(kind: str, target) -> bool:
     """An op run for its effect on its arguments (x[i] = v, x.add_(1), x += 1,
-    torch._foreach_mul_)."""
-    return target is operator.setitem or inplace_name(kind, target) is not None
+    torch._foreach_mul_, a custom op whose schema writes an argument: ``Tensor(a!)``,
+    ``torch.library.custom_op(..., mutates_args=...)``)."""
+    return target is operator.setitem or inplace_name(kind, target) is not None or \
+        (kind == "call_function" and _schema_writes(target))
+
+
+def _schema_writes(target) -> bool:
+    """Whether an operator's schema writes one of its arguments (an ATen or library overload,
+    a packet's default overload, a ``torch.library.custom_op``)."""
+    op = getattr(target, "_opoverload", target)     # (a custom_op: its registered overload)
+    schema = getattr(op, "_schema", None)
+    if schema is None and type(op).__name__ == "OpOverloadPacket":
+        try:
+            schema = op.default._schema
+        except AttributeError:      # (a packet without a default overload)
+            return False
+    return bool(getattr(schema, "is_mutable", False))

@@ -400,6 +400,10 @@ class OutputGraph:
                 kwargs = {**kwargs, "device": ConstantValue(torch.device(self.global_state.devices[-1]))}
         if kind == "call_function" and target is torch._C._nn.one_hot and args and isinstance(args[0], TensorValue):
             self._check_one_hot_classes(args[0], args[1] if len(args) > 1 else kwargs.get("num_classes"))
+        if kind == "call_function" and target in _DROPOUTS and _drops_everything(args, kwargs):
+            # (eager's dropout with p=1 multiplies by a zero and draws no random numbers; the
+            # AOT stages' native_dropout would draw them, moving the generator)
+            return self.call_op("call_function", torch.mul, (args[0], ConstantValue(0.0)), {})
         if any(keyword.iskeyword(k) for k in kwargs):
             args, kwargs = _keywords_as_positions(kind, target, args, kwargs)
         if self.frozen_storages and (_mutates(kind, target) or "out" in kwargs):
@@ -743,6 +747,19 @@ def _out_layouts(fake_kwargs: dict) -> list:
     def exprs(ints):   # compared as expressions: comparing SymInts would add guards
         return tuple(i.node.expr if isinstance(i, torch.SymInt) else i for i in ints)
     return [(exprs(t.shape), exprs(t.stride())) for t in outs if isinstance(t, torch.Tensor)]
+
+
+_DROPOUTS = (torch.nn.functional.dropout, torch.dropout)
+
+
+def _drops_everything(args: tuple, kwargs: dict) -> bool:
+    """``F.dropout(x, p=1.0, training=True)`` (not in place), every argument a constant but x."""
+    names = ("input", "p", "training", "inplace")
+    given = dict(zip(names, args)) | kwargs
+    const = {k: v.as_constant() for k, v in given.items() if k != "input" and v.is_constant()}
+    if len(const) != len(given) - 1 or not isinstance(given.get("input"), TensorValue):
+        return False
+    return const.get("p", 0.5) == 1.0 and const.get("training", True) is True and not const.get("inplace", False)
 
 
 def _to_fake(v: Value):

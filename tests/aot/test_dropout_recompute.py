@@ -104,3 +104,24 @@ def test_compiled_block_matches_eager_under_one_seed(backend, autocast):
     for a, b in zip(*results):
         assert (a - b).abs().max() <= tol * b.abs().max()
     assert len(compiled.entries) == 1
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_dropout_of_everything_draws_no_random_numbers(backend):
+    """``F.dropout(x, p=1.0)`` in training is eager's ``x * 0`` (NaN stays NaN) and leaves the
+    generator where eager leaves it: the next draw is eager's."""
+    def f(x):
+        return torch.nn.functional.dropout(x, 1.0, True) + torch.dropout(x, p=1.0, train=True)
+
+    x = torch.tensor([1.0, float("nan"), 2.0], requires_grad=True)
+    torch.manual_seed(0)
+    want, want_next = f(x), torch.rand(3)
+    want.nansum().backward()
+    want_grad, x.grad = x.grad, None
+    compiled = kiln.compile(f, backend=backend)
+    torch.manual_seed(0)
+    got, got_next = compiled(x), torch.rand(3)
+    got.nansum().backward()
+    torch.testing.assert_close(got, want, equal_nan=True)
+    torch.testing.assert_close(got_next, want_next)
+    torch.testing.assert_close(x.grad, want_grad, equal_nan=True)
