@@ -33,8 +33,10 @@ def mutates(kind: str, target) -> bool:
     """An op run for its effect on its arguments (x[i] = v, x.add_(1), x += 1,
     torch._foreach_mul_, a custom op whose schema writes an argument: ``Tensor(a!)``,
     ``torch.library.custom_op(..., mutates_args=...)``)."""
-    return target is operator.setitem or inplace_name(kind, target) is not None or \
-        (kind == "call_function" and _schema_writes(target))
+    if target is operator.setitem or inplace_name(kind, target) is not None:
+        return True
+    # (``torch.Tensor.__setitem__(x, i, v)``, the unbound method, is ``x[i] = v``)
+    return kind == "call_function" and (getattr(target, "__name__", None) == "__setitem__" or _schema_writes(target))
 
 
 def _schema_writes(target) -> bool:

@@ -87,3 +87,17 @@ def test_a_custom_op_that_writes_an_argument_and_returns_nothing(backend, op):
     got = kiln.compile(f, backend=backend)(x, got_out)
     torch.testing.assert_close(got, want)
     torch.testing.assert_close(got_out, want_out)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_unbound_setitem_writes(backend):
+    """``torch.Tensor.__setitem__(x, i, v)`` (how operator-style code calls it) is ``x[i] = v``."""
+    def f(x):
+        torch.Tensor.__setitem__(x, 0, 7.0)
+        return x + 1
+
+    want_x, got_x = torch.zeros(3), torch.zeros(3)
+    want = f(want_x)
+    got = kiln.compile(f, backend=backend)(got_x)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(got_x, want_x)
