@@ -536,6 +536,13 @@ def _finish_break(fn, output: OutputGraph, tx, ip: int, reason: Unsupported, key
     held = [_object_key(v) for v in tx.locals.values()] + [_object_key(v) for v in tx.stack]
     layout = [resume.VALUE if kind == resume.ITER and held.count(_object_key(v)) > 1 else kind
               for kind, v in zip(layout, tx.stack)]
+    # the arguments of a call that breaks to run natively are the call's, not a loop's: an
+    # iterator among them (``length_hint(enumerate(xs))``) reaches it as itself, of its own
+    # type. (A callee that runs as its own compiled function, a 3.11 comprehension's, takes
+    # its iterator's items, which its capture compiles.)
+    call_slot = _callee_slot(tx.instructions[ip], tx.stack)
+    if call_slot is not None and not getattr(reason, "inside_callee", False):
+        layout = [resume.VALUE if kind == resume.ITER and k >= call_slot else kind for k, kind in enumerate(layout)]
     if tx.f_locals_dict is not None:
         tx.locals[resume.FRAME_LOCALS] = tx.f_locals_dict
     try:
@@ -555,7 +562,6 @@ def _finish_break(fn, output: OutputGraph, tx, ip: int, reason: Unsupported, key
         output.set_grad_enabled(target)
     output.close_autocast_for_break()
 
-    call_slot = _callee_slot(tx.instructions[ip], tx.stack)
     callee_slot = call_slot if getattr(reason, "inside_callee", False) else None
     cg = EntryCodegen(fn.__code__)
     call_args = []   # the locals, then the stack (resume._param_names)

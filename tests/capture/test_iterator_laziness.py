@@ -358,3 +358,19 @@ def test_builtin_iterators_keep_their_type(backend):
     assert got[1:4] == want[1:4]
     assert [type(v) for v in got[4:]] == [type(v) for v in want[4:]]
     assert [list(v) for v in got[4:]] == [list(v) for v in want[4:]]
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_an_iterator_handed_to_a_call_that_breaks_is_itself(backend):
+    """An iterator among the arguments of a call that breaks the graph (``length_hint`` runs
+    natively) reaches the call as itself: its type and length hint are eager's."""
+    import operator
+
+    def f(x, xs):
+        hints = (operator.length_hint(enumerate(xs), -1), operator.length_hint(zip(xs, xs), -1),
+                 operator.length_hint(iter(xs), -1), operator.length_hint(reversed((1, 2)), -1))
+        return x + 1, hints
+
+    want = f(torch.ones(1), [1, 2, 3])
+    got = kiln.compile(f, backend=backend)(torch.ones(1), [1, 2, 3])
+    assert got[1] == want[1] == (-1, -1, 3, 2)
