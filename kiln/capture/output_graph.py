@@ -753,9 +753,10 @@ _DROPOUTS = (torch.nn.functional.dropout, torch.dropout)
 
 
 def _drops_everything(args: tuple, kwargs: dict) -> bool:
-    """``F.dropout(x, p=1.0, training=True)`` (not in place), every argument a constant but x."""
+    """``F.dropout(x, p=1.0, training=True)`` or ``torch.dropout(x, 1.0, train=True)`` (not in
+    place), every argument a constant but x."""
     names = ("input", "p", "training", "inplace")
-    given = dict(zip(names, args)) | kwargs
+    given = dict(zip(names, args)) | {("training" if k == "train" else k): v for k, v in kwargs.items()}
     const = {k: v.as_constant() for k, v in given.items() if k != "input" and v.is_constant()}
     if len(const) != len(given) - 1 or not isinstance(given.get("input"), TensorValue):
         return False

@@ -125,3 +125,12 @@ def test_dropout_of_everything_draws_no_random_numbers(backend):
     torch.testing.assert_close(got, want, equal_nan=True)
     torch.testing.assert_close(got_next, want_next)
     torch.testing.assert_close(x.grad, want_grad, equal_nan=True)
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_dropout_of_everything_outside_training_is_the_input(backend):
+    def f(x):
+        return torch.dropout(x, p=1.0, train=False) + torch.nn.functional.dropout(x, 1.0, training=False)
+
+    x = torch.randn(4)
+    torch.testing.assert_close(kiln.compile(f, backend=backend)(x), f(x))
