@@ -541,7 +541,8 @@ def _finish_break(fn, output: OutputGraph, tx, ip: int, reason: Unsupported, key
     # type. (A callee that runs as its own compiled function, a 3.11 comprehension's, takes
     # its iterator's items, which its capture compiles.)
     call_slot = _callee_slot(tx.instructions[ip], tx.stack)
-    if call_slot is not None and not getattr(reason, "inside_callee", False):
+    inside_callee = getattr(reason, "inside_callee", False)
+    if call_slot is not None and not inside_callee:
         layout = [resume.VALUE if kind == resume.ITER and k >= call_slot else kind for k, kind in enumerate(layout)]
     if tx.f_locals_dict is not None:
         tx.locals[resume.FRAME_LOCALS] = tx.f_locals_dict
@@ -562,7 +563,7 @@ def _finish_break(fn, output: OutputGraph, tx, ip: int, reason: Unsupported, key
         output.set_grad_enabled(target)
     output.close_autocast_for_break()
 
-    callee_slot = call_slot if getattr(reason, "inside_callee", False) else None
+    callee_slot = call_slot if inside_callee else None
     cg = EntryCodegen(fn.__code__)
     call_args = []   # the locals, then the stack (resume._param_names)
     for name in local_names:
