@@ -70,6 +70,11 @@ class Config:
     specialize_int: bool = False
     # A backend compile (Inductor) that runs longer than 2 s says what it is doing on stderr.
     progress: bool = True
+    # Python's cyclic garbage collector is paused while kiln compiles (kiln/compile_lock.py): its
+    # full passes over the process's objects find little during a compile and cost a tenth of a
+    # cold compile. Cycles a compile leaves are collected at the collector's next run after it.
+    # KILN_PAUSE_GC_WHILE_COMPILING=0: off.
+    pause_gc_while_compiling: bool = True
     # CUDA graphs (kiln/cudagraphs) for every compile with an AOT backend, whatever the mode
     # (mode="reduce-overhead" turns them on for the inductor backend). KILN_CUDAGRAPHS=1.
     cudagraphs: bool = False

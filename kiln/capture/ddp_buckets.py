@@ -50,7 +50,7 @@ import torch.fx
 
 from .. import _torch, logs
 from ..aot.dynamic import PerShapeCompiled
-from ..compile_lock import COMPILE_LOCK
+from ..compile_lock import compile_scope
 from ..config import config
 from ..internal_errors import is_users
 
@@ -242,7 +242,7 @@ def compile_pieces(gm: torch.fx.GraphModule, pieces: list[list[torch.fx.Node]], 
 
 def _compiled_at_first_call(piece: torch.fx.GraphModule, compile_one: Callable) -> Callable:
     def compile_static(args: list) -> Callable:
-        with COMPILE_LOCK:
+        with compile_scope():
             return compile_one(piece, args)
 
     def on_failure(e: BaseException) -> Callable:

@@ -31,7 +31,7 @@ from ..capture.entry import ArgumentsDoNotBind, Entry, break_fields
 from ..config import config
 from ..cudagraphs.steps import run_in_step
 from ..errors import KilnError, Unsupported
-from ..compile_lock import COMPILE_LOCK
+from ..compile_lock import compile_scope
 from ..internal_errors import failed_before_effects, internal_error, is_users
 from ..lazy_imports import LazyModule
 from ..user_lines import at_users_line
@@ -302,7 +302,7 @@ class CompiledFunction:
         try:
             # the user's saved-tensor hooks must not see capture's fake tensors (they run on
             # the real saved tensors when the entry runs)
-            with _torch.saved_tensors_hooks_paused(), COMPILE_LOCK:
+            with _torch.saved_tensors_hooks_paused(), compile_scope():
                 entry = capture(fn, args, kwargs, key=key, backend=key.backend, backend_name=key.backend_name,
                                 compiled_factory=self._factory, dynamic=self.dynamic)
         except ArgumentsDoNotBind:
@@ -344,7 +344,8 @@ class CompiledFunction:
         if result is MISS:  # the guards do not hold for the arguments they were built from
             return fn(*args, **kwargs)
         if config.cache:
-            self.record_frames()
+            with compile_scope():
+                self.record_frames()
         return result
 
     def _failing_guard(self, args: tuple, kwargs: dict) -> str | None:

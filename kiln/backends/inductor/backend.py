@@ -46,7 +46,7 @@ from ...aot.compile import run_as_fx
 from ...aot.dynamic import PerShapeCompiled, compile_graph
 from ...aot.partition import min_cut_rematerialization_partition
 from ...cache import PAYLOAD_ATTR, store
-from ...compile_lock import COMPILE_LOCK
+from ...compile_lock import compile_scope
 from ...aot import fake_propagation, fx_graphs, regions
 from ...aot.donation import copies_when_graph_kept, donatable_saved_tensors
 from ...config import config
@@ -364,7 +364,7 @@ class GraphCompile:
     def _inductor(self, gm: torch.fx.GraphModule, example_inputs: list, kind: str):
         device = device_of(example_inputs)
         cpu = device is None or device.type == "cpu"
-        with COMPILE_LOCK:      # (also a compile at run time: a late backward, new shapes)
+        with compile_scope():      # (also a compile at run time: a late backward, new shapes)
             if cpu:     # (this machine's vector ISAs, when an earlier process probed them)
                 vec_isa_memo.prime(config.cache_dir)
             try:
