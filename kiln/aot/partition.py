@@ -366,6 +366,48 @@ def _banned_by_fusion_structure(j: _Joint) -> set:
     return banned
 
 
+_REDUCTIONS = {"sum", "mean", "var", "var_mean", "std", "std_mean", "amax", "amin", "argmax", "argmin", "prod",
+               "logsumexp", "linalg_vector_norm", "norm", "_softmax", "_log_softmax", "native_layer_norm",
+               "native_group_norm", "native_batch_norm", "_native_batch_norm_legit_functional"}
+
+
+def _is_reduction(n: torch.fx.Node) -> bool:
+    t = n.target
+    if not isinstance(t, torch._ops.OpOverload):
+        return False
+    name = t._opname
+    return name in _REDUCTIONS or (name in ("max", "min") and t._overloadname in ("dim", "default"))
+
+
+def _cats_read_by_reductions(j: _Joint) -> set:
+    """Forward ``cat`` nodes that a forward reduction reads (through fusible ops): a
+    normalization of a class token joined to patch embeddings, say. Recomputed in the backward,
+    such a cat is left unwritten in the forward too, and the kernel generator computes it inside
+    every reduction that reads it, each a looped reduction over its inputs' own strides: slower
+    to compile (seconds per kernel) and to run. It is not recomputed, and it weighs as a value
+    the forward writes anyway: saved, it is written once, as torch's partitioner, which never
+    recomputes a cat, does for every cat."""
+    found: set = set()
+    for n in j.fw:
+        if not (n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)
+                and n.target._opname == "cat"):
+            continue
+        stack, seen = [n], {n}
+        while stack:
+            cur = stack.pop()
+            for u in cur.users:
+                if u not in j.fw or u in seen:
+                    continue
+                if _is_reduction(u):
+                    found.add(n)
+                    stack = []
+                    break
+                if _fusible(u):
+                    seen.add(u)
+                    stack.append(u)
+    return found
+
+
 def _without_common_subexpressions(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     new = fx_graphs.copy_graph_module(gm)
     if not eliminate_common_subexpressions(new.graph):
@@ -409,7 +451,8 @@ def min_cut_rematerialization_partition(joint_module: torch.fx.GraphModule, join
             if ds:
                 dist[n] = min(ds)
 
-    also_banned = _banned_by_fusion_structure(j)
+    written_cats = _cats_read_by_reductions(j)
+    also_banned = _banned_by_fusion_structure(j) | written_cats
     # a gradient that is a forward value (an autograd.Function's backward returning what its
     # forward saved): the backward needs it as it is, saved or recomputed like any value it
     # reads (a random draw, banned from recomputation, is then saved)
@@ -455,7 +498,8 @@ def min_cut_rematerialization_partition(joint_module: torch.fx.GraphModule, join
             # Saving a value the forward would only have kept in registers (all its users fuse
             # with it) costs a write it would not have made: twice the bytes. And the farther
             # from the backward, the longer a saved value stays alive: 10% more per node.
-            w = float(graph_bytes.node_nbytes(n)) * (1.0 if _materialized(n) and REBUILT not in n.meta else 2.0)
+            written = n in written_cats or _materialized(n)
+            w = float(graph_bytes.node_nbytes(n)) * (1.0 if written and REBUILT not in n.meta else 2.0)
             w *= 1.1 ** max(min(dist.get(n, 100), 100), 1)
         if not math.isinf(w):
             w += 1e-6
