@@ -105,6 +105,10 @@ def _effect(ins: bytecode_utils.Instr) -> tuple[int, int, bool]:
         return 0, 1, True
     if op in ("KW_NAMES", "NOP", "RESUME"):
         return 0, 0, False
+    if op in ("JUMP_IF_FALSE_OR_POP", "JUMP_IF_TRUE_OR_POP"):
+        # (3.11's ``a and b`` kept as a value: the jump keeps the tested value, the fall-through
+        # pops it; the library's effect, the larger of the two, pops nothing)
+        return 1, 0, False
     # (the library gives (-pops, pushes) where it knows them, else (net effect, 0): a net
     # growth is counted as pushes, the slots below it untouched)
     pre, post = ins.raw.pre_and_post_stack_effect()

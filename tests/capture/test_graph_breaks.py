@@ -890,6 +890,25 @@ def genexpr_item(x, ks):
     return x * sum(k.item() for k in ks)
 
 
+def and_kept_as_value(x):
+    # ``a and b`` on tensors, its value kept (3.11: JUMP_IF_FALSE_OR_POP breaks the graph with
+    # the tested value on the stack on one path only)
+    ok = x.sum() > 0 and x.max() > 0
+    return x * 2 if ok else x
+
+
+def or_returned(x):
+    return (x.sum() < 0) or (x * 3)
+
+
+def chained_comparison_value(x):
+    return 0 < x.sum() < 100
+
+
+def chained_comparison_in_call_args(x):
+    return torch.add(x, 0 < x.sum() < 100)
+
+
 def branch_inside_call_args(x, y):
     # a branch on a tensor while a call's NULL and callable are on the stack: the
     # continuations get the NULL (it used to make the frame run eagerly)
@@ -1042,6 +1061,11 @@ CASES = ids_unique([
     case(if_not_tensor, A(pos(4)), 2),
     case(ternary_tensor, A(pos(4)), 2),
     case(and_of_tensors, A(pos(4)), 3),
+    case(and_kept_as_value, A(pos(4)), None),
+    case(and_kept_as_value, A(neg(4)), None, id="and_kept_as_value_false"),
+    case(or_returned, A(pos(4)), None),
+    case(chained_comparison_value, A(pos(4)), None),
+    case(chained_comparison_in_call_args, A(pos(4)), None),
     case(return_in_branches_after_ops, A(pos(3, 3), pos(3, 3)), 2),
     case(item_compare_python, A(R(4), fixed(5)), 1),
     case(while_tensor_condition, A(Fresh(lambda: torch.rand(4) * 0.1, "small")), 2),
