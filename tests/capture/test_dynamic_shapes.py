@@ -1451,3 +1451,16 @@ def test_an_input_whose_layout_the_program_changes_compiles_once(dynamic):
         assert_same(compiled(x), transpose_in_place(ref))
         assert x.shape == ref.shape and x.stride() == ref.stride()
     assert counter.frame_count == (1 if dynamic else 2), counter.frame_count
+
+
+@pytest.mark.parametrize("dynamic", [True, None])
+def test_size_and_stride_of_a_dim_given_by_keyword(dynamic):
+    """``x.stride(dim=0)`` / ``x.size(dim=1)`` with symbolic sizes compute that one number in
+    the graph (the keyword was dropped: the whole tuple came back)."""
+    def f(x):
+        return x.stride(dim=0) * 2, x.size(dim=1) * 3, x.stride(0), x.size(dim=-1)
+
+    c = kiln.compile(f, backend="eager", dynamic=dynamic)
+    for shape in [(4, 9, 8), (5, 10, 7), (3, 6, 2)]:
+        x = torch.empty(shape)
+        assert c(x) == f(x)

@@ -119,7 +119,7 @@ class TensorValue(Value):
             return MethodValue(self, name)
         raise Unsupported(f"tensor attribute {name!r}")
 
-    def _metadata(self, tx, name: str, cargs, result) -> Value:
+    def _metadata(self, tx, name: str, cargs, result, ckw=None) -> Value:
         """A size, stride, numel... of this tensor: constants, or (dynamic shapes) symbolic
         numbers computed in the graph from the tensor (or taken from a symbol input)."""
         if isinstance(result, tuple):
@@ -133,7 +133,7 @@ class TensorValue(Value):
             return tx.wrap_pure_result(result)
         if name == "__len__":
             name, cargs = "size", (0,)
-        return wrap_sym(tx.output, result, lambda: tx.output.graph.call_method(name, (self.node, *cargs)))
+        return wrap_sym(tx.output, result, lambda: tx.output.graph.call_method(name, (self.node, *cargs), dict(ckw or {})))
 
     def _leafness(self, tx, name):
         # TENSOR_MATCH does not cover leafness: an input's is_leaf gets its own guard.
@@ -164,7 +164,7 @@ class TensorValue(Value):
         if name in METADATA_METHODS:
             cargs = [a.as_constant() for a in args]
             ckw = {k: v.as_constant() for k, v in kwargs.items()}
-            return self._metadata(tx, name, cargs, getattr(self.fake, name)(*cargs, **ckw))
+            return self._metadata(tx, name, cargs, getattr(self.fake, name)(*cargs, **ckw), ckw)
         if name == "__getitem__":
             special = tx.output.subgraph_getitem
             indexed = special(tx, self, *args) if special is not None and len(args) == 1 else None
