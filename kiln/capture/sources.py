@@ -287,14 +287,15 @@ class ReduceSource(Source):
         return f"{self.base.describe()}.__reduce__()"
 
 
-SIZE, STRIDE, STORAGE_OFFSET = "size", "stride", "storage_offset"
+SIZE, STRIDE, STORAGE_OFFSET, IS_VIEW = "size", "stride", "storage_offset", "_is_view"
 
 
 @dataclasses.dataclass(frozen=True)
 class TensorPropertySource(Source):
-    """A size, stride or storage offset of a tensor input: where a shape symbol is read."""
+    """A size, stride or storage offset of a tensor input (where a shape symbol is read), or
+    whether it is a view."""
     base: Source
-    prop: str                   # SIZE | STRIDE | STORAGE_OFFSET
+    prop: str                   # SIZE | STRIDE | STORAGE_OFFSET | IS_VIEW
     idx: int | None = None
 
     def render(self, ctx):
@@ -302,8 +303,8 @@ class TensorPropertySource(Source):
         return f"{b}.{self.prop}({'' if self.idx is None else self.idx})"
 
     def describe(self):
-        if self.prop == STORAGE_OFFSET:
-            return f"{self.base.describe()}.storage_offset()"
+        if self.idx is None:
+            return f"{self.base.describe()}.{self.prop}()"
         return f"{self.base.describe()}.{self.prop}()[{self.idx}]"
 
 

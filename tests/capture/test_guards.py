@@ -1707,3 +1707,30 @@ def test_a_function_read_through_its_class_is_guarded(read, monkeypatch):
     monkeypatch.setattr(_Methods, "c", classmethod(lambda cls: 2))
     assert f(x, o)[0] == 2
     torch.testing.assert_close(c(x, o), f(x, o))
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("dynamic", [None, True])
+def test_storage_offset_of_an_input_view_is_guarded(backend, dynamic):
+    """``x.storage_offset()`` of a slice (and offsets computed from it) follows the slice of
+    each call: TENSOR_MATCH does not cover the offset, so reading it guards it."""
+    def f(x):
+        return x * 2, x.storage_offset(), x.as_strided((2,), (1,), x.storage_offset() + 1), x[1:].storage_offset()
+
+    c = kiln.compile(f, backend=backend, dynamic=dynamic)
+    base = torch.arange(12.0)
+    for off in (0, 2, 5, 2):
+        v = base[off:off + 4]
+        got, want = c(v), f(v)
+        assert got[1] == want[1] and got[3] == want[3]
+        torch.testing.assert_close(got[0], want[0])
+        torch.testing.assert_close(got[2], want[2])
+
+
+def test_is_view_of_an_input_is_guarded():
+    def f(x):
+        return x._is_view(), x * 2
+
+    c = kiln.compile(f, backend="eager")
+    for t in (torch.arange(4.0), torch.arange(8.0)[:4], torch.arange(4.0)):
+        assert c(t)[0] == f(t)[0]

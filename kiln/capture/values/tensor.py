@@ -6,10 +6,11 @@ import operator
 import warnings
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from ...errors import Unsupported
 from ..guards import GuardKind
-from ..sources import AttrSource, TypeSource
+from ..sources import IS_VIEW, STORAGE_OFFSET, AttrSource, TensorPropertySource, TypeSource
 from .attributes import guard_attribute_absent
 from .base import ConstantValue, Value
 from .containers import TupleValue
@@ -161,6 +162,8 @@ class TensorValue(Value):
             refuse_higher_order_grad("Tensor.backward", list(args), kwargs, 2)
         if name in DATA_DEPENDENT_METHODS:
             raise Unsupported(f"Tensor.{name}() needs the tensor's data")
+        if name in _INPUT_LAYOUT_METHODS and not args and not kwargs:
+            return _input_layout(tx, self, name)
         if name in METADATA_METHODS:
             cargs = [a.as_constant() for a in args]
             ckw = {k: v.as_constant() for k, v in kwargs.items()}
@@ -186,6 +189,32 @@ class TensorValue(Value):
         if scalar is not None and _is_tensor_scalar(kwargs.get(scalar), self):
             return _with_tensor_scalar(tx, self, name, list(args), dict(kwargs))
         return tx.output.call_op("call_method", name, (self, *args), kwargs)
+
+
+# Metadata that TENSOR_MATCH does not cover: where a view starts in its storage, and whether a
+# tensor is a view. Read from an input (or from a view of one), it is guarded.
+_INPUT_LAYOUT_METHODS = {STORAGE_OFFSET, IS_VIEW}
+
+
+def _input_layout(tx, value, name: str) -> Value:
+    result = getattr(value.fake, name)()
+    if is_symbolic(result):
+        return value._metadata(tx, name, (), result)
+    if name == IS_VIEW:
+        if value.source is not None:
+            tx.output.builder.guard(GuardKind.EQUALS_MATCH, TensorPropertySource(value.source, IS_VIEW),
+                                    bool(tx.output.real_tensor(value)._is_view()))
+        return ConstantValue(bool(result))
+    # an offset within an input's memory follows from the input's own (a slice of it): every
+    # input of that memory is guarded on its offset
+    storage = StorageWeakRef(value.fake.untyped_storage())
+    for inp in tx.output.tensor_inputs:
+        fake = inp.value.fake
+        if inp.value.source is not None and StorageWeakRef(fake.untyped_storage()) == storage \
+                and not is_symbolic(fake.storage_offset()):
+            tx.output.builder.guard(GuardKind.EQUALS_MATCH, TensorPropertySource(inp.value.source, STORAGE_OFFSET),
+                                    int(inp.real.storage_offset()))
+    return ConstantValue(int(result))
 
 
 # Methods whose Scalar argument a caller may give as a one-element tensor (an optimizer's step
