@@ -616,7 +616,7 @@ class PythonSemantics:
             if not x.is_constant():
                 if isinstance(x, TensorValue):
                     raise Unsupported("`in` test of a tensor (compares values)")
-                return False
+                return self._contains_in_constant(container.as_constant(), x)
             try:
                 return x.as_constant() in container.as_constant()
             except TypeError as e:
@@ -630,6 +630,35 @@ class PythonSemantics:
         if isinstance(container, TensorValue):
             raise Unsupported("`in` test on a tensor (needs data)")
         return self.truthy(container.call_method(self, "__contains__", [x], {}))
+
+    def _contains_in_constant(self, container, x: Value) -> bool:
+        """``x in container`` for a value known only at run time (a symbolic size, an object):
+        a range by its bounds (guarded as comparisons, no value specialized), another
+        container item by item, as Python compares them."""
+        if isinstance(container, range) and isinstance(x, SymNodeValue) and x.python_type() in (int, bool):
+            if len(container) == 0:
+                return False
+            first, last = container[0], container[-1]
+            low, high = (first, last) if container.step > 0 else (last, first)
+            if not (self.truthy(self.compare(operator.le, ConstantValue(low), x))
+                    and self.truthy(self.compare(operator.le, x, ConstantValue(high)))):
+                return False
+            if abs(container.step) == 1:
+                return True
+            offset = self.binary(operator.sub, x, ConstantValue(first))
+            rest = self.binary(operator.mod, offset, ConstantValue(abs(container.step)))
+            return self.truthy(self.compare(operator.eq, rest, ConstantValue(0)))
+        if isinstance(container, (str, bytes, bytearray)):
+            raise self.user_exception(TypeError(f"'in <{type(container).__name__}>' requires string as left "
+                                                f"operand, not {x.python_type().__name__}")) \
+                if isinstance(x, SymNodeValue) else Unsupported("`in` test of an object in a string")
+        try:
+            items = list(container)
+        except TypeError as e:
+            raise self.user_exception(e)
+        if len(items) > 256:
+            raise Unsupported(f"`in` test of a value known at run time in {len(items)} constants")
+        return self.contains([_wrap_result(i) for i in items], x)
 
     def getitem(self, obj: Value, index: Value) -> Value:
         if isinstance(obj, TensorValue):

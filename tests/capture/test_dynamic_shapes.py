@@ -1464,3 +1464,17 @@ def test_size_and_stride_of_a_dim_given_by_keyword(dynamic):
     for shape in [(4, 9, 8), (5, 10, 7), (3, 6, 2)]:
         x = torch.empty(shape)
         assert c(x) == f(x)
+
+
+def test_membership_of_a_symbolic_int_in_constants():
+    """``n in range(...)`` / in a tuple or dict of constants, for a size or int known only at
+    run time: decided by comparisons (guarded), never taken as False."""
+    def f(x, n):
+        s = x.size(0)
+        return (s in range(3, 6), s in range(10, 0, -3), s not in range(0, 20, 2), s * 0.5 in range(5),
+                n in (1, 4, 7), n in {2: 0, 5: 1}, s in [])
+
+    c = kiln.compile(f, backend="eager", dynamic=True)
+    for k in range(0, 12):
+        x, n = torch.randn(k), k % 8
+        assert c(x, n) == f(x, n), k
