@@ -172,6 +172,11 @@ class ObjectValue(Value):
         if name == "__dict__" and d is not None and self.value is not None:
             return self._instance_dict_value(tx)
         if cls_attr is not _MISSING:
+            if d is not None and self.source is not None and not _is_data_descriptor(cls_attr) \
+                    and wrapper is None:
+                # found on the class, past the instance dict: an instance attribute set later
+                # (``obj.method = other``) would shadow it
+                tx.output.builder.guard(GuardKind.NOT_IN_INSTANCE_DICT, self.source, name)
             return self._class_attribute(tx, name, cls_attr)
         guard_attribute_absent(tx, self, cls, name, instance_dict=d is not None)
         raise tx.user_exception(AttributeError(f"'{cls.__name__}' object has no attribute '{name}'"))
