@@ -1734,3 +1734,31 @@ def test_is_view_of_an_input_is_guarded():
     c = kiln.compile(f, backend="eager")
     for t in (torch.arange(4.0), torch.arange(8.0)[:4], torch.arange(4.0)):
         assert c(t)[0] == f(t)[0]
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_an_instance_attribute_shadowing_a_class_method_is_seen(backend):
+    """``o.m(x)`` found ``m`` on the class; setting ``o.m`` later (or a module's helper method)
+    makes the instance's the one called, as in eager."""
+    class B:
+        def m(self, x):
+            return x + 1
+
+    class G(torch.nn.Module):
+        def forward(self, x):
+            return self.helper(x)
+
+        def helper(self, x):
+            return x + 1
+
+    obj, g, x = B(), G(), torch.ones(2)
+    f = kiln.compile(lambda x, o: o.m(x), backend=backend)
+    cg = kiln.compile(g, backend=backend)
+    torch.testing.assert_close(f(x, obj), x + 1)
+    torch.testing.assert_close(cg(x), x + 1)
+    obj.m = lambda x: x * 10
+    g.helper = lambda x: x * 10
+    torch.testing.assert_close(f(x, obj), x * 10)
+    torch.testing.assert_close(cg(x), x * 10)
+    del obj.m
+    torch.testing.assert_close(f(x, obj), x + 1)
