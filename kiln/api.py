@@ -42,6 +42,31 @@ def reset() -> None:
     process_state.reset()
 
 
+class _LivePartial:
+    """A compiled ``functools.partial``: its function compiled, its arguments read from the
+    user's partial at each call (its ``keywords`` dict may be changed in place, as in eager)."""
+
+    def __init__(self, partial: functools.partial, compiled_func):
+        self.partial = partial
+        self.func = compiled_func
+        functools.update_wrapper(self, partial.func, updated=())
+
+    @property
+    def args(self):
+        return self.partial.args
+
+    @property
+    def keywords(self):
+        return self.partial.keywords
+
+    def __call__(self, *args, **kwargs):
+        p = self.partial
+        return self.func(*p.args, *args, **{**p.keywords, **kwargs})
+
+    def __repr__(self):
+        return f"kiln.compile({self.partial!r})"
+
+
 def compile(fn=None, *, backend="inductor", mode=None, fullgraph=False, dynamic=None, options=None):
     """Compile a function, a bound method or an nn.Module.
 
@@ -108,7 +133,7 @@ def compile(fn=None, *, backend="inductor", mode=None, fullgraph=False, dynamic=
         if isinstance(target, (CompiledFunction, CompiledMethod, EagerCallable)):
             return wrap(target.original)
         if isinstance(target, functools.partial):
-            return functools.partial(wrap(target.func), *target.args, **target.keywords)
+            return _LivePartial(target, wrap(target.func))
         if _torch.is_ddp(target):
             # DDP's bookkeeping runs as torch runs it, the module it wraps compiled
             return compiled_ddp_module(target, compiled)

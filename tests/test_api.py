@@ -352,3 +352,22 @@ def test_compiling_a_compiled_object_compiles_its_original():
     torch.testing.assert_close(again(x), lin(x))
     assert again._orig_mod is lin
     assert kiln.compile(kiln.compile(len, backend="eager"), backend="eager")([1, 2]) == 2
+
+
+def test_defaults_changed_in_place_after_the_first_call_are_seen():
+    """``f.__kwdefaults__["k"] = 5`` and a compiled partial's ``keywords`` changed in place
+    take effect at the next call, as in eager (the entry's signature held the old values)."""
+    def f(x, *, k=2):
+        return x * k
+
+    c = kiln.compile(f, backend="eager")
+    x = torch.ones(2)
+    assert_same(c(x), x * 2)
+    f.__kwdefaults__["k"] = 5
+    assert_same(c(x), x * 5)
+    p = functools.partial(lambda x, k: x * k, k=2)
+    cp = kiln.compile(p, backend="eager")
+    assert_same(cp(x), x * 2)
+    p.keywords["k"] = 6
+    assert_same(cp(x), x * 6)
+    assert_same(cp(x, k=3), x * 3)

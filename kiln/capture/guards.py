@@ -28,6 +28,8 @@ from ..aot.saved_hooks.guard import describe as describe_hooks, hooks_are
 from .sources import RenderContext, Source, is_argument_rooted
 
 
+_ABSENT = object()       # (a key a dict of the guarded function lacks)
+
 class GuardKind(enum.Enum):
     TYPE_MATCH = "TYPE_MATCH"          # type(x) is T
     ID_MATCH = "ID_MATCH"              # x is obj (functions, modules, classes, globals read)
@@ -162,8 +164,14 @@ class Guard:
             fn_ref, code, d, kwd = self.expected
             ref = ctx.bind(fn_ref, 'fnref')
             fn = f"{ref}_fn"
+            # (the entry's own signature holds the keyword-only defaults' values: a value
+            # replaced in the dict, ``f.__kwdefaults__["k"] = 5``, is a change too)
+            values = "".join(f" and {fn}.__kwdefaults__.get({k!r}, {ctx.bind(_ABSENT, 'absent')}) is "
+                             f"{ctx.bind(v, 'd')}" for k, v in (kwd or {}).items())
+            count = f" and len({fn}.__kwdefaults__) == {len(kwd)}" if kwd else ""
             return [f"(({fn} := {ref}()) is not None and {fn}.__code__ is {ctx.bind(code, 'code')} and "
-                    f"{fn}.__defaults__ is {ctx.bind(d, 'd')} and {fn}.__kwdefaults__ is {ctx.bind(kwd, 'd')})"]
+                    f"{fn}.__defaults__ is {ctx.bind(d, 'd')} and {fn}.__kwdefaults__ is {ctx.bind(kwd, 'd')}"
+                    f"{count}{values})"]
         raise AssertionError(f"{k} is rendered by its own mechanism")
 
     def describe(self) -> str:
