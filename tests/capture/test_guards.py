@@ -1762,3 +1762,53 @@ def test_an_instance_attribute_shadowing_a_class_method_is_seen(backend):
     torch.testing.assert_close(cg(x), x * 10)
     del obj.m
     torch.testing.assert_close(f(x, obj), x + 1)
+
+
+def _doubled(x):
+    return x * 2
+
+
+def _less_seven(x):
+    return x - 7
+
+
+def _calls_doubled(x):
+    return _doubled(x) + 1
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_a_function_or_class_renamed_or_given_new_code_is_seen(backend):
+    """A function the capture inlined, or whose name it read, and a class whose name it read,
+    changed after the first call: the next call does what eager does."""
+    x = torch.ones(3)
+
+    def make():
+        def inner(x):
+            return x * 2
+
+        def by_name(x):
+            return x + (1 if inner.__name__ == "inner" else 100)
+        return inner, by_name
+
+    inner, by_name = make()
+    c = kiln.compile(by_name, backend=backend)
+    assert_same(c(x), by_name(x))
+    inner.__name__ = "renamed"
+    assert_same(c(x), by_name(x))
+
+    c = kiln.compile(_calls_doubled, backend=backend)
+    assert_same(c(x), _calls_doubled(x))
+    old = _doubled.__code__
+    _doubled.__code__ = _less_seven.__code__
+    try:
+        assert_same(c(x), _calls_doubled(x))
+    finally:
+        _doubled.__code__ = old
+
+    class D:
+        pass
+    d = D()
+    f = kiln.compile(lambda x: x + (1 if type(d).__name__ == "D" else 100), backend=backend)
+    assert_same(f(x), x + 1)
+    D.__name__ = "E"
+    assert_same(f(x), x + 100)

@@ -11,6 +11,7 @@ import torch
 
 from ...errors import Unsupported
 from .. import regions
+from ..guards import GuardKind
 from ..sources import AttrSource, CellSource, ItemSource, is_argument_rooted
 from .base import ConstantValue, RealCallableValue, Value
 
@@ -61,6 +62,9 @@ class UserFunctionValue(Value):
             if self.fn in _FRAME_READERS:
                 e.reads_frames = True       # (see builtins.FRAME_READERS)
             raise e
+        if self.source is not None:
+            # inlined as its code is now: ``f.__code__ = other`` later is a new function
+            tx.output.builder.guard(GuardKind.ID_MATCH, AttrSource(self.source, "__code__"), self.fn.__code__)
         marked = regions.marked_region(self.fn)
         if marked is not None:      # torch.compiler.nested_compile_region: a block of its own
             return regions.record(tx, getattr(marked, "__qualname__", "region"), True,
@@ -68,10 +72,12 @@ class UserFunctionValue(Value):
         return tx.inline_function(self, args, kwargs)
 
     def getattr(self, tx, name):
-        if name in ("__name__", "__qualname__", "__module__", "__doc__"):
-            return ConstantValue(getattr(self.fn, name))
-        if name == "__code__":
-            return ConstantValue(self.fn.__code__)
+        if name in ("__name__", "__qualname__", "__module__", "__doc__", "__code__"):
+            value = getattr(self.fn, name)
+            if self.source is not None:     # (all of them may be assigned)
+                kind = GuardKind.ID_MATCH if name == "__code__" else GuardKind.EQUALS_MATCH
+                tx.output.builder.guard(kind, AttrSource(self.source, name), value)
+            return ConstantValue(value)
         if self.source is not None:
             return tx.wrap_attribute(self, name)
         raise Unsupported(f"attribute {name!r} of function {self.fn.__qualname__}")

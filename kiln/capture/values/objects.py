@@ -783,7 +783,8 @@ class ClassValue(ObjectValue):
         if attr is _MISSING:
             mattr = static_lookup(type(cls), name)
             if mattr is not _MISSING and name in ("__name__", "__qualname__", "__module__", "__mro__"):
-                return tx.wrap(getattr(cls, name), None)
+                # (assignable: ``Cls.__name__ = ...`` after the capture is seen)
+                return tx.wrap(getattr(cls, name), AttrSource(self.source or ConstSource(cls), name))
             try:
                 real = getattr(cls, name)
             except AttributeError as e:
