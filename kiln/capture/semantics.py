@@ -649,9 +649,10 @@ class PythonSemantics:
             rest = self.binary(operator.mod, offset, ConstantValue(abs(container.step)))
             return self.truthy(self.compare(operator.eq, rest, ConstantValue(0)))
         if isinstance(container, (str, bytes, bytearray)):
+            if not isinstance(x, SymNodeValue):
+                raise Unsupported("`in` test of an object in a string")
             raise self.user_exception(TypeError(f"'in <{type(container).__name__}>' requires string as left "
-                                                f"operand, not {x.python_type().__name__}")) \
-                if isinstance(x, SymNodeValue) else Unsupported("`in` test of an object in a string")
+                                                f"operand, not {x.python_type().__name__}"))
         try:
             items = list(container)
         except TypeError as e:

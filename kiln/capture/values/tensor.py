@@ -201,10 +201,11 @@ def _input_layout(tx, value, name: str) -> Value:
     if is_symbolic(result):
         return value._metadata(tx, name, (), result)
     if name == IS_VIEW:
-        if value.source is not None:
-            tx.output.builder.guard(GuardKind.EQUALS_MATCH, TensorPropertySource(value.source, IS_VIEW),
-                                    bool(tx.output.real_tensor(value)._is_view()))
-        return ConstantValue(bool(result))
+        if value.source is None:
+            return ConstantValue(bool(result))
+        real = bool(tx.output.real_tensor(value)._is_view())     # (an input's fake need not be a view)
+        tx.output.builder.guard(GuardKind.EQUALS_MATCH, TensorPropertySource(value.source, IS_VIEW), real)
+        return ConstantValue(real)
     # an offset within an input's memory follows from the input's own (a slice of it): every
     # input of that memory is guarded on its offset
     storage = StorageWeakRef(value.fake.untyped_storage())
