@@ -371,3 +371,26 @@ def test_defaults_changed_in_place_after_the_first_call_are_seen():
     p.keywords["k"] = 6
     assert_same(cp(x), x * 6)
     assert_same(cp(x, k=3), x * 3)
+
+
+def test_compiled_methods_and_forwards_keep_their_signature():
+    """``inspect.signature`` of ``kiln.compile(model.forward)`` and of a compiled module's
+    ``forward`` is the original forward's: Hugging Face's ``generate`` checks the keyword
+    arguments it passes (``pixel_values``) against it and refused them."""
+    import inspect
+
+    class M(torch.nn.Module):
+        def forward(self, input_ids=None, pixel_values=None, *, attention_mask=None, **kwargs):
+            return input_ids * 2
+
+    m = M()
+    want = inspect.signature(m.forward)
+    method = kiln.compile(m.forward, backend="eager")
+    module = kiln.compile(m, backend="eager")
+    assert inspect.signature(method) == want
+    assert inspect.signature(module.forward) == want
+    assert method.__name__ == "forward"
+    x = torch.arange(3)
+    assert_same(method(x), x * 2)
+    assert_same(module.forward(x), x * 2)
+    assert_same(module(input_ids=x), x * 2)

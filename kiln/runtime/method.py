@@ -11,11 +11,23 @@ if TYPE_CHECKING:
 class CompiledMethod:
     """A CompiledFunction bound to ``self`` (``kiln.compile(obj.method)``)."""
 
-    __slots__ = ("_compiled", "_self")
+    __slots__ = ("_compiled", "_self", "_wrapped")
 
-    def __init__(self, compiled: CompiledFunction, obj: Any):
+    def __init__(self, compiled: CompiledFunction, obj: Any, wrapped: Any = None):
         self._compiled = compiled
         self._self = obj
+        self._wrapped = wrapped
+
+    @property
+    def __wrapped__(self):
+        """The method it compiles: ``inspect.signature`` reads its parameters through this,
+        as through ``functools.wraps`` (Hugging Face's ``generate`` checks its keyword
+        arguments against ``inspect.signature(model.forward)``)."""
+        return self._wrapped if self._wrapped is not None else self.original
+
+    @property
+    def __name__(self):
+        return self.__wrapped__.__name__
 
     def __call__(self, /, *args, **kwargs):
         return self._compiled(self._self, *args, **kwargs)

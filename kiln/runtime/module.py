@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Callable
 import torch
 
 from ..process_state import module_callers as _module_callers
+from .method import CompiledMethod
 
 _callers_lock = threading.Lock()
 
@@ -90,8 +91,12 @@ class CompiledModule(torch.nn.Module):
     def __call__(self, /, *args, **kwargs):
         return self._kiln_compiled(self._modules["_orig_mod"], *args, **kwargs)
 
-    def forward(self, /, *args, **kwargs):
-        return self._kiln_compiled(self._orig_mod, *args, **kwargs)
+    @property
+    def forward(self):
+        """The original module's forward, compiled: called, it runs as the compiled module
+        does; its signature (``inspect.signature``) is the original forward's."""
+        orig = self._modules["_orig_mod"]
+        return CompiledMethod(self._kiln_compiled, orig, wrapped=orig.forward)
 
     def __getattr__(self, name):
         if name == "_orig_mod":
