@@ -22,8 +22,8 @@ from .values.containers import (BaseSequenceValue, DictValue, DictViewValue, Ite
 from .values.functions import BoundMethodValue, NestedFunctionValue, UserFunctionValue
 from .values.identity import CaptureIdValue
 from .values.objects import ClassValue, NewObjectValue, ObjectValue, is_object_comparison, static_lookup
-from .values.symbolic import (SymNodeValue, SymRangeValue, SymSliceValue, specialize, sym_binary,
-                              sym_unary)
+from .values.symbolic import (SizeValue, SymNodeValue, SymRangeValue, SymSliceValue, size_value, specialize,
+                              sym_binary, sym_unary)
 from .values.tensor import TensorValue
 from .values.user_iterators import UserIteratorValue
 
@@ -426,7 +426,17 @@ class PythonSemantics:
         if isinstance(a, ListValue) and op is operator.iadd:
             a.base_method(self, "extend", [b], {})
             return a
+        if base_op is operator.add and (_constant_tuple(b) and isinstance(a, TupleValue)
+                                        or _constant_tuple(a) and isinstance(b, TupleValue)):
+            # ``(batch, heads) + mask.shape`` with a symbolic batch: item by item (a Size on
+            # either side gives a Size: ``torch.Size`` defines ``__add__`` and ``__radd__``)
+            items = [self._item_value(v) for v in (a, b)]
+            if _is_size(a) or _is_size(b):
+                return size_value(items[0] + items[1])
+            return TupleValue(items[0] + items[1], None, tuple)
         if isinstance(a, BaseSequenceValue) and isinstance(b, BaseSequenceValue) and base_op is operator.add:
+            if isinstance(a, TupleValue) and isinstance(b, TupleValue) and (_is_size(a) or _is_size(b)):
+                return size_value(list(a.items) + list(b.items))
             if a.base_type is not b.base_type:
                 raise self.user_exception(TypeError("can only concatenate list/tuple to same type"))
             return type(a)(a.items + b.items, None, a.base_type)
@@ -631,6 +641,10 @@ class PythonSemantics:
             raise Unsupported("`in` test on a tensor (needs data)")
         return self.truthy(container.call_method(self, "__contains__", [x], {}))
 
+    @staticmethod
+    def _item_value(v: Value) -> list:
+        return list(v.items) if isinstance(v, TupleValue) else [ConstantValue(i) for i in v.as_constant()]
+
     def _contains_in_constant(self, container, x: Value) -> bool:
         """``x in container`` for a value known only at run time (a symbolic size, an object):
         a range by its bounds (guarded as comparisons, no value specialized), another
@@ -679,6 +693,14 @@ class PythonSemantics:
 
     def setitem(self, obj: Value, index: Value, value: Value) -> None:
         obj.call_method(self, "__setitem__", [index, value], {})
+
+
+def _constant_tuple(v: Value) -> bool:
+    return isinstance(v, ConstantValue) and isinstance(v.as_constant(), tuple)
+
+
+def _is_size(v: Value) -> bool:
+    return isinstance(v, SizeValue) or isinstance(v, ConstantValue) and isinstance(v.as_constant(), torch.Size)
 
 
 def _wrap_result(v) -> Value:

@@ -1478,3 +1478,26 @@ def test_membership_of_a_symbolic_int_in_constants():
     for k in range(0, 12):
         x, n = torch.randn(k), k % 8
         assert c(x, n) == f(x, n), k
+
+
+@pytest.mark.parametrize("dynamic", [True, None, False])
+def test_a_tuple_joined_to_a_size_is_a_size(dynamic):
+    """``(batch, heads) + mask.shape`` with a symbolic batch is captured (it broke the graph),
+    and a tuple joined to a ``torch.Size`` on either side is a ``torch.Size``, as in eager
+    (``Size.__radd__``)."""
+    mask = torch.ones(1, 3)
+
+    def f(x):
+        b = x.shape[0]
+        t1, t2 = (b, 2) + mask.shape, mask.shape + (b, 2)
+        t3, t4 = x.shape + (5,), (7,) + x.shape
+        return [(type(t).__name__, tuple(t)) for t in (t1, t2, t3, t4)], torch.ones(1, 1).expand(t1[2:]) + x.sum()
+
+    counter = CompileCounter()
+    c = kiln.compile(f, backend=counter, dynamic=dynamic)
+    for n in (3, 4, 5):
+        x = torch.randn(n, 2)
+        got, want = c(x), f(x)
+        assert got[0] == want[0]
+        torch.testing.assert_close(got[1], want[1])
+    assert counter.frame_count == {True: 1, None: 2, False: 3}[dynamic]     # (no break: one graph per compile)
