@@ -412,6 +412,13 @@ class OutputGraph:
             # an input's new size would have to be written back (functionalization copies
             # values into the old size): run it eagerly
             raise Unsupported(f"Tensor.{target}() of a graph input (or a view of one)")
+        if _is_as_strided(kind, target) and args and self._is_input_memory(args[0]):
+            # where the view lands depends on where the input starts in its memory
+            self.guard_storage_offsets(args[0].fake)
+            if _reaches_outside(args, kwargs):
+                # functionalization writes back an input's own elements only: a write through
+                # this view would be lost (and eager's other reads of it see it)
+                raise Unsupported("as_strided of a graph input reaching memory outside its elements")
         inplace = inplace_name(kind, target)
         if inplace is not None:
             _refuse_partial_overlap(inplace, args, kwargs)
@@ -478,6 +485,21 @@ class OutputGraph:
             holds = self.call_op("call_function", torch.all,
                                  (self.call_op("call_function", compare, (classes, bound), {}),), {})
             self.call_op("call_function", torch._assert_async, (holds, ConstantValue(message)), {})
+
+    def guard_storage_offsets(self, fake: torch.Tensor) -> None:
+        """Guard where each input sharing ``fake``'s memory starts in it (TENSOR_MATCH does not
+        cover storage offsets): what was read of that memory's layout holds for the entry."""
+        from torch.multiprocessing.reductions import StorageWeakRef
+
+        from .sources import STORAGE_OFFSET, TensorPropertySource
+
+        storage = StorageWeakRef(fake.untyped_storage())
+        for inp in self.tensor_inputs:
+            f = inp.value.fake
+            if inp.value.source is not None and StorageWeakRef(f.untyped_storage()) == storage \
+                    and not isinstance(f.storage_offset(), torch.SymInt):
+                self.builder.guard(GuardKind.EQUALS_MATCH, TensorPropertySource(inp.value.source, STORAGE_OFFSET),
+                                   int(inp.real.storage_offset()))
 
     def _is_input_memory(self, v) -> bool:
         """Whether ``v`` is a tensor sharing the memory of a tensor read from outside."""
@@ -595,6 +617,44 @@ class OutputGraph:
         by_node = {inp.value.node: inp for inp in self.tensor_inputs if inp.value.node is not None}
         by_node.update({s.node: s for s in self.symbol_inputs if s.node is not None})
         return [by_node[n] for n in self.graph.nodes if n.op == "placeholder"]
+
+
+_AS_STRIDED_FUNCTIONS = (torch.as_strided, torch.Tensor.as_strided, torch.Tensor.as_strided_)
+
+
+def _is_as_strided(kind: str, target) -> bool:
+    return target in ("as_strided", "as_strided_") if kind == "call_method" else target in _AS_STRIDED_FUNCTIONS
+
+
+def _reaches_outside(args: tuple, kwargs: dict) -> bool:
+    """Whether ``as_strided(x, size, stride, storage_offset)`` reads or writes an element of
+    ``x``'s storage that ``x`` itself does not cover (decided on known sizes only)."""
+    names = ("size", "stride", "storage_offset")
+    given = list(args[1:]) + [kwargs[n] for n in names[len(args) - 1:] if n in kwargs]
+    try:
+        consts = [v.as_constant() if v.is_constant() else None for v in given]
+    except Exception:  # noqa: BLE001 - an argument that is not a constant: not decided here
+        return False
+    x = args[0].fake
+    if len(consts) < 2 or consts[0] is None or consts[1] is None:
+        return False
+    offset = consts[2] if len(consts) > 2 and consts[2] is not None else x.storage_offset()
+
+    def span(sizes, strides, start):
+        if any(n == 0 for n in sizes):
+            return None
+        low = start + sum(min(0, (n - 1) * s) for n, s in zip(sizes, strides))
+        high = start + sum(max(0, (n - 1) * s) for n, s in zip(sizes, strides))
+        return low, high
+
+    try:
+        want = span(list(consts[0]), list(consts[1]), int(offset))
+        have = span(list(x.shape), list(x.stride()), int(x.storage_offset()))
+    except (TypeError, ValueError):     # (symbolic sizes)
+        return False
+    if want is None:
+        return False
+    return have is None or want[0] < have[0] or want[1] > have[1]
 
 
 def _symbols_of(symbol) -> set:

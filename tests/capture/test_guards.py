@@ -1812,3 +1812,19 @@ def test_a_function_or_class_renamed_or_given_new_code_is_seen(backend):
     assert_same(f(x), x + 1)
     D.__name__ = "E"
     assert_same(f(x), x + 100)
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_as_strided_of_an_input_view_follows_where_the_view_starts(backend):
+    """``x.as_strided(size, stride, 0)`` lands where it lands relative to the input's storage:
+    a write through it outside the view's own elements reaches the base (it was lost), at every
+    offset the view is passed at."""
+    def f(x):
+        x.as_strided((2,), (1,), 0).add_(100)
+        return x.sum()
+
+    c = kiln.compile(f, backend=backend)
+    for off in (0, 3, 0, 5):
+        want, got = torch.arange(20.0), torch.arange(20.0)
+        assert_same(c(got[off:off + 4]), f(want[off:off + 4]))
+        assert_same(got, want)

@@ -6,7 +6,6 @@ import operator
 import warnings
 
 import torch
-from torch.multiprocessing.reductions import StorageWeakRef
 
 from ...errors import Unsupported
 from ..guards import GuardKind
@@ -206,15 +205,8 @@ def _input_layout(tx, value, name: str) -> Value:
         real = bool(tx.output.real_tensor(value)._is_view())     # (an input's fake need not be a view)
         tx.output.builder.guard(GuardKind.EQUALS_MATCH, TensorPropertySource(value.source, IS_VIEW), real)
         return ConstantValue(real)
-    # an offset within an input's memory follows from the input's own (a slice of it): every
-    # input of that memory is guarded on its offset
-    storage = StorageWeakRef(value.fake.untyped_storage())
-    for inp in tx.output.tensor_inputs:
-        fake = inp.value.fake
-        if inp.value.source is not None and StorageWeakRef(fake.untyped_storage()) == storage \
-                and not is_symbolic(fake.storage_offset()):
-            tx.output.builder.guard(GuardKind.EQUALS_MATCH, TensorPropertySource(inp.value.source, STORAGE_OFFSET),
-                                    int(inp.real.storage_offset()))
+    # an offset within an input's memory follows from the input's own (a slice of it)
+    tx.output.guard_storage_offsets(value.fake)
     return ConstantValue(int(result))
 
 
