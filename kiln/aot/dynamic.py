@@ -28,6 +28,7 @@ from typing import Any, Callable
 
 import torch
 import torch.fx
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from .. import _torch, logs
 from ..errors import Unsupported
@@ -111,7 +112,8 @@ def shape_key(args: tuple) -> tuple:
     alias = []
     for i, a in enumerate(args):
         if isinstance(a, torch.Tensor):
-            alias.append((same.setdefault(id(a), i), storage.setdefault(a.untyped_storage().data_ptr(), i)))
+            # (by the storage object: a functionalized tensor's storage has no data pointer)
+            alias.append((same.setdefault(id(a), i), storage.setdefault(StorageWeakRef(a.untyped_storage()), i)))
     return (torch.is_grad_enabled(), tuple(_arg_key(a) for a in args), tuple(alias))
 
 

@@ -736,3 +736,18 @@ def test_a_shape_whose_cache_payload_cannot_be_made_still_runs():
         assert compiled(y, w, v) == fn(y, w_eager, v)
         torch.testing.assert_close(w, w_eager)
     assert hist == [4, 4, 4, 4]
+
+
+@pytest.mark.parametrize("dynamic", [None, True])
+def test_functionalize_over_a_compiled_function(dynamic):
+    """``torch.func.functionalize`` hands the compiled function functional tensors, whose
+    storage has no data pointer (the per-shape dispatch read it to tell aliased arguments)."""
+    def f(x):
+        return x.add_(1.0) + torch.nn.functional.relu_(x)
+
+    x = torch.randn(3, 4)
+    xk = x.clone()
+    want = torch.func.functionalize(f)(x)
+    got = torch.func.functionalize(kiln.compile(f, backend="aot_eager", dynamic=dynamic))(xk)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(xk, x)
