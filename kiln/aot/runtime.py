@@ -492,9 +492,9 @@ class MutationsAndAliases(RuntimeWrapper):
                 for i in check_against:
                     a = args[i]
                     if isinstance(a, torch.Tensor):
-                        ptrs.setdefault(a.untyped_storage().data_ptr(), []).append(i)
+                        ptrs.setdefault(StorageWeakRef(a.untyped_storage()), []).append(i)
                 for i in check_alias:
-                    if len(ptrs.get(args[i].untyped_storage().data_ptr(), ())) > 1:
+                    if len(ptrs.get(StorageWeakRef(args[i].untyped_storage()), ())) > 1:
                         raise RunAsCaptured(f"AOT autograd: input {i} is mutated and shares memory with another "
                                             "input, which it did not at compile time; recompile")
             if written:
