@@ -9,7 +9,7 @@ captured while its function's capture runs, takes it again. Compiled code runs w
 threads run their compiled graphs at once, and user code that a capture calls (a backward
 inside the function) may compile on another thread without waiting on this one.
 
-``compile_scope()`` takes the lock and, for the outermost holder, pauses Python's cyclic garbage
+``compile_scope(pause_gc)`` takes the lock and, for the outermost holder, pauses Python's cyclic garbage
 collector (``kiln.config.pause_gc_while_compiling``). A compile makes hundreds of thousands of
 objects that live until it ends (graph nodes, fake tensors, Inductor's IR), so the collector's
 full passes, which walk every object of the process, run again and again and find little: a
@@ -23,8 +23,6 @@ import gc
 import threading
 from typing import Iterator
 
-from .config import config
-
 COMPILE_LOCK = threading.RLock()
 
 _depth = 0              # (read and written under COMPILE_LOCK only)
@@ -32,13 +30,14 @@ _paused = False
 
 
 @contextlib.contextmanager
-def compile_scope() -> Iterator[None]:
+def compile_scope(pause_gc: bool) -> Iterator[None]:
     """``COMPILE_LOCK``, with the garbage collector paused while the outermost holder compiles
-    (unless the user paused it already, or ``pause_gc_while_compiling`` is off)."""
+    (``pause_gc``: ``kiln.config.pause_gc_while_compiling``, which the callers read; unless the
+    user paused it already)."""
     global _depth, _paused
     with COMPILE_LOCK:
         _depth += 1
-        if _depth == 1 and config.pause_gc_while_compiling and gc.isenabled():
+        if _depth == 1 and pause_gc and gc.isenabled():
             gc.disable()
             _paused = True
         try:

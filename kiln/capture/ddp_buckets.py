@@ -242,7 +242,7 @@ def compile_pieces(gm: torch.fx.GraphModule, pieces: list[list[torch.fx.Node]], 
 
 def _compiled_at_first_call(piece: torch.fx.GraphModule, compile_one: Callable) -> Callable:
     def compile_static(args: list) -> Callable:
-        with compile_scope():
+        with compile_scope(config.pause_gc_while_compiling):
             return compile_one(piece, args)
 
     def on_failure(e: BaseException) -> Callable:

@@ -302,7 +302,7 @@ class CompiledFunction:
         try:
             # the user's saved-tensor hooks must not see capture's fake tensors (they run on
             # the real saved tensors when the entry runs)
-            with _torch.saved_tensors_hooks_paused(), compile_scope():
+            with _torch.saved_tensors_hooks_paused(), compile_scope(config.pause_gc_while_compiling):
                 entry = capture(fn, args, kwargs, key=key, backend=key.backend, backend_name=key.backend_name,
                                 compiled_factory=self._factory, dynamic=self.dynamic)
         except ArgumentsDoNotBind:
@@ -344,7 +344,7 @@ class CompiledFunction:
         if result is MISS:  # the guards do not hold for the arguments they were built from
             return fn(*args, **kwargs)
         if config.cache:
-            with compile_scope():
+            with compile_scope(config.pause_gc_while_compiling):
                 self.record_frames()
         return result
 

@@ -364,7 +364,7 @@ class GraphCompile:
     def _inductor(self, gm: torch.fx.GraphModule, example_inputs: list, kind: str):
         device = device_of(example_inputs)
         cpu = device is None or device.type == "cpu"
-        with compile_scope():      # (also a compile at run time: a late backward, new shapes)
+        with compile_scope(config.pause_gc_while_compiling):      # (also a compile at run time: a late backward, new shapes)
             if cpu:     # (this machine's vector ISAs, when an earlier process probed them)
                 vec_isa_memo.prime(config.cache_dir)
             try:
