@@ -49,7 +49,7 @@ class _LivePartial:
     def __init__(self, partial: functools.partial, compiled_func):
         self.partial = partial
         self.func = compiled_func
-        functools.update_wrapper(self, partial.func, updated=())
+        functools.update_wrapper(self, partial, updated=())     # (its signature: the partial's)
 
     @property
     def args(self):

@@ -9,12 +9,12 @@ captured while its function's capture runs, takes it again. Compiled code runs w
 threads run their compiled graphs at once, and user code that a capture calls (a backward
 inside the function) may compile on another thread without waiting on this one.
 
-``compile_scope(pause_gc)`` takes the lock and, for the outermost holder, pauses Python's cyclic garbage
-collector (``kiln.config.pause_gc_while_compiling``). A compile makes hundreds of thousands of
-objects that live until it ends (graph nodes, fake tensors, Inductor's IR), so the collector's
-full passes, which walk every object of the process, run again and again and find little: a
-tenth of a cold compile on a CPU. Reference counting still frees what it frees; the cycles a
-compile leaves are collected after it, at the collector's next run.
+``compile_scope(pause_gc)`` takes the lock and, for the outermost holder, pauses Python's
+cyclic garbage collector (``kiln.config.pause_gc_while_compiling``). A compile makes hundreds
+of thousands of objects that live until it ends (graph nodes, fake tensors, Inductor's IR), so
+the collector's full passes, which walk every object of the process, run again and again and
+find little: a tenth of a cold compile on a CPU. Reference counting still frees what it frees;
+the cycles a compile leaves are collected after it, at the collector's next run.
 """
 from __future__ import annotations
 

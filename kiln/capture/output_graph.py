@@ -25,7 +25,8 @@ from .interpreter import UserException
 from .numpy.conversions import torch_function_on_numpy
 from .numpy.values import NdarrayValue
 from .side_effects import SideEffects
-from .sources import AttrSource, CaptureObjectSource, ConstSource, GlobalSource, ItemSource, Source
+from .sources import (STORAGE_OFFSET, AttrSource, CaptureObjectSource, ConstSource, GlobalSource, ItemSource,
+                      Source, TensorPropertySource)
 from .values.base import ConstantValue, NullValue, Value
 from .values.builder import STATE_READERS, Builder, is_trusted_module, wrap_pure_result
 from .values import foreach_scalars
@@ -490,8 +491,6 @@ class OutputGraph:
         """Guard where each input sharing ``fake``'s memory starts in it (TENSOR_MATCH does not
         cover storage offsets): what was read of that memory's layout holds for the entry."""
         from torch.multiprocessing.reductions import StorageWeakRef
-
-        from .sources import STORAGE_OFFSET, TensorPropertySource
 
         storage = StorageWeakRef(fake.untyped_storage())
         for inp in self.tensor_inputs:

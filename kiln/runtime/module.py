@@ -94,9 +94,21 @@ class CompiledModule(torch.nn.Module):
     @property
     def forward(self):
         """The original module's forward, compiled: called, it runs as the compiled module
-        does; its signature (``inspect.signature``) is the original forward's."""
+        does; its signature (``inspect.signature``) is the original forward's. (Set, it is
+        what was set, as a method replaced on an instance.)"""
+        replaced = self.__dict__.get("_kiln_forward")
+        if replaced is not None:
+            return replaced
         orig = self._modules["_orig_mod"]
         return CompiledMethod(self._kiln_compiled, orig, wrapped=orig.forward)
+
+    @forward.setter
+    def forward(self, value):
+        self.__dict__["_kiln_forward"] = value
+
+    @forward.deleter
+    def forward(self):
+        self.__dict__.pop("_kiln_forward", None)
 
     def __getattr__(self, name):
         if name == "_orig_mod":
