@@ -414,8 +414,10 @@ class OutputGraph:
             # values into the old size): run it eagerly
             raise Unsupported(f"Tensor.{target}() of a graph input (or a view of one)")
         if _is_as_strided(kind, target) and args and self._is_input_memory(args[0]):
-            # where the view lands depends on where the input starts in its memory
-            self.guard_storage_offsets(args[0].fake)
+            if _explicit_storage_offset(args, kwargs):
+                # where the view lands, against the input's own elements, depends on where the
+                # input starts in its memory (without one, it is placed from the input's start)
+                self.guard_storage_offsets(args[0].fake)
             if _reaches_outside(args, kwargs):
                 # functionalization writes back an input's own elements only: a write through
                 # this view would be lost (and eager's other reads of it see it)
@@ -623,6 +625,11 @@ _AS_STRIDED_FUNCTIONS = (torch.as_strided, torch.Tensor.as_strided, torch.Tensor
 
 def _is_as_strided(kind: str, target) -> bool:
     return target in ("as_strided", "as_strided_") if kind == "call_method" else target in _AS_STRIDED_FUNCTIONS
+
+
+def _explicit_storage_offset(args: tuple, kwargs: dict) -> bool:
+    given = args[3] if len(args) > 3 else kwargs.get("storage_offset")
+    return given is not None and not (given.is_constant() and given.as_constant() is None)
 
 
 def _reaches_outside(args: tuple, kwargs: dict) -> bool:

@@ -1828,3 +1828,17 @@ def test_as_strided_of_an_input_view_follows_where_the_view_starts(backend):
         want, got = torch.arange(20.0), torch.arange(20.0)
         assert_same(c(got[off:off + 4]), f(want[off:off + 4]))
         assert_same(got, want)
+
+
+def test_as_strided_of_views_at_moving_offsets_compiles_once():
+    """Without an explicit storage offset, ``as_strided`` places its view from the input's own
+    start: same-shaped slices of one buffer at moving offsets share one entry."""
+    def f(x):
+        return x.as_strided((2, 2), (1, 1)).sum(0) * 2
+
+    counter = CompileCounter()
+    c = kiln.compile(f, backend=counter)
+    buf = torch.arange(40.0)
+    for i in range(10):
+        assert_same(c(buf[i:i + 8]), f(buf[i:i + 8]))
+    assert counter.frame_count == 1
