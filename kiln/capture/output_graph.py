@@ -9,6 +9,7 @@ import types
 
 import torch
 import torch.fx
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from .. import _torch
 from ..aot.saved_hooks.inlining import active as active_saved_hooks
@@ -492,8 +493,6 @@ class OutputGraph:
     def guard_storage_offsets(self, fake: torch.Tensor) -> None:
         """Guard where each input sharing ``fake``'s memory starts in it (TENSOR_MATCH does not
         cover storage offsets): what was read of that memory's layout holds for the entry."""
-        from torch.multiprocessing.reductions import StorageWeakRef
-
         storage = StorageWeakRef(fake.untyped_storage())
         for inp in self.tensor_inputs:
             f = inp.value.fake
@@ -504,23 +503,17 @@ class OutputGraph:
 
     def _is_input_memory(self, v) -> bool:
         """Whether ``v`` is a tensor sharing the memory of a tensor read from outside."""
-        from torch.multiprocessing.reductions import StorageWeakRef
-
         if not isinstance(v, TensorValue):
             return False
         st = StorageWeakRef(v.fake.untyped_storage())
         return any(StorageWeakRef(t.value_fake.untyped_storage()) == st for t in self.tensor_inputs)
 
     def is_frozen(self, t: TensorValue) -> bool:
-        from torch.multiprocessing.reductions import StorageWeakRef
-
         return StorageWeakRef(t.fake.untyped_storage()) in self.frozen_storages
 
     def check_frozen_outputs(self, nodes) -> None:
         """A min()/max() select and a candidate both leaving the graph: the caller could
         tell them apart where eager hands out one object twice."""
-        from torch.multiprocessing.reductions import StorageWeakRef
-
         if not self.frozen_storages:
             return
         seen = [StorageWeakRef(n.meta["example_value"].untyped_storage()) for n in nodes
@@ -530,8 +523,6 @@ class OutputGraph:
                               "chose from (eager's result is one of them)")
 
     def _refuse_frozen_write(self, args, kwargs, name) -> None:
-        from torch.multiprocessing.reductions import StorageWeakRef
-
         written = [args[0]] if args else []
         written += [kwargs["out"]] if "out" in kwargs else []
         written = [t for w in written for t in (getattr(w, "items", None) or [w])]
