@@ -294,6 +294,37 @@ def inductor_compile_graph(gm: torch.fx.GraphModule, example_inputs: list, **kwa
     return compile_fx_inner(gm, example_inputs, **kwargs)
 
 
+_SKIPPED_PREFIXES: set = set()
+_HOOK_LOCK = threading.Lock()
+
+
+def inductor_skip_input_asserts_of_subgraphs(prefix: str) -> None:
+    """From now on, Inductor generates a subgraph whose name starts with ``prefix`` without
+    the size/stride asserts on its inputs. For subgraphs whose every caller already gives
+    them the strides they were lowered for (``kiln.aot.regions.UNCHECKED_INPUTS_PREFIX``);
+    other subgraphs, torch.compile's among them, and every graph's own inputs keep theirs.
+    A torch whose subgraph code generator differs keeps every assert."""
+    from torch._inductor.codegen import wrapper
+
+    with _HOOK_LOCK:
+        if prefix in _SKIPPED_PREFIXES:
+            return
+        cls = getattr(wrapper, "SubgraphPythonWrapperCodegen", None)
+        original = getattr(cls, "codegen_input_size_asserts", None)
+        if original is None:
+            return
+        if not _SKIPPED_PREFIXES:
+            @_functools.wraps(original)
+            def codegen_input_size_asserts(self, *args, **kwargs):
+                name = getattr(self, "subgraph_name", None)
+                if isinstance(name, str) and name.startswith(tuple(_SKIPPED_PREFIXES)):
+                    return None
+                return original(self, *args, **kwargs)
+
+            cls.codegen_input_size_asserts = codegen_input_size_asserts
+        _SKIPPED_PREFIXES.add(prefix)
+
+
 def inductor_generated_code(compiled: Any) -> dict | None:
     """What a load needs of Inductor's result for one graph (a ``CompiledFxGraph``): its
     generated Python module's source and cache key, the constants the module reads, and what

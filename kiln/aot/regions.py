@@ -486,22 +486,74 @@ def has_regions(gm: torch.fx.GraphModule) -> bool:
     return any(n.op == "call_function" and n.target is invoke_region for n in gm.graph.nodes)
 
 
+# A block whose every call passes operands of one static layout is lowered under this prefix:
+# Inductor's code then calls it without re-checking its inputs' sizes and strides (see
+# ``to_inductor``; kiln._torch.inductor_skip_input_asserts_of_subgraphs). The name is part of
+# the graph's code, so Inductor's FX graph cache keys on it.
+UNCHECKED_INPUTS_PREFIX = "kiln_unchecked_"
+
+
 def to_inductor(gm: torch.fx.GraphModule) -> None:
     """Rewrite ``invoke_region(block, *operands)`` into torch's ``invoke_subgraph(block, name,
     *operands)``, which Inductor lowers once per subgraph attribute and calls per node. Each
-    block is copied first: Inductor rewrites the graphs it compiles."""
-    copied: set = set()
-    for node in gm.graph.nodes:
-        if node.op == "call_function" and node.target is invoke_region:
-            block = node.args[0]
-            if block.target not in copied:
-                copied.add(block.target)
-                copy = fx_graphs.copy_graph_module(getattr(gm, block.target))
-                _tuple_output(copy)
-                setattr(gm, block.target, copy)
-            node.target = torch.ops.higher_order.invoke_subgraph
-            node.args = (block, f"kiln_{block.target}", *node.args[1:])
+    block is copied first: Inductor rewrites the graphs it compiles.
+
+    Inductor lowers a subgraph for its first call's operands and gives every other call's
+    operands those strides (copying where they differ). Where every call already passes one
+    static layout (the same sizes, strides, dtypes and devices), the input asserts inside the
+    subgraph re-check at every call what the caller's code made true, a microsecond each on a
+    step bound by the host: such a block is renamed under ``UNCHECKED_INPUTS_PREFIX``. A
+    symbolic size, or calls that differ, keep the asserts."""
+    calls = [n for n in gm.graph.nodes if n.op == "call_function" and n.target is invoke_region]
+    uniform = _uniform_call_layouts(calls)
+    renamed: dict[str, str] = {}
+    for target in dict.fromkeys(call.args[0].target for call in calls):
+        copy = fx_graphs.copy_graph_module(getattr(gm, target))
+        _tuple_output(copy)
+        name = target
+        if target in uniform:
+            delattr(gm, target)
+            name = UNCHECKED_INPUTS_PREFIX + target.removeprefix("kiln_")
+        setattr(gm, name, copy)
+        renamed[target] = name
+    for block in {call.args[0] for call in calls}:
+        block.target = renamed[block.target]
+    for call in calls:
+        block = call.args[0]
+        call.target = torch.ops.higher_order.invoke_subgraph
+        call.args = (block, f"kiln_{block.target}", *call.args[1:])
     gm.recompile()
+
+
+def _uniform_call_layouts(calls: list) -> set[str]:
+    """The blocks (their attribute names) whose every ``invoke_region`` call passes operands
+    of one static layout."""
+    layouts: dict[str, tuple | None] = {}
+    for call in calls:
+        name, layout = call.args[0].target, _static_layout(call.args[1:])
+        if name not in layouts:
+            layouts[name] = layout
+        elif layouts[name] != layout:
+            layouts[name] = None
+    return {name for name, layout in layouts.items() if layout is not None}
+
+
+def _static_layout(operands) -> tuple | None:
+    """(size, stride, dtype, device) of each tensor operand, other operands as they are; None
+    where one is symbolic or has no example value."""
+    out = []
+    for a in operands:
+        val = a.meta.get("val") if isinstance(a, torch.fx.Node) else a
+        if isinstance(val, torch.Tensor):
+            if any(isinstance(d, torch.SymInt) for d in (*val.shape, *val.stride())):
+                return None
+            out.append((tuple(val.shape), tuple(val.stride()), val.dtype, val.device))
+        elif isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool)) or (
+                val is None and isinstance(a, torch.fx.Node)):
+            return None
+        else:
+            out.append(val)
+    return tuple(out)
 
 
 def _tuple_output(gm: torch.fx.GraphModule) -> None:
@@ -513,5 +565,5 @@ def _tuple_output(gm: torch.fx.GraphModule) -> None:
         gm.recompile()
 
 
-__all__ = ["invoke_region", "compiling", "inline", "has_regions", "to_inductor", "STAGE", "CAPTURED",
+__all__ = ["invoke_region", "compiling", "inline", "has_regions", "to_inductor", "UNCHECKED_INPUTS_PREFIX", "STAGE", "CAPTURED",
            "TRACED", "TracedBlock"]

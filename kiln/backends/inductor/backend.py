@@ -379,6 +379,7 @@ class GraphCompile:
         graph = fx_graphs.copy_graph_module(gm)      # Inductor rewrites the graph it compiles
         if regions.has_regions(graph):
             regions.to_inductor(graph)
+            _torch.inductor_skip_input_asserts_of_subgraphs(regions.UNCHECKED_INPUTS_PREFIX)
         fx_graphs.without_kiln_meta(graph)
         if kind == "forward":
             self._fw_output_strides = None
