@@ -389,9 +389,10 @@ class GraphCompile:
                 with _torch.inductor_compile_context(mode):
                     graph = _torch.inductor_joint_graph_passes(graph, device_of(example_inputs))
             donated = gm.meta.get("kiln_donated", []) if kind == "backward" else []
-            if donated and regions.has_regions(gm):
-                # (Inductor lowers a subgraph with its parent's donated input positions: it
-                # would write into the block's own inputs at those positions)
+            if donated and _has_subgraphs(gm):
+                # (Inductor lowers a subgraph, a repeated block or a branch or body of cond,
+                # while_loop, scan..., with its parent's donated input positions: it would
+                # write into the subgraph's own inputs at those positions, a parameter among them)
                 donated = []
             if kind == "backward":
                 example_inputs = self._restride_saved(gm, example_inputs, mode)
@@ -637,6 +638,12 @@ def fake_mode_of(values: list, gm: torch.fx.GraphModule):
         if _torch.is_symbolic(v):
             return _torch.FakeTensorMode(allow_non_fake_inputs=True, shape_env=v.node.shape_env)
     return _torch.FakeTensorMode(allow_non_fake_inputs=True)
+
+
+def _has_subgraphs(gm: torch.fx.GraphModule) -> bool:
+    """Whether ``gm`` reads a graph of its own (a higher-order op's branch, body or block)."""
+    return any(n.op == "get_attr" and isinstance(getattr(gm, n.target, None), torch.fx.GraphModule)
+               for n in gm.graph.nodes)
 
 
 def _has_symbols(values: list) -> bool:
