@@ -15,7 +15,7 @@ the user marked it. Only the outermost candidate of nested ones is recorded.
 
 A span stays inlined (with the reason under ``KILN_LOGS=aot``) where a shared block could
 differ from the inlined code: it changes grad mode or enters autocast without leaving it, writes
-a tensor it did not create in place, returns a non-tensor value, an
+a tensor it did not create (or a view of one) in place, returns a non-tensor value, an
 input, or two views of one tensor, or a tensor that later code writes in place.
 
 **Gradients.** One node is one autograd node. Where a block's output is a graph output (the
@@ -166,6 +166,7 @@ def _flat_nodes(a) -> list:
 
 def _refusal(nodes: list) -> str | None:
     inside = set(nodes)
+    outer = {_storage(a) for n in nodes for a in n.all_input_nodes if a not in inside} - {None}
     depth = 0
     for n in nodes:
         if n.op == "call_function" and n.target is torch._C._set_grad_enabled:
@@ -174,11 +175,16 @@ def _refusal(nodes: list) -> str | None:
             depth += 1
         if n.op == "call_function" and n.target is am._exit_autocast:
             depth -= 1
-        if any(a not in inside for a in mutated_operands(n)):
-            return "it writes in place a tensor it did not create"
+        if any(a not in inside or _storage(a) in outer for a in mutated_operands(n)):
+            return "it writes in place a tensor it did not create (or a view of one)"
     if depth != 0:
         return "it enters autocast without leaving it, or leaves one it did not enter"
     return None
+
+
+def _storage(n) -> StorageWeakRef | None:
+    v = n.meta.get("example_value") if isinstance(n, torch.fx.Node) else None
+    return StorageWeakRef(v.untyped_storage()) if isinstance(v, torch.Tensor) else None
 
 
 def _cut(nodes: list, outputs_of_graph: set) -> list[list]:

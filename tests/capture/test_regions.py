@@ -209,6 +209,47 @@ def test_a_block_that_writes_an_outside_tensor_stays_inlined():
     assert not region_calls(rec.graphs[0])
 
 
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_a_block_that_writes_through_a_view_of_an_outside_tensor_stays_inlined(backend):
+    """``acc[0].add_(1)`` creates the view inside the block, yet writes the caller's tensor:
+    the block stays inlined and the write reaches the input, under
+    ``nested_compile_region`` too."""
+    class Counting(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+
+        def forward(self, x, acc):
+            acc[0].add_(1)
+            return self.lin(x) + acc.sum(0)
+
+    @torch.compiler.nested_compile_region
+    def bump(x):
+        x[0].add_(5)
+        return x.sum()
+
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = torch.nn.ModuleList([Counting() for _ in range(3)])
+
+        def forward(self, x, acc):
+            for layer in self.layers:
+                x = layer(x, acc)
+            return x + bump(acc)
+
+    model = M()
+    compiled = kiln.compile(model, backend=backend)
+    for _ in range(2):
+        x = torch.randn(2, 4)
+        acc1, acc2 = torch.zeros(3, 4), torch.zeros(3, 4)
+        torch.testing.assert_close(compiled(x, acc1), model(x, acc2))
+        torch.testing.assert_close(acc1, acc2)
+    rec = Recorder()
+    kiln.compile(model, backend=rec)(torch.randn(2, 4), torch.zeros(3, 4))
+    assert not region_calls(rec.graphs[0])
+
+
 class KVBlock(torch.nn.Module):
     """A block that hands a tensor out (as a model hands out its KV cache) and computes further
     from it. ``cat_onto_empty``: as a KV cache's first update, ``cat`` onto an empty tensor,
