@@ -33,7 +33,7 @@ from .values.builder import STATE_READERS, Builder, is_trusted_module, wrap_pure
 from .values import foreach_scalars
 from .values.containers import DictValue, ListValue, NamedTupleValue, SetValue, TupleValue
 from .values.overlap import has_internal_overlap, may_partially_overlap
-from .values.symbolic import SymNodeValue, SymRangeValue, SymSliceValue, wrap_sym
+from .values.symbolic import SymNodeValue, SymRangeValue, SymSliceValue, size_value, wrap_sym
 from .values.tensor import TensorValue
 
 
@@ -462,6 +462,12 @@ class OutputGraph:
                 return a
         if _torch.is_symbolic(result):
             return wrap_sym(self, result, lambda: self._op_node(kind, target, fx_args, fx_kwargs))
+        if not _contains_tensor(result) and _contains_symbolic(result):
+            # sizes computed from symbolic ones (torch.broadcast_shapes): each symbolic item is
+            # read from the op's result, as the graph runs
+            node = self._op_node(kind, target, fx_args, fx_kwargs)
+            node.meta["example_value"] = result
+            return self._wrap_symbolic_items(node, result)
         if not _contains_tensor(result):
             # (an op that writes its out= tensors may return None: unbind_copy, split_copy)
             # (a check returns None too: torch._assert_async raises when the graph runs)
@@ -552,6 +558,30 @@ class OutputGraph:
         for name, obj in self.constant_attrs.items():
             object.__setattr__(root, name, obj)
         return root
+
+    def _wrap_symbolic_items(self, node, result) -> Value:
+        """The value of ``result`` (a number or a tuple, list or torch.Size of them, some
+        symbolic) that ``node`` computes."""
+        if not isinstance(result, (tuple, list)):
+            return wrap_sym(self, result, lambda: node)
+
+        def item(i, r):
+            def make_node():
+                child = self.graph.call_function(_getitem, (node, i))
+                child.meta["example_value"] = r
+                return child
+            if isinstance(r, (tuple, list)):
+                return self._wrap_symbolic_items(make_node(), r)
+            return wrap_sym(self, r, make_node)
+
+        items = [item(i, r) for i, r in enumerate(result)]
+        if isinstance(result, torch.Size):
+            return size_value(items)
+        if isinstance(result, list):
+            return ListValue(items)
+        if type(result) is not tuple:
+            return NamedTupleValue(items, None, type(result))
+        return TupleValue(items)
 
     def _wrap_result(self, node, result) -> Value:
         node.meta["example_value"] = result
@@ -714,6 +744,12 @@ def _contains_tensor(x) -> bool:
     if isinstance(x, dict):
         return any(_contains_tensor(i) for i in x.values())
     return False
+
+
+def _contains_symbolic(x) -> bool:
+    if isinstance(x, (tuple, list)):
+        return any(_contains_symbolic(i) for i in x)
+    return _torch.is_symbolic(x)
 
 
 def _wrap_nontensor(v, what: str) -> Value:

@@ -1501,3 +1501,27 @@ def test_a_tuple_joined_to_a_size_is_a_size(dynamic):
         assert got[0] == want[0]
         torch.testing.assert_close(got[1], want[1])
     assert counter.frame_count == {True: 1, None: 2, False: 3}[dynamic]     # (no break: one graph per compile)
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+@pytest.mark.parametrize("dynamic", [True, None])
+def test_sizes_an_op_computes_from_symbolic_sizes_are_read_as_the_graph_runs(backend, dynamic):
+    """``torch.broadcast_shapes`` of symbolic sizes (or of int arguments made dynamic) returns
+    a ``torch.Size`` of ints, each the one of this call: the tracing symbols leaked out as the
+    answer of every call."""
+    def shapes(a, b):
+        return torch.broadcast_shapes(a, b)
+
+    def expand(x, y):
+        s = torch.broadcast_shapes(x.shape, y.shape)
+        return x.expand(s) + y.expand(s), s, s[0] * 2
+
+    c1 = kiln.compile(shapes, backend=backend, dynamic=dynamic)
+    c2 = kiln.compile(expand, backend=backend, dynamic=dynamic)
+    for n, m in ((3, 4), (5, 6), (2, 7)):
+        got, want = c1((1, m), (n, 1)), shapes((1, m), (n, 1))
+        assert type(got) is torch.Size and all(type(d) is int for d in got) and got == want
+        x, y = torch.randn(n, 1), torch.randn(1, m)
+        got, want = c2(x, y), expand(x, y)
+        torch.testing.assert_close(got[0], want[0])
+        assert type(got[1]) is torch.Size and got[1] == want[1] and got[2] == want[2] and type(got[2]) is int
