@@ -402,6 +402,10 @@ class OutputGraph:
                 kwargs = {**kwargs, "device": ConstantValue(torch.device(self.global_state.devices[-1]))}
         if kind == "call_function" and target is torch._C._nn.one_hot and args and isinstance(args[0], TensorValue):
             self._check_one_hot_classes(args[0], args[1] if len(args) > 1 else kwargs.get("num_classes"))
+        if kind == "call_function" and target in _IDENTITY_DROPOUTS and _leaves_input_as_is(args, kwargs):
+            # eager's dropout returns its input itself when not training or p == 0: a write to
+            # the result writes the input (the AOT stages' decomposition would return a copy)
+            return args[0] if args else kwargs["input"]
         if kind == "call_function" and target in _DROPOUTS and _drops_everything(args, kwargs):
             # (eager's dropout with p=1 multiplies by a zero and draws no random numbers; the
             # AOT stages' native_dropout would draw them, moving the generator)
@@ -845,15 +849,41 @@ def _out_layouts(fake_kwargs: dict) -> list:
 _DROPOUTS = (torch.nn.functional.dropout, torch.dropout)
 
 
-def _drops_everything(args: tuple, kwargs: dict) -> bool:
-    """``F.dropout(x, p=1.0, training=True)`` or ``torch.dropout(x, 1.0, train=True)`` (not in
-    place), every argument a constant but x."""
+# dropouts whose eager kernel returns the input itself for p == 0 or when not training
+# (ATen's _dropout_impl; the functional wrappers add only the check of p)
+_IDENTITY_DROPOUTS = (torch.nn.functional.dropout, torch.nn.functional.alpha_dropout,
+                      torch.nn.functional.feature_alpha_dropout, torch.dropout, torch.alpha_dropout,
+                      torch.feature_dropout, torch.feature_alpha_dropout)
+
+
+def _dropout_arguments(args: tuple, kwargs: dict) -> dict | None:
+    """The constant arguments of a dropout call but its input (``p``, ``training``,
+    ``inplace``), None when one is not a constant or the input is not a tensor."""
     names = ("input", "p", "training", "inplace")
     given = dict(zip(names, args)) | {("training" if k == "train" else k): v for k, v in kwargs.items()}
     const = {k: v.as_constant() for k, v in given.items() if k != "input" and v.is_constant()}
     if len(const) != len(given) - 1 or not isinstance(given.get("input"), TensorValue):
+        return None
+    return const
+
+
+def _drops_everything(args: tuple, kwargs: dict) -> bool:
+    """``F.dropout(x, p=1.0, training=True)`` or ``torch.dropout(x, 1.0, train=True)`` (not in
+    place), every argument a constant but x."""
+    const = _dropout_arguments(args, kwargs)
+    if const is None:
         return False
     return const.get("p", 0.5) == 1.0 and const.get("training", True) is True and not const.get("inplace", False)
+
+
+def _leaves_input_as_is(args: tuple, kwargs: dict) -> bool:
+    """A dropout call whose eager kernel returns its input tensor itself: p == 0 or not
+    training, with p in [0, 1] (outside it eager raises, and the op runs to raise)."""
+    const = _dropout_arguments(args, kwargs)
+    if const is None:
+        return False
+    p = const.get("p", 0.5)
+    return isinstance(p, (int, float)) and 0 <= p <= 1 and (p == 0 or const.get("training", True) is False)
 
 
 def _to_fake(v: Value):

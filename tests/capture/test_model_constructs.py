@@ -492,3 +492,28 @@ def _validate_by_origin(x):
 def test_the_origin_of_a_typing_construct_is_a_dict_key_without_a_break():
     run_twice(_validate_by_origin, lambda: (torch.randn(3),), graphs=1)
     assert breaks_of(_validate_by_origin, torch.randn(3)) == (1, [], [])
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_dropout_that_keeps_its_input_returns_the_input_itself(backend):
+    """Eager's dropout returns its input tensor itself when not training or when p == 0
+    (``nn.Dropout`` in eval, Hugging Face's attention dropout of 0.0): a write to the result is
+    a write to the input. torch's decomposition returns a copy, and the write was lost."""
+    import torch.nn.functional as F
+
+    def f(x, y, z):
+        a = F.dropout(x, 0.1, training=False)
+        a.add_(1)
+        b = torch.nn.Dropout(0.0)(y)
+        b.mul_(2)
+        c = torch.dropout(z, 0.3, False)
+        return a * 2, b is y, c is z, torch.alpha_dropout(z, 0.2, False) is z
+
+    compiled = kiln.compile(f, backend=backend)
+    for _ in range(2):
+        args = [torch.randn(3, 4) for _ in range(3)]
+        mine = [a.clone() for a in args]
+        want, got = f(*args), compiled(*mine)
+        assert_same(got, want)
+        for a, m in zip(args, mine):
+            torch.testing.assert_close(m, a)
