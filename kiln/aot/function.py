@@ -58,41 +58,68 @@ def caller(fn: Callable) -> Callable[[list], Any]:
 
 
 def layout_checked(call: Callable[[list], Any], gm: torch.fx.GraphModule | Callable[[], torch.fx.GraphModule],
-                   what: str, symbolic: bool | None = None) -> Callable[[list], Any]:
-    """``call`` (a compiled backward), or the graph run as ATen ops once a saved value comes
-    in another layout than the one it was compiled for. Inductor checks its inputs' strides
-    before it runs anything, so nothing ran; the graph with its views as reshapes reads any
-    layout. Better a slower backward than kiln's layout assumption reaching the user (a
-    dynamic graph whose forward laid a saved value out otherwise). A static graph is compiled
-    for the layouts its forward really returns (``_restride_saved``) and is called as it is.
+                   what: str, symbolic: bool | None = None, tangents: int = 0) -> Callable[[list], Any]:
+    """``call`` (a compiled backward), or the graph run as ATen ops where the compiled code
+    cannot take its inputs:
+
+    - once a saved value comes in another layout than the one it was compiled for. Inductor
+      checks its inputs' strides before it runs anything, so nothing ran; the graph with its
+      views as reshapes reads any layout. Better a slower backward than kiln's layout
+      assumption reaching the user (a dynamic graph whose forward laid a saved value out
+      otherwise). A static graph is compiled for the layouts its forward really returns
+      (``_restride_saved``) and is called as it is;
+    - for a call whose gradient is a tensor subclass (among the last ``tangents`` inputs): an
+      output of the graph met a subclass in eager code (a DTensor, a wrapper tensor). The graph
+      was compiled for plain tensors, whose memory the compiled code reads directly; its ATen
+      ops dispatch to the subclass as eager's do.
 
     ``gm``: the graph, or (a backward loaded from a cache entry) what builds it when needed,
     with ``symbolic`` saying whether its inputs have symbolic sizes."""
     if symbolic is None:
         symbolic = any(is_symbolic(d) for p in gm.graph.find_nodes(op="placeholder")
                        if isinstance(v := p.meta.get("val"), torch.Tensor) for d in (*v.shape, *v.stride()))
-    if not symbolic:
+    if not symbolic and not tangents:
         return call
-    fallback = None
+    as_aten: list = []
+
+    def aten() -> Callable[[list], Any]:
+        if not as_aten:
+            g = fx_graphs.copy_graph_module(gm if isinstance(gm, torch.fx.GraphModule) else gm())
+            inductor_view_to_reshape(g)
+            as_aten.append(caller(g))
+        return as_aten[0]
+
+    layout_fallback = False
 
     def run(args):
-        nonlocal fallback
-        if fallback is not None:
-            return fallback(args)
+        nonlocal layout_fallback
+        if tangents and _has_subclass(args, len(args) - tangents):
+            return aten()(args)
+        if layout_fallback:
+            return aten()(args)
+        if not symbolic:
+            return call(args)
         kept = list(args)        # (a boxed call empties the list it is given)
         try:
             return call(args)
         except AssertionError as e:
             if "stride" not in str(e):
                 raise
-            g = fx_graphs.copy_graph_module(gm if isinstance(gm, torch.fx.GraphModule) else gm())
-            inductor_view_to_reshape(g)
-            fallback = caller(g)
+            layout_fallback = True
             warnings.warn(f"kiln: {what} got a saved value in another layout than it was compiled "
                           f"for ({str(e).splitlines()[0][:200]}); it runs as ATen ops from now on.",
                           RuntimeWarning, stacklevel=2)
-            return fallback(kept)
+            return aten()(kept)
     return run
+
+
+def _has_subclass(args: list, start: int) -> bool:
+    """Whether an argument from ``start`` on is an instance of a tensor subclass."""
+    for a in args[max(start, 0):]:
+        t = type(a)
+        if t is not torch.Tensor and t is not torch.nn.Parameter and isinstance(a, torch.Tensor):
+            return True
+    return False
 
 
 def view_outputs(fw: Callable, parts) -> list[int]:
@@ -332,12 +359,13 @@ def make_training_core(fw: Callable, bw: Callable, parts, compile_bw: Callable[[
     ``backward_key`` -> a function that loads ``(compiled, kept inputs)``: used instead of
     building and compiling the graph."""
     view_outs = view_outputs(fw, parts)
-    fw, bw = caller(fw), (None if bw is None else layout_checked(caller(bw), parts.backward, "the backward"))
+    n_tangents = len(parts.tangent_positions)
+    fw, bw = caller(fw), (None if bw is None else
+                          layout_checked(caller(bw), parts.backward, "the backward", tangents=n_tangents))
     # (whether the backward's gradients can share memory: checked per call only then)
     bw_may_alias = parts.backward is None or outputs_may_share_memory(parts.backward.graph)
     nfw = parts.num_fw_outputs
     tangent_positions = list(parts.tangent_positions)
-    n_tangents = len(tangent_positions)
     nondiff = {k for k, rg in enumerate(parts.fw_output_requires_grad) if not rg}
     deps = [frozenset(d) for d in parts.grad_dependencies] if parts.grad_dependencies is not None else None
     static_zeros = _static_zeros(parts)
@@ -372,13 +400,13 @@ def make_training_core(fw: Callable, bw: Callable, parts, compile_bw: Callable[[
             load = stored.get(key)
             if load is not None:
                 call, kept = load()
-                got = (layout_checked(caller(call), lambda: build()[0], what, parts.symbolic), kept)
+                got = (layout_checked(caller(call), lambda: build()[0], what, parts.symbolic, n_tangents), kept)
             else:
                 with global_module_hooks_paused():
                     gm, kept = build()
                     gm.meta["kiln_backward_key"] = key
                     gm.meta["kiln_kept_inputs"] = kept
-                    got = (layout_checked(caller(compile_bw(gm)), gm, what), kept)
+                    got = (layout_checked(caller(compile_bw(gm)), gm, what, tangents=n_tangents), kept)
             made[key] = got
         return got
 
