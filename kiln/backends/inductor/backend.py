@@ -47,7 +47,7 @@ from ...aot.dynamic import PerShapeCompiled, compile_graph
 from ...aot.partition import min_cut_rematerialization_partition
 from ...cache import PAYLOAD_ATTR, store
 from ...compile_lock import compile_scope
-from ...aot import fake_propagation, fx_graphs, regions
+from ...aot import fake_propagation, fake_tensors, fx_graphs, regions
 from ...aot.donation import copies_when_graph_kept, donatable_saved_tensors
 from ...config import config
 from ...cudagraphs import cudagraphify, graph_facts
@@ -293,11 +293,13 @@ class GraphCompile:
         candidate = fx_graphs.copy_graph_module(joint)
         try:
             fake_propagation.record_val_calls(candidate.graph)
+            aliasing = _outputs_aliasing_inputs(joint)
             # (autocast off, as for the compile: the passes trace their replacements, and the
             # graph's ATen ops already hold the casts)
             with _torch.inductor_config().patch(self.patches), _torch.inductor_compile_context(mode), \
                     torch._C._DisableAutocast():
                 candidate = _torch.inductor_joint_graph_passes(candidate, device_of(flat_inputs))
+                _keep_outputs_fresh(candidate, aliasing, mode)
                 # (new nodes need their values; the rest keep theirs)
                 fake_propagation.propagate_fake(candidate, flat_inputs, mode, keep_unchanged=True)
             changed = _changed_outputs(joint, candidate)
@@ -386,8 +388,10 @@ class GraphCompile:
             self._fw_num_outputs = gm.meta.get("kiln_num_fw_outputs", len(_outputs(gm)))
         with cfg.patch(self.patches), torch.no_grad(), torch._C._DisableAutocast():
             if kind == "inference":      # (training graphs had them before partitioning)
+                aliasing = _outputs_aliasing_inputs(graph)
                 with _torch.inductor_compile_context(mode):
                     graph = _torch.inductor_joint_graph_passes(graph, device_of(example_inputs))
+                    _keep_outputs_fresh(graph, aliasing, mode)
             donated = gm.meta.get("kiln_donated", []) if kind == "backward" else []
             if donated and _has_subgraphs(gm):
                 # (Inductor lowers a subgraph, a repeated block or a branch or body of cond,
@@ -518,6 +522,35 @@ def _changed_outputs(before: torch.fx.GraphModule, after: torch.fx.GraphModule) 
                 (vx.dtype != vy.dtype or tuple(vx.shape) != tuple(vy.shape)):
             return f"output {k}: {vx.dtype} {tuple(vx.shape)}, then {vy.dtype} {tuple(vy.shape)}"
     return ""
+
+
+def _outputs_aliasing_inputs(gm: torch.fx.GraphModule) -> list[bool]:
+    """Per output of ``gm``, whether its value shares memory with an input's."""
+    inputs = {fake_tensors.fake_storage(p.meta.get("val")) for p in _placeholders(gm)} - {None}
+    return [isinstance(o, torch.fx.Node) and fake_tensors.fake_storage(o.meta.get("val")) in inputs
+            for o in _outputs(gm)]
+
+
+def _keep_outputs_fresh(gm: torch.fx.GraphModule, aliasing: list[bool], mode) -> None:
+    """An output that shares no memory with an input before Inductor's graph passes, and an
+    input itself (or a view of one) after them, is copied. A pass that removes a no-op
+    (``x * 1``, a multiply by a one-element tensor of ones) hands the input back, where
+    eager's output is new memory: a write to it would write the input."""
+    after = _outputs_aliasing_inputs(gm)
+    if len(after) != len(aliasing) or not any(a and not b for a, b in zip(after, aliasing)):
+        return
+    out = _output_node(gm)
+    vals = _outputs(gm)
+    for k, node in enumerate(vals):
+        if after[k] and not aliasing[k]:
+            with gm.graph.inserting_before(out):
+                copy = gm.graph.call_function(torch.ops.aten.clone.default, (node,))
+            with mode:
+                copy.meta["val"] = torch.ops.aten.clone.default(node.meta["val"])
+            vals[k] = copy
+    single = not isinstance(out.args[0], (tuple, list))
+    out.args = (vals[0] if single else type(out.args[0])(vals),)
+    gm.recompile()
 
 
 def with_triton_records_for_packages(compiled: Callable) -> Callable:
