@@ -299,9 +299,9 @@ class GraphCompile:
             with _torch.inductor_config().patch(self.patches), _torch.inductor_compile_context(mode), \
                     torch._C._DisableAutocast():
                 candidate = _torch.inductor_joint_graph_passes(candidate, device_of(flat_inputs))
-                _keep_outputs_fresh(candidate, aliasing, mode)
                 # (new nodes need their values; the rest keep theirs)
                 fake_propagation.propagate_fake(candidate, flat_inputs, mode, keep_unchanged=True)
+                _keep_outputs_fresh(candidate, aliasing, mode)
             changed = _changed_outputs(joint, candidate)
             if changed:
                 raise RuntimeError(f"the passes changed the graph's outputs ({changed})")
