@@ -75,6 +75,16 @@ def marked_region(fn) -> object | None:
     return inner
 
 
+def marked_region_source(fn, source):
+    """Where ``marked_region(fn)`` is read from, given ``fn``'s source (None without one)."""
+    if source is None:
+        return None
+    while hasattr(fn, "__marked_compile_region_fn__"):
+        source = AttrSource(source, "__marked_compile_region_fn__")
+        fn = fn.__marked_compile_region_fn__
+    return source
+
+
 def record(tx, name: str, marked: bool, call):
     """``call()`` (inlining a candidate), its nodes recorded as a span when no span is open."""
     output = tx.output

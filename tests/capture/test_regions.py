@@ -519,3 +519,38 @@ def test_blocks_reading_views_split_from_one_projection(backend):
     got = torch.autograd.grad(out.pow(2).sum(), [x, *flat])
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b)
+
+
+def _wrapped_twice(x):
+    return x * 2
+
+
+def _wrapped_thrice(x):
+    return x * 3
+
+
+_REGION = None
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_a_marked_region_is_guarded_by_the_function_it_wraps(backend, tmp_path):
+    """Every ``nested_compile_region`` wrapper has the same code: the function it wraps is
+    guarded by its own code. Two regions read through one global got one cache entry, and
+    the second call (a new process, or after ``kiln.reset()``) ran the first's graph."""
+    global _REGION
+    ncr = torch.compiler.nested_compile_region
+
+    def make():
+        return lambda x: _REGION(x) + 1      # (a new function of the same code each time)
+
+    x = torch.ones(2)
+    with kiln.config.patch(cache_dir=str(tmp_path)):
+        for inner, want in ((_wrapped_twice, 3.0), (_wrapped_thrice, 4.0), (_wrapped_twice, 3.0)):
+            kiln.reset()
+            _REGION = ncr(inner)
+            torch.testing.assert_close(kiln.compile(make(), backend=backend)(x), torch.full((2,), want))
+        compiled = kiln.compile(make(), backend=backend)
+        for inner, want in ((_wrapped_thrice, 4.0), (_wrapped_twice, 3.0)):
+            _REGION = ncr(inner)
+            torch.testing.assert_close(compiled(x), torch.full((2,), want))
+    _REGION = None

@@ -67,8 +67,13 @@ class UserFunctionValue(Value):
             tx.output.builder.guard(GuardKind.ID_MATCH, AttrSource(self.source, "__code__"), self.fn.__code__)
         marked = regions.marked_region(self.fn)
         if marked is not None:      # torch.compiler.nested_compile_region: a block of its own
+            # (the wrapper's code is the same for every wrapped function: the function it
+            # wraps is guarded as any inlined function is, by its code and what it reads)
+            inner = UserFunctionValue(marked, regions.marked_region_source(self.fn, self.source))
+            if inner.source is not None:
+                tx.output.builder.guard(GuardKind.ID_MATCH, AttrSource(inner.source, "__code__"), marked.__code__)
             return regions.record(tx, getattr(marked, "__qualname__", "region"), True,
-                                  lambda: tx.inline_function(UserFunctionValue(marked), args, kwargs))
+                                  lambda: tx.inline_function(inner, args, kwargs))
         return tx.inline_function(self, args, kwargs)
 
     def getattr(self, tx, name):
