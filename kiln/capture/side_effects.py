@@ -25,9 +25,21 @@ class SideEffects:
         # module globals assigned (STORE_GLOBAL, module.attr = v): (globals dict, name) -> value
         self.globals: dict[tuple[int, str], tuple[dict, str, Value]] = {}
 
+        # while a higher-order op's body is traced (``watching``): every mutable value written
+        # (a container, an iterator, a cell the frame made), existing before the body or not
+        self.watching = 0
+        self.written: list[Value] = []
+
     def mutated(self, container: Value) -> None:
+        if self.watching:
+            self.written.append(container)
         if container.source is not None and all(c is not container for c in self.containers):
             self.containers.append(container)
+
+    def wrote(self, value: Value) -> None:
+        """A write to a value of the frame's own (a cell it made), not written back."""
+        if self.watching:
+            self.written.append(value)
 
     def store_attr(self, obj: Value, name: str, value: Value, setter=setattr) -> None:
         """``obj.name = value`` as ``setter`` (``object.__setattr__``, ``nn.Module.__setattr__``)

@@ -207,6 +207,54 @@ def test_branch_with_python_side_effect_is_refused():
         kiln.compile(f, backend="eager", fullgraph=True)(torch.randn(3))
 
 
+class _Box:
+    pass
+
+
+@pytest.mark.parametrize("effect", ["nonlocal", "list", "attribute"])
+def test_a_branch_changing_state_the_frame_made_is_refused_as_eager_refuses_it(effect):
+    """A body is traced once, whatever branch runs: a change to a list, object or variable the
+    frame made before the cond would be applied for both branches. torch's cond refuses Python
+    effects in eager too; kiln breaks the graph and the frame raises as eager does."""
+    def f(x):
+        c, log, box = 0, [], _Box()
+
+        def true_fn(a):
+            nonlocal c
+            if effect == "nonlocal":
+                c += 1
+            elif effect == "list":
+                log.append(1)
+            else:
+                box.v = 1
+            return a + 1
+        return torch.cond(x.sum() > 0, true_fn, lambda a: a - 1, (x,)), c, log
+
+    with pytest.raises(Unsupported, match="changes Python state"):
+        kiln.compile(f, backend="eager", fullgraph=True)(torch.randn(3))
+    with pytest.raises(Exception) as eager:
+        f(torch.ones(3))
+    with pytest.raises(type(eager.value)):
+        kiln.compile(f, backend="aot_eager")(torch.ones(3))
+
+
+def test_a_branch_may_change_what_it_made_itself():
+    def f(x):
+        def true_fn(a):
+            parts, seen = [], {}
+            for k in range(3):
+                parts.append(a * k)
+                seen[k] = True
+            return torch.stack(parts).sum(0) + len(seen)
+        return torch.cond(x.sum() > 0, true_fn, lambda a: a - 1, (x,))
+
+    counter = CompileCounter()
+    compiled = kiln.compile(f, backend=counter, fullgraph=True)
+    for x in (torch.ones(3), -torch.ones(3)):
+        assert_same(compiled(x), f(x))
+    assert counter.frame_count == 1
+
+
 def test_branch_writing_its_input_in_place_is_refused():
     def f(x):
         return torch.cond(x.sum() > 0, lambda a: a.add_(1) * 2, lambda a: a - 1, (x,))

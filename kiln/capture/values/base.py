@@ -7,6 +7,7 @@ eagerly (or the user sees the error under ``fullgraph=True``), never a wrong ans
 """
 from __future__ import annotations
 
+import itertools
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -227,3 +228,22 @@ class UnboundValue(Value):
 
 
 UNBOUND = UnboundValue()
+
+
+_MADE = itertools.count()
+
+
+def next_serial() -> int:
+    """A number above every ``serial`` given so far: values made from now on get higher ones."""
+    return next(_MADE)
+
+
+class MadeInOrder:
+    """A mutable value that knows when the capture made it (``serial``): a higher-order op's
+    body may change what it made itself, never what existed before it ran (torch's control
+    flow has no Python effects)."""
+
+    def __new__(cls, *args, **kwargs):
+        self = super().__new__(cls)
+        self.serial = next(_MADE)
+        return self

@@ -20,7 +20,7 @@ from ..sources import AttrSource
 from .attributes import _MISSING, static_lookup
 from .attributes import (del_attribute, descriptor_delete, get_attribute, guard_attribute_absent, guard_classes_lack,
                          set_attribute)
-from .base import ConstantValue, Value, is_constant_object
+from .base import ConstantValue, MadeInOrder, Value, is_constant_object
 from .functions import MethodValue, UserFunctionValue
 from .truth import checked_bool, checked_len
 
@@ -195,7 +195,7 @@ def _structseq_fields(cls) -> list[str] | None:
     return list(names) if names else None
 
 
-class ListValue(BaseSequenceValue):
+class ListValue(MadeInOrder, BaseSequenceValue):
     base_type = list
 
     def __init__(self, items, source=None, cls=None):
@@ -383,7 +383,7 @@ def _index_bound(tx, v: Value) -> int | None:
         raise tx.user_exception(TypeError("slice indices must be integers or have an __index__ method")) from None
 
 
-class DictValue(Value):
+class DictValue(MadeInOrder, Value):
     """A dict with keys known at capture time (Python constants or objects by identity)."""
 
     def __init__(self, items: dict, source=None, cls: type = dict, key_values: dict | None = None):
@@ -763,7 +763,7 @@ class DictViewValue(Value):
         return cg.stash(self, lambda: f"{cg.bind(getattr(base, self.kind))}({self.d.reconstruct(cg)})")
 
 
-class SetValue(Value):
+class SetValue(MadeInOrder, Value):
     """A set of hashable capture-time values (constants, or existing objects by identity).
 
     ``items`` maps each member's key (the hashable Python object) to the Value it came from;
@@ -1015,7 +1015,7 @@ def str_iterator_kind(s: str) -> IteratorKind:
     return IteratorKind(type(iter(s)), write)
 
 
-class IteratorValue(Value):
+class IteratorValue(MadeInOrder, Value):
     """An iterator over a known list of values (or live over a ListValue)."""
 
     def __init__(self, items, live: bool = False, real=None, source=None, start: int = 0,

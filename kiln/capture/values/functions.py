@@ -13,7 +13,7 @@ from ...errors import Unsupported
 from .. import regions
 from ..guards import GuardKind
 from ..sources import AttrSource, CellSource, ItemSource, is_argument_rooted
-from .base import ConstantValue, RealCallableValue, Value
+from .base import ConstantValue, MadeInOrder, RealCallableValue, Value
 
 # standard-library functions that read the frames of their callers (see builtins.FRAME_READERS)
 _FRAME_READERS = frozenset((inspect.currentframe, inspect.stack, inspect.getouterframes, traceback.extract_stack,
@@ -240,7 +240,7 @@ class CellValue(Value):
         raise NotImplementedError
 
 
-class NewCellValue(CellValue):
+class NewCellValue(MadeInOrder, CellValue):
     """A cell created by this frame (MAKE_CELL): its contents are tracked symbolically."""
 
     def __init__(self, name: str, contents: Value | None = None):
@@ -255,6 +255,7 @@ class NewCellValue(CellValue):
         return self.contents
 
     def set(self, tx, value):
+        tx.output.side_effects.wrote(self)
         self.contents = value
 
     def getattr(self, tx, name):

@@ -14,7 +14,7 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from ...errors import FrameRunsEagerly, Unsupported
-from .base import ConstantValue, Value
+from .base import ConstantValue, Value, next_serial
 from .containers import ListValue, TupleValue
 from .subgraphs import mutated_operands, new_nodes, subgraph
 from .tensor import TensorValue
@@ -58,14 +58,23 @@ def trace_branch(tx, name: str, what: str, fn: Value, operands: list[TensorValue
     graph = output.graph
     before = set(graph.nodes)
     effects = output.side_effects.count()
+    side_effects = output.side_effects
+    first_made, written = next_serial(), len(side_effects.written)
+    side_effects.watching += 1
     try:
         result = tx.call(fn, list(operands) if call_args is None else list(call_args), {})
     except FrameRunsEagerly:
         raise
     except Unsupported as e:
         raise Unsupported(f"{what} kiln cannot capture ({e.construct})") from e
+    finally:
+        side_effects.watching -= 1
     region = new_nodes(graph, before)
-    if output.side_effects.count() != effects:
+    # (a list, dict, object or cell the frame made before the body, changed by it: the body is
+    # traced once, whatever branch or iteration runs, so the change would be applied once)
+    changed_before = any(getattr(v, "serial", -1) < first_made for v in side_effects.written[written:])
+    del side_effects.written[written:]
+    if output.side_effects.count() != effects or changed_before:
         raise Unsupported(f"{what} that changes Python state (a subgraph "
                           "of torch's control flow has no Python effects)")
     inside = set(region)

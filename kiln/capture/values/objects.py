@@ -23,7 +23,7 @@ from . import module_hooks, optimizer_groups
 from ..guards import Guard, GuardKind
 from ..sources import AttrSource, ConstSource, ItemSource, TypeSource
 from .attributes import user_hook
-from .base import ConstantValue, Value
+from .base import ConstantValue, MadeInOrder, Value
 from .containers import DictValue, IteratorValue, TupleValue
 from .functions import BaseMethodValue, BoundMethodValue, MethodValue, UserFunctionValue
 from .grad_mode_functions import decorate_with_grad_mode
@@ -344,7 +344,7 @@ def _is_data_descriptor(attr) -> bool:
     return attr is not _MISSING and hasattr(type(attr), "__set__")
 
 
-class NewObjectValue(ObjectValue):
+class NewObjectValue(MadeInOrder, ObjectValue):
     """An instance of a plain user class created during capture (``Point(x, y)``): its
     attributes are symbolic; it is rebuilt with ``cls.__new__`` + ``__dict__`` if it escapes."""
 
@@ -406,9 +406,11 @@ class NewObjectValue(ObjectValue):
         return tx.wrap(cls_attr, class_dict_source(self.cls, name))
 
     def object_setattr(self, tx, name, value):
+        tx.output.side_effects.wrote(self)
         store_on_new_object(tx, self, name, value)
 
     def object_delattr(self, tx, name):
+        tx.output.side_effects.wrote(self)
         if descriptor_delete(tx, self, self.cls, name, static_lookup(self.cls, name)):
             return
         if name not in self.attrs:
