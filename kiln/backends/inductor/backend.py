@@ -604,13 +604,32 @@ def decomposition_table() -> dict:
 
 def untrusted_lowering(gm: torch.fx.GraphModule, kind: str) -> str | None:
     """Why Inductor must not compile ``gm``, where its lowering of an op in it is known to
-    give wrong values (None: none known). A backward graph calling ``scan`` (the scan of the
-    gradients): Inductor's scan lowering drops the gradient that flows in through the final
-    carry (torch.compile's own Inductor gives the same wrong gradients)."""
+    give wrong values (None: none known); torch.compile's own Inductor gives the same wrong
+    values:
+
+    - a backward graph calling ``scan`` (the scan of the gradients): Inductor's scan lowering
+      drops the gradient that flows in through the final carry;
+    - average pooling's backward with ``ceil_mode=True`` and ``count_include_pad=True``: a
+      last window that overhangs the padded input gets another divisor than eager's
+      (``F.avg_pool2d(x, 2, 2, ceil_mode=True)`` on an odd size)."""
     if kind == "backward" and any(n.op == "call_function" and n.target is torch.ops.higher_order.scan
                                   for n in gm.graph.nodes):
         return "Inductor's scan lowering gives wrong gradients through a scan's final carry"
+    if any(_pads_overhanging_windows(n) for n in gm.graph.nodes):
+        return ("Inductor's average-pooling backward with ceil_mode=True and count_include_pad=True "
+                "gives wrong gradients for a window that overhangs the input")
     return None
+
+
+def _pads_overhanging_windows(n: torch.fx.Node) -> bool:
+    """``avg_pool{2,3}d_backward(grad, x, kernel, stride, padding, ceil_mode, count_include_pad, ...)``
+    with both ``ceil_mode`` and ``count_include_pad`` (the backward op names each)."""
+    if n.op != "call_function" or n.target not in (torch.ops.aten.avg_pool2d_backward.default,
+                                                   torch.ops.aten.avg_pool3d_backward.default):
+        return False
+    args = dict(zip(("grad_output", "self", "kernel_size", "stride", "padding", "ceil_mode",
+                     "count_include_pad"), n.args)) | n.kwargs
+    return bool(args.get("ceil_mode")) and bool(args.get("count_include_pad"))
 
 
 def mark_donated_placeholders(gm: torch.fx.GraphModule, donated: list[int]) -> None:
