@@ -402,6 +402,10 @@ class OutputGraph:
                 kwargs = {**kwargs, "device": ConstantValue(torch.device(self.global_state.devices[-1]))}
         if kind == "call_function" and target is torch._C._nn.one_hot and args and isinstance(args[0], TensorValue):
             self._check_one_hot_classes(args[0], args[1] if len(args) > 1 else kwargs.get("num_classes"))
+        if kind == "call_function" and target is torch.nn.functional.binary_cross_entropy:
+            probabilities = args[0] if args else kwargs.get("input")
+            if isinstance(probabilities, TensorValue):
+                self._check_probabilities(probabilities)
         if kind == "call_function" and target in _IDENTITY_DROPOUTS and _leaves_input_as_is(args, kwargs):
             # eager's dropout returns its input itself when not training or p == 0: a write to
             # the result writes the input (the AOT stages' decomposition would return a copy)
@@ -499,6 +503,16 @@ class OutputGraph:
             holds = self.call_op("call_function", torch.all,
                                  (self.call_op("call_function", compare, (classes, bound), {}),), {})
             self.call_op("call_function", torch._assert_async, (holds, ConstantValue(message)), {})
+
+    def _check_probabilities(self, probabilities: TensorValue) -> None:
+        """``F.binary_cross_entropy``'s check of its input, as a graph op: eager raises for an
+        element outside [0, 1] (or NaN); Inductor's kernel returns NaN instead."""
+        inside = self.call_op("call_function", torch.logical_and, (
+            self.call_op("call_function", torch.ge, (probabilities, ConstantValue(0)), {}),
+            self.call_op("call_function", torch.le, (probabilities, ConstantValue(1)), {})), {})
+        holds = self.call_op("call_function", torch.all, (inside,), {})
+        self.call_op("call_function", torch._assert_async,
+                     (holds, ConstantValue("all elements of input should be between 0 and 1")), {})
 
     def guard_storage_offsets(self, fake: torch.Tensor) -> None:
         """Guard where each input sharing ``fake``'s memory starts in it (TENSOR_MATCH does not

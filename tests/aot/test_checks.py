@@ -49,3 +49,22 @@ def test_a_users_assert_async_is_kept(requires_grad):
     torch.testing.assert_close(compiled(x), f(x))
     with pytest.raises(RuntimeError, match="the sum must be positive"):
         compiled(-x.detach().requires_grad_(requires_grad))
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_binary_cross_entropy_checks_its_input(backend):
+    """Eager's ``F.binary_cross_entropy`` raises for an input outside [0, 1] or NaN (the check
+    is in its kernel); Inductor's kernel returned NaN. The check is a graph op now."""
+    def f(x, y):
+        return F.binary_cross_entropy(x, y), torch.nn.BCELoss()(x, y)
+
+    compiled = kiln.compile(f, backend=backend)
+    x, y = torch.rand(4, requires_grad=True), torch.rand(4)
+    got, want = compiled(x, y), f(x, y)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(torch.autograd.grad(got[0], x)[0], torch.autograd.grad(want[0], x)[0])
+    for bad in ([0.5, 1.5, 0.2, 0.1], [0.5, float("nan"), 0.2, 0.1], [-0.1, 0.5, 0.2, 0.1]):
+        with pytest.raises(RuntimeError, match="between 0 and 1"):
+            f(torch.tensor(bad), y)
+        with pytest.raises(RuntimeError, match="between 0 and 1"):
+            compiled(torch.tensor(bad), y)
